@@ -1,0 +1,45 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Each creates the virtual
+# environment if it is missing and installs what it needs first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Without a GPU, a CPU build of torch is installed first (here it comes from local disk).
+# The package itself only asks for torch>=2.4, so elsewhere any build you have is kept;
+# e.g. `make install TORCH_INDEX=https://download.pytorch.org/whl/cpu` picks PyTorch's CPU index.
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test bench bench-trl clean
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@if ! $(PY) -c "import torch" 2>/dev/null && ! command -v nvidia-smi >/dev/null 2>&1; then \
+	  echo "no GPU found: installing a CPU build of torch ($(TORCH_SPEC))"; \
+	  $(PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) 2>&1 | grep -v "^WARNING: Location" || true; \
+	fi
+	@$(PY) -m pip install -q -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
+	@$(PY) -c "import grpo_ablate.cli, torch, transformers, hydra, wandb" || (echo "install failed" >&2; exit 1)
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+## the main job on the embedded default: warm-start (cached), then vanilla GRPO, prints base and final accuracy
+demo: install
+	$(VENV)/bin/grpo-ablate train
+
+test: install
+	$(PY) -m pytest -q
+
+## benchmark W1 (../shared/bench/W1.md) through the real trainer, beta = 0.04 and beta = 0
+bench: install
+	$(PY) benchmarks/w1.py --impl ours --beta 0.04
+	$(PY) benchmarks/w1.py --impl ours --beta 0
+
+## W1 side by side with TRL's GRPOTrainer (installs the optional `bench` extra)
+bench-trl: install
+	@$(PY) -m pip install -q -e ".[bench]" 2>&1 | grep -v "^WARNING: Location" || true
+	$(PY) benchmarks/compare_trl.py
+
+clean:
+	rm -rf $(VENV) runs outputs multirun

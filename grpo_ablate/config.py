@@ -1,0 +1,178 @@
+"""Config composition and validation: bad input becomes one clear line, before any run dir.
+
+`ConfigError` carries the message the CLI prints (what was wrong, what is allowed). The CLI
+composes and validates the config before Hydra creates an output directory, so a bad value
+never leaves a half-written run dir behind.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+
+from omegaconf import DictConfig, OmegaConf
+
+from grpo_ablate.tricks.adv import ADV_ESTIMATORS
+from grpo_ablate.tricks.clip import POLICY_LOSSES
+from grpo_ablate.tricks.kl import KL_CONTROLLERS, KL_ESTIMATORS
+from grpo_ablate.tricks.loss_agg import LOSS_AGG_MODES
+
+CONFIG_MODULE = "grpo_ablate.conf"
+CONFIG_NAME = "config"
+
+# Keys that may differ between a run and its resumption without changing what it computes.
+RESUMABLE_KEYS = ("steps", "resume", "logger", "run", "threads")
+
+
+class ConfigError(ValueError):
+    """Bad user input: the message is the one line the user sees."""
+
+
+def params(group: DictConfig) -> dict:
+    """A family's options as keyword arguments: everything in its group except `name`."""
+    return {k: v for k, v in OmegaConf.to_container(group, resolve=True).items() if k != "name"}
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _one_of(key: str, value, allowed) -> None:
+    _require(value in allowed, f"{key}={value!r} is not allowed; allowed: {', '.join(map(str, allowed))}")
+
+
+def _positive(key: str, value, integer: bool = False, allow_zero: bool = False) -> None:
+    """`value` must be a finite number (an integer if asked) > 0, or >= 0 with allow_zero."""
+    kind = "an integer" if integer else "a number"
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (not integer or float(value).is_integer())
+    ok = ok and (value >= 0 if allow_zero else value > 0)
+    _require(ok, f"{key}={value!r} is not allowed; it must be {kind} {'>=' if allow_zero else '>'} 0")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise ConfigError on the first bad value. Cheap: no model or data is touched."""
+    _positive("seed", cfg.seed, integer=True, allow_zero=True)
+    _positive("steps", cfg.steps, integer=True)
+    _positive("optim.lr", cfg.optim.lr)
+    _positive("optim.max_grad_norm", cfg.optim.max_grad_norm)
+    _positive("rollout.prompts_per_step", cfg.rollout.prompts_per_step, integer=True)
+    _positive("rollout.max_new_tokens", cfg.rollout.max_new_tokens, integer=True)
+    _positive("rollout.num_iterations", cfg.rollout.num_iterations, integer=True)
+    _positive("temperature.value", cfg.temperature.value)
+    _positive("eval.every", cfg.eval.every, integer=True)
+    _positive("checkpoint_every", cfg.checkpoint_every, integer=True)
+    _positive("samples_every", cfg.samples_every, integer=True)
+    _one_of("on_nonfinite", cfg.on_nonfinite, ("stop", "skip"))
+    _one_of("adv", cfg.adv.name, sorted(ADV_ESTIMATORS))
+    _one_of("clip", cfg.clip.name, sorted(POLICY_LOSSES))
+    _one_of("loss_agg", cfg.loss_agg.name, LOSS_AGG_MODES)
+    _one_of("kl", cfg.kl.name, sorted(KL_CONTROLLERS))
+    _one_of("kl.estimator", cfg.kl.estimator, sorted(KL_ESTIMATORS))
+    _positive("kl.beta", cfg.kl.beta, allow_zero=True)
+    group = cfg.rollout.group_size
+    if ADV_ESTIMATORS[cfg.adv.name].uses_group_statistic:
+        _require(isinstance(group, int) and group >= 2,
+                 f"rollout.group_size={group!r} is not allowed with adv={cfg.adv.name}: "
+                 "a group statistic needs at least 2 completions per prompt (group_size >= 2)")
+    else:
+        _positive("rollout.group_size", group, integer=True)
+    if cfg.threads is not None:
+        _positive("threads", cfg.threads, integer=True)
+    if cfg.logger.name == "wandb":
+        _one_of("logger.mode", cfg.logger.mode, ("auto", "online", "offline", "disabled"))
+    _require(not OmegaConf.is_missing(cfg.model, "path"),
+             f"model.path is required with model={cfg.model.name}: give a local directory "
+             "with a saved transformers model (or a hub name when online)")
+    path = cfg.model.get("path")
+    if path is not None and _looks_local(str(path)):
+        _require(os.path.isdir(os.path.expanduser(str(path))),
+                 f"model.path={path!r} does not exist; give a directory with a saved "
+                 "transformers model (config.json), or leave it unset for the embedded tiny model")
+    from grpo_ablate.tasks import TASKS  # the task validates its own options
+    _one_of("task", cfg.task.name, sorted(TASKS))
+    try:
+        TASKS[cfg.task.name](**params(cfg.task))
+    except (TypeError, ValueError) as err:
+        raise ConfigError(str(err).splitlines()[0]) from None
+
+
+def _looks_local(path: str) -> bool:
+    """A hub id is `name` or `org/name`; anything else (absolute, ./, ~, deeper) is local."""
+    return os.path.exists(os.path.expanduser(path)) or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", path)
+
+
+def config_hash(cfg: DictConfig) -> str:
+    """Hash of everything that determines what a run computes (labels and budget excluded)."""
+    data = OmegaConf.to_container(cfg, resolve=True)
+    for key in RESUMABLE_KEYS:
+        data.pop(key, None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def compose(overrides: list[str]) -> DictConfig:
+    """Compose the config the way `grpo-ablate train` would, without creating a run dir.
+
+    Hydra's composition errors become one-line ConfigErrors naming what is allowed.
+    """
+    from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+
+    try:
+        return _hydra_compose(overrides)
+    except MissingConfigException as err:
+        message = _missing_option_message(err)
+    except OverrideParseException as err:
+        bad = next((o for o in overrides if o in str(err)), None) or " ".join(overrides)
+        message = f"could not parse the override '{bad}': {_first_line(str(err))}"
+    except HydraException as err:
+        text = str(err).strip() or str(err.__cause__ or err.__context__ or type(err).__name__)
+        message = _composition_message(text, overrides)
+    raise ConfigError(message)
+
+
+def _hydra_compose(overrides: list[str]) -> DictConfig:
+    from hydra import compose as hydra_compose, initialize_config_module
+
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+        return hydra_compose(config_name=CONFIG_NAME, overrides=overrides)
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[0] if lines else text
+
+
+def _missing_option_message(err) -> str:
+    text = str(err)
+    match = re.search(r"Could not find '([^']+)/([^']+)'", text)
+    options = [o for o in (getattr(err, "options", None) or []) if o]
+    if match:
+        group, option = match.groups()
+        allowed = ", ".join(sorted(options)) if options else "(see conf/" + group + "/)"
+        return f"{group}={option} is not an option of config group '{group}'; allowed: {allowed}"
+    return _first_line(text)
+
+
+def _composition_message(text: str, overrides: list[str]) -> str:
+    match = re.search(r"Could not override '([^']+)'", text) or re.search(
+        r"Could not append to config\. An item is already at '([^']+)'", text)
+    if match and "Key '" in text or (match and "No match in the defaults list" not in text):
+        key = match.group(1)
+        parent, _, leaf = key.rpartition(".")
+        known = _known_keys(parent)
+        where = f"known keys of '{parent}'" if parent else "known top-level keys"
+        hint = f"; {where}: {', '.join(known)}" if known else ""
+        return f"unknown config key '{key}' (add a new one with +{key}=...){hint}"
+    if match:
+        return (f"'{match.group(1)}' is not a config group of the defaults list; "
+                f"to add one use +{match.group(1)}=<option>")
+    return text.strip().splitlines()[0] if text.strip() else "invalid overrides: " + " ".join(overrides)
+
+
+def _known_keys(parent: str) -> list[str]:
+    base = _hydra_compose([])
+    node = OmegaConf.select(base, parent) if parent else base
+    return sorted(node.keys()) if isinstance(node, DictConfig) else []

@@ -1,0 +1,69 @@
+"""The Hydra entrypoint behind `grpo-ablate train` (also `python -m grpo_ablate.entrypoint`).
+
+Hydra owns the run dir (`hydra.run.dir`, or one per job under `hydra.sweep.dir` with -m),
+composes the config from `grpo_ablate.conf`, sets up logging, and calls `hydra_train` once
+per job with any launcher.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+# exit code of the last job run in this process (Hydra itself returns nothing)
+_last_exit_code = 0
+
+
+@hydra.main(config_path="pkg://grpo_ablate.conf", config_name="config", version_base="1.3")
+def hydra_train(cfg: DictConfig) -> int:
+    global _last_exit_code
+    from rich.console import Console
+
+    from grpo_ablate.config import ConfigError
+    from grpo_ablate.models import ModelPathError
+    from grpo_ablate.trainer import EXIT_BAD_INPUT, train
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    overrides = list(HydraConfig.get().overrides.task)
+    console = Console()
+    try:
+        result = train(cfg, run_dir, overrides=overrides, console=console)
+    except (ConfigError, ModelPathError) as err:
+        Console(stderr=True).print(f"error: {err}", markup=False, highlight=False, soft_wrap=True)
+        _remove_if_unused(run_dir)
+        _last_exit_code = EXIT_BAD_INPUT
+        return _last_exit_code
+    if result.state == "completed" and result.base_accuracy is not None:
+        console.print(f"base eval accuracy {result.base_accuracy:.3f} -> final "
+                      f"{result.final_accuracy:.3f}  ({run_dir})")
+    else:
+        console.print(f"{result.state} at step {result.step}  ({run_dir})")
+    _last_exit_code = result.exit_code
+    return _last_exit_code
+
+
+def _remove_if_unused(run_dir: Path) -> None:
+    """Bad input found after Hydra made the dir: remove it unless a run already lives there."""
+    if run_dir.exists() and not (run_dir / "status.json").exists():
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def run_hydra(args: list[str]) -> int:
+    """Run the Hydra app with `args` as its command line; returns the exit code."""
+    global _last_exit_code
+    _last_exit_code = 0
+    saved_argv = sys.argv
+    sys.argv = ["grpo-ablate train", *args]
+    try:
+        hydra_train()
+    finally:
+        sys.argv = saved_argv
+    return _last_exit_code
+
+
+if __name__ == "__main__":
+    hydra_train()

@@ -1,0 +1,163 @@
+"""Models and tokenizers: the embedded tiny default and any Hugging Face causal LM by path.
+
+Both go through `AutoModelForCausalLM.from_pretrained(path)`: the embedded default is built
+from a transformers config, warm-started once by a short supervised pass, saved to a
+content-addressed cache directory and loaded from there like any real checkpoint.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import (AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast,
+                          Qwen2Config, Qwen2ForCausalLM)
+
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
+
+
+def build_char_tokenizer(chars: str) -> PreTrainedTokenizerFast:
+    """Character-level tokenizer: `<pad>`=0, `<bos>`=1, `<eos>`=2, then `chars` in order.
+
+    One id per character (W1's construction: WordLevel over single characters, a regex split
+    that isolates every character, a Fuse decoder, no post-processor), so "12+34=" is 6 ids
+    and decoding is exact string concatenation.
+    """
+    if len(set(chars)) != len(chars):
+        raise ValueError(f"tokenizer characters must be unique, got {chars!r}")
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    vocab.update({ch: len(SPECIAL_TOKENS) + i for i, ch in enumerate(chars)})
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=None))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>"
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# The embedded default: a tiny Qwen2-shaped model, warm-started on the task, cached on disk
+# ---------------------------------------------------------------------------------------
+# Bump when the warm-up procedure changes, so old cache entries are never reused.
+WARMUP_VERSION = 1
+
+
+class ModelPathError(ValueError):
+    """model.path names nothing loadable."""
+
+
+def warm_start_key(arch: dict, chars: str, task_spec: dict, warmup: dict) -> str:
+    """Content address of a warm-started model: everything that determines its weights."""
+    spec = {"version": WARMUP_VERSION, "arch": arch, "chars": chars, "task": task_spec,
+            "warmup": warmup}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def build_tiny_model(arch: dict, tokenizer, seed: int) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=len(tokenizer), tie_word_embeddings=True,
+                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, **arch)
+    return Qwen2ForCausalLM(config).float()
+
+
+def supervised_batch(tokenizer, problems, device="cpu"):
+    """prompt + reference solution + EOS, right-padded; labels only on the solution and EOS."""
+    rows, labels = [], []
+    for p in problems:
+        prompt = tokenizer(p.prompt, add_special_tokens=False).input_ids
+        answer = tokenizer(p.solution, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        rows.append(prompt + answer)
+        labels.append([-100] * len(prompt) + answer)
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    lab = torch.full((len(rows), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (r, l) in enumerate(zip(rows, labels)):
+        ids[i, :len(r)], lab[i, :len(l)], mask[i, :len(r)] = torch.tensor(r), torch.tensor(l), 1
+    return ids.to(device), mask.to(device), lab.to(device)
+
+
+def warm_start(model, tokenizer, task, steps: int, batch_size: int, lr: float, seed: int,
+               log=print) -> None:
+    """Short supervised pass on the task's reference solutions: deterministic in `seed`.
+
+    Deliberately short: the point is a policy that sometimes solves the task (so groups have
+    reward variance) and has room left for RL to improve it.
+    """
+    rng = random.Random(f"warmup/{seed}")
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    warmup_steps = max(1, steps // 10)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup_steps) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    model.train()
+    for step in range(steps):
+        ids, mask, labels = supervised_batch(tokenizer, task.warmup_batch(batch_size, rng))
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        schedule.step()
+        if (step + 1) % max(1, steps // 5) == 0:
+            log(f"warm-up step {step + 1}/{steps}  loss {loss.item():.3f}")
+
+
+def ensure_warm_started(model_cfg, task, log=print) -> Path:
+    """Path of the cached warm-started tiny model, building it first if it is missing.
+
+    The cache entry is content-addressed, so a changed architecture, task or warm-up config
+    never loads a stale model; it is written to a temporary directory and renamed into place,
+    so a killed build leaves no half-written entry and parallel builders never collide.
+    """
+    arch = dict(model_cfg.arch)
+    warmup = dict(model_cfg.warmup)
+    key = warm_start_key(arch, task.chars, task.describe(), warmup)
+    cache_root = Path(os.path.expanduser(str(model_cfg.cache_dir)))
+    target = cache_root / f"tiny-{key}"
+    if (target / "config.json").exists():
+        return target
+    cache_root.mkdir(parents=True, exist_ok=True)
+    log(f"warm-starting the embedded tiny model (cached as {target})")
+    started = time.perf_counter()
+    tokenizer = build_char_tokenizer(task.chars)
+    model = build_tiny_model(arch, tokenizer, seed=int(warmup["seed"]))
+    warm_start(model, tokenizer, task, steps=int(warmup["steps"]),
+               batch_size=int(warmup["batch_size"]), lr=float(warmup["lr"]),
+               seed=int(warmup["seed"]), log=log)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tiny-{key}-", dir=cache_root))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "warm_start.json").write_text(json.dumps(
+            {"key": key, "arch": arch, "warmup": warmup, "task": task.describe(),
+             "seconds": round(time.perf_counter() - started, 1)}, indent=2))
+        os.rename(tmp, target)
+    except OSError:
+        if not (target / "config.json").exists():
+            raise
+        # another process finished the same entry first: theirs is identical, keep it
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def load_model_and_tokenizer(path: str | os.PathLike):
+    """Load any causal LM the way a user's real model is loaded."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    except (OSError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelPathError(f"model.path={path!r} could not be loaded: {first}") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token  # common for base LMs; left padding is masked
+    return model, tokenizer

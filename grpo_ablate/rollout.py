@@ -1,0 +1,121 @@
+"""Sampling B prompts x G completions with a KV cache, and scoring them (per-token log-probs).
+
+The sampler is a plain loop over `model(...)` with the model's own cache rather than
+`model.generate`: for tiny models on a CPU the per-token overhead of `generate` dominates
+(W1 decodes 24 tokens for 64 sequences), and the loop is short enough to read.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Rollout:
+    sequences: torch.Tensor        # [N, P + T] left-padded prompt, then completion (pad after EOS)
+    attention_mask: torch.Tensor   # [N, P + T] 1 on real tokens (prompt and completion incl. EOS)
+    prompt_len: int                # P, the padded prompt width
+    completion_mask: torch.Tensor  # [N, T] 1 on completion tokens up to and including EOS
+    truncated: torch.Tensor        # [N] bool: no EOS within max_new_tokens (TRL's test)
+
+    @property
+    def completion_ids(self) -> torch.Tensor:
+        return self.sequences[:, self.prompt_len:]
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.completion_mask.sum(dim=1)
+
+
+def left_pad(prompts: list[list[int]], pad_id: int):
+    """Left-pad token id lists into [N, P] ids and mask (generation appends on the right)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p):] = 1
+    return ids, mask
+
+
+def positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids that start at 0 on the first real token of each left-padded row."""
+    return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+
+
+@torch.no_grad()
+def generate(model, prompts: list[list[int]], *, num_samples: int, max_new_tokens: int,
+             temperature: float, eos_id: int, pad_id: int,
+             generator: torch.Generator | None = None) -> Rollout:
+    """Sample `num_samples` completions per prompt (rows ordered prompt-major: group g is rows
+    g*G .. g*G+G-1). temperature == 0 means greedy decoding (evaluation)."""
+    ids, mask = left_pad(prompts, pad_id)
+    ids = ids.repeat_interleave(num_samples, dim=0)
+    mask = mask.repeat_interleave(num_samples, dim=0)
+    n, prompt_len = ids.shape
+    device = next(model.parameters()).device
+    ids, mask = ids.to(device), mask.to(device)
+
+    new_tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    finished = torch.zeros(n, dtype=torch.bool, device=device)
+    full_mask = torch.cat([mask, torch.zeros_like(new_tokens)], dim=1)
+    step_input, cache = ids, None
+    pos = positions(mask)
+    steps_taken = 0
+    for t in range(max_new_tokens):
+        width = prompt_len + t  # tokens visible to this forward, including the new ones
+        out = model(input_ids=step_input, attention_mask=full_mask[:, :width], position_ids=pos,
+                    past_key_values=cache, use_cache=True, logits_to_keep=1)
+        cache = out.past_key_values
+        logits = out.logits[:, -1, :].float()
+        if temperature > 0:
+            probs = torch.softmax(logits / temperature, dim=-1)
+            token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        else:
+            token = logits.argmax(dim=-1)
+        token = torch.where(finished, torch.full_like(token, pad_id), token)
+        new_tokens[:, t] = token
+        full_mask[:, width] = (~finished).long()  # the EOS itself is a real, trained token
+        finished |= token == eos_id
+        steps_taken = t + 1
+        if bool(finished.all()):
+            break  # every row has emitted EOS: stop decoding early
+        step_input = token[:, None]
+        pos = pos[:, -1:] + 1
+
+    completion = new_tokens[:, :steps_taken]
+    completion_mask = full_mask[:, prompt_len:prompt_len + steps_taken].float()
+    return Rollout(
+        sequences=torch.cat([ids, completion], dim=1),
+        attention_mask=full_mask[:, :prompt_len + steps_taken],
+        prompt_len=prompt_len,
+        completion_mask=completion_mask,
+        truncated=~finished,
+    )
+
+
+def completion_logprobs(model, rollout: Rollout, temperature: float = 1.0,
+                        entropy_grad: bool = False):
+    """Per-token log pi(o_t | q, o_<t) of the completion tokens and the per-token entropy.
+
+    Log-probs come from logits / T as in TRL and verl, so the loss scores the distribution
+    that was sampled. Only the last T + 1 positions go through the LM head. The entropy is
+    over the full vocabulary and carries a gradient only when a trick needs it.
+    """
+    num_completion = rollout.completion_mask.shape[1]
+    out = model(input_ids=rollout.sequences, attention_mask=rollout.attention_mask,
+                position_ids=positions(rollout.attention_mask), use_cache=False,
+                logits_to_keep=num_completion + 1)
+    logits = out.logits[:, :-1, :].float() / temperature  # position t predicts completion token t
+    log_probs = torch.log_softmax(logits, dim=-1)
+    token_logp = log_probs.gather(-1, rollout.completion_ids.unsqueeze(-1)).squeeze(-1)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropy = -(log_probs.exp() * log_probs).sum(dim=-1)
+    return token_logp, entropy
+
+
+def decode_completions(tokenizer, rollout: Rollout) -> list[str]:
+    """Completion texts cut at EOS (special tokens dropped)."""
+    ids = rollout.completion_ids.masked_fill(rollout.completion_mask == 0, tokenizer.pad_token_id)
+    return tokenizer.batch_decode(ids.tolist(), skip_special_tokens=True)

@@ -1,0 +1,123 @@
+"""Verifiable multi-digit addition with a worked, variable-length trace.
+
+    prompt      "471+59="
+    completion  "1+9=10,7+5+1=13,4+1=5;530"      (then <eos>)
+
+The trace adds column by column from the units, writing the carry as "+1"; the answer
+follows the last ";". Completions range from a few characters ("3+4=7;7") to a few dozen,
+so truncation, length penalties and length normalization have something to act on. With
+`trace: false` the completion is the bare answer (benchmark W1's format).
+
+Levels follow Tricks or Traps' easy / medium / hard split by operand size. Operands are
+drawn by first choosing a digit count uniformly, so short problems are not drowned out by
+the (far more numerous) long ones.
+"""
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+# (min digits, max digits) of each operand
+LEVELS = {"easy": (1, 2), "medium": (1, 3), "hard": (2, 4)}
+
+_ANSWER_AFTER_SEMICOLON = re.compile(r";\s*(-?\d+)\s*$")
+_LAST_INTEGER = re.compile(r"(-?\d+)(?!.*\d)", re.S)
+
+
+@dataclass(frozen=True)
+class Problem:
+    prompt: str
+    answer: int
+    solution: str  # reference completion, used for the supervised warm start only
+
+
+def worked_trace(a: int, b: int) -> str:
+    """Column-by-column addition trace, units first: 471+59 -> "1+9=10,7+5+1=13,4+1=5"."""
+    da, db = str(a)[::-1], str(b)[::-1]
+    steps, carry = [], 0
+    for i in range(max(len(da), len(db))):
+        terms = [d[i] for d in (da, db) if i < len(d)]
+        if carry:
+            terms.append("1")
+        column = sum(int(t) for t in terms)
+        steps.append("+".join(terms) + f"={column}")
+        carry = column // 10
+    return ",".join(steps)
+
+
+def parse_answer(completion: str) -> int | None:
+    """The integer the completion commits to, or None.
+
+    Robust to what a sampling policy produces: the text after the last ';' when the trace
+    format is followed, else the last integer anywhere (so a bare "530" still counts).
+    Trailing whitespace is ignored; anything else after the number means no answer.
+    """
+    text = completion.strip()
+    match = _ANSWER_AFTER_SEMICOLON.search(text)
+    if match is None:
+        if ";" in text:
+            return None  # a trace that ends in garbage after its ';' commits to nothing
+        match = _LAST_INTEGER.search(text)
+        if match is None or text[match.end():].strip():
+            return None
+    return int(match.group(1))
+
+
+class ArithmeticTask:
+    chars = "0123456789+=,;"
+
+    def __init__(self, level: str = "easy", trace: bool = True, eval_size: int = 200,
+                 operand_min: int | None = None, operand_max: int | None = None):
+        if level not in LEVELS:
+            raise ValueError(f"task.level={level!r} is not one of {', '.join(LEVELS)}")
+        self.level, self.trace, self.eval_size = level, trace, eval_size
+        lo_digits, hi_digits = LEVELS[level]
+        # explicit operand bounds (e.g. W1's 10..99) replace the level's digit counts
+        self.operand_min = operand_min
+        self.operand_max = operand_max
+        self.digit_range = (lo_digits, hi_digits)
+        self._eval = self._draw(random.Random(f"eval/{level}/{operand_min}/{operand_max}"),
+                                eval_size, exclude=frozenset())
+        self._eval_keys = frozenset(p.prompt for p in self._eval)
+
+    # -- problem generation -------------------------------------------------------------
+    def _operand(self, rng: random.Random) -> int:
+        if self.operand_min is not None or self.operand_max is not None:
+            return rng.randint(self.operand_min or 0, self.operand_max or 10 ** self.digit_range[1] - 1)
+        digits = rng.randint(*self.digit_range)
+        return rng.randint(0 if digits == 1 else 10 ** (digits - 1), 10 ** digits - 1)
+
+    def make(self, a: int, b: int) -> Problem:
+        answer = a + b
+        solution = f"{worked_trace(a, b)};{answer}" if self.trace else str(answer)
+        return Problem(prompt=f"{a}+{b}=", answer=answer, solution=solution)
+
+    def _draw(self, rng: random.Random, n: int, exclude: frozenset) -> list[Problem]:
+        out: list[Problem] = []
+        while len(out) < n:
+            p = self.make(self._operand(rng), self._operand(rng))
+            if p.prompt not in exclude:  # keep the eval split held out of training
+                out.append(p)
+        return out
+
+    # -- the task protocol --------------------------------------------------------------
+    def train_batch(self, n: int, seed: int, step: int) -> list[Problem]:
+        """Prompts of optimizer step `step`: a pure function of (seed, step), so a resumed
+        run sees exactly the prompts an uninterrupted one would."""
+        return self._draw(random.Random(f"train/{seed}/{step}"), n, self._eval_keys)
+
+    def warmup_batch(self, n: int, rng: random.Random) -> list[Problem]:
+        return self._draw(rng, n, self._eval_keys)
+
+    def eval_set(self) -> list[Problem]:
+        return self._eval
+
+    def reward(self, completion: str, problem: Problem) -> float:
+        return 1.0 if parse_answer(completion) == problem.answer else 0.0
+
+    def describe(self) -> dict:
+        """What defines the problem distribution (part of the warm-start cache key)."""
+        return {"name": "arithmetic", "level": self.level, "trace": self.trace,
+                "operand_min": self.operand_min, "operand_max": self.operand_max,
+                "eval_size": self.eval_size}

@@ -1,0 +1,286 @@
+"""The one training loop: rollout -> reward -> advantage -> loss -> step.
+
+Read `train` top to bottom. Every trick enters through a registry looked up by the name its
+config group chose (cfg.adv.name, cfg.clip.name, cfg.loss_agg.name, cfg.kl.name/estimator);
+this file never branches on a trick's name.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from grpo_ablate.config import ConfigError, config_hash, params, validate
+from grpo_ablate.models import ensure_warm_started, load_model_and_tokenizer
+from grpo_ablate.rollout import completion_logprobs, decode_completions, generate
+from grpo_ablate.tasks import build_task
+from grpo_ablate.tracking import RunLog, find_checkpoint, read_status, save_checkpoint
+from grpo_ablate.tricks.adv import ADV_ESTIMATORS, group_mean_std
+from grpo_ablate.tricks.clip import POLICY_LOSSES
+from grpo_ablate.tricks.kl import KL_CONTROLLERS, KL_ESTIMATORS
+from grpo_ablate.tricks.loss_agg import aggregate, masked_mean, token_weights
+
+# Exit codes of `grpo-ablate train`
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DIVERGED = 0, 1, 2, 3
+FINISHED_STATES = ("completed", "diverged")
+
+
+@dataclass
+class RunResult:
+    state: str             # completed | diverged | failed
+    step: int
+    run_dir: Path
+    base_accuracy: float | None = None
+    final_accuracy: float | None = None
+    reason: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return {"completed": EXIT_OK, "diverged": EXIT_DIVERGED}.get(self.state, EXIT_FAILED)
+
+
+def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), console=None) -> RunResult:
+    run_dir = Path(run_dir)
+    say = console.print if console is not None else (lambda *a, **k: None)
+    validate(cfg)
+    # Near-converged tiny models produce denormal floats, which run ~100x slower on CPUs.
+    torch.set_flush_denormal(True)
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
+    torch.manual_seed(cfg.seed)
+    B, G = int(cfg.rollout.prompts_per_step), int(cfg.rollout.group_size)
+    max_new, T = int(cfg.rollout.max_new_tokens), float(cfg.temperature.value)
+
+    # --- resume or fresh start -------------------------------------------------------------
+    status = read_status(run_dir)
+    checkpoint = find_checkpoint(run_dir) if cfg.resume else None
+    if status is not None and not cfg.resume:
+        raise ConfigError(f"run dir {run_dir} already holds a run ({status['state']}); "
+                          f"continue it with `grpo-ablate train --resume {run_dir}` or pick a new dir")
+    if status is not None and status.get("config_hash") != config_hash(cfg):
+        raise ConfigError(f"cannot resume {run_dir}: the config differs from the one it was started "
+                          "with (only steps, logger, run labels and threads may change)")
+    if status is not None and status["state"] in FINISHED_STATES and status["step"] >= cfg.steps:
+        say(f"[bold]{run_dir}[/] is already {status['state']} at step {status['step']}; nothing to do")
+        return RunResult(status["state"], status["step"], run_dir, reason=status.get("reason"))
+
+    # --- task, policy, reference -------------------------------------------------------------
+    task = build_task(cfg.task)
+    model_path = cfg.model.path or ensure_warm_started(cfg.model, task, log=say)
+    policy, tokenizer = load_model_and_tokenizer(checkpoint or model_path)
+    pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+    kl_control = KL_CONTROLLERS[cfg.kl.name](**params(cfg.kl))
+    kl_estimator = KL_ESTIMATORS[cfg.kl.estimator]
+    # The reference policy is the starting model, frozen. It is loaded and run only when a KL
+    # term or a KL metric uses it: with beta = 0 there is no second model and no extra forward.
+    needs_reference = kl_control.beta > 0 or bool(cfg.metrics.ref_kl)
+    reference = None
+    if needs_reference:
+        reference = (load_model_and_tokenizer(model_path)[0] if checkpoint else copy.deepcopy(policy))
+        reference.eval().requires_grad_(False)
+    advantage_fn = ADV_ESTIMATORS[cfg.adv.name].fn
+    policy_loss_fn = POLICY_LOSSES[cfg.clip.name]
+
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
+                                  weight_decay=cfg.optim.weight_decay)
+    warmup = max(1, int(cfg.optim.warmup_steps))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
+    sampler = torch.Generator().manual_seed(int(cfg.seed))  # the only randomness of a step
+    start_step, skipped_steps = 0, 0
+    if checkpoint is not None:
+        state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        sampler.set_state(state["sampler"])
+        kl_control.load_state_dict(state["kl_control"])
+        start_step, skipped_steps = state["step"], state["skipped_steps"]
+        say(f"resuming {run_dir} from step {start_step}")
+
+    log = RunLog(run_dir, cfg, list(overrides), config_hash(cfg),
+                 resume_step=start_step if checkpoint is not None else None)
+    eval_problems = task.eval_set()
+
+    def evaluate() -> dict:
+        """Greedy decoding on the held-out split."""
+        policy.eval()
+        roll = generate(policy, [tokenizer(p.prompt).input_ids for p in eval_problems], num_samples=1,
+                        max_new_tokens=int(cfg.eval.max_new_tokens), temperature=0.0,
+                        eos_id=eos_id, pad_id=pad_id)
+        texts = decode_completions(tokenizer, roll)
+        correct = [task.reward(t, p) for t, p in zip(texts, eval_problems)]
+        return {"eval/accuracy": sum(correct) / len(correct),
+                "eval/length_mean": roll.lengths.mean().item(),
+                "eval/truncated_frac": roll.truncated.float().mean().item()}
+
+    result = RunResult("running", start_step, run_dir)
+    step, progress = start_step, None
+    try:
+        if start_step == 0:
+            base = evaluate()
+            log.log({"step": 0, **base})
+            result.base_accuracy = base["eval/accuracy"]
+            say(f"step 0  base eval accuracy {base['eval/accuracy']:.3f}")
+        progress = _progress(console, cfg.steps, start_step)
+        for step in range(start_step + 1, int(cfg.steps) + 1):
+            step_started = time.perf_counter()
+            policy.train()
+
+            # 1. Rollout: B prompts x G completions, sampled at temperature T with the KV cache.
+            problems = task.train_batch(B, int(cfg.seed), step)
+            prompts = [tokenizer(p.prompt).input_ids for p in problems]
+            roll = generate(policy, prompts, num_samples=G, max_new_tokens=max_new, temperature=T,
+                            eos_id=eos_id, pad_id=pad_id, generator=sampler)
+            mask = roll.completion_mask                              # [N, L] 1 up to and incl. EOS
+            sampled = time.perf_counter()
+
+            # 2. Rewards from the verifier; group-relative advantages (one scalar per completion).
+            texts = decode_completions(tokenizer, roll)
+            rewards = torch.tensor([task.reward(t, problems[i // G]) for i, t in enumerate(texts)])
+            group_index = torch.arange(B).repeat_interleave(G)
+            advantages = advantage_fn(rewards, group_index, **params(cfg.adv))
+            weights = token_weights(mask, cfg.loss_agg.name, max_len=max_new)  # loss = sum w * l
+
+            # pi_ref log-probs (frozen start) only when a KL term or metric needs them; pi_old
+            # log-probs by a separate forward only with several updates per rollout; with one,
+            # pi_old == pi_theta and the ratio is exactly 1 (nothing clips: expected).
+            with torch.no_grad():
+                ref_logp = completion_logprobs(reference, roll, T)[0] if reference is not None else None
+                old_logp = (completion_logprobs(policy, roll, T)[0]
+                            if int(cfg.rollout.num_iterations) > 1 else None)
+            scored = time.perf_counter()
+
+            # 3. Policy update(s): clipped surrogate + beta * KL, aggregated, clipped, AdamW.
+            for _ in range(int(cfg.rollout.num_iterations)):
+                logp, entropy = completion_logprobs(policy, roll, T)
+                pg_loss, clip_stats = policy_loss_fn(logp, logp.detach() if old_logp is None else old_logp,
+                                                     advantages[:, None], **params(cfg.clip))
+                token_loss = pg_loss
+                if ref_logp is not None:
+                    kl_token = kl_estimator(logp, ref_logp)
+                    token_loss = token_loss + kl_control.beta * kl_token
+                loss = aggregate(token_loss, weights)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.optim.max_grad_norm)
+                finite = math.isfinite(loss.item()) and math.isfinite(grad_norm.item())
+                if not finite and cfg.on_nonfinite == "skip":
+                    skipped_steps += 1  # drop this update, keep the weights as they were
+                    optimizer.zero_grad(set_to_none=True)
+                    continue
+                if not finite:
+                    break
+                optimizer.step()
+                schedule.step()
+            updated = time.perf_counter()
+
+            # 4. Metrics of this step (token means over completion tokens unless stated).
+            with torch.no_grad():
+                group_mean, group_std = group_mean_std(rewards, group_index)
+                lengths = roll.lengths
+                metrics = {
+                    "step": step,
+                    "loss": loss.item(),
+                    "reward/mean": rewards.mean().item(),
+                    "reward/std": rewards.std().item() if rewards.numel() > 1 else 0.0,
+                    "train/accuracy": rewards.mean().item(),  # task reward is 0/1 correctness
+                    "length/mean": lengths.mean().item(),
+                    "length/max": lengths.max().item(),
+                    "length/truncated_frac": roll.truncated.float().mean().item(),
+                    "policy/entropy": masked_mean(entropy, mask).item(),
+                    "adv/mean": advantages.mean().item(),
+                    "adv/std": advantages.std().item() if advantages.numel() > 1 else 0.0,
+                    "adv/min": advantages.min().item(),
+                    "adv/max": advantages.max().item(),
+                    "adv/zero_std_group_frac": (group_std[::G] == 0).float().mean().item(),
+                    "kl/beta": kl_control.beta,
+                    "optim/grad_norm": grad_norm.item(),
+                    "optim/lr": schedule.get_last_lr()[0],
+                    "optim/skipped_steps": skipped_steps,
+                    **{k: masked_mean(v, mask).item() for k, v in clip_stats.items()},
+                }
+                if ref_logp is not None:
+                    metrics["kl/k1"] = masked_mean(KL_ESTIMATORS["k1"](logp, ref_logp), mask).item()
+                    metrics["kl/k3"] = masked_mean(KL_ESTIMATORS["k3"](logp, ref_logp), mask).item()
+                    kl_control.update(metrics["kl/k3"], num_sequences=rewards.numel())
+                completion_tokens = mask.sum().item()
+                metrics.update({
+                    "time/sample_s": sampled - step_started,
+                    "time/score_s": scored - sampled,
+                    "time/update_s": updated - scored,
+                    "time/step_s": updated - step_started,
+                    "perf/completion_tokens": completion_tokens,
+                    "perf/tokens_per_s": completion_tokens / max(updated - step_started, 1e-9),
+                })
+            del group_mean
+
+            if not finite and cfg.on_nonfinite == "stop":
+                # For an ablation a NaN is a result: record the step and stop, do not crash.
+                reason = f"non-finite {'loss' if not math.isfinite(loss.item()) else 'grad norm'} at step {step}"
+                log.log(metrics)
+                log.status("diverged", step, reason)
+                say(f"[red]diverged[/]: {reason}")
+                result.state, result.step, result.reason = "diverged", step, reason
+                return result
+
+            if step % int(cfg.eval.every) == 0 or step == int(cfg.steps):
+                metrics.update(evaluate())
+                metrics["time/eval_s"] = time.perf_counter() - updated
+            log.log(metrics)
+            if step % int(cfg.samples_every) == 0:
+                log.samples(step, [{"prompt": problems[i // G].prompt, "completion": texts[i],
+                                    "reward": rewards[i].item(), "truncated": bool(roll.truncated[i])}
+                                   for i in range(min(int(cfg.samples_per_log), len(texts)))])
+            if step % int(cfg.checkpoint_every) == 0 or step == int(cfg.steps):
+                save_checkpoint(run_dir, policy, tokenizer, {
+                    "step": step, "skipped_steps": skipped_steps, "optimizer": optimizer.state_dict(),
+                    "schedule": schedule.state_dict(), "sampler": sampler.get_state(),
+                    "kl_control": kl_control.state_dict()})
+            log.status("running", step)
+            progress.update(step, metrics, say)
+
+        result.state, result.step = "completed", int(cfg.steps)
+        result.final_accuracy = metrics.get("eval/accuracy") if int(cfg.steps) > start_step else None
+        log.status("completed", result.step)
+        return result
+    except BaseException as err:  # a crash or Ctrl-C: record it, then let it propagate
+        reason = f"{type(err).__name__}: {err}".strip()
+        log.status("failed", step, reason[:500])
+        raise
+    finally:
+        if progress is not None:
+            progress.stop()
+        log.close()
+
+
+class _progress:
+    """A rich progress bar (step, reward, accuracy) on a terminal; a line per eval otherwise."""
+
+    def __init__(self, console, total: int, done: int):
+        self.bar = None
+        if console is not None and console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console)
+            self.task = self.bar.add_task("train", total=total, completed=done, info="")
+            self.bar.start()
+
+    def update(self, step: int, metrics: dict, say) -> None:
+        info = f"reward {metrics['reward/mean']:.3f}  len {metrics['length/mean']:.1f}"
+        if "eval/accuracy" in metrics:
+            info += f"  eval acc {metrics['eval/accuracy']:.3f}"
+            if self.bar is None:
+                say(f"step {step}  {info}  ({metrics['time/step_s']:.2f} s/step)")
+            else:
+                self.bar.console.print(f"step {step}  {info}")
+        if self.bar is not None:
+            self.bar.update(self.task, completed=step, info=info)
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -1,0 +1,36 @@
+"""Family `clip`: the PPO clipped surrogate, per token.
+
+loss_t = -min(rho_t A_t, clip(rho_t, 1 - eps_low, 1 + eps_high) A_t),  rho_t = exp(logp - old_logp)
+
+`symmetric`: eps_low = eps_high = 0.2. `higher` (DAPO clip-higher) raises eps_high to 0.28.
+Reference: verl core_algos `compute_policy_loss_vanilla` (clip_ratio_low / clip_ratio_high);
+TRL `_compute_loss` (epsilon_low / epsilon_high). log rho is clamped to [-20, 20] before exp.
+With one update per rollout rho == 1, nothing clips and the fractions are 0: expected.
+"""
+from __future__ import annotations
+
+import torch
+
+LOG_RATIO_LIMIT = 20.0
+
+
+def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                  eps_low: float = 0.2, eps_high: float = 0.2):
+    """Per-token clipped policy loss and per-token clip indicators (floats, for metrics).
+
+    `advantages` broadcasts against logp ([B, 1] per sequence or [B, T] per token).
+    """
+    log_ratio = (logp - old_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * advantages
+    loss = -torch.minimum(unclipped, clipped)
+    with torch.no_grad():
+        # a token is "clipped" when the clamp is the active branch of the min
+        low = ((ratio < 1.0 - eps_low) & (advantages < 0)).to(logp.dtype)
+        high = ((ratio > 1.0 + eps_high) & (advantages > 0)).to(logp.dtype)
+    return loss, {"clip/low_frac": low, "clip/high_frac": high}
+
+
+# option name (conf/clip/<name>.yaml) -> per-token policy loss; the yaml holds its kwargs
+POLICY_LOSSES = {"symmetric": ppo_clip_loss}

@@ -1,0 +1,51 @@
+"""Family `loss_agg`: how per-token losses become one number.
+
+Every mode is a per-token weight w[j, t] with loss = sum_jt w * l. Computing the weights once
+for the whole optimizer step keeps the normalizers global: a micro-batch contributes
+sum(w_mb * l_mb) and the micro-batch sums add up to exactly the full-batch loss (TRL `dapo`
+counts tokens over the whole step, not per micro-batch).
+
+| mode                 | loss                              | weight of a token of o_j |
+| seq_mean_token_mean  | (1/B) sum_j (1/n_j) sum_t l       | 1/(B n_j)   (GRPO; TRL `grpo`)      |
+| token_mean           | sum_jt l / sum_j n_j              | 1/sum n     (DAPO; TRL `dapo`)      |
+| seq_mean_token_sum   | (1/B) sum_j sum_t l               | 1/B                                 |
+| constant             | sum_jt l / (B L_max)              | 1/(B L_max) (Dr. GRPO; TRL `dr_grpo`) |
+
+Reference: verl core_algos `agg_loss`; ROLL functionals `agg_loss`. Fully masked sequences are
+left out of B in the seq_* modes (verl); an all-masked batch gives all-zero weights, so the
+loss is 0, never NaN. L_max is the generation budget (max_new_tokens), as in Dr. GRPO's code.
+"""
+from __future__ import annotations
+
+import torch
+
+LOSS_AGG_MODES = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "constant")
+
+
+def token_weights(mask: torch.Tensor, mode: str, max_len: int | None = None) -> torch.Tensor:
+    """Weights w (same shape as mask [B, T]) such that the aggregated loss is (w * l).sum()."""
+    mask = mask.to(torch.get_default_dtype() if not mask.is_floating_point() else mask.dtype)
+    lengths = mask.sum(dim=1, keepdim=True)  # n_j
+    live = (lengths > 0).to(mask.dtype)      # sequences with at least one trained token
+    if mode == "token_mean":
+        return mask / mask.sum().clamp(min=1)
+    if mode == "seq_mean_token_mean":
+        return mask / lengths.clamp(min=1) / live.sum().clamp(min=1)
+    if mode == "seq_mean_token_sum":
+        return mask / live.sum().clamp(min=1)
+    if mode == "constant":
+        if not max_len or max_len <= 0:
+            raise ValueError("loss_agg mode 'constant' needs max_len > 0 (the generation budget)")
+        return mask / (mask.shape[0] * max_len)
+    raise ValueError(f"unknown loss_agg mode {mode!r}; allowed: {', '.join(LOSS_AGG_MODES)}")
+
+
+def aggregate(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The one aggregation: sum of weighted per-token values."""
+    return (values * weights).sum()
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Plain token mean, for metrics (0 when nothing is masked in)."""
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp(min=1)

@@ -1,0 +1,101 @@
+"""Sampling: masks, truncation, left padding and the KV cache against a full forward."""
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from grpo_ablate.models import build_char_tokenizer
+from grpo_ablate.rollout import completion_logprobs, decode_completions, generate, left_pad
+
+TOK = build_char_tokenizer("0123456789+=,;")
+
+
+def tiny_model(seed=0):
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=len(TOK), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                      tie_word_embeddings=False, pad_token_id=0, eos_token_id=2)
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+PROMPTS = [TOK(p).input_ids for p in ["1+2=", "47+59=", "123+4="]]
+
+
+def test_left_pad():
+    ids, mask = left_pad([[5, 6], [7]], pad_id=0)
+    assert ids.tolist() == [[5, 6], [0, 7]] and mask.tolist() == [[1, 1], [0, 1]]
+
+
+def test_eos_always_gives_length_one_and_no_truncation():
+    model = tiny_model()
+    with torch.no_grad():
+        model.lm_head.bias = torch.nn.Parameter(torch.zeros(len(TOK)))
+        model.lm_head.bias[TOK.eos_token_id] = 1e4
+    roll = generate(model, PROMPTS, num_samples=2, max_new_tokens=8, temperature=1.0,
+                    eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id, generator=torch.Generator().manual_seed(0))
+    assert roll.lengths.tolist() == [1.0] * 6          # the EOS itself is a trained token
+    assert not roll.truncated.any()
+    assert roll.completion_ids.shape[1] == 1            # decoding stopped once all rows ended
+    assert decode_completions(TOK, roll) == [""] * 6
+
+
+def test_no_eos_within_budget_is_truncated():
+    model = tiny_model()
+    with torch.no_grad():
+        model.lm_head.bias = torch.nn.Parameter(torch.zeros(len(TOK)))
+        model.lm_head.bias[TOK.eos_token_id] = -1e4
+    roll = generate(model, PROMPTS, num_samples=1, max_new_tokens=5, temperature=1.0,
+                    eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id, generator=torch.Generator().manual_seed(0))
+    assert roll.truncated.all() and roll.lengths.tolist() == [5.0] * 3
+
+
+def test_mask_covers_tokens_up_to_and_including_eos():
+    model = tiny_model(3)
+    roll = generate(model, PROMPTS, num_samples=4, max_new_tokens=12, temperature=1.0,
+                    eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id, generator=torch.Generator().manual_seed(1))
+    for ids, mask, truncated in zip(roll.completion_ids, roll.completion_mask, roll.truncated):
+        n = int(mask.sum())
+        assert mask[:n].all() and not mask[n:].any()               # a prefix
+        assert (ids[n:] == TOK.pad_token_id).all()                  # pad after the end
+        assert bool(truncated) == (TOK.eos_token_id not in ids[:n].tolist())
+        if not truncated:
+            assert ids[n - 1] == TOK.eos_token_id
+
+
+def test_cached_sampling_matches_a_full_forward():
+    """Greedy tokens from the KV-cached, left-padded loop are the argmax of one full forward,
+    and the training log-probs are that forward's log-softmax at the sampled tokens."""
+    model = tiny_model(1)
+    roll = generate(model, PROMPTS, num_samples=1, max_new_tokens=10, temperature=0.0,
+                    eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id)
+    with torch.no_grad():
+        logp, entropy = completion_logprobs(model, roll, temperature=1.0)
+    for row, prompt in enumerate(PROMPTS):
+        n = int(roll.lengths[row])
+        seq = torch.tensor([prompt + roll.completion_ids[row, :n].tolist()])
+        with torch.no_grad():
+            full = torch.log_softmax(model(seq).logits[0, len(prompt) - 1:-1], dim=-1)  # no padding at all
+        assert full.argmax(-1).tolist() == roll.completion_ids[row, :n].tolist()
+        expected = full.gather(-1, roll.completion_ids[row, :n, None]).squeeze(-1)
+        torch.testing.assert_close(logp[row, :n], expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(entropy[row, :n], -(full.exp() * full).sum(-1), atol=1e-5, rtol=1e-5)
+
+
+def test_temperature_scales_training_logprobs():
+    model = tiny_model(2)
+    roll = generate(model, PROMPTS, num_samples=1, max_new_tokens=4, temperature=0.0,
+                    eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id)
+    with torch.no_grad():
+        hot, _ = completion_logprobs(model, roll, temperature=2.0)
+        out = model(input_ids=roll.sequences, attention_mask=roll.attention_mask,
+                    position_ids=(roll.attention_mask.cumsum(1) - 1).clamp(min=0))
+    logits = out.logits[:, roll.prompt_len - 1:-1] / 2.0
+    expected = torch.log_softmax(logits, -1).gather(-1, roll.completion_ids[..., None]).squeeze(-1)
+    mask = roll.completion_mask.bool()
+    torch.testing.assert_close(hot[mask], expected[mask], atol=1e-5, rtol=1e-5)
+
+
+def test_sampling_is_reproducible_with_the_same_generator():
+    model = tiny_model(4)
+    kwargs = dict(num_samples=3, max_new_tokens=8, temperature=1.0, eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id)
+    a = generate(model, PROMPTS, generator=torch.Generator().manual_seed(7), **kwargs)
+    b = generate(model, PROMPTS, generator=torch.Generator().manual_seed(7), **kwargs)
+    assert torch.equal(a.sequences, b.sequences)
