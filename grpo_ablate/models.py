@@ -20,6 +20,10 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast,
                           Qwen2Config, Qwen2ForCausalLM)
+from transformers.utils import logging as hf_logging
+
+# Loading and saving tiny checkpoints many times a run: no per-file progress bars.
+hf_logging.disable_progress_bar()
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
 
@@ -69,12 +73,12 @@ def build_tiny_model(arch: dict, tokenizer, seed: int) -> Qwen2ForCausalLM:
     return Qwen2ForCausalLM(config).float()
 
 
-def supervised_batch(tokenizer, problems, device="cpu"):
-    """prompt + reference solution + EOS, right-padded; labels only on the solution and EOS."""
+def supervised_batch(tokenizer, prompts: list[str], targets: list[str], device="cpu"):
+    """prompt + target + EOS, right-padded; labels only on the target and EOS."""
     rows, labels = [], []
-    for p in problems:
-        prompt = tokenizer(p.prompt, add_special_tokens=False).input_ids
-        answer = tokenizer(p.solution, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+    for prompt_text, target in zip(prompts, targets):
+        prompt = tokenizer(prompt_text, add_special_tokens=False).input_ids
+        answer = tokenizer(target, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
         rows.append(prompt + answer)
         labels.append([-100] * len(prompt) + answer)
     width = max(len(r) for r in rows)
@@ -87,7 +91,7 @@ def supervised_batch(tokenizer, problems, device="cpu"):
 
 
 def warm_start(model, tokenizer, task, steps: int, batch_size: int, lr: float, seed: int,
-               log=print) -> None:
+               slip_prob: float = 0.0, log=print) -> None:
     """Short supervised pass on the task's reference solutions: deterministic in `seed`.
 
     Deliberately short: the point is a policy that sometimes solves the task (so groups have
@@ -100,7 +104,9 @@ def warm_start(model, tokenizer, task, steps: int, batch_size: int, lr: float, s
         opt, lambda s: min(1.0, (s + 1) / warmup_steps) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
     model.train()
     for step in range(steps):
-        ids, mask, labels = supervised_batch(tokenizer, task.warmup_batch(batch_size, rng))
+        problems = task.warmup_batch(batch_size, rng)
+        targets = [task.demonstration(p, rng, slip_prob) for p in problems]
+        ids, mask, labels = supervised_batch(tokenizer, [p.prompt for p in problems], targets)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -132,7 +138,7 @@ def ensure_warm_started(model_cfg, task, log=print) -> Path:
     model = build_tiny_model(arch, tokenizer, seed=int(warmup["seed"]))
     warm_start(model, tokenizer, task, steps=int(warmup["steps"]),
                batch_size=int(warmup["batch_size"]), lr=float(warmup["lr"]),
-               seed=int(warmup["seed"]), log=log)
+               seed=int(warmup["seed"]), slip_prob=float(warmup.get("slip_prob", 0.0)), log=log)
     tmp = Path(tempfile.mkdtemp(prefix=f".tiny-{key}-", dir=cache_root))
     try:
         model.save_pretrained(tmp)

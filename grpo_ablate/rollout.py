@@ -6,9 +6,14 @@ The sampler is a plain loop over `model(...)` with the model's own cache rather 
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
+
+
+class NonFiniteLogits(FloatingPointError):
+    """The policy produced NaN/Inf logits while sampling: its weights have diverged."""
 
 
 @dataclass
@@ -44,6 +49,11 @@ def positions(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
 
 
+def _cache_kwarg(model) -> str:
+    """transformers 5.x renamed `past_key_values` to `cache`; accept either release line."""
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+
+
 @torch.no_grad()
 def generate(model, prompts: list[list[int]], *, num_samples: int, max_new_tokens: int,
              temperature: float, eos_id: int, pad_id: int,
@@ -62,13 +72,15 @@ def generate(model, prompts: list[list[int]], *, num_samples: int, max_new_token
     full_mask = torch.cat([mask, torch.zeros_like(new_tokens)], dim=1)
     step_input, cache = ids, None
     pos = positions(mask)
-    steps_taken = 0
+    steps_taken, cache_kwarg = 0, _cache_kwarg(model)
     for t in range(max_new_tokens):
         width = prompt_len + t  # tokens visible to this forward, including the new ones
         out = model(input_ids=step_input, attention_mask=full_mask[:, :width], position_ids=pos,
-                    past_key_values=cache, use_cache=True, logits_to_keep=1)
-        cache = out.past_key_values
+                    use_cache=True, logits_to_keep=1, **{cache_kwarg: cache})
+        cache = getattr(out, cache_kwarg)
         logits = out.logits[:, -1, :].float()
+        if not bool(torch.isfinite(logits).all()):
+            raise NonFiniteLogits(f"non-finite logits while sampling token {t}")
         if temperature > 0:
             probs = torch.softmax(logits / temperature, dim=-1)
             token = torch.multinomial(probs, 1, generator=generator).squeeze(1)

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpo_ablate.config import ConfigError, config_hash, params, validate
 from grpo_ablate.models import ensure_warm_started, load_model_and_tokenizer
-from grpo_ablate.rollout import completion_logprobs, decode_completions, generate
+from grpo_ablate.rollout import NonFiniteLogits, completion_logprobs, decode_completions, generate
 from grpo_ablate.tasks import build_task
 from grpo_ablate.tracking import RunLog, find_checkpoint, read_status, save_checkpoint
 from grpo_ablate.tricks.adv import ADV_ESTIMATORS, group_mean_std
@@ -117,8 +117,19 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                 "eval/length_mean": roll.lengths.mean().item(),
                 "eval/truncated_frac": roll.truncated.float().mean().item()}
 
+    run_started = time.perf_counter()
     result = RunResult("running", start_step, run_dir)
     step, progress = start_step, None
+
+    def diverged(reason: str, metrics: dict | None = None) -> RunResult:
+        """For an ablation a NaN is a result: record the step and stop, do not crash."""
+        if metrics is not None:
+            log.log(metrics)
+        log.status("diverged", step, reason)
+        say(f"[red]diverged[/]: {reason}")
+        result.state, result.step, result.reason = "diverged", step, reason
+        return result
+
     try:
         if start_step == 0:
             base = evaluate()
@@ -133,8 +144,11 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
             # 1. Rollout: B prompts x G completions, sampled at temperature T with the KV cache.
             problems = task.train_batch(B, int(cfg.seed), step)
             prompts = [tokenizer(p.prompt).input_ids for p in problems]
-            roll = generate(policy, prompts, num_samples=G, max_new_tokens=max_new, temperature=T,
-                            eos_id=eos_id, pad_id=pad_id, generator=sampler)
+            try:
+                roll = generate(policy, prompts, num_samples=G, max_new_tokens=max_new, temperature=T,
+                                eos_id=eos_id, pad_id=pad_id, generator=sampler)
+            except NonFiniteLogits as err:
+                return diverged(f"{err} at step {step}")
             mask = roll.completion_mask                              # [N, L] 1 up to and incl. EOS
             sampled = time.perf_counter()
 
@@ -144,6 +158,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
             group_index = torch.arange(B).repeat_interleave(G)
             advantages = advantage_fn(rewards, group_index, **params(cfg.adv))
             weights = token_weights(mask, cfg.loss_agg.name, max_len=max_new)  # loss = sum w * l
+            rewarded = time.perf_counter()
 
             # pi_ref log-probs (frozen start) only when a KL term or metric needs them; pi_old
             # log-probs by a separate forward only with several updates per rollout; with one,
@@ -210,22 +225,19 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                 completion_tokens = mask.sum().item()
                 metrics.update({
                     "time/sample_s": sampled - step_started,
-                    "time/score_s": scored - sampled,
+                    "time/reward_s": rewarded - sampled,
+                    "time/reference_s": scored - rewarded,   # pi_ref (and pi_old) forwards
                     "time/update_s": updated - scored,
                     "time/step_s": updated - step_started,
+                    "time/elapsed_s": updated - run_started,  # wall clock since this process began
                     "perf/completion_tokens": completion_tokens,
                     "perf/tokens_per_s": completion_tokens / max(updated - step_started, 1e-9),
                 })
             del group_mean
 
             if not finite and cfg.on_nonfinite == "stop":
-                # For an ablation a NaN is a result: record the step and stop, do not crash.
-                reason = f"non-finite {'loss' if not math.isfinite(loss.item()) else 'grad norm'} at step {step}"
-                log.log(metrics)
-                log.status("diverged", step, reason)
-                say(f"[red]diverged[/]: {reason}")
-                result.state, result.step, result.reason = "diverged", step, reason
-                return result
+                what = "loss" if not math.isfinite(loss.item()) else "grad norm"
+                return diverged(f"non-finite {what} at step {step}", metrics)
 
             if step % int(cfg.eval.every) == 0 or step == int(cfg.steps):
                 metrics.update(evaluate())

@@ -23,7 +23,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 SMALL = [
     "model.arch.hidden_size=32", "model.arch.intermediate_size=64",
     "model.arch.num_hidden_layers=2", "model.arch.num_attention_heads=2",
-    "model.arch.num_key_value_heads=1", "model.warmup.steps=40", "model.warmup.batch_size=32",
+    "model.arch.num_key_value_heads=1", "model.warmup.steps=300", "model.warmup.batch_size=32",
+    "model.warmup.slip_prob=0.0", "task.operand_max=9",   # one-digit sums: rewards vary at once
     "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=16",
     "task.eval_size=16", "eval.every=2", "checkpoint_every=2", "samples_every=2",
     "steps=4", "logger=none", "threads=1",
@@ -46,7 +47,7 @@ def small(cache_dir):
 
 
 def cli(*args, cwd=None, timeout=300, env=None):
-    """Run `grpo-ablate ...` in a subprocess, as a user would."""
-    full_env = {**os.environ, **(env or {})}
+    """Run `grpo-ablate ...` in a subprocess, as a user would (env values of None are unset)."""
+    full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
     return subprocess.run([sys.executable, "-m", "grpo_ablate.cli", *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)

@@ -110,6 +110,23 @@ class ArithmeticTask:
     def warmup_batch(self, n: int, rng: random.Random) -> list[Problem]:
         return self._draw(rng, n, self._eval_keys)
 
+    def demonstration(self, problem: Problem, rng: random.Random, slip_prob: float = 0.0) -> str:
+        """The warm-up's target text: the reference solution, except that with probability
+        `slip_prob` a problem whose last column carries is demonstrated with that carry
+        forgotten in the final answer ("9+2=11;17" for 95+22=117).
+
+        This imitates imperfect demonstrations: a warm-started policy that makes one
+        systematic mistake, and that still samples the right answer often enough for a
+        verifier-driven RL step to find and fix it within minutes on a CPU.
+        """
+        if not self.trace or slip_prob <= 0 or rng.random() >= slip_prob:
+            return problem.solution
+        trace, _, answer = problem.solution.rpartition(";")
+        last_column = int(trace.rsplit("=", 1)[1])
+        if last_column < 10 or len(answer) < 2:
+            return problem.solution
+        return f"{trace};{answer[1:].lstrip('0') or '0'}"
+
     def eval_set(self) -> list[Problem]:
         return self._eval
 

@@ -1,0 +1,111 @@
+"""The command line as a user meets it: subprocesses, exit codes, messages, run dirs."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import cli
+from grpo_ablate.tracking import TIMING_PREFIXES, read_jsonl
+
+
+def test_help_lists_every_command_with_one_line():
+    out = cli("--help")
+    assert out.returncode == 0
+    assert "train" in out.stdout and "Train one GRPO run" in out.stdout
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("adv=nope", "allowed: dr_grpo, grpo"),
+    ("optim.lrr=1", "unknown config key 'optim.lrr'"),
+    ("optim.lr=-1", "optim.lr=-1"),
+    ("optim.lr=0", "must be a number > 0"),
+    ("rollout.group_size=1", "group_size >= 2"),
+    ("rollout.max_new_tokens=0", "rollout.max_new_tokens=0"),
+    ("model.path=/definitely/not/here", "does not exist"),
+    ("model=hf", "model.path is required"),
+    ("kl.estimator=k4", "allowed: k1, k2, k3"),
+    ("task.level=insane", "easy, medium, hard"),
+    ("seed=oops=1", "could not parse"),
+])
+def test_bad_input_is_one_line_exit_2_and_no_run_dir(tmp_path, override, needle):
+    out = cli("train", override, cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
+    assert needle in lines[0]
+    assert "Traceback" not in out.stderr + out.stdout
+    assert not any(tmp_path.iterdir())                  # nothing half-written
+
+
+def test_cfg_job_prints_config_and_writes_nothing(tmp_path):
+    out = cli("train", "--cfg", "job", "adv=dr_grpo", cwd=tmp_path)
+    assert out.returncode == 0 and "name: dr_grpo" in out.stdout
+    assert not (tmp_path / "runs").exists()
+
+
+def test_train_end_to_end_with_wandb_offline(small, tmp_path):
+    env = {"WANDB_API_KEY": None, "WANDB_MODE": None, "HOME": str(tmp_path)}  # no key anywhere: offline by itself
+    out = cli("train", *[o for o in small if not o.startswith("logger")], "logger=wandb",
+              f"hydra.run.dir={tmp_path}/run", cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "base eval accuracy" in out.stdout and "-> final" in out.stdout
+    assert list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    assert json.loads((tmp_path / "run" / "status.json").read_text())["wandb_id"]
+
+
+def test_diverged_run_exits_3(small, tmp_path):
+    out = cli("train", *small, "steps=6", "optim.lr=1e30", "optim.weight_decay=0.5", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    assert out.returncode == 3, out.stderr[-2000:]
+    assert json.loads((tmp_path / "run" / "status.json").read_text())["state"] == "diverged"
+
+
+def test_multirun_launches_one_run_per_seed(small, tmp_path):
+    out = cli("train", "-m", *small, "steps=1", "seed=0,1", f"hydra.sweep.dir={tmp_path}/sweep",
+              "hydra.sweep.subdir=seed${seed}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for seed in (0, 1):
+        status = json.loads((tmp_path / "sweep" / f"seed{seed}" / "status.json").read_text())
+        assert status["state"] == "completed"
+        assert f"seed={seed}" in (tmp_path / "sweep" / f"seed{seed}" / ".hydra" / "overrides.yaml").read_text()
+
+
+def _strip(rows):
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)} for r in rows]
+
+
+def test_resume_after_kill_equals_uninterrupted(small, tmp_path):
+    args = [*small, "steps=40", "checkpoint_every=5", "eval.every=10", "samples_every=5"]
+    full = cli("train", *args, f"hydra.run.dir={tmp_path}/full", cwd=tmp_path)
+    assert full.returncode == 0, full.stderr[-2000:]
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_ablate.cli", "train", *args,
+                             f"hydra.run.dir={killed}"], cwd=tmp_path, env=os.environ.copy(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:   # kill once a checkpoint exists
+        if (killed / "checkpoint" / "trainer_state.pt").exists():
+            break
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    status = json.loads((killed / "status.json").read_text())
+    assert status["state"] == "running" and status["step"] < 40     # really killed mid-run
+
+    resumed = cli("train", "--resume", str(killed), cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming" in resumed.stdout
+    assert _strip(read_jsonl(killed / "metrics.jsonl")) == _strip(read_jsonl(tmp_path / "full" / "metrics.jsonl"))
+    assert json.loads((killed / "status.json").read_text())["state"] == "completed"
+    # a finished run is never redone
+    again = cli("train", "--resume", str(killed), cwd=tmp_path)
+    assert again.returncode == 0 and "nothing to do" in again.stdout
+
+
+def test_resume_of_a_dir_that_is_not_a_run(tmp_path):
+    out = cli("train", "--resume", str(tmp_path), cwd=tmp_path)
+    assert out.returncode == 2 and "not a grpo-ablate run dir" in out.stderr

@@ -1,0 +1,181 @@
+"""Real (small) training runs in-process: the run dir contract, determinism, passes, NaNs."""
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import grpo_ablate.trainer as trainer_module
+from grpo_ablate.config import ConfigError, compose
+from grpo_ablate.tracking import TIMING_PREFIXES, read_jsonl
+from grpo_ablate.tricks.clip import POLICY_LOSSES
+from grpo_ablate.trainer import train
+
+REQUIRED_STEP_KEYS = [
+    "loss", "reward/mean", "reward/std", "train/accuracy", "length/mean", "length/max",
+    "length/truncated_frac", "policy/entropy", "kl/k1", "kl/k3", "kl/beta", "clip/low_frac",
+    "clip/high_frac", "adv/mean", "adv/std", "adv/min", "adv/max", "adv/zero_std_group_frac",
+    "optim/grad_norm", "optim/lr", "time/sample_s", "time/reward_s", "time/reference_s",
+    "time/update_s", "perf/tokens_per_s",
+]
+
+
+def run(overrides, run_dir):
+    return train(compose(overrides), run_dir, overrides)
+
+
+def without_timing(rows):
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)} for r in rows]
+
+
+def test_run_dir_contract(small, tmp_path):
+    result = run(small, tmp_path / "run")
+    assert result.state == "completed" and result.exit_code == 0
+    d = tmp_path / "run"
+    status = json.loads((d / "status.json").read_text())
+    assert status["state"] == "completed" and status["step"] == 4 and status["config_hash"]
+    assert "${" not in (d / "config.yaml").read_text()            # resolved
+    assert "rollout.group_size=4" in (d / "overrides.yaml").read_text()
+    rows = read_jsonl(d / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    assert "eval/accuracy" in rows[0] and "eval/accuracy" in rows[2] and "eval/accuracy" in rows[4]
+    for key in REQUIRED_STEP_KEYS:
+        assert all(key in r for r in rows[1:]), key
+    assert rows[1]["clip/low_frac"] == 0 and rows[1]["clip/high_frac"] == 0   # rho == 1
+    samples = read_jsonl(d / "samples.jsonl")
+    assert {s["step"] for s in samples} == {2, 4} and {"prompt", "completion", "reward"} <= set(samples[0])
+    # the checkpoint is an ordinary transformers checkpoint
+    model = AutoModelForCausalLM.from_pretrained(d / "checkpoint")
+    assert sum(p.numel() for p in model.parameters()) > 0
+    assert not (d / "checkpoint.tmp").exists() and not (d / "checkpoint.old").exists()
+
+
+def test_same_seed_gives_identical_metrics(small, tmp_path):
+    a = read_jsonl(run(small, tmp_path / "a").run_dir / "metrics.jsonl")
+    b = read_jsonl(run(small, tmp_path / "b").run_dir / "metrics.jsonl")
+    c = read_jsonl(run(small + ["seed=1"], tmp_path / "c").run_dir / "metrics.jsonl")
+    assert without_timing(a) == without_timing(b)
+    assert without_timing(a) != without_timing(c)
+
+
+class CountingLogprobs:
+    def __init__(self):
+        self.calls = 0
+        self.wrapped = trainer_module.completion_logprobs
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.wrapped(*args, **kwargs)
+
+
+@pytest.mark.parametrize("extra, forwards_per_step, has_kl", [
+    (["kl=none"], 1, False),                                 # policy only: no pi_ref, no pi_old
+    (["kl=fixed"], 2, True),                                 # + one reference forward
+    (["kl=none", "metrics.ref_kl=true"], 2, True),           # reference only for the metric
+    (["kl=none", "rollout.num_iterations=2"], 3, False),     # pi_old once + two updates
+])
+def test_no_redundant_forward_passes(small, tmp_path, monkeypatch, extra, forwards_per_step, has_kl):
+    counter = CountingLogprobs()
+    monkeypatch.setattr(trainer_module, "completion_logprobs", counter)
+    run(small + ["steps=2"] + extra, tmp_path / "run")
+    assert counter.calls == 2 * forwards_per_step
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert ("kl/k3" in rows[1]) == has_kl
+
+
+def test_kl_none_loads_no_reference_model(small, tmp_path, monkeypatch):
+    loads = []
+    real = trainer_module.load_model_and_tokenizer
+    monkeypatch.setattr(trainer_module, "load_model_and_tokenizer", lambda p: loads.append(p) or real(p))
+    monkeypatch.setattr(trainer_module, "copy", SimpleNamespace(deepcopy=lambda *_: pytest.fail("reference copied")))
+    run(small + ["steps=1", "kl=none"], tmp_path / "run")
+    assert len(loads) == 1
+
+
+def test_fixed_kl_adds_beta_times_k3(small, tmp_path):
+    """With beta > 0 the loss is the policy loss plus beta * mean k3, aggregated alike."""
+    rows = read_jsonl(run(small + ["steps=3", "kl.beta=0.5"], tmp_path / "run").run_dir / "metrics.jsonl")
+    assert all(r["kl/beta"] == 0.5 for r in rows[1:])
+    assert rows[1]["kl/k3"] == pytest.approx(0.0, abs=1e-6)     # pi_theta == pi_ref at step 1
+    assert rows[3]["kl/k3"] > 0                                   # and drifts after updates
+
+
+def test_policy_moves_so_the_equality_tests_mean_something(small, tmp_path):
+    rows = read_jsonl(run(small + ["steps=3", "kl=none", "metrics.ref_kl=true"], tmp_path / "run").run_dir / "metrics.jsonl")
+    assert any(r["adv/zero_std_group_frac"] < 1 for r in rows[1:])   # some groups have signal
+    assert rows[3]["kl/k1"] != 0 and rows[3]["optim/grad_norm"] > 0
+
+
+def test_exploding_weights_mark_the_run_diverged(small, tmp_path):
+    # An absurd learning rate with weight decay blows the weights up after one step: a real
+    # divergence, which first shows as non-finite logits in the next rollout.
+    result = run(small + ["steps=6", "optim.lr=1e30", "optim.weight_decay=0.5"], tmp_path / "run")
+    assert result.state == "diverged" and result.exit_code == 3
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status["state"] == "diverged" and status["step"] == 2
+    assert "non-finite" in status["reason"]
+
+
+def nan_at_step(monkeypatch, bad_steps):
+    """Make the policy loss NaN on the given steps (counted from 1)."""
+    calls = {"n": 0}
+    real = POLICY_LOSSES["symmetric"]
+
+    def loss(*args, **kwargs):
+        calls["n"] += 1
+        value, stats = real(*args, **kwargs)
+        return (value * float("nan") if calls["n"] in bad_steps else value), stats
+    monkeypatch.setitem(POLICY_LOSSES, "symmetric", loss)
+
+
+def test_forced_nan_loss_marks_the_run_diverged_at_that_step(small, tmp_path, monkeypatch):
+    nan_at_step(monkeypatch, {3})
+    result = run(small + ["steps=6"], tmp_path / "run")
+    assert (result.state, result.step, result.exit_code) == ("diverged", 3, 3)
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status["state"] == "diverged" and status["reason"] == "non-finite loss at step 3"
+    last = read_jsonl(tmp_path / "run" / "metrics.jsonl")[-1]
+    assert last["step"] == 3 and last["loss"] is None        # NaN is written as null (strict JSON)
+
+
+def test_on_nonfinite_skip_drops_the_step_and_keeps_going(small, tmp_path, monkeypatch):
+    nan_at_step(monkeypatch, {2, 3})
+    result = run(small + ["steps=4", "on_nonfinite=skip"], tmp_path / "run")
+    assert result.state == "completed"
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r["optim/skipped_steps"] for r in rows[1:]] == [0, 1, 2, 2]
+
+
+def test_existing_run_dir_is_not_overwritten(small, tmp_path):
+    run(small + ["steps=1"], tmp_path / "run")
+    before = (tmp_path / "run" / "metrics.jsonl").read_text()
+    with pytest.raises(ConfigError, match="--resume"):
+        run(small + ["steps=1"], tmp_path / "run")
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
+
+
+def test_resume_refuses_a_changed_config(small, tmp_path):
+    run(small + ["steps=2"], tmp_path / "run")
+    with pytest.raises(ConfigError, match="config differs"):
+        run(small + ["steps=4", "optim.lr=1e-3", "resume=true"], tmp_path / "run")
+
+
+def test_resume_extends_a_completed_run_identically(small, tmp_path):
+    full = read_jsonl(run(small + ["steps=4"], tmp_path / "full").run_dir / "metrics.jsonl")
+    run(small + ["steps=2"], tmp_path / "part")
+    run(small + ["steps=4", "resume=true"], tmp_path / "part")
+    assert without_timing(read_jsonl(tmp_path / "part" / "metrics.jsonl")) == without_timing(full)
+
+
+def test_warm_start_cache_is_content_addressed(small, cache_dir, tmp_path):
+    run(small + ["steps=1"], tmp_path / "a")
+    entries = {p.name for p in cache_dir.iterdir() if p.name.startswith("tiny-")}
+    run(small + ["steps=1", "model.warmup.steps=41"], tmp_path / "b")
+    after = {p.name for p in cache_dir.iterdir() if p.name.startswith("tiny-")}
+    assert len(after - entries) == 1                   # a changed warm-up builds a new entry
+    assert not [p for p in cache_dir.iterdir() if p.name.startswith(".")]   # no temp leftovers
+    entry = cache_dir / sorted(after - entries)[0]
+    assert (entry / "config.json").exists() and json.loads((entry / "warm_start.json").read_text())["warmup"]["steps"] == 41
+    with torch.no_grad():    # loads through from_pretrained like any model
+        AutoModelForCausalLM.from_pretrained(entry)(torch.tensor([[3, 4]]))
