@@ -48,7 +48,7 @@ def train(
 
     args: List[str] = list(ctx.args)
     if resume is not None:
-        args = _resume_args(resume) + args
+        args = _last_wins(_resume_args(resume) + args)
     overrides = [a for a in args if not a.startswith("-")]
     single_run = not any(a in _HYDRA_NON_RUN_FLAGS + _HYDRA_MULTIRUN_FLAGS
                          or a.startswith(("--cfg=", "--info=")) for a in args)
@@ -71,6 +71,13 @@ def _resume_args(run_dir: Path) -> List[str]:
     previous = [o for o in OmegaConf.to_container(OmegaConf.load(saved))
                 if not o.startswith(("resume=", "hydra.run.dir="))]
     return previous + [f"hydra.run.dir={run_dir}", "resume=true"]
+
+
+def _last_wins(args: List[str]) -> List[str]:
+    """Drop earlier overrides of a key given again later (a resumed run's `steps=...`)."""
+    key = lambda a: a.lstrip("+~").split("=", 1)[0] if "=" in a and not a.startswith("-") else a
+    last = {key(a): i for i, a in enumerate(args)}
+    return [a for i, a in enumerate(args) if last[key(a)] == i]
 
 
 def main() -> None:
