@@ -29,7 +29,7 @@ def hydra_train(cfg: DictConfig) -> int:
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     overrides = list(HydraConfig.get().overrides.task)
-    console = Console()
+    console = Console(soft_wrap=True)  # paths stay on one line, copy-pasteable
     try:
         result = train(cfg, run_dir, overrides=overrides, console=console)
     except (ConfigError, ModelPathError) as err:

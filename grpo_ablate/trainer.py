@@ -27,7 +27,6 @@ from grpo_ablate.tricks.loss_agg import aggregate, masked_mean, token_weights
 
 # Exit codes of `grpo-ablate train`
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DIVERGED = 0, 1, 2, 3
-FINISHED_STATES = ("completed", "diverged")
 
 
 @dataclass
@@ -65,7 +64,9 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     if status is not None and status.get("config_hash") != config_hash(cfg):
         raise ConfigError(f"cannot resume {run_dir}: the config differs from the one it was started "
                           "with (only steps, logger, run labels and threads may change)")
-    if status is not None and status["state"] in FINISHED_STATES and status["step"] >= cfg.steps:
+    # A finished result is never redone: completed at (or past) the asked-for steps, or diverged.
+    if status is not None and (status["state"] == "diverged"
+                               or status["state"] == "completed" and status["step"] >= cfg.steps):
         say(f"[bold]{run_dir}[/] is already {status['state']} at step {status['step']}; nothing to do")
         return RunResult(status["state"], status["step"], run_dir, reason=status.get("reason"))
 

@@ -137,6 +137,10 @@ def test_forced_nan_loss_marks_the_run_diverged_at_that_step(small, tmp_path, mo
     assert status["state"] == "diverged" and status["reason"] == "non-finite loss at step 3"
     last = read_jsonl(tmp_path / "run" / "metrics.jsonl")[-1]
     assert last["step"] == 3 and last["loss"] is None        # NaN is written as null (strict JSON)
+    # a diverged run is a finished result: resuming it changes nothing
+    before = (tmp_path / "run" / "metrics.jsonl").read_text()
+    again = run(small + ["steps=6", "resume=true"], tmp_path / "run")
+    assert again.state == "diverged" and (tmp_path / "run" / "metrics.jsonl").read_text() == before
 
 
 def test_on_nonfinite_skip_drops_the_step_and_keeps_going(small, tmp_path, monkeypatch):
