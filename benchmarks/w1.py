@@ -9,9 +9,9 @@ Prints ONE JSON line on stdout (everything else goes to stderr):
 
 W1 is specified in /work/shared/bench/W1.md. Timing rules, shared by both implementations
 (see `summarize`):
-  - each implementation yields one record per optimizer step with "step_end"
-    (time.perf_counter() right after that optimizer step) and the step's split
-    "generate_s", "reference_s", "update_s";
+  - each implementation yields one record per optimizer step with "step_end" (a monotonic
+    clock in seconds, e.g. time.perf_counter(), read right after that optimizer step; only
+    differences are used) and the step's split "generate_s", "reference_s", "update_s";
   - step k's time is step_end[k] - step_end[k-1]; steps 1 and 2 are warm-up and dropped, so
     with --steps 12 the statistics cover steps 3..12 (10 step times), and the split medians
     are taken over the same steps;
@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NoReturn
 
 # No network and no W&B while timing; must be set before transformers / TRL are imported.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -58,7 +59,7 @@ CLIP_EPS = 0.2
 TRL_MISSING = "trl is not installed: pip install -e '.[bench]'"
 
 
-def die(message: str, code: int = 2) -> None:
+def die(message: str, code: int = 2) -> NoReturn:
     print(message, file=sys.stderr)
     raise SystemExit(code)
 
@@ -101,14 +102,9 @@ def summarize(impl: str, beta: float, steps: int, records: list[dict]) -> dict:
 # --impl ours: grpo-ablate's own runner
 # ----------------------------------------------------------------------------------------------
 def run_ours(assets_dir: str, beta: float, steps: int) -> list[dict]:
-    try:
-        from grpo_ablate.bench import run_w1
-    except ImportError as err:
-        # Only "the function does not exist yet" gets the short message; an ImportError raised
-        # from inside grpo_ablate.bench's own imports is a real bug and keeps its traceback.
-        if err.name == "grpo_ablate.bench" or "cannot import name 'run_w1'" in str(err):
-            die(f"grpo_ablate.bench.run_w1 is not available yet ({err})")
-        raise
+    """W1 through grpo-ablate's real trainer (see grpo_ablate/bench.py for the config)."""
+    from grpo_ablate.bench import run_w1
+
     return run_w1(assets_dir, beta, steps)
 
 
@@ -201,11 +197,13 @@ def run_trl(assets_dir: str, beta: float, steps: int) -> list[dict]:
         def w1_step_end(self):
             """Called from the on_step_end callback, right after the optimizer step."""
             now = time.perf_counter()
+            fwd_bwd = self._t["train_step"] - self._t["prepare"]
+            optimizer = now - self._train_step_end  # clip + AdamW + scheduler + zero_grad
             self.w1_records.append({
                 "step_end": now,
                 "generate_s": self._t["generate"],
                 "reference_s": self._t["reference"],
-                "update_s": (self._t["train_step"] - self._t["prepare"]) + (now - self._train_step_end),
+                "update_s": fwd_bwd + optimizer,
             })
             self._reset_timers()
 
@@ -317,7 +315,7 @@ def check_trl_rollouts(rollouts: list[dict], steps: int) -> None:
         expected = sorted(p for p, _ in w1_prompts(k) for _ in range(NUM_GENERATIONS))
         assert sorted(ro["prompts"]) == expected, f"step {k} did not use W1's prompts 8k..8k+7"
         assert max(ro["lengths"]) <= MAX_NEW_TOKENS
-        assert ro["loss_rows"] == COMPLETIONS_PER_STEP, f"step {k} updated on {ro['loss_rows']} rows"
+        assert ro["loss_rows"] == COMPLETIONS_PER_STEP, f"step {k}: {ro['loss_rows']} rows updated"
         lengths += ro["lengths"]
         full_steps += max(ro["lengths"]) == MAX_NEW_TOKENS  # generate ran all 24 decode steps
     full = sum(n == MAX_NEW_TOKENS for n in lengths) / len(lengths)

@@ -156,11 +156,23 @@ def ensure_warm_started(model_cfg, task, log=print) -> Path:
     return target
 
 
-def load_model_and_tokenizer(path: str | os.PathLike):
+def load_tokenizer(path: str | os.PathLike):
+    """AutoTokenizer, except for a plain `tokenizers` tokenizer saved as such (the embedded
+    character tokenizer, W1's): AutoTokenizer would swap in the architecture's own tokenizer
+    class (Qwen2Tokenizer for a qwen2 config), which rewrites its pre-tokenizer."""
+    config = Path(path) / "tokenizer_config.json"
+    if config.exists() and json.loads(config.read_text()).get("tokenizer_class") in (
+            "PreTrainedTokenizerFast", "TokenizersBackend"):
+        return PreTrainedTokenizerFast.from_pretrained(str(path))
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def load_model_and_tokenizer(path: str | os.PathLike, attn_implementation: str | None = None):
     """Load any causal LM the way a user's real model is loaded."""
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+        tokenizer = load_tokenizer(path)
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32,
+                                                     attn_implementation=attn_implementation)
     except (OSError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelPathError(f"model.path={path!r} could not be loaded: {first}") from None

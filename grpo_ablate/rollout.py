@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from grpo_ablate.lean_decode import LeanDecoder, supports as supports_lean
+
 
 class NonFiniteLogits(FloatingPointError):
     """The policy produced NaN/Inf logits while sampling: its weights have diverged."""
@@ -54,31 +56,64 @@ def _cache_kwarg(model) -> str:
     return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
 
 
+class _HFStepper:
+    """One decoding step through the model's own forward and KV cache (all rows, always)."""
+
+    compacts = False
+
+    def __init__(self, model):
+        self.model, self.cache, self.cache_kwarg = model, None, _cache_kwarg(model)
+
+    def __call__(self, input_ids, position_ids, attention_mask, start):
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=True, logits_to_keep=1, **{self.cache_kwarg: self.cache})
+        self.cache = getattr(out, self.cache_kwarg)
+        return out.logits[:, -1, :]
+
+
+class _LeanStepper:
+    """The same step through LeanDecoder; rows that have finished can be dropped (`keep`), so
+    decoding costs what the still-running completions need."""
+
+    compacts = True
+
+    def __init__(self, model, batch: int, slots: int):
+        self.decoder = LeanDecoder(model)
+        self.cache_k, self.cache_v = self.decoder.new_cache(batch, slots)
+
+    def keep(self, rows: torch.Tensor) -> None:
+        self.cache_k, self.cache_v = self.cache_k[:, rows], self.cache_v[:, rows]
+
+    def __call__(self, input_ids, position_ids, attention_mask, start):
+        key_bias = torch.where(attention_mask.bool(), 0.0, float("-inf"))[:, None, None, :]
+        return self.decoder.forward(input_ids, position_ids, self.cache_k, self.cache_v, start, key_bias)
+
+
 @torch.no_grad()
 def generate(model, prompts: list[list[int]], *, num_samples: int, max_new_tokens: int,
              temperature: float, eos_id: int, pad_id: int,
-             generator: torch.Generator | None = None) -> Rollout:
+             generator: torch.Generator | None = None, lean: bool = True) -> Rollout:
     """Sample `num_samples` completions per prompt (rows ordered prompt-major: group g is rows
-    g*G .. g*G+G-1). temperature == 0 means greedy decoding (evaluation)."""
+    g*G .. g*G+G-1). temperature == 0 means greedy decoding (evaluation). With `lean`, models
+    of a supported architecture decode through LeanDecoder (same math, less overhead)."""
     ids, mask = left_pad(prompts, pad_id)
     ids = ids.repeat_interleave(num_samples, dim=0)
     mask = mask.repeat_interleave(num_samples, dim=0)
     n, prompt_len = ids.shape
     device = next(model.parameters()).device
     ids, mask = ids.to(device), mask.to(device)
+    step = (_LeanStepper(model, n, prompt_len + max_new_tokens)
+            if lean and supports_lean(model) else _HFStepper(model))
 
     new_tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device)
     finished = torch.zeros(n, dtype=torch.bool, device=device)
     full_mask = torch.cat([mask, torch.zeros_like(new_tokens)], dim=1)
-    step_input, cache = ids, None
-    pos = positions(mask)
-    steps_taken, cache_kwarg = 0, _cache_kwarg(model)
+    active = torch.arange(n, device=device)  # rows the stepper still decodes
+    step_input, pos = ids, positions(mask)
+    steps_taken = 0
     for t in range(max_new_tokens):
         width = prompt_len + t  # tokens visible to this forward, including the new ones
-        out = model(input_ids=step_input, attention_mask=full_mask[:, :width], position_ids=pos,
-                    use_cache=True, logits_to_keep=1, **{cache_kwarg: cache})
-        cache = getattr(out, cache_kwarg)
-        logits = out.logits[:, -1, :].float()
+        logits = step(step_input, pos, full_mask[active, :width], width - step_input.shape[1]).float()
         if not bool(torch.isfinite(logits).all()):
             raise NonFiniteLogits(f"non-finite logits while sampling token {t}")
         if temperature > 0:
@@ -86,13 +121,19 @@ def generate(model, prompts: list[list[int]], *, num_samples: int, max_new_token
             token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
         else:
             token = logits.argmax(dim=-1)
-        token = torch.where(finished, torch.full_like(token, pad_id), token)
-        new_tokens[:, t] = token
-        full_mask[:, width] = (~finished).long()  # the EOS itself is a real, trained token
-        finished |= token == eos_id
+        token = torch.where(finished[active], torch.full_like(token, pad_id), token)
+        new_tokens[active, t] = token
+        full_mask[active, width] = (~finished[active]).long()  # EOS itself is a trained token
+        finished[active] |= token == eos_id
         steps_taken = t + 1
         if bool(finished.all()):
             break  # every row has emitted EOS: stop decoding early
+        running = ~finished[active]
+        # drop finished rows once a quarter of the decoded batch is done (a cache copy each time)
+        if step.compacts and int(running.sum()) <= 3 * len(active) // 4:
+            keep = running.nonzero().squeeze(1)
+            step.keep(keep)
+            active, token, pos = active[keep], token[keep], pos[keep]
         step_input = token[:, None]
         pos = pos[:, -1:] + 1
 

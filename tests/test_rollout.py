@@ -1,6 +1,9 @@
 """Sampling: masks, truncation, left padding and the KV cache against a full forward."""
+import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from grpo_ablate import lean_decode
 
 from grpo_ablate.models import build_char_tokenizer
 from grpo_ablate.rollout import completion_logprobs, decode_completions, generate, left_pad
@@ -16,6 +19,7 @@ def tiny_model(seed=0):
     return Qwen2ForCausalLM(cfg).eval()
 
 
+LEAN = pytest.mark.parametrize("lean", [True, False], ids=["lean", "hf"])
 PROMPTS = [TOK(p).input_ids for p in ["1+2=", "47+59=", "123+4="]]
 
 
@@ -24,33 +28,36 @@ def test_left_pad():
     assert ids.tolist() == [[5, 6], [0, 7]] and mask.tolist() == [[1, 1], [0, 1]]
 
 
-def test_eos_always_gives_length_one_and_no_truncation():
+@LEAN
+def test_eos_always_gives_length_one_and_no_truncation(lean):
     model = tiny_model()
     with torch.no_grad():
         model.lm_head.bias = torch.nn.Parameter(torch.zeros(len(TOK)))
         model.lm_head.bias[TOK.eos_token_id] = 1e4
     roll = generate(model, PROMPTS, num_samples=2, max_new_tokens=8, temperature=1.0,
-                    eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id, generator=torch.Generator().manual_seed(0))
+                    eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id, generator=torch.Generator().manual_seed(0), lean=lean)
     assert roll.lengths.tolist() == [1.0] * 6          # the EOS itself is a trained token
     assert not roll.truncated.any()
     assert roll.completion_ids.shape[1] == 1            # decoding stopped once all rows ended
     assert decode_completions(TOK, roll) == [""] * 6
 
 
-def test_no_eos_within_budget_is_truncated():
+@LEAN
+def test_no_eos_within_budget_is_truncated(lean):
     model = tiny_model()
     with torch.no_grad():
         model.lm_head.bias = torch.nn.Parameter(torch.zeros(len(TOK)))
         model.lm_head.bias[TOK.eos_token_id] = -1e4
     roll = generate(model, PROMPTS, num_samples=1, max_new_tokens=5, temperature=1.0,
-                    eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id, generator=torch.Generator().manual_seed(0))
+                    eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id, generator=torch.Generator().manual_seed(0), lean=lean)
     assert roll.truncated.all() and roll.lengths.tolist() == [5.0] * 3
 
 
-def test_mask_covers_tokens_up_to_and_including_eos():
+@LEAN
+def test_mask_covers_tokens_up_to_and_including_eos(lean):
     model = tiny_model(3)
     roll = generate(model, PROMPTS, num_samples=4, max_new_tokens=12, temperature=1.0,
-                    eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id, generator=torch.Generator().manual_seed(1))
+                    eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id, generator=torch.Generator().manual_seed(1), lean=lean)
     for ids, mask, truncated in zip(roll.completion_ids, roll.completion_mask, roll.truncated):
         n = int(mask.sum())
         assert mask[:n].all() and not mask[n:].any()               # a prefix
@@ -60,12 +67,13 @@ def test_mask_covers_tokens_up_to_and_including_eos():
             assert ids[n - 1] == TOK.eos_token_id
 
 
-def test_cached_sampling_matches_a_full_forward():
+@LEAN
+def test_cached_sampling_matches_a_full_forward(lean):
     """Greedy tokens from the KV-cached, left-padded loop are the argmax of one full forward,
     and the training log-probs are that forward's log-softmax at the sampled tokens."""
     model = tiny_model(1)
     roll = generate(model, PROMPTS, num_samples=1, max_new_tokens=10, temperature=0.0,
-                    eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id)
+                    eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id, lean=lean)
     with torch.no_grad():
         logp, entropy = completion_logprobs(model, roll, temperature=1.0)
     for row, prompt in enumerate(PROMPTS):
@@ -93,9 +101,55 @@ def test_temperature_scales_training_logprobs():
     torch.testing.assert_close(hot[mask], expected[mask], atol=1e-5, rtol=1e-5)
 
 
-def test_sampling_is_reproducible_with_the_same_generator():
+@LEAN
+def test_sampling_is_reproducible_with_the_same_generator(lean):
     model = tiny_model(4)
-    kwargs = dict(num_samples=3, max_new_tokens=8, temperature=1.0, eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id)
+    kwargs = dict(num_samples=3, max_new_tokens=8, temperature=1.0, eos_id=TOK.eos_token_id,
+                  pad_id=TOK.pad_token_id, lean=lean)
     a = generate(model, PROMPTS, generator=torch.Generator().manual_seed(7), **kwargs)
     b = generate(model, PROMPTS, generator=torch.Generator().manual_seed(7), **kwargs)
     assert torch.equal(a.sequences, b.sequences)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: tiny_model(5),                                        # Qwen2: q/k/v biases, GQA
+    lambda: LlamaForCausalLM(LlamaConfig(vocab_size=len(TOK), hidden_size=32, intermediate_size=48,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                                         max_position_embeddings=64, pad_token_id=0, eos_token_id=2)).eval(),
+], ids=["qwen2", "llama"])
+def test_lean_decoder_matches_the_transformers_forward(make):
+    torch.manual_seed(0)
+    model = make()
+    assert lean_decode.supports(model)
+    kwargs = dict(num_samples=2, max_new_tokens=12, temperature=0.0, eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id)
+    lean = generate(model, PROMPTS, lean=True, **kwargs)
+    hf = generate(model, PROMPTS, lean=False, **kwargs)
+    assert torch.equal(lean.sequences, hf.sequences) and torch.equal(lean.completion_mask, hf.completion_mask)
+    # and the logits themselves, step by step, on a left-padded batch
+    decoder = lean_decode.LeanDecoder(model)
+    ids, mask = left_pad(PROMPTS, TOK.pad_token_id)
+    cache_k, cache_v = decoder.new_cache(len(PROMPTS), ids.shape[1] + 1)
+    bias = torch.where(mask.bool(), 0.0, float("-inf"))[:, None, None, :]
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    first = decoder.forward(ids, pos, cache_k, cache_v, 0, bias)
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1]
+    torch.testing.assert_close(first, expected, atol=1e-5, rtol=1e-5)
+    nxt = first.argmax(-1, keepdim=True)
+    mask2 = torch.cat([mask, torch.ones_like(nxt)], 1)
+    bias2 = torch.where(mask2.bool(), 0.0, float("-inf"))[:, None, None, :]
+    second = decoder.forward(nxt, pos[:, -1:] + 1, cache_k, cache_v, ids.shape[1], bias2)
+    with torch.no_grad():
+        expected2 = model(input_ids=torch.cat([ids, nxt], 1), attention_mask=mask2,
+                          position_ids=(mask2.cumsum(1) - 1).clamp(min=0)).logits[:, -1]
+    torch.testing.assert_close(second, expected2, atol=1e-5, rtol=1e-5)
+
+
+def test_unsupported_architectures_fall_back_to_the_model_forward():
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(TOK), n_embd=32, n_layer=1, n_head=2, n_positions=64,
+                                       pad_token_id=0, eos_token_id=2)).eval()
+    assert not lean_decode.supports(model)
+    roll = generate(model, PROMPTS, num_samples=2, max_new_tokens=6, temperature=0.0,
+                    eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id, lean=True)
+    assert roll.sequences.shape[0] == 6

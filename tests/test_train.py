@@ -87,7 +87,7 @@ def test_no_redundant_forward_passes(small, tmp_path, monkeypatch, extra, forwar
 def test_kl_none_loads_no_reference_model(small, tmp_path, monkeypatch):
     loads = []
     real = trainer_module.load_model_and_tokenizer
-    monkeypatch.setattr(trainer_module, "load_model_and_tokenizer", lambda p: loads.append(p) or real(p))
+    monkeypatch.setattr(trainer_module, "load_model_and_tokenizer", lambda p, **kw: loads.append(p) or real(p, **kw))
     monkeypatch.setattr(trainer_module, "copy", SimpleNamespace(deepcopy=lambda *_: pytest.fail("reference copied")))
     run(small + ["steps=1", "kl=none"], tmp_path / "run")
     assert len(loads) == 1
