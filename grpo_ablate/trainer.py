@@ -77,7 +77,10 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     # Tiny models on a CPU: eager attention beats SDPA's dispatch overhead (~8% per step).
     attn = cfg.model.attn_implementation
     attn = ("eager" if not torch.cuda.is_available() else None) if attn == "auto" else attn
-    load = lambda path: load_model_and_tokenizer(path, attn_implementation=attn)  # noqa: E731
+
+    def load(path):
+        return load_model_and_tokenizer(path, attn_implementation=attn)
+
     policy, tokenizer = load(checkpoint or model_path)
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     kl_control = KL_CONTROLLERS[cfg.kl.name](**params(cfg.kl))
