@@ -15,9 +15,12 @@ import re
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_ablate.tricks.adv import ADV_ESTIMATORS
+from grpo_ablate.tricks.adv_clip import ADV_CLIPS
 from grpo_ablate.tricks.clip import POLICY_LOSSES
 from grpo_ablate.tricks.kl import KL_CONTROLLERS, KL_ESTIMATORS
 from grpo_ablate.tricks.loss_agg import LOSS_AGG_MODES
+from grpo_ablate.tricks.overlong import OVERLONG
+from grpo_ablate.tricks.reward_norm import REWARD_NORMS
 
 CONFIG_MODULE = "grpo_ablate.conf"
 CONFIG_NAME = "config"
@@ -69,6 +72,23 @@ def validate(cfg: DictConfig) -> None:
     _one_of("on_nonfinite", cfg.on_nonfinite, ("stop", "skip"))
     _one_of("adv", cfg.adv.name, sorted(ADV_ESTIMATORS))
     _one_of("clip", cfg.clip.name, sorted(POLICY_LOSSES))
+    if cfg.adv.get("std_of") is not None:
+        _one_of("adv.std_of", cfg.adv.std_of, ("raw", "centered"))
+    _one_of("reward_norm", cfg.reward_norm.name, sorted(REWARD_NORMS))
+    _one_of("adv_clip", cfg.adv_clip.name, sorted(ADV_CLIPS))
+    _one_of("overlong", cfg.overlong.name, sorted(OVERLONG))
+    _positive("clip.eps_low", cfg.clip.eps_low)
+    _positive("clip.eps_high", cfg.clip.eps_high)
+    if cfg.adv_clip.get("c") is not None:
+        _positive("adv_clip.c", cfg.adv_clip.c)
+    if cfg.dual_clip.c is not None:
+        _require(isinstance(cfg.dual_clip.c, (int, float)) and cfg.dual_clip.c > 1,
+                 f"dual_clip.c={cfg.dual_clip.c!r} is not allowed; it must be a number > 1 "
+                 "(the loss of a negative-advantage token is capped at -c A)")
+    if cfg.overlong.get("buffer") is not None:
+        _require(isinstance(cfg.overlong.buffer, int) and 0 < cfg.overlong.buffer <= cfg.rollout.max_new_tokens,
+                 f"overlong.buffer={cfg.overlong.buffer!r} is not allowed; it must be an integer in "
+                 f"1..rollout.max_new_tokens ({cfg.rollout.max_new_tokens})")
     _one_of("loss_agg", cfg.loss_agg.name, LOSS_AGG_MODES)
     _one_of("kl", cfg.kl.name, sorted(KL_CONTROLLERS))
     _one_of("kl.estimator", cfg.kl.estimator, sorted(KL_ESTIMATORS))

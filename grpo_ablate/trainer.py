@@ -21,9 +21,12 @@ from grpo_ablate.rollout import NonFiniteLogits, completion_logprobs, decode_com
 from grpo_ablate.tasks import build_task
 from grpo_ablate.tracking import RunLog, find_checkpoint, read_status, save_checkpoint
 from grpo_ablate.tricks.adv import ADV_ESTIMATORS, group_mean_std
+from grpo_ablate.tricks.adv_clip import ADV_CLIPS
 from grpo_ablate.tricks.clip import POLICY_LOSSES
 from grpo_ablate.tricks.kl import KL_CONTROLLERS, KL_ESTIMATORS
 from grpo_ablate.tricks.loss_agg import aggregate, masked_mean, token_weights
+from grpo_ablate.tricks.overlong import OVERLONG
+from grpo_ablate.tricks.reward_norm import REWARD_NORMS
 
 # Exit codes of `grpo-ablate train`
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DIVERGED = 0, 1, 2, 3
@@ -92,8 +95,12 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     if needs_reference:
         reference = load(model_path)[0] if checkpoint else copy.deepcopy(policy)
         reference.eval().requires_grad_(False)
+    overlong_fn = OVERLONG[cfg.overlong.name]
+    reward_norm_fn = REWARD_NORMS[cfg.reward_norm.name]
     advantage_fn = ADV_ESTIMATORS[cfg.adv.name].fn
+    adv_clip_fn = ADV_CLIPS[cfg.adv_clip.name]
     policy_loss_fn = POLICY_LOSSES[cfg.clip.name]
+    policy_loss_params = {**params(cfg.clip), "dual_clip_c": cfg.dual_clip.c}
 
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
                                   weight_decay=cfg.optim.weight_decay)
@@ -158,14 +165,19 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                                 eos_id=eos_id, pad_id=pad_id, generator=sampler, lean=lean)
             except NonFiniteLogits as err:
                 return diverged(f"{err} at step {step}")
-            mask = roll.completion_mask                              # [N, L] 1 up to and incl. EOS
             sampled = time.perf_counter()
 
-            # 2. Rewards from the verifier; group-relative advantages (one scalar per completion).
+            # 2. Rewards from the verifier, shaped (overlong, reward_norm); group-relative
+            #    advantages, one scalar per completion (clipped by adv_clip).
             texts = decode_completions(tokenizer, roll)
-            rewards = torch.tensor([task.reward(t, problems[i // G]) for i, t in enumerate(texts)])
+            task_rewards = torch.tensor([task.reward(t, problems[i // G]) for i, t in enumerate(texts)])
             group_index = torch.arange(B).repeat_interleave(G)
-            advantages = advantage_fn(rewards, group_index, **params(cfg.adv))
+            rewards, keep, overlong_penalty = overlong_fn(task_rewards, roll.lengths, roll.truncated,
+                                                          max_new, **params(cfg.overlong))
+            mask = roll.completion_mask * keep[:, None]   # [N, L] 1 up to and incl. EOS, if trained
+            rewards = reward_norm_fn(rewards, **params(cfg.reward_norm))
+            advantages = advantage_fn(rewards, group_index, mask=mask, **params(cfg.adv))
+            advantages, adv_clipped_frac = adv_clip_fn(advantages, **params(cfg.adv_clip))
             weights = token_weights(mask, cfg.loss_agg.name, max_len=max_new)  # loss = sum w * l
             rewarded = time.perf_counter()
 
@@ -182,7 +194,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
             for _ in range(int(cfg.rollout.num_iterations)):
                 logp, entropy = completion_logprobs(policy, roll, T)
                 pg_loss, clip_stats = policy_loss_fn(logp, logp.detach() if old_logp is None else old_logp,
-                                                     advantages[:, None], **params(cfg.clip))
+                                                     advantages[:, None], **policy_loss_params)
                 token_loss = pg_loss
                 if ref_logp is not None:
                     kl_token = kl_estimator(logp, ref_logp)
@@ -204,14 +216,17 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
 
             # 4. Metrics of this step (token means over completion tokens unless stated).
             with torch.no_grad():
-                group_mean, group_std = group_mean_std(rewards, group_index)
+                _, group_std = group_mean_std(rewards, group_index)
                 lengths = roll.lengths
                 metrics = {
                     "step": step,
                     "loss": loss.item(),
                     "reward/mean": rewards.mean().item(),
                     "reward/std": rewards.std().item() if rewards.numel() > 1 else 0.0,
-                    "train/accuracy": rewards.mean().item(),  # task reward is 0/1 correctness
+                    "train/accuracy": task_rewards.mean().item(),  # the verifier's 0/1, unshaped
+                    "overlong/penalty_mean": overlong_penalty.mean().item(),
+                    "overlong/masked_frac": (~keep).float().mean().item(),
+                    "adv/clipped_frac": adv_clipped_frac.item(),
                     "length/mean": lengths.mean().item(),
                     "length/max": lengths.max().item(),
                     "length/truncated_frac": roll.truncated.float().mean().item(),
@@ -242,7 +257,6 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                     "perf/completion_tokens": completion_tokens,
                     "perf/tokens_per_s": completion_tokens / max(updated - step_started, 1e-9),
                 })
-            del group_mean
 
             if not finite and cfg.on_nonfinite == "stop":
                 what = "loss" if not math.isfinite(loss.item()) else "grad norm"

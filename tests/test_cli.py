@@ -19,7 +19,7 @@ def test_help_lists_every_command_with_one_line():
 
 
 @pytest.mark.parametrize("override, needle", [
-    ("adv=nope", "allowed: dr_grpo, grpo"),
+    ("adv=nope", "allowed: batch, dr_grpo, grpo, lite, rloo, rpp_baseline"),
     ("optim.lrr=1", "unknown config key 'optim.lrr'"),
     ("optim.lr=-1", "optim.lr=-1"),
     ("optim.lr=0", "must be a number > 0"),
@@ -30,9 +30,12 @@ def test_help_lists_every_command_with_one_line():
     ("kl.estimator=k4", "allowed: k1, k2, k3"),
     ("task.level=insane", "easy, medium, hard"),
     ("seed=oops=1", "could not parse"),
+    ("dual_clip.c=0.5", "must be a number > 1"),
+    ("overlong=soft_punish overlong.buffer=0", "overlong.buffer=0"),
+    ("adv=lite adv.std_of=nope", "allowed: raw, centered"),
 ])
 def test_bad_input_is_one_line_exit_2_and_no_run_dir(tmp_path, override, needle):
-    out = cli("train", override, cwd=tmp_path)
+    out = cli("train", *override.split(), cwd=tmp_path)
     assert out.returncode == 2, out.stderr
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr

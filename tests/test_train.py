@@ -183,3 +183,19 @@ def test_warm_start_cache_is_content_addressed(small, cache_dir, tmp_path):
     assert (entry / "config.json").exists() and json.loads((entry / "warm_start.json").read_text())["warmup"]["steps"] == 41
     with torch.no_grad():    # loads through from_pretrained like any model
         AutoModelForCausalLM.from_pretrained(entry)(torch.tensor([[3, 4]]))
+
+
+@pytest.mark.parametrize("option, metric", [
+    ("adv=lite", "adv/std"), ("adv=batch", "adv/std"), ("adv=rloo", "adv/std"),
+    ("adv=rpp_baseline", "adv/std"), ("reward_norm=batch", "reward/mean"),
+    ("adv_clip=clip", "adv/clipped_frac"), ("clip=higher", "clip/high_frac"),
+    ("dual_clip=enabled", "clip/dual_frac"), ("overlong=filter", "overlong/masked_frac"),
+    ("overlong=soft_punish", "overlong/penalty_mean"),
+])
+def test_every_trick_option_trains(small, tmp_path, option, metric):
+    extra = ["overlong.buffer=4"] if option == "overlong=soft_punish" else []
+    result = run(small + ["steps=2", "rollout.num_iterations=2", option] + extra, tmp_path / "run")
+    assert result.state == "completed"
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert all(metric in r for r in rows[1:])
+    assert all(v is not None for r in rows for v in r.values())   # finite (NaN would be null)

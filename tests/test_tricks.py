@@ -192,3 +192,121 @@ def test_masked_mean():
     mask = torch.tensor([[1, 1, 0]], dtype=D)
     assert masked_mean(values, mask).item() == 1.5
     assert masked_mean(values, torch.zeros_like(mask)).item() == 0.0
+
+
+# ---------------------------------------------------------------- family adv (the rest)
+def test_lite_vector():
+    # TRICKS.md: std_B = 0.5345 -> [1.4029, -0.4676, ... | 0.4676, ..., -1.4029] (4-digit rounding)
+    expected = torch.tensor([1.4031, -0.4677, -0.4677, -0.4677, 0.4677, 0.4677, 0.4677, -1.4031], dtype=D)
+    torch.testing.assert_close(adv("lite"), expected, atol=3e-4, rtol=0)
+    assert REWARDS.std().item() == pytest.approx(0.5345, abs=1e-4)
+
+
+def test_lite_std_of_centered():
+    centred = adv("dr_grpo")
+    torch.testing.assert_close(adv("lite", std_of="centered"), centred / (centred.std() + 1e-6))
+    with pytest.raises(ValueError, match="raw, centered"):
+        adv("lite", std_of="nope")
+
+
+def test_batch_and_rloo_vectors():
+    b = 0.5 / REWARDS.std()
+    torch.testing.assert_close(adv("batch"), torch.tensor([1, -1, -1, -1, 1, 1, 1, -1], dtype=D) * b, atol=1e-5, rtol=0)
+    third = 1 / 3
+    torch.testing.assert_close(adv("rloo"), torch.tensor([1, -third, -third, -third, third, third, third, -1], dtype=D))
+
+
+def test_rpp_baseline_vector_and_token_weighting():
+    # TRICKS.md, equal lengths: [1.731, -0.577, ... | 0.577, ..., -1.731]
+    expected = torch.tensor([1.731, -0.577, -0.577, -0.577, 0.577, 0.577, 0.577, -1.731], dtype=D)
+    torch.testing.assert_close(adv("rpp_baseline", mask=torch.ones(8, 5, dtype=D)), expected, atol=2e-3, rtol=0)
+    # unequal lengths: the whitening statistics are over tokens, so long completions weigh more
+    mask = torch.ones(8, 5, dtype=D)
+    mask[0, 1:] = 0
+    a = adv("rpp_baseline", mask=mask)
+    c = adv("dr_grpo")
+    w = mask.sum(1)
+    mu = (w * c).sum() / w.sum()
+    torch.testing.assert_close(a, (c - mu) / torch.sqrt((w * (c - mu) ** 2).sum() / w.sum() + 1e-8))
+    assert (w * a).sum().abs() < 1e-9          # zero token-mean
+
+
+def test_global_reward_norm_algebra():
+    """global-then-grpo equals grpo up to eps; global-then-dr_grpo equals lite."""
+    from grpo_ablate.tricks.reward_norm import REWARD_NORMS
+    normed = REWARD_NORMS["batch"](REWARDS, eps=0.0)
+    torch.testing.assert_close(adv("grpo", normed, eps=1e-9), adv("grpo", eps=1e-9), atol=1e-6, rtol=0)
+    torch.testing.assert_close(adv("dr_grpo", normed), adv("lite", eps=0.0))
+    assert torch.equal(REWARD_NORMS["none"](REWARDS), REWARDS)
+
+
+def test_adv_clip_cuts_the_lone_success():
+    from grpo_ablate.tricks.adv_clip import ADV_CLIPS
+    rewards = torch.zeros(16, dtype=D)
+    rewards[0] = 1
+    a = adv("grpo", rewards, torch.zeros(16, dtype=torch.long))
+    clipped, frac = ADV_CLIPS["clip"](a, c=2.0)
+    assert clipped[0].item() == 2.0 and torch.equal(clipped[1:], a[1:]) and frac.item() == 1 / 16
+    same, zero = ADV_CLIPS["none"](a)
+    assert torch.equal(same, a) and zero.item() == 0
+
+
+# ---------------------------------------------------------------- family dual_clip
+def test_dual_clip_values_and_zero_gradient_beyond_c():
+    ratios = torch.tensor([5.0, 2.0, 0.5, 5.0], dtype=D)
+    a = torch.tensor([-1.0, -1.0, -1.0, 1.0], dtype=D)
+    logp = torch.log(ratios).requires_grad_(True)
+    loss, stats = ppo_clip_loss(logp, torch.zeros(4, dtype=D), a, eps_low=0.2, eps_high=0.2, dual_clip_c=3.0)
+    # rho=5, A<0: PPO loss 5, capped at c*|A| = 3, no gradient; rho=2, A<0: 2 < 3, unchanged;
+    # rho=0.5, A<0: clipped at 0.8 by PPO; rho=5, A>0: clipped at 1.2, dual-clip does not apply
+    torch.testing.assert_close(loss, torch.tensor([3.0, 2.0, 0.8, -1.2], dtype=D))
+    loss.sum().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([0.0, 2.0, 0.0, 0.0], dtype=D))
+    assert stats["clip/dual_frac"].tolist() == [1, 0, 0, 0]
+    plain, _ = ppo_clip_loss(torch.log(ratios), torch.zeros(4, dtype=D), a)
+    assert plain[0].item() == pytest.approx(5.0)   # without dual-clip the loss is unbounded
+
+
+def test_clip_higher_lets_positive_tokens_grow_further():
+    logp = torch.log(torch.tensor([1.25], dtype=D)).requires_grad_(True)
+    sym, _ = ppo_clip_loss(logp, torch.zeros(1, dtype=D), torch.ones(1, dtype=D), 0.2, 0.2)
+    higher, _ = ppo_clip_loss(logp, torch.zeros(1, dtype=D), torch.ones(1, dtype=D), 0.2, 0.28)
+    assert sym.item() == pytest.approx(-1.2) and higher.item() == pytest.approx(-1.25)
+
+
+# ---------------------------------------------------------------- family overlong
+def test_soft_overlong_penalty_vector():
+    from grpo_ablate.tricks.overlong import soft_overlong_penalty
+    lengths = torch.tensor([100.0, 16384.0, 18432.0, 20480.0, 30000.0], dtype=D)
+    got = soft_overlong_penalty(lengths, max_len=20480, buffer=4096, factor=1.0)
+    torch.testing.assert_close(got, torch.tensor([0.0, 0.0, -0.5, -1.0, -1.0], dtype=D))
+
+
+def test_overlong_soft_punish_adds_to_the_reward():
+    from grpo_ablate.tricks.overlong import OVERLONG
+    rewards = torch.tensor([1.0, 1.0, 0.0], dtype=D)
+    lengths = torch.tensor([4.0, 7.0, 8.0], dtype=D)
+    truncated = torch.tensor([False, False, True])
+    shaped, keep, penalty = OVERLONG["soft_punish"](rewards, lengths, truncated, 8, buffer=4, factor=1.0)
+    torch.testing.assert_close(penalty, torch.tensor([0.0, -0.75, -1.0], dtype=D))
+    torch.testing.assert_close(shaped, rewards + penalty)
+    assert keep.all()
+
+
+def test_overlong_filter_zero_gradient_but_still_in_the_group_mean():
+    from grpo_ablate.tricks.overlong import OVERLONG
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0], dtype=D)
+    truncated = torch.tensor([False, False, True, False])
+    lengths = torch.tensor([3.0, 3.0, 4.0, 2.0], dtype=D)
+    shaped, keep, _ = OVERLONG["filter"](rewards, lengths, truncated, 4)
+    assert torch.equal(shaped, rewards) and keep.tolist() == [True, True, False, True]
+    groups = torch.zeros(4, dtype=torch.long)
+    a = adv("grpo", shaped, groups)
+    # the truncated completion's reward (0) still counts: the mean is 0.5, not 2/3
+    assert a[0].item() == pytest.approx(0.5 / shaped.std().item(), rel=1e-5)
+    mask = torch.ones(4, 4, dtype=D) * keep[:, None]
+    logp = torch.full((4, 4), -1.0, dtype=D, requires_grad=True)
+    loss, _ = ppo_clip_loss(logp, logp.detach(), a[:, None])
+    aggregate(loss, token_weights(mask, "token_mean")).backward()
+    assert torch.all(logp.grad[2] == 0) and torch.all(logp.grad[0] != 0)
+    assert token_weights(mask, "token_mean")[0, 0].item() == pytest.approx(1 / 12)  # 12 kept tokens

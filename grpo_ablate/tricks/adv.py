@@ -53,6 +53,11 @@ def grpo_advantage(rewards, group_index, eps: float = 1e-6, **_):
     return (rewards - mean) / (std + eps)
 
 
+def batch_std(values: torch.Tensor) -> torch.Tensor:
+    """Bessel-corrected std over the whole batch of the optimizer step (0 for one value)."""
+    return values.std() if values.numel() > 1 else torch.zeros((), dtype=values.dtype)
+
+
 @register_adv("dr_grpo")
 def dr_grpo_advantage(rewards, group_index, **_):
     """A_j = r_j - mean_g r (no division by the group std).
@@ -62,3 +67,60 @@ def dr_grpo_advantage(rewards, group_index, **_):
     """
     mean, _ = group_mean_std(rewards, group_index)
     return rewards - mean
+
+
+@register_adv("lite")
+def lite_advantage(rewards, group_index, eps: float = 1e-6, std_of: str = "raw", **_):
+    """Lite PPO: A_j = (r_j - mean_g r) / (std_B + eps): group mean, batch std.
+
+    Reference: Tricks or Traps (arXiv 2508.08221); ROLL `compute_advantage` with
+    norm_mean_type=group, norm_std_type=batch; TRL scale_rewards="batch". std_B is taken of
+    the raw rewards (`std_of: raw`, ROLL today) or of the group-centred ones (`centered`, old
+    ROLL).
+    """
+    if std_of not in ("raw", "centered"):
+        raise ValueError(f"adv.std_of={std_of!r} is not allowed; allowed: raw, centered")
+    mean, _ = group_mean_std(rewards, group_index)
+    centred = rewards - mean
+    return centred / (batch_std(rewards if std_of == "raw" else centred) + eps)
+
+
+@register_adv("batch")
+def batch_advantage(rewards, group_index, eps: float = 1e-6, **_):
+    """Global normalization: A_j = (r_j - mean_B r) / (std_B r + eps).
+
+    Reference: ROLL `compute_advantage` with norm_mean_type=batch, norm_std_type=batch.
+    """
+    return (rewards - rewards.mean()) / (batch_std(rewards) + eps)
+
+
+@register_adv("rloo")
+def rloo_advantage(rewards, group_index, **_):
+    """RLOO: A_j = r_j - (sum_{k != j} r_k) / (G - 1), the leave-one-out group mean.
+
+    Reference: verl core_algos `compute_rloo_outcome_advantage` (adv_estimator=rloo).
+    Equals G/(G-1) * (r_j - mean_g r).
+    """
+    mean, _ = group_mean_std(rewards, group_index)
+    count = torch.bincount(group_index).to(rewards.dtype)[group_index]
+    return (rewards - mean) * count / (count - 1).clamp(min=1)
+
+
+@register_adv("rpp_baseline")
+def rpp_baseline_advantage(rewards, group_index, mask=None, eps: float = 1e-8, **_):
+    """REINFORCE++-baseline: c_j = r_j - mean_g r, then whitened over all completion tokens
+    of the batch: (c - mean_tok c) / sqrt(var_tok c + eps).
+
+    Reference: verl core_algos `compute_reinforce_plus_plus_baseline_outcome_advantage`
+    (adv_estimator=reinforce_plus_plus_baseline). Token statistics weight each completion by
+    its token count (`mask`; equal weights without one); the variance is the population
+    variance over tokens (verl's `masked_whiten` applies Bessel's correction over tokens,
+    which differs by a factor (N-1)/N that vanishes with many tokens).
+    """
+    mean, _ = group_mean_std(rewards, group_index)
+    centred = rewards - mean
+    weight = (mask.sum(dim=1).to(rewards.dtype) if mask is not None else torch.ones_like(rewards))
+    total = weight.sum().clamp(min=1)
+    token_mean = (weight * centred).sum() / total
+    token_var = (weight * (centred - token_mean) ** 2).sum() / total
+    return (centred - token_mean) / torch.sqrt(token_var + eps)

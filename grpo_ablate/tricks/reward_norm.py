@@ -1,0 +1,23 @@
+"""Family `reward_norm`: global reward normalization before the advantage (seed blog: harmful).
+
+`batch`: r <- (r - mean_B r) / (std_B r + eps), std Bessel-corrected. Algebra the report must
+not hide: followed by adv=grpo it equals grpo up to the effective eps; followed by
+adv=dr_grpo it equals adv=lite. It matters only with a non-affine step in between (an added
+length or overlong term, reward clipping) or several reward sources. No framework has it as
+a toggle; it is in the seed review's table.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def no_reward_norm(rewards: torch.Tensor, **_) -> torch.Tensor:
+    return rewards
+
+
+def batch_reward_norm(rewards: torch.Tensor, eps: float = 1e-6, **_) -> torch.Tensor:
+    std = rewards.std() if rewards.numel() > 1 else torch.zeros((), dtype=rewards.dtype)
+    return (rewards - rewards.mean()) / (std + eps)
+
+
+REWARD_NORMS = {"none": no_reward_norm, "batch": batch_reward_norm}
