@@ -17,6 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from grpo_ablate.tricks.adv import ADV_ESTIMATORS
 from grpo_ablate.tricks.adv_clip import ADV_CLIPS
 from grpo_ablate.tricks.clip import POLICY_LOSSES
+from grpo_ablate.tricks.entropy import ENTROPY_CONTROLLERS
+from grpo_ablate.tricks.length import LENGTH_REWARDS
 from grpo_ablate.tricks.kl import KL_CONTROLLERS, KL_ESTIMATORS
 from grpo_ablate.tricks.loss_agg import LOSS_AGG_MODES
 from grpo_ablate.tricks.overlong import OVERLONG
@@ -77,6 +79,9 @@ def validate(cfg: DictConfig) -> None:
     _one_of("reward_norm", cfg.reward_norm.name, sorted(REWARD_NORMS))
     _one_of("adv_clip", cfg.adv_clip.name, sorted(ADV_CLIPS))
     _one_of("overlong", cfg.overlong.name, sorted(OVERLONG))
+    _one_of("length", cfg.length.name, sorted(LENGTH_REWARDS))
+    _one_of("entropy", cfg.entropy.name, sorted(ENTROPY_CONTROLLERS))
+    _positive("entropy.coef", cfg.entropy.coef, allow_zero=True)
     _positive("clip.eps_low", cfg.clip.eps_low)
     _positive("clip.eps_high", cfg.clip.eps_high)
     if cfg.adv_clip.get("c") is not None:

@@ -23,7 +23,9 @@ from grpo_ablate.tracking import RunLog, find_checkpoint, read_status, save_chec
 from grpo_ablate.tricks.adv import ADV_ESTIMATORS, group_mean_std
 from grpo_ablate.tricks.adv_clip import ADV_CLIPS
 from grpo_ablate.tricks.clip import POLICY_LOSSES
+from grpo_ablate.tricks.entropy import ENTROPY_CONTROLLERS
 from grpo_ablate.tricks.kl import KL_CONTROLLERS, KL_ESTIMATORS
+from grpo_ablate.tricks.length import LENGTH_REWARDS
 from grpo_ablate.tricks.loss_agg import aggregate, masked_mean, token_weights
 from grpo_ablate.tricks.overlong import OVERLONG
 from grpo_ablate.tricks.reward_norm import REWARD_NORMS
@@ -95,7 +97,9 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     if needs_reference:
         reference = load(model_path)[0] if checkpoint else copy.deepcopy(policy)
         reference.eval().requires_grad_(False)
+    entropy_control = ENTROPY_CONTROLLERS[cfg.entropy.name](**params(cfg.entropy))
     overlong_fn = OVERLONG[cfg.overlong.name]
+    length_fn = LENGTH_REWARDS[cfg.length.name]
     reward_norm_fn = REWARD_NORMS[cfg.reward_norm.name]
     advantage_fn = ADV_ESTIMATORS[cfg.adv.name].fn
     adv_clip_fn = ADV_CLIPS[cfg.adv_clip.name]
@@ -114,6 +118,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
         schedule.load_state_dict(state["schedule"])
         sampler.set_state(state["sampler"])
         kl_control.load_state_dict(state["kl_control"])
+        entropy_control.load_state_dict(state["entropy_control"])
         start_step, skipped_steps = state["step"], state["skipped_steps"]
         say(f"resuming {run_dir} from step {start_step}")
 
@@ -167,7 +172,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                 return diverged(f"{err} at step {step}")
             sampled = time.perf_counter()
 
-            # 2. Rewards from the verifier, shaped (overlong, reward_norm); group-relative
+            # 2. Rewards from the verifier, shaped (overlong, length, reward_norm); group-relative
             #    advantages, one scalar per completion (clipped by adv_clip).
             texts = decode_completions(tokenizer, roll)
             task_rewards = torch.tensor([task.reward(t, problems[i // G]) for i, t in enumerate(texts)])
@@ -175,6 +180,8 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
             rewards, keep, overlong_penalty = overlong_fn(task_rewards, roll.lengths, roll.truncated,
                                                           max_new, **params(cfg.overlong))
             mask = roll.completion_mask * keep[:, None]   # [N, L] 1 up to and incl. EOS, if trained
+            rewards, length_reward = length_fn(rewards, roll.lengths, group_index, task_rewards > 0,
+                                               max_new, **params(cfg.length))
             rewards = reward_norm_fn(rewards, **params(cfg.reward_norm))
             advantages = advantage_fn(rewards, group_index, mask=mask, **params(cfg.adv))
             advantages, adv_clipped_frac = adv_clip_fn(advantages, **params(cfg.adv_clip))
@@ -190,15 +197,19 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                             if int(cfg.rollout.num_iterations) > 1 else None)
             scored = time.perf_counter()
 
-            # 3. Policy update(s): clipped surrogate + beta * KL, aggregated, clipped, AdamW.
+            # 3. Policy update(s): clipped surrogate + beta * KL - c * entropy, aggregated,
+            #    grad-norm clipped, AdamW. The entropy carries a gradient only when c > 0.
+            entropy_coef = entropy_control.coef
             for _ in range(int(cfg.rollout.num_iterations)):
-                logp, entropy = completion_logprobs(policy, roll, T)
+                logp, entropy = completion_logprobs(policy, roll, T, entropy_grad=entropy_coef > 0)
                 pg_loss, clip_stats = policy_loss_fn(logp, logp.detach() if old_logp is None else old_logp,
                                                      advantages[:, None], **policy_loss_params)
                 token_loss = pg_loss
                 if ref_logp is not None:
                     kl_token = kl_estimator(logp, ref_logp)
                     token_loss = token_loss + kl_control.beta * kl_token
+                if entropy_coef > 0:
+                    token_loss = token_loss - entropy_coef * entropy
                 loss = aggregate(token_loss, weights)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -226,6 +237,8 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                     "train/accuracy": task_rewards.mean().item(),  # the verifier's 0/1, unshaped
                     "overlong/penalty_mean": overlong_penalty.mean().item(),
                     "overlong/masked_frac": (~keep).float().mean().item(),
+                    "length/reward_mean": length_reward.mean().item(),
+                    "entropy/coef": entropy_coef,
                     "adv/clipped_frac": adv_clipped_frac.item(),
                     "length/mean": lengths.mean().item(),
                     "length/max": lengths.max().item(),
@@ -246,6 +259,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                     metrics["kl/k1"] = masked_mean(KL_ESTIMATORS["k1"](logp, ref_logp), mask).item()
                     metrics["kl/k3"] = masked_mean(KL_ESTIMATORS["k3"](logp, ref_logp), mask).item()
                     kl_control.update(metrics["kl/k3"], num_sequences=rewards.numel())
+                entropy_control.update(metrics["policy/entropy"])
                 completion_tokens = mask.sum().item()
                 metrics.update({
                     "time/sample_s": sampled - step_started,
@@ -274,7 +288,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                 save_checkpoint(run_dir, policy, tokenizer, {
                     "step": step, "skipped_steps": skipped_steps, "optimizer": optimizer.state_dict(),
                     "schedule": schedule.state_dict(), "sampler": sampler.get_state(),
-                    "kl_control": kl_control.state_dict()})
+                    "kl_control": kl_control.state_dict(), "entropy_control": entropy_control.state_dict()})
             log.status("running", step)
             progress.update(step, metrics, say)
 

@@ -190,7 +190,9 @@ def test_warm_start_cache_is_content_addressed(small, cache_dir, tmp_path):
     ("adv=rpp_baseline", "adv/std"), ("reward_norm=batch", "reward/mean"),
     ("adv_clip=clip", "adv/clipped_frac"), ("clip=higher", "clip/high_frac"),
     ("dual_clip=enabled", "clip/dual_frac"), ("overlong=filter", "overlong/masked_frac"),
-    ("overlong=soft_punish", "overlong/penalty_mean"),
+    ("overlong=soft_punish", "overlong/penalty_mean"), ("length=penalty", "length/reward_mean"),
+    ("length=group", "length/reward_mean"), ("entropy=bonus", "entropy/coef"),
+    ("entropy=adaptive", "entropy/coef"), ("kl=adaptive", "kl/beta"), ("kl=adaptive_target", "kl/beta"),
 ])
 def test_every_trick_option_trains(small, tmp_path, option, metric):
     extra = ["overlong.buffer=4"] if option == "overlong=soft_punish" else []
@@ -199,3 +201,12 @@ def test_every_trick_option_trains(small, tmp_path, option, metric):
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert all(metric in r for r in rows[1:])
     assert all(v is not None for r in rows for v in r.values())   # finite (NaN would be null)
+
+
+def test_entropy_bonus_changes_the_update(small, tmp_path):
+    """With c > 0 the entropy term reaches the gradient: same seed, different weights."""
+    plain = read_jsonl(run(small + ["steps=2", "kl=none"], tmp_path / "a").run_dir / "metrics.jsonl")
+    bonus = read_jsonl(run(small + ["steps=2", "kl=none", "entropy=bonus", "entropy.coef=0.5"],
+                           tmp_path / "b").run_dir / "metrics.jsonl")
+    assert plain[1]["optim/grad_norm"] != bonus[1]["optim/grad_norm"]
+    assert bonus[1]["entropy/coef"] == 0.5 and plain[1]["entropy/coef"] == 0.0

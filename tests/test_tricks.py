@@ -310,3 +310,55 @@ def test_overlong_filter_zero_gradient_but_still_in_the_group_mean():
     aggregate(loss, token_weights(mask, "token_mean")).backward()
     assert torch.all(logp.grad[2] == 0) and torch.all(logp.grad[0] != 0)
     assert token_weights(mask, "token_mean")[0, 0].item() == pytest.approx(1 / 12)  # 12 kept tokens
+
+
+# ---------------------------------------------------------------- family length
+def test_length_penalty_and_group_reward():
+    from grpo_ablate.tricks.length import LENGTH_REWARDS
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 1.0], dtype=D)
+    lengths = torch.tensor([2.0, 4.0, 6.0, 6.0, 5.0, 5.0], dtype=D)
+    groups = torch.tensor([0, 0, 0, 0, 1, 1])
+    correct = rewards > 0
+    shaped, bonus = LENGTH_REWARDS["penalty"](rewards, lengths, groups, correct, 10, lam=0.1)
+    torch.testing.assert_close(bonus, -0.1 * lengths / 10)
+    shaped, bonus = LENGTH_REWARDS["group"](rewards, lengths, groups, correct, 10, weight=1.0)
+    # group 0: lam = 0.5 - (len - 2)/4 = [0.5, 0, -0.5, -0.5]; wrong answers never gain;
+    # group 1: equal lengths -> 0
+    torch.testing.assert_close(bonus, torch.tensor([0.5, 0.0, -0.5, -0.5, 0.0, 0.0], dtype=D))
+    torch.testing.assert_close(shaped, rewards + bonus)
+    short_wrong = LENGTH_REWARDS["group"](torch.zeros(2, dtype=D), torch.tensor([1.0, 3.0], dtype=D),
+                                          torch.zeros(2, dtype=torch.long), torch.tensor([False, False]), 10)[1]
+    torch.testing.assert_close(short_wrong, torch.tensor([0.0, -0.5], dtype=D))
+
+
+# ---------------------------------------------------------------- controllers
+def test_adaptive_entropy_coefficient():
+    from grpo_ablate.tricks.entropy import ENTROPY_CONTROLLERS
+    ctl = ENTROPY_CONTROLLERS["adaptive"](coef=0.0, target=0.2, delta=0.005, coef_min=0.0, coef_max=0.01)
+    assert ctl.coef == 0.0
+    coefs = []
+    for h in (0.1, 0.1, 0.1, 0.5, 0.1):
+        ctl.update(h)
+        coefs.append(round(ctl.coef, 6))
+    # rises while H <= target (capped at coef_max); off (and falling) while H > target
+    assert coefs == [0.005, 0.01, 0.01, 0.0, 0.01]
+    assert ENTROPY_CONTROLLERS["none"](coef=0.0).coef == 0.0
+
+
+def test_kl_controllers():
+    from grpo_ablate.tricks.kl import KL_CONTROLLERS
+    th = KL_CONTROLLERS["adaptive"](beta=0.04, threshold=0.02, growth=0.1, beta_max=0.05)
+    betas = []
+    for kl in (0.01, 0.03, 0.03, 0.03, 0.01):
+        th.update(kl, 64)
+        betas.append(round(th.beta, 6))
+    assert betas == [0.04, 0.044, 0.0484, 0.05, 0.05]     # rises only above the threshold, capped
+    target = KL_CONTROLLERS["adaptive_target"](beta=0.04, target=0.02, horizon=10000)
+    target.update(0.1, 100)       # KL 5x the target: error clipped at +0.2
+    assert target.beta == pytest.approx(0.04 * (1 + 0.2 * 100 / 10000))
+    target.update(0.015, 100)     # error -0.25 clipped at -0.2
+    assert target.beta == pytest.approx(0.04 * (1 + 0.2 * 0.01) * (1 - 0.2 * 0.01))
+    state = target.state_dict()
+    again = KL_CONTROLLERS["adaptive_target"](beta=1.0)
+    again.load_state_dict(state)
+    assert again.beta == target.beta

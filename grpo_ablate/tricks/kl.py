@@ -46,4 +46,36 @@ class FixedKL:
         self.beta = float(state["beta"])
 
 
-KL_CONTROLLERS = {"none": FixedKL, "fixed": FixedKL}
+class ThresholdKL(FixedKL):
+    """`adaptive` (seed review: threshold-triggered): beta rises only while the measured KL is
+    above the threshold, beta <- min(beta (1 + growth), beta_max); otherwise it stays, or decays
+    toward its start by `decay` per step (0 = stays). No framework has this exact rule."""
+
+    def __init__(self, beta: float = 0.04, threshold: float = 0.02, growth: float = 0.1,
+                 beta_max: float = 1.0, decay: float = 0.0, **_):
+        super().__init__(beta)
+        self.start, self.threshold, self.growth = float(beta), float(threshold), float(growth)
+        self.beta_max, self.decay = float(beta_max), float(decay)
+
+    def update(self, measured_kl: float, num_sequences: int) -> None:
+        if measured_kl > self.threshold:
+            self.beta = min(self.beta * (1 + self.growth), self.beta_max)
+        elif self.decay > 0:
+            self.beta = max(self.start, self.beta * (1 - self.decay))
+
+
+class TargetKL(FixedKL):
+    """`adaptive_target` (Ziegler et al.; verl `AdaptiveKLController`): proportional control
+    toward a target KL, e = clip(KL / target - 1, -0.2, 0.2), beta <- beta (1 + e n / horizon),
+    n = sequences in the step."""
+
+    def __init__(self, beta: float = 0.04, target: float = 0.02, horizon: int = 10000, **_):
+        super().__init__(beta)
+        self.target, self.horizon = float(target), int(horizon)
+
+    def update(self, measured_kl: float, num_sequences: int) -> None:
+        error = min(max(measured_kl / self.target - 1.0, -0.2), 0.2)
+        self.beta *= 1.0 + error * num_sequences / self.horizon
+
+
+KL_CONTROLLERS = {"none": FixedKL, "fixed": FixedKL, "adaptive": ThresholdKL, "adaptive_target": TargetKL}

@@ -1,0 +1,53 @@
+"""Family `entropy`: an entropy bonus in the loss, loss -= c * H, H over the full vocabulary of
+the tempered logits, aggregated like the policy loss.
+
+`bonus`: a fixed c (0.001). `adaptive` (seed review "entropy adaptive coefficient"; TRL
+`use_adaptive_entropy`, from Skywork-OR1): after each step, if the measured entropy
+H <= H_target then c <- min(c + delta, c_max) else c <- max(c - delta, c_min); the bonus
+applies only while the last measured H <= H_target. H_target = 0.2 nats is the Skywork
+default for LLM vocabularies; a character-level model sits far lower, so pick it per task.
+"""
+from __future__ import annotations
+
+
+class FixedEntropyBonus:
+    """c stays where the config put it (`entropy=none` is c = 0: no entropy gradient at all)."""
+
+    def __init__(self, coef: float = 0.0, **_):
+        self.coef = float(coef)
+
+    def update(self, measured_entropy: float) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {"coef": self.coef}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.coef = float(state["coef"])
+
+
+class AdaptiveEntropyBonus:
+    def __init__(self, coef: float = 0.0, target: float = 0.2, delta: float = 0.005,
+                 coef_min: float = 0.0, coef_max: float = 1.0, **_):
+        self.base, self.target, self.delta = float(coef), float(target), float(delta)
+        self.coef_min, self.coef_max = float(coef_min), float(coef_max)
+        self.level = self.base      # the adapted coefficient
+        self.active = True          # last measured H <= target (no measurement yet: apply)
+
+    @property
+    def coef(self) -> float:
+        return self.level if self.active else 0.0
+
+    def update(self, measured_entropy: float) -> None:
+        self.active = measured_entropy <= self.target
+        step = self.delta if self.active else -self.delta
+        self.level = min(max(self.level + step, self.coef_min), self.coef_max)
+
+    def state_dict(self) -> dict:
+        return {"level": self.level, "active": self.active}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.level, self.active = float(state["level"]), bool(state["active"])
+
+
+ENTROPY_CONTROLLERS = {"none": FixedEntropyBonus, "bonus": FixedEntropyBonus, "adaptive": AdaptiveEntropyBonus}

@@ -1,0 +1,37 @@
+"""Family `length`: length terms added to the reward (the seed review's top pick).
+
+Every option returns (rewards, length_reward) with length_reward [N] what was added.
+`penalty`: r <- r - lam * |o| / L, L = max_new_tokens (lam = 0.1).
+`group` (Kimi k1.5 length reward, group-relative form): in each group
+    lam_j = 0.5 - (|o_j| - min_len) / (max_len - min_len)      (0 when all lengths are equal)
+correct completions get + w * lam_j, wrong ones + w * min(0, lam_j) (w = 1.0): short correct
+answers are rewarded, long wrong ones punished, short wrong ones never rewarded.
+Reference: Kimi k1.5 (arXiv 2501.12599), section 2.3.3.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def no_length(rewards, lengths, group_index, correct, max_len, **_):
+    return rewards, torch.zeros_like(rewards)
+
+
+def length_penalty(rewards, lengths, group_index, correct, max_len, lam: float = 0.1, **_):
+    bonus = -lam * lengths.to(rewards.dtype) / max_len
+    return rewards + bonus, bonus
+
+
+def group_length_reward(rewards, lengths, group_index, correct, max_len, weight: float = 1.0, **_):
+    lengths = lengths.to(rewards.dtype)
+    n_groups = int(group_index.max()) + 1
+    lo = torch.full((n_groups,), float("inf"), dtype=rewards.dtype).scatter_reduce(0, group_index, lengths, "amin")
+    hi = torch.full((n_groups,), float("-inf"), dtype=rewards.dtype).scatter_reduce(0, group_index, lengths, "amax")
+    lo, hi = lo[group_index], hi[group_index]
+    spread = hi - lo
+    lam = torch.where(spread > 0, 0.5 - (lengths - lo) / spread.clamp(min=1e-12), torch.zeros_like(lengths))
+    bonus = weight * torch.where(correct, lam, lam.clamp(max=0.0))
+    return rewards + bonus, bonus
+
+
+LENGTH_REWARDS = {"none": no_length, "penalty": length_penalty, "group": group_length_reward}
