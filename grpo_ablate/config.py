@@ -58,8 +58,26 @@ def _positive(key: str, value, integer: bool = False, allow_zero: bool = False) 
     _require(ok, f"{key}={value!r} is not allowed; it must be {kind} {'>=' if allow_zero else '>'} 0")
 
 
+def check_tricks(cfg: DictConfig) -> None:
+    """Named tricks (+trick=a,b) each set one family. Hydra lets the last of two tricks that set
+    the same family win silently, and a family given on the command line beats a trick; both
+    would make a run claim a trick that is not in effect, so both are errors here."""
+    by_family: dict[str, list[str]] = {}
+    for name, info in (cfg.get("tricks") or {}).items():
+        by_family.setdefault(info.family, []).append(name)
+    for family, names in by_family.items():
+        _require(len(names) == 1, f"tricks {' and '.join(sorted(names))} both set family '{family}'; "
+                                  "they are alternatives: pick one")
+    for name, info in (cfg.get("tricks") or {}).items():
+        actual = cfg[info.family].name
+        _require(actual == info.option,
+                 f"trick {name} sets {info.family}={info.option}, but {info.family}={actual} was given "
+                 f"too; drop one of them")
+
+
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError on the first bad value. Cheap: no model or data is touched."""
+    check_tricks(cfg)
     _positive("seed", cfg.seed, integer=True, allow_zero=True)
     _positive("steps", cfg.steps, integer=True)
     _positive("optim.lr", cfg.optim.lr)

@@ -1,0 +1,70 @@
+"""Named tricks (`+trick=<name>`, conf/trick/): each sets one family, conflicts are errors."""
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, cli
+from grpo_ablate.config import ConfigError, compose, validate
+from grpo_ablate.tracking import read_jsonl
+from grpo_ablate.trainer import train
+
+TRICK_FILES = sorted((REPO / "conf" / "trick").glob("*.yaml"))
+TRICKS = [p.stem for p in TRICK_FILES]
+
+
+@pytest.mark.parametrize("path", TRICK_FILES, ids=TRICKS)
+def test_trick_file_declares_the_family_it_overrides(path: Path):
+    text = path.read_text()
+    assert text.startswith("# @package _global_")
+    data = yaml.safe_load(text)
+    (override,) = data["defaults"]
+    (key, option), = override.items()
+    info = data["tricks"][path.stem]
+    assert key == f"override /{info['family']}" and option == info["option"]
+    assert (REPO / "conf" / info["family"] / f"{option}.yaml").exists()
+    assert info["verdict"] and info["source"]
+
+
+@pytest.mark.parametrize("name", TRICKS)
+def test_every_named_trick_trains_two_steps(small, tmp_path, name):
+    overrides = small + ["steps=2", f"+trick={name}"]
+    if name == "overlong_punish":
+        overrides.append("overlong.buffer=4")
+    cfg = compose(overrides)
+    family = cfg.tricks[name].family
+    assert cfg[family].name == cfg.tricks[name].option
+    result = train(cfg, tmp_path / "run", overrides)
+    assert result.state == "completed"
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert all(v is not None for r in rows for v in r.values())
+    assert f"  {name}:" in (tmp_path / "run" / "config.yaml").read_text()
+
+
+def test_two_tricks_compose():
+    cfg = compose(["+trick=[clip_higher,token_mean]"])
+    validate(cfg)
+    assert cfg.clip.name == "higher" and cfg.loss_agg.name == "token_mean"
+    assert set(cfg.tricks) == {"clip_higher", "token_mean"}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["+trick=[token_mean,dr_grpo_norm]"], "tricks dr_grpo_norm and token_mean both set family 'loss_agg'"),
+    (["+trick=clip_higher", "clip=symmetric"], "trick clip_higher sets clip=higher, but clip=symmetric"),
+])
+def test_conflicting_tricks_are_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(compose(overrides))
+
+
+def test_conflict_on_the_command_line_is_one_line(tmp_path):
+    out = cli("train", "+trick=[kl_fixed,kl_adaptive]", cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "error: tricks kl_adaptive and kl_fixed both set family 'kl'; they are alternatives: pick one"]
+    assert not any(tmp_path.iterdir())
+
+
+def test_unknown_trick_lists_the_known_ones(tmp_path):
+    out = cli("train", "+trick=nope", cwd=tmp_path)
+    assert out.returncode == 2 and "clip_higher" in out.stderr and len(out.stderr.strip().splitlines()) == 1
