@@ -68,3 +68,24 @@ def test_conflict_on_the_command_line_is_one_line(tmp_path):
 def test_unknown_trick_lists_the_known_ones(tmp_path):
     out = cli("train", "+trick=nope", cwd=tmp_path)
     assert out.returncode == 2 and "clip_higher" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+PRESETS = {
+    "grpo": {"adv": "grpo", "clip": "symmetric", "loss_agg": "seq_mean_token_mean", "kl": "fixed"},
+    "dr_grpo": {"adv": "dr_grpo", "clip": "symmetric", "loss_agg": "constant", "kl": "none"},
+    "lite_ppo": {"adv": "lite", "clip": "symmetric", "loss_agg": "token_mean", "kl": "none"},
+}
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_presets_match_the_table_and_train(small, tmp_path, preset):
+    overrides = small + ["steps=2", f"preset={preset}"]
+    cfg = compose(overrides)
+    assert {family: cfg[family].name for family in PRESETS[preset]} == PRESETS[preset]
+    assert train(cfg, tmp_path / "run", overrides).state == "completed"
+
+
+def test_a_preset_is_overridable_family_by_family():
+    cfg = compose(["preset=lite_ppo", "kl=fixed", "+trick=clip_higher"])
+    validate(cfg)
+    assert (cfg.adv.name, cfg.kl.name, cfg.clip.name) == ("lite", "fixed", "higher")
