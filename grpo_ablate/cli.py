@@ -61,6 +61,28 @@ def train(
     raise typer.Exit(code)
 
 
+@app.command()
+def tricks(fmt: str = typer.Option("table", "--format", help="table, json or md")) -> None:
+    """Catalogue of the named tricks (table, json or md)."""
+    from grpo_ablate.catalogue import load_catalogue, render
+
+    if fmt not in ("table", "json", "md"):
+        fail(f"--format {fmt!r} is not allowed; allowed: table, json, md")
+    rows = load_catalogue()
+    if fmt != "table":
+        print(render(rows, fmt))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{len(rows)} named tricks (use as +trick=<name>)")
+    for column in ("trick", "family=option", "what it changes", "seed review", "extra compute"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(r["name"], f"{r['family']}={r['option']}", r["what"],
+                      r["verdict"].replace("_", " "), r["cost"])
+    console.print(table)
+
+
 def _resume_args(run_dir: Path) -> List[str]:
     """The run's own overrides, pointed back at its directory."""
     from omegaconf import OmegaConf

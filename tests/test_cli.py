@@ -112,3 +112,22 @@ def test_resume_after_kill_equals_uninterrupted(small, tmp_path):
 def test_resume_of_a_dir_that_is_not_a_run(tmp_path):
     out = cli("train", "--resume", str(tmp_path), cwd=tmp_path)
     assert out.returncode == 2 and "not a grpo-ablate run dir" in out.stderr
+
+
+def test_tricks_command_lists_the_catalogue(tmp_path):
+    out = cli("tricks", "--format", "json")
+    assert out.returncode == 0
+    rows = json.loads(out.stdout)
+    names = {r["name"] for r in rows}
+    assert {"clip_higher", "token_mean", "kl_adaptive", "overlong_filter"} <= names
+    assert all(r["verdict"] and r["source"] and r["what"] and r["cost"] for r in rows)
+    md = cli("tricks", "--format", "md").stdout
+    assert md.startswith("| trick |") and "`clip_higher`" in md
+    bad = cli("tricks", "--format", "xml")
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: --format 'xml' is not allowed; allowed: table, json, md"
+
+
+def test_docs_catalogue_is_current():
+    from conftest import REPO
+    md = cli("tricks", "--format", "md").stdout.strip()
+    assert md in (REPO / "docs" / "tricks.md").read_text(), "regenerate docs/tricks.md"
