@@ -23,6 +23,7 @@ from grpo_ablate.tricks.kl import KL_CONTROLLERS, KL_ESTIMATORS
 from grpo_ablate.tricks.loss_agg import LOSS_AGG_MODES
 from grpo_ablate.tricks.overlong import OVERLONG
 from grpo_ablate.tricks.reward_norm import REWARD_NORMS
+from grpo_ablate.tricks.sampling import GROUP_FILTERS
 
 CONFIG_MODULE = "grpo_ablate.conf"
 CONFIG_NAME = "config"
@@ -98,6 +99,8 @@ def validate(cfg: DictConfig) -> None:
     _one_of("adv_clip", cfg.adv_clip.name, sorted(ADV_CLIPS))
     _one_of("overlong", cfg.overlong.name, sorted(OVERLONG))
     _one_of("length", cfg.length.name, sorted(LENGTH_REWARDS))
+    _one_of("sampling", cfg.sampling.name, sorted(GROUP_FILTERS))
+    _positive("sampling.max_rounds", cfg.sampling.max_rounds, integer=True)
     _one_of("entropy", cfg.entropy.name, sorted(ENTROPY_CONTROLLERS))
     _positive("entropy.coef", cfg.entropy.coef, allow_zero=True)
     _positive("clip.eps_low", cfg.clip.eps_low)

@@ -148,6 +148,28 @@ def generate(model, prompts: list[list[int]], *, num_samples: int, max_new_token
     )
 
 
+def select_rows(roll: Rollout, rows: torch.Tensor) -> Rollout:
+    return Rollout(roll.sequences[rows], roll.attention_mask[rows], roll.prompt_len,
+                   roll.completion_mask[rows], roll.truncated[rows])
+
+
+def concat_rollouts(rolls: list[Rollout], pad_id: int) -> Rollout:
+    """Stack rollouts of different prompt and completion widths (prompts stay left-padded,
+    completions right-padded), e.g. the rounds of dynamic sampling."""
+    if len(rolls) == 1:
+        return rolls[0]
+    prompt_len = max(r.prompt_len for r in rolls)
+    width = max(r.completion_mask.shape[1] for r in rolls)
+    seqs, masks, cmasks = [], [], []
+    for r in rolls:
+        left, right = prompt_len - r.prompt_len, width - r.completion_mask.shape[1]
+        seqs.append(torch.nn.functional.pad(r.sequences, (left, right), value=pad_id))
+        masks.append(torch.nn.functional.pad(r.attention_mask, (left, right), value=0))
+        cmasks.append(torch.nn.functional.pad(r.completion_mask, (0, right), value=0))
+    return Rollout(torch.cat(seqs), torch.cat(masks), prompt_len, torch.cat(cmasks),
+                   torch.cat([r.truncated for r in rolls]))
+
+
 def completion_logprobs(model, rollout: Rollout, temperature: float = 1.0,
                         entropy_grad: bool = False):
     """Per-token log pi(o_t | q, o_<t) of the completion tokens and the per-token entropy.

@@ -17,7 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpo_ablate.config import ConfigError, config_hash, params, validate
 from grpo_ablate.models import ensure_warm_started, load_model_and_tokenizer
-from grpo_ablate.rollout import NonFiniteLogits, completion_logprobs, decode_completions, generate
+from grpo_ablate.rollout import (NonFiniteLogits, completion_logprobs, concat_rollouts, decode_completions,
+                                 generate, select_rows)
 from grpo_ablate.tasks import build_task
 from grpo_ablate.tracking import RunLog, find_checkpoint, read_status, save_checkpoint
 from grpo_ablate.tricks.adv import ADV_ESTIMATORS, group_mean_std
@@ -29,6 +30,7 @@ from grpo_ablate.tricks.length import LENGTH_REWARDS
 from grpo_ablate.tricks.loss_agg import aggregate, masked_mean, token_weights
 from grpo_ablate.tricks.overlong import OVERLONG
 from grpo_ablate.tricks.reward_norm import REWARD_NORMS
+from grpo_ablate.tricks.sampling import GROUP_FILTERS
 
 # Exit codes of `grpo-ablate train`
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DIVERGED = 0, 1, 2, 3
@@ -98,6 +100,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
         reference = load(model_path)[0] if checkpoint else copy.deepcopy(policy)
         reference.eval().requires_grad_(False)
     entropy_control = ENTROPY_CONTROLLERS[cfg.entropy.name](**params(cfg.entropy))
+    group_filter, max_rounds = GROUP_FILTERS[cfg.sampling.name], int(cfg.sampling.max_rounds)
     overlong_fn = OVERLONG[cfg.overlong.name]
     length_fn = LENGTH_REWARDS[cfg.length.name]
     reward_norm_fn = REWARD_NORMS[cfg.reward_norm.name]
@@ -162,21 +165,40 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
             step_started = time.perf_counter()
             policy.train()
 
-            # 1. Rollout: B prompts x G completions, sampled at temperature T with the KV cache.
-            problems = task.train_batch(B, int(cfg.seed), step)
-            prompts = [tokenizer(p.prompt).input_ids for p in problems]
-            try:
-                roll = generate(policy, prompts, num_samples=G, max_new_tokens=max_new, temperature=T,
-                                eos_id=eos_id, pad_id=pad_id, generator=sampler, lean=lean)
-            except NonFiniteLogits as err:
-                return diverged(f"{err} at step {step}")
+            # 1. Rollout: B prompts x G completions at temperature T with the KV cache, scored
+            #    by the verifier. The sampling family's filter decides which groups are kept;
+            #    with dynamic sampling, fresh prompts are drawn (up to max_rounds) until B are.
+            kept_rolls, kept_problems, kept_texts, kept_scores, rounds = [], [], [], [], 0
+            for sampling_round in range(max_rounds):
+                round_problems = task.train_batch(B, int(cfg.seed), step, sampling_round)
+                try:
+                    roll = generate(policy, [tokenizer(p.prompt).input_ids for p in round_problems],
+                                    num_samples=G, max_new_tokens=max_new, temperature=T,
+                                    eos_id=eos_id, pad_id=pad_id, generator=sampler, lean=lean)
+                except NonFiniteLogits as err:
+                    return diverged(f"{err} at step {step}")
+                texts = decode_completions(tokenizer, roll)
+                scores = torch.tensor([float(task.reward(t, round_problems[i // G])) for i, t in enumerate(texts)])
+                rounds += 1
+                kept = group_filter(scores.view(B, G), **params(cfg.sampling)).nonzero().squeeze(1)
+                kept = kept[:B - len(kept_problems)]          # never more than B groups in total
+                rows = (kept[:, None] * G + torch.arange(G)).reshape(-1)
+                kept_rolls.append(select_rows(roll, rows))
+                kept_problems += [round_problems[g] for g in kept.tolist()]
+                kept_texts += [texts[r] for r in rows.tolist()]
+                kept_scores.append(scores[rows])
+                if len(kept_problems) == B:
+                    break
+            if not kept_problems:  # no group passed in any round: train on the last one as is
+                kept_rolls, kept_problems, kept_texts, kept_scores = [roll], round_problems, texts, [scores]
+            roll = concat_rollouts(kept_rolls, pad_id)
+            problems, texts, task_rewards = kept_problems, kept_texts, torch.cat(kept_scores)
+            n_groups = len(problems)
             sampled = time.perf_counter()
 
             # 2. Rewards from the verifier, shaped (overlong, length, reward_norm); group-relative
             #    advantages, one scalar per completion (clipped by adv_clip).
-            texts = decode_completions(tokenizer, roll)
-            task_rewards = torch.tensor([task.reward(t, problems[i // G]) for i, t in enumerate(texts)])
-            group_index = torch.arange(B).repeat_interleave(G)
+            group_index = torch.arange(n_groups).repeat_interleave(G)
             rewards, keep, overlong_penalty = overlong_fn(task_rewards, roll.lengths, roll.truncated,
                                                           max_new, **params(cfg.overlong))
             mask = roll.completion_mask * keep[:, None]   # [N, L] 1 up to and incl. EOS, if trained
@@ -238,6 +260,9 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                     "overlong/penalty_mean": overlong_penalty.mean().item(),
                     "overlong/masked_frac": (~keep).float().mean().item(),
                     "length/reward_mean": length_reward.mean().item(),
+                    "sampling/rounds": rounds,
+                    "sampling/kept_group_frac": n_groups / (rounds * B),
+                    "sampling/extra_generations": (rounds - 1) * B * G,
                     "entropy/coef": entropy_coef,
                     "adv/clipped_frac": adv_clipped_frac.item(),
                     "length/mean": lengths.mean().item(),
@@ -262,7 +287,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                 entropy_control.update(metrics["policy/entropy"])
                 completion_tokens = mask.sum().item()
                 metrics.update({
-                    "time/sample_s": sampled - step_started,
+                    "time/sample_s": sampled - step_started,   # generation and verifier
                     "time/reward_s": rewarded - sampled,
                     "time/reference_s": scored - rewarded,   # pi_ref (and pi_old) forwards
                     "time/update_s": updated - scored,

@@ -74,12 +74,14 @@ PRESETS = {
     "grpo": {"adv": "grpo", "clip": "symmetric", "loss_agg": "seq_mean_token_mean", "kl": "fixed"},
     "dr_grpo": {"adv": "dr_grpo", "clip": "symmetric", "loss_agg": "constant", "kl": "none"},
     "lite_ppo": {"adv": "lite", "clip": "symmetric", "loss_agg": "token_mean", "kl": "none"},
+    "dapo": {"adv": "grpo", "clip": "higher", "dual_clip": "enabled", "loss_agg": "token_mean", "kl": "none",
+             "overlong": "soft_punish", "sampling": "dynamic", "entropy": "none"},
 }
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_presets_match_the_table_and_train(small, tmp_path, preset):
-    overrides = small + ["steps=2", f"preset={preset}"]
+    overrides = small + ["steps=2", f"preset={preset}"] + (["overlong.buffer=4"] if preset == "dapo" else [])
     cfg = compose(overrides)
     assert {family: cfg[family].name for family in PRESETS[preset]} == PRESETS[preset]
     assert train(cfg, tmp_path / "run", overrides).state == "completed"
@@ -89,3 +91,7 @@ def test_a_preset_is_overridable_family_by_family():
     cfg = compose(["preset=lite_ppo", "kl=fixed", "+trick=clip_higher"])
     validate(cfg)
     assert (cfg.adv.name, cfg.kl.name, cfg.clip.name) == ("lite", "fixed", "higher")
+
+
+def test_dapo_preset_uses_its_scripts_dual_clip_constant():
+    assert compose(["preset=dapo"]).dual_clip.c == 10.0

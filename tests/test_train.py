@@ -210,3 +210,58 @@ def test_entropy_bonus_changes_the_update(small, tmp_path):
                            tmp_path / "b").run_dir / "metrics.jsonl")
     assert plain[1]["optim/grad_norm"] != bonus[1]["optim/grad_norm"]
     assert bonus[1]["entropy/coef"] == 0.5 and plain[1]["entropy/coef"] == 0.0
+
+
+class ScriptedTask:
+    """The real task, except that training rewards follow a script: script[round] lists each
+    group's rewards (G values) for the rounds of step 1; eval rewards are 0."""
+
+    def __init__(self, real, script):
+        self.real, self.script, self.round = real, script, 0
+        self.chars, self.eval_set, self.describe = real.chars, real.eval_set, real.describe
+        self.warmup_batch, self.demonstration = real.warmup_batch, real.demonstration
+        self.served = {}
+
+    def train_batch(self, n, seed, step, round=0):
+        self.round = round
+        problems = self.real.train_batch(n, seed, step, round)
+        self.served = {id(p): g for g, p in enumerate(problems)}
+        self.counts = [0] * n
+        return problems
+
+    def reward(self, completion, problem):
+        group = self.served.get(id(problem))
+        if group is None:
+            return 0.0
+        value = self.script[self.round][group][self.counts[group]]
+        self.counts[group] += 1
+        return value
+
+
+SCRIPT = [   # B = 4 groups of G = 4
+    [[0, 0, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [0, 0, 0, 0]],   # round 0: 1 group varies
+    [[1, 1, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]],   # round 1: 2 more
+    [[0, 0, 1, 0], [1, 0, 1, 0], [0, 1, 0, 0], [1, 1, 1, 1]],   # round 2: 3 vary, 1 needed
+]
+
+
+@pytest.mark.parametrize("max_rounds, rounds, groups", [(4, 3, 4), (2, 2, 3), (1, 1, 1)])
+def test_dynamic_sampling_refills_the_batch_and_respects_the_cap(small, tmp_path, monkeypatch,
+                                                                  max_rounds, rounds, groups):
+    real_build = trainer_module.build_task
+    monkeypatch.setattr(trainer_module, "build_task", lambda cfg: ScriptedTask(real_build(cfg), SCRIPT))
+    result = run(small + ["steps=1", "sampling=dynamic", f"sampling.max_rounds={max_rounds}", "adv=dr_grpo"],
+                 tmp_path / "run")
+    assert result.state == "completed"          # the cap never crashes the run
+    row = read_jsonl(tmp_path / "run" / "metrics.jsonl")[1]
+    assert row["sampling/rounds"] == rounds
+    assert row["sampling/kept_group_frac"] == pytest.approx(groups / (4 * rounds))
+    assert row["adv/zero_std_group_frac"] == 0.0            # only groups with signal were kept
+    # the kept groups' rewards, in order: dr_grpo advantages are r - group mean
+    kept = [g for r in SCRIPT[:rounds] for g in r if max(g) > min(g)][:groups]
+    assert row["train/accuracy"] == pytest.approx(sum(map(sum, kept)) / (4 * groups))
+
+
+def test_static_sampling_is_one_round(small, tmp_path):
+    row = read_jsonl(run(small + ["steps=1"], tmp_path / "run").run_dir / "metrics.jsonl")[1]
+    assert row["sampling/rounds"] == 1 and row["sampling/kept_group_frac"] == 1.0

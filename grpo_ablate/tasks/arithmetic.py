@@ -102,10 +102,11 @@ class ArithmeticTask:
         return out
 
     # -- the task protocol --------------------------------------------------------------
-    def train_batch(self, n: int, seed: int, step: int) -> list[Problem]:
-        """Prompts of optimizer step `step`: a pure function of (seed, step), so a resumed
-        run sees exactly the prompts an uninterrupted one would."""
-        return self._draw(random.Random(f"train/{seed}/{step}"), n, self._eval_keys)
+    def train_batch(self, n: int, seed: int, step: int, round: int = 0) -> list[Problem]:
+        """Prompts of optimizer step `step` (sampling round `round`): a pure function of its
+        arguments, so a resumed run sees exactly the prompts an uninterrupted one would."""
+        key = f"train/{seed}/{step}" + (f"/{round}" if round else "")
+        return self._draw(random.Random(key), n, self._eval_keys)
 
     def warmup_batch(self, n: int, rng: random.Random) -> list[Problem]:
         return self._draw(rng, n, self._eval_keys)
