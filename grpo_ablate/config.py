@@ -24,6 +24,7 @@ from grpo_ablate.tricks.loss_agg import LOSS_AGG_MODES
 from grpo_ablate.tricks.overlong import OVERLONG
 from grpo_ablate.tricks.reward_norm import REWARD_NORMS
 from grpo_ablate.tricks.sampling import GROUP_FILTERS
+from grpo_ablate.tricks.temperature import TEMPERATURES
 
 CONFIG_MODULE = "grpo_ablate.conf"
 CONFIG_NAME = "config"
@@ -86,7 +87,13 @@ def validate(cfg: DictConfig) -> None:
     _positive("rollout.prompts_per_step", cfg.rollout.prompts_per_step, integer=True)
     _positive("rollout.max_new_tokens", cfg.rollout.max_new_tokens, integer=True)
     _positive("rollout.num_iterations", cfg.rollout.num_iterations, integer=True)
+    _one_of("temperature", cfg.temperature.name, sorted(TEMPERATURES))
     _positive("temperature.value", cfg.temperature.value)
+    if cfg.temperature.get("t_min") is not None:
+        _positive("temperature.t_min", cfg.temperature.t_min)
+        _require(cfg.temperature.t_min <= cfg.temperature.value <= cfg.temperature.t_max,
+                 f"temperature.value={cfg.temperature.value} is not allowed; it must lie in "
+                 f"[t_min, t_max] = [{cfg.temperature.t_min}, {cfg.temperature.t_max}]")
     _positive("eval.every", cfg.eval.every, integer=True)
     _positive("checkpoint_every", cfg.checkpoint_every, integer=True)
     _positive("samples_every", cfg.samples_every, integer=True)

@@ -31,6 +31,7 @@ from grpo_ablate.tricks.loss_agg import aggregate, masked_mean, token_weights
 from grpo_ablate.tricks.overlong import OVERLONG
 from grpo_ablate.tricks.reward_norm import REWARD_NORMS
 from grpo_ablate.tricks.sampling import GROUP_FILTERS
+from grpo_ablate.tricks.temperature import TEMPERATURES
 
 # Exit codes of `grpo-ablate train`
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DIVERGED = 0, 1, 2, 3
@@ -61,7 +62,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     torch.manual_seed(cfg.seed)
     B, G = int(cfg.rollout.prompts_per_step), int(cfg.rollout.group_size)
     lean = bool(cfg.rollout.lean_decoder)
-    max_new, T = int(cfg.rollout.max_new_tokens), float(cfg.temperature.value)
+    max_new = int(cfg.rollout.max_new_tokens)
 
     # --- resume or fresh start -------------------------------------------------------------
     status = read_status(run_dir)
@@ -109,7 +110,9 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     policy_loss_fn = POLICY_LOSSES[cfg.clip.name]
     policy_loss_params = {**params(cfg.clip), "dual_clip_c": cfg.dual_clip.c}
 
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
+    temperature = TEMPERATURES[cfg.temperature.name](**params(cfg.temperature))
+    optimizer = torch.optim.AdamW([{"params": list(policy.parameters())}, *temperature.param_groups()],
+                                  lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
                                   weight_decay=cfg.optim.weight_decay)
     warmup = max(1, int(cfg.optim.warmup_steps))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
@@ -122,6 +125,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
         sampler.set_state(state["sampler"])
         kl_control.load_state_dict(state["kl_control"])
         entropy_control.load_state_dict(state["entropy_control"])
+        temperature.load_state_dict(state["temperature"])
         start_step, skipped_steps = state["step"], state["skipped_steps"]
         say(f"resuming {run_dir} from step {start_step}")
 
@@ -168,6 +172,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
             # 1. Rollout: B prompts x G completions at temperature T with the KV cache, scored
             #    by the verifier. The sampling family's filter decides which groups are kept;
             #    with dynamic sampling, fresh prompts are drawn (up to max_rounds) until B are.
+            T = temperature.value                           # this step's sampling temperature
             kept_rolls, kept_problems, kept_texts, kept_scores, rounds = [], [], [], [], 0
             for sampling_round in range(max_rounds):
                 round_problems = task.train_batch(B, int(cfg.seed), step, sampling_round)
@@ -223,7 +228,9 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
             #    grad-norm clipped, AdamW. The entropy carries a gradient only when c > 0.
             entropy_coef = entropy_control.coef
             for _ in range(int(cfg.rollout.num_iterations)):
-                logp, entropy = completion_logprobs(policy, roll, T, entropy_grad=entropy_coef > 0)
+                # T enters the graph: a learnable temperature is trained through the policy loss
+                logp, entropy = completion_logprobs(policy, roll, temperature.current(),
+                                                    entropy_grad=entropy_coef > 0)
                 pg_loss, clip_stats = policy_loss_fn(logp, logp.detach() if old_logp is None else old_logp,
                                                      advantages[:, None], **policy_loss_params)
                 token_loss = pg_loss
@@ -264,6 +271,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                     "sampling/kept_group_frac": n_groups / (rounds * B),
                     "sampling/extra_generations": (rounds - 1) * B * G,
                     "entropy/coef": entropy_coef,
+                    "temperature/value": T,
                     "adv/clipped_frac": adv_clipped_frac.item(),
                     "length/mean": lengths.mean().item(),
                     "length/max": lengths.max().item(),
@@ -313,7 +321,8 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                 save_checkpoint(run_dir, policy, tokenizer, {
                     "step": step, "skipped_steps": skipped_steps, "optimizer": optimizer.state_dict(),
                     "schedule": schedule.state_dict(), "sampler": sampler.get_state(),
-                    "kl_control": kl_control.state_dict(), "entropy_control": entropy_control.state_dict()})
+                    "kl_control": kl_control.state_dict(), "entropy_control": entropy_control.state_dict(),
+                    "temperature": temperature.state_dict()})
             log.status("running", step)
             progress.update(step, metrics, say)
 

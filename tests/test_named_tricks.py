@@ -76,6 +76,8 @@ PRESETS = {
     "lite_ppo": {"adv": "lite", "clip": "symmetric", "loss_agg": "token_mean", "kl": "none"},
     "dapo": {"adv": "grpo", "clip": "higher", "dual_clip": "enabled", "loss_agg": "token_mean", "kl": "none",
              "overlong": "soft_punish", "sampling": "dynamic", "entropy": "none"},
+    "blog": {"adv": "grpo", "clip": "symmetric", "loss_agg": "seq_mean_token_mean", "kl": "adaptive",
+             "length": "group", "entropy": "adaptive", "temperature": "learnable"},
 }
 
 

@@ -193,6 +193,7 @@ def test_warm_start_cache_is_content_addressed(small, cache_dir, tmp_path):
     ("overlong=soft_punish", "overlong/penalty_mean"), ("length=penalty", "length/reward_mean"),
     ("length=group", "length/reward_mean"), ("entropy=bonus", "entropy/coef"),
     ("entropy=adaptive", "entropy/coef"), ("kl=adaptive", "kl/beta"), ("kl=adaptive_target", "kl/beta"),
+    ("temperature=learnable", "temperature/value"),
 ])
 def test_every_trick_option_trains(small, tmp_path, option, metric):
     extra = ["overlong.buffer=4"] if option == "overlong=soft_punish" else []
@@ -265,3 +266,13 @@ def test_dynamic_sampling_refills_the_batch_and_respects_the_cap(small, tmp_path
 def test_static_sampling_is_one_round(small, tmp_path):
     row = read_jsonl(run(small + ["steps=1"], tmp_path / "run").run_dir / "metrics.jsonl")[1]
     assert row["sampling/rounds"] == 1 and row["sampling/kept_group_frac"] == 1.0
+
+
+def test_learnable_temperature_moves_during_training_and_resumes(small, tmp_path):
+    args = small + ["steps=4", "kl=none", "temperature=learnable", "temperature.lr=0.05"]
+    full = read_jsonl(run(args, tmp_path / "full").run_dir / "metrics.jsonl")
+    temps = [r["temperature/value"] for r in full[1:]]
+    assert temps[0] == 1.0 and len(set(temps)) > 1
+    run(small + ["steps=2", "kl=none", "temperature=learnable", "temperature.lr=0.05"], tmp_path / "part")
+    run(args + ["resume=true"], tmp_path / "part")
+    assert without_timing(read_jsonl(tmp_path / "part" / "metrics.jsonl")) == without_timing(full)

@@ -362,3 +362,26 @@ def test_kl_controllers():
     again = KL_CONTROLLERS["adaptive_target"](beta=1.0)
     again.load_state_dict(state)
     assert again.beta == target.beta
+
+
+# ---------------------------------------------------------------- family temperature
+def test_learnable_temperature_gets_a_gradient_and_moves():
+    from grpo_ablate.tricks.temperature import TEMPERATURES
+    temp = TEMPERATURES["learnable"](value=1.0, lr=0.1, t_min=0.5, t_max=2.0)
+    torch.manual_seed(0)
+    logits = torch.randn(6, 5, dtype=D)
+    tokens = torch.tensor([0, 1, 2, 3, 4, 0])
+    adv_ = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0, -1.0], dtype=D)
+    opt = torch.optim.AdamW(temp.param_groups())
+    logp = torch.log_softmax(logits / temp.current().to(D), -1).gather(1, tokens[:, None]).squeeze(1)
+    loss, _ = ppo_clip_loss(logp, logp.detach(), adv_)
+    loss.mean().backward()
+    assert temp.log_t.grad is not None and temp.log_t.grad.abs().item() > 0
+    before = temp.value
+    opt.step()
+    assert temp.value != before and 0.5 <= temp.value <= 2.0
+    state = temp.state_dict()
+    other = TEMPERATURES["learnable"](value=1.5)
+    other.load_state_dict(state)
+    assert other.value == pytest.approx(temp.value)
+    assert TEMPERATURES["fixed"](value=0.7).current() == 0.7
