@@ -117,15 +117,16 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     warmup = max(1, int(cfg.optim.warmup_steps))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
     sampler = torch.Generator().manual_seed(int(cfg.seed))  # the only randomness of a step
+    # tricks with state of their own (adaptive coefficients, a learnable T): checkpointed
+    controllers = {"kl_control": kl_control, "entropy_control": entropy_control, "temperature": temperature}
     start_step, skipped_steps = 0, 0
     if checkpoint is not None:
         state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
         sampler.set_state(state["sampler"])
-        kl_control.load_state_dict(state["kl_control"])
-        entropy_control.load_state_dict(state["entropy_control"])
-        temperature.load_state_dict(state["temperature"])
+        for name, controller in controllers.items():
+            controller.load_state_dict(state[name])
         start_step, skipped_steps = state["step"], state["skipped_steps"]
         say(f"resuming {run_dir} from step {start_step}")
 
@@ -321,8 +322,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                 save_checkpoint(run_dir, policy, tokenizer, {
                     "step": step, "skipped_steps": skipped_steps, "optimizer": optimizer.state_dict(),
                     "schedule": schedule.state_dict(), "sampler": sampler.get_state(),
-                    "kl_control": kl_control.state_dict(), "entropy_control": entropy_control.state_dict(),
-                    "temperature": temperature.state_dict()})
+                    **{name: controller.state_dict() for name, controller in controllers.items()}})
             log.status("running", step)
             progress.update(step, metrics, say)
 
