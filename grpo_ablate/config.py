@@ -20,6 +20,7 @@ from grpo_ablate.tricks.clip import POLICY_LOSSES
 from grpo_ablate.tricks.entropy import ENTROPY_CONTROLLERS
 from grpo_ablate.tricks.length import LENGTH_REWARDS
 from grpo_ablate.tricks.kl import KL_CONTROLLERS, KL_ESTIMATORS
+from grpo_ablate.tricks.kl_weight import KL_WEIGHTS
 from grpo_ablate.tricks.loss_agg import LOSS_AGG_MODES
 from grpo_ablate.tricks.overlong import OVERLONG
 from grpo_ablate.tricks.reward_norm import REWARD_NORMS
@@ -125,6 +126,12 @@ def validate(cfg: DictConfig) -> None:
     _one_of("loss_agg", cfg.loss_agg.name, LOSS_AGG_MODES)
     _one_of("kl", cfg.kl.name, sorted(KL_CONTROLLERS))
     _one_of("kl.estimator", cfg.kl.estimator, sorted(KL_ESTIMATORS))
+    _one_of("kl_weight", cfg.kl_weight.name, sorted(KL_WEIGHTS))
+    if cfg.kl_weight.get("budget") is not None:
+        _positive("kl_weight.budget", cfg.kl_weight.budget, integer=True)
+    _require(cfg.kl_weight.name == "uniform" or cfg.kl.beta > 0,
+             f"kl_weight={cfg.kl_weight.name} weights the KL term, but kl={cfg.kl.name} has none; "
+             "use kl=fixed, adaptive or adaptive_target")
     _positive("kl.beta", cfg.kl.beta, allow_zero=True)
     group = cfg.rollout.group_size
     if ADV_ESTIMATORS[cfg.adv.name].uses_group_statistic:

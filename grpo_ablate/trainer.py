@@ -26,6 +26,7 @@ from grpo_ablate.tricks.adv_clip import ADV_CLIPS
 from grpo_ablate.tricks.clip import POLICY_LOSSES
 from grpo_ablate.tricks.entropy import ENTROPY_CONTROLLERS
 from grpo_ablate.tricks.kl import KL_CONTROLLERS, KL_ESTIMATORS
+from grpo_ablate.tricks.kl_weight import KL_WEIGHTS
 from grpo_ablate.tricks.length import LENGTH_REWARDS
 from grpo_ablate.tricks.loss_agg import aggregate, masked_mean, token_weights
 from grpo_ablate.tricks.overlong import OVERLONG
@@ -93,6 +94,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     kl_control = KL_CONTROLLERS[cfg.kl.name](**params(cfg.kl))
     kl_estimator = KL_ESTIMATORS[cfg.kl.estimator]
+    kl_weight_fn = KL_WEIGHTS[cfg.kl_weight.name]
     # The reference policy is the starting model, frozen. It is loaded and run only when a KL
     # term or a KL metric uses it: with beta = 0 there is no second model and no extra forward.
     needs_reference = kl_control.beta > 0 or bool(cfg.metrics.ref_kl)
@@ -236,7 +238,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                                                      advantages[:, None], **policy_loss_params)
                 token_loss = pg_loss
                 if ref_logp is not None:
-                    kl_token = kl_estimator(logp, ref_logp)
+                    kl_token = kl_estimator(logp, ref_logp) * kl_weight_fn(mask, entropy, **params(cfg.kl_weight))
                     token_loss = token_loss + kl_control.beta * kl_token
                 if entropy_coef > 0:
                     token_loss = token_loss - entropy_coef * entropy

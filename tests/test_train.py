@@ -193,7 +193,8 @@ def test_warm_start_cache_is_content_addressed(small, cache_dir, tmp_path):
     ("overlong=soft_punish", "overlong/penalty_mean"), ("length=penalty", "length/reward_mean"),
     ("length=group", "length/reward_mean"), ("entropy=bonus", "entropy/coef"),
     ("entropy=adaptive", "entropy/coef"), ("kl=adaptive", "kl/beta"), ("kl=adaptive_target", "kl/beta"),
-    ("temperature=learnable", "temperature/value"),
+    ("temperature=learnable", "temperature/value"), ("kl_weight=length_budget", "kl/k3"),
+    ("kl_weight=entropy", "kl/k3"),
 ])
 def test_every_trick_option_trains(small, tmp_path, option, metric):
     extra = ["overlong.buffer=4"] if option == "overlong=soft_punish" else []

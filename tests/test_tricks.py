@@ -385,3 +385,16 @@ def test_learnable_temperature_gets_a_gradient_and_moves():
     other.load_state_dict(state)
     assert other.value == pytest.approx(temp.value)
     assert TEMPERATURES["fixed"](value=0.7).current() == 0.7
+
+
+# ---------------------------------------------------------------- family kl_weight
+def test_kl_weights():
+    from grpo_ablate.tricks.kl_weight import KL_WEIGHTS
+    mask = torch.ones(2, 6, dtype=D)
+    entropy = torch.tensor([[1.0, 1, 1, 1, 1, 1], [3, 3, 3, 3, 3, 3]], dtype=D)
+    assert torch.equal(KL_WEIGHTS["uniform"](mask, entropy), torch.ones(2, 6, dtype=D))
+    w = KL_WEIGHTS["length_budget"](mask, entropy, budget=2, alpha=1.0)
+    torch.testing.assert_close(w[0], torch.tensor([1, 1, 1, 1.5, 2, 2.5], dtype=D))
+    e = KL_WEIGHTS["entropy"](mask, entropy)
+    torch.testing.assert_close(e, entropy / 2, atol=1e-7, rtol=0)   # mean 1 over the batch
+    assert (e * mask).sum() / mask.sum() == pytest.approx(1.0)
