@@ -25,7 +25,7 @@ from grpo_ablate.tricks.adv import ADV_ESTIMATORS, group_mean_std
 from grpo_ablate.tricks.adv_clip import ADV_CLIPS
 from grpo_ablate.tricks.clip import POLICY_LOSSES
 from grpo_ablate.tricks.entropy import ENTROPY_CONTROLLERS
-from grpo_ablate.tricks.kl import KL_CONTROLLERS, KL_ESTIMATORS
+from grpo_ablate.tricks.kl import KL_CONTROLLERS, KL_ESTIMATORS, kl_reward_penalty
 from grpo_ablate.tricks.kl_weight import KL_WEIGHTS
 from grpo_ablate.tricks.length import LENGTH_REWARDS
 from grpo_ablate.tricks.loss_agg import aggregate, masked_mean, token_weights
@@ -204,28 +204,32 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
             n_groups = len(problems)
             sampled = time.perf_counter()
 
-            # 2. Rewards from the verifier, shaped (overlong, length, reward_norm); group-relative
-            #    advantages, one scalar per completion (clipped by adv_clip).
+            # pi_ref log-probs (frozen start) only when a KL term or metric needs them; pi_old
+            # log-probs by a separate forward only with several updates per rollout or a KL
+            # penalty in the reward; otherwise pi_old == pi_theta and the ratio is exactly 1
+            # (nothing clips: expected).
+            with torch.no_grad():
+                ref_logp = completion_logprobs(reference, roll, T)[0] if reference is not None else None
+                old_logp = (completion_logprobs(policy, roll, T)[0]
+                            if int(cfg.rollout.num_iterations) > 1 or kl_control.reward_beta > 0 else None)
+            scored = time.perf_counter()
+
+            # 2. Rewards from the verifier, shaped (overlong, length, KL in the reward,
+            #    reward_norm); group-relative advantages, one per completion (then adv_clip).
             group_index = torch.arange(n_groups).repeat_interleave(G)
             rewards, keep, overlong_penalty = overlong_fn(task_rewards, roll.lengths, roll.truncated,
                                                           max_new, **params(cfg.overlong))
             mask = roll.completion_mask * keep[:, None]   # [N, L] 1 up to and incl. EOS, if trained
             rewards, length_reward = length_fn(rewards, roll.lengths, group_index, task_rewards > 0,
                                                max_new, **params(cfg.length))
+            if kl_control.reward_beta > 0:
+                rewards = rewards - kl_control.reward_beta * kl_reward_penalty(old_logp, ref_logp, mask)
             rewards = reward_norm_fn(rewards, **params(cfg.reward_norm))
             advantages = advantage_fn(rewards, group_index, mask=mask, **params(cfg.adv))
             advantages, adv_clipped_frac = adv_clip_fn(advantages, **params(cfg.adv_clip))
             weights = token_weights(mask, cfg.loss_agg.name, max_len=max_new)  # loss = sum w * l
             rewarded = time.perf_counter()
 
-            # pi_ref log-probs (frozen start) only when a KL term or metric needs them; pi_old
-            # log-probs by a separate forward only with several updates per rollout; with one,
-            # pi_old == pi_theta and the ratio is exactly 1 (nothing clips: expected).
-            with torch.no_grad():
-                ref_logp = completion_logprobs(reference, roll, T)[0] if reference is not None else None
-                old_logp = (completion_logprobs(policy, roll, T)[0]
-                            if int(cfg.rollout.num_iterations) > 1 else None)
-            scored = time.perf_counter()
 
             # 3. Policy update(s): clipped surrogate + beta * KL - c * entropy, aggregated,
             #    grad-norm clipped, AdamW. The entropy carries a gradient only when c > 0.
@@ -239,7 +243,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                 token_loss = pg_loss
                 if ref_logp is not None:
                     kl_token = kl_estimator(logp, ref_logp) * kl_weight_fn(mask, entropy, **params(cfg.kl_weight))
-                    token_loss = token_loss + kl_control.beta * kl_token
+                    token_loss = token_loss + kl_control.loss_beta * kl_token
                 if entropy_coef > 0:
                     token_loss = token_loss - entropy_coef * entropy
                 loss = aggregate(token_loss, weights)
@@ -299,9 +303,9 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                 completion_tokens = mask.sum().item()
                 metrics.update({
                     "time/sample_s": sampled - step_started,   # generation and verifier
-                    "time/reward_s": rewarded - sampled,
-                    "time/reference_s": scored - rewarded,   # pi_ref (and pi_old) forwards
-                    "time/update_s": updated - scored,
+                    "time/reference_s": scored - sampled,    # pi_ref (and pi_old) forwards
+                    "time/reward_s": rewarded - scored,
+                    "time/update_s": updated - rewarded,
                     "time/step_s": updated - step_started,
                     "time/elapsed_s": updated - run_started,  # wall clock since this process began
                     "perf/completion_tokens": completion_tokens,

@@ -74,6 +74,7 @@ class CountingLogprobs:
     (["kl=fixed"], 2, True),                                 # + one reference forward
     (["kl=none", "metrics.ref_kl=true"], 2, True),           # reference only for the metric
     (["kl=none", "rollout.num_iterations=2"], 3, False),     # pi_old once + two updates
+    (["kl=in_reward"], 3, True),                             # pi_ref + pi_old for the reward
 ])
 def test_no_redundant_forward_passes(small, tmp_path, monkeypatch, extra, forwards_per_step, has_kl):
     counter = CountingLogprobs()
@@ -194,7 +195,7 @@ def test_warm_start_cache_is_content_addressed(small, cache_dir, tmp_path):
     ("length=group", "length/reward_mean"), ("entropy=bonus", "entropy/coef"),
     ("entropy=adaptive", "entropy/coef"), ("kl=adaptive", "kl/beta"), ("kl=adaptive_target", "kl/beta"),
     ("temperature=learnable", "temperature/value"), ("kl_weight=length_budget", "kl/k3"),
-    ("kl_weight=entropy", "kl/k3"),
+    ("kl_weight=entropy", "kl/k3"), ("kl=in_reward", "kl/k1"),
 ])
 def test_every_trick_option_trains(small, tmp_path, option, metric):
     extra = ["overlong.buffer=4"] if option == "overlong=soft_punish" else []

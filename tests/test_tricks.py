@@ -398,3 +398,15 @@ def test_kl_weights():
     e = KL_WEIGHTS["entropy"](mask, entropy)
     torch.testing.assert_close(e, entropy / 2, atol=1e-7, rtol=0)   # mean 1 over the batch
     assert (e * mask).sum() / mask.sum() == pytest.approx(1.0)
+
+
+def test_kl_in_reward_controller_and_penalty():
+    from grpo_ablate.tricks.kl import KL_CONTROLLERS, kl_reward_penalty
+    in_reward = KL_CONTROLLERS["in_reward"](beta=0.1)
+    fixed = KL_CONTROLLERS["fixed"](beta=0.1)
+    assert (in_reward.loss_beta, in_reward.reward_beta) == (0.0, 0.1)
+    assert (fixed.loss_beta, fixed.reward_beta) == (0.1, 0.0)
+    old = torch.tensor([[-1.0, -2.0, -3.0]], dtype=D)
+    ref = torch.tensor([[-1.5, -1.0, -9.0]], dtype=D)
+    mask = torch.tensor([[1.0, 1.0, 0.0]], dtype=D)
+    torch.testing.assert_close(kl_reward_penalty(old, ref, mask), torch.tensor([0.5 - 1.0], dtype=D))

@@ -31,10 +31,24 @@ KL_ESTIMATORS = {"k1": k1, "k2": k2, "k3": k3}
 
 
 class FixedKL:
-    """beta stays where the config put it (GRPO: 0.04; `kl=none` is beta 0, no reference)."""
+    """beta stays where the config put it (GRPO: 0.04; `kl=none` is beta 0, no reference).
+
+    `loss_beta` weighs the KL term in the loss, `reward_beta` a KL penalty in the reward;
+    a controller uses one of the two.
+    """
+
+    in_reward = False
 
     def __init__(self, beta: float = 0.0, **_):
         self.beta = float(beta)
+
+    @property
+    def loss_beta(self) -> float:
+        return 0.0 if self.in_reward else self.beta
+
+    @property
+    def reward_beta(self) -> float:
+        return self.beta if self.in_reward else 0.0
 
     def update(self, measured_kl: float, num_sequences: int) -> None:
         pass
@@ -78,4 +92,17 @@ class TargetKL(FixedKL):
         self.beta *= 1.0 + error * num_sequences / self.horizon
 
 
-KL_CONTROLLERS = {"none": FixedKL, "fixed": FixedKL, "adaptive": ThresholdKL, "adaptive_target": TargetKL}
+class InRewardKL(FixedKL):
+    """`in_reward` (verl `use_kl_in_reward`): r_j <- r_j - beta * sum_t k1_t, with k1 from the
+    sampling policy's log-probs (no gradient), before the advantage; no KL term in the loss."""
+
+    in_reward = True
+
+
+def kl_reward_penalty(old_logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """sum_t k1 per completion: the sequence-level KL estimate charged to its reward."""
+    return (k1(old_logp, ref_logp) * mask).sum(dim=1)
+
+
+KL_CONTROLLERS = {"none": FixedKL, "fixed": FixedKL, "adaptive": ThresholdKL, "adaptive_target": TargetKL,
+                  "in_reward": InRewardKL}
