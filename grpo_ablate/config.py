@@ -78,8 +78,19 @@ def check_tricks(cfg: DictConfig) -> None:
                  f"too; drop one of them")
 
 
+# family (config group) -> the registry its `name` is looked up in by the trainer
+FAMILIES = {
+    "sampling": GROUP_FILTERS, "overlong": OVERLONG, "length": LENGTH_REWARDS,
+    "reward_norm": REWARD_NORMS, "adv": ADV_ESTIMATORS, "adv_clip": ADV_CLIPS,
+    "clip": POLICY_LOSSES, "loss_agg": LOSS_AGG_MODES, "kl": KL_CONTROLLERS,
+    "kl_weight": KL_WEIGHTS, "entropy": ENTROPY_CONTROLLERS, "temperature": TEMPERATURES,
+}
+
+
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError on the first bad value. Cheap: no model or data is touched."""
+    for family, registry in FAMILIES.items():   # a family option whose yaml names no function
+        _one_of(family, cfg[family].name, sorted(registry))
     check_tricks(cfg)
     _positive("seed", cfg.seed, integer=True, allow_zero=True)
     _positive("steps", cfg.steps, integer=True)
@@ -88,7 +99,6 @@ def validate(cfg: DictConfig) -> None:
     _positive("rollout.prompts_per_step", cfg.rollout.prompts_per_step, integer=True)
     _positive("rollout.max_new_tokens", cfg.rollout.max_new_tokens, integer=True)
     _positive("rollout.num_iterations", cfg.rollout.num_iterations, integer=True)
-    _one_of("temperature", cfg.temperature.name, sorted(TEMPERATURES))
     _positive("temperature.value", cfg.temperature.value)
     if cfg.temperature.get("t_min") is not None:
         _positive("temperature.t_min", cfg.temperature.t_min)
@@ -99,17 +109,9 @@ def validate(cfg: DictConfig) -> None:
     _positive("checkpoint_every", cfg.checkpoint_every, integer=True)
     _positive("samples_every", cfg.samples_every, integer=True)
     _one_of("on_nonfinite", cfg.on_nonfinite, ("stop", "skip"))
-    _one_of("adv", cfg.adv.name, sorted(ADV_ESTIMATORS))
-    _one_of("clip", cfg.clip.name, sorted(POLICY_LOSSES))
     if cfg.adv.get("std_of") is not None:
         _one_of("adv.std_of", cfg.adv.std_of, ("raw", "centered"))
-    _one_of("reward_norm", cfg.reward_norm.name, sorted(REWARD_NORMS))
-    _one_of("adv_clip", cfg.adv_clip.name, sorted(ADV_CLIPS))
-    _one_of("overlong", cfg.overlong.name, sorted(OVERLONG))
-    _one_of("length", cfg.length.name, sorted(LENGTH_REWARDS))
-    _one_of("sampling", cfg.sampling.name, sorted(GROUP_FILTERS))
     _positive("sampling.max_rounds", cfg.sampling.max_rounds, integer=True)
-    _one_of("entropy", cfg.entropy.name, sorted(ENTROPY_CONTROLLERS))
     _positive("entropy.coef", cfg.entropy.coef, allow_zero=True)
     _positive("clip.eps_low", cfg.clip.eps_low)
     _positive("clip.eps_high", cfg.clip.eps_high)
@@ -123,10 +125,7 @@ def validate(cfg: DictConfig) -> None:
         _require(isinstance(cfg.overlong.buffer, int) and 0 < cfg.overlong.buffer <= cfg.rollout.max_new_tokens,
                  f"overlong.buffer={cfg.overlong.buffer!r} is not allowed; it must be an integer in "
                  f"1..rollout.max_new_tokens ({cfg.rollout.max_new_tokens})")
-    _one_of("loss_agg", cfg.loss_agg.name, LOSS_AGG_MODES)
-    _one_of("kl", cfg.kl.name, sorted(KL_CONTROLLERS))
     _one_of("kl.estimator", cfg.kl.estimator, sorted(KL_ESTIMATORS))
-    _one_of("kl_weight", cfg.kl_weight.name, sorted(KL_WEIGHTS))
     if cfg.kl_weight.get("budget") is not None:
         _positive("kl_weight.budget", cfg.kl_weight.budget, integer=True)
     _require(cfg.kl_weight.name == "uniform" or cfg.kl.beta > 0,
