@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,6 +103,12 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     if needs_reference:
         reference = load(model_path)[0] if checkpoint else copy.deepcopy(policy)
         reference.eval().requires_grad_(False)
+    # A second anchor, the policy as it was prev_lag optimizer steps ago (two-layer KL): a
+    # frozen copy that is refreshed from the last prev_lag + 1 weight snapshots each step.
+    previous, snapshots = None, deque(maxlen=kl_control.prev_lag + 1)
+    if kl_control.beta_prev > 0:
+        previous = copy.deepcopy(policy).eval().requires_grad_(False)
+        snapshots.append(_weights(policy))
     entropy_control = ENTROPY_CONTROLLERS[cfg.entropy.name](**params(cfg.entropy))
     group_filter, max_rounds = GROUP_FILTERS[cfg.sampling.name], int(cfg.sampling.max_rounds)
     overlong_fn = OVERLONG[cfg.overlong.name]
@@ -129,6 +136,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
         sampler.set_state(state["sampler"])
         for name, controller in controllers.items():
             controller.load_state_dict(state[name])
+        snapshots.extend(state["snapshots"])
         start_step, skipped_steps = state["step"], state["skipped_steps"]
         say(f"resuming {run_dir} from step {start_step}")
 
@@ -212,6 +220,10 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                 ref_logp = completion_logprobs(reference, roll, T)[0] if reference is not None else None
                 old_logp = (completion_logprobs(policy, roll, T)[0]
                             if int(cfg.rollout.num_iterations) > 1 or kl_control.reward_beta > 0 else None)
+                prev_logp = None
+                if previous is not None:
+                    previous.load_state_dict(snapshots[0])
+                    prev_logp = completion_logprobs(previous, roll, T)[0]
             scored = time.perf_counter()
 
             # 2. Rewards from the verifier, shaped (overlong, length, KL in the reward,
@@ -244,6 +256,8 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                 if ref_logp is not None:
                     kl_token = kl_estimator(logp, ref_logp) * kl_weight_fn(mask, entropy, **params(cfg.kl_weight))
                     token_loss = token_loss + kl_control.loss_beta * kl_token
+                if prev_logp is not None:
+                    token_loss = token_loss + kl_control.beta_prev * kl_estimator(logp, prev_logp)
                 if entropy_coef > 0:
                     token_loss = token_loss - entropy_coef * entropy
                 loss = aggregate(token_loss, weights)
@@ -259,6 +273,8 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                     break
                 optimizer.step()
                 schedule.step()
+            if previous is not None:
+                snapshots.append(_weights(policy))
             updated = time.perf_counter()
 
             # 4. Metrics of this step (token means over completion tokens unless stated).
@@ -299,6 +315,8 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                     metrics["kl/k1"] = masked_mean(KL_ESTIMATORS["k1"](logp, ref_logp), mask).item()
                     metrics["kl/k3"] = masked_mean(KL_ESTIMATORS["k3"](logp, ref_logp), mask).item()
                     kl_control.update(metrics["kl/k3"], num_sequences=rewards.numel())
+                if prev_logp is not None:
+                    metrics["kl/prev_k3"] = masked_mean(KL_ESTIMATORS["k3"](logp, prev_logp), mask).item()
                 entropy_control.update(metrics["policy/entropy"])
                 completion_tokens = mask.sum().item()
                 metrics.update({
@@ -328,7 +346,8 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                 save_checkpoint(run_dir, policy, tokenizer, {
                     "step": step, "skipped_steps": skipped_steps, "optimizer": optimizer.state_dict(),
                     "schedule": schedule.state_dict(), "sampler": sampler.get_state(),
-                    **{name: controller.state_dict() for name, controller in controllers.items()}})
+                    **{name: controller.state_dict() for name, controller in controllers.items()},
+                    "snapshots": list(snapshots)})
             log.status("running", step)
             progress.update(step, metrics, say)
 
@@ -344,6 +363,11 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
         if progress is not None:
             progress.stop()
         log.close()
+
+
+def _weights(model) -> dict:
+    """A detached copy of the weights (a snapshot for the two-layer KL anchor)."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 class _progress:

@@ -195,7 +195,7 @@ def test_warm_start_cache_is_content_addressed(small, cache_dir, tmp_path):
     ("length=group", "length/reward_mean"), ("entropy=bonus", "entropy/coef"),
     ("entropy=adaptive", "entropy/coef"), ("kl=adaptive", "kl/beta"), ("kl=adaptive_target", "kl/beta"),
     ("temperature=learnable", "temperature/value"), ("kl_weight=length_budget", "kl/k3"),
-    ("kl_weight=entropy", "kl/k3"), ("kl=in_reward", "kl/k1"),
+    ("kl_weight=entropy", "kl/k3"), ("kl=in_reward", "kl/k1"), ("kl=two_layer", "kl/prev_k3"),
 ])
 def test_every_trick_option_trains(small, tmp_path, option, metric):
     extra = ["overlong.buffer=4"] if option == "overlong=soft_punish" else []
@@ -276,5 +276,19 @@ def test_learnable_temperature_moves_during_training_and_resumes(small, tmp_path
     temps = [r["temperature/value"] for r in full[1:]]
     assert temps[0] == 1.0 and len(set(temps)) > 1
     run(small + ["steps=2", "kl=none", "temperature=learnable", "temperature.lr=0.05"], tmp_path / "part")
+    run(args + ["resume=true"], tmp_path / "part")
+    assert without_timing(read_jsonl(tmp_path / "part" / "metrics.jsonl")) == without_timing(full)
+
+
+def test_two_layer_kl_anchors_to_the_policy_of_prev_lag_steps_ago_and_resumes(small, tmp_path):
+    args = small + ["steps=6", "kl=two_layer", "kl.prev_lag=2", "kl.beta_prev=0.5"]
+    full = read_jsonl(run(args, tmp_path / "full").run_dir / "metrics.jsonl")
+    prev = [r["kl/prev_k3"] for r in full[1:]]
+    ref = [r["kl/k3"] for r in full[1:]]
+    # steps 1-3: the anchor is still the start (= pi_ref), so both KLs agree; after that it moves on
+    assert prev[0] == pytest.approx(0.0, abs=1e-6) and prev[:3] == pytest.approx(ref[:3])
+    assert prev[4] != pytest.approx(ref[4])
+    # (a part that ends on an eval step, so its last row matches the uninterrupted run's)
+    run(small + ["steps=4", "kl=two_layer", "kl.prev_lag=2", "kl.beta_prev=0.5"], tmp_path / "part")
     run(args + ["resume=true"], tmp_path / "part")
     assert without_timing(read_jsonl(tmp_path / "part" / "metrics.jsonl")) == without_timing(full)

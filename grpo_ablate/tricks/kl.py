@@ -38,6 +38,7 @@ class FixedKL:
     """
 
     in_reward = False
+    beta_prev, prev_lag = 0.0, 0      # no anchor to a previous policy (see TwoLayerKL)
 
     def __init__(self, beta: float = 0.0, **_):
         self.beta = float(beta)
@@ -99,10 +100,21 @@ class InRewardKL(FixedKL):
     in_reward = True
 
 
+class TwoLayerKL(FixedKL):
+    """`two_layer` (seed review, paper 3): loss += beta KL(pi || pi_ref) + beta_prev KL(pi || pi_prev),
+    pi_prev = the policy as it was `prev_lag` optimizer steps before the current weights, a
+    frozen snapshot (the trainer keeps it). No framework has it; ROLL's `kimi15` (a k2 anchor to
+    pi_old) plus a KL loss is the nearest."""
+
+    def __init__(self, beta: float = 0.04, beta_prev: float = 0.04, prev_lag: int = 1, **_):
+        super().__init__(beta)
+        self.beta_prev, self.prev_lag = float(beta_prev), int(prev_lag)
+
+
 def kl_reward_penalty(old_logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """sum_t k1 per completion: the sequence-level KL estimate charged to its reward."""
     return (k1(old_logp, ref_logp) * mask).sum(dim=1)
 
 
 KL_CONTROLLERS = {"none": FixedKL, "fixed": FixedKL, "adaptive": ThresholdKL, "adaptive_target": TargetKL,
-                  "in_reward": InRewardKL}
+                  "in_reward": InRewardKL, "two_layer": TwoLayerKL}
