@@ -112,6 +112,11 @@ def validate(cfg: DictConfig) -> None:
     if cfg.adv.get("std_of") is not None:
         _one_of("adv.std_of", cfg.adv.std_of, ("raw", "centered"))
     _positive("sampling.max_rounds", cfg.sampling.max_rounds, integer=True)
+    if cfg.sampling.get("g_max") is not None:
+        _positive("sampling.g_step", cfg.sampling.g_step, integer=True)
+        _require(isinstance(cfg.sampling.g_max, int) and cfg.sampling.g_max >= cfg.rollout.group_size,
+                 f"sampling.g_max={cfg.sampling.g_max!r} is not allowed; it must be an integer >= "
+                 f"rollout.group_size ({cfg.rollout.group_size})")
     _positive("entropy.coef", cfg.entropy.coef, allow_zero=True)
     _positive("clip.eps_low", cfg.clip.eps_low)
     _positive("clip.eps_high", cfg.clip.eps_high)

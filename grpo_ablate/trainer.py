@@ -111,6 +111,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
         snapshots.append(_weights(policy))
     entropy_control = ENTROPY_CONTROLLERS[cfg.entropy.name](**params(cfg.entropy))
     group_filter, max_rounds = GROUP_FILTERS[cfg.sampling.name], int(cfg.sampling.max_rounds)
+    g_step, g_max = int(cfg.sampling.get("g_step") or 1), int(cfg.sampling.get("g_max") or G)
     overlong_fn = OVERLONG[cfg.overlong.name]
     length_fn = LENGTH_REWARDS[cfg.length.name]
     reward_norm_fn = REWARD_NORMS[cfg.reward_norm.name]
@@ -207,9 +208,33 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                     break
             if not kept_problems:  # no group passed in any round: train on the last one as is
                 kept_rolls, kept_problems, kept_texts, kept_scores = [roll], round_problems, texts, [scores]
+            problems, n_groups = kept_problems, len(kept_problems)
+            group_index = torch.arange(n_groups).repeat_interleave(G)   # row -> its prompt's group
+            # Dynamic group size: groups whose rewards are all equal get g_step more completions,
+            # up to g_max per prompt (g_max = G: never), so advantages see ragged groups.
+            while True:
+                scores = torch.cat(kept_scores)
+                _, spread = group_mean_std(scores, group_index)
+                sizes = torch.bincount(group_index, minlength=n_groups)
+                flat = torch.zeros(n_groups, dtype=torch.bool).index_fill_(0, group_index[spread > 0], True)
+                grow = ((~flat) & (sizes < g_max)).nonzero().squeeze(1).tolist()
+                if not grow:
+                    break
+                try:
+                    more = generate(policy, [tokenizer(problems[g].prompt).input_ids for g in grow],
+                                    num_samples=g_step, max_new_tokens=max_new, temperature=T,
+                                    eos_id=eos_id, pad_id=pad_id, generator=sampler, lean=lean)
+                except NonFiniteLogits as err:
+                    return diverged(f"{err} at step {step}")
+                more_texts = decode_completions(tokenizer, more)
+                more_index = torch.tensor(grow).repeat_interleave(g_step)
+                kept_rolls.append(more)
+                kept_texts += more_texts
+                kept_scores.append(torch.tensor([float(task.reward(t, problems[g]))
+                                                 for t, g in zip(more_texts, more_index.tolist())]))
+                group_index = torch.cat([group_index, more_index])
             roll = concat_rollouts(kept_rolls, pad_id)
-            problems, texts, task_rewards = kept_problems, kept_texts, torch.cat(kept_scores)
-            n_groups = len(problems)
+            texts, task_rewards = kept_texts, torch.cat(kept_scores)
             sampled = time.perf_counter()
 
             # pi_ref log-probs (frozen start) only when a KL term or metric needs them; pi_old
@@ -228,7 +253,6 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
 
             # 2. Rewards from the verifier, shaped (overlong, length, KL in the reward,
             #    reward_norm); group-relative advantages, one per completion (then adv_clip).
-            group_index = torch.arange(n_groups).repeat_interleave(G)
             rewards, keep, overlong_penalty = overlong_fn(task_rewards, roll.lengths, roll.truncated,
                                                           max_new, **params(cfg.overlong))
             mask = roll.completion_mask * keep[:, None]   # [N, L] 1 up to and incl. EOS, if trained
@@ -292,7 +316,8 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                     "length/reward_mean": length_reward.mean().item(),
                     "sampling/rounds": rounds,
                     "sampling/kept_group_frac": n_groups / (rounds * B),
-                    "sampling/extra_generations": (rounds - 1) * B * G,
+                    "sampling/extra_generations": (rounds - 1) * B * G + len(texts) - n_groups * G,
+                    "sampling/mean_group_size": len(texts) / n_groups,
                     "entropy/coef": entropy_coef,
                     "temperature/value": T,
                     "adv/clipped_frac": adv_clipped_frac.item(),
@@ -304,7 +329,8 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                     "adv/std": advantages.std().item() if advantages.numel() > 1 else 0.0,
                     "adv/min": advantages.min().item(),
                     "adv/max": advantages.max().item(),
-                    "adv/zero_std_group_frac": (group_std[::G] == 0).float().mean().item(),
+                    "adv/zero_std_group_frac": torch.zeros(n_groups).index_fill_(
+                        0, group_index[group_std == 0], 1.0).mean().item(),
                     "kl/beta": kl_control.beta,
                     "optim/grad_norm": grad_norm.item(),
                     "optim/lr": schedule.get_last_lr()[0],
@@ -339,7 +365,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                 metrics["time/eval_s"] = time.perf_counter() - updated
             log.log(metrics)
             if step % int(cfg.samples_every) == 0:
-                log.samples(step, [{"prompt": problems[i // G].prompt, "completion": texts[i],
+                log.samples(step, [{"prompt": problems[int(group_index[i])].prompt, "completion": texts[i],
                                     "reward": rewards[i].item(), "truncated": bool(roll.truncated[i])}
                                    for i in range(min(int(cfg.samples_per_log), len(texts)))])
             if step % int(cfg.checkpoint_every) == 0 or step == int(cfg.steps):

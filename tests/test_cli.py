@@ -33,6 +33,7 @@ def test_help_lists_every_command_with_one_line():
     ("dual_clip.c=0.5", "must be a number > 1"),
     ("overlong=soft_punish overlong.buffer=0", "overlong.buffer=0"),
     ("adv=lite adv.std_of=nope", "allowed: raw, centered"),
+    ("sampling=dynamic_group sampling.g_max=2", "sampling.g_max=2 is not allowed"),
     ("kl=none kl_weight=entropy", "kl_weight=entropy weights the KL term, but kl=none has none"),
 ])
 def test_bad_input_is_one_line_exit_2_and_no_run_dir(tmp_path, override, needle):

@@ -196,6 +196,7 @@ def test_warm_start_cache_is_content_addressed(small, cache_dir, tmp_path):
     ("entropy=adaptive", "entropy/coef"), ("kl=adaptive", "kl/beta"), ("kl=adaptive_target", "kl/beta"),
     ("temperature=learnable", "temperature/value"), ("kl_weight=length_budget", "kl/k3"),
     ("kl_weight=entropy", "kl/k3"), ("kl=in_reward", "kl/k1"), ("kl=two_layer", "kl/prev_k3"),
+    ("sampling=dynamic_group", "sampling/mean_group_size"),
 ])
 def test_every_trick_option_trains(small, tmp_path, option, metric):
     extra = ["overlong.buffer=4"] if option == "overlong=soft_punish" else []
@@ -292,3 +293,22 @@ def test_two_layer_kl_anchors_to_the_policy_of_prev_lag_steps_ago_and_resumes(sm
     run(small + ["steps=4", "kl=two_layer", "kl.prev_lag=2", "kl.beta_prev=0.5"], tmp_path / "part")
     run(args + ["resume=true"], tmp_path / "part")
     assert without_timing(read_jsonl(tmp_path / "part" / "metrics.jsonl")) == without_timing(full)
+
+
+def test_dynamic_group_size_grows_flat_groups_into_ragged_ones(small, tmp_path, monkeypatch):
+    script = [[
+        [0, 0, 0, 0, 0, 1, 9, 9],      # flat at 4: grows by 2, then varies -> 6 completions
+        [1, 1, 1, 1, 1, 1, 1, 1],      # never varies: grows to the cap, 8
+        [1, 0, 0, 0, 9, 9, 9, 9],      # varies at once: 4
+        [0, 0, 0, 0, 0, 0, 0, 0],      # cap: 8
+    ]]
+    real_build = trainer_module.build_task
+    monkeypatch.setattr(trainer_module, "build_task", lambda cfg: ScriptedTask(real_build(cfg), script))
+    result = run(small + ["steps=1", "sampling=dynamic_group", "sampling.g_step=2", "sampling.g_max=8",
+                          "adv=dr_grpo"], tmp_path / "run")
+    assert result.state == "completed"
+    row = read_jsonl(tmp_path / "run" / "metrics.jsonl")[1]
+    assert row["sampling/mean_group_size"] == (6 + 8 + 4 + 8) / 4
+    assert row["sampling/extra_generations"] == 26 - 16
+    assert row["train/accuracy"] == pytest.approx((1 + 8 + 1 + 0) / 26)
+    assert row["adv/zero_std_group_frac"] == 0.5      # groups 1 and 3 stayed flat at the cap

@@ -8,6 +8,10 @@ plus `max_rounds` in its config: the trainer samples fresh prompts round after r
 `static`: every group is kept, one round.
 `dynamic` (DAPO dynamic sampling; verl `filter_groups`, metric=acc): groups whose rewards are
 all equal carry no group-relative signal and are dropped.
+`dynamic_group` (seed review "dynamic group size"; no reference): every group is kept, and a
+group whose rewards are all equal gets `g_step` more completions at a time, up to `g_max`
+(the trainer does this for any option that sets g_max > group_size); advantages are then
+computed on ragged groups.
 """
 from __future__ import annotations
 
@@ -22,4 +26,4 @@ def keep_varied_groups(scores: torch.Tensor, **_) -> torch.Tensor:
     return scores.amax(dim=1) > scores.amin(dim=1)
 
 
-GROUP_FILTERS = {"static": keep_all_groups, "dynamic": keep_varied_groups}
+GROUP_FILTERS = {"static": keep_all_groups, "dynamic": keep_varied_groups, "dynamic_group": keep_all_groups}
