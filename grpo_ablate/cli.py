@@ -7,8 +7,6 @@ bad input is one line on stderr, exit code 2, and no directory left behind.
 """
 from __future__ import annotations
 
-import shutil
-import sys
 from pathlib import Path
 from typing import List, Optional
 

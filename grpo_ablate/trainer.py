@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from grpo_ablate.config import ConfigError, config_hash, params, validate
 from grpo_ablate.models import ensure_warm_started, load_model_and_tokenizer
-from grpo_ablate.rollout import (NonFiniteLogits, completion_logprobs, concat_rollouts, decode_completions,
-                                 generate, select_rows)
+from grpo_ablate.rollout import (NonFiniteLogits, Rollout, completion_logprobs, concat_rollouts,
+                                 decode_completions, generate, select_rows)
 from grpo_ablate.tasks import build_task
 from grpo_ablate.tracking import RunLog, find_checkpoint, read_status, save_checkpoint
 from grpo_ablate.tricks.adv import ADV_ESTIMATORS, group_mean_std
@@ -110,8 +110,6 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
         previous = copy.deepcopy(policy).eval().requires_grad_(False)
         snapshots.append(_weights(policy))
     entropy_control = ENTROPY_CONTROLLERS[cfg.entropy.name](**params(cfg.entropy))
-    group_filter, max_rounds = GROUP_FILTERS[cfg.sampling.name], int(cfg.sampling.max_rounds)
-    g_step, g_max = int(cfg.sampling.get("g_step") or 1), int(cfg.sampling.get("g_max") or G)
     overlong_fn = OVERLONG[cfg.overlong.name]
     length_fn = LENGTH_REWARDS[cfg.length.name]
     reward_norm_fn = REWARD_NORMS[cfg.reward_norm.name]
@@ -182,59 +180,14 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
             policy.train()
 
             # 1. Rollout: B prompts x G completions at temperature T with the KV cache, scored
-            #    by the verifier. The sampling family's filter decides which groups are kept;
-            #    with dynamic sampling, fresh prompts are drawn (up to max_rounds) until B are.
+            #    by the verifier; the sampling family decides which groups make the batch.
             T = temperature.value                           # this step's sampling temperature
-            kept_rolls, kept_problems, kept_texts, kept_scores, rounds = [], [], [], [], 0
-            for sampling_round in range(max_rounds):
-                round_problems = task.train_batch(B, int(cfg.seed), step, sampling_round)
-                try:
-                    roll = generate(policy, [tokenizer(p.prompt).input_ids for p in round_problems],
-                                    num_samples=G, max_new_tokens=max_new, temperature=T,
-                                    eos_id=eos_id, pad_id=pad_id, generator=sampler, lean=lean)
-                except NonFiniteLogits as err:
-                    return diverged(f"{err} at step {step}")
-                texts = decode_completions(tokenizer, roll)
-                scores = torch.tensor([float(task.reward(t, round_problems[i // G])) for i, t in enumerate(texts)])
-                rounds += 1
-                kept = group_filter(scores.view(B, G), **params(cfg.sampling)).nonzero().squeeze(1)
-                kept = kept[:B - len(kept_problems)]          # never more than B groups in total
-                rows = (kept[:, None] * G + torch.arange(G)).reshape(-1)
-                kept_rolls.append(select_rows(roll, rows))
-                kept_problems += [round_problems[g] for g in kept.tolist()]
-                kept_texts += [texts[r] for r in rows.tolist()]
-                kept_scores.append(scores[rows])
-                if len(kept_problems) == B:
-                    break
-            if not kept_problems:  # no group passed in any round: train on the last one as is
-                kept_rolls, kept_problems, kept_texts, kept_scores = [roll], round_problems, texts, [scores]
-            problems, n_groups = kept_problems, len(kept_problems)
-            group_index = torch.arange(n_groups).repeat_interleave(G)   # row -> its prompt's group
-            # Dynamic group size: groups whose rewards are all equal get g_step more completions,
-            # up to g_max per prompt (g_max = G: never), so advantages see ragged groups.
-            while True:
-                scores = torch.cat(kept_scores)
-                _, spread = group_mean_std(scores, group_index)
-                sizes = torch.bincount(group_index, minlength=n_groups)
-                flat = torch.zeros(n_groups, dtype=torch.bool).index_fill_(0, group_index[spread > 0], True)
-                grow = ((~flat) & (sizes < g_max)).nonzero().squeeze(1).tolist()
-                if not grow:
-                    break
-                try:
-                    more = generate(policy, [tokenizer(problems[g].prompt).input_ids for g in grow],
-                                    num_samples=g_step, max_new_tokens=max_new, temperature=T,
-                                    eos_id=eos_id, pad_id=pad_id, generator=sampler, lean=lean)
-                except NonFiniteLogits as err:
-                    return diverged(f"{err} at step {step}")
-                more_texts = decode_completions(tokenizer, more)
-                more_index = torch.tensor(grow).repeat_interleave(g_step)
-                kept_rolls.append(more)
-                kept_texts += more_texts
-                kept_scores.append(torch.tensor([float(task.reward(t, problems[g]))
-                                                 for t, g in zip(more_texts, more_index.tolist())]))
-                group_index = torch.cat([group_index, more_index])
-            roll = concat_rollouts(kept_rolls, pad_id)
-            texts, task_rewards = kept_texts, torch.cat(kept_scores)
+            try:
+                batch = sample_groups(policy, tokenizer, task, cfg, step, T, sampler)
+            except NonFiniteLogits as err:
+                return diverged(f"{err} at step {step}")
+            roll, problems, texts, group_index = batch.roll, batch.problems, batch.texts, batch.group_index
+            task_rewards, n_groups, rounds = batch.scores, len(batch.problems), batch.rounds
             sampled = time.perf_counter()
 
             # pi_ref log-probs (frozen start) only when a KL term or metric needs them; pi_old
@@ -389,6 +342,73 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
         if progress is not None:
             progress.stop()
         log.close()
+
+
+@dataclass
+class SampledGroups:
+    roll: Rollout
+    problems: list           # one per group
+    texts: list[str]         # one per row
+    scores: torch.Tensor     # [rows] the verifier's rewards
+    group_index: torch.Tensor  # [rows] row -> group (groups may be ragged)
+    rounds: int
+
+
+def sample_groups(policy, tokenizer, task, cfg: DictConfig, step: int, T: float,
+                  sampler: torch.Generator) -> SampledGroups:
+    """The batch of groups for one optimizer step, per the `sampling` family.
+
+    Round r draws B fresh prompts x G completions; the family's filter keeps groups (static:
+    all; dynamic: those with reward variance) until B are kept or max_rounds is reached, and
+    then trains on what was kept (all of the last round if nothing was). Groups whose rewards
+    are all equal then grow by g_step completions up to g_max (dynamic_group; otherwise
+    g_max = G and nothing grows). Raises NonFiniteLogits if the policy has diverged.
+    """
+    B, G = int(cfg.rollout.prompts_per_step), int(cfg.rollout.group_size)
+    group_filter, max_rounds = GROUP_FILTERS[cfg.sampling.name], int(cfg.sampling.max_rounds)
+    g_step, g_max = int(cfg.sampling.get("g_step") or 1), int(cfg.sampling.get("g_max") or G)
+
+    def sample(problems, n):
+        roll = generate(policy, [tokenizer(p.prompt).input_ids for p in problems], num_samples=n,
+                        max_new_tokens=int(cfg.rollout.max_new_tokens), temperature=T,
+                        eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+                        generator=sampler, lean=bool(cfg.rollout.lean_decoder))
+        texts = decode_completions(tokenizer, roll)
+        scores = torch.tensor([float(task.reward(t, problems[i // n])) for i, t in enumerate(texts)])
+        return roll, texts, scores
+
+    rolls, problems, texts, scores, rounds = [], [], [], [], 0
+    for sampling_round in range(max_rounds):
+        round_problems = task.train_batch(B, int(cfg.seed), step, sampling_round)
+        roll, round_texts, round_scores = sample(round_problems, G)
+        rounds += 1
+        kept = group_filter(round_scores.view(B, G), **params(cfg.sampling)).nonzero().squeeze(1)
+        kept = kept[:B - len(problems)]                  # never more than B groups in total
+        rows = (kept[:, None] * G + torch.arange(G)).reshape(-1)
+        rolls.append(select_rows(roll, rows))
+        problems += [round_problems[g] for g in kept.tolist()]
+        texts += [round_texts[r] for r in rows.tolist()]
+        scores.append(round_scores[rows])
+        if len(problems) == B:
+            break
+    if not problems:
+        rolls, problems, texts, scores = [roll], round_problems, round_texts, [round_scores]
+    group_index = torch.arange(len(problems)).repeat_interleave(G)
+
+    while True:
+        _, spread = group_mean_std(torch.cat(scores), group_index)
+        sizes = torch.bincount(group_index, minlength=len(problems))
+        varied = torch.zeros(len(problems), dtype=torch.bool).index_fill_(0, group_index[spread > 0], True)
+        grow = ((~varied) & (sizes < g_max)).nonzero().squeeze(1).tolist()
+        if not grow:
+            break
+        roll, more_texts, more_scores = sample([problems[g] for g in grow], g_step)
+        rolls.append(roll)
+        texts += more_texts
+        scores.append(more_scores)
+        group_index = torch.cat([group_index, torch.tensor(grow).repeat_interleave(g_step)])
+    return SampledGroups(concat_rollouts(rolls, tokenizer.pad_token_id), problems, texts,
+                         torch.cat(scores), group_index, rounds)
 
 
 def _weights(model) -> dict:

@@ -4,7 +4,6 @@ The tests train for real, but on a smaller warm-started model than the embedded 
 (same code path, a different content-addressed cache entry) so the suite stays in budget.
 """
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
