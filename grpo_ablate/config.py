@@ -26,6 +26,7 @@ from grpo_ablate.tricks.overlong import OVERLONG
 from grpo_ablate.tricks.reward_norm import REWARD_NORMS
 from grpo_ablate.tricks.sampling import GROUP_FILTERS
 from grpo_ablate.tricks.temperature import TEMPERATURES
+from grpo_ablate.tricks.value import VALUE_LOSSES
 
 CONFIG_MODULE = "grpo_ablate.conf"
 CONFIG_NAME = "config"
@@ -84,6 +85,7 @@ FAMILIES = {
     "reward_norm": REWARD_NORMS, "adv": ADV_ESTIMATORS, "adv_clip": ADV_CLIPS,
     "clip": POLICY_LOSSES, "loss_agg": LOSS_AGG_MODES, "kl": KL_CONTROLLERS,
     "kl_weight": KL_WEIGHTS, "entropy": ENTROPY_CONTROLLERS, "temperature": TEMPERATURES,
+    "value_clip": VALUE_LOSSES,
 }
 
 
@@ -92,6 +94,9 @@ def validate(cfg: DictConfig) -> None:
     for family, registry in FAMILIES.items():   # a family option whose yaml names no function
         _one_of(family, cfg[family].name, sorted(registry))
     check_tricks(cfg)
+    _require(cfg.value_clip.name == "none" or ADV_ESTIMATORS[cfg.adv.name].uses_values,
+             f"value_clip={cfg.value_clip.name} needs a critic, and adv={cfg.adv.name} has none: value "
+             "clipping exists only with adv=gae (add +trick=critic_gae)")
     _positive("seed", cfg.seed, integer=True, allow_zero=True)
     _positive("steps", cfg.steps, integer=True)
     _positive("optim.lr", cfg.optim.lr)

@@ -22,7 +22,7 @@ from grpo_ablate.rollout import (NonFiniteLogits, Rollout, completion_logprobs, 
                                  decode_completions, generate, select_rows)
 from grpo_ablate.tasks import build_task
 from grpo_ablate.tracking import RunLog, find_checkpoint, read_status, save_checkpoint
-from grpo_ablate.tricks.adv import ADV_ESTIMATORS, group_mean_std
+from grpo_ablate.tricks.adv import ADV_ESTIMATORS, gae, group_mean_std, token_rewards
 from grpo_ablate.tricks.adv_clip import ADV_CLIPS
 from grpo_ablate.tricks.clip import POLICY_LOSSES
 from grpo_ablate.tricks.entropy import ENTROPY_CONTROLLERS
@@ -34,6 +34,7 @@ from grpo_ablate.tricks.overlong import OVERLONG
 from grpo_ablate.tricks.reward_norm import REWARD_NORMS
 from grpo_ablate.tricks.sampling import GROUP_FILTERS
 from grpo_ablate.tricks.temperature import TEMPERATURES
+from grpo_ablate.tricks.value import VALUE_LOSSES, explained_variance
 
 # Exit codes of `grpo-ablate train`
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DIVERGED = 0, 1, 2, 3
@@ -113,20 +114,26 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     overlong_fn = OVERLONG[cfg.overlong.name]
     length_fn = LENGTH_REWARDS[cfg.length.name]
     reward_norm_fn = REWARD_NORMS[cfg.reward_norm.name]
-    advantage_fn = ADV_ESTIMATORS[cfg.adv.name].fn
+    estimator = ADV_ESTIMATORS[cfg.adv.name]
+    advantage_fn = estimator.fn
+    # A critic (adv=gae): a value head on the policy's last hidden state, trained alongside it.
+    value_head = torch.nn.Linear(policy.config.hidden_size, 1) if estimator.uses_values else None
+    value_loss_fn = VALUE_LOSSES[cfg.value_clip.name]
     adv_clip_fn = ADV_CLIPS[cfg.adv_clip.name]
     policy_loss_fn = POLICY_LOSSES[cfg.clip.name]
     policy_loss_params = {**params(cfg.clip), "dual_clip_c": cfg.dual_clip.c}
 
     temperature = TEMPERATURES[cfg.temperature.name](**params(cfg.temperature))
-    optimizer = torch.optim.AdamW([{"params": list(policy.parameters())}, *temperature.param_groups()],
+    trained = list(policy.parameters()) + (list(value_head.parameters()) if value_head is not None else [])
+    optimizer = torch.optim.AdamW([{"params": trained}, *temperature.param_groups()],
                                   lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
                                   weight_decay=cfg.optim.weight_decay)
     warmup = max(1, int(cfg.optim.warmup_steps))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
     sampler = torch.Generator().manual_seed(int(cfg.seed))  # the only randomness of a step
     # tricks with state of their own (adaptive coefficients, a learnable T): checkpointed
-    controllers = {"kl_control": kl_control, "entropy_control": entropy_control, "temperature": temperature}
+    controllers = {"kl_control": kl_control, "entropy_control": entropy_control, "temperature": temperature,
+                   **({"value_head": value_head} if value_head is not None else {})}
     start_step, skipped_steps = 0, 0
     if checkpoint is not None:
         state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
@@ -196,8 +203,10 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
             # (nothing clips: expected).
             with torch.no_grad():
                 ref_logp = completion_logprobs(reference, roll, T)[0] if reference is not None else None
-                old_logp = (completion_logprobs(policy, roll, T)[0]
-                            if int(cfg.rollout.num_iterations) > 1 or kl_control.reward_beta > 0 else None)
+                old_logp = old_values = None
+                if int(cfg.rollout.num_iterations) > 1 or kl_control.reward_beta > 0 or value_head is not None:
+                    old_logp, _, hidden = completion_logprobs(policy, roll, T, return_hidden=True)
+                    old_values = value_head(hidden).squeeze(-1) if value_head is not None else None
                 prev_logp = None
                 if previous is not None:
                     previous.load_state_dict(snapshots[0])
@@ -214,8 +223,12 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
             if kl_control.reward_beta > 0:
                 rewards = rewards - kl_control.reward_beta * kl_reward_penalty(old_logp, ref_logp, mask)
             rewards = reward_norm_fn(rewards, **params(cfg.reward_norm))
-            advantages = advantage_fn(rewards, group_index, mask=mask, **params(cfg.adv))
+            advantages = advantage_fn(rewards, group_index, mask=mask, values=old_values, **params(cfg.adv))
             advantages, adv_clipped_frac = adv_clip_fn(advantages, **params(cfg.adv_clip))
+            token_advantages = advantages if advantages.dim() == 2 else advantages[:, None]
+            if value_head is not None:  # the critic's targets: lambda-returns under V_old
+                returns = gae(token_rewards(rewards, mask), old_values, mask,
+                              float(cfg.adv.gamma), float(cfg.adv.lam))[1]
             weights = token_weights(mask, cfg.loss_agg.name, max_len=max_new)  # loss = sum w * l
             rewarded = time.perf_counter()
 
@@ -225,11 +238,16 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
             entropy_coef = entropy_control.coef
             for _ in range(int(cfg.rollout.num_iterations)):
                 # T enters the graph: a learnable temperature is trained through the policy loss
-                logp, entropy = completion_logprobs(policy, roll, temperature.current(),
-                                                    entropy_grad=entropy_coef > 0)
+                logp, entropy, *hidden = completion_logprobs(policy, roll, temperature.current(),
+                                                             entropy_grad=entropy_coef > 0,
+                                                             return_hidden=value_head is not None)
                 pg_loss, clip_stats = policy_loss_fn(logp, logp.detach() if old_logp is None else old_logp,
-                                                     advantages[:, None], **policy_loss_params)
+                                                     token_advantages, **policy_loss_params)
                 token_loss = pg_loss
+                if value_head is not None:
+                    values = value_head(hidden[0]).squeeze(-1)
+                    value_loss = value_loss_fn(values, old_values, returns, **params(cfg.value_clip))
+                    token_loss = token_loss + float(cfg.adv.value_coef) * value_loss
                 if ref_logp is not None:
                     kl_token = kl_estimator(logp, ref_logp) * kl_weight_fn(mask, entropy, **params(cfg.kl_weight))
                     token_loss = token_loss + kl_control.loss_beta * kl_token
@@ -240,7 +258,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                 loss = aggregate(token_loss, weights)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.optim.max_grad_norm)
+                grad_norm = torch.nn.utils.clip_grad_norm_(trained, cfg.optim.max_grad_norm)
                 finite = math.isfinite(loss.item()) and math.isfinite(grad_norm.item())
                 if not finite and cfg.on_nonfinite == "skip":
                     skipped_steps += 1  # drop this update, keep the weights as they were
@@ -257,6 +275,8 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
             # 4. Metrics of this step (token means over completion tokens unless stated).
             with torch.no_grad():
                 _, group_std = group_mean_std(rewards, group_index)
+                # per completion, or per trained token for a token-level estimator (gae)
+                adv_values = advantages[mask.bool()] if advantages.dim() == 2 else advantages
                 lengths = roll.lengths
                 metrics = {
                     "step": step,
@@ -278,10 +298,10 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                     "length/max": lengths.max().item(),
                     "length/truncated_frac": roll.truncated.float().mean().item(),
                     "policy/entropy": masked_mean(entropy, mask).item(),
-                    "adv/mean": advantages.mean().item(),
-                    "adv/std": advantages.std().item() if advantages.numel() > 1 else 0.0,
-                    "adv/min": advantages.min().item(),
-                    "adv/max": advantages.max().item(),
+                    "adv/mean": adv_values.mean().item(),
+                    "adv/std": adv_values.std().item() if adv_values.numel() > 1 else 0.0,
+                    "adv/min": adv_values.min().item() if adv_values.numel() else 0.0,
+                    "adv/max": adv_values.max().item() if adv_values.numel() else 0.0,
                     "adv/zero_std_group_frac": torch.zeros(n_groups).index_fill_(
                         0, group_index[group_std == 0], 1.0).mean().item(),
                     "kl/beta": kl_control.beta,
@@ -294,6 +314,9 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                     metrics["kl/k1"] = masked_mean(KL_ESTIMATORS["k1"](logp, ref_logp), mask).item()
                     metrics["kl/k3"] = masked_mean(KL_ESTIMATORS["k3"](logp, ref_logp), mask).item()
                     kl_control.update(metrics["kl/k3"], num_sequences=rewards.numel())
+                if value_head is not None:
+                    metrics["value/loss"] = masked_mean(value_loss, mask).item()
+                    metrics["value/explained_variance"] = explained_variance(values, returns, mask).item()
                 if prev_logp is not None:
                     metrics["kl/prev_k3"] = masked_mean(KL_ESTIMATORS["k3"](logp, prev_logp), mask).item()
                 entropy_control.update(metrics["policy/entropy"])

@@ -28,7 +28,8 @@ def test_trick_file_declares_the_family_it_overrides(path: Path):
 
 @pytest.mark.parametrize("name", TRICKS)
 def test_every_named_trick_trains_two_steps(small, tmp_path, name):
-    overrides = small + ["steps=2", f"+trick={name}"]
+    # value_clip needs a critic: alone it is refused (tested below), so pair it with critic_gae
+    overrides = small + ["steps=2", "+trick=[critic_gae,value_clip]" if name == "value_clip" else f"+trick={name}"]
     if name == "overlong_punish":
         overrides.append("overlong.buffer=4")
     cfg = compose(overrides)
@@ -97,3 +98,10 @@ def test_a_preset_is_overridable_family_by_family():
 
 def test_dapo_preset_uses_its_scripts_dual_clip_constant():
     assert compose(["preset=dapo"]).dual_clip.c == 10.0
+
+
+def test_value_clip_without_a_critic_says_why(tmp_path):
+    out = cli("train", "+trick=value_clip", cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.strip() == (
+        "error: value_clip=clip needs a critic, and adv=grpo has none: value clipping exists only "
+        "with adv=gae (add +trick=critic_gae)")

@@ -196,11 +196,12 @@ def test_warm_start_cache_is_content_addressed(small, cache_dir, tmp_path):
     ("entropy=adaptive", "entropy/coef"), ("kl=adaptive", "kl/beta"), ("kl=adaptive_target", "kl/beta"),
     ("temperature=learnable", "temperature/value"), ("kl_weight=length_budget", "kl/k3"),
     ("kl_weight=entropy", "kl/k3"), ("kl=in_reward", "kl/k1"), ("kl=two_layer", "kl/prev_k3"),
-    ("sampling=dynamic_group", "sampling/mean_group_size"),
+    ("sampling=dynamic_group", "sampling/mean_group_size"), ("adv=gae", "value/explained_variance"),
+    ("adv=gae value_clip=clip", "value/loss"),
 ])
 def test_every_trick_option_trains(small, tmp_path, option, metric):
     extra = ["overlong.buffer=4"] if option == "overlong=soft_punish" else []
-    result = run(small + ["steps=2", "rollout.num_iterations=2", option] + extra, tmp_path / "run")
+    result = run(small + ["steps=2", "rollout.num_iterations=2", *option.split()] + extra, tmp_path / "run")
     assert result.state == "completed"
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert all(metric in r for r in rows[1:])
@@ -312,3 +313,12 @@ def test_dynamic_group_size_grows_flat_groups_into_ragged_ones(small, tmp_path, 
     assert row["sampling/extra_generations"] == 26 - 16
     assert row["train/accuracy"] == pytest.approx((1 + 8 + 1 + 0) / 26)
     assert row["adv/zero_std_group_frac"] == 0.5      # groups 1 and 3 stayed flat at the cap
+
+
+def test_critic_learns_and_resumes(small, tmp_path):
+    args = small + ["steps=4", "kl=none", "adv=gae", "value_clip=clip"]
+    full = read_jsonl(run(args, tmp_path / "full").run_dir / "metrics.jsonl")
+    assert all(r["value/loss"] >= 0 for r in full[1:])
+    run(small + ["steps=2", "kl=none", "adv=gae", "value_clip=clip"], tmp_path / "part")
+    run(args + ["resume=true"], tmp_path / "part")      # the value head is in the checkpoint
+    assert without_timing(read_jsonl(tmp_path / "part" / "metrics.jsonl")) == without_timing(full)

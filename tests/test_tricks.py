@@ -410,3 +410,52 @@ def test_kl_in_reward_controller_and_penalty():
     ref = torch.tensor([[-1.5, -1.0, -9.0]], dtype=D)
     mask = torch.tensor([[1.0, 1.0, 0.0]], dtype=D)
     torch.testing.assert_close(kl_reward_penalty(old, ref, mask), torch.tensor([0.5 - 1.0], dtype=D))
+
+
+# ---------------------------------------------------------------- adv=gae and value_clip
+def test_gae_with_gamma_lambda_one_is_return_minus_value():
+    from grpo_ablate.tricks.adv import gae, token_rewards
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=D)
+    rewards = torch.tensor([1.0, 0.0], dtype=D)
+    values = torch.tensor([[0.2, 0.5, 0.9, 7.0], [0.1, -0.3, 7.0, 7.0]], dtype=D)
+    tr = token_rewards(rewards, mask)
+    torch.testing.assert_close(tr, torch.tensor([[0, 0, 1, 0], [0, 0, 0, 0]], dtype=D))
+    adv_, ret = gae(tr, values, mask, gamma=1.0, lam=1.0)
+    torch.testing.assert_close(adv_, (rewards[:, None] - values) * mask)
+    torch.testing.assert_close(ret, rewards[:, None] * mask)
+
+
+def test_gae_discounted_by_hand():
+    from grpo_ablate.tricks.adv import gae
+    mask = torch.ones(1, 2, dtype=D)
+    r = torch.tensor([[0.0, 1.0]], dtype=D)
+    v = torch.tensor([[0.5, 0.25]], dtype=D)
+    adv_, ret = gae(r, v, mask, gamma=0.9, lam=0.5)
+    d1 = 1.0 - 0.25                      # last token: r + 0 - V
+    d0 = 0.0 + 0.9 * 0.25 - 0.5
+    torch.testing.assert_close(adv_, torch.tensor([[d0 + 0.45 * d1, d1]], dtype=D))
+    torch.testing.assert_close(ret, adv_ + v)
+
+
+def test_gae_estimator_whitens_over_tokens():
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=D)
+    values = torch.tensor([[0.2, 0.5, 0.9], [0.1, -0.3, 0.0]], dtype=D)
+    a = ADV_ESTIMATORS["gae"].fn(torch.tensor([1.0, 0.0], dtype=D), None, mask=mask, values=values)
+    assert ADV_ESTIMATORS["gae"].uses_values and not ADV_ESTIMATORS["gae"].uses_group_statistic
+    assert (a * mask).sum().abs() < 1e-9 and ((a * mask) ** 2).sum() / mask.sum() == pytest.approx(1.0, abs=1e-6)
+    assert a[1, 2] == 0
+
+
+def test_value_losses_and_explained_variance():
+    from grpo_ablate.tricks.value import VALUE_LOSSES, explained_variance
+    values = torch.tensor([1.0, 0.0], dtype=D)
+    old = torch.tensor([0.5, 0.5], dtype=D)
+    ret = torch.tensor([0.0, 0.0], dtype=D)
+    torch.testing.assert_close(VALUE_LOSSES["none"](values, old, ret), torch.tensor([0.5, 0.0], dtype=D))
+    # clipped: V_old + clip(V - V_old, -0.2, 0.2) = [0.7, 0.3]; loss = 0.5 max(unclipped^2, clipped^2)
+    torch.testing.assert_close(VALUE_LOSSES["clip"](values, old, ret, eps=0.2),
+                               torch.tensor([0.5, 0.5 * 0.09], dtype=D))
+    mask = torch.ones(4, dtype=D)
+    r = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=D)
+    assert explained_variance(r, r, mask).item() == pytest.approx(1.0)
+    assert explained_variance(torch.full_like(r, 2.5), r, mask).item() == pytest.approx(0.0)

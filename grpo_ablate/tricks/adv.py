@@ -17,14 +17,15 @@ import torch
 class AdvantageEstimator:
     fn: Callable[..., torch.Tensor]
     uses_group_statistic: bool  # needs G >= 2 completions per prompt to mean anything
+    uses_values: bool = False   # needs a critic: per-token values in, per-token advantages out
 
 
 ADV_ESTIMATORS: dict[str, AdvantageEstimator] = {}
 
 
-def register_adv(name: str, uses_group_statistic: bool = True):
+def register_adv(name: str, uses_group_statistic: bool = True, uses_values: bool = False):
     def wrap(fn):
-        ADV_ESTIMATORS[name] = AdvantageEstimator(fn, uses_group_statistic)
+        ADV_ESTIMATORS[name] = AdvantageEstimator(fn, uses_group_statistic, uses_values)
         return fn
     return wrap
 
@@ -124,3 +125,45 @@ def rpp_baseline_advantage(rewards, group_index, mask=None, eps: float = 1e-8, *
     token_mean = (weight * centred).sum() / total
     token_var = (weight * (centred - token_mean) ** 2).sum() / total
     return (centred - token_mean) / torch.sqrt(token_var + eps)
+
+
+def token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """An outcome reward placed on the last trained token of each completion."""
+    out = torch.zeros_like(mask, dtype=rewards.dtype)
+    last = (mask.sum(dim=1).long() - 1).clamp(min=0)
+    out[torch.arange(mask.shape[0]), last] = rewards * (mask.sum(dim=1) > 0).to(rewards.dtype)
+    return out
+
+
+def gae(token_reward: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
+        lam: float = 1.0):
+    """Generalized advantage estimation over completion tokens: (advantages, returns) [N, L].
+
+    delta_t = r_t + gamma V_{t+1} - V_t (V after the last token is 0); A_t = sum_k (gamma lam)^k
+    delta_{t+k}; returns = A + V. Reference: verl core_algos `compute_gae_advantage_return`.
+    """
+    values = values * mask
+    advantages = torch.zeros_like(values)
+    running = torch.zeros(values.shape[0], dtype=values.dtype)
+    for t in reversed(range(values.shape[1])):
+        next_value = values[:, t + 1] if t + 1 < values.shape[1] else torch.zeros_like(running)
+        delta = token_reward[:, t] + gamma * next_value - values[:, t]
+        running = delta + gamma * lam * running
+        advantages[:, t] = running
+    advantages = advantages * mask
+    return advantages, (advantages + values) * mask
+
+
+@register_adv("gae", uses_group_statistic=False, uses_values=True)
+def gae_advantage(rewards, group_index, mask=None, values=None, gamma: float = 1.0, lam: float = 1.0,
+                  whiten: bool = True, **_):
+    """PPO with a critic: GAE over token rewards (the outcome reward on the last token), then
+    whitened over the batch's completion tokens as verl does (`whiten: true`). gamma = lam = 1
+    by default, so A_t = R - V_t."""
+    advantages, _ = gae(token_rewards(rewards, mask), values, mask, gamma, lam)
+    if not whiten:
+        return advantages
+    n = mask.sum().clamp(min=1)
+    mean = (advantages * mask).sum() / n
+    var = (((advantages - mean) * mask) ** 2).sum() / n
+    return (advantages - mean) * torch.rsqrt(var + 1e-8) * mask

@@ -1,0 +1,33 @@
+"""Family `value_clip`: the critic's loss, which exists only with a critic (adv=gae).
+
+`none`: 0.5 (V - R)^2 per token. `clip` (PPO value clipping, eps_v = 0.2):
+0.5 max((V - R)^2, (V_old + clip(V - V_old, -eps_v, eps_v) - R)^2).
+Reference: verl core_algos `compute_value_loss` (cliprange_value). The seed review calls
+value clipping "completely unnecessary" for critic-free GRPO, where it has nothing to act on:
+asking for it without a critic is a config error, not a silent no-op.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def plain_value_loss(values, old_values, returns, **_):
+    return 0.5 * (values - returns) ** 2
+
+
+def clipped_value_loss(values, old_values, returns, eps: float = 0.2, **_):
+    clipped = old_values + (values - old_values).clamp(-eps, eps)
+    return 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
+
+
+VALUE_LOSSES = {"none": plain_value_loss, "clip": clipped_value_loss}
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """1 - Var(R - V) / Var(R) over the masked tokens (1: perfect critic, <= 0: useless)."""
+    n = mask.sum().clamp(min=1)
+
+    def var(x):
+        mean = (x * mask).sum() / n
+        return (((x - mean) * mask) ** 2).sum() / n
+    return 1 - var(returns - values) / var(returns).clamp(min=1e-12)
