@@ -85,7 +85,7 @@ FAMILIES = {
     "reward_norm": REWARD_NORMS, "adv": ADV_ESTIMATORS, "adv_clip": ADV_CLIPS,
     "clip": POLICY_LOSSES, "loss_agg": LOSS_AGG_MODES, "kl": KL_CONTROLLERS,
     "kl_weight": KL_WEIGHTS, "entropy": ENTROPY_CONTROLLERS, "temperature": TEMPERATURES,
-    "value_clip": VALUE_LOSSES,
+    "value_clip": VALUE_LOSSES, "updates": ("multi", "single"),   # updates: config only
 }
 
 
@@ -103,7 +103,7 @@ def validate(cfg: DictConfig) -> None:
     _positive("optim.max_grad_norm", cfg.optim.max_grad_norm)
     _positive("rollout.prompts_per_step", cfg.rollout.prompts_per_step, integer=True)
     _positive("rollout.max_new_tokens", cfg.rollout.max_new_tokens, integer=True)
-    _positive("rollout.num_iterations", cfg.rollout.num_iterations, integer=True)
+    _positive("updates.num_iterations", cfg.updates.num_iterations, integer=True)
     _positive("temperature.value", cfg.temperature.value)
     if cfg.temperature.get("t_min") is not None:
         _positive("temperature.t_min", cfg.temperature.t_min)

@@ -204,7 +204,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
             with torch.no_grad():
                 ref_logp = completion_logprobs(reference, roll, T)[0] if reference is not None else None
                 old_logp = old_values = None
-                if int(cfg.rollout.num_iterations) > 1 or kl_control.reward_beta > 0 or value_head is not None:
+                if int(cfg.updates.num_iterations) > 1 or kl_control.reward_beta > 0 or value_head is not None:
                     old_logp, _, hidden = completion_logprobs(policy, roll, T, return_hidden=True)
                     old_values = value_head(hidden).squeeze(-1) if value_head is not None else None
                 prev_logp = None
@@ -236,7 +236,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
             # 3. Policy update(s): clipped surrogate + beta * KL - c * entropy, aggregated,
             #    grad-norm clipped, AdamW. The entropy carries a gradient only when c > 0.
             entropy_coef = entropy_control.coef
-            for _ in range(int(cfg.rollout.num_iterations)):
+            for _ in range(int(cfg.updates.num_iterations)):
                 # T enters the graph: a learnable temperature is trained through the policy loss
                 logp, entropy, *hidden = completion_logprobs(policy, roll, temperature.current(),
                                                              entropy_grad=entropy_coef > 0,
