@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from grpo_ablate.config import ConfigError, config_hash, params, validate
+from grpo_ablate.config import FAMILIES, ConfigError, config_hash, params, validate
 from grpo_ablate.models import ensure_warm_started, load_model_and_tokenizer
 from grpo_ablate.rollout import (NonFiniteLogits, Rollout, completion_logprobs, concat_rollouts,
                                  decode_completions, generate, select_rows)
@@ -58,6 +58,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     run_dir = Path(run_dir)
     say = console.print if console is not None else (lambda *a, **k: None)
     validate(cfg)
+    opts = {family: params(cfg[family]) for family in FAMILIES}   # each family's kwargs, resolved once
     # Near-converged tiny models produce denormal floats, which run ~100x slower on CPUs.
     torch.set_flush_denormal(True)
     if cfg.threads:
@@ -94,7 +95,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
 
     policy, tokenizer = load(checkpoint or model_path)
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
-    kl_control = KL_CONTROLLERS[cfg.kl.name](**params(cfg.kl))
+    kl_control = KL_CONTROLLERS[cfg.kl.name](**opts["kl"])
     kl_estimator = KL_ESTIMATORS[cfg.kl.estimator]
     kl_weight_fn = KL_WEIGHTS[cfg.kl_weight.name]
     # The reference policy is the starting model, frozen. It is loaded and run only when a KL
@@ -110,7 +111,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     if kl_control.beta_prev > 0:
         previous = copy.deepcopy(policy).eval().requires_grad_(False)
         snapshots.append(_weights(policy))
-    entropy_control = ENTROPY_CONTROLLERS[cfg.entropy.name](**params(cfg.entropy))
+    entropy_control = ENTROPY_CONTROLLERS[cfg.entropy.name](**opts["entropy"])
     overlong_fn = OVERLONG[cfg.overlong.name]
     length_fn = LENGTH_REWARDS[cfg.length.name]
     reward_norm_fn = REWARD_NORMS[cfg.reward_norm.name]
@@ -121,9 +122,9 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     value_loss_fn = VALUE_LOSSES[cfg.value_clip.name]
     adv_clip_fn = ADV_CLIPS[cfg.adv_clip.name]
     policy_loss_fn = POLICY_LOSSES[cfg.clip.name]
-    policy_loss_params = {**params(cfg.clip), "dual_clip_c": cfg.dual_clip.c}
+    policy_loss_params = {**opts["clip"], "dual_clip_c": cfg.dual_clip.c}
 
-    temperature = TEMPERATURES[cfg.temperature.name](**params(cfg.temperature))
+    temperature = TEMPERATURES[cfg.temperature.name](**opts["temperature"])
     trained = list(policy.parameters()) + (list(value_head.parameters()) if value_head is not None else [])
     optimizer = torch.optim.AdamW([{"params": trained}, *temperature.param_groups()],
                                   lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
@@ -198,9 +199,9 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
             sampled = time.perf_counter()
 
             # pi_ref log-probs (frozen start) only when a KL term or metric needs them; pi_old
-            # log-probs by a separate forward only with several updates per rollout or a KL
-            # penalty in the reward; otherwise pi_old == pi_theta and the ratio is exactly 1
-            # (nothing clips: expected).
+            # log-probs (and V_old) by a separate forward only with several updates per rollout,
+            # a KL penalty in the reward or a critic; otherwise pi_old == pi_theta and the ratio
+            # is exactly 1 (nothing clips: expected); pi_prev only for the two-layer KL.
             with torch.no_grad():
                 ref_logp = completion_logprobs(reference, roll, T)[0] if reference is not None else None
                 old_logp = old_values = None
@@ -216,22 +217,21 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
             # 2. Rewards from the verifier, shaped (overlong, length, KL in the reward,
             #    reward_norm); group-relative advantages, one per completion (then adv_clip).
             rewards, keep, overlong_penalty = overlong_fn(task_rewards, roll.lengths, roll.truncated,
-                                                          max_new, **params(cfg.overlong))
+                                                          max_new, **opts["overlong"])
             mask = roll.completion_mask * keep[:, None]   # [N, L] 1 up to and incl. EOS, if trained
             rewards, length_reward = length_fn(rewards, roll.lengths, group_index, task_rewards > 0,
-                                               max_new, **params(cfg.length))
+                                               max_new, **opts["length"])
             if kl_control.reward_beta > 0:
                 rewards = rewards - kl_control.reward_beta * kl_reward_penalty(old_logp, ref_logp, mask)
-            rewards = reward_norm_fn(rewards, **params(cfg.reward_norm))
-            advantages = advantage_fn(rewards, group_index, mask=mask, values=old_values, **params(cfg.adv))
-            advantages, adv_clipped_frac = adv_clip_fn(advantages, **params(cfg.adv_clip))
+            rewards = reward_norm_fn(rewards, **opts["reward_norm"])
+            advantages = advantage_fn(rewards, group_index, mask=mask, values=old_values, **opts["adv"])
+            advantages, adv_clipped_frac = adv_clip_fn(advantages, **opts["adv_clip"])
             token_advantages = advantages if advantages.dim() == 2 else advantages[:, None]
             if value_head is not None:  # the critic's targets: lambda-returns under V_old
                 returns = gae(token_rewards(rewards, mask), old_values, mask,
                               float(cfg.adv.gamma), float(cfg.adv.lam))[1]
             weights = token_weights(mask, cfg.loss_agg.name, max_len=max_new)  # loss = sum w * l
             rewarded = time.perf_counter()
-
 
             # 3. Policy update(s): clipped surrogate + beta * KL - c * entropy, aggregated,
             #    grad-norm clipped, AdamW. The entropy carries a gradient only when c > 0.
@@ -246,10 +246,10 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                 token_loss = pg_loss
                 if value_head is not None:
                     values = value_head(hidden[0]).squeeze(-1)
-                    value_loss = value_loss_fn(values, old_values, returns, **params(cfg.value_clip))
+                    value_loss = value_loss_fn(values, old_values, returns, **opts["value_clip"])
                     token_loss = token_loss + float(cfg.adv.value_coef) * value_loss
                 if ref_logp is not None:
-                    kl_token = kl_estimator(logp, ref_logp) * kl_weight_fn(mask, entropy, **params(cfg.kl_weight))
+                    kl_token = kl_estimator(logp, ref_logp) * kl_weight_fn(mask, entropy, **opts["kl_weight"])
                     token_loss = token_loss + kl_control.loss_beta * kl_token
                 if prev_logp is not None:
                     token_loss = token_loss + kl_control.beta_prev * kl_estimator(logp, prev_logp)
@@ -390,6 +390,7 @@ def sample_groups(policy, tokenizer, task, cfg: DictConfig, step: int, T: float,
     B, G = int(cfg.rollout.prompts_per_step), int(cfg.rollout.group_size)
     group_filter, max_rounds = GROUP_FILTERS[cfg.sampling.name], int(cfg.sampling.max_rounds)
     g_step, g_max = int(cfg.sampling.get("g_step") or 1), int(cfg.sampling.get("g_max") or G)
+    filter_params = params(cfg.sampling)
 
     def sample(problems, n):
         roll = generate(policy, [tokenizer(p.prompt).input_ids for p in problems], num_samples=n,
@@ -405,7 +406,7 @@ def sample_groups(policy, tokenizer, task, cfg: DictConfig, step: int, T: float,
         round_problems = task.train_batch(B, int(cfg.seed), step, sampling_round)
         roll, round_texts, round_scores = sample(round_problems, G)
         rounds += 1
-        kept = group_filter(round_scores.view(B, G), **params(cfg.sampling)).nonzero().squeeze(1)
+        kept = group_filter(round_scores.view(B, G), **filter_params).nonzero().squeeze(1)
         kept = kept[:B - len(problems)]                  # never more than B groups in total
         rows = (kept[:, None] * G + torch.arange(G)).reshape(-1)
         rolls.append(select_rows(roll, rows))
