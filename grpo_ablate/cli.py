@@ -15,7 +15,7 @@ from rich.console import Console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Ablation runner for GRPO training tricks.")
-console = Console()
+console = Console(soft_wrap=True)  # paths and overrides stay on one line
 err_console = Console(stderr=True)
 
 # Hydra flags that do not start a training run (or that start several)
@@ -57,6 +57,124 @@ def train(
             fail(str(err))
     code = entrypoint.run_hydra(args)
     raise typer.Exit(code)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def sweep(
+    ctx: typer.Context,
+    mode: Optional[str] = typer.Argument(
+        None, help="leave-one-out | add-one-in | ladder | factorial | file PATH"),
+    tricks_: Optional[str] = typer.Option(None, "--tricks", help="Named tricks, comma separated "
+                                          "(default for leave-one-out: the seed review's recommended set)."),
+    base: Optional[str] = typer.Option(None, "--base", help="Preset the tricks are added to (grpo, dapo, ...)."),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="3 = seeds 0,1,2; or a list: 0,5,9 (default 3)."),
+    launcher: Optional[str] = typer.Option(None, "--launcher",
+                                           help="basic | joblib | submitit_local | submitit_slurm | ray (default joblib)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", help="Runs at a time (default: one per core)."),
+    family: Optional[List[str]] = typer.Option(None, "--family", help="factorial over a config group's "
+                                               "options (adv) or a key's values (task.level, key=a,b); repeatable."),
+    max_runs: Optional[int] = typer.Option(None, "--max-runs", help="Refuse sweeps with more runs (default 64)."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Training steps of every run."),
+    name: Optional[str] = typer.Option(None, "--name", help="Sweep name (W&B group prefix, dir name)."),
+    out: Optional[Path] = typer.Option(None, "--dir", help="Sweep dir (default runs/sweeps/<name>-<time>)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the matrix, write nothing."),
+    resume_dir: Optional[Path] = typer.Option(None, "--resume", help="Continue this sweep dir."),
+) -> None:
+    """Run an ablation sweep: every variant x seed is one ordinary training run.
+
+    Extra arguments are Hydra overrides for every run (rollout.group_size=16, task.level=medium)
+    or for the launcher (hydra.launcher.partition=gpu).
+    """
+    from grpo_ablate.config import ConfigError
+    from grpo_ablate.launch import resume, start
+    from grpo_ablate.sweep import SweepError
+
+    args = list(ctx.args)
+    try:
+        if resume_dir is not None:
+            given = [opt for opt, value in (("MODE", mode), ("--tricks", tricks_), ("--base", base),
+                     ("--seeds", seeds), ("--family", family), ("--steps", steps), ("--name", name),
+                     ("--dir", out), ("--max-runs", max_runs)) if value]
+            train_args = [a for a in args if not a.startswith("hydra.")]
+            if given or train_args or dry_run:
+                fail(f"--resume continues a sweep exactly as it was planned; drop "
+                     f"{', '.join(given + train_args + (['--dry-run'] if dry_run else []))} "
+                     "(only --launcher, --jobs and hydra.* launcher settings may change)")
+            code = resume(resume_dir, launcher, jobs, [a for a in args if a.startswith("hydra.")], console)
+        else:
+            request = _sweep_request(mode, args, tricks_, base, seeds, launcher, jobs, family, max_runs,
+                                     steps, name, out)
+            code = start(request, console, dry_run=dry_run)
+    except (SweepError, ConfigError) as err:
+        fail(str(err))
+    raise typer.Exit(code)
+
+
+def _sweep_request(mode, args, tricks_, base, seeds, launcher, jobs, family, max_runs, steps, name, out):
+    from grpo_ablate.launch import (DEFAULT_BASE, DEFAULT_SEEDS, DEFAULT_TRICKS, SweepRequest, axis_values)
+    from grpo_ablate.sweep import DEFAULT_MAX_RUNS, MODES, SweepError
+
+    if mode is None:
+        fail(f"give a sweep mode: {', '.join(MODES)}, or file PATH (or --resume SWEEP_DIR)")
+    spec: dict = {}
+    if mode == "file":
+        if not args or "=" in args[0]:
+            fail("sweep file needs the path of a sweep definition: grpo-ablate sweep file sweeps/dapo-ladder.yaml")
+        path, args = Path(args[0]), args[1:]
+        spec = _load_sweep_file(path)
+        mode = spec.pop("mode")
+        spec.setdefault("name", path.stem)
+    elif mode not in MODES:
+        fail(f"sweep mode {mode!r} is not allowed; allowed: {', '.join(MODES)}, file")
+    trick_list = [t.strip() for t in tricks_.split(",") if t.strip()] if tricks_ else spec.get("tricks", [])
+    axes_specs = list(family or [])
+    axes = [axis_values(a) for a in axes_specs] if axes_specs else [
+        (key, list(values)) if values is not None else axis_values(key)
+        for key, values in (spec.get("families") or {}).items()]
+    if mode == "leave-one-out" and not trick_list and not spec:
+        trick_list, base = DEFAULT_TRICKS, base or DEFAULT_BASE
+    hydra_args = [a for a in args if a.startswith("hydra.")]
+    overrides = list(spec.get("overrides", [])) + [a for a in args if not a.startswith("hydra.")]
+    bad = [a for a in overrides if a.startswith("-")]
+    if bad:
+        raise SweepError(f"unknown option {bad[0]}; see grpo-ablate sweep --help")
+    return SweepRequest(
+        mode=mode, tricks=trick_list, base=base or spec.get("base"),
+        seeds=seeds or spec.get("seeds", DEFAULT_SEEDS), overrides=overrides, hydra_args=hydra_args,
+        launcher=launcher or spec.get("launcher", "joblib"), jobs=jobs,
+        max_runs=max_runs or spec.get("max_runs", DEFAULT_MAX_RUNS), axes=axes,
+        name=name or spec.get("name"), steps=steps or spec.get("steps"), sweep_dir=out)
+
+
+_SWEEP_FILE_KEYS = ("name", "mode", "base", "tricks", "seeds", "overrides", "steps", "families",
+                    "launcher", "max_runs", "description")
+
+
+def _load_sweep_file(path: Path) -> dict:
+    import yaml
+
+    from grpo_ablate.sweep import SweepError
+
+    if not path.exists():
+        raise SweepError(f"sweep file {path} does not exist (the shipped ones are in sweeps/)")
+    try:
+        spec = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise SweepError(f"sweep file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
+    if not isinstance(spec, dict):
+        raise SweepError(f"sweep file {path} must be a mapping of {', '.join(_SWEEP_FILE_KEYS)}")
+    unknown = sorted(set(spec) - set(_SWEEP_FILE_KEYS))
+    if unknown:
+        raise SweepError(f"sweep file {path}: unknown key {', '.join(unknown)}; allowed: {', '.join(_SWEEP_FILE_KEYS)}")
+    if "mode" not in spec:
+        raise SweepError(f"sweep file {path} has no mode; allowed: leave-one-out, add-one-in, ladder, factorial")
+    for key in ("tricks", "overrides"):
+        if not isinstance(spec.get(key, []), list):
+            raise SweepError(f"sweep file {path}: {key} must be a list")
+    if spec.get("families") is not None and not isinstance(spec["families"], dict):
+        raise SweepError(f"sweep file {path}: families must map a config group or key to its values (or null)")
+    spec.pop("description", None)
+    return spec
 
 
 @app.command()

@@ -32,7 +32,7 @@ CONFIG_MODULE = "grpo_ablate.conf"
 CONFIG_NAME = "config"
 
 # Keys that may differ between a run and its resumption without changing what it computes.
-RESUMABLE_KEYS = ("steps", "resume", "logger", "run", "threads")
+RESUMABLE_KEYS = ("steps", "resume", "logger", "run", "sweep", "threads")
 
 
 class ConfigError(ValueError):
@@ -97,6 +97,10 @@ def validate(cfg: DictConfig) -> None:
     _require(cfg.value_clip.name == "none" or ADV_ESTIMATORS[cfg.adv.name].uses_values,
              f"value_clip={cfg.value_clip.name} needs a critic, and adv={cfg.adv.name} has none: value "
              "clipping exists only with adv=gae (add +trick=critic_gae)")
+    _require(all(isinstance(cfg.reward[k], (int, float)) and not isinstance(cfg.reward[k], bool)
+                 for k in ("correct", "wrong")) and cfg.reward.correct > cfg.reward.wrong,
+             f"reward.correct={cfg.reward.correct!r}, reward.wrong={cfg.reward.wrong!r} are not allowed; "
+             "they must be numbers with correct > wrong")
     _positive("seed", cfg.seed, integer=True, allow_zero=True)
     _positive("steps", cfg.steps, integer=True)
     _positive("optim.lr", cfg.optim.lr)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import traceback
 from pathlib import Path
 
 import hydra
@@ -30,18 +31,25 @@ def hydra_train(cfg: DictConfig) -> int:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     overrides = list(HydraConfig.get().overrides.task)
     console = Console(soft_wrap=True)  # paths stay on one line, copy-pasteable
+    in_sweep = cfg.get("sweep", {}).get("id") is not None   # many runs: one line each, no progress
+    prefix = f"[{cfg.run.name}] " if in_sweep else ""
     try:
-        result = train(cfg, run_dir, overrides=overrides, console=console)
+        result = train(cfg, run_dir, overrides=overrides, console=None if in_sweep else console)
     except (ConfigError, ModelPathError) as err:
-        Console(stderr=True).print(f"error: {err}", markup=False, highlight=False, soft_wrap=True)
+        Console(stderr=True).print(f"{prefix}error: {err}", markup=False, highlight=False, soft_wrap=True)
         _remove_if_unused(run_dir)
         _last_exit_code = EXIT_BAD_INPUT
         return _last_exit_code
+    except Exception:
+        # the run dir keeps the whole story (status.json has the one-line reason)
+        (run_dir / "traceback.txt").write_text(traceback.format_exc())
+        raise
     if result.state == "completed" and result.base_accuracy is not None:
-        console.print(f"base eval accuracy {result.base_accuracy:.3f} -> final "
-                      f"{result.final_accuracy:.3f}  ({run_dir})")
+        console.print(f"{prefix}base eval accuracy {result.base_accuracy:.3f} -> final "
+                      f"{result.final_accuracy:.3f}  ({run_dir})", markup=False, highlight=False)
     else:
-        console.print(f"{result.state} at step {result.step}  ({run_dir})")
+        console.print(f"{prefix}{result.state} at step {result.step}  ({run_dir})", markup=False,
+                      highlight=False)
     _last_exit_code = result.exit_code
     return _last_exit_code
 

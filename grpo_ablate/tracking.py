@@ -130,7 +130,7 @@ class WandbSink:
         self.run = wandb.init(
             project=cfg.logger.project, entity=cfg.logger.entity, dir=str(run_dir), mode=mode,
             name=cfg.run.name or run_dir.name, group=cfg.run.group, job_type=cfg.run.job_type,
-            tags=list(cfg.run.tags), config=OmegaConf.to_container(cfg, resolve=True),
+            tags=list(cfg.run.tags), config=wandb_config(cfg),
             id=resume_id, resume="allow" if resume_id else None,
             settings=wandb.Settings(x_disable_stats=True, console="off", silent=True),
         )
@@ -144,6 +144,18 @@ class WandbSink:
         if self.run is not None:
             self.run.finish()
             self.run = None
+
+
+def wandb_config(cfg: DictConfig) -> dict:
+    """The run config for W&B. In a sweep, `tricks` becomes one true/false flag per trick of the
+    sweep (what W&B's grouping, parallel-coordinates and run-comparer panels filter on); the
+    named tricks' descriptions move to `trick_info`."""
+    config = OmegaConf.to_container(cfg, resolve=True)
+    sweep_tricks = list(cfg.get("sweep", {}).get("tricks") or [])
+    if sweep_tricks:
+        config["trick_info"] = config.pop("tricks", {})
+        config["tricks"] = {name: name in config["trick_info"] for name in sweep_tricks}
+    return config
 
 
 def _wandb_api_key() -> str | None:

@@ -186,6 +186,8 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
         for step in range(start_step + 1, int(cfg.steps) + 1):
             step_started = time.perf_counter()
             policy.train()
+            if step == cfg.debug.fail_at_step:   # fault injection (tests of sweep isolation)
+                raise RuntimeError(f"debug.fail_at_step={step}: injected failure")
 
             # 1. Rollout: B prompts x G completions at temperature T with the KV cache, scored
             #    by the verifier; the sampling family decides which groups make the batch.
@@ -216,7 +218,8 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
 
             # 2. Rewards from the verifier, shaped (overlong, length, KL in the reward,
             #    reward_norm); group-relative advantages, one per completion (then adv_clip).
-            rewards, keep, overlong_penalty = overlong_fn(task_rewards, roll.lengths, roll.truncated,
+            rewards = cfg.reward.wrong + (cfg.reward.correct - cfg.reward.wrong) * task_rewards  # the scale
+            rewards, keep, overlong_penalty = overlong_fn(rewards, roll.lengths, roll.truncated,
                                                           max_new, **opts["overlong"])
             mask = roll.completion_mask * keep[:, None]   # [N, L] 1 up to and incl. EOS, if trained
             rewards, length_reward = length_fn(rewards, roll.lengths, group_index, task_rewards > 0,
@@ -256,6 +259,8 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                 if entropy_coef > 0:
                     token_loss = token_loss - entropy_coef * entropy
                 loss = aggregate(token_loss, weights)
+                if step == cfg.debug.nan_loss_at_step:   # fault injection: a divergence
+                    loss = loss * float("nan")
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = torch.nn.utils.clip_grad_norm_(trained, cfg.optim.max_grad_norm)

@@ -66,6 +66,7 @@ def parse_answer(completion: str) -> int | None:
 
 class ArithmeticTask:
     chars = "0123456789+=,;"
+    CHOICES = {"level": tuple(LEVELS), "trace": (True, False)}   # what `sweep --family task.X` crosses
 
     def __init__(self, level: str = "easy", trace: bool = True, eval_size: int = 200,
                  operand_min: int | None = None, operand_max: int | None = None):

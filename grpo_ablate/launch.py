@@ -1,0 +1,423 @@
+"""`grpo-ablate sweep`: plan the runs, validate every one, launch them through Hydra, record.
+
+A sweep dir holds `manifest.json` (the matrix and every run's variant, seed, config hash,
+run dir and status; rewritten atomically) and one ordinary run dir per (variant, seed).
+Everything is checked before the dir is created, so bad input leaves nothing behind.
+The runs go through Hydra's launcher plugins via the thin sweeper in `hydra_plugins/`;
+`resume` re-launches only what is unfinished and never rewrites a finished run.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grpo_ablate.sweep import (DEFAULT_MAX_RUNS, SweepError, build_matrix, check_size, expand_jobs,
+                               parse_seeds)
+
+MANIFEST = "manifest.json"
+FINISHED = ("completed", "diverged")      # a divergence is a result, not a failure
+# --launcher -> (the Hydra launcher config, the plugin module that provides it, the extra)
+LAUNCHERS = {
+    "basic": ("basic", None, None),
+    "joblib": ("joblib", "hydra_plugins.hydra_joblib_launcher", "grpo-ablate"),
+    "submitit_local": ("submitit_local", "hydra_plugins.hydra_submitit_launcher", "grpo-ablate"),
+    "submitit_slurm": ("submitit_slurm", "hydra_plugins.hydra_submitit_launcher", "grpo-ablate"),
+    "ray": ("ray", "hydra_plugins.hydra_ray_launcher", "grpo-ablate[ray]"),
+}
+# What `grpo-ablate sweep leave-one-out` runs with no options: the seed review's recommended
+# tricks on vanilla GRPO, on the embedded default, three seeds, in under ten minutes on 2 cores.
+DEFAULT_TRICKS = ["kl_adaptive", "length_group", "entropy_adaptive", "learnable_temperature"]
+DEFAULT_BASE = "grpo"
+DEFAULT_SEEDS = "3"
+# keys a sweep sets itself; the user chooses them through the sweep's own options
+_RESERVED = {"seed": "--seeds", "trick": "--tricks", "+trick": "--tricks", "preset": "--base",
+             "resume": "--resume"}
+
+
+@dataclass
+class SweepRequest:
+    mode: str
+    tricks: list[str] = field(default_factory=list)
+    base: str | None = None
+    seeds: str | int | list = DEFAULT_SEEDS
+    overrides: list[str] = field(default_factory=list)    # train overrides common to every run
+    hydra_args: list[str] = field(default_factory=list)   # hydra.* overrides (launcher settings)
+    launcher: str = "joblib"
+    jobs: int | None = None
+    max_runs: int = DEFAULT_MAX_RUNS
+    axes: list[tuple[str, list]] = field(default_factory=list)
+    name: str | None = None
+    steps: int | None = None
+    sweep_dir: Path | None = None
+
+
+# ------------------------------------------------------------------------------ planning
+def plan(req: SweepRequest) -> dict:
+    """The manifest of a new sweep (statuses pending), fully validated; writes nothing."""
+    from grpo_ablate.catalogue import load_catalogue
+    from grpo_ablate.config import config_hash
+
+    families = {row["name"]: row["family"] for row in load_catalogue()}
+    options = {row["name"]: row["option"] for row in load_catalogue()}
+    _check_overrides(req.overrides)
+    matrix = build_matrix(req.mode, req.tricks, families, req.axes)
+    seeds = parse_seeds(req.seeds)
+    check_size(matrix, seeds, req.max_runs)
+    common = ([f"preset={req.base}"] if req.base else []) + list(req.overrides)
+    if req.steps is not None:
+        common.append(f"steps={req.steps}")
+    base_cfg = _compose(common, "the base")
+    for trick in req.tricks:   # dropping a trick the base already has would change nothing
+        family = families[trick]
+        if base_cfg[family].name == options[trick]:
+            raise SweepError(f"trick {trick} is already on in the base ({'preset=' + req.base if req.base else 'the defaults'} "
+                             f"sets {family}={options[trick]}), so switching it off would change nothing; "
+                             "remove it from --tricks or pick another --base")
+    sweep_id = time.strftime("%Y-%m-%d_%H-%M-%S")
+    name = req.name or req.mode
+    group = f"{name}-{sweep_id}"
+    labels = {"name": name, "id": sweep_id, "group": group, "tricks": list(req.tricks)}
+    runs = []
+    for job in expand_jobs(matrix, seeds, common, labels):
+        cfg = _compose(list(job.overrides), f"run {job.run_dir}")
+        runs.append({"variant": job.variant, "seed": job.seed, "run_dir": job.run_dir,
+                     "config_hash": config_hash(cfg), "status": "pending", "step": 0, "reason": None,
+                     "final_accuracy": None, "overrides": list(job.overrides)})
+    now = _now()
+    return {
+        "version": 1, "sweep_id": sweep_id, "name": name, "mode": matrix.mode, "base": req.base,
+        "tricks": list(req.tricks), "axes": {k: v for k, v in req.axes}, "seeds": seeds,
+        "overrides": common, "launcher": req.launcher, "wandb_group": group,
+        "created_at": now, "updated_at": now,
+        "variants": [v.to_json() for v in matrix.variants],
+        "contrasts": [c.to_json() for c in matrix.contrasts],
+        "runs": runs,
+    }
+
+
+def _check_overrides(overrides: list[str]) -> None:
+    for o in overrides:
+        key = o.split("=", 1)[0]
+        bare = key.lstrip("+~")
+        if key in _RESERVED or bare in _RESERVED:
+            raise SweepError(f"'{o}': a sweep sets {bare} itself; use {_RESERVED.get(key, _RESERVED.get(bare))}")
+        if bare.split(".")[0] in ("run", "sweep"):
+            raise SweepError(f"'{o}': run.* and sweep.* are the labels a sweep gives each run; "
+                             "name the sweep with --name")
+
+
+def _compose(overrides: list[str], what: str):
+    from grpo_ablate.config import ConfigError, compose, validate
+
+    try:
+        cfg = compose(overrides)
+        validate(cfg)
+    except ConfigError as err:
+        raise SweepError(f"{what}: {err}") from None
+    return cfg
+
+
+def axis_values(spec: str) -> tuple[str, list]:
+    """`--family adv` (every option of a config group), `--family task.level` (the values the
+    task allows) or `--family key=a,b` (those values)."""
+    from importlib import resources
+
+    key, _, values = spec.partition("=")
+    key = key.strip()
+    if values:
+        return key, [_typed(v.strip()) for v in values.split(",") if v.strip()]
+    group = resources.files("grpo_ablate.conf").joinpath(key)
+    if "." not in key and group.is_dir():
+        return key, sorted(p.name[:-5] for p in group.iterdir() if p.name.endswith(".yaml"))
+    from grpo_ablate.tasks import TASKS
+
+    if key.startswith("task."):
+        choices = getattr(TASKS[_compose([], "the defaults").task.name], "CHOICES", {})
+        if key[len("task."):] in choices:
+            return key, list(choices[key[len("task."):]])
+    raise SweepError(f"--family {key}: not a config group and no known values; give them: "
+                     f"--family {key}=a,b,c")
+
+
+def _typed(text: str):
+    """`0`, `-1`, `0.5`, `true` as numbers and booleans, anything else as text (YAML rules)."""
+    import yaml
+
+    value = yaml.safe_load(text)
+    return value if isinstance(value, (int, float, bool)) else text
+
+
+# ------------------------------------------------------------------------------ the sweep dir
+def read_manifest(sweep_dir: Path) -> dict:
+    path = Path(sweep_dir) / MANIFEST
+    if not path.exists():
+        raise SweepError(f"{sweep_dir} is not a sweep dir (no {MANIFEST} there)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise SweepError(f"{path} is not valid JSON ({err.msg} at line {err.lineno})") from None
+
+
+def write_manifest(sweep_dir: Path, manifest: dict) -> None:
+    from grpo_ablate.tracking import atomic_write_text
+
+    manifest["updated_at"] = _now()
+    atomic_write_text(Path(sweep_dir) / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+
+
+def refresh_statuses(sweep_dir: Path, manifest: dict, outcomes: dict | None = None) -> None:
+    """Each run's status from its run dir (the truth), or from how its job ended when the run
+    never got as far as writing one (e.g. a crash while loading)."""
+    from grpo_ablate.tracking import read_jsonl, read_status
+
+    for run in manifest["runs"]:
+        run_dir = Path(sweep_dir) / run["run_dir"]
+        status = read_status(run_dir) if run_dir.exists() else None
+        outcome = (outcomes or {}).get(run["run_dir"])
+        if status is not None:
+            run.update(status=status["state"], step=status["step"], reason=status.get("reason"))
+        if outcome is not None and (status is None or status["state"] not in FINISHED + ("failed",)):
+            # the job ended without the run recording an end of its own
+            run.update(status="failed", reason=outcome.get("error") or f"exit code {outcome.get('exit_code')}")
+        accuracies = [r["eval/accuracy"] for r in read_jsonl(run_dir / "metrics.jsonl")
+                      if r.get("eval/accuracy") is not None]
+        run["final_accuracy"] = accuracies[-1] if accuracies and run["status"] == "completed" else None
+
+
+# ------------------------------------------------------------------------------ launching
+def start(req: SweepRequest, console, dry_run: bool = False) -> int:
+    """Plan, (dry run: print) create the sweep dir, launch, summarise. Returns the exit code."""
+    _check_launcher(req.launcher, req.jobs)
+    manifest = plan(req)
+    if dry_run:
+        print_matrix(manifest, console)
+        return 0
+    sweep_dir = Path(req.sweep_dir) if req.sweep_dir else _new_sweep_dir(manifest)
+    if sweep_dir.exists() and any(sweep_dir.iterdir()):
+        raise SweepError(f"{sweep_dir} already exists and is not empty; continue it with "
+                         f"`grpo-ablate sweep --resume {sweep_dir}` or pick another --dir")
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    write_manifest(sweep_dir, manifest)
+    console.print(f"sweep {manifest['name']}: {len(manifest['variants'])} variants x "
+                  f"{len(manifest['seeds'])} seeds = {len(manifest['runs'])} runs -> {sweep_dir}",
+                  markup=False, highlight=False)
+    return _run(sweep_dir, manifest, manifest["runs"], req.launcher, req.jobs, req.hydra_args, console)
+
+
+def resume(sweep_dir: Path, launcher: str | None, jobs: int | None, hydra_args: list[str], console) -> int:
+    """Skip finished runs, continue killed ones from their checkpoints, rerun failed ones."""
+    from grpo_ablate.tracking import read_status
+
+    sweep_dir = Path(sweep_dir)
+    manifest = read_manifest(sweep_dir)
+    launcher = launcher or manifest.get("launcher", "joblib")
+    _check_launcher(launcher, jobs)
+    todo, changed = [], []
+    for run in manifest["runs"]:
+        run_dir = sweep_dir / run["run_dir"]
+        status = read_status(run_dir) if run_dir.exists() else None
+        if status is not None and status.get("config_hash") != run["config_hash"]:
+            changed.append(run["run_dir"])
+        elif status is not None and status["state"] in FINISHED:
+            continue                                   # a result: never rewritten
+        else:
+            todo.append(run)
+    if changed:
+        raise SweepError(f"{len(changed)} run(s) in {sweep_dir} hold a different config than the manifest "
+                         f"({', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''}); a sweep is only "
+                         "resumed with the config it was started with")
+    stale = [run["run_dir"] for run in todo if _config_hash(run["overrides"]) != run["config_hash"]]
+    if stale:
+        raise SweepError(f"the config of {', '.join(stale[:3])} composes differently now than when the sweep "
+                         "started (the code or conf/ changed); start a new sweep")
+    for run in todo:   # a failed run starts over; its dir is kept aside, never deleted
+        run_dir = sweep_dir / run["run_dir"]
+        status = read_status(run_dir) if run_dir.exists() else None
+        if status is not None and status["state"] == "failed":
+            aside = sweep_dir / ".failed" / f"{run['run_dir']}.{time.strftime('%Y%m%d-%H%M%S')}"
+            aside.parent.mkdir(exist_ok=True)
+            os.rename(run_dir, aside)
+            console.print(f"{run['run_dir']} had failed ({status.get('reason')}); rerunning it "
+                          f"(old run kept in {aside})", markup=False, highlight=False)
+    done = len(manifest["runs"]) - len(todo)
+    console.print(f"resuming {sweep_dir}: {done} of {len(manifest['runs'])} runs finished, "
+                  f"{len(todo)} to run", markup=False, highlight=False)
+    return _run(sweep_dir, manifest, todo, launcher, jobs, hydra_args, console, resume=True)
+
+
+def _config_hash(overrides: list[str]) -> str:
+    from grpo_ablate.config import config_hash
+
+    return config_hash(_compose(list(overrides), "a resumed run"))
+
+
+def _run(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, jobs: int | None,
+         hydra_args: list[str], console, resume: bool = False) -> int:
+    from grpo_ablate.tracking import atomic_write_text
+
+    if todo:
+        _warm_start(todo, console)
+        n_parallel = 1 if launcher == "basic" else max(1, min(jobs or _cpus(), len(todo)))
+        threads = max(1, _cpus() // n_parallel)   # parallel runs share the cores, never oversubscribe
+        launch_dir = sweep_dir / ".launch"
+        launch_dir.mkdir(exist_ok=True)
+        jobs_file, results_file = launch_dir / "jobs.json", launch_dir / "results.json"
+        job_list = [{"name": run["run_dir"],
+                     "overrides": _with_threads(run["overrides"], threads) + (["resume=true"] if resume else [])}
+                    for run in todo]
+        atomic_write_text(jobs_file, json.dumps(job_list, indent=2) + "\n")
+        results_file.unlink(missing_ok=True)
+        args = ["-m", "hydra/sweeper=grpo_ablate", f"hydra.sweeper.jobs_file={_quote(jobs_file)}",
+                f"hydra.sweeper.results_file={_quote(results_file)}",
+                f"hydra/launcher={LAUNCHERS[launcher][0]}", f"hydra.sweep.dir={_quote(sweep_dir)}",
+                "hydra/hydra_logging=disabled"]
+        if launcher == "basic":
+            args.append("hydra.sweeper.max_batch_size=1")     # record each run as it ends
+        elif launcher == "joblib":
+            args.append(f"hydra.launcher.n_jobs={n_parallel}")
+        elif launcher.startswith("submitit"):
+            args += [f"hydra.sweeper.max_batch_size={n_parallel}", f"hydra.launcher.cpus_per_task={threads}"]
+        manifest["launcher"] = launcher
+        for run in todo:
+            run["status"] = "launched"
+        write_manifest(sweep_dir, manifest)
+        console.print(f"launching {len(todo)} runs with the {launcher} launcher "
+                      f"({n_parallel} at a time, {threads} thread{'s' if threads > 1 else ''} each)",
+                      markup=False, highlight=False)
+        from hydra_plugins.grpo_ablate_sweeper.grpo_ablate_sweeper import register
+
+        from grpo_ablate import entrypoint
+
+        register()
+        entrypoint.run_hydra(args + list(hydra_args))
+        outcomes = json.loads(results_file.read_text()) if results_file.exists() else {}
+    else:
+        outcomes = {}
+    refresh_statuses(sweep_dir, manifest, outcomes)
+    write_manifest(sweep_dir, manifest)
+    print_summary(manifest, console, sweep_dir)
+    return 0 if all(run["status"] in FINISHED for run in manifest["runs"]) else 1
+
+
+def _with_threads(overrides: list[str], threads: int) -> list[str]:
+    """The launcher's thread share, unless the user fixed `threads=` for the sweep."""
+    if any(o.startswith("threads=") for o in overrides):
+        return list(overrides)
+    return list(overrides) + [f"threads={threads}"]
+
+
+def _warm_start(todo: list[dict], console) -> None:
+    """Build each distinct embedded model once, here, before parallel runs would race to."""
+    from grpo_ablate.models import ensure_warm_started
+    from grpo_ablate.tasks import build_task
+
+    seen = set()
+    for run in todo:
+        cfg = _compose(list(run["overrides"]), f"run {run['run_dir']}")
+        if cfg.model.get("path"):
+            continue
+        key = json.dumps([_container(cfg.model), _container(cfg.task)], sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            ensure_warm_started(cfg.model, build_task(cfg.task),
+                                log=lambda m: console.print(m, markup=False, highlight=False))
+
+
+def _container(node):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(node, resolve=True)
+
+
+def _check_launcher(launcher: str, jobs: int | None) -> None:
+    if launcher not in LAUNCHERS:
+        raise SweepError(f"--launcher {launcher} is not allowed; allowed: {', '.join(LAUNCHERS)}")
+    _, module, extra = LAUNCHERS[launcher]
+    if module and importlib.util.find_spec(module) is None:
+        raise SweepError(f"--launcher {launcher} needs its Hydra plugin: pip install '{extra}'")
+    if jobs is not None and jobs < 1:
+        raise SweepError(f"--jobs {jobs} is not allowed; it must be >= 1")
+    if jobs is not None and jobs > 1 and launcher == "basic":
+        raise SweepError("--jobs > 1 needs a parallel launcher (joblib, submitit_local, ...); "
+                         "basic runs one job at a time")
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _quote(path: Path) -> str:
+    """A path as a Hydra override value (quoted, so any character is allowed)."""
+    return "'" + str(Path(path).resolve()).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _new_sweep_dir(manifest: dict) -> Path:
+    path = Path("runs") / "sweeps" / manifest["wandb_group"]
+    suffix = 1
+    while path.exists():
+        suffix += 1
+        path = Path("runs") / "sweeps" / f"{manifest['wandb_group']}-{suffix}"
+    return path
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+# ------------------------------------------------------------------------------ output
+def print_matrix(manifest: dict, console) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=f"sweep {manifest['name']} ({manifest['mode']}): {len(manifest['variants'])} variants x "
+                        f"{len(manifest['seeds'])} seed{'s' if len(manifest['seeds']) > 1 else ''} ({', '.join(map(str, manifest['seeds']))}) = "
+                        f"{len(manifest['runs'])} runs; nothing written")
+    table.add_column("variant", no_wrap=True)   # names stay whole and copy-pasteable
+    table.add_column("tricks on", overflow="fold")
+    table.add_column("overrides", overflow="fold")
+    common = " ".join(manifest["overrides"])
+    for v in manifest["variants"]:
+        table.add_row(v["name"], ", ".join(v["tricks_on"]) or "-",   # Text: "[a,b]" is not markup
+                      Text(" ".join(filter(None, [common, *v["overrides"]])) or "(the defaults)"))
+    console.print(table)
+
+
+def print_summary(manifest: dict, console, sweep_dir: Path) -> None:
+    """Variant x seed -> status and final eval accuracy."""
+    from rich.table import Table
+
+    seeds = manifest["seeds"]
+    by_key = {(r["variant"], r["seed"]): r for r in manifest["runs"]}
+    table = Table(title=f"sweep {manifest['name']}: final eval accuracy by variant and seed")
+    table.add_column("variant", no_wrap=True)
+    for s in seeds:
+        table.add_column(f"seed {s}", justify="right")
+    for v in manifest["variants"]:
+        cells = []
+        for s in seeds:
+            run = by_key.get((v["name"], s))
+            if run is None:
+                cells.append("-")
+            elif run["status"] == "completed" and run["final_accuracy"] is not None:
+                cells.append(f"{run['final_accuracy']:.3f}")
+            elif run["status"] == "diverged":
+                cells.append(f"diverged@{run['step']}")
+            else:
+                cells.append(run["status"] + (f"@{run['step']}" if run["step"] else ""))
+        table.add_row(v["name"], *cells)
+    console.print(table)
+    counts = {}
+    for run in manifest["runs"]:
+        counts[run["status"]] = counts.get(run["status"], 0) + 1
+    console.print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + f"  ({sweep_dir})",
+                  markup=False, highlight=False)
+    for run in manifest["runs"]:
+        if run["status"] == "failed":
+            console.print(f"  {run['run_dir']} failed: {run['reason']}", markup=False, highlight=False)

@@ -1,0 +1,224 @@
+"""Sweeps: the ablation matrix (pure Python, unit-tested) and the sweep dir it runs in.
+
+`build_matrix` turns a mode and a list of named tricks into variants (which tricks are on,
+which overrides make them) and contrasts (which pair of variants measures each trick).
+`expand_jobs` crosses the variants with seeds into jobs: the exact `grpo-ablate train`
+overrides of every run, so any run can be re-run alone. Launching is `launch.py`'s job.
+
+Modes (the tables of the papers):
+    leave-one-out   all tricks on, then one run per trick with that trick dropped
+    add-one-in      the base alone, then one run per trick added alone
+    ladder          cumulative in the listed order (DAPO's table); a trick of a family already
+                    on replaces the earlier one
+    factorial       every on/off combination of the tricks, or (`axes`) every combination of
+                    the options of some config groups / values of some keys (Tricks or Traps)
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field
+
+MODES = ("leave-one-out", "add-one-in", "ladder", "factorial")
+DEFAULT_MAX_RUNS = 64   # a factorial larger than this needs --max-runs
+
+
+class SweepError(ValueError):
+    """Bad sweep input: the message is the one line the user sees."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    tricks_on: tuple[str, ...] = ()
+    overrides: tuple[str, ...] = ()     # what makes this variant: named tricks, family options
+    reference: str | None = None        # the variant its difference is measured against
+    kind: str = "treatment"             # treatment | control
+    axes: dict = field(default_factory=dict)   # factorial over families: key -> value
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "tricks_on": list(self.tricks_on), "overrides": list(self.overrides),
+                "reference": self.reference, "kind": self.kind, **({"axes": self.axes} if self.axes else {})}
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """The effect of `trick` = metric(variant `with_`) - metric(variant `without`)."""
+    trick: str
+    with_: str
+    without: str
+
+    def to_json(self) -> dict:
+        return {"trick": self.trick, "with": self.with_, "without": self.without}
+
+
+@dataclass
+class Matrix:
+    mode: str
+    variants: list[Variant]
+    contrasts: list[Contrast]
+
+
+@dataclass(frozen=True)
+class Job:
+    variant: str
+    seed: int
+    run_dir: str                 # relative to the sweep dir: "<variant>-s<seed>"
+    overrides: tuple[str, ...]   # the full `grpo-ablate train` overrides of this run
+
+
+# ------------------------------------------------------------------------------- matrix
+def trick_overrides(tricks) -> tuple[str, ...]:
+    """The override that switches named tricks on (none for the bare base)."""
+    return (f"+trick=[{','.join(tricks)}]",) if tricks else ()
+
+
+def _variant(name: str, tricks, reference: str | None) -> Variant:
+    return Variant(name, tuple(tricks), trick_overrides(tricks), reference)
+
+
+def check_known(tricks: list[str], families: dict[str, str]) -> None:
+    unknown = [t for t in tricks if t not in families]
+    if unknown:
+        raise SweepError(f"unknown trick{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                         f"allowed: {', '.join(sorted(families))} (see `grpo-ablate tricks`)")
+    duplicated = sorted({t for t in tricks if tricks.count(t) > 1})
+    if duplicated:
+        raise SweepError(f"trick {', '.join(duplicated)} is listed twice in --tricks")
+
+
+def check_exclusive(tricks: list[str], families: dict[str, str]) -> None:
+    """Tricks that set the same family are alternatives: one run cannot have both on."""
+    by_family: dict[str, list[str]] = {}
+    for t in tricks:
+        by_family.setdefault(families[t], []).append(t)
+    for family, names in by_family.items():
+        if len(names) > 1:
+            raise SweepError(f"tricks {' and '.join(names)} both set family '{family}', so they cannot be "
+                             f"on together in one run; keep one (compare the options of a family with "
+                             f"`sweep factorial --family {family}`)")
+
+
+def build_matrix(mode: str, tricks: list[str], families: dict[str, str],
+                 axes: list[tuple[str, list]] | None = None) -> Matrix:
+    """Variants and contrasts of a sweep. `families` maps every named trick to its family;
+    `axes` (factorial only) lists (config key or group, values) to cross instead of tricks."""
+    tricks = list(tricks)
+    if mode not in MODES:
+        raise SweepError(f"sweep mode {mode!r} is not allowed; allowed: {', '.join(MODES)}, file")
+    check_known(tricks, families)
+    if mode == "factorial" and axes:
+        if tricks:
+            raise SweepError("factorial takes either --tricks (on/off combinations) or --family "
+                             "(option combinations), not both")
+        return _family_factorial(axes)
+    if not tricks:
+        raise SweepError(f"sweep {mode} needs tricks: --tricks a,b,c (see `grpo-ablate tricks`)")
+    if mode == "leave-one-out":
+        check_exclusive(tricks, families)
+        variants = [_variant("all", tricks, None)]
+        variants += [_variant(f"drop-{t}", [u for u in tricks if u != t], "all") for t in tricks]
+        contrasts = [Contrast(t, "all", f"drop-{t}") for t in tricks]
+    elif mode == "add-one-in":   # each trick alone: alternatives of one family may both be listed
+        variants = [_variant("base", [], None)] + [_variant(f"add-{t}", [t], "base") for t in tricks]
+        contrasts = [Contrast(t, f"add-{t}", "base") for t in tricks]
+    elif mode == "ladder":
+        # cumulative; a rung whose trick sets a family an earlier rung set replaces it (DAPO's
+        # soft overlong punishment replaces overlong filtering in its table)
+        names = ["base"] + [f"rung{i}-{t}" for i, t in enumerate(tricks, 1)]
+        variants, on = [_variant("base", [], None)], []
+        for i, t in enumerate(tricks, 1):
+            on = [u for u in on if families[u] != families[t]] + [t]
+            variants.append(_variant(names[i], on, names[i - 1]))
+        contrasts = [Contrast(t, names[i], names[i - 1]) for i, t in enumerate(tricks, 1)]
+    else:  # factorial over on/off
+        check_exclusive(tricks, families)
+        variants = []
+        for on in itertools.product((False, True), repeat=len(tricks)):
+            chosen = [t for t, o in zip(tricks, on) if o]
+            variants.append(_variant("+".join(chosen) or "base", chosen, None if not chosen else "base"))
+        # each trick's simple effect at the base: the trick alone vs nothing
+        contrasts = [Contrast(t, t, "base") for t in tricks]
+    return Matrix(mode, variants, contrasts)
+
+
+def _family_factorial(axes: list[tuple[str, list]]) -> Matrix:
+    """Every combination of the axes' values; the first combination is the reference."""
+    keys = [key for key, _ in axes]
+    if len(set(keys)) != len(keys):
+        raise SweepError(f"--family {', '.join(k for k in keys if keys.count(k) > 1)} is given twice")
+    for key, values in axes:
+        if not values:
+            raise SweepError(f"--family {key} has no values to sweep")
+    variants = []
+    for combo in itertools.product(*(values for _, values in axes)):
+        parts = [_label(key, value) for key, value in zip(keys, combo)]
+        name = ".".join(parts)
+        overrides = tuple(f"{key}={_override_value(value)}" for key, value in zip(keys, combo))
+        variants.append(Variant(name, (), overrides, None if not variants else variants[0].name,
+                                axes=dict(zip(keys, combo))))
+    return Matrix("factorial", variants, [])
+
+
+def _label(key: str, value) -> str:
+    """A config group's option stands for itself (`grpo`); a key's value says whose it is."""
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    label = text if "." not in key else f"{key.rsplit('.', 1)[1]}{text if text.startswith('-') else '-' + text}"
+    return re.sub(r"[^A-Za-z0-9_.+-]", "_", label)
+
+
+def _override_value(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+# ------------------------------------------------------------------------------- seeds, jobs
+def parse_seeds(text: str | int | list) -> list[int]:
+    """`3` means seeds 0, 1, 2; `0,5,9` means those seeds."""
+    if isinstance(text, list):
+        items = [str(s) for s in text]
+    else:
+        text = str(text).strip()
+        items = text.split(",") if "," in text else None
+        if items is None:
+            if not text.isdigit() or int(text) < 1:
+                raise SweepError(f"--seeds {text!r} is not allowed; give a count >= 1 (3 means seeds "
+                                 "0,1,2) or a comma list of seeds (0,5,9)")
+            return list(range(int(text)))
+    seeds = []
+    for item in items:
+        item = item.strip()
+        if not item.isdigit():
+            raise SweepError(f"--seeds {','.join(items)!r} is not allowed; every seed must be an "
+                             "integer >= 0")
+        seeds.append(int(item))
+    if len(set(seeds)) != len(seeds):
+        raise SweepError(f"--seeds {','.join(items)} lists a seed twice")
+    return seeds
+
+
+def check_size(matrix: Matrix, seeds: list[int], max_runs: int) -> None:
+    runs = len(matrix.variants) * len(seeds)
+    if runs > max_runs:
+        raise SweepError(f"this {matrix.mode} sweep is {len(matrix.variants)} variants x {len(seeds)} "
+                         f"seeds = {runs} runs, above the limit of {max_runs}; raise it with "
+                         f"--max-runs {runs} or sweep fewer tricks")
+
+
+def expand_jobs(matrix: Matrix, seeds: list[int], common: list[str], labels: dict) -> list[Job]:
+    """Every (variant, seed) as a job, seed-major, so the first results cover every variant.
+
+    `labels`: sweep name, id, W&B group and the sweep's tricks; they go into each run's
+    config (`run.*`, `sweep.*`) so W&B groups and compares the runs with no manual setup.
+    """
+    jobs = []
+    for seed in seeds:
+        for v in matrix.variants:
+            name = f"{v.name}-s{seed}"
+            job_labels = [
+                f"run.name={name}", f"run.group={labels['group']}", f"run.job_type={v.name}",
+                f"run.tags=[{','.join(v.tricks_on)}]",
+                f"sweep.name={labels['name']}", f"sweep.id={labels['id']}", f"sweep.mode={matrix.mode}",
+                f"sweep.variant={v.name}", f"sweep.tricks=[{','.join(labels['tricks'])}]",
+            ]
+            jobs.append(Job(v.name, seed, name, (*common, *v.overrides, f"seed={seed}", *job_labels)))
+    return jobs
