@@ -618,7 +618,8 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
 def decide(with_runs: list[Run], without_runs: list[Run], delta: Estimate, higher_is_better: bool) -> tuple[str, str]:
     """The verdict on one trick and why. *breaks training*: at least half of the finished
     runs with it broke (diverged or a breaking health flag) and none without it did. Else
-    the CI of Δ decides; a CI that touches zero is *no evidence*, never a difference."""
+    the CI of Δ decides; a CI that touches zero is *no evidence*, never a difference, and a
+    zero-width CI (every seed gave the same Δ) decides nothing."""
     with_done = [r for r in with_runs if r.state in ("completed", "diverged")]
     without_done = [r for r in without_runs if r.state in ("completed", "diverged")]
     broke_with = [r for r in with_done if r.broken]
@@ -628,15 +629,25 @@ def decide(with_runs: list[Run], without_runs: list[Run], delta: Estimate, highe
                         for r in broke_with)
         return "breaks training", (f"{len(broke_with)} of {len(with_done)} runs with it broke ({how}); "
                                    f"0 of {len(without_done)} without it")
+    verdict, why = _decide_by_delta(delta, higher_is_better)
+    if broke_without or broke_with:  # the numbers are only part of the story then
+        why += (f" (runs that broke: {len(broke_with)} of {len(with_done)} with it, "
+                f"{len(broke_without)} of {len(without_done)} without)")
+    return verdict, why
+
+
+def _decide_by_delta(delta: Estimate, higher_is_better: bool) -> tuple[str, str]:
     if delta.mean is None:
-        side = "with" if not any(r.state == "completed" for r in with_runs) else "without"
-        return "no verdict", f"no completed runs {side} it"
+        return "no verdict", "no completed runs on one side to compare"
     if not delta.has_ci:
         if delta.n <= 1 and "Welch" not in delta.basis:
             return "no verdict", "one seed: only *breaks training* can be called"
         return "no verdict", f"too few completed runs for an interval ({delta.basis})"
     if delta.low <= 0.0 <= delta.high:
         return "no evidence", "the 95% CI of Δ spans zero"
+    if delta.low == delta.high:  # every seed gave the same Δ: a coarse metric, not certainty
+        return "no verdict", ("every seed gave the same nonzero Δ, so the interval has zero width and says "
+                              "nothing about noise (a coarse metric? more eval problems or seeds)")
     better = (delta.low > 0) == higher_is_better
     return ("helps" if better else "hurts"), "the 95% CI of Δ excludes zero"
 
@@ -842,6 +853,8 @@ def plot_figures(report: Report, out_dir: Path) -> list[tuple[str, str]]:
 
     figures = []
     colors = {v["name"]: plt.get_cmap("tab10")(i % 10) for i, v in enumerate(report.sweep.variants)}
+    # identical variants (a trick that changes nothing) would hide each other: vary the dashes
+    styles = {v["name"]: ("-", "--", ":", "-.")[i % 4] for i, v in enumerate(report.sweep.variants)}
     columns = [report.metric] + [c for c in CURVES if c != report.metric]
     for column in columns:
         fig, ax = plt.subplots(figsize=(7.5, 4.5))
@@ -858,7 +871,8 @@ def plot_figures(report: Report, out_dir: Path) -> list[tuple[str, str]]:
                 continue
             table = pd.DataFrame(series).sort_index()
             mean = table.mean(axis=1)
-            ax.plot(mean.index, mean.values, color=colors[v["name"]], label=f"{v['name']} (n={len(series)})", lw=1.6)
+            ax.plot(mean.index, mean.values, color=colors[v["name"]], ls=styles[v["name"]], lw=1.8,
+                    marker="o" if len(mean) <= 40 else None, ms=3, label=f"{v['name']} (n={len(series)})")
             if len(series) > 1:
                 ax.fill_between(table.index, table.min(axis=1), table.max(axis=1), color=colors[v["name"]],
                                 alpha=0.18, lw=0)
@@ -887,12 +901,12 @@ def plot_figures(report: Report, out_dir: Path) -> list[tuple[str, str]]:
         plt.close(fig)
         figures.append((label, name))
 
-    bars = [v for v in report.verdicts if v["delta"].mean is not None]
+    bars = report.verdicts  # a trick with no Δ (e.g. it breaks training) gets a labelled empty row
     if bars:
         counts = Counter(v["trick"] for v in bars)
         labels = [v["trick"] if counts[v["trick"]] == 1 else f"{v['trick']} ({v['with']} vs {v['without']})"
                   for v in bars]
-        means = np.array([v["delta"].mean for v in bars])
+        means = np.array([v["delta"].mean if v["delta"].mean is not None else 0.0 for v in bars])
         err = np.array([[v["delta"].mean - v["delta"].low, v["delta"].high - v["delta"].mean]
                         if v["delta"].has_ci else [0.0, 0.0] for v in bars]).T
         fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.45 * len(bars)))
@@ -900,7 +914,11 @@ def plot_figures(report: Report, out_dir: Path) -> list[tuple[str, str]]:
         ax.barh(y, means, xerr=err, capsize=4, color=[VERDICT_COLORS[v["verdict"]] for v in bars],
                 edgecolor="black", lw=0.5)
         ax.axvline(0.0, color="black", lw=0.8)
+        ax.margins(x=0.15)
         ax.set_yticks(y, [f"{l}: {v['verdict']}" for l, v in zip(labels, bars)], fontsize=8)
+        for i, v in enumerate(bars):
+            if v["delta"].mean is None:
+                ax.text(0, i, "  no Δ: no completed runs on one side", va="center", fontsize=8)
         ax.invert_yaxis()
         ax.set(xlabel=f"Δ {report.metric} (with − without)", title="Effect of each trick, 95% CI")
         ax.grid(axis="x", alpha=0.3)

@@ -173,6 +173,19 @@ def test_welch_when_seeds_differ(tmp_path):
     assert report.verdicts[0]["verdict"] == "no evidence"   # n=2 on one side: a wide interval
 
 
+def test_zero_spread_over_seeds_is_no_verdict(tmp_path):
+    # 16 eval problems: accuracy moves in steps of 1/16, and two seeds can agree exactly
+    variants = {"all": {"tricks": ["a", "b"], "reference": None, "final": {0: 0.5, 1: 0.5}},
+                "drop-a": {"tricks": ["b"], "reference": "all", "final": {0: 0.5625, 1: 0.5625}},
+                "drop-b": {"tricks": ["a"], "reference": "all", "final": {0: 0.5, 1: 0.5}}}
+    contrasts = [{"trick": t, "with": "all", "without": f"drop-{t}"} for t in "ab"]
+    report = rep.build_report(make_sweep(tmp_path / "s", variants, seeds=(0, 1), contrasts=contrasts))
+    verdicts = {v["trick"]: v for v in report.verdicts}
+    assert verdicts["a"]["delta"].low == verdicts["a"]["delta"].high == pytest.approx(-0.0625)
+    assert verdicts["a"]["verdict"] == "no verdict" and "zero width" in verdicts["a"]["why"]
+    assert verdicts["b"]["verdict"] == "no evidence"        # Δ = 0 exactly: the interval is {0}
+
+
 def test_breaks_training(tmp_path):
     # every run with x diverges at step 12; none without it does
     variants = {
