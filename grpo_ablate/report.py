@@ -311,7 +311,8 @@ def infer_contrasts(variants: list[dict], mode: str | None) -> list[dict]:
     """Without a manifest: a trick's contrast is any pair of variants whose tricks differ by
     exactly that trick. Sets each variant's reference: the one-more-trick partner for
     leave-one-out (drop-x vs all), the one-fewer-trick partner otherwise (add-one-in, ladder),
-    none where that is ambiguous (factorial)."""
+    none where that is ambiguous (factorial). With no mode recorded, a variant named `all`
+    means leave-one-out."""
     by_tricks = {frozenset(v["tricks_on"]): v["name"] for v in variants}
     contrasts = []
     for v in variants:
@@ -320,6 +321,8 @@ def infer_contrasts(variants: list[dict], mode: str | None) -> list[dict]:
             without = by_tricks.get(on - {trick})
             if without is not None:
                 contrasts.append({"trick": trick, "with": v["name"], "without": without})
+    if mode is None and "all" in {v["name"] for v in variants}:
+        mode = "leave-one-out"   # the sweep command's name for the all-on variant
     for v in variants:
         if mode == "leave-one-out":
             partners = [c["with"] for c in contrasts if c["without"] == v["name"]]
@@ -698,7 +701,8 @@ def variants_table(report: Report) -> str:
     for row in report.rows:
         name = row["variant"] + (" (control)" if row["kind"] == "control" else "")
         delta = "reference" if row["reference"] is None and any(r["reference"] == row["variant"] for r in report.rows) \
-            else ("—" if row["reference"] is None else f"{_estimate_cell(row['delta'], signed=True)} vs {row['reference']}")
+            else ("—" if row["reference"] is None or row["delta"].mean is None
+                  else f"{_estimate_cell(row['delta'], signed=True)} vs {row['reference']}")
         cells = [name, ", ".join(row["tricks_on"]) or "—", ",".join(map(str, row["seeds"])) or "—",
                  _status_cell(row), _estimate_cell(row["final"]), _estimate_cell(row["auc"]), delta,
                  _num(row["length"], 1), _num(row["truncated"], 2), _num(row["entropy"]), _num_g(row["kl"]),

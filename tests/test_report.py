@@ -345,6 +345,13 @@ def test_missing_manifest_groups_run_dirs(tmp_path):
     assert rows["drop-a"]["reference"] == "all"                 # leave-one-out: one trick more
     assert {v["trick"]: v["verdict"] for v in report.verdicts} == {"a": "helps", "b": "no evidence", "c": "hurts"}
     assert "manifest.json is missing" in rep.render_markdown(report)
+    # plain train runs carry no sweep node: the variant named `all` still says leave-one-out
+    for config in sweep.glob("*/config.yaml"):
+        data = yaml.safe_load(config.read_text())
+        del data["sweep"]
+        config.write_text(yaml.safe_dump(data))
+    rows = {r["variant"]: r for r in rep.build_report(sweep).rows}
+    assert rows["drop-b"]["reference"] == "all" and rows["all"]["reference"] is None
 
 
 def test_cli_missing_dir_and_bad_input(tmp_path):
