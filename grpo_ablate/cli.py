@@ -7,6 +7,7 @@ bad input is one line on stderr, exit code 2, and no directory left behind.
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -199,6 +200,56 @@ def tricks(fmt: str = typer.Option("table", "--format", help="table, json or md"
     console.print(table)
 
 
+@app.command()
+def report(
+    sweep_dir: Path = typer.Argument(..., help="A sweep dir (manifest.json + one run dir per variant and seed)."),
+    metric: str = typer.Option("eval/accuracy", "--metric", help="Metric to compare (eval/accuracy or eval_accuracy)."),
+    fmt: str = typer.Option("md", "--format", help="What to print: md, csv or json (all three are written)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Where report.md/.csv/.json and the PNGs go [SWEEP_DIR]."),
+    watch: Optional[float] = typer.Option(
+        None, "--watch", help="Refresh every SECONDS (30 when none given) until every run has finished."),
+    threshold: List[str] = typer.Option(
+        [], "--threshold", help="Health-flag threshold NAME=VALUE (repeatable); see README for names."),
+    lower_is_better: bool = typer.Option(False, "--lower-is-better", help="The metric is a cost (e.g. a length)."),
+    use_wandb: bool = typer.Option(False, "--wandb", help="Also log table and figures to a W&B summary run."),
+    wandb_report: bool = typer.Option(False, "--wandb-report", help="Also build a W&B Report (online only)."),
+) -> None:
+    """Which tricks matter: table, verdicts, health flags and PNG curves for a sweep dir."""
+    from grpo_ablate import report as rep
+
+    if fmt not in ("md", "csv", "json"):
+        fail(f"--format {fmt!r} is not allowed; allowed: md, csv, json")
+    if watch is not None and watch <= 0:
+        fail(f"--watch {watch}: the refresh interval must be > 0 seconds")
+    out_dir = out or sweep_dir
+    options = {"metric": metric, "higher_is_better": not lower_is_better}
+    try:
+        options["thresholds"] = rep.parse_thresholds(threshold)
+        if wandb_report:
+            rep.check_wandb_report()
+        if watch is not None:
+            try:
+                result = rep.watch(sweep_dir, watch, out_dir, fmt, **options)
+            except KeyboardInterrupt:
+                err_console.print("stopped watching (the files hold the last refresh)", highlight=False)
+                raise typer.Exit(0)
+        else:
+            result = rep.build_report(sweep_dir, **options)
+        paths = rep.write_report(result, out_dir, figures=True)
+        if watch is None:
+            print(rep.render_stdout(result, fmt))
+        err_console.print(f"wrote {out_dir}/report.md, report.csv, report.json and "
+                          f"{sum(p.suffix == '.png' for p in paths)} figures", markup=False, highlight=False)
+        if use_wandb:
+            err_console.print(rep.log_to_wandb(result, out_dir, paths), markup=False, highlight=False)
+        if wandb_report:
+            err_console.print(f"W&B Report: {rep.build_wandb_report(result)}", markup=False, highlight=False)
+    except rep.ReportError as err:
+        fail(str(err))
+    except OSError as err:
+        fail(f"cannot write the report to {out_dir}: {err}")
+
+
 def _resume_args(run_dir: Path) -> List[str]:
     """The run's own overrides, pointed back at its directory."""
     from omegaconf import OmegaConf
@@ -218,7 +269,24 @@ def _last_wins(args: List[str]) -> List[str]:
     return [a for i, a in enumerate(args) if last[key(a)] == i]
 
 
+def _optional_value(args: List[str], option: str, default: str) -> List[str]:
+    """`report DIR --watch` with no number: typer options cannot have an optional value, so
+    the default is put in before parsing."""
+    out = list(args)
+    for i, arg in enumerate(out):
+        if arg == option:
+            following = out[i + 1] if i + 1 < len(out) else None
+            try:
+                float(following)
+            except (TypeError, ValueError):
+                out.insert(i + 1, default)
+            break
+    return out
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "report":
+        sys.argv = _optional_value(sys.argv, "--watch", "30")
     app()
 
 
