@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from typer.testing import CliRunner
+
 from conftest import REPO, cli
 from grpo_ablate.sweep import (SweepError, build_matrix, check_size, expand_jobs, parse_seeds)
 
@@ -133,9 +135,21 @@ def test_jobs_are_seed_major_with_their_overrides_and_labels():
 
 
 # ------------------------------------------------------------------------------ the CLI's checks
+def cli_here(*args, cwd):
+    """The CLI in this process (the planning checks need no subprocess; real sweeps use one)."""
+    from grpo_ablate.cli import app
+
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        return CliRunner().invoke(app, list(args))
+    finally:
+        os.chdir(old)
+
+
 def test_dry_run_prints_the_matrix_and_writes_nothing(tmp_path, cache_dir):
-    r = cli("sweep", "leave-one-out", "--dry-run", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+    r = cli_here("sweep", "leave-one-out", "--dry-run", cwd=tmp_path)
+    assert r.exit_code == 0, r.output
     for variant in ("all", "drop-kl_adaptive", "drop-length_group", "drop-entropy_adaptive",
                     "drop-learnable_temperature"):
         assert variant in r.stdout
@@ -145,8 +159,8 @@ def test_dry_run_prints_the_matrix_and_writes_nothing(tmp_path, cache_dir):
 
 @pytest.mark.parametrize("path", sorted((REPO / "sweeps").glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_sweep_files_plan_cleanly(path, tmp_path, cache_dir):
-    r = cli("sweep", "file", str(path), "--dry-run", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+    r = cli_here("sweep", "file", str(path), "--dry-run", cwd=tmp_path)
+    assert r.exit_code == 0, r.output
     assert "variants x" in r.stdout and list(tmp_path.iterdir()) == []
 
 
@@ -159,15 +173,24 @@ def test_shipped_sweep_files_plan_cleanly(path, tmp_path, cache_dir):
     (["leave-one-out", "--tricks", "clip_higher", "adv=nope"], "adv=nope is not an option"),
     (["leave-one-out", "--tricks", "clip_higher", "--launcher", "nope"], "--launcher nope is not allowed"),
     (["factorial", "--family", "adv", "--family", "task.level", "--seeds", "4"], "84 runs, above the limit of 64"),
+    (["factorial", "--family", "task.nope"], "not a config group and no known values"),
     (["sideways"], "sweep mode 'sideways' is not allowed"),
     (["file", "missing.yaml"], "does not exist"),
     (["--resume", "nowhere"], "not a sweep dir"),
+    (["--resume", "nowhere", "--tricks", "a"], "drop --tricks"),
 ])
 def test_bad_input_is_one_line_and_leaves_nothing(args, message, tmp_path, cache_dir):
-    r = cli("sweep", *args, cwd=tmp_path)
-    assert r.returncode == 2, (r.stdout, r.stderr)
+    r = cli_here("sweep", *args, cwd=tmp_path)
+    assert r.exit_code == 2, r.output
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_input_from_the_command_line_has_no_traceback(tmp_path, cache_dir):
+    r = cli("sweep", "leave-one-out", "--tricks", "token_mean,dr_grpo_norm", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith("error: tricks token_mean and dr_grpo_norm")
     assert "Traceback" not in r.stderr and list(tmp_path.iterdir()) == []
 
 
@@ -208,6 +231,16 @@ def test_real_sweep_through_a_parallel_launcher(launcher, tmp_path, small):
         assert flags.encode() in record and m["wandb_group"].encode() in record
         assert f'"job_type":"{run["variant"]}"'.encode() in record
     assert "6 completed" in r.stdout
+    if launcher == "joblib":   # the report of a real sweep: markdown, csv, json and valid PNGs
+        r = cli("report", str(sweep_dir), "--format", "csv", cwd=tmp_path)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert r.stdout.splitlines()[0].startswith("variant,") and "drop-token_mean" in r.stdout
+        report = (sweep_dir / "report.md").read_text()
+        assert "## Verdicts per trick" in report and "**clip_higher**" in report
+        assert json.loads((sweep_dir / "report.json").read_text())
+        pngs = sorted(sweep_dir.glob("*.png"))
+        assert pngs and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 1000 for p in pngs)
+        assert all(f"]({p.name})" in report for p in pngs)
 
 
 def test_a_run_that_diverges_or_crashes_never_stops_the_others(tmp_path, small):
