@@ -78,6 +78,8 @@ def sweep(
     steps: Optional[int] = typer.Option(None, "--steps", help="Training steps of every run."),
     name: Optional[str] = typer.Option(None, "--name", help="Sweep name (W&B group prefix, dir name)."),
     out: Optional[Path] = typer.Option(None, "--dir", help="Sweep dir (default runs/sweeps/<name>-<time>)."),
+    controls: Optional[bool] = typer.Option(None, "--controls/--no-controls", help="Add the no-RL controls "
+                                            "(untrained base, supervised run); default: on for the embedded model."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the matrix, write nothing."),
     resume_dir: Optional[Path] = typer.Option(None, "--resume", help="Continue this sweep dir."),
 ) -> None:
@@ -95,7 +97,7 @@ def sweep(
         if resume_dir is not None:
             given = [opt for opt, value in (("MODE", mode), ("--tricks", tricks_), ("--base", base),
                      ("--seeds", seeds), ("--family", family), ("--steps", steps), ("--name", name),
-                     ("--dir", out), ("--max-runs", max_runs)) if value]
+                     ("--dir", out), ("--max-runs", max_runs), ("--controls", controls is not None)) if value]
             train_args = [a for a in args if not a.startswith("hydra.")]
             if given or train_args or dry_run:
                 fail(f"--resume continues a sweep exactly as it was planned; drop "
@@ -105,6 +107,7 @@ def sweep(
         else:
             request = _sweep_request(mode, args, tricks_, base, seeds, launcher, jobs, family, max_runs,
                                      steps, name, out)
+            request.controls = controls if controls is not None else request.controls
             code = start(request, console, dry_run=dry_run)
     except (SweepError, ConfigError) as err:
         fail(str(err))
@@ -144,11 +147,12 @@ def _sweep_request(mode, args, tricks_, base, seeds, launcher, jobs, family, max
         seeds=seeds or spec.get("seeds", DEFAULT_SEEDS), overrides=overrides, hydra_args=hydra_args,
         launcher=launcher or spec.get("launcher", "joblib"), jobs=jobs,
         max_runs=max_runs or spec.get("max_runs", DEFAULT_MAX_RUNS), axes=axes,
-        name=name or spec.get("name"), steps=steps or spec.get("steps"), sweep_dir=out)
+        name=name or spec.get("name"), steps=steps or spec.get("steps"), sweep_dir=out,
+        controls=spec.get("controls"))
 
 
 _SWEEP_FILE_KEYS = ("name", "mode", "base", "tricks", "seeds", "overrides", "steps", "families",
-                    "launcher", "max_runs", "description")
+                    "launcher", "max_runs", "controls", "description")
 
 
 def _load_sweep_file(path: Path) -> dict:

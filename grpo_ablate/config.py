@@ -101,6 +101,13 @@ def validate(cfg: DictConfig) -> None:
                  for k in ("correct", "wrong")) and cfg.reward.correct > cfg.reward.wrong,
              f"reward.correct={cfg.reward.correct!r}, reward.wrong={cfg.reward.wrong!r} are not allowed; "
              "they must be numbers with correct > wrong")
+    _one_of("control", cfg.control.name, ("none", "base", "sft"))
+    if cfg.control.name == "sft":
+        _one_of("control.budget", cfg.control.budget, ("tokens", "wall"))
+        if cfg.control.budget == "wall":
+            _require(cfg.control.wall_s is not None, "control.budget=wall needs control.wall_s (seconds of "
+                                                     "supervised training in all)")
+            _positive("control.wall_s", cfg.control.wall_s)
     _positive("seed", cfg.seed, integer=True, allow_zero=True)
     _positive("steps", cfg.steps, integer=True)
     _positive("optim.lr", cfg.optim.lr)

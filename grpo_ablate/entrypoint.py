@@ -25,6 +25,7 @@ def hydra_train(cfg: DictConfig) -> int:
     from rich.console import Console
 
     from grpo_ablate.config import ConfigError
+    from grpo_ablate.controls import run_control
     from grpo_ablate.models import ModelPathError
     from grpo_ablate.trainer import EXIT_BAD_INPUT, train
 
@@ -33,8 +34,9 @@ def hydra_train(cfg: DictConfig) -> int:
     console = Console(soft_wrap=True)  # paths stay on one line, copy-pasteable
     in_sweep = cfg.get("sweep", {}).get("id") is not None   # many runs: one line each, no progress
     prefix = f"[{cfg.run.name}] " if in_sweep else ""
+    run = train if cfg.control.name == "none" else run_control   # a no-RL control run
     try:
-        result = train(cfg, run_dir, overrides=overrides, console=None if in_sweep else console)
+        result = run(cfg, run_dir, overrides=overrides, console=None if in_sweep else console)
     except (ConfigError, ModelPathError) as err:
         Console(stderr=True).print(f"{prefix}error: {err}", markup=False, highlight=False, soft_wrap=True)
         _remove_if_unused(run_dir)

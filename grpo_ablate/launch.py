@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpo_ablate.sweep import (DEFAULT_MAX_RUNS, SweepError, build_matrix, check_size, expand_jobs,
-                               parse_seeds)
+from grpo_ablate.sweep import (CONTROLS, DEFAULT_MAX_RUNS, SweepError, add_controls, build_matrix,
+                               check_size, expand_jobs, parse_seeds)
 
 MANIFEST = "manifest.json"
 FINISHED = ("completed", "diverged")      # a divergence is a result, not a failure
@@ -35,7 +35,7 @@ DEFAULT_BASE = "grpo"
 DEFAULT_SEEDS = "3"
 # keys a sweep sets itself; the user chooses them through the sweep's own options
 _RESERVED = {"seed": "--seeds", "trick": "--tricks", "+trick": "--tricks", "preset": "--base",
-             "resume": "--resume"}
+             "resume": "--resume", "control": "--controls"}
 
 
 @dataclass
@@ -53,6 +53,7 @@ class SweepRequest:
     name: str | None = None
     steps: int | None = None
     sweep_dir: Path | None = None
+    controls: bool | None = None     # None: on for the embedded default, off for model.path models
 
 
 # ------------------------------------------------------------------------------ planning
@@ -66,11 +67,17 @@ def plan(req: SweepRequest) -> dict:
     _check_overrides(req.overrides)
     matrix = build_matrix(req.mode, req.tricks, families, req.axes)
     seeds = parse_seeds(req.seeds)
-    check_size(matrix, seeds, req.max_runs)
     common = ([f"preset={req.base}"] if req.base else []) + list(req.overrides)
     if req.steps is not None:
         common.append(f"steps={req.steps}")
     base_cfg = _compose(common, "the base")
+    # on by default for the embedded model; off for a model.path model (each control costs a
+    # run) and for --family sweeps, whose variants may differ in task or model (one control
+    # would not match them all)
+    controls = req.controls if req.controls is not None else not (base_cfg.model.get("path") or req.axes)
+    if controls:   # the supervised control only where the task has reference solutions
+        matrix = add_controls(matrix, ("base", "sft") if _has_solutions(base_cfg) else ("base",))
+    check_size(matrix, seeds, req.max_runs)
     for trick in req.tricks:   # dropping a trick the base already has would change nothing
         family = families[trick]
         if base_cfg[family].name == options[trick]:
@@ -95,8 +102,15 @@ def plan(req: SweepRequest) -> dict:
         "created_at": now, "updated_at": now,
         "variants": [v.to_json() for v in matrix.variants],
         "contrasts": [c.to_json() for c in matrix.contrasts],
+        "controls": {k: name for k, name in CONTROLS.items() if any(v.name == name for v in matrix.variants)},
         "runs": runs,
     }
+
+
+def _has_solutions(cfg) -> bool:
+    from grpo_ablate.tasks import build_task
+
+    return bool(getattr(build_task(cfg.task).train_batch(1, 0, 0)[0], "solution", None))
 
 
 def _check_overrides(overrides: list[str]) -> None:

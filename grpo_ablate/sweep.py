@@ -142,6 +142,15 @@ def build_matrix(mode: str, tricks: list[str], families: dict[str, str],
     return Matrix(mode, variants, contrasts)
 
 
+CONTROLS = {"base": "control-base", "sft": "control-sft"}   # control=<key> -> variant name
+
+
+def add_controls(matrix: Matrix, kinds=("base", "sft")) -> Matrix:
+    """The no-RL controls as two more variants: the untrained start and the supervised run."""
+    controls = [Variant(CONTROLS[k], (), (f"control={k}",), None, kind="control") for k in kinds]
+    return Matrix(matrix.mode, matrix.variants + controls, matrix.contrasts)
+
+
 def _family_factorial(axes: list[tuple[str, list]]) -> Matrix:
     """Every combination of the axes' values; the first combination is the reference."""
     keys = [key for key, _ in axes]

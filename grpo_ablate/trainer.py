@@ -94,7 +94,6 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
         return load_model_and_tokenizer(path, attn_implementation=attn)
 
     policy, tokenizer = load(checkpoint or model_path)
-    pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     kl_control = KL_CONTROLLERS[cfg.kl.name](**opts["kl"])
     kl_estimator = KL_ESTIMATORS[cfg.kl.estimator]
     kl_weight_fn = KL_WEIGHTS[cfg.kl_weight.name]
@@ -152,16 +151,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     eval_problems = task.eval_set()
 
     def evaluate() -> dict:
-        """Greedy decoding on the held-out split."""
-        policy.eval()
-        roll = generate(policy, [tokenizer(p.prompt).input_ids for p in eval_problems], num_samples=1,
-                        max_new_tokens=int(cfg.eval.max_new_tokens), temperature=0.0,
-                        eos_id=eos_id, pad_id=pad_id, lean=lean)
-        texts = decode_completions(tokenizer, roll)
-        correct = [task.reward(t, p) for t, p in zip(texts, eval_problems)]
-        return {"eval/accuracy": sum(correct) / len(correct),
-                "eval/length_mean": roll.lengths.mean().item(),
-                "eval/truncated_frac": roll.truncated.float().mean().item()}
+        return evaluate_policy(policy, tokenizer, task, eval_problems, int(cfg.eval.max_new_tokens), lean)
 
     run_started = time.perf_counter()
     result = RunResult("running", start_step, run_dir)
@@ -372,6 +362,19 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
         log.close()
 
 
+def evaluate_policy(policy, tokenizer, task, problems, max_new_tokens: int, lean: bool) -> dict:
+    """Greedy decoding on the held-out split (GRPO runs, control runs and tests share it)."""
+    policy.eval()
+    roll = generate(policy, [tokenizer(p.prompt).input_ids for p in problems], num_samples=1,
+                    max_new_tokens=max_new_tokens, temperature=0.0,
+                    eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, lean=lean)
+    texts = decode_completions(tokenizer, roll)
+    correct = [task.reward(t, p) for t, p in zip(texts, problems)]
+    return {"eval/accuracy": sum(correct) / len(correct),
+            "eval/length_mean": roll.lengths.mean().item(),
+            "eval/truncated_frac": roll.truncated.float().mean().item()}
+
+
 @dataclass
 class SampledGroups:
     roll: Rollout
@@ -459,7 +462,8 @@ class _progress:
             self.bar.start()
 
     def update(self, step: int, metrics: dict, say) -> None:
-        info = f"reward {metrics['reward/mean']:.3f}  len {metrics['length/mean']:.1f}"
+        info = (f"reward {metrics['reward/mean']:.3f}  len {metrics['length/mean']:.1f}" if "reward/mean" in metrics
+                else f"sft loss {metrics['loss']:.3f}")   # a supervised control run samples nothing
         if "eval/accuracy" in metrics:
             info += f"  eval acc {metrics['eval/accuracy']:.3f}"
             if self.bar is None:

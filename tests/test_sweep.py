@@ -153,7 +153,8 @@ def test_dry_run_prints_the_matrix_and_writes_nothing(tmp_path, cache_dir):
     for variant in ("all", "drop-kl_adaptive", "drop-length_group", "drop-entropy_adaptive",
                     "drop-learnable_temperature"):
         assert variant in r.stdout
-    assert "5 variants x 3 seeds" in r.stdout and "preset=grpo" in r.stdout
+    assert "7 variants x 3 seeds" in r.stdout and "preset=grpo" in r.stdout   # + the two controls
+    assert "control-base" in r.stdout and "control=sft" in r.stdout
     assert list(tmp_path.iterdir()) == []
 
 
@@ -210,7 +211,8 @@ def test_real_sweep_through_a_parallel_launcher(launcher, tmp_path, small):
     sweep_dir = tmp_path / "sweep"
     small = [o for o in small if o not in ("logger=none", "threads=1")]   # W&B on, launcher's threads
     r = cli("sweep", "leave-one-out", "--tricks", "clip_higher,token_mean", "--seeds", "2",
-            "--launcher", launcher, "--jobs", "2", "--dir", str(sweep_dir), *override(small, "steps=2"),
+            "--launcher", launcher, "--jobs", "2", "--dir", str(sweep_dir), "--no-controls",
+            *override(small, "steps=2"),
             cwd=tmp_path, env={"WANDB_MODE": None})   # mode auto: offline because no API key
     assert r.returncode == 0, r.stdout + r.stderr
     m = manifest(sweep_dir)
@@ -268,7 +270,7 @@ def test_a_run_that_diverges_or_crashes_never_stops_the_others(tmp_path, small):
 
 def test_killed_sweep_resumes_without_touching_finished_runs(tmp_path, small):
     """SIGKILL mid-run; resume: finished runs byte-identical, the killed run completes from its
-    checkpoint, the manifest lists every run once."""
+    checkpoint, the manifest lists every run once (the two no-RL controls included)."""
     sweep_dir = tmp_path / "sweep"
     args = ["sweep", "add-one-in", "--tricks", "clip_higher", "--seeds", "2", "--launcher", "basic",
             "--dir", str(sweep_dir), *override(small, "steps=10", "checkpoint_every=2", "eval.every=5")]
@@ -295,11 +297,13 @@ def test_killed_sweep_resumes_without_touching_finished_runs(tmp_path, small):
     finished = {n: run_files(sweep_dir / n) for n in done}
     r = cli("sweep", "--resume", str(sweep_dir), cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert f"{len(done)} of 4 runs finished" in r.stdout
+    assert f"{len(done)} of 8 runs finished" in r.stdout
     assert finished == {n: run_files(sweep_dir / n) for n in finished}
     m = manifest(sweep_dir)
     assert sorted(x["run_dir"] for x in m["runs"]) == ["add-clip_higher-s0", "add-clip_higher-s1",
-                                                       "base-s0", "base-s1"]
+                                                       "base-s0", "base-s1", "control-base-s0",
+                                                       "control-base-s1", "control-sft-s0", "control-sft-s1"]
+    assert m["controls"] == {"base": "control-base", "sft": "control-sft"}
     assert all(x["status"] == "completed" and x["step"] == 10 for x in m["runs"])
     steps = [row["step"] for row in map(json.loads, (sweep_dir / victim / "metrics.jsonl").read_text().splitlines())]
     assert steps == list(range(11))                       # resumed, no step twice, none missing

@@ -1,0 +1,98 @@
+"""The no-RL controls: ordinary runs that share a GRPO run's metric keys, whose eval numbers
+are those of a direct evaluation of their weights."""
+import json
+
+import pytest
+import torch
+
+from conftest import cli
+from grpo_ablate.config import compose
+from grpo_ablate.entrypoint import run_hydra
+from grpo_ablate.models import load_model_and_tokenizer
+from grpo_ablate.tasks import build_task
+from grpo_ablate.trainer import evaluate_policy
+
+
+def rows(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def direct_eval(path, small):
+    cfg = compose(small)
+    task = build_task(cfg.task)
+    model, tokenizer = load_model_and_tokenizer(path, attn_implementation="eager")
+    return evaluate_policy(model, tokenizer, task, task.eval_set(), int(cfg.eval.max_new_tokens),
+                           bool(cfg.rollout.lean_decoder))
+
+
+@pytest.fixture(scope="module")
+def three_runs(tmp_path_factory, cache_dir):
+    """One GRPO run and the two controls, same start, same schedule."""
+    from conftest import SMALL
+
+    small = list(SMALL) + [f"model.cache_dir={cache_dir}"]
+    root = tmp_path_factory.mktemp("controls")
+    for name, extra in (("grpo", []), ("base", ["control=base"]), ("sft", ["control=sft"])):
+        assert run_hydra([*small, *extra, f"hydra.run.dir={root / name}"]) == 0
+    return root, small
+
+
+def test_controls_write_the_metric_keys_a_grpo_run_has(three_runs):
+    root, _ = three_runs
+    grpo_keys = set().union(*map(set, rows(root / "grpo")))
+    for control in ("base", "sft"):
+        control_rows = rows(root / control)
+        assert [r["step"] for r in control_rows] == [0, 1, 2, 3, 4]
+        keys = set().union(*map(set, control_rows))
+        assert keys <= grpo_keys, keys - grpo_keys     # nothing of their own: reports line them up
+        assert {"eval/accuracy", "time/step_s", "perf/completion_tokens"} <= keys
+        assert json.loads((root / control / "status.json").read_text())["state"] == "completed"
+    assert {"reward/mean", "length/mean", "length/truncated_frac"} <= set(rows(root / "base")[1])
+    assert {"loss", "optim/grad_norm", "optim/lr"} <= set(rows(root / "sft")[1])
+
+
+def test_base_control_never_changes_the_policy(three_runs):
+    """Its eval is the warm start's, every time; its checkpoint holds the warm start's weights."""
+    root, small = three_runs
+    evals = [r["eval/accuracy"] for r in rows(root / "base") if "eval/accuracy" in r]
+    start = rows(root / "grpo")[0]
+    assert evals == [start["eval/accuracy"]] * 3
+    start_model = compose(small)
+    from grpo_ablate.models import ensure_warm_started
+
+    warm = load_model_and_tokenizer(ensure_warm_started(start_model.model, build_task(start_model.task)))[0]
+    kept = load_model_and_tokenizer(root / "base" / "checkpoint")[0]
+    for (name, a), b in zip(warm.state_dict().items(), kept.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_sft_control_eval_equals_a_direct_eval_of_its_checkpoint(three_runs):
+    root, small = three_runs
+    final = rows(root / "sft")[-1]
+    direct = direct_eval(root / "sft" / "checkpoint", small)
+    assert final["step"] == 4
+    for key in ("eval/accuracy", "eval/length_mean", "eval/truncated_frac"):
+        assert final[key] == pytest.approx(direct[key], abs=1e-9), key
+    # and it did train: its weights moved away from the start
+    kept = load_model_and_tokenizer(root / "sft" / "checkpoint")[0]
+    base = load_model_and_tokenizer(root / "base" / "checkpoint")[0]
+    assert any(not torch.equal(a, b) for a, b in zip(kept.parameters(), base.parameters()))
+
+
+def test_wall_clock_budget(tmp_path, small):
+    run_dir = tmp_path / "wall"
+    assert run_hydra([*small, "control=sft", "control.budget=wall", "control.wall_s=0.5",
+                      f"hydra.run.dir={run_dir}"]) == 0
+    data = rows(run_dir)[1:]
+    assert sum(r["perf/completion_tokens"] for r in data) > 0 and len(data) == 4
+
+
+@pytest.mark.parametrize("args, message", [
+    (["control=nope"], "control=nope is not an option of config group 'control'; allowed: base, none, sft"),
+    (["control=sft", "control.budget=wall"], "control.budget=wall needs control.wall_s"),
+    (["control=sft", "control.budget=hours"], "control.budget='hours' is not allowed; allowed: tokens, wall"),
+])
+def test_bad_control_input_is_one_line(args, message, tmp_path, cache_dir):
+    r = cli("train", *args, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith(f"error: {message}") and len(r.stderr.splitlines()) == 1, r.stderr
+    assert list(tmp_path.iterdir()) == []
