@@ -240,6 +240,11 @@ def resume(sweep_dir: Path, launcher: str | None, jobs: int | None, hydra_args: 
             continue                                   # a result: never rewritten
         else:
             todo.append(run)
+    alive = [run["run_dir"] for run in todo if _still_running(sweep_dir / run["run_dir"])]
+    if alive:
+        raise SweepError(f"{', '.join(alive[:3])}{', ...' if len(alive) > 3 else ''} is still being trained by "
+                         "a live process on this machine (an earlier launch of this sweep); wait for it "
+                         "or stop it before resuming")
     if changed:
         raise SweepError(f"{len(changed)} run(s) in {sweep_dir} hold a different config than the manifest "
                          f"({', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''}); a sweep is only "
@@ -261,6 +266,25 @@ def resume(sweep_dir: Path, launcher: str | None, jobs: int | None, hydra_args: 
     console.print(f"resuming {sweep_dir}: {done} of {len(manifest['runs'])} runs finished, "
                   f"{len(todo)} to run", markup=False, highlight=False)
     return _run(sweep_dir, manifest, todo, launcher, jobs, hydra_args, console, resume=True)
+
+
+def _still_running(run_dir: Path) -> bool:
+    """A run whose status says running and whose writer process is alive on this host (a
+    parallel worker can outlive a killed sweep process; two writers must never share a dir)."""
+    import socket
+
+    from grpo_ablate.tracking import read_status
+
+    status = read_status(run_dir) if run_dir.exists() else None
+    if not status or status["state"] != "running" or status.get("host") != socket.gethostname():
+        return False
+    try:
+        pid = int(status["pid"])
+        os.kill(pid, 0)
+        command = Path(f"/proc/{pid}/cmdline").read_bytes() if Path("/proc").exists() else b"python"
+    except (OSError, TypeError, KeyError, ValueError):
+        return False
+    return pid != os.getpid() and b"python" in command   # not a recycled pid of something else
 
 
 def _config_hash(overrides: list[str]) -> str:

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -97,6 +98,7 @@ class RunLog:
         data = {"state": state, "step": step, "reason": reason,
                 "wall_time_s": round(self.wall_before + time.time() - self.started, 2),
                 "config_hash": self.config_hash, "wandb_id": self.wandb.run_id,
+                "pid": os.getpid(), "host": socket.gethostname(),   # who writes this run (resume checks)
                 "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         atomic_write_text(self.run_dir / "status.json", json.dumps(data, indent=2) + "\n")
 

@@ -307,3 +307,27 @@ def test_killed_sweep_resumes_without_touching_finished_runs(tmp_path, small):
     assert all(x["status"] == "completed" and x["step"] == 10 for x in m["runs"])
     steps = [row["step"] for row in map(json.loads, (sweep_dir / victim / "metrics.jsonl").read_text().splitlines())]
     assert steps == list(range(11))                       # resumed, no step twice, none missing
+
+
+def test_a_run_still_written_by_a_live_process_is_never_resumed_twice(tmp_path):
+    """A parallel worker can outlive a killed sweep; resume must not start a second writer."""
+    import socket
+
+    from grpo_ablate.launch import _still_running
+
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        run_dir = tmp_path / "all-s0"
+        run_dir.mkdir()
+        status = {"state": "running", "step": 3, "pid": writer.pid, "host": socket.gethostname()}
+        (run_dir / "status.json").write_text(json.dumps(status))
+        assert _still_running(run_dir)
+        (run_dir / "status.json").write_text(json.dumps({**status, "host": "elsewhere"}))
+        assert not _still_running(run_dir)           # another host: cannot tell, trust the user
+        (run_dir / "status.json").write_text(json.dumps({**status, "state": "completed"}))
+        assert not _still_running(run_dir)
+    finally:
+        writer.kill()
+        writer.wait()
+    (run_dir / "status.json").write_text(json.dumps(status))
+    assert not _still_running(run_dir)               # its writer is gone: resumable
