@@ -736,7 +736,7 @@ def compare_with_control(delta: Estimate, control: dict, higher_is_better: bool)
     if (delta.low > 0) if higher_is_better else (delta.high < 0):
         return "beats", True, f"the 95% CI of Δ lies entirely {'above' if higher_is_better else 'below'} zero"
     if (delta.high < 0) if higher_is_better else (delta.low > 0):
-        return "not shown", False, "it is worse: the 95% CI of Δ lies entirely on the wrong side of zero"
+        return "not shown", False, f"it is worse: the 95% CI of Δ lies entirely {'below' if higher_is_better else 'above'} zero"
     return "not shown", False, "the 95% CI of Δ spans zero"
 
 
@@ -893,7 +893,7 @@ def control_lines(report: Report) -> list[str]:
                 parts.append(f"beats {label} ({numbers})")
             elif c["outcome"] == "not shown":
                 verb = "not shown to beat the untrained base" if c["role"] == "base" else "does not beat the SFT control"
-                parts.append(f"{verb} ({numbers + ': ' if numbers else ''}{c['why']})")
+                parts.append(f"{verb} ({numbers + '; ' if numbers else ''}{c['why']})")
                 rl_not_shown |= c["role"] == "sft"
             else:   # the control has nothing to compare with: no claim either way
                 parts.append(f"no comparison with {label} ({c['why']})")
