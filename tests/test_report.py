@@ -343,7 +343,7 @@ def test_against_the_controls_verdicts(tmp_path):
     assert "control" not in section(text, "Verdicts per trick")
 
     # a stronger SFT control and a better base: nothing beats SFT; drop-a is not above the base
-    strong = {"base": {"final": {0: 0.72, 1: 0.72, 2: 0.72}}, "sft": {"final": {0: 0.95, 1: 0.96, 2: 0.95}}}
+    strong = {"base": {"final": {0: 0.71, 1: 0.71, 2: 0.71}}, "sft": {"final": {0: 0.95, 1: 0.96, 2: 0.95}}}
     report = rep.build_report(make_sweep(tmp_path / "strong", LOO, contrasts=LOO_CONTRASTS, controls=strong))
     text = rep.render_markdown(report)
     assert text.splitlines()[2] == ("**No variant beats the SFT control (`control-sft`) on `eval/accuracy`: "
@@ -351,8 +351,11 @@ def test_against_the_controls_verdicts(tmp_path):
     lines = {line.split("**")[1]: line for line in section(text, "Against the controls").splitlines()
              if line.startswith("- **")}
     assert all("RL not shown to help here" in lines[v] for v in LOO)
-    assert "not shown to beat the untrained base" in lines["drop-a"]                 # Δ −0.02, +0.03, −0.01
-    assert "not shown to beat the untrained base" not in lines["all"]                # +0.08, +0.12, +0.10
+    # drop-a − base = −0.01, +0.04, 0.00: a positive mean, but the CI spans zero, so not shown
+    drop_a = against(report)["drop-a", "base"]
+    assert drop_a["delta"].mean > 0 and drop_a["delta"].low < 0 and drop_a["outcome"] == "not shown"
+    assert "not shown to beat the untrained base" in lines["drop-a"]
+    assert "not shown to beat the untrained base" not in lines["all"]                # +0.09, +0.13, +0.11
     # a cost metric flips the direction: below the control is better
     flipped = against(rep.build_report(tmp_path / "strong", higher_is_better=False))
     assert flipped["drop-a", "sft"]["outcome"] == "beats" and "below zero" in flipped["drop-a", "sft"]["why"]
