@@ -10,6 +10,8 @@ the mean over its *completed* runs with a 95% t-interval; a trick's effect is
 Δ = metric(with) − metric(without), paired by seed when both sides have the same seeds,
 otherwise Welch's interval. Diverged runs are not averaged in (their last value predates the
 blow-up); they are counted, flagged, drawn, and decide the *breaks training* verdict.
+Control runs (the untrained base, the SFT control) are rows and reference curves, and every
+variant's Δ against each is given the same way; they take part in no trick verdict.
 """
 from __future__ import annotations
 
