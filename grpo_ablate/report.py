@@ -10,6 +10,8 @@ the mean over its *completed* runs with a 95% t-interval; a trick's effect is
 Δ = metric(with) − metric(without), paired by seed when both sides have the same seeds,
 otherwise Welch's interval. Diverged runs are not averaged in (their last value predates the
 blow-up); they are counted, flagged, drawn, and decide the *breaks training* verdict.
+Control runs (the untrained base, the SFT control) are rows and reference curves, and every
+variant's Δ against each is given the same way; they take part in no trick verdict.
 """
 from __future__ import annotations
 
@@ -33,6 +35,12 @@ BREAKING_FLAGS = ("diverged", "entropy_collapse", "length_blowup", "repetition")
 CURVES = ("reward/mean", "length/mean", "policy/entropy", "kl")  # drawn after the chosen metric
 VERDICT_COLORS = {"helps": "tab:green", "hurts": "tab:red", "no evidence": "tab:gray",
                   "breaks training": "black", "no verdict": "lightgray"}
+# Control runs (issue 8): `base` is the starting policy never trained, `sft` the same budget
+# spent on supervised training. Each gets a "Δ vs" column when the sweep has it.
+CONTROL_ROLES = ("base", "sft")
+CONTROL_LABELS = {"base": "the untrained base", "sft": "the SFT control"}
+CONTROL_COLUMNS = {"base": "Δ vs base", "sft": "Δ vs SFT control"}
+CONTROL_STYLES = {"base": ("dimgray", "--"), "sft": ("black", "-.")}   # (colour, dashes) of its curve
 
 
 class ReportError(Exception):
@@ -110,12 +118,13 @@ class Sweep:
     mode: str | None = None
     base: str | None = None
     seeds: list = field(default_factory=list)
-    variants: list = field(default_factory=list)    # {name, tricks_on, reference, kind}
+    variants: list = field(default_factory=list)    # {name, tricks_on, reference, kind, control}
     contrasts: list = field(default_factory=list)   # {trick, with, without}
     runs: list = field(default_factory=list)
     wandb_group: str | None = None
     manifest_found: bool = True
     notes: list = field(default_factory=list)
+    controls: dict = field(default_factory=dict)    # role (base | sft) -> control variant name
 
 
 @dataclass
@@ -126,6 +135,12 @@ class Report:
     thresholds: HealthThresholds
     rows: list        # one dict per variant
     verdicts: list    # one dict per contrast
+    against_controls: list = field(default_factory=list)   # one dict per treatment and control
+
+    @property
+    def controls(self) -> dict:
+        """role -> control variant name, for the controls this sweep has."""
+        return self.sweep.controls
 
     @property
     def finished(self) -> bool:
@@ -260,7 +275,8 @@ def load_sweep(sweep_dir: Path, thresholds: HealthThresholds | None = None) -> S
     for v in manifest.get("variants") or []:
         if isinstance(v, dict) and v.get("name"):
             sweep.variants.append({"name": str(v["name"]), "tricks_on": list(v.get("tricks_on") or []),
-                                   "reference": v.get("reference"), "kind": v.get("kind") or "treatment"})
+                                   "reference": v.get("reference"), "kind": v.get("kind") or "treatment",
+                                   "overrides": [str(o) for o in v.get("overrides") or []]})
     sweep.contrasts = [c for c in manifest.get("contrasts") or []
                        if isinstance(c, dict) and {"trick", "with", "without"} <= c.keys()]
     entries = manifest.get("runs")
@@ -277,6 +293,7 @@ def load_sweep(sweep_dir: Path, thresholds: HealthThresholds | None = None) -> S
             sweep.variants.append({"name": variant, "tricks_on": [], "reference": None, "kind": "treatment"})
         run_dir = sweep_dir / str(entry.get("run_dir") or f"{variant}-s{seed}")
         sweep.runs.append(load_run(run_dir, variant, seed, thresholds))
+    identify_controls(sweep, manifest.get("controls"), by_name=False)
     return sweep
 
 
@@ -296,15 +313,78 @@ def _scan_sweep(sweep_dir: Path, thresholds: HealthThresholds) -> Sweep:
         sweep.runs.append(load_run(d, variant, seed, thresholds))
         tricks = config.get("tricks") if isinstance(config.get("tricks"), dict) else {}
         variants.setdefault(variant, {"name": variant, "tricks_on": sorted(tricks), "reference": None,
-                                      "kind": "control" if variant.startswith("control") else "treatment"})
+                                      "kind": "treatment"})
         sweep.name = str(_dig(config, "sweep", "name") or sweep.name)
         sweep.sweep_id = _dig(config, "sweep", "id") or sweep.sweep_id
         sweep.mode = _dig(config, "sweep", "mode") or sweep.mode
         sweep.wandb_group = _dig(config, "run", "group") or sweep.wandb_group
     sweep.variants = list(variants.values())
     sweep.seeds = sorted({r.seed for r in sweep.runs if r.seed is not None})
-    sweep.contrasts = infer_contrasts(sweep.variants, sweep.mode)
+    identify_controls(sweep, None, by_name=True)
+    # a control's tricks (none, or the base's) would pair it with a treatment as a "contrast"
+    sweep.contrasts = infer_contrasts([v for v in sweep.variants if v["kind"] != "control"], sweep.mode)
     return sweep
+
+
+def _control_role(variant: dict, runs: list[Run]) -> str | None:
+    """What a variant's runs say it controls for: config.yaml's `control.name` (none = a GRPO
+    run), else a `control=X` override in the manifest, else None."""
+    for r in runs:
+        name = _dig(r.config, "control", "name")
+        if name is not None:
+            return None if str(name).lower() in ("none", "null", "") else str(name)
+    for o in variant.get("overrides") or []:
+        key, _, value = o.lstrip("+~").partition("=")
+        if key == "control" and value and value.lower() != "none":
+            return value
+    return None
+
+
+def identify_controls(sweep: Sweep, declared, by_name: bool) -> None:
+    """Mark the control variants (kind `control`, with their role) and fill `sweep.controls`.
+    A variant is a control when the manifest says so (its `kind`, or the top-level `controls`
+    map), when its runs' config.yaml has `control.name` other than none, or, with `by_name`
+    (no manifest to go by), when it is named `control-*`. Controls are listed after the
+    treatments (base, then sft), lose any reference, and take part in no trick contrast."""
+    names = {v["name"] for v in sweep.variants}
+    declared_role = {}
+    if declared is not None and not isinstance(declared, dict):
+        sweep.notes.append("manifest.json `controls` is not an object: ignored")
+    for role, name in (declared or {}).items() if isinstance(declared, dict) else ():
+        if name is None:
+            continue
+        if str(name) not in names:
+            sweep.notes.append(f"manifest.json names {name!r} as the {role} control, but the sweep has no such variant")
+            continue
+        declared_role.setdefault(str(name), str(role))
+    for v in sweep.variants:
+        runs = [r for r in sweep.runs if r.variant == v["name"]]
+        config_role = _control_role(v, runs)
+        named = by_name and (v["name"] == "control" or v["name"].startswith("control-"))
+        if not (v["kind"] == "control" or v["name"] in declared_role or config_role or named):
+            continue
+        role = declared_role.get(v["name"]) or config_role
+        if role is None and v["name"].startswith("control-"):
+            role = v["name"][len("control-"):]
+        v.update(kind="control", control=role, reference=None)
+        if role in sweep.controls and sweep.controls[role] != v["name"]:
+            sweep.notes.append(f"two {role} controls ({sweep.controls[role]}, {v['name']}): "
+                               f"the Δ vs {role} column uses {sweep.controls[role]}")
+        elif role in CONTROL_ROLES:
+            sweep.controls[role] = v["name"]
+        else:
+            sweep.notes.append(f"control {v['name']}: role {role!r} is not one of {', '.join(CONTROL_ROLES)}; "
+                               "shown as a row, with no Δ column")
+    # the roles in their fixed order, so the columns and the rows come out the same every time
+    sweep.controls = {role: sweep.controls[role] for role in CONTROL_ROLES if role in sweep.controls}
+    order = {name: i for i, name in enumerate(sweep.controls.values())}
+    sweep.variants.sort(key=lambda v: (v["kind"] == "control", order.get(v["name"], len(order))))
+    controls = {v["name"] for v in sweep.variants if v["kind"] == "control"}
+    dropped = [c for c in sweep.contrasts if c["with"] in controls or c["without"] in controls]
+    if dropped:
+        sweep.notes.append("contrasts with a control left out of the trick verdicts: "
+                           + ", ".join(f"{c['trick']} ({c['with']} vs {c['without']})" for c in dropped))
+        sweep.contrasts = [c for c in sweep.contrasts if c not in dropped]
 
 
 def infer_contrasts(variants: list[dict], mode: str | None) -> list[dict]:
@@ -604,6 +684,24 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
             "wall_time_s": _mean([r.wall_time_s for r in done]),
             "flags": Counter(f.name for r in runs for f in r.flags),
         })
+        if v["kind"] == "control":
+            rows[-1]["control"] = v.get("control")
+            rows[-1]["budget"] = next((str(b) for r in runs if (b := _dig(r.config, "control", "budget"))), None)
+        # the controls' columns: only when the sweep has them, so a sweep without is unchanged
+        for role, control in sweep.controls.items():
+            rows[-1][f"delta_vs_{role}"] = None if control == v["name"] else delta_ci(finals[v["name"]], finals[control])
+
+    against = []
+    for v in sweep.variants:
+        if v["kind"] == "control":
+            continue
+        for role, control in sweep.controls.items():
+            delta = delta_ci(finals[v["name"]], finals[control])
+            outcome, beats, why = compare_with_control(delta, finals[control], higher_is_better)
+            against.append({"variant": v["name"], "control": control, "role": role, "delta": delta,
+                            "outcome": outcome, "beats": beats, "why": why})
+            row = next(r for r in rows if r["variant"] == v["name"])
+            row[f"beats_{role}"] = beats
 
     verdicts = []
     for c in sweep.contrasts:
@@ -615,7 +713,33 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
         verdict, why = decide(runs_of[c["with"]], runs_of[c["without"]], delta, higher_is_better)
         verdicts.append({**c, "verdict": verdict, "delta": delta,
                          "auc_delta": delta_ci(areas[c["with"]], areas[c["without"]]), "why": why})
-    return Report(sweep, metric, higher_is_better, thresholds, rows, verdicts)
+    return Report(sweep, metric, higher_is_better, thresholds, rows, verdicts, against)
+
+
+def compare_with_control(delta: Estimate, control: dict, higher_is_better: bool) -> tuple[str, bool | None, str]:
+    """Whether a variant beats a control (Δ = variant − control; `control` is the control's
+    final values keyed by seed): (outcome, beats, why).
+    outcome: *beats* only when the 95% CI of Δ lies entirely on the better side of zero;
+    *not shown* when it does not, or when no interval is possible (one seed, too few runs, no
+    completed run of the variant): it has not shown that it beats the control; *no comparison*
+    when the control itself has nothing to compare with (then no claim is made either way).
+    beats: True / False when an interval decided, None when none could."""
+    if not any(v is not None for v in control.values()):
+        return "no comparison", None, ("the control has no completed run" if not control
+                                       else "the control's runs did not log this metric")
+    if delta.mean is None:
+        return "not shown", None, "no completed run of this variant to compare"
+    if not delta.has_ci:
+        if delta.n <= 1 and "Welch" not in delta.basis:
+            return "not shown", None, "one seed: no comparison is possible beyond the point estimate"
+        return "not shown", None, f"too few completed runs for an interval ({delta.basis})"
+    if delta.low == delta.high and delta.low != 0.0:   # as in _decide_by_delta: a coarse metric, not certainty
+        return "not shown", False, "every seed gave the same Δ: a zero-width interval says nothing about noise"
+    if (delta.low > 0) if higher_is_better else (delta.high < 0):
+        return "beats", True, f"the 95% CI of Δ lies entirely {'above' if higher_is_better else 'below'} zero"
+    if (delta.high < 0) if higher_is_better else (delta.low > 0):
+        return "not shown", False, f"it is worse: the 95% CI of Δ lies entirely {'below' if higher_is_better else 'above'} zero"
+    return "not shown", False, "the 95% CI of Δ spans zero"
 
 
 def decide(with_runs: list[Run], without_runs: list[Run], delta: Estimate, higher_is_better: bool) -> tuple[str, str]:
@@ -696,6 +820,7 @@ def _status_cell(row: dict) -> str:
 def variants_table(report: Report) -> str:
     m = report.metric
     header = ["variant", "tricks on", "seeds", "status", f"final {m} (95% CI)", f"AUC {m}", "Δ vs reference",
+              *(CONTROL_COLUMNS[role] for role in report.controls),
               "length", "truncated", "entropy", "KL", "wall s", "flags"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in report.rows:
@@ -703,13 +828,24 @@ def variants_table(report: Report) -> str:
         delta = "reference" if row["reference"] is None and any(r["reference"] == row["variant"] for r in report.rows) \
             else ("—" if row["reference"] is None or row["delta"].mean is None
                   else f"{_estimate_cell(row['delta'], signed=True)} vs {row['reference']}")
-        cells = [name, ", ".join(row["tricks_on"]) or "—", ",".join(map(str, row["seeds"])) or "—",
-                 _status_cell(row), _estimate_cell(row["final"]), _estimate_cell(row["auc"]), delta,
+        versus = ["control" if control == row["variant"] else _estimate_cell(row[f"delta_vs_{role}"], signed=True)
+                  for role, control in report.controls.items()]
+        cells = [name, _tricks_cell(row), ",".join(map(str, row["seeds"])) or "—",
+                 _status_cell(row), _estimate_cell(row["final"]), _estimate_cell(row["auc"]), delta, *versus,
                  _num(row["length"], 1), _num(row["truncated"], 2), _num(row["entropy"]), _num_g(row["kl"]),
                  _num(row["wall_time_s"], 1),
                  ", ".join(f"{k}×{n}" for k, n in sorted(row["flags"].items())) or "—"]
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     return "\n".join(lines)
+
+
+def _tricks_cell(row: dict) -> str:
+    """A control has no tricks to list: say what it is instead."""
+    if row["kind"] != "control":
+        return ", ".join(row["tricks_on"]) or "—"
+    what = {"base": "no training", "sft": "supervised on reference solutions"}.get(row.get("control"),
+                                                                                 f"control {row.get('control')}")
+    return what + (f", {row['budget']} budget" if row.get("budget") and row.get("control") != "base" else "")
 
 
 def _num_g(value) -> str:
@@ -730,6 +866,62 @@ def verdict_lines(report: Report) -> list[str]:
             numbers += f", {d.basis}; "
         lines.append(f"- **{v['trick']}**: *{v['verdict']}* — {numbers}{v['why']}.")
     return lines
+
+
+def _delta_numbers(report: Report, d: Estimate) -> str:
+    if d.mean is None:
+        return ""
+    text = f"Δ = {_num(d.mean, signed=True)}"
+    if d.has_ci:
+        text += f", 95% CI [{_num(d.low, signed=True)}, {_num(d.high, signed=True)}], {d.basis}"
+    return text
+
+
+def control_lines(report: Report) -> list[str]:
+    """The "Against the controls" section: for every treatment, does it beat each control?
+    Not beating the SFT control is said plainly: RL is not shown to help here."""
+    direction = "above" if report.higher_is_better else "below"
+    lines = [f"Δ = variant − control on the final `{report.metric}`, paired by seed when both have the same "
+             f"seeds, else Welch. A variant *beats* a control only when the 95% CI of Δ lies entirely {direction} zero.", ""]
+    by_variant: dict[str, list] = {}
+    for c in report.against_controls:
+        by_variant.setdefault(c["variant"], []).append(c)
+    for variant, comparisons in by_variant.items():
+        parts, rl_not_shown = [], False
+        for c in comparisons:
+            label = CONTROL_LABELS[c["role"]]
+            numbers = _delta_numbers(report, c["delta"])
+            if c["outcome"] == "beats":
+                parts.append(f"beats {label} ({numbers})")
+            elif c["outcome"] == "not shown":
+                verb = "not shown to beat the untrained base" if c["role"] == "base" else "does not beat the SFT control"
+                parts.append(f"{verb} ({numbers + '; ' if numbers else ''}{c['why']})")
+                rl_not_shown |= c["role"] == "sft"
+            else:   # the control has nothing to compare with: no claim either way
+                parts.append(f"no comparison with {label} ({c['why']})")
+        line = f"- **{variant}**: " + "; ".join(parts)
+        lines.append(line + (" — **RL not shown to help here**." if rl_not_shown else "."))
+    base, sft = report.controls.get("base"), report.controls.get("sft")
+    if base and sft:   # is the supervised budget itself worth anything?
+        row = next(r for r in report.rows if r["variant"] == sft)
+        numbers = _delta_numbers(report, row["delta_vs_base"])
+        lines.append(f"- The SFT control itself vs the untrained base: {numbers or 'no Δ (no completed runs on a side)'}.")
+    if report.against_controls and all(c["delta"].n <= 1 and not c["delta"].has_ci for c in report.against_controls):
+        lines += ["", "With one seed per variant no comparison with the controls is possible beyond point estimates."]
+    return lines
+
+
+def controls_summary(report: Report) -> str | None:
+    """One line for the top of the report when no variant beats the SFT control."""
+    sft = report.controls.get("sft")
+    versus_sft = [c for c in report.against_controls if c["role"] == "sft"]
+    if not sft or not versus_sft or any(c["outcome"] == "beats" for c in versus_sft):
+        return None
+    if all(c["outcome"] == "no comparison" for c in versus_sft):
+        return None   # the control itself has nothing to compare with: "Against the controls" says why
+    one_seed = all(not c["delta"].has_ci for c in versus_sft)
+    return (f"**No variant beats the SFT control (`{sft}`) on `{report.metric}`: RL not shown to help here.**"
+            + (" (One seed: point estimates only, no comparison is possible.)" if one_seed else ""))
 
 
 def runs_table(report: Report) -> str:
@@ -754,13 +946,18 @@ def render_markdown(report: Report, figures: list[tuple[str, str]] | None = None
              f"seeds {', '.join(map(str, s.seeds))}" if s.seeds else None,
              f"{len(s.runs)} runs: " + ", ".join(f"{n} {k}" for k, n in states.most_common())]
     direction = "higher" if report.higher_is_better else "lower"
-    out = [title, "", "; ".join(f for f in facts if f) + ".", "",
+    summary = controls_summary(report) if report.controls else None
+    out = [title, "", *([summary, ""] if summary else []), "; ".join(f for f in facts if f) + ".", "",
            f"Metric: `{report.metric}` ({direction} is better). Final = the last value a run logged; "
            "a variant's numbers are means over its completed runs, ± the half-width of the 95% "
            "t-interval over seeds. AUC = the metric averaged over its curve (trapezoid / steps). "
            "Δ = variant − reference, paired by seed when both have the same seeds, else Welch. "
            "length, truncated, entropy, KL = last logged `length/mean`, `length/truncated_frac`, "
-           "`policy/entropy`, `kl/k3` (else `kl/k1`); wall s = status.json's wall time.", ""]
+           "`policy/entropy`, `kl/k3` (else `kl/k1`); wall s = status.json's wall time."
+           + (" Controls: " + ", ".join(f"`{name}` ({CONTROL_LABELS[role]})" for role, name in report.controls.items())
+              + "; " + " and ".join(f"{CONTROL_COLUMNS[role]} = variant − `{name}`"
+                                    for role, name in report.controls.items())
+              + ", the same way; controls take part in no trick verdict." if report.controls else ""), ""]
     if not s.manifest_found or any(r.notes for r in s.runs) or s.notes:
         out += ["**What is missing**", ""]
         out += [f"- {n}" for n in s.notes]
@@ -770,6 +967,8 @@ def render_markdown(report: Report, figures: list[tuple[str, str]] | None = None
     out += verdict_lines(report)
     if report.verdicts and all(v["delta"].n <= 1 for v in report.verdicts):
         out += ["", "With one seed per variant no verdict is possible beyond *breaks training*."]
+    if report.controls:
+        out += ["", "## Against the controls", ""] + control_lines(report)
     out += ["", "## Health flags", ""]
     flagged = [(r, f) for r in s.runs for f in r.flags]
     if flagged:
@@ -801,6 +1000,11 @@ def flat_rows(report: Report) -> pd.DataFrame:
             est = row[name] or Estimate()
             rec.update({f"{name}_mean": est.mean, f"{name}_ci_low": est.low, f"{name}_ci_high": est.high,
                         f"{name}_n": est.n})
+        for role in report.controls:   # columns only when the sweep has that control
+            est = row[f"delta_vs_{role}"] or Estimate()
+            rec.update({f"delta_vs_{role}": est.mean, f"delta_vs_{role}_ci_low": est.low,
+                        f"delta_vs_{role}_ci_high": est.high, f"delta_vs_{role}_n": est.n,
+                        f"beats_{role}": row.get(f"beats_{role}")})
         rec.update({k: row[k] for k in ("length", "truncated", "entropy", "kl", "wall_time_s")})
         rec["flags"] = ";".join(f"{k}:{n}" for k, n in sorted(row["flags"].items()))
         records.append(rec)
@@ -830,6 +1034,7 @@ def report_json(report: Report, figures: list[tuple[str, str]] | None = None) ->
         "metric": report.metric, "higher_is_better": report.higher_is_better,
         "thresholds": asdict(report.thresholds),
         "variants": report.rows, "verdicts": report.verdicts,
+        **({"controls": report.controls, "against_controls": report.against_controls} if report.controls else {}),
         "runs": [{"run_dir": r.name, "variant": r.variant, "seed": r.seed, "state": r.state, "step": r.step,
                   "reason": r.reason, "wall_time_s": r.wall_time_s, "final": final_value(r.metrics, report.metric),
                   "auc": curve_mean(r.metrics, report.metric), "flags": [asdict(f) for f in r.flags],
@@ -856,14 +1061,20 @@ def plot_figures(report: Report, out_dir: Path) -> list[tuple[str, str]]:
     from matplotlib.lines import Line2D
 
     figures = []
-    colors = {v["name"]: plt.get_cmap("tab10")(i % 10) for i, v in enumerate(report.sweep.variants)}
+    treatments = [v for v in report.sweep.variants if v["kind"] != "control"]
+    colors = {v["name"]: plt.get_cmap("tab10")(i % 10) for i, v in enumerate(treatments)}
     # identical variants (a trick that changes nothing) would hide each other: vary the dashes
-    styles = {v["name"]: ("-", "--", ":", "-.")[i % 4] for i, v in enumerate(report.sweep.variants)}
+    styles = {v["name"]: ("-", "--", ":", "-.")[i % 4] for i, v in enumerate(treatments)}
+    # controls are reference lines, not contenders: grey/black, dashed, thinner, drawn underneath
+    for v in report.sweep.variants:
+        if v["kind"] == "control":
+            colors[v["name"]], styles[v["name"]] = CONTROL_STYLES.get(v.get("control"), ("gray", ":"))
     columns = [report.metric] + [c for c in CURVES if c != report.metric]
     for column in columns:
         fig, ax = plt.subplots(figsize=(7.5, 4.5))
         drawn, flag_marks = False, False
         for v in report.sweep.variants:
+            control = v["kind"] == "control"
             series = {}
             for r in report.sweep.runs:
                 col = kl_column(r.metrics) if column == "kl" else column
@@ -875,11 +1086,16 @@ def plot_figures(report: Report, out_dir: Path) -> list[tuple[str, str]]:
                 continue
             table = pd.DataFrame(series).sort_index()
             mean = table.mean(axis=1)
-            ax.plot(mean.index, mean.values, color=colors[v["name"]], ls=styles[v["name"]], lw=1.8,
-                    marker="o" if len(mean) <= 40 else None, ms=3, label=f"{v['name']} (n={len(series)})")
+            if control:
+                label = f"control: {v.get('control') or v['name']} (n={len(series)})"
+                ax.plot(mean.index, mean.values, color=colors[v["name"]], ls=styles[v["name"]], lw=1.4,
+                        zorder=1.5, label=label)
+            else:
+                ax.plot(mean.index, mean.values, color=colors[v["name"]], ls=styles[v["name"]], lw=1.8,
+                        marker="o" if len(mean) <= 40 else None, ms=3, label=f"{v['name']} (n={len(series)})")
             if len(series) > 1:
                 ax.fill_between(table.index, table.min(axis=1), table.max(axis=1), color=colors[v["name"]],
-                                alpha=0.18, lw=0)
+                                alpha=0.08 if control else 0.18, lw=0, zorder=1 if control else None)
             for r in report.sweep.runs:
                 for f in r.flags if r.variant == v["name"] else []:
                     y = float(np.interp(f.step, mean.index.to_numpy(float), mean.to_numpy(float)))
@@ -1042,6 +1258,8 @@ def build_wandb_report(report: Report) -> str:
     doc = wr.Report(project=project, title=f"grpo-ablate: {report.sweep.name}"[:128],
                     description=f"Which tricks matter ({report.metric}); made by grpo-ablate report",
                     blocks=[wr.H1(text="Verdicts per trick"), wr.MarkdownBlock(text="\n".join(verdict_lines(report))),
+                            *([wr.H1(text="Against the controls"), wr.MarkdownBlock(text="\n".join(control_lines(report)))]
+                              if report.controls else []),
                             wr.H1(text="Variants"), wr.MarkdownBlock(text=variants_table(report)),
                             wr.PanelGrid(runsets=[runset], panels=panels)], **kwargs)
     doc.save()

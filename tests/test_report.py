@@ -44,8 +44,30 @@ def metric_rows(final=0.8, steps=STEPS, eval_every=10, diverge_at=None, **curves
     return rows
 
 
+def control_rows(role, final, seed, steps=STEPS, eval_every=10):
+    """metrics.jsonl rows of a control run, with the keys the control trainer writes.
+    base: the starting policy never trained, so its greedy eval/accuracy is `final` at every
+    eval, while its sampled reward/mean differs by seed. sft: eval/accuracy linear from 0.5
+    to `final`, like a GRPO run, with a supervised loss and no RL columns."""
+    acc = (lambda s: final) if role == "base" else (lambda s: 0.5 + (final - 0.5) * s / steps)
+    rows = [{"step": 0, "eval/accuracy": acc(0), "eval/length_mean": 12.0, "eval/truncated_frac": 0.0}]
+    for s in range(1, steps + 1):
+        if role == "base":
+            row = {"step": s, "reward/mean": 0.45 + 0.02 * seed + 0.01 * (s % 3), "reward/std": 0.4,
+                   "train/accuracy": 0.5, "length/mean": 12.0 + seed, "length/max": 20,
+                   "length/truncated_frac": 0.0}
+        else:
+            row = {"step": s, "loss": 1.0 / (1 + s), "optim/grad_norm": 0.5, "optim/lr": 1e-4,
+                   "perf/completion_tokens": 128}
+        row.update({"time/step_s": 0.1, "time/elapsed_s": 0.1 * s})
+        if s % eval_every == 0 or s == steps:
+            row.update({"eval/accuracy": acc(s), "eval/length_mean": 12.0, "eval/truncated_frac": 0.0})
+        rows.append(row)
+    return rows
+
+
 def write_run(run_dir, variant, seed, tricks=(), rows=None, state="completed", samples=None,
-              status=True, config=True, mode="leave-one-out"):
+              status=True, config=True, mode="leave-one-out", control=None):
     run_dir.mkdir(parents=True, exist_ok=True)
     rows = metric_rows() if rows is None else rows
     if rows:
@@ -64,34 +86,49 @@ def write_run(run_dir, variant, seed, tricks=(), rows=None, state="completed", s
                "run": {"name": f"{variant}-s{seed}", "group": "g-1", "job_type": variant},
                "logger": {"name": "wandb", "project": "grpo-ablate", "entity": None, "mode": "auto"},
                "sweep": {"name": "loo", "id": "1", "mode": mode, "variant": variant, "tricks": []}}
+        if control is not None:
+            cfg["control"] = {"name": control, "budget": "tokens"}
         (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
 
 
-def make_sweep(path, variants, seeds=(0, 1, 2), contrasts=None, manifest=True, mode="leave-one-out"):
+def make_sweep(path, variants, seeds=(0, 1, 2), contrasts=None, manifest=True, mode="leave-one-out",
+               controls=None):
     """variants: name -> {"tricks": [...], "reference": name|None, "final": {seed: acc},
-    optional "state": {seed: state}, "diverge_at": {seed: step}, "curves": {...}}."""
+    optional "state": {seed: state}, "diverge_at": {seed: step}, "curves": {...}}.
+    controls: role (base | sft) -> {"final": {seed: acc}}: adds the variants control-<role>
+    (kind control, runs written by `control_rows`) and the manifest's `controls` map."""
     path.mkdir(parents=True, exist_ok=True)
     runs = []
+    variants = dict(variants)
+    for role, c in (controls or {}).items():
+        variants[f"control-{role}"] = {"tricks": [], "reference": None, "final": c["final"], "kind": "control",
+                                       "control": role, "overrides": [f"control={role}"]}
     for name, v in variants.items():
         for seed in seeds:
             if seed not in v["final"] and seed not in v.get("state", {}):
                 continue
             state = v.get("state", {}).get(seed, "completed")
             diverge_at = v.get("diverge_at", {}).get(seed)
-            rows = metric_rows(v["final"].get(seed, 0.5), diverge_at=diverge_at, **v.get("curves", {}))
-            write_run(path / f"{name}-s{seed}", name, seed, v["tricks"], rows, state, mode=mode)
+            if v.get("control"):
+                rows = control_rows(v["control"], v["final"].get(seed, 0.5), seed)
+            else:
+                rows = metric_rows(v["final"].get(seed, 0.5), diverge_at=diverge_at, **v.get("curves", {}))
+            write_run(path / f"{name}-s{seed}", name, seed, v["tricks"], rows, state, mode=mode,
+                      control=v.get("control"))
             runs.append({"variant": name, "seed": seed, "run_dir": f"{name}-s{seed}", "config_hash": "ab12",
                          "status": "completed", "step": STEPS, "reason": None, "final_accuracy": None,
                          "overrides": []})
     if manifest:
+        extra = {"controls": {role: f"control-{role}" for role in controls}} if controls else {}
         (path / "manifest.json").write_text(json.dumps({
             "version": 1, "sweep_id": "2026-11-30_05-40-00", "name": "loo", "mode": mode, "base": "grpo",
             "tricks": sorted({t for v in variants.values() for t in v["tricks"]}), "seeds": list(seeds),
             "overrides": ["steps=40"], "launcher": "joblib", "wandb_group": "loo-2026-11-30_05-40-00",
             "created_at": "x", "updated_at": "x",
-            "variants": [{"name": n, "tricks_on": v["tricks"], "overrides": [], "reference": v.get("reference"),
+            "variants": [{"name": n, "tricks_on": v["tricks"], "overrides": v.get("overrides", []),
+                          "reference": v.get("reference"),
                           "kind": v.get("kind", "treatment")} for n, v in variants.items()],
-            "contrasts": contrasts or [], "runs": runs}))
+            "contrasts": contrasts or [], "runs": runs, **extra}))
     return path
 
 
@@ -226,6 +263,243 @@ def test_one_seed_gives_no_verdict_but_breaks_training(tmp_path):
         assert word not in verdict_section
     assert "one seed" in verdict_section
     assert "0.800 (n=1, no CI)" in text
+
+
+# --------------------------------------------------------------------------- controls (issue 8)
+# The LOO sweep above with both controls: the untrained base evaluates flat at 0.5 on every
+# seed (greedy eval of a fixed policy); the SFT control ends near `all`.
+SFT = {0: 0.83, 1: 0.85, 2: 0.81}
+CONTROLS = {"base": {"final": {0: 0.5, 1: 0.5, 2: 0.5}}, "sft": {"final": SFT}}
+
+
+def against(report):
+    return {(c["variant"], c["role"]): c for c in report.against_controls}
+
+
+def section(text, title):
+    return text.split(f"## {title}")[1].split("\n## ")[0]
+
+
+def test_control_rows_and_deltas(tmp_path):
+    report = rep.build_report(make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS, controls=CONTROLS))
+    rows = {r["variant"]: r for r in report.rows}
+    assert [r["variant"] for r in report.rows] == list(LOO) + ["control-base", "control-sft"]
+    assert report.controls == {"base": "control-base", "sft": "control-sft"}
+    assert rows["control-base"]["kind"] == rows["control-sft"]["kind"] == "control"
+    assert rows["control-base"]["final"].mean == 0.5 and rows["control-base"]["final"].low == 0.5   # flat
+    # Δ vs base: paired over seeds 0, 1, 2 (every treatment and the control have them)
+    for name, v in LOO.items():
+        diffs = [v["final"][s] - 0.5 for s in (0, 1, 2)]
+        d = rows[name]["delta_vs_base"]
+        assert (d.mean, d.low, d.high) == pytest.approx(hand_ci(diffs, T_975[2]), abs=1e-6) and "paired" in d.basis
+    # Δ vs SFT by hand: all − sft = −0.03, −0.01, +0.01 -> −0.01 ± 4.302653 × 0.02 / √3
+    d = rows["all"]["delta_vs_sft"]
+    assert (d.mean, d.low, d.high) == pytest.approx((-0.01, -0.01 - 4.302653 * 0.02 / math.sqrt(3),
+                                                     -0.01 + 4.302653 * 0.02 / math.sqrt(3)), abs=1e-6)
+    diffs = [LOO["drop-c"]["final"][s] - SFT[s] for s in (0, 1, 2)]                  # +0.07, +0.08, +0.10
+    assert (rows["drop-c"]["delta_vs_sft"].low, rows["drop-c"]["delta_vs_sft"].high) == \
+        pytest.approx(hand_ci(diffs, T_975[2])[1:], abs=1e-6)
+    # the SFT control against the base; a control against itself has no Δ
+    assert rows["control-sft"]["delta_vs_base"].mean == pytest.approx(0.33)
+    assert rows["control-base"]["delta_vs_base"] is None and rows["control-sft"]["delta_vs_sft"] is None
+    # the tricks' own verdicts and Δ vs reference are untouched; no control is in a contrast
+    assert {v["trick"]: v["verdict"] for v in report.verdicts} == {"a": "helps", "b": "no evidence", "c": "hurts"}
+    assert rows["drop-a"]["delta"].mean == pytest.approx(-0.10)
+    assert rows["control-sft"]["reference"] is None and rows["control-sft"]["delta"] is None
+
+    table = rep.variants_table(report)
+    header = table.splitlines()[0]
+    assert "| Δ vs reference | Δ vs base | Δ vs SFT control | length |" in header
+    lines = {line.split(" | ")[0][2:]: line for line in table.splitlines()[2:]}
+    assert set(lines) == set(LOO) | {"control-base (control)", "control-sft (control)"}
+    base_half = 4.302653 * 0.02 / math.sqrt(3)
+    assert f"| +0.320 ± {base_half:.3f} | -0.010 ± {base_half:.3f} |" in lines["all"]
+    assert "| no training |" in lines["control-base (control)"]
+    assert "| supervised on reference solutions, tokens budget |" in lines["control-sft (control)"]
+    assert "| control | " in lines["control-base (control)"] and "+0.330 ± " in lines["control-sft (control)"]
+
+
+def test_against_the_controls_verdicts(tmp_path):
+    report = rep.build_report(make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS, controls=CONTROLS))
+    vs = against(report)
+    assert {(v, r): c["outcome"] for (v, r), c in vs.items()} == {
+        ("all", "base"): "beats", ("all", "sft"): "not shown",             # CI spans zero
+        ("drop-a", "base"): "beats", ("drop-a", "sft"): "not shown",       # below the SFT control
+        ("drop-b", "base"): "beats", ("drop-b", "sft"): "not shown",
+        ("drop-c", "base"): "beats", ("drop-c", "sft"): "beats"}           # clearly above both
+    assert "worse" in vs["drop-a", "sft"]["why"] and "spans zero" in vs["all", "sft"]["why"]
+    assert not any(c["variant"].startswith("control") for c in report.against_controls)
+    text = rep.render_markdown(report)
+    lines = {line.split("**")[1]: line for line in section(text, "Against the controls").splitlines()
+             if line.startswith("- **")}
+    assert "does not beat the SFT control" in lines["drop-a"] and "RL not shown to help here" in lines["drop-a"]
+    assert "RL not shown to help here" in lines["all"]
+    assert "beats the untrained base" in lines["drop-c"] and "beats the SFT control" in lines["drop-c"]
+    assert "not shown" not in lines["drop-c"] and "does not beat" not in lines["drop-c"]
+    assert "The SFT control itself vs the untrained base: Δ = +0.330" in section(text, "Against the controls")
+    # drop-c beats the SFT control: no "no variant beats" line at the top
+    assert "No variant beats the SFT control" not in text
+    # controls sit in the Variants section, never in the trick verdicts
+    assert "control" not in section(text, "Verdicts per trick")
+
+    # a stronger SFT control and a better base: nothing beats SFT; drop-a is not above the base
+    strong = {"base": {"final": {0: 0.71, 1: 0.71, 2: 0.71}}, "sft": {"final": {0: 0.95, 1: 0.96, 2: 0.95}}}
+    report = rep.build_report(make_sweep(tmp_path / "strong", LOO, contrasts=LOO_CONTRASTS, controls=strong))
+    text = rep.render_markdown(report)
+    assert text.splitlines()[2] == ("**No variant beats the SFT control (`control-sft`) on `eval/accuracy`: "
+                                    "RL not shown to help here.**")
+    lines = {line.split("**")[1]: line for line in section(text, "Against the controls").splitlines()
+             if line.startswith("- **")}
+    assert all("RL not shown to help here" in lines[v] for v in LOO)
+    # drop-a − base = −0.01, +0.04, 0.00: a positive mean, but the CI spans zero, so not shown
+    drop_a = against(report)["drop-a", "base"]
+    assert drop_a["delta"].mean > 0 and drop_a["delta"].low < 0 and drop_a["outcome"] == "not shown"
+    assert "not shown to beat the untrained base" in lines["drop-a"]
+    assert "not shown to beat the untrained base" not in lines["all"]                # +0.09, +0.13, +0.11
+    # a cost metric flips the direction: below the control is better
+    flipped = against(rep.build_report(tmp_path / "strong", higher_is_better=False))
+    assert flipped["drop-a", "sft"]["outcome"] == "beats" and "below zero" in flipped["drop-a", "sft"]["why"]
+
+
+def test_controls_with_one_seed_give_point_estimates_only(tmp_path):
+    controls = {"base": {"final": {0: 0.5}}, "sft": {"final": {0: 0.6}}}
+    report = rep.build_report(make_sweep(tmp_path / "s", LOO, seeds=(0,), contrasts=LOO_CONTRASTS,
+                                         controls=controls))
+    assert all(c["beats"] is None and c["outcome"] == "not shown" for c in report.against_controls)
+    text = rep.render_markdown(report)
+    part = section(text, "Against the controls")
+    assert "one seed: no comparison is possible beyond the point estimate" in part
+    assert "Δ = +0.300" in part                                                        # drop-c − sft, 0.90 − 0.60
+    assert "With one seed per variant no comparison with the controls is possible beyond point estimates." in part
+    assert "RL not shown to help here.** (One seed: point estimates only" in text.splitlines()[2]
+    assert "0.300 (n=1, no CI)" in rep.variants_table(report)
+
+
+def test_missing_control_runs_make_no_claim(tmp_path):
+    # the SFT control is in the manifest but never ran: a column of dashes, no RL claim
+    sweep = make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS, controls=CONTROLS)
+    import shutil
+    for seed in (0, 1, 2):
+        shutil.rmtree(sweep / f"control-sft-s{seed}")
+    report = rep.build_report(sweep)
+    assert all(c["outcome"] == "no comparison" for c in report.against_controls if c["role"] == "sft")
+    text = rep.render_markdown(report)
+    assert "Δ vs SFT control" in text and "RL not shown" not in text and "No variant beats" not in text
+    assert "no comparison with the SFT control (the control has no completed run)" in text
+    # a metric the control does not log (an SFT run samples no reward) is said, not guessed
+    rows = {r["variant"]: r for r in rep.build_report(make_sweep(tmp_path / "r", LOO, controls=CONTROLS),
+                                                       metric="reward/mean").rows}
+    assert rows["all"]["delta_vs_sft"].mean is None and rows["all"]["delta_vs_base"].mean is not None
+
+
+def test_sweep_without_controls_has_no_control_columns(tmp_path):
+    out = tmp_path / "out"
+    report = rep.build_report(make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS))
+    rep.write_report(report, out, figures=False)
+    md = (out / "report.md").read_text()
+    for absent in ("Δ vs base", "Δ vs SFT", "Against the controls", "RL not shown", "Controls:"):
+        assert absent not in md
+    assert not [c for c in pd.read_csv(out / "report.csv").columns if "vs_" in c or "beats" in c]
+    data = json.loads((out / "report.json").read_text())
+    assert "controls" not in data and "against_controls" not in data
+    assert not any("delta_vs_base" in v for v in data["variants"])
+
+
+def test_controls_recognised_without_manifest(tmp_path):
+    # add-one-in: the base and control-base both have no tricks; the control must not pose as
+    # the base in the contrast of x (dirs are read in name order: control-base comes after base)
+    variants = {"base": {"tricks": [], "reference": None, "final": {0: 0.60, 1: 0.64, 2: 0.62}},
+                "+x": {"tricks": ["x"], "reference": "base", "final": {0: 0.75, 1: 0.80, 2: 0.78}}}
+    sweep = make_sweep(tmp_path / "s", variants, mode="add-one-in", manifest=False, controls=CONTROLS)
+    report = rep.build_report(sweep)
+    rows = {r["variant"]: r for r in report.rows}
+    assert [r["variant"] for r in report.rows] == ["+x", "base", "control-base", "control-sft"]
+    assert report.controls == {"base": "control-base", "sft": "control-sft"}
+    assert [(v["trick"], v["with"], v["without"]) for v in report.verdicts] == [("x", "+x", "base")]
+    assert rows["+x"]["reference"] == "base" and rows["control-base"]["reference"] is None
+    assert rows["+x"]["delta_vs_base"].mean == pytest.approx(np.mean([0.75, 0.80, 0.78]) - 0.5)
+
+    # by name alone (config.yaml without a control node, as an older trainer writes it)
+    for config in sweep.glob("*/config.yaml"):
+        data = yaml.safe_load(config.read_text())
+        data.pop("control", None)
+        config.write_text(yaml.safe_dump(data))
+    report = rep.build_report(sweep)
+    assert report.controls == {"base": "control-base", "sft": "control-sft"}
+    assert [(v["trick"], v["with"], v["without"]) for v in report.verdicts] == [("x", "+x", "base")]
+
+    # by config.yaml alone: control.name says sft, whatever the variant is called
+    for config in sweep.glob("control-sft-s*/config.yaml"):
+        data = yaml.safe_load(config.read_text())
+        data["control"] = {"name": "sft", "budget": "wall"}
+        data["sweep"]["variant"] = "supervised"
+        config.write_text(yaml.safe_dump(data))
+    report = rep.build_report(sweep)
+    assert report.controls == {"base": "control-base", "sft": "supervised"}
+    assert {r["variant"]: r for r in report.rows}["supervised"]["budget"] == "wall"
+
+
+def test_malformed_controls_in_manifest_are_notes(tmp_path):
+    sweep = make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS, controls={"base": CONTROLS["base"]})
+    manifest = json.loads((sweep / "manifest.json").read_text())
+    manifest["controls"] = {"base": "control-base", "sft": "control-nope"}
+    manifest["contrasts"].append({"trick": "q", "with": "all", "without": "control-base"})
+    (sweep / "manifest.json").write_text(json.dumps(manifest))
+    report = rep.build_report(sweep)
+    text = rep.render_markdown(report)
+    assert "names 'control-nope' as the sft control, but the sweep has no such variant" in text
+    assert "contrasts with a control left out of the trick verdicts: q (all vs control-base)" in text
+    assert "Δ vs base" in text and "Δ vs SFT control" not in text
+    manifest["controls"] = ["control-base"]
+    (sweep / "manifest.json").write_text(json.dumps(manifest))
+    report = rep.build_report(sweep)   # still a control by its kind
+    assert report.controls == {"base": "control-base"}
+    assert "`controls` is not an object" in rep.render_markdown(report)
+
+
+def test_controls_drawn_as_reference_lines(tmp_path, monkeypatch):
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    legends = {}
+    save = Figure.savefig
+
+    def recording_savefig(fig, path, *args, **kwargs):   # what each PNG's legend says
+        legend = fig.axes[0].get_legend()
+        legends[os.path.basename(str(path))] = [t.get_text() for t in legend.get_texts()] if legend else []
+        return save(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", recording_savefig)
+    report = rep.build_report(make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS, controls=CONTROLS))
+    out = tmp_path / "out"
+    rep.write_report(report, out)
+    assert legends["curve_eval_accuracy.png"][-2:] == ["control: base (n=3)", "control: sft (n=3)"]
+    # the base samples every step (reward, length); the SFT control has no RL curves
+    assert "control: base (n=3)" in legends["curve_reward_mean.png"]
+    assert "control: base (n=3)" in legends["curve_length_mean.png"]
+    assert not [t for t in legends["curve_reward_mean.png"] if "sft" in t]
+    assert not [t for t in legends["curve_policy_entropy.png"] if "control" in t]
+    assert not [t for t in legends["delta.png"] if "control" in t]
+    import matplotlib.image
+    for png in sorted(out.glob("*.png")):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        image = matplotlib.image.imread(png)
+        assert image.shape[0] > 100 and image.shape[1] > 100 and image.std() > 0
+    # csv and json carry the new columns with the same numbers
+    csv = pd.read_csv(out / "report.csv").set_index("variant")
+    for column in ("delta_vs_base", "delta_vs_base_ci_low", "delta_vs_base_ci_high", "delta_vs_base_n",
+                   "beats_base", "delta_vs_sft", "delta_vs_sft_ci_low", "delta_vs_sft_ci_high", "beats_sft"):
+        assert column in csv.columns
+    assert csv.loc["all", "delta_vs_sft"] == pytest.approx(-0.01)
+    assert csv.loc["all", "delta_vs_sft_ci_high"] == pytest.approx(-0.01 + 4.302653 * 0.02 / math.sqrt(3), abs=1e-6)
+    assert csv.loc["drop-c", "beats_sft"] and not csv.loc["drop-a", "beats_sft"]
+    assert csv.loc["control-base", "kind"] == "control" and pd.isna(csv.loc["control-base", "delta_vs_base"])
+    data = json.loads((out / "report.json").read_text())
+    assert data["controls"] == {"base": "control-base", "sft": "control-sft"}
+    variant = {v["variant"]: v for v in data["variants"]}["drop-a"]
+    assert variant["delta_vs_sft"]["mean"] == pytest.approx(np.mean([-0.13, -0.10, -0.10]))
+    assert {(c["variant"], c["role"]): c["outcome"] for c in data["against_controls"]}["drop-a", "sft"] == "not shown"
 
 
 # --------------------------------------------------------------------------- health flags
