@@ -307,6 +307,9 @@ def test_killed_sweep_resumes_without_touching_finished_runs(tmp_path, small):
     assert all(x["status"] == "completed" and x["step"] == 10 for x in m["runs"])
     steps = [row["step"] for row in map(json.loads, (sweep_dir / victim / "metrics.jsonl").read_text().splitlines())]
     assert steps == list(range(11))                       # resumed, no step twice, none missing
+    r = cli("report", str(sweep_dir), cwd=tmp_path)       # the controls are rows with their own Δ columns
+    report = (sweep_dir / "report.md").read_text()
+    assert r.returncode == 0 and "| control-sft (control) |" in report and "Δ vs SFT control" in report
 
 
 def test_a_run_still_written_by_a_live_process_is_never_resumed_twice(tmp_path):
