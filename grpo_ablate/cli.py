@@ -80,6 +80,9 @@ def sweep(
     out: Optional[Path] = typer.Option(None, "--dir", help="Sweep dir (default runs/sweeps/<name>-<time>)."),
     controls: Optional[bool] = typer.Option(None, "--controls/--no-controls", help="Add the no-RL controls "
                                             "(untrained base, supervised run); default: on for the embedded model."),
+    control_budget: Optional[str] = typer.Option(None, "--control-budget", help="The SFT control's budget: "
+                                                 "tokens (B x G solutions a step) or wall (the treatments' median "
+                                                 "training time; runs after them). Default tokens."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the matrix, write nothing."),
     resume_dir: Optional[Path] = typer.Option(None, "--resume", help="Continue this sweep dir."),
 ) -> None:
@@ -97,7 +100,8 @@ def sweep(
         if resume_dir is not None:
             given = [opt for opt, value in (("MODE", mode), ("--tricks", tricks_), ("--base", base),
                      ("--seeds", seeds), ("--family", family), ("--steps", steps), ("--name", name),
-                     ("--dir", out), ("--max-runs", max_runs), ("--controls", controls is not None)) if value]
+                     ("--dir", out), ("--max-runs", max_runs), ("--controls", controls is not None),
+                     ("--control-budget", control_budget)) if value]
             train_args = [a for a in args if not a.startswith("hydra.")]
             if given or train_args or dry_run:
                 fail(f"--resume continues a sweep exactly as it was planned; drop "
@@ -108,6 +112,10 @@ def sweep(
             request = _sweep_request(mode, args, tricks_, base, seeds, launcher, jobs, family, max_runs,
                                      steps, name, out)
             request.controls = controls if controls is not None else request.controls
+            if control_budget is not None:
+                if control_budget not in ("tokens", "wall"):
+                    fail(f"--control-budget {control_budget} is not allowed; allowed: tokens, wall")
+                request.control_budget = control_budget
             code = start(request, console, dry_run=dry_run)
     except (SweepError, ConfigError) as err:
         fail(str(err))

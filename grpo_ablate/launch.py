@@ -54,6 +54,7 @@ class SweepRequest:
     steps: int | None = None
     sweep_dir: Path | None = None
     controls: bool | None = None     # None: on for the embedded default, off for model.path models
+    control_budget: str = "tokens"   # the SFT control's budget: tokens | wall (the treatments' time)
 
 
 # ------------------------------------------------------------------------------ planning
@@ -76,7 +77,8 @@ def plan(req: SweepRequest) -> dict:
     # would not match them all)
     controls = req.controls if req.controls is not None else not (base_cfg.model.get("path") or req.axes)
     if controls:   # the supervised control only where the task has reference solutions
-        matrix = add_controls(matrix, ("base", "sft") if _has_solutions(base_cfg) else ("base",))
+        matrix = add_controls(matrix, ("base", "sft") if _has_solutions(base_cfg) else ("base",),
+                              sft_budget=req.control_budget)
     check_size(matrix, seeds, req.max_runs)
     for trick in req.tricks:   # dropping a trick the base already has would change nothing
         family = families[trick]
@@ -90,10 +92,14 @@ def plan(req: SweepRequest) -> dict:
     labels = {"name": name, "id": sweep_id, "group": group, "tricks": list(req.tricks)}
     runs = []
     for job in expand_jobs(matrix, seeds, common, labels):
-        cfg = _compose(list(job.overrides), f"run {job.run_dir}")
+        # a wall-clock SFT control learns its budget from the treatments' runs: checked here with
+        # a stand-in, hashed once the budget is known (launch._run)
+        deferred = "control.budget=wall" in job.overrides
+        cfg = _compose(list(job.overrides) + (["control.wall_s=1"] if deferred else []), f"run {job.run_dir}")
         runs.append({"variant": job.variant, "seed": job.seed, "run_dir": job.run_dir,
-                     "config_hash": config_hash(cfg), "status": "pending", "step": 0, "reason": None,
-                     "final_accuracy": None, "overrides": list(job.overrides)})
+                     "config_hash": None if deferred else config_hash(cfg), "status": "pending", "step": 0,
+                     "reason": None, "final_accuracy": None, "overrides": list(job.overrides),
+                     **({"deferred": "control.wall_s"} if deferred else {})})
     now = _now()
     return {
         "version": 1, "sweep_id": sweep_id, "name": name, "mode": matrix.mode, "base": req.base,
@@ -249,7 +255,8 @@ def resume(sweep_dir: Path, launcher: str | None, jobs: int | None, hydra_args: 
         raise SweepError(f"{len(changed)} run(s) in {sweep_dir} hold a different config than the manifest "
                          f"({', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''}); a sweep is only "
                          "resumed with the config it was started with")
-    stale = [run["run_dir"] for run in todo if _config_hash(run["overrides"]) != run["config_hash"]]
+    stale = [run["run_dir"] for run in todo
+             if not run.get("deferred") and _config_hash(run["overrides"]) != run["config_hash"]]
     if stale:
         raise SweepError(f"the config of {', '.join(stale[:3])} composes differently now than when the sweep "
                          "started (the code or conf/ changed); start a new sweep")
@@ -295,50 +302,85 @@ def _config_hash(overrides: list[str]) -> str:
 
 def _run(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, jobs: int | None,
          hydra_args: list[str], console, resume: bool = False) -> int:
-    from grpo_ablate.tracking import atomic_write_text
-
-    if todo:
-        _warm_start(todo, console)
-        n_parallel = 1 if launcher == "basic" else max(1, min(jobs or _cpus(), len(todo)))
-        threads = max(1, _cpus() // n_parallel)   # parallel runs share the cores, never oversubscribe
-        launch_dir = sweep_dir / ".launch"
-        launch_dir.mkdir(exist_ok=True)
-        jobs_file, results_file = launch_dir / "jobs.json", launch_dir / "results.json"
-        job_list = [{"name": run["run_dir"],
-                     "overrides": _with_threads(run["overrides"], threads) + (["resume=true"] if resume else [])}
-                    for run in todo]
-        atomic_write_text(jobs_file, json.dumps(job_list, indent=2) + "\n")
-        results_file.unlink(missing_ok=True)
-        args = ["-m", "hydra/sweeper=grpo_ablate", f"hydra.sweeper.jobs_file={_quote(jobs_file)}",
-                f"hydra.sweeper.results_file={_quote(results_file)}",
-                f"hydra/launcher={LAUNCHERS[launcher][0]}", f"hydra.sweep.dir={_quote(sweep_dir)}",
-                "hydra/hydra_logging=disabled"]
-        if launcher == "basic":
-            args.append("hydra.sweeper.max_batch_size=1")     # record each run as it ends
-        elif launcher == "joblib":
-            args.append(f"hydra.launcher.n_jobs={n_parallel}")
-        elif launcher.startswith("submitit"):
-            args += [f"hydra.sweeper.max_batch_size={n_parallel}", f"hydra.launcher.cpus_per_task={threads}"]
-        manifest["launcher"] = launcher
-        for run in todo:
-            run["status"] = "launched"
-        write_manifest(sweep_dir, manifest)
-        console.print(f"launching {len(todo)} runs with the {launcher} launcher "
-                      f"({n_parallel} at a time, {threads} thread{'s' if threads > 1 else ''} each)",
-                      markup=False, highlight=False)
-        from hydra_plugins.grpo_ablate_sweeper.grpo_ablate_sweeper import register
-
-        from grpo_ablate import entrypoint
-
-        register()
-        entrypoint.run_hydra(args + list(hydra_args))
-        outcomes = json.loads(results_file.read_text()) if results_file.exists() else {}
-    else:
-        outcomes = {}
+    outcomes: dict = {}
+    now = [run for run in todo if not run.get("deferred")]
+    later = [run for run in todo if run.get("deferred")]
+    if now:
+        _warm_start(now, console)
+        outcomes.update(_launch(sweep_dir, manifest, now, launcher, jobs, hydra_args, console, resume))
+    if later:   # SFT controls on a wall-clock budget: the treatments' training time, known now
+        refresh_statuses(sweep_dir, manifest, outcomes)
+        wall_s = treatment_train_seconds(sweep_dir, manifest)
+        for run in later:
+            if wall_s is None:
+                run.update(status="failed", reason="no completed treatment run to take the wall-clock "
+                                                   "budget (control.budget=wall) from")
+                continue
+            run["overrides"] = run["overrides"] + [f"control.wall_s={max(wall_s, 0.1):.1f}"]
+            run["config_hash"] = _config_hash(run["overrides"])
+            del run["deferred"]
+        later = [run for run in later if "deferred" not in run and run["status"] != "failed"]
+        if later:
+            console.print(f"SFT control budget: {wall_s:.1f} s of training (the median of the treatment runs)",
+                          markup=False, highlight=False)
+            outcomes.update(_launch(sweep_dir, manifest, later, launcher, jobs, hydra_args, console, resume))
     refresh_statuses(sweep_dir, manifest, outcomes)
     write_manifest(sweep_dir, manifest)
     print_summary(manifest, console, sweep_dir)
     return 0 if all(run["status"] in FINISHED for run in manifest["runs"]) else 1
+
+
+def treatment_train_seconds(sweep_dir: Path, manifest: dict) -> float | None:
+    """Median training time (the sum of time/step_s: eval excluded) of the completed treatment runs."""
+    import statistics
+
+    from grpo_ablate.tracking import read_jsonl
+
+    treatments = {v["name"] for v in manifest["variants"] if v.get("kind", "treatment") == "treatment"}
+    seconds = [sum(r.get("time/step_s") or 0.0 for r in read_jsonl(Path(sweep_dir) / run["run_dir"] / "metrics.jsonl"))
+               for run in manifest["runs"] if run["variant"] in treatments and run["status"] == "completed"]
+    return statistics.median(seconds) if seconds else None
+
+
+def _launch(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, jobs: int | None,
+            hydra_args: list[str], console, resume: bool) -> dict:
+    """One batch of runs through Hydra's launcher; returns how each job ended."""
+    from grpo_ablate.tracking import atomic_write_text
+
+    n_parallel = 1 if launcher == "basic" else max(1, min(jobs or _cpus(), len(todo)))
+    threads = max(1, _cpus() // n_parallel)   # parallel runs share the cores, never oversubscribe
+    launch_dir = sweep_dir / ".launch"
+    launch_dir.mkdir(exist_ok=True)
+    jobs_file, results_file = launch_dir / "jobs.json", launch_dir / "results.json"
+    job_list = [{"name": run["run_dir"],
+                 "overrides": _with_threads(run["overrides"], threads) + (["resume=true"] if resume else [])}
+                for run in todo]
+    atomic_write_text(jobs_file, json.dumps(job_list, indent=2) + "\n")
+    results_file.unlink(missing_ok=True)
+    args = ["-m", "hydra/sweeper=grpo_ablate", f"hydra.sweeper.jobs_file={_quote(jobs_file)}",
+            f"hydra.sweeper.results_file={_quote(results_file)}",
+            f"hydra/launcher={LAUNCHERS[launcher][0]}", f"hydra.sweep.dir={_quote(sweep_dir)}",
+            "hydra/hydra_logging=disabled"]
+    if launcher == "basic":
+        args.append("hydra.sweeper.max_batch_size=1")     # record each run as it ends
+    elif launcher == "joblib":
+        args.append(f"hydra.launcher.n_jobs={n_parallel}")
+    elif launcher.startswith("submitit"):
+        args += [f"hydra.sweeper.max_batch_size={n_parallel}", f"hydra.launcher.cpus_per_task={threads}"]
+    manifest["launcher"] = launcher
+    for run in todo:
+        run["status"] = "launched"
+    write_manifest(sweep_dir, manifest)
+    console.print(f"launching {len(todo)} run{'s' if len(todo) > 1 else ''} with the {launcher} launcher "
+                  f"({n_parallel} at a time, {threads} thread{'s' if threads > 1 else ''} each)",
+                  markup=False, highlight=False)
+    from hydra_plugins.grpo_ablate_sweeper.grpo_ablate_sweeper import register
+
+    from grpo_ablate import entrypoint
+
+    register()
+    entrypoint.run_hydra(args + list(hydra_args))
+    return json.loads(results_file.read_text()) if results_file.exists() else {}
 
 
 def _with_threads(overrides: list[str], threads: int) -> list[str]:

@@ -145,9 +145,12 @@ def build_matrix(mode: str, tricks: list[str], families: dict[str, str],
 CONTROLS = {"base": "control-base", "sft": "control-sft"}   # control=<key> -> variant name
 
 
-def add_controls(matrix: Matrix, kinds=("base", "sft")) -> Matrix:
-    """The no-RL controls as two more variants: the untrained start and the supervised run."""
-    controls = [Variant(CONTROLS[k], (), (f"control={k}",), None, kind="control") for k in kinds]
+def add_controls(matrix: Matrix, kinds=("base", "sft"), sft_budget: str = "tokens") -> Matrix:
+    """The no-RL controls as two more variants: the untrained start and the supervised run
+    (on a `tokens` budget, or `wall`: the treatments' training time, known after they ran)."""
+    budget = {"sft": ("control.budget=wall",) if sft_budget == "wall" else ()}
+    controls = [Variant(CONTROLS[k], (), (f"control={k}", *budget.get(k, ())), None, kind="control")
+                for k in kinds]
     return Matrix(matrix.mode, matrix.variants + controls, matrix.contrasts)
 
 

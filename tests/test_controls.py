@@ -96,3 +96,25 @@ def test_bad_control_input_is_one_line(args, message, tmp_path, cache_dir):
     r = cli("train", *args, cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.startswith(f"error: {message}") and len(r.stderr.splitlines()) == 1, r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_sweep_sft_control_on_the_treatments_wall_clock(tmp_path, small):
+    """--control-budget wall: the SFT control runs after the treatments, for their median
+    training time (eval excluded), and is then an ordinary, hashed, resumable run."""
+    import statistics
+
+    from conftest import cli
+
+    sweep_dir = tmp_path / "sweep"
+    r = cli("sweep", "add-one-in", "--tricks", "clip_higher", "--seeds", "1", "--launcher", "basic",
+            "--control-budget", "wall", "--dir", str(sweep_dir), *small, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    manifest = json.loads((sweep_dir / "manifest.json").read_text())
+    by = {run["variant"]: run for run in manifest["runs"]}
+    trained = [sum(row.get("time/step_s", 0.0) for row in rows(sweep_dir / by[v]["run_dir"]))
+               for v in ("base", "add-clip_higher")]
+    wall = [o for o in by["control-sft"]["overrides"] if o.startswith("control.wall_s=")]
+    assert wall == [f"control.wall_s={max(statistics.median(trained), 0.1):.1f}"]
+    status = json.loads((sweep_dir / "control-sft-s0" / "status.json").read_text())
+    assert status["state"] == "completed" and status["config_hash"] == by["control-sft"]["config_hash"]
+    assert "deferred" not in by["control-sft"]
