@@ -161,12 +161,49 @@ def validate(cfg: DictConfig) -> None:
         _require(os.path.isdir(os.path.expanduser(str(path))),
                  f"model.path={path!r} does not exist; give a directory with a saved "
                  "transformers model (config.json), or leave it unset for the embedded tiny model")
+    if path is not None and not _looks_local(str(path)):
+        _require(_hub_model_reachable(str(path)),
+                 f"model.path={path!r} is not a local directory and not in the Hugging Face cache, and "
+                 "the hub is offline (HF_HUB_OFFLINE=1); download it where there is network, or give a "
+                 "directory with a saved transformers model")
+    _check_model(cfg.model)
     from grpo_ablate.tasks import TASKS  # the task validates its own options
     _one_of("task", cfg.task.name, sorted(TASKS))
     try:
         TASKS[cfg.task.name](**params(cfg.task))
     except (TypeError, ValueError) as err:
         raise ConfigError(str(err).splitlines()[0]) from None
+
+
+def _check_model(model: DictConfig) -> None:
+    """model=hf's options (the embedded tiny model has none of them)."""
+    import importlib.util
+
+    import torch
+
+    if model.get("dtype") is not None:
+        _one_of("model.dtype", model.dtype, ("float32", "bfloat16", "float16"))
+    device = str(model.get("device") or "cpu")
+    _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", device) is not None,
+             f"model.device={device!r} is not allowed; allowed: auto, cpu, cuda, cuda:N")
+    _require(not device.startswith("cuda") or torch.cuda.is_available(),
+             f"model.device={device} but no CUDA GPU is available here; use model.device=auto or cpu")
+    lora = model.get("lora")
+    if lora is not None:
+        _positive("model.lora.r", lora.r, integer=True, allow_zero=True)
+    if lora is not None and lora.r > 0:
+        _require(importlib.util.find_spec("peft") is not None,
+                 f"model.lora.r={lora.r} needs peft, which is not installed: pip install 'grpo-ablate[hf]'")
+        _positive("model.lora.alpha", lora.alpha)
+        _require(isinstance(lora.dropout, (int, float)) and 0 <= lora.dropout < 1,
+                 f"model.lora.dropout={lora.dropout!r} is not allowed; it must be a number in [0, 1)")
+
+
+def _hub_model_reachable(name: str) -> bool:
+    """False only when the hub is switched off and the cache has no config.json for `name`."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    return not constants.HF_HUB_OFFLINE or isinstance(try_to_load_from_cache(name, "config.json"), str)
 
 
 def _looks_local(path: str) -> bool:

@@ -52,8 +52,10 @@ def positions(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def _cache_kwarg(model) -> str:
-    """transformers 5.x renamed `past_key_values` to `cache`; accept either release line."""
-    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    """transformers 5.x renamed `past_key_values` to `cache`; accept either release line (a
+    LoRA model's forward passes keyword arguments through: ask the model it wraps)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
 
 
 class _HFStepper:
@@ -95,15 +97,28 @@ def generate(model, prompts: list[list[int]], *, num_samples: int, max_new_token
              generator: torch.Generator | None = None, lean: bool = True) -> Rollout:
     """Sample `num_samples` completions per prompt (rows ordered prompt-major: group g is rows
     g*G .. g*G+G-1). temperature == 0 means greedy decoding (evaluation). With `lean`, models
-    of a supported architecture decode through LeanDecoder (same math, less overhead)."""
+    of a supported architecture decode through LeanDecoder (same math, less overhead) on a CPU
+    (never a LoRA model: LeanDecoder reads the base weights only). `eos_id` may be a list of
+    stop ids. A model in training mode samples in eval mode (no dropout; with gradient
+    checkpointing transformers would otherwise switch the KV cache off)."""
+    if model.training:
+        model.eval()
+        try:
+            return generate(model, prompts, num_samples=num_samples, max_new_tokens=max_new_tokens,
+                            temperature=temperature, eos_id=eos_id, pad_id=pad_id, generator=generator,
+                            lean=lean)
+        finally:
+            model.train()
     ids, mask = left_pad(prompts, pad_id)
     ids = ids.repeat_interleave(num_samples, dim=0)
     mask = mask.repeat_interleave(num_samples, dim=0)
     n, prompt_len = ids.shape
     device = next(model.parameters()).device
     ids, mask = ids.to(device), mask.to(device)
-    step = (_LeanStepper(model, n, prompt_len + max_new_tokens)
-            if lean and supports_lean(model) else _HFStepper(model))
+    if isinstance(eos_id, (list, tuple)):
+        eos_id = torch.tensor(eos_id, device=device)
+    lean = lean and device.type == "cpu" and not hasattr(model, "peft_config") and supports_lean(model)
+    step = _LeanStepper(model, n, prompt_len + max_new_tokens) if lean else _HFStepper(model)
 
     new_tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device)
     finished = torch.zeros(n, dtype=torch.bool, device=device)
@@ -124,7 +139,7 @@ def generate(model, prompts: list[list[int]], *, num_samples: int, max_new_token
         token = torch.where(finished[active], torch.full_like(token, pad_id), token)
         new_tokens[active, t] = token
         full_mask[active, width] = (~finished[active]).long()  # EOS itself is a trained token
-        finished[active] |= token == eos_id
+        finished[active] |= torch.isin(token, eos_id) if isinstance(eos_id, torch.Tensor) else token == eos_id
         steps_taken = t + 1
         if bool(finished.all()):
             break  # every row has emitted EOS: stop decoding early
@@ -189,7 +204,7 @@ def completion_logprobs(model, rollout: Rollout, temperature: float = 1.0,
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         entropy = -(log_probs.exp() * log_probs).sum(dim=-1)
     if return_hidden:  # the last layer's state before each completion token (for a value head)
-        return token_logp, entropy, out.hidden_states[-1][:, -(num_completion + 1):-1]
+        return token_logp, entropy, out.hidden_states[-1][:, -(num_completion + 1):-1].float()
     return token_logp, entropy
 
 

@@ -17,7 +17,8 @@ import torch
 from omegaconf import DictConfig
 
 from grpo_ablate.config import FAMILIES, ConfigError, config_hash, params, validate
-from grpo_ablate.models import ensure_warm_started, load_model_and_tokenizer
+from grpo_ablate.models import (AdapterDisabled, add_lora, autocast_forward, ensure_warm_started,
+                                load_model_and_tokenizer, lora_enabled, model_device, stop_token_ids)
 from grpo_ablate.rollout import (NonFiniteLogits, Rollout, completion_logprobs, concat_rollouts,
                                  decode_completions, generate, select_rows)
 from grpo_ablate.tasks import build_task
@@ -86,15 +87,24 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     # --- task, policy, reference -------------------------------------------------------------
     task = build_task(cfg.task)
     model_path = cfg.model.path or ensure_warm_started(cfg.model, task, log=say)
+    device = model_device(cfg.model)              # model.device: the GPU if any (the tiny model: CPU)
     # Tiny models on a CPU: eager attention beats SDPA's dispatch overhead (~8% per step).
     attn = cfg.model.attn_implementation
-    attn = ("eager" if not torch.cuda.is_available() else None) if attn == "auto" else attn
+    attn = ("eager" if device.type == "cpu" else None) if attn == "auto" else attn
+    dtype = cfg.model.get("dtype", "float32")     # compute dtype; weights stay float32
+    lora = lora_enabled(cfg.model)                 # model.lora.r > 0: train LoRA adapters only
 
-    def load(path):
-        return load_model_and_tokenizer(path, attn_implementation=attn)
+    def load(path):   # on the device; with model.dtype != float32 the forward runs under autocast
+        model, tok = load_model_and_tokenizer(path, attn_implementation=attn)
+        return autocast_forward(model.to(device), dtype), tok
 
-    policy, tokenizer = load(checkpoint or model_path)
-    pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+    # With LoRA the base comes from model.path and the adapters from the checkpoint (on resume).
+    policy, tokenizer = load(model_path if lora else checkpoint or model_path)
+    if cfg.model.get("gradient_checkpointing"):   # recompute activations in backward: less memory
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora:
+        policy = add_lora(policy, cfg.model, checkpoint)
+    pad_id, eos_id = tokenizer.pad_token_id, stop_token_ids(policy, tokenizer)
     kl_control = KL_CONTROLLERS[cfg.kl.name](**opts["kl"])
     kl_estimator = KL_ESTIMATORS[cfg.kl.estimator]
     kl_weight_fn = KL_WEIGHTS[cfg.kl_weight.name]
@@ -102,7 +112,9 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     # term or a KL metric uses it: with beta = 0 there is no second model and no extra forward.
     needs_reference = kl_control.beta > 0 or bool(cfg.metrics.ref_kl)
     reference = None
-    if needs_reference:
+    if needs_reference and lora:   # the base model is the policy with its adapters off: no copy
+        reference = AdapterDisabled(policy)
+    elif needs_reference:
         reference = load(model_path)[0] if checkpoint else copy.deepcopy(policy)
         reference.eval().requires_grad_(False)
     # A second anchor, the policy as it was prev_lag optimizer steps ago (two-layer KL): a
@@ -118,23 +130,27 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     estimator = ADV_ESTIMATORS[cfg.adv.name]
     advantage_fn = estimator.fn
     # A critic (adv=gae): a value head on the policy's last hidden state, trained alongside it.
-    value_head = torch.nn.Linear(policy.config.hidden_size, 1) if estimator.uses_values else None
+    value_head = torch.nn.Linear(policy.config.hidden_size, 1).to(device) if estimator.uses_values else None
     value_loss_fn = VALUE_LOSSES[cfg.value_clip.name]
     adv_clip_fn = ADV_CLIPS[cfg.adv_clip.name]
     policy_loss_fn = POLICY_LOSSES[cfg.clip.name]
     policy_loss_params = {**opts["clip"], "dual_clip_c": cfg.dual_clip.c}
 
     temperature = TEMPERATURES[cfg.temperature.name](**opts["temperature"])
-    trained = list(policy.parameters()) + (list(value_head.parameters()) if value_head is not None else [])
+    trained = ([p for p in policy.parameters() if p.requires_grad]     # LoRA: the adapters only
+               + (list(value_head.parameters()) if value_head is not None else []))
     optimizer = torch.optim.AdamW([{"params": trained}, *temperature.param_groups()],
                                   lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
                                   weight_decay=cfg.optim.weight_decay)
     warmup = max(1, int(cfg.optim.warmup_steps))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
     sampler = torch.Generator().manual_seed(int(cfg.seed))  # the only randomness of a step
+    # model.dtype=float16: a dynamic loss scale keeps small gradients from underflowing (else off)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == "float16")
     # tricks with state of their own (adaptive coefficients, a learnable T): checkpointed
     controllers = {"kl_control": kl_control, "entropy_control": entropy_control, "temperature": temperature,
-                   **({"value_head": value_head} if value_head is not None else {})}
+                   **({"value_head": value_head} if value_head is not None else {}),
+                   **({"grad_scaler": scaler} if scaler.is_enabled() else {})}
     start_step, skipped_steps = 0, 0
     if checkpoint is not None:
         state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
@@ -195,7 +211,8 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
             except NonFiniteLogits as err:
                 return diverged(f"{err} at step {step}")
             roll, problems, texts, group_index = batch.roll, batch.problems, batch.texts, batch.group_index
-            task_rewards, n_groups, rounds = batch.scores, len(batch.problems), batch.rounds
+            task_rewards, n_groups, rounds = batch.scores.to(device), len(batch.problems), batch.rounds
+            group_index = group_index.to(device)       # (no-ops on a CPU)
             sampled = time.perf_counter()
 
             # pi_ref log-probs (frozen start) only when a KL term or metric needs them; pi_old
@@ -257,16 +274,20 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                     token_loss = token_loss - entropy_coef * entropy
                 loss = aggregate(token_loss, weights)
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                scaler.scale(loss).backward()
+                scaler.unscale_(optimizer)          # float16 only: the true gradients, before clipping
                 grad_norm = torch.nn.utils.clip_grad_norm_(trained, cfg.optim.max_grad_norm)
-                finite = math.isfinite(loss.item()) and math.isfinite(grad_norm.item())
+                # (float16: an overflowing gradient is routine; the scaler skips it, lowers its scale)
+                finite = math.isfinite(loss.item()) and (math.isfinite(grad_norm.item()) or scaler.is_enabled())
                 if not finite and cfg.on_nonfinite == "skip":
                     skipped_steps += 1  # drop this update, keep the weights as they were
                     optimizer.zero_grad(set_to_none=True)
+                    scaler.update()
                     continue
                 if not finite:
                     break
-                optimizer.step()
+                scaler.step(optimizer)              # optimizer.step(), unless float16 overflowed
+                scaler.update()
                 schedule.step()
             if previous is not None:
                 snapshots.append(_weights(policy))
@@ -302,7 +323,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                     "adv/std": adv_values.std().item() if adv_values.numel() > 1 else 0.0,
                     "adv/min": adv_values.min().item() if adv_values.numel() else 0.0,
                     "adv/max": adv_values.max().item() if adv_values.numel() else 0.0,
-                    "adv/zero_std_group_frac": torch.zeros(n_groups).index_fill_(
+                    "adv/zero_std_group_frac": torch.zeros(n_groups, device=device).index_fill_(
                         0, group_index[group_std == 0], 1.0).mean().item(),
                     "kl/beta": kl_control.beta,
                     "optim/grad_norm": grad_norm.item(),
@@ -395,7 +416,7 @@ def sample_groups(policy, tokenizer, task, cfg: DictConfig, step: int, T: float,
     def sample(problems, n):
         roll = generate(policy, [tokenizer(p.prompt).input_ids for p in problems], num_samples=n,
                         max_new_tokens=int(cfg.rollout.max_new_tokens), temperature=T,
-                        eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+                        eos_id=stop_token_ids(policy, tokenizer), pad_id=tokenizer.pad_token_id,
                         generator=sampler, lean=bool(cfg.rollout.lean_decoder))
         texts = decode_completions(tokenizer, roll)
         scores = torch.tensor([float(task.reward(t, problems[i // n])) for i, t in enumerate(texts)])
