@@ -169,6 +169,9 @@ def validate(cfg: DictConfig) -> None:
     _check_model(cfg.model)
     from grpo_ablate.tasks import TASKS  # the task validates its own options
     _one_of("task", cfg.task.name, sorted(TASKS))
+    _require(hasattr(TASKS[cfg.task.name], "warmup_batch") or cfg.model.get("path") is not None,
+             f"task={cfg.task.name} needs a real model (the embedded one only knows arithmetic): "
+             "model=hf model.path=<a model directory or hub name>")
     try:
         TASKS[cfg.task.name](**params(cfg.task))
     except (TypeError, ValueError) as err:

@@ -17,6 +17,7 @@ import torch
 from omegaconf import DictConfig
 
 from grpo_ablate.config import FAMILIES, ConfigError, config_hash, params, validate
+from grpo_ablate.prompts import PromptEncoder
 from grpo_ablate.models import (AdapterDisabled, add_lora, autocast_forward, ensure_warm_started,
                                 load_model_and_tokenizer, lora_enabled, model_device, stop_token_ids)
 from grpo_ablate.rollout import (NonFiniteLogits, Rollout, completion_logprobs, concat_rollouts,
@@ -105,6 +106,9 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     if lora:
         policy = add_lora(policy, cfg.model, checkpoint)
     pad_id, eos_id = tokenizer.pad_token_id, stop_token_ids(policy, tokenizer)
+    encode = PromptEncoder(tokenizer, task)          # problem -> prompt ids (chat template if any)
+    prompt_counts = encode.drop_long_prompts(task, say)   # task.max_prompt_tokens: drop longer ones
+    format_reward = float(getattr(task, "format_reward", 0.0))   # bonus for \boxed{} / #### answers
     kl_control = KL_CONTROLLERS[cfg.kl.name](**opts["kl"])
     kl_estimator = KL_ESTIMATORS[cfg.kl.estimator]
     kl_weight_fn = KL_WEIGHTS[cfg.kl_weight.name]
@@ -170,7 +174,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     def evaluate() -> dict:
         """Greedy decoding on the held-out split."""
         policy.eval()
-        roll = generate(policy, [tokenizer(p.prompt).input_ids for p in eval_problems], num_samples=1,
+        roll = generate(policy, [encode(p) for p in eval_problems], num_samples=1,
                         max_new_tokens=int(cfg.eval.max_new_tokens), temperature=0.0,
                         eos_id=eos_id, pad_id=pad_id, lean=lean)
         texts = decode_completions(tokenizer, roll)
@@ -195,7 +199,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     try:
         if start_step == 0:
             base = evaluate()
-            log.log({"step": 0, **base})
+            log.log({"step": 0, **base, **prompt_counts})
             result.base_accuracy = base["eval/accuracy"]
             say(f"step 0  base eval accuracy {base['eval/accuracy']:.3f}")
         progress = _progress(console, cfg.steps, start_step)
@@ -207,7 +211,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
             #    by the verifier; the sampling family decides which groups make the batch.
             T = temperature.value                           # this step's sampling temperature
             try:
-                batch = sample_groups(policy, tokenizer, task, cfg, step, T, sampler)
+                batch = sample_groups(policy, tokenizer, encode, task, cfg, step, T, sampler)
             except NonFiniteLogits as err:
                 return diverged(f"{err} at step {step}")
             roll, problems, texts, group_index = batch.roll, batch.problems, batch.texts, batch.group_index
@@ -233,7 +237,11 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
 
             # 2. Rewards from the verifier, shaped (overlong, length, KL in the reward,
             #    reward_norm); group-relative advantages, one per completion (then adv_clip).
-            rewards, keep, overlong_penalty = overlong_fn(task_rewards, roll.lengths, roll.truncated,
+            rewards = task_rewards
+            if format_reward:   # task.format_reward: a bonus for a final answer in \boxed{} or after ####
+                rewards = rewards + format_reward * torch.tensor([float(task.formatted(t)) for t in texts],
+                                                                 device=device)
+            rewards, keep, overlong_penalty = overlong_fn(rewards, roll.lengths, roll.truncated,
                                                           max_new, **opts["overlong"])
             mask = roll.completion_mask * keep[:, None]   # [N, L] 1 up to and incl. EOS, if trained
             rewards, length_reward = length_fn(rewards, roll.lengths, group_index, task_rewards > 0,
@@ -398,7 +406,7 @@ class SampledGroups:
     rounds: int
 
 
-def sample_groups(policy, tokenizer, task, cfg: DictConfig, step: int, T: float,
+def sample_groups(policy, tokenizer, encode, task, cfg: DictConfig, step: int, T: float,
                   sampler: torch.Generator) -> SampledGroups:
     """The batch of groups for one optimizer step, per the `sampling` family.
 
@@ -414,7 +422,7 @@ def sample_groups(policy, tokenizer, task, cfg: DictConfig, step: int, T: float,
     filter_params = params(cfg.sampling)
 
     def sample(problems, n):
-        roll = generate(policy, [tokenizer(p.prompt).input_ids for p in problems], num_samples=n,
+        roll = generate(policy, [encode(p) for p in problems], num_samples=n,
                         max_new_tokens=int(cfg.rollout.max_new_tokens), temperature=T,
                         eos_id=stop_token_ids(policy, tokenizer), pad_id=tokenizer.pad_token_id,
                         generator=sampler, lean=bool(cfg.rollout.lean_decoder))

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config,
                           Qwen2ForCausalLM)
 
-from conftest import cli
+from conftest import REPO, cli
 from grpo_ablate.config import ConfigError, compose, validate
 from grpo_ablate.models import build_char_tokenizer
 from grpo_ablate.tracking import read_jsonl
@@ -19,6 +19,7 @@ from grpo_ablate.trainer import train
 
 # Printable ASCII (and newline): enough for word problems, chat markup and \boxed{}.
 CHARS = "".join(c for c in string.printable if c not in "\t\r\x0b\x0c")
+WORD_PROBLEMS = REPO / "tests" / "data" / "word_problems.jsonl"
 # A chat template of our own (the Qwen2 model gets it; the others have none).
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
@@ -53,10 +54,10 @@ def tiny_models(tmp_path_factory):
 
 
 def hf_run(path, *extra):
-    """Overrides for a 2-step run of a saved model on the arithmetic task (tiny budget)."""
-    return ["model=hf", f"model.path={path}", "steps=2", "rollout.prompts_per_step=2",
-            "rollout.group_size=2", "rollout.max_new_tokens=6", "task.eval_size=2", "logger=none",
-            "threads=1", "eval.every=2", "checkpoint_every=2", "samples_every=2", *extra]
+    """Overrides for a 2-step run of a saved model on the shipped word problems (tiny budget)."""
+    return ["model=hf", f"model.path={path}", "task=jsonl", f"task.path={WORD_PROBLEMS}", "task.eval_size=2",
+            "steps=2", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=6",
+            "logger=none", "threads=1", "eval.every=2", "checkpoint_every=2", "samples_every=2", *extra]
 
 
 def run(overrides, run_dir):
@@ -69,10 +70,12 @@ def run(overrides, run_dir):
 MOVES = ["entropy=bonus", "entropy.coef=0.5", "optim.lr=1e-2"]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])     # qwen2's tokenizer has a chat template
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_two_steps_of_a_saved_model_by_path(tiny_models, tmp_path, arch, lora):
     extra = ["model.lora.r=4"] if lora else []
+    if arch == "qwen2" and lora:
+        extra.append("task.chat_template=none")                 # the same model, raw prompts
     rows = run(hf_run(tiny_models[arch], *MOVES, *extra), tmp_path / "run")
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert rows[1]["kl/k3"] == pytest.approx(0.0, abs=1e-6)          # pi_theta == pi_ref at the start
@@ -131,3 +134,13 @@ def test_hub_name_offline_and_not_cached_is_one_line(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error: model.path='no-such-org/no-such-model' is not a "
                                                    "local directory and not in the Hugging Face cache"), out.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_format_reward_and_prompt_limit_in_a_run(tiny_models, tmp_path, monkeypatch):
+    from grpo_ablate.tasks.dataset import DatasetTask
+
+    monkeypatch.setattr(DatasetTask, "formatted", lambda self, completion: True)   # every answer boxed
+    rows = run(hf_run(tiny_models["qwen2"], "task.format_reward=0.25", "task.max_prompt_tokens=120"),
+               tmp_path / "run")
+    assert rows[0]["prompts/dropped"] > 0 and "prompts/dropped_eval" in rows[0]     # counted once, at step 0
+    assert rows[1]["train/accuracy"] == 0.0 and rows[1]["reward/mean"] == pytest.approx(0.25)
