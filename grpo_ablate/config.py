@@ -167,6 +167,7 @@ def validate(cfg: DictConfig) -> None:
                  "the hub is offline (HF_HUB_OFFLINE=1); download it where there is network, or give a "
                  "directory with a saved transformers model")
     _check_model(cfg.model)
+    _check_rollout(cfg)
     from grpo_ablate.tasks import TASKS  # the task validates its own options
     _one_of("task", cfg.task.name, sorted(TASKS))
     _require(hasattr(TASKS[cfg.task.name], "warmup_batch") or cfg.model.get("path") is not None,
@@ -200,6 +201,41 @@ def _check_model(model: DictConfig) -> None:
         _positive("model.lora.alpha", lora.alpha)
         _require(isinstance(lora.dropout, (int, float)) and 0 <= lora.dropout < 1,
                  f"model.lora.dropout={lora.dropout!r} is not allowed; it must be a number in [0, 1)")
+
+
+def _check_rollout(cfg: DictConfig) -> None:
+    """The rollout backend, and what several processes (torchrun) need."""
+    from grpo_ablate.distributed import launched_ranks
+
+    _one_of("rollout.backend", cfg.rollout.backend, ("hf", "vllm"))
+    _one_of("rollout.rng", cfg.rollout.get("rng") or "auto", ("auto", "stream", "per_row"))
+    if cfg.rollout.backend == "vllm":
+        problem = _vllm_problem(cfg)
+        _require(problem is None, f"rollout=vllm {problem}")
+    ranks = launched_ranks()
+    if ranks > 1:
+        _require(cfg.rollout.prompts_per_step % ranks == 0,
+                 f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} is not allowed with {ranks} processes: "
+                 "it must be a multiple of the number of processes (each samples whole groups)")
+        _require((cfg.rollout.get("rng") or "auto") != "stream",
+                 "rollout.rng=stream is one random stream for one process; with several processes use "
+                 "per_row (or auto)")
+
+
+def _vllm_problem(cfg: DictConfig) -> str | None:
+    """Why rollout=vllm cannot run here (None: it can)."""
+    import importlib.util
+
+    import torch
+
+    if importlib.util.find_spec("vllm") is None:
+        return ("needs the vllm package, which is not installed: pip install 'grpo-ablate[vllm]' on a machine "
+                "with a CUDA GPU (or use rollout=hf)")
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU, and none is available here; use rollout=hf"
+    if cfg.model.get("path") is None or str(cfg.model.get("device") or "cpu") == "cpu":
+        return "samples a real model on the GPU: model=hf model.path=... (model.device auto or cuda)"
+    return None
 
 
 def _hub_model_reachable(name: str) -> bool:
