@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from grpo_ablate.config import FAMILIES, ConfigError, config_hash, params, validate
+from grpo_ablate.config import FAMILIES, ConfigError, check_here, config_hash, params, validate
 from grpo_ablate.distributed import DataParallel
 from grpo_ablate.generation import Rollouts, build_engine, rng_mode
 from grpo_ablate.prompts import PromptEncoder
@@ -59,6 +59,7 @@ class RunResult:
 
 def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), console=None) -> RunResult:
     validate(cfg)
+    check_here(cfg)     # packages, GPU, offline hub, torchrun's processes: where the run runs
     # torchrun: one process per device, each training on its part of the batch (distributed.py);
     # rank 0 alone writes the run dir (Hydra made it there) and talks to the console.
     dp = DataParallel()

@@ -42,3 +42,18 @@ def test_two_processes_match_one_process_on_the_same_global_batch(small, tmp_pat
     assert one[2]["kl/k3"] > 0 and one[1]["adv/zero_std_group_frac"] < 1   # the runs did move
     assert len(read_jsonl(work / "run" / "samples.jsonl")) == len(read_jsonl(tmp_path / "single" / "samples.jsonl"))
     assert sorted(p.name for p in work.iterdir()) == ["run"]            # no second run dir
+
+
+def test_a_slurm_job_step_with_several_tasks_is_one_run(monkeypatch):
+    from grpo_ablate.distributed import DataParallel
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(key, "unset")    # recorded, so the test leaves the environment as it was
+        monkeypatch.delenv(key)
+    for key, value in dict(SLURM_NTASKS="4", SLURM_PROCID="2", SLURM_LOCALID="2", SLURM_NNODES="1",
+                           SLURM_JOB_ID="4242").items():
+        monkeypatch.setenv(key, value)
+    dp = DataParallel()
+    assert (dp.world, dp.rank, dp.local_rank, dp.is_main) == (4, 2, 2, False)
+    assert os.environ["MASTER_ADDR"] == "127.0.0.1" and os.environ["MASTER_PORT"] == "24242"
+    assert [dp.share(10)] == [slice(6, 8)]          # ranks 0, 1 take 3 rows; 2, 3 take 2

@@ -9,7 +9,7 @@ import torch
 
 import grpo_ablate.config as config_module
 from conftest import cli
-from grpo_ablate.config import ConfigError, compose, validate
+from grpo_ablate.config import ConfigError, check_here, compose
 from grpo_ablate.models import load_model_and_tokenizer
 from grpo_ablate.rollout import completion_logprobs, generate
 from grpo_ablate.tracking import read_jsonl
@@ -33,7 +33,7 @@ def test_vllm_without_a_gpu_is_refused(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real_find_spec(name, *a))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="rollout=vllm needs a CUDA GPU, and none is available here"):
-        validate(compose(["rollout=vllm", "model=hf", "model.path=."]))
+        check_here(compose(["rollout=vllm", "model=hf", "model.path=."]))
 
 
 class FakeLLM:
