@@ -56,6 +56,7 @@ class DataParallel:
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.started = False
+        self.device = torch.device("cpu")   # where collectives' tensors live (nccl: this GPU)
 
     @property
     def is_main(self) -> bool:
@@ -63,6 +64,7 @@ class DataParallel:
 
     def start(self, device: torch.device) -> None:
         """Join the process group (torchrun's env:// rendezvous)."""
+        self.device = device
         if self.world == 1 or dist.is_initialized():
             return
         if device.type == "cuda":
@@ -116,7 +118,7 @@ class DataParallel:
         """A number summed over ranks (the step's loss: each rank holds its part)."""
         if self.world == 1:
             return value
-        total = torch.tensor([value], dtype=torch.float64)
+        total = torch.tensor([value], dtype=torch.float64, device=self.device)
         dist.all_reduce(total)
         return float(total)
 
@@ -161,5 +163,6 @@ class DataParallel:
             return
         for p in params:
             if p.grad is not None:
-                dist.all_reduce(p.grad)
-                p.grad /= self.world
+                grad = p.grad.to(self.device)   # nccl reduces GPU tensors only (a learnable T is on the CPU)
+                dist.all_reduce(grad)
+                p.grad.copy_(grad / self.world)
