@@ -217,6 +217,16 @@ def autocast_forward(model, dtype: str):
     return model
 
 
+def enable_activation_checkpointing(model) -> None:
+    """model.gradient_checkpointing: recompute activations in backward (less memory, more time);
+    non-reentrant, so frozen inputs (LoRA) need no special care. transformers >= 5.2x renamed
+    gradient_checkpointing_enable to activation_checkpointing_enable."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def lora_enabled(model_cfg) -> bool:
     return int((model_cfg.get("lora") or {}).get("r") or 0) > 0
 

@@ -20,8 +20,9 @@ from grpo_ablate.config import FAMILIES, ConfigError, check_here, config_hash, p
 from grpo_ablate.distributed import DataParallel
 from grpo_ablate.generation import Rollouts, build_engine, rng_mode
 from grpo_ablate.prompts import PromptEncoder
-from grpo_ablate.models import (AdapterDisabled, add_lora, autocast_forward, ensure_warm_started,
-                                load_model_and_tokenizer, lora_enabled, model_device, stop_token_ids)
+from grpo_ablate.models import (AdapterDisabled, add_lora, autocast_forward, enable_activation_checkpointing,
+                                ensure_warm_started, load_model_and_tokenizer, lora_enabled, model_device,
+                                stop_token_ids)
 from grpo_ablate.rollout import NonFiniteLogits, Rollout, completion_logprobs, concat_rollouts, select_rows
 from grpo_ablate.tasks import build_task
 from grpo_ablate.tracking import RunLog, find_checkpoint, read_status, save_checkpoint
@@ -108,7 +109,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     # With LoRA the base comes from model.path and the adapters from the checkpoint (on resume).
     policy, tokenizer = load(model_path if lora else checkpoint or model_path)
     if cfg.model.get("gradient_checkpointing"):   # recompute activations in backward: less memory
-        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(policy)
     if lora:
         policy = add_lora(policy, cfg.model, checkpoint)
     encode = PromptEncoder(tokenizer, task)          # problem -> prompt ids (chat template if any)

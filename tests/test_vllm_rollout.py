@@ -62,7 +62,8 @@ class FakeLLM:
             roll = generate(self.model, [prompt["prompt_token_ids"]], num_samples=p.n, max_new_tokens=p.max_tokens,
                             temperature=p.temperature, eos_id=p.stop_token_ids, pad_id=0,
                             generator=torch.Generator().manual_seed(p.seed), lean=False)
-            logp = completion_logprobs(self.model, roll, p.temperature or 1.0)[0]
+            with torch.no_grad():
+                logp = completion_logprobs(self.model, roll, p.temperature or 1.0)[0]
             outputs = []
             for j in range(p.n):
                 ids = roll.completion_ids[j, :int(roll.lengths[j])].tolist()
