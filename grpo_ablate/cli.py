@@ -43,7 +43,7 @@ def train(
 ) -> None:
     """Train one GRPO run. Arguments are Hydra overrides: adv=dr_grpo kl=none seed=1 ..."""
     from grpo_ablate import entrypoint
-    from grpo_ablate.config import ConfigError, compose, validate
+    from grpo_ablate.config import ConfigError, check_here, compose, validate
 
     args: List[str] = list(ctx.args)
     if resume is not None:
@@ -53,7 +53,9 @@ def train(
                          or a.startswith(("--cfg=", "--info=")) for a in args)
     if single_run:
         try:
-            validate(compose([o for o in overrides if not o.startswith("hydra")]))
+            cfg = compose([o for o in overrides if not o.startswith("hydra")])
+            validate(cfg)
+            check_here(cfg)   # this machine can run it: packages, a GPU, the hub, torchrun
         except ConfigError as err:
             fail(str(err))
     code = entrypoint.run_hydra(args)

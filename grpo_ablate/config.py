@@ -172,12 +172,93 @@ def validate(cfg: DictConfig) -> None:
         _require(os.path.isdir(os.path.expanduser(str(path))),
                  f"model.path={path!r} does not exist; give a directory with a saved "
                  "transformers model (config.json), or leave it unset for the embedded tiny model")
+    _check_model(cfg.model)
+    _one_of("rollout.backend", cfg.rollout.backend, ("hf", "vllm"))
+    _one_of("rollout.rng", cfg.rollout.get("rng") or "auto", ("auto", "stream", "per_row"))
     from grpo_ablate.tasks import TASKS  # the task validates its own options
     _one_of("task", cfg.task.name, sorted(TASKS))
+    _require(hasattr(TASKS[cfg.task.name], "warmup_batch") or cfg.model.get("path") is not None,
+             f"task={cfg.task.name} needs a real model (the embedded one only knows arithmetic): "
+             "model=hf model.path=<a model directory or hub name>")
     try:
         TASKS[cfg.task.name](**params(cfg.task))
     except (TypeError, ValueError) as err:
         raise ConfigError(str(err).splitlines()[0]) from None
+
+
+def _check_model(model: DictConfig) -> None:
+    """model=hf's options (the embedded tiny model has none of them)."""
+    if model.get("dtype") is not None:
+        _one_of("model.dtype", model.dtype, ("float32", "bfloat16", "float16"))
+    device = str(model.get("device") or "cpu")
+    _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", device) is not None,
+             f"model.device={device!r} is not allowed; allowed: auto, cpu, cuda, cuda:N")
+    lora = model.get("lora")
+    if lora is not None:
+        _positive("model.lora.r", lora.r, integer=True, allow_zero=True)
+    if lora is not None and lora.r > 0:
+        _positive("model.lora.alpha", lora.alpha)
+        _require(isinstance(lora.dropout, (int, float)) and 0 <= lora.dropout < 1,
+                 f"model.lora.dropout={lora.dropout!r} is not allowed; it must be a number in [0, 1)")
+
+
+def check_here(cfg: DictConfig) -> None:
+    """Raise ConfigError if this machine cannot run `cfg` (validate checks the config itself):
+    packages, a GPU, an offline hub, the processes torchrun started. Called where the run
+    runs: by `grpo-ablate train` before Hydra makes a run dir, and by the trainer (so a sweep
+    can be planned on a machine without the run's GPU)."""
+    import importlib.util
+
+    import torch
+
+    from grpo_ablate.distributed import launched_ranks
+
+    path = cfg.model.get("path")
+    if path is not None and not _looks_local(str(path)):
+        _require(_hub_model_reachable(str(path)),
+                 f"model.path={path!r} is not a local directory and not in the Hugging Face cache, and "
+                 "the hub is offline (HF_HUB_OFFLINE=1); download it where there is network, or give a "
+                 "directory with a saved transformers model")
+    device = str(cfg.model.get("device") or "cpu")
+    _require(not device.startswith("cuda") or torch.cuda.is_available(),
+             f"model.device={device} but no CUDA GPU is available here; use model.device=auto or cpu")
+    lora = cfg.model.get("lora")
+    _require(lora is None or lora.r == 0 or importlib.util.find_spec("peft") is not None,
+             f"model.lora.r={lora and lora.r} needs peft, which is not installed: pip install 'grpo-ablate[hf]'")
+    if cfg.rollout.backend == "vllm":
+        problem = _vllm_problem(cfg)
+        _require(problem is None, f"rollout=vllm {problem}")
+    ranks = launched_ranks()
+    if ranks > 1:
+        _require(cfg.rollout.prompts_per_step % ranks == 0,
+                 f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} is not allowed with {ranks} processes: "
+                 "it must be a multiple of the number of processes (each samples whole groups)")
+        _require((cfg.rollout.get("rng") or "auto") != "stream",
+                 "rollout.rng=stream is one random stream for one process; with several processes use "
+                 "per_row (or auto)")
+
+
+def _vllm_problem(cfg: DictConfig) -> str | None:
+    """Why rollout=vllm cannot run here (None: it can)."""
+    import importlib.util
+
+    import torch
+
+    if importlib.util.find_spec("vllm") is None:
+        return ("needs the vllm package, which is not installed: pip install 'grpo-ablate[vllm]' on a machine "
+                "with a CUDA GPU (or use rollout=hf)")
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU, and none is available here; use rollout=hf"
+    if cfg.model.get("path") is None or str(cfg.model.get("device") or "cpu") == "cpu":
+        return "samples a real model on the GPU: model=hf model.path=... (model.device auto or cuda)"
+    return None
+
+
+def _hub_model_reachable(name: str) -> bool:
+    """False only when the hub is switched off and the cache has no config.json for `name`."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    return not constants.HF_HUB_OFFLINE or isinstance(try_to_load_from_cache(name, "config.json"), str)
 
 
 def _looks_local(path: str) -> bool:

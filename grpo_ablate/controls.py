@@ -22,16 +22,22 @@ import torch
 from omegaconf import DictConfig
 
 from grpo_ablate.config import ConfigError, config_hash, validate
-from grpo_ablate.models import ensure_warm_started, load_model_and_tokenizer, supervised_batch
+from grpo_ablate.distributed import DataParallel
+from grpo_ablate.generation import HFEngine, Rollouts
+from grpo_ablate.models import ensure_warm_started, load_model_and_tokenizer, model_device, stop_token_ids
+from grpo_ablate.prompts import PromptEncoder
 from grpo_ablate.tasks import build_task
 from grpo_ablate.tracking import RunLog, find_checkpoint, read_status, save_checkpoint
-from grpo_ablate.trainer import RunResult, _progress, evaluate_policy, sample_groups
+from grpo_ablate.trainer import RunResult, _progress, evaluate, sample_groups
 
 
 def run_control(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), console=None) -> RunResult:
     run_dir = Path(run_dir)
     say = console.print if console is not None else (lambda *a, **k: None)
     validate(cfg)
+    if DataParallel().world > 1:
+        raise ConfigError("control runs train in one process; launch control=base|sft without torchrun")
+    device = model_device(cfg.model)
     torch.set_flush_denormal(True)          # as in the trainer: denormals are ~100x slower on CPUs
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
@@ -58,13 +64,18 @@ def run_control(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (),
                           "has none; use control=base")
     model_path = cfg.model.path or ensure_warm_started(cfg.model, task, log=say)
     attn = cfg.model.attn_implementation
-    attn = ("eager" if not torch.cuda.is_available() else None) if attn == "auto" else attn
+    attn = ("eager" if device.type == "cpu" else None) if attn == "auto" else attn
     policy, tokenizer = load_model_and_tokenizer(checkpoint or model_path, attn_implementation=attn)
+    policy = policy.to(device)
+    encode = PromptEncoder(tokenizer, task)          # the prompts exactly as a GRPO run sees them
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
                                   weight_decay=cfg.optim.weight_decay)
     warmup = max(1, int(cfg.optim.warmup_steps))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
     sampler = torch.Generator().manual_seed(int(cfg.seed))
+    rollouts = Rollouts(HFEngine(policy, lean), tokenizer, encode, task, DataParallel(), device,
+                        eos_id=stop_token_ids(policy, tokenizer), max_new_tokens=int(cfg.rollout.max_new_tokens),
+                        seed=int(cfg.seed), rng="stream", stream=sampler)
     start_step, trained_s = 0, 0.0
     if checkpoint is not None:
         state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
@@ -82,8 +93,7 @@ def run_control(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (),
     def supervised_update(problems) -> tuple[float, float, int]:
         """One AdamW step on the reference solutions (mean NLL of solution tokens + EOS)."""
         policy.train()
-        ids, mask, labels = supervised_batch(tokenizer, [p.prompt for p in problems],
-                                             [p.solution for p in problems])
+        ids, mask, labels = _supervised_batch(encode, tokenizer, problems, device)
         loss = policy(input_ids=ids, attention_mask=mask, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -94,7 +104,7 @@ def run_control(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (),
 
     try:
         if start_step == 0:
-            base = evaluate_policy(policy, tokenizer, task, eval_problems, int(cfg.eval.max_new_tokens), lean)
+            base = evaluate(policy, rollouts, eval_problems, int(cfg.eval.max_new_tokens))
             log.log({"step": 0, **base})
             result.base_accuracy = base["eval/accuracy"]
         progress = _progress(console, steps, start_step)
@@ -105,7 +115,7 @@ def run_control(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (),
             if kind == "base":
                 # sample exactly as a GRPO step would, and change nothing
                 policy.eval()
-                batch = sample_groups(policy, tokenizer, task, cfg, step, float(cfg.temperature.value), sampler)
+                batch = sample_groups(rollouts, task, cfg, step, float(cfg.temperature.value))
                 lengths = batch.roll.lengths
                 metrics.update({
                     "reward/mean": batch.scores.mean().item(),
@@ -134,8 +144,7 @@ def run_control(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (),
             metrics.update({"time/step_s": now - step_started, "time/elapsed_s": now - run_started,
                             "perf/tokens_per_s": metrics["perf/completion_tokens"] / max(now - step_started, 1e-9)})
             if step % int(cfg.eval.every) == 0 or step == steps:
-                metrics.update(evaluate_policy(policy, tokenizer, task, eval_problems,
-                                               int(cfg.eval.max_new_tokens), lean))
+                metrics.update(evaluate(policy, rollouts, eval_problems, int(cfg.eval.max_new_tokens)))
             log.log(metrics)
             if step % int(cfg.checkpoint_every) == 0 or step == steps:
                 save_checkpoint(run_dir, policy, tokenizer, {
@@ -154,3 +163,21 @@ def run_control(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (),
         if progress is not None:
             progress.stop()
         log.close()
+
+
+def _supervised_batch(encode, tokenizer, problems, device):
+    """prompt (encoded as a GRPO run encodes it) + reference solution + EOS, right-padded;
+    labels on the solution and EOS only."""
+    rows, labels = [], []
+    for p in problems:
+        prompt = encode(p)
+        answer = tokenizer(p.solution, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        rows.append(prompt + answer)
+        labels.append([-100] * len(prompt) + answer)
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    lab = torch.full((len(rows), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (r, l) in enumerate(zip(rows, labels)):
+        ids[i, :len(r)], lab[i, :len(l)], mask[i, :len(r)] = torch.tensor(r), torch.tensor(l), 1
+    return ids.to(device), mask.to(device), lab.to(device)

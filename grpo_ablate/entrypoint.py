@@ -6,8 +6,10 @@ per job with any launcher.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 
@@ -44,9 +46,12 @@ def hydra_train(cfg: DictConfig) -> int:
         return _last_exit_code
     except Exception:
         # the run dir keeps the whole story (status.json has the one-line reason)
-        (run_dir / "traceback.txt").write_text(traceback.format_exc())
+        if os.environ.get("RANK", "0") == "0":
+            (run_dir / "traceback.txt").write_text(traceback.format_exc())
         raise
-    if result.state == "completed" and result.base_accuracy is not None:
+    if os.environ.get("RANK", "0") != "0":   # torchrun: rank 0 reports for the run
+        pass
+    elif result.state == "completed" and result.base_accuracy is not None:
         console.print(f"{prefix}base eval accuracy {result.base_accuracy:.3f} -> final "
                       f"{result.final_accuracy:.3f}  ({run_dir})", markup=False, highlight=False)
     else:
@@ -68,10 +73,20 @@ def run_hydra(args: list[str]) -> int:
     _last_exit_code = 0
     saved_argv = sys.argv
     sys.argv = ["grpo-ablate train", *args]
+    scratch = None
+    if os.environ.get("RANK", "0") != "0":
+        # torchrun: rank 0's Hydra makes and owns the run dir (the trainer tells the other ranks
+        # where it is); the others write nothing: their Hydra output goes to a scratch dir.
+        scratch = tempfile.mkdtemp(prefix="grpo-ablate-rank-")
+        sys.argv = ["grpo-ablate train", *[a for a in args if not a.startswith("hydra.run.dir=")],
+                    f"hydra.run.dir={scratch}", "hydra.output_subdir=null",
+                    "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
     try:
         hydra_train()
     finally:
         sys.argv = saved_argv
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     return _last_exit_code
 
 

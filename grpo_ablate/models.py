@@ -14,6 +14,7 @@ import random
 import shutil
 import tempfile
 import time
+import types
 from pathlib import Path
 
 import torch
@@ -168,14 +169,106 @@ def load_tokenizer(path: str | os.PathLike):
 
 
 def load_model_and_tokenizer(path: str | os.PathLike, attn_implementation: str | None = None):
-    """Load any causal LM the way a user's real model is loaded."""
+    """Load any causal LM the way a user's real model is loaded (float32 weights, on the CPU)."""
     try:
         tokenizer = load_tokenizer(path)
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32,
                                                      attn_implementation=attn_implementation)
     except (OSError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ModelPathError(f"model.path={path!r} could not be loaded: {first}") from None
+        hint = ""
+        if not Path(os.path.expanduser(str(path))).exists():
+            hint = (" (not a local directory, and no copy in the Hugging Face cache; download it "
+                    "where there is network, or give a directory with a saved transformers model)")
+        raise ModelPathError(f"model.path={path!r} could not be loaded: {first}{hint}") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token  # common for base LMs; left padding is masked
+    tokenizer.padding_side = "left"  # prompts are left-padded for generation (rollout.left_pad)
     return model, tokenizer
+
+
+# ---------------------------------------------------------------------------------------
+# Real models (model=hf): device, mixed precision, gradient checkpointing, LoRA
+# ---------------------------------------------------------------------------------------
+# model.dtype: the compute dtype. Weights (the master copy AdamW updates) stay float32.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def model_device(model_cfg, local_rank: int = 0) -> torch.device:
+    """model.device: auto = this process's GPU when there is one, else the CPU. The embedded
+    tiny model (no `device` key) always trains on the CPU, where it is fastest."""
+    choice = str(model_cfg.get("device") or "cpu")
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device("cuda", local_rank) if choice == "cuda" else torch.device(choice)
+
+
+def autocast_forward(model, dtype: str):
+    """model.dtype=bfloat16|float16: the model's forward runs under torch.autocast (matmuls in
+    low precision, reductions and softmax in float32) while its weights stay float32, the
+    master copy the optimizer updates; accelerate's mixed precision wraps forward the same
+    way. float32 leaves the model untouched (no per-step cost). Bound as a method, so a
+    deepcopy (the reference policy) is wrapped too and runs its own weights."""
+    if dtype == "float32":
+        return model
+    device_type = next(model.parameters()).device.type
+    forward = torch.autocast(device_type, dtype=DTYPES[dtype])(type(model).forward)
+    model.forward = types.MethodType(forward, model)
+    return model
+
+
+def enable_activation_checkpointing(model) -> None:
+    """model.gradient_checkpointing: recompute activations in backward (less memory, more time);
+    non-reentrant, so frozen inputs (LoRA) need no special care. transformers >= 5.2x renamed
+    gradient_checkpointing_enable to activation_checkpointing_enable."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def lora_enabled(model_cfg) -> bool:
+    return int((model_cfg.get("lora") or {}).get("r") or 0) > 0
+
+
+def add_lora(model, model_cfg, checkpoint: Path | None = None):
+    """Wrap `model` with trainable LoRA adapters (peft); only the adapters train. On resume the
+    adapters come back from the run's checkpoint, which holds just them (base: model.path)."""
+    from omegaconf import OmegaConf
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if checkpoint is not None:
+        return PeftModel.from_pretrained(model, str(checkpoint), is_trainable=True)
+    lora = OmegaConf.to_container(model_cfg.lora, resolve=True) if not isinstance(model_cfg.lora, dict) \
+        else dict(model_cfg.lora)
+    return get_peft_model(model, LoraConfig(
+        r=int(lora["r"]), lora_alpha=float(lora["alpha"]), lora_dropout=float(lora["dropout"]),
+        target_modules=lora["target_modules"], task_type="CAUSAL_LM"))
+
+
+class AdapterDisabled:
+    """The reference policy of a LoRA run: the policy itself with its adapters switched off,
+    i.e. the frozen base model, with no second copy in memory. Called like a model; runs in
+    eval mode (no dropout), as a separately loaded reference would."""
+
+    def __init__(self, peft_model):
+        self.model = peft_model
+
+    def __call__(self, **inputs):
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self.model.disable_adapter():
+                return self.model(**inputs)
+        finally:
+            self.model.train(was_training)
+
+
+def stop_token_ids(model, tokenizer) -> int | list[int]:
+    """Ids that end a completion: the tokenizer's EOS plus the generation config's (chat models
+    end a turn with e.g. <|im_end|> while their EOS is <|endoftext|>). One id stays an int."""
+    ids = [tokenizer.eos_token_id]
+    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids += extra if isinstance(extra, (list, tuple)) else [extra]
+    ids = list(dict.fromkeys(i for i in ids if i is not None))
+    return ids[0] if len(ids) == 1 else ids

@@ -25,6 +25,12 @@ class Rollout:
     prompt_len: int                # P, the padded prompt width
     completion_mask: torch.Tensor  # [N, T] 1 on completion tokens up to and including EOS
     truncated: torch.Tensor        # [N] bool: no EOS within max_new_tokens (TRL's test)
+    sampler_logprobs: torch.Tensor | None = None  # [N, T] the sampling engine's own (vLLM)
+
+    def to(self, device) -> "Rollout":
+        move = lambda t: None if t is None else t.to(device)
+        return Rollout(move(self.sequences), move(self.attention_mask), self.prompt_len,
+                       move(self.completion_mask), move(self.truncated), move(self.sampler_logprobs))
 
     @property
     def completion_ids(self) -> torch.Tensor:
@@ -52,8 +58,10 @@ def positions(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def _cache_kwarg(model) -> str:
-    """transformers 5.x renamed `past_key_values` to `cache`; accept either release line."""
-    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    """transformers 5.x renamed `past_key_values` to `cache`; accept either release line (a
+    LoRA model's forward passes keyword arguments through: ask the model it wraps)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
 
 
 class _HFStepper:
@@ -89,21 +97,48 @@ class _LeanStepper:
         return self.decoder.forward(input_ids, position_ids, self.cache_k, self.cache_v, start, key_bias)
 
 
+@dataclass
+class RowNoise:
+    """rollout.rng=per_row: the uniform that picks each sampled token comes from a generator
+    seeded by `seed` (one per sampling call), which draws one uniform for every row of the whole
+    batch (`total` rows) at every token; this process's rows, starting at global row `first`,
+    take theirs. A row's tokens then depend only on its index, never on how the rows are split
+    across processes (torchrun) or which other rows are still decoding."""
+    seed: int
+    first: int
+    total: int
+
+
 @torch.no_grad()
 def generate(model, prompts: list[list[int]], *, num_samples: int, max_new_tokens: int,
-             temperature: float, eos_id: int, pad_id: int,
-             generator: torch.Generator | None = None, lean: bool = True) -> Rollout:
+             temperature: float, eos_id: int | list[int], pad_id: int,
+             generator: torch.Generator | None = None, lean: bool = True,
+             noise: RowNoise | None = None) -> Rollout:
     """Sample `num_samples` completions per prompt (rows ordered prompt-major: group g is rows
     g*G .. g*G+G-1). temperature == 0 means greedy decoding (evaluation). With `lean`, models
-    of a supported architecture decode through LeanDecoder (same math, less overhead)."""
+    of a supported architecture decode through LeanDecoder (same math, less overhead) on a CPU
+    (never a LoRA model: LeanDecoder reads the base weights only). `eos_id` may be a list of
+    stop ids. A model in training mode samples in eval mode (no dropout; with gradient
+    checkpointing transformers would otherwise switch the KV cache off)."""
+    if model.training:
+        model.eval()
+        try:
+            return generate(model, prompts, num_samples=num_samples, max_new_tokens=max_new_tokens,
+                            temperature=temperature, eos_id=eos_id, pad_id=pad_id, generator=generator,
+                            lean=lean, noise=noise)
+        finally:
+            model.train()
     ids, mask = left_pad(prompts, pad_id)
     ids = ids.repeat_interleave(num_samples, dim=0)
     mask = mask.repeat_interleave(num_samples, dim=0)
     n, prompt_len = ids.shape
     device = next(model.parameters()).device
     ids, mask = ids.to(device), mask.to(device)
-    step = (_LeanStepper(model, n, prompt_len + max_new_tokens)
-            if lean and supports_lean(model) else _HFStepper(model))
+    if isinstance(eos_id, (list, tuple)):
+        eos_id = torch.tensor(eos_id, device=device)
+    lean = lean and device.type == "cpu" and not hasattr(model, "peft_config") and supports_lean(model)
+    step = _LeanStepper(model, n, prompt_len + max_new_tokens) if lean else _HFStepper(model)
+    uniforms = torch.Generator().manual_seed(noise.seed) if noise is not None else None
 
     new_tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device)
     finished = torch.zeros(n, dtype=torch.bool, device=device)
@@ -116,7 +151,12 @@ def generate(model, prompts: list[list[int]], *, num_samples: int, max_new_token
         logits = step(step_input, pos, full_mask[active, :width], width - step_input.shape[1]).float()
         if not bool(torch.isfinite(logits).all()):
             raise NonFiniteLogits(f"non-finite logits while sampling token {t}")
-        if temperature > 0:
+        if temperature > 0 and noise is not None:   # inverse-CDF sampling with each row's own uniform
+            cdf = torch.softmax(logits / temperature, dim=-1).cumsum(dim=-1)
+            u = torch.rand(noise.total, generator=uniforms)[noise.first:noise.first + n].to(device)[active]
+            token = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
+            token = token.clamp(max=cdf.shape[-1] - 1)
+        elif temperature > 0:
             probs = torch.softmax(logits / temperature, dim=-1)
             token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
         else:
@@ -124,7 +164,7 @@ def generate(model, prompts: list[list[int]], *, num_samples: int, max_new_token
         token = torch.where(finished[active], torch.full_like(token, pad_id), token)
         new_tokens[active, t] = token
         full_mask[active, width] = (~finished[active]).long()  # EOS itself is a trained token
-        finished[active] |= token == eos_id
+        finished[active] |= torch.isin(token, eos_id) if isinstance(eos_id, torch.Tensor) else token == eos_id
         steps_taken = t + 1
         if bool(finished.all()):
             break  # every row has emitted EOS: stop decoding early
@@ -150,7 +190,8 @@ def generate(model, prompts: list[list[int]], *, num_samples: int, max_new_token
 
 def select_rows(roll: Rollout, rows: torch.Tensor) -> Rollout:
     return Rollout(roll.sequences[rows], roll.attention_mask[rows], roll.prompt_len,
-                   roll.completion_mask[rows], roll.truncated[rows])
+                   roll.completion_mask[rows], roll.truncated[rows],
+                   None if roll.sampler_logprobs is None else roll.sampler_logprobs[rows])
 
 
 def concat_rollouts(rolls: list[Rollout], pad_id: int) -> Rollout:
@@ -160,14 +201,17 @@ def concat_rollouts(rolls: list[Rollout], pad_id: int) -> Rollout:
         return rolls[0]
     prompt_len = max(r.prompt_len for r in rolls)
     width = max(r.completion_mask.shape[1] for r in rolls)
-    seqs, masks, cmasks = [], [], []
+    seqs, masks, cmasks, sampler_logps = [], [], [], []
     for r in rolls:
         left, right = prompt_len - r.prompt_len, width - r.completion_mask.shape[1]
         seqs.append(torch.nn.functional.pad(r.sequences, (left, right), value=pad_id))
         masks.append(torch.nn.functional.pad(r.attention_mask, (left, right), value=0))
         cmasks.append(torch.nn.functional.pad(r.completion_mask, (0, right), value=0))
+        if r.sampler_logprobs is not None:
+            sampler_logps.append(torch.nn.functional.pad(r.sampler_logprobs, (0, right), value=0.0))
     return Rollout(torch.cat(seqs), torch.cat(masks), prompt_len, torch.cat(cmasks),
-                   torch.cat([r.truncated for r in rolls]))
+                   torch.cat([r.truncated for r in rolls]),
+                   torch.cat(sampler_logps) if len(sampler_logps) == len(rolls) else None)
 
 
 def completion_logprobs(model, rollout: Rollout, temperature: float = 1.0,
@@ -189,7 +233,7 @@ def completion_logprobs(model, rollout: Rollout, temperature: float = 1.0,
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         entropy = -(log_probs.exp() * log_probs).sum(dim=-1)
     if return_hidden:  # the last layer's state before each completion token (for a value head)
-        return token_logp, entropy, out.hidden_states[-1][:, -(num_completion + 1):-1]
+        return token_logp, entropy, out.hidden_states[-1][:, -(num_completion + 1):-1].float()
     return token_logp, entropy
 
 

@@ -16,10 +16,14 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from grpo_ablate.config import FAMILIES, ConfigError, config_hash, params, validate
-from grpo_ablate.models import ensure_warm_started, load_model_and_tokenizer
-from grpo_ablate.rollout import (NonFiniteLogits, Rollout, completion_logprobs, concat_rollouts,
-                                 decode_completions, generate, select_rows)
+from grpo_ablate.config import FAMILIES, ConfigError, check_here, config_hash, params, validate
+from grpo_ablate.distributed import DataParallel
+from grpo_ablate.generation import Rollouts, build_engine, rng_mode
+from grpo_ablate.prompts import PromptEncoder
+from grpo_ablate.models import (AdapterDisabled, add_lora, autocast_forward, enable_activation_checkpointing,
+                                ensure_warm_started, load_model_and_tokenizer, lora_enabled, model_device,
+                                stop_token_ids)
+from grpo_ablate.rollout import NonFiniteLogits, Rollout, completion_logprobs, concat_rollouts, select_rows
 from grpo_ablate.tasks import build_task
 from grpo_ablate.tracking import RunLog, find_checkpoint, read_status, save_checkpoint
 from grpo_ablate.tricks.adv import ADV_ESTIMATORS, gae, group_mean_std, token_rewards
@@ -55,9 +59,16 @@ class RunResult:
 
 
 def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), console=None) -> RunResult:
-    run_dir = Path(run_dir)
-    say = console.print if console is not None else (lambda *a, **k: None)
     validate(cfg)
+    check_here(cfg)     # packages, GPU, offline hub, torchrun's processes: where the run runs
+    # torchrun: one process per device, each training on its part of the batch (distributed.py);
+    # rank 0 alone writes the run dir (Hydra made it there) and talks to the console.
+    dp = DataParallel()
+    device = model_device(cfg.model, dp.local_rank)   # model.device: the GPU if any (the tiny model: CPU)
+    dp.start(device)
+    run_dir = Path(dp.broadcast(str(run_dir)))
+    console = console if dp.is_main else None
+    say = console.print if console is not None else (lambda *a, **k: None)
     opts = {family: params(cfg[family]) for family in FAMILIES}   # each family's kwargs, resolved once
     # Near-converged tiny models produce denormal floats, which run ~100x slower on CPUs.
     torch.set_flush_denormal(True)
@@ -65,7 +76,6 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
         torch.set_num_threads(int(cfg.threads))
     torch.manual_seed(cfg.seed)
     B, G = int(cfg.rollout.prompts_per_step), int(cfg.rollout.group_size)
-    lean = bool(cfg.rollout.lean_decoder)
     max_new = int(cfg.rollout.max_new_tokens)
 
     # --- resume or fresh start -------------------------------------------------------------
@@ -85,15 +95,26 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
 
     # --- task, policy, reference -------------------------------------------------------------
     task = build_task(cfg.task)
-    model_path = cfg.model.path or ensure_warm_started(cfg.model, task, log=say)
+    model_path = cfg.model.path or dp.main_first(lambda: ensure_warm_started(cfg.model, task, log=say))
     # Tiny models on a CPU: eager attention beats SDPA's dispatch overhead (~8% per step).
     attn = cfg.model.attn_implementation
-    attn = ("eager" if not torch.cuda.is_available() else None) if attn == "auto" else attn
+    attn = ("eager" if device.type == "cpu" else None) if attn == "auto" else attn
+    dtype = cfg.model.get("dtype", "float32")     # compute dtype; weights stay float32
+    lora = lora_enabled(cfg.model)                 # model.lora.r > 0: train LoRA adapters only
 
-    def load(path):
-        return load_model_and_tokenizer(path, attn_implementation=attn)
+    def load(path):   # on the device; with model.dtype != float32 the forward runs under autocast
+        model, tok = load_model_and_tokenizer(path, attn_implementation=attn)
+        return autocast_forward(model.to(device), dtype), tok
 
-    policy, tokenizer = load(checkpoint or model_path)
+    # With LoRA the base comes from model.path and the adapters from the checkpoint (on resume).
+    policy, tokenizer = load(model_path if lora else checkpoint or model_path)
+    if cfg.model.get("gradient_checkpointing"):   # recompute activations in backward: less memory
+        enable_activation_checkpointing(policy)
+    if lora:
+        policy = add_lora(policy, cfg.model, checkpoint)
+    encode = PromptEncoder(tokenizer, task)          # problem -> prompt ids (chat template if any)
+    prompt_counts = encode.drop_long_prompts(task, say)   # task.max_prompt_tokens: drop longer ones
+    format_reward = float(getattr(task, "format_reward", 0.0))   # bonus for \boxed{} / #### answers
     kl_control = KL_CONTROLLERS[cfg.kl.name](**opts["kl"])
     kl_estimator = KL_ESTIMATORS[cfg.kl.estimator]
     kl_weight_fn = KL_WEIGHTS[cfg.kl_weight.name]
@@ -101,7 +122,9 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     # term or a KL metric uses it: with beta = 0 there is no second model and no extra forward.
     needs_reference = kl_control.beta > 0 or bool(cfg.metrics.ref_kl)
     reference = None
-    if needs_reference:
+    if needs_reference and lora:   # the base model is the policy with its adapters off: no copy
+        reference = AdapterDisabled(policy)
+    elif needs_reference:
         reference = load(model_path)[0] if checkpoint else copy.deepcopy(policy)
         reference.eval().requires_grad_(False)
     # A second anchor, the policy as it was prev_lag optimizer steps ago (two-layer KL): a
@@ -117,23 +140,34 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     estimator = ADV_ESTIMATORS[cfg.adv.name]
     advantage_fn = estimator.fn
     # A critic (adv=gae): a value head on the policy's last hidden state, trained alongside it.
-    value_head = torch.nn.Linear(policy.config.hidden_size, 1) if estimator.uses_values else None
+    value_head = torch.nn.Linear(policy.config.hidden_size, 1).to(device) if estimator.uses_values else None
     value_loss_fn = VALUE_LOSSES[cfg.value_clip.name]
     adv_clip_fn = ADV_CLIPS[cfg.adv_clip.name]
     policy_loss_fn = POLICY_LOSSES[cfg.clip.name]
     policy_loss_params = {**opts["clip"], "dual_clip_c": cfg.dual_clip.c}
 
     temperature = TEMPERATURES[cfg.temperature.name](**opts["temperature"])
-    trained = list(policy.parameters()) + (list(value_head.parameters()) if value_head is not None else [])
+    critic = list(value_head.parameters()) if value_head is not None else []
+    trained = [p for p in policy.parameters() if p.requires_grad] + critic   # LoRA: the adapters only
+    # trained tensors outside the policy, whose gradients DDP does not average (torchrun)
+    outside_ddp = critic + [p for group in temperature.param_groups() for p in group["params"]]
     optimizer = torch.optim.AdamW([{"params": trained}, *temperature.param_groups()],
                                   lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
                                   weight_decay=cfg.optim.weight_decay)
     warmup = max(1, int(cfg.optim.warmup_steps))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
     sampler = torch.Generator().manual_seed(int(cfg.seed))  # the only randomness of a step
+    # Sampling (rollout.backend: the policy itself, or vLLM), decoding, scoring: the whole batch.
+    engine = build_engine(cfg, policy, tokenizer, dp)
+    rollouts = Rollouts(engine, tokenizer, encode, task, dp, device, eos_id=stop_token_ids(policy, tokenizer),
+                        max_new_tokens=max_new, seed=int(cfg.seed), rng=rng_mode(cfg, dp), stream=sampler)
+    train_model = dp.wrap(policy)   # the loss's forward: DDP under torchrun (gradients averaged)
+    # model.dtype=float16: a dynamic loss scale keeps small gradients from underflowing (else off)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == "float16")
     # tricks with state of their own (adaptive coefficients, a learnable T): checkpointed
     controllers = {"kl_control": kl_control, "entropy_control": entropy_control, "temperature": temperature,
-                   **({"value_head": value_head} if value_head is not None else {})}
+                   **({"value_head": value_head} if value_head is not None else {}),
+                   **({"grad_scaler": scaler} if scaler.is_enabled() else {})}
     start_step, skipped_steps = 0, 0
     if checkpoint is not None:
         state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
@@ -146,12 +180,12 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
         start_step, skipped_steps = state["step"], state["skipped_steps"]
         say(f"resuming {run_dir} from step {start_step}")
 
-    log = RunLog(run_dir, cfg, list(overrides), config_hash(cfg),
-                 resume_step=start_step if checkpoint is not None else None)
+    log = (RunLog(run_dir, cfg, list(overrides), config_hash(cfg),
+                  resume_step=start_step if checkpoint is not None else None) if dp.is_main else _Silent())
     eval_problems = task.eval_set()
 
-    def evaluate() -> dict:
-        return evaluate_policy(policy, tokenizer, task, eval_problems, int(cfg.eval.max_new_tokens), lean)
+    def evaluate_now() -> dict:
+        return evaluate(policy, rollouts, eval_problems, int(cfg.eval.max_new_tokens))
 
     run_started = time.perf_counter()
     result = RunResult("running", start_step, run_dir)
@@ -168,8 +202,8 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
 
     try:
         if start_step == 0:
-            base = evaluate()
-            log.log({"step": 0, **base})
+            base = evaluate_now()
+            log.log({"step": 0, **base, **prompt_counts})
             result.base_accuracy = base["eval/accuracy"]
             say(f"step 0  base eval accuracy {base['eval/accuracy']:.3f}")
         progress = _progress(console, cfg.steps, start_step)
@@ -183,11 +217,15 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
             #    by the verifier; the sampling family decides which groups make the batch.
             T = temperature.value                           # this step's sampling temperature
             try:
-                batch = sample_groups(policy, tokenizer, task, cfg, step, T, sampler)
+                batch = sample_groups(rollouts, task, cfg, step, T)
             except NonFiniteLogits as err:
                 return diverged(f"{err} at step {step}")
             roll, problems, texts, group_index = batch.roll, batch.problems, batch.texts, batch.group_index
-            task_rewards, n_groups, rounds = batch.scores, len(batch.problems), batch.rounds
+            task_rewards, n_groups, rounds = batch.scores.to(device), len(batch.problems), batch.rounds
+            group_index = group_index.to(device)       # (no-ops on a CPU)
+            # The forward passes run on this rank's rows (all of them without torchrun); what
+            # they compute is gathered back to the whole batch, where steps 2 and 4 work.
+            part, my = select_rows(roll, dp.share(len(texts))), dp.part
             sampled = time.perf_counter()
 
             # pi_ref log-probs (frozen start) only when a KL term or metric needs them; pi_old
@@ -195,20 +233,24 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
             # a KL penalty in the reward or a critic; otherwise pi_old == pi_theta and the ratio
             # is exactly 1 (nothing clips: expected); pi_prev only for the two-layer KL.
             with torch.no_grad():
-                ref_logp = completion_logprobs(reference, roll, T)[0] if reference is not None else None
+                ref_logp = dp.gather_rows(completion_logprobs(reference, part, T)[0]) if reference is not None else None
                 old_logp = old_values = None
                 if int(cfg.updates.num_iterations) > 1 or kl_control.reward_beta > 0 or value_head is not None:
-                    old_logp, _, hidden = completion_logprobs(policy, roll, T, return_hidden=True)
+                    old_logp, _, hidden = completion_logprobs(policy, part, T, return_hidden=True)
                     old_values = value_head(hidden).squeeze(-1) if value_head is not None else None
+                    old_logp, old_values = dp.gather_rows(old_logp), dp.gather_rows(old_values)
                 prev_logp = None
                 if previous is not None:
                     previous.load_state_dict(snapshots[0])
-                    prev_logp = completion_logprobs(previous, roll, T)[0]
+                    prev_logp = dp.gather_rows(completion_logprobs(previous, part, T)[0])
             scored = time.perf_counter()
 
             # 2. Rewards from the verifier, shaped (overlong, length, KL in the reward,
             #    reward_norm); group-relative advantages, one per completion (then adv_clip).
             rewards = cfg.reward.wrong + (cfg.reward.correct - cfg.reward.wrong) * task_rewards  # the scale
+            if format_reward:   # task.format_reward: a bonus for a final answer in \boxed{} or after ####
+                rewards = rewards + format_reward * torch.tensor([float(task.formatted(t)) for t in texts],
+                                                                 device=device)
             rewards, keep, overlong_penalty = overlong_fn(rewards, roll.lengths, roll.truncated,
                                                           max_new, **opts["overlong"])
             mask = roll.completion_mask * keep[:, None]   # [N, L] 1 up to and incl. EOS, if trained
@@ -228,43 +270,56 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
 
             # 3. Policy update(s): clipped surrogate + beta * KL - c * entropy, aggregated,
             #    grad-norm clipped, AdamW. The entropy carries a gradient only when c > 0.
+            #    On this rank's rows (`my`: a whole-batch tensor's rows for this rank).
             entropy_coef = entropy_control.coef
             for _ in range(int(cfg.updates.num_iterations)):
                 # T enters the graph: a learnable temperature is trained through the policy loss
-                logp, entropy, *hidden = completion_logprobs(policy, roll, temperature.current(),
+                logp, entropy, *hidden = completion_logprobs(train_model, part, temperature.current(),
                                                              entropy_grad=entropy_coef > 0,
                                                              return_hidden=value_head is not None)
-                pg_loss, clip_stats = policy_loss_fn(logp, logp.detach() if old_logp is None else old_logp,
-                                                     token_advantages, **policy_loss_params)
+                pg_loss, clip_stats = policy_loss_fn(logp, logp.detach() if old_logp is None else my(old_logp),
+                                                     my(token_advantages), **policy_loss_params)
                 token_loss = pg_loss
                 if value_head is not None:
                     values = value_head(hidden[0]).squeeze(-1)
-                    value_loss = value_loss_fn(values, old_values, returns, **opts["value_clip"])
+                    value_loss = value_loss_fn(values, my(old_values), my(returns), **opts["value_clip"])
                     token_loss = token_loss + float(cfg.adv.value_coef) * value_loss
                 if ref_logp is not None:
-                    kl_token = kl_estimator(logp, ref_logp) * kl_weight_fn(mask, entropy, **opts["kl_weight"])
+                    kl_token = kl_estimator(logp, my(ref_logp)) * kl_weight_fn(my(mask), entropy, **opts["kl_weight"])
                     token_loss = token_loss + kl_control.loss_beta * kl_token
                 if prev_logp is not None:
-                    token_loss = token_loss + kl_control.beta_prev * kl_estimator(logp, prev_logp)
+                    token_loss = token_loss + kl_control.beta_prev * kl_estimator(logp, my(prev_logp))
                 if entropy_coef > 0:
                     token_loss = token_loss - entropy_coef * entropy
-                loss = aggregate(token_loss, weights)
+                loss = aggregate(token_loss, my(weights))    # weights are global: the ranks' losses add up
                 if step == cfg.debug.nan_loss_at_step:   # fault injection: a divergence
                     loss = loss * float("nan")
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                scaler.scale(loss * dp.world).backward()     # DDP averages over ranks: x world = the sum
+                dp.average_grads(outside_ddp)                 # a value head, a learnable T (torchrun only)
+                scaler.unscale_(optimizer)          # float16 only: the true gradients, before clipping
                 grad_norm = torch.nn.utils.clip_grad_norm_(trained, cfg.optim.max_grad_norm)
-                finite = math.isfinite(loss.item()) and math.isfinite(grad_norm.item())
+                step_loss = dp.sum(loss.item())     # the whole batch's loss
+                # (float16: an overflowing gradient is routine; the scaler skips it, lowers its scale)
+                finite = math.isfinite(step_loss) and (math.isfinite(grad_norm.item()) or scaler.is_enabled())
                 if not finite and cfg.on_nonfinite == "skip":
                     skipped_steps += 1  # drop this update, keep the weights as they were
                     optimizer.zero_grad(set_to_none=True)
+                    scaler.update()
                     continue
                 if not finite:
                     break
-                optimizer.step()
+                scaler.step(optimizer)              # optimizer.step(), unless float16 overflowed
+                scaler.update()
                 schedule.step()
             if previous is not None:
                 snapshots.append(_weights(policy))
+            engine.sync(policy)     # rollout=vllm: the sampler gets the new weights (hf: nothing to do)
+            # the update's per-token results, for the metrics: back to the whole batch (torchrun)
+            logp, entropy = dp.gather_rows(logp), dp.gather_rows(entropy)
+            clip_stats = {k: dp.gather_rows(v) for k, v in clip_stats.items()}
+            if value_head is not None:
+                values, value_loss = dp.gather_rows(values), dp.gather_rows(value_loss)
             updated = time.perf_counter()
 
             # 4. Metrics of this step (token means over completion tokens unless stated).
@@ -275,7 +330,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                 lengths = roll.lengths
                 metrics = {
                     "step": step,
-                    "loss": loss.item(),
+                    "loss": step_loss,
                     "reward/mean": rewards.mean().item(),
                     "reward/std": rewards.std().item() if rewards.numel() > 1 else 0.0,
                     "train/accuracy": task_rewards.mean().item(),  # the verifier's 0/1, unshaped
@@ -297,7 +352,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                     "adv/std": adv_values.std().item() if adv_values.numel() > 1 else 0.0,
                     "adv/min": adv_values.min().item() if adv_values.numel() else 0.0,
                     "adv/max": adv_values.max().item() if adv_values.numel() else 0.0,
-                    "adv/zero_std_group_frac": torch.zeros(n_groups).index_fill_(
+                    "adv/zero_std_group_frac": torch.zeros(n_groups, device=device).index_fill_(
                         0, group_index[group_std == 0], 1.0).mean().item(),
                     "kl/beta": kl_control.beta,
                     "optim/grad_norm": grad_norm.item(),
@@ -314,6 +369,10 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                     metrics["value/explained_variance"] = explained_variance(values, returns, mask).item()
                 if prev_logp is not None:
                     metrics["kl/prev_k3"] = masked_mean(KL_ESTIMATORS["k3"](logp, prev_logp), mask).item()
+                if roll.sampler_logprobs is not None:   # rollout=vllm: the sampler's log-probs vs ours
+                    gap = (roll.sampler_logprobs - (old_logp if old_logp is not None else logp)).abs() * mask
+                    metrics["rollout/logprob_gap_mean"] = (gap.sum() / mask.sum().clamp(min=1)).item()
+                    metrics["rollout/logprob_gap_max"] = gap.max().item()
                 entropy_control.update(metrics["policy/entropy"])
                 completion_tokens = mask.sum().item()
                 metrics.update({
@@ -328,18 +387,18 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                 })
 
             if not finite and cfg.on_nonfinite == "stop":
-                what = "loss" if not math.isfinite(loss.item()) else "grad norm"
+                what = "loss" if not math.isfinite(step_loss) else "grad norm"
                 return diverged(f"non-finite {what} at step {step}", metrics)
 
             if step % int(cfg.eval.every) == 0 or step == int(cfg.steps):
-                metrics.update(evaluate())
+                metrics.update(evaluate_now())
                 metrics["time/eval_s"] = time.perf_counter() - updated
             log.log(metrics)
             if step % int(cfg.samples_every) == 0:
                 log.samples(step, [{"prompt": problems[int(group_index[i])].prompt, "completion": texts[i],
                                     "reward": rewards[i].item(), "truncated": bool(roll.truncated[i])}
                                    for i in range(min(int(cfg.samples_per_log), len(texts)))])
-            if step % int(cfg.checkpoint_every) == 0 or step == int(cfg.steps):
+            if (step % int(cfg.checkpoint_every) == 0 or step == int(cfg.steps)) and dp.is_main:
                 save_checkpoint(run_dir, policy, tokenizer, {
                     "step": step, "skipped_steps": skipped_steps, "optimizer": optimizer.state_dict(),
                     "schedule": schedule.state_dict(), "sampler": sampler.get_state(),
@@ -360,19 +419,16 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
         if progress is not None:
             progress.stop()
         log.close()
+        dp.stop()
 
 
-def evaluate_policy(policy, tokenizer, task, problems, max_new_tokens: int, lean: bool) -> dict:
-    """Greedy decoding on the held-out split (GRPO runs, control runs and tests share it)."""
+def evaluate(policy, rollouts: Rollouts, problems, max_new_tokens: int) -> dict:
+    """Greedy decoding on the held-out split (GRPO runs and control runs share it)."""
     policy.eval()
-    roll = generate(policy, [tokenizer(p.prompt).input_ids for p in problems], num_samples=1,
-                    max_new_tokens=max_new_tokens, temperature=0.0,
-                    eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, lean=lean)
-    texts = decode_completions(tokenizer, roll)
-    correct = [task.reward(t, p) for t, p in zip(texts, problems)]
-    return {"eval/accuracy": sum(correct) / len(correct),
-            "eval/length_mean": roll.lengths.mean().item(),
-            "eval/truncated_frac": roll.truncated.float().mean().item()}
+    graded = rollouts(problems, 1, 0.0, ("eval",), max_new_tokens=max_new_tokens)
+    return {"eval/accuracy": sum(graded.scores.tolist()) / len(graded.scores),
+            "eval/length_mean": graded.roll.lengths.float().mean().item(),
+            "eval/truncated_frac": graded.roll.truncated.float().mean().item()}
 
 
 @dataclass
@@ -385,8 +441,7 @@ class SampledGroups:
     rounds: int
 
 
-def sample_groups(policy, tokenizer, task, cfg: DictConfig, step: int, T: float,
-                  sampler: torch.Generator) -> SampledGroups:
+def sample_groups(rollouts: Rollouts, task, cfg: DictConfig, step: int, T: float) -> SampledGroups:
     """The batch of groups for one optimizer step, per the `sampling` family.
 
     Round r draws B fresh prompts x G completions; the family's filter keeps groups (static:
@@ -400,24 +455,19 @@ def sample_groups(policy, tokenizer, task, cfg: DictConfig, step: int, T: float,
     g_step, g_max = int(cfg.sampling.get("g_step") or 1), int(cfg.sampling.get("g_max") or G)
     filter_params = params(cfg.sampling)
 
-    def sample(problems, n):
-        roll = generate(policy, [tokenizer(p.prompt).input_ids for p in problems], num_samples=n,
-                        max_new_tokens=int(cfg.rollout.max_new_tokens), temperature=T,
-                        eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
-                        generator=sampler, lean=bool(cfg.rollout.lean_decoder))
-        texts = decode_completions(tokenizer, roll)
-        scores = torch.tensor([float(task.reward(t, problems[i // n])) for i, t in enumerate(texts)])
-        return roll, texts, scores
+    def sample(problems, n, key):
+        graded = rollouts(problems, n, T, key)
+        return graded.roll, graded.texts, graded.scores
 
     rolls, problems, texts, scores, rounds = [], [], [], [], 0
     for sampling_round in range(max_rounds):
         round_problems = task.train_batch(B, int(cfg.seed), step, sampling_round)
-        roll, round_texts, round_scores = sample(round_problems, G)
+        roll, round_texts, round_scores = sample(round_problems, G, ("train", step, sampling_round))
         rounds += 1
         kept = group_filter(round_scores.view(B, G), **filter_params).nonzero().squeeze(1)
         kept = kept[:B - len(problems)]                  # never more than B groups in total
         rows = (kept[:, None] * G + torch.arange(G)).reshape(-1)
-        rolls.append(select_rows(roll, rows))
+        rolls.append(select_rows(roll, rows.to(roll.sequences.device)))
         problems += [round_problems[g] for g in kept.tolist()]
         texts += [round_texts[r] for r in rows.tolist()]
         scores.append(round_scores[rows])
@@ -427,6 +477,7 @@ def sample_groups(policy, tokenizer, task, cfg: DictConfig, step: int, T: float,
         rolls, problems, texts, scores = [roll], round_problems, round_texts, [round_scores]
     group_index = torch.arange(len(problems)).repeat_interleave(G)
 
+    growth = 0
     while True:
         _, spread = group_mean_std(torch.cat(scores), group_index)
         sizes = torch.bincount(group_index, minlength=len(problems))
@@ -434,18 +485,26 @@ def sample_groups(policy, tokenizer, task, cfg: DictConfig, step: int, T: float,
         grow = ((~varied) & (sizes < g_max)).nonzero().squeeze(1).tolist()
         if not grow:
             break
-        roll, more_texts, more_scores = sample([problems[g] for g in grow], g_step)
+        growth += 1
+        roll, more_texts, more_scores = sample([problems[g] for g in grow], g_step, ("grow", step, growth))
         rolls.append(roll)
         texts += more_texts
         scores.append(more_scores)
         group_index = torch.cat([group_index, torch.tensor(grow).repeat_interleave(g_step)])
-    return SampledGroups(concat_rollouts(rolls, tokenizer.pad_token_id), problems, texts,
+    return SampledGroups(concat_rollouts(rolls, rollouts.pad_id), problems, texts,
                          torch.cat(scores), group_index, rounds)
 
 
 def _weights(model) -> dict:
     """A detached copy of the weights (a snapshot for the two-layer KL anchor)."""
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+class _Silent:
+    """The run log of a rank other than 0 under torchrun: rank 0 alone writes the run dir."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
 
 
 class _progress:

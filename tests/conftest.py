@@ -50,3 +50,11 @@ def cli(*args, cwd=None, timeout=300, env=None):
     full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
     return subprocess.run([sys.executable, "-m", "grpo_ablate.cli", *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """Tiny random Llama, Qwen2 (with a chat template) and GPT-2 checkpoints: arch -> dir."""
+    from tiny_models import save_tiny_models
+
+    return save_tiny_models(tmp_path_factory.mktemp("models"))

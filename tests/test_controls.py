@@ -7,10 +7,13 @@ import torch
 
 from conftest import cli
 from grpo_ablate.config import compose
+from grpo_ablate.distributed import DataParallel
 from grpo_ablate.entrypoint import run_hydra
-from grpo_ablate.models import load_model_and_tokenizer
+from grpo_ablate.generation import HFEngine, Rollouts
+from grpo_ablate.models import load_model_and_tokenizer, stop_token_ids
+from grpo_ablate.prompts import PromptEncoder
 from grpo_ablate.tasks import build_task
-from grpo_ablate.trainer import evaluate_policy
+from grpo_ablate.trainer import evaluate
 
 
 def rows(run_dir):
@@ -18,11 +21,15 @@ def rows(run_dir):
 
 
 def direct_eval(path, small):
+    """Greedy eval of the weights in `path`, built from scratch here."""
     cfg = compose(small)
     task = build_task(cfg.task)
     model, tokenizer = load_model_and_tokenizer(path, attn_implementation="eager")
-    return evaluate_policy(model, tokenizer, task, task.eval_set(), int(cfg.eval.max_new_tokens),
-                           bool(cfg.rollout.lean_decoder))
+    rollouts = Rollouts(HFEngine(model, bool(cfg.rollout.lean_decoder)), tokenizer, PromptEncoder(tokenizer, task),
+                        task, DataParallel(), torch.device("cpu"), eos_id=stop_token_ids(model, tokenizer),
+                        max_new_tokens=int(cfg.eval.max_new_tokens), seed=0, rng="stream",
+                        stream=torch.Generator())
+    return evaluate(model, rollouts, task.eval_set(), int(cfg.eval.max_new_tokens))
 
 
 @pytest.fixture(scope="module")

@@ -3,21 +3,30 @@
 The trainer needs only this protocol:
     task.train_batch(n, seed, step) -> list[Problem]   # deterministic in (seed, step)
     task.eval_set() -> list[Problem]                    # held out, fixed
-    task.warmup_batch(n, rng) -> list[Problem]          # for the supervised warm start
     task.reward(completion: str, problem) -> float      # 1.0 correct, 0.0 otherwise
+The embedded tiny model's warm start also needs (the arithmetic task has them):
+    task.warmup_batch(n, rng) -> list[Problem]          # for the supervised warm start
     task.chars -> str                                   # characters the embedded tokenizer needs
+Optional (the data tasks have them): `format_reward` (a bonus, with `formatted(completion)`),
+`chat_template`, `system_prompt`, `max_prompt_tokens` (see grpo_ablate/prompts.py).
 """
 from __future__ import annotations
 
 from grpo_ablate.tasks.arithmetic import ArithmeticTask, Problem
+from grpo_ablate.tasks.dataset import HFDatasetTask, JsonlTask, MathProblem, ParquetTask
 
-TASKS = {"arithmetic": ArithmeticTask}
-
-
-def build_task(cfg) -> ArithmeticTask:
-    """Instantiate the task named by `cfg.name` with the rest of the group as arguments."""
-    params = {k: v for k, v in dict(cfg).items() if k != "name"}
-    return TASKS[cfg.name](**params)
+TASKS = {"arithmetic": ArithmeticTask, "jsonl": JsonlTask, "parquet": ParquetTask, "hf": HFDatasetTask}
 
 
-__all__ = ["TASKS", "ArithmeticTask", "Problem", "build_task"]
+def build_task(cfg):
+    """Instantiate the task named by `cfg.name` with the rest of the group as arguments, and
+    read its data (data tasks: ConfigError naming any malformed row)."""
+    from omegaconf import OmegaConf
+
+    params = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "name"}
+    task = TASKS[cfg.name](**params)
+    return task.load() if hasattr(task, "load") else task
+
+
+__all__ = ["TASKS", "ArithmeticTask", "HFDatasetTask", "JsonlTask", "MathProblem", "ParquetTask", "Problem",
+           "build_task"]

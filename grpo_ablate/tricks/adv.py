@@ -56,7 +56,7 @@ def grpo_advantage(rewards, group_index, eps: float = 1e-6, **_):
 
 def batch_std(values: torch.Tensor) -> torch.Tensor:
     """Bessel-corrected std over the whole batch of the optimizer step (0 for one value)."""
-    return values.std() if values.numel() > 1 else torch.zeros((), dtype=values.dtype)
+    return values.std() if values.numel() > 1 else torch.zeros((), dtype=values.dtype, device=values.device)
 
 
 @register_adv("dr_grpo")
@@ -144,7 +144,7 @@ def gae(token_reward: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, ga
     """
     values = values * mask
     advantages = torch.zeros_like(values)
-    running = torch.zeros(values.shape[0], dtype=values.dtype)
+    running = torch.zeros(values.shape[0], dtype=values.dtype, device=values.device)
     for t in reversed(range(values.shape[1])):
         next_value = values[:, t + 1] if t + 1 < values.shape[1] else torch.zeros_like(running)
         delta = token_reward[:, t] + gamma * next_value - values[:, t]

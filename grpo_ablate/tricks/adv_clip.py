@@ -9,7 +9,7 @@ import torch
 
 
 def no_adv_clip(advantages: torch.Tensor, **_):
-    return advantages, torch.zeros((), dtype=advantages.dtype)
+    return advantages, torch.zeros((), dtype=advantages.dtype, device=advantages.device)
 
 
 def clip_advantages(advantages: torch.Tensor, c: float = 2.0, **_):

@@ -18,7 +18,7 @@ def uniform_kl_weight(mask: torch.Tensor, entropy: torch.Tensor, **_) -> torch.T
 
 
 def length_budget_kl_weight(mask, entropy, budget: int = 16, alpha: float = 1.0, **_):
-    position = torch.arange(mask.shape[1], dtype=mask.dtype)
+    position = torch.arange(mask.shape[1], dtype=mask.dtype, device=mask.device)
     return (1 + alpha * (position - budget).clamp(min=0) / budget).expand_as(mask)
 
 

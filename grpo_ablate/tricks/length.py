@@ -25,8 +25,8 @@ def length_penalty(rewards, lengths, group_index, correct, max_len, lam: float =
 def group_length_reward(rewards, lengths, group_index, correct, max_len, weight: float = 1.0, **_):
     lengths = lengths.to(rewards.dtype)
     n_groups = int(group_index.max()) + 1
-    lo = torch.full((n_groups,), float("inf"), dtype=rewards.dtype).scatter_reduce(0, group_index, lengths, "amin")
-    hi = torch.full((n_groups,), float("-inf"), dtype=rewards.dtype).scatter_reduce(0, group_index, lengths, "amax")
+    lo = torch.full((n_groups,), float("inf"), dtype=rewards.dtype, device=rewards.device).scatter_reduce(0, group_index, lengths, "amin")
+    hi = torch.full((n_groups,), float("-inf"), dtype=rewards.dtype, device=rewards.device).scatter_reduce(0, group_index, lengths, "amax")
     lo, hi = lo[group_index], hi[group_index]
     spread = hi - lo
     lam = torch.where(spread > 0, 0.5 - (lengths - lo) / spread.clamp(min=1e-12), torch.zeros_like(lengths))

@@ -16,7 +16,7 @@ def no_reward_norm(rewards: torch.Tensor, **_) -> torch.Tensor:
 
 
 def batch_reward_norm(rewards: torch.Tensor, eps: float = 1e-6, **_) -> torch.Tensor:
-    std = rewards.std() if rewards.numel() > 1 else torch.zeros((), dtype=rewards.dtype)
+    std = rewards.std() if rewards.numel() > 1 else torch.zeros((), dtype=rewards.dtype, device=rewards.device)
     return (rewards - rewards.mean()) / (std + eps)
 
 

@@ -1,0 +1,168 @@
+"""Data-parallel training of one run over several processes (torchrun), and its one-process no-op.
+
+    torchrun --nproc_per_node 4 -m grpo_ablate.cli train model=hf model.path=...
+
+How the work is split (every rank ends up with the same numbers, so every decision agrees):
+  - sampling: each rank generates and scores a contiguous share of the step's prompts, whole
+    groups (a group never spans ranks); the shares are then gathered, so every rank holds the
+    whole batch: its token ids, texts and rewards.
+  - rewards, advantages and loss weights are computed on that whole batch, identically on every
+    rank: group and batch statistics and token_mean's token count are global by construction.
+  - the forward and backward passes are split by rows; the per-token loss weights are already
+    global, so the step's loss is the sum of the ranks' losses. DistributedDataParallel averages
+    gradients, so each rank backpropagates world_size x its part (= the sum). Trained tensors
+    outside the DDP model (a value head, a learnable temperature) are averaged the same way.
+  - per-token results (log-probs, entropy, clip statistics) are gathered for the metrics; only
+    rank 0 writes the run dir, W&B and checkpoints.
+Backend: gloo on CPUs, nccl on GPUs (one GPU per process, cuda:LOCAL_RANK). With one process
+(no torchrun) every method here returns its input unchanged: nothing is added to a step.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def launched_ranks() -> int:
+    """How many processes torchrun (or SLURM, see below) started for this run (1 otherwise)."""
+    _slurm_as_torchrun()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _slurm_as_torchrun() -> None:
+    """A SLURM job step with several tasks (e.g. Hydra's submitit_slurm launcher with
+    hydra.launcher.tasks_per_node=N and one GPU per task) is one run over its tasks: SLURM's
+    task ids become torchrun's variables. Rank 0's node is the rendezvous point, on a port
+    derived from the job id (several jobs may share a node)."""
+    if "RANK" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
+        return
+    master = "127.0.0.1"
+    if int(os.environ.get("SLURM_NNODES", "1")) > 1:   # the first host of the job's node list
+        import subprocess
+
+        master = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
+                                capture_output=True, text=True, check=True).stdout.split()[0]
+    os.environ.update(RANK=os.environ["SLURM_PROCID"], WORLD_SIZE=os.environ["SLURM_NTASKS"],
+                      LOCAL_RANK=os.environ.get("SLURM_LOCALID", "0"), MASTER_ADDR=master,
+                      MASTER_PORT=str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000))
+
+
+class DataParallel:
+    def __init__(self):
+        _slurm_as_torchrun()
+        self.world = launched_ranks()
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.started = False
+        self.device = torch.device("cpu")   # where collectives' tensors live (nccl: this GPU)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def start(self, device: torch.device) -> None:
+        """Join the process group (torchrun's env:// rendezvous)."""
+        self.device = device
+        if self.world == 1 or dist.is_initialized():
+            return
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        self.started = True
+
+    def stop(self) -> None:
+        if self.started and dist.is_initialized():
+            dist.destroy_process_group()
+            self.started = False
+
+    # -- splitting ------------------------------------------------------------------------------
+    def share(self, n: int) -> slice:
+        """This rank's contiguous share of n items (the first ranks take one more if uneven)."""
+        if self.world == 1:
+            return slice(0, n)
+        base, extra = divmod(n, self.world)
+        start = self.rank * base + min(self.rank, extra)
+        return slice(start, start + base + (self.rank < extra))
+
+    def part(self, tensor):
+        """This rank's rows of a tensor over the whole batch (None stays None)."""
+        if self.world == 1 or tensor is None:
+            return tensor
+        return tensor[self.share(tensor.shape[0])]
+
+    # -- collecting -----------------------------------------------------------------------------
+    def gather_objects(self, obj) -> list:
+        """Every rank's `obj`, in rank order (picklable; tensors travel on the CPU)."""
+        if self.world == 1:
+            return [obj]
+        out = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def gather_rows(self, tensor):
+        """The whole batch's rows from every rank's `part` (None stays None)."""
+        if self.world == 1 or tensor is None:
+            return tensor
+        size = torch.tensor([tensor.shape[0]], device=tensor.device)
+        sizes = [torch.zeros_like(size) for _ in range(self.world)]
+        dist.all_gather(sizes, size)                         # all_gather needs equal shapes: pad
+        padded = torch.zeros((int(max(sizes)), *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+        padded[:tensor.shape[0]] = tensor.detach()
+        pieces = [torch.empty_like(padded) for _ in range(self.world)]
+        dist.all_gather(pieces, padded)
+        return torch.cat([piece[:int(n)] for piece, n in zip(pieces, sizes)])
+
+    def sum(self, value: float) -> float:
+        """A number summed over ranks (the step's loss: each rank holds its part)."""
+        if self.world == 1:
+            return value
+        total = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(total)
+        return float(total)
+
+    def broadcast(self, obj):
+        """Rank 0's `obj` on every rank (the run dir Hydra made on rank 0)."""
+        if self.world == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def main_first(self, fn):
+        """Run `fn` on rank 0, then on the others (a cache rank 0 fills, the others then find)."""
+        if self.world == 1:
+            return fn()
+        if self.is_main:
+            result = fn()
+        dist.barrier()
+        if not self.is_main:
+            result = fn()
+        return result
+
+    # -- gradients ------------------------------------------------------------------------------
+    def wrap(self, model):
+        """The model the loss's forward pass runs through: DDP over ranks, itself in one process."""
+        if self.world == 1:
+            return model
+        import inspect
+
+        from torch.nn.parallel import DistributedDataParallel
+
+        device = next(model.parameters()).device
+        # buffers (rotary tables) are equal on every rank: no need to sync them at every forward
+        quiet = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                 else "broadcast_buffers")
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                       **{quiet: False})
+
+    def average_grads(self, params) -> None:
+        """Average the gradients of parameters outside the DDP model (as DDP does for its own)."""
+        if self.world == 1:
+            return
+        for p in params:
+            if p.grad is not None:
+                grad = p.grad.to(self.device)   # nccl reduces GPU tensors only (a learnable T is on the CPU)
+                dist.all_reduce(grad)
+                p.grad.copy_(grad / self.world)

@@ -1,0 +1,100 @@
+"""Sampling for the trainer: problems -> the decoded, scored completions of the whole batch.
+
+`Rollouts` encodes the prompts (chat template), has the rollout backend sample them
+(rollout.backend: `hf`, the training model itself with its KV cache; `vllm`, a colocated vLLM
+engine), decodes and scores the completions with the task's verifier. With torchrun each rank
+samples and scores a contiguous share of the problems (whole groups) and the shares are
+gathered, so every rank returns the same whole batch (see distributed.py).
+
+Randomness (rollout.rng): `stream`, one generator carried through the run (checkpointed),
+is the single-process default; `per_row` keys every completion's draws by (seed, step,
+round, its row in the whole batch), so a run samples the same completions on any number of
+processes; `auto` picks stream in one process and per_row under torchrun.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+from grpo_ablate.rollout import NonFiniteLogits, Rollout, RowNoise, concat_rollouts, decode_completions, generate
+
+
+class HFEngine:
+    """rollout.backend=hf: the training model samples its own completions (rollout.generate)."""
+
+    def __init__(self, policy, lean: bool):
+        self.policy, self.lean = policy, lean
+
+    def generate(self, prompts, **kwargs) -> Rollout:
+        return generate(self.policy, prompts, lean=self.lean, **kwargs)
+
+    def sync(self, policy) -> None:
+        """Nothing to push: the sampler is the policy itself."""
+
+
+def build_engine(cfg, policy, tokenizer, dp):
+    """The rollout backend named by rollout.backend (vllm is imported only when chosen)."""
+    if cfg.rollout.backend == "vllm":
+        from grpo_ablate.vllm_rollout import VLLMEngine
+
+        return VLLMEngine(cfg, policy, tokenizer, dp)
+    return HFEngine(policy, lean=bool(cfg.rollout.lean_decoder))
+
+
+def rng_mode(cfg, dp) -> str:
+    mode = str(cfg.rollout.get("rng") or "auto")
+    return ("per_row" if dp.world > 1 else "stream") if mode == "auto" else mode
+
+
+def derived_seed(seed: int, key: tuple) -> int:
+    """A seed for one sampling call, a pure function of the run's seed and the call's key."""
+    return int.from_bytes(hashlib.sha256(repr((int(seed), key)).encode()).digest()[:8], "little") >> 1
+
+
+@dataclass
+class Scored:
+    roll: Rollout
+    texts: list[str]
+    scores: torch.Tensor     # [rows] the verifier's rewards (CPU)
+
+
+class Rollouts:
+    def __init__(self, engine, tokenizer, encode, task, dp, device, *, eos_id, max_new_tokens: int,
+                 seed: int, rng: str, stream: torch.Generator):
+        self.engine, self.tokenizer, self.encode, self.task, self.dp = engine, tokenizer, encode, task, dp
+        self.device, self.eos_id, self.pad_id = device, eos_id, tokenizer.pad_token_id
+        self.max_new_tokens, self.seed, self.per_row, self.stream = max_new_tokens, seed, rng == "per_row", stream
+
+    def __call__(self, problems: list, n: int, temperature: float, key: tuple,
+                 max_new_tokens: int | None = None) -> Scored:
+        """n completions of each problem, rows problem-major (group g = rows g*n .. g*n+n-1).
+        `key` names the call (e.g. ("train", step, round)) for rollout.rng=per_row.
+        Raises NonFiniteLogits (on every rank) if the policy has diverged."""
+        share = self.dp.share(len(problems))      # all of them in one process
+        mine, piece, error = problems[share], None, None
+        if mine:
+            noise = RowNoise(derived_seed(self.seed, key), share.start * n, len(problems) * n) if self.per_row else None
+            try:
+                roll = self.engine.generate([self.encode(p) for p in mine], num_samples=n,
+                                            max_new_tokens=max_new_tokens or self.max_new_tokens,
+                                            temperature=temperature, eos_id=self.eos_id, pad_id=self.pad_id,
+                                            generator=self.stream, noise=noise)
+            except NonFiniteLogits as err:
+                if self.dp.world == 1:
+                    raise
+                error = str(err)   # told to every rank below, so all stop at the same step
+            else:
+                texts = decode_completions(self.tokenizer, roll)
+                scores = torch.tensor([float(self.task.reward(t, mine[i // n])) for i, t in enumerate(texts)])
+                piece = Scored(roll, texts, scores)
+        if self.dp.world == 1:
+            return piece
+        shared = self.dp.gather_objects((piece and Scored(piece.roll.to("cpu"), piece.texts, piece.scores), error))
+        errors = [e for _, e in shared if e]
+        if errors:
+            raise NonFiniteLogits(errors[0])
+        pieces = [p for p, _ in shared if p is not None]
+        return Scored(concat_rollouts([p.roll for p in pieces], self.pad_id).to(self.device),
+                      [t for p in pieces for t in p.texts], torch.cat([p.scores for p in pieces]))

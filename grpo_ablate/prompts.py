@@ -1,0 +1,46 @@
+"""A problem's prompt as token ids: the tokenizer's chat template, a system prompt, a length limit.
+
+Set in the task group (the task owns how its problems are presented):
+    task.chat_template: auto | none   auto: the tokenizer's chat template when it has one (the
+                                      question is the user turn, then the assistant's turn begins)
+    task.system_prompt: text | null   a system turn; without a chat template, the text and a
+                                      blank line go before the prompt
+    task.max_prompt_tokens: n | null  problems whose prompt is longer are dropped when the run
+                                      starts (verl's filter_overlong_prompts), counted once
+
+The embedded arithmetic task has none of these keys: its prompts are raw text ("47+59=").
+Prompts are left-padded for generation by the sampler (rollout.left_pad).
+"""
+from __future__ import annotations
+
+
+class PromptEncoder:
+    def __init__(self, tokenizer, task):
+        self.tokenizer = tokenizer
+        self.system_prompt = getattr(task, "system_prompt", None)
+        self.max_tokens = getattr(task, "max_prompt_tokens", None)
+        wanted = getattr(task, "chat_template", "none")
+        self.chat = wanted == "auto" and bool(getattr(tokenizer, "chat_template", None))
+
+    def text(self, prompt: str) -> str:
+        """The prompt as the model sees it (before tokenization)."""
+        if not self.chat:
+            return f"{self.system_prompt}\n\n{prompt}" if self.system_prompt else prompt
+        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        messages.append({"role": "user", "content": prompt})
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def __call__(self, problem) -> list[int]:
+        # A chat template writes its own special tokens (BOS included): add none twice.
+        return self.tokenizer(self.text(problem.prompt), add_special_tokens=not self.chat).input_ids
+
+    def drop_long_prompts(self, task, say) -> dict:
+        """task.max_prompt_tokens: remove longer problems from the task once, say so, and return
+        the counts as metrics for the first row of metrics.jsonl ({} without a limit)."""
+        if not self.max_tokens:
+            return {}
+        dropped_train, dropped_eval = task.drop_prompts(lambda p: len(self(p)) > self.max_tokens)
+        if dropped_train or dropped_eval:
+            say(f"prompts: dropped {dropped_train} training and {dropped_eval} eval problems longer than "
+                f"task.max_prompt_tokens={self.max_tokens} (kept {len(task.train)} and {len(task.eval)})")
+        return {"prompts/dropped": dropped_train, "prompts/dropped_eval": dropped_eval}

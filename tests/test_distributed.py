@@ -1,0 +1,59 @@
+"""Data-parallel training with torchrun (2 CPU processes, gloo): the same run as one process."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from grpo_ablate.config import compose
+from grpo_ablate.tracking import TIMING_PREFIXES, read_jsonl
+from grpo_ablate.trainer import train
+
+
+def torchrun(*args, cwd):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "grpo_ablate.cli", "train", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_two_processes_match_one_process_on_the_same_global_batch(small, tmp_path):
+    # token_mean normalises by the whole batch's token count, lite by the whole batch's reward
+    # std: both are global statistics that a per-rank computation would get wrong.
+    args = small + ["steps=2", "eval.every=1", "checkpoint_every=1", "samples_every=1", "loss_agg=token_mean",
+                    "adv=lite", "kl.beta=0.1", "rollout.rng=per_row"]
+    single = train(compose(args), tmp_path / "single", args)        # also warms the model cache
+    assert single.state == "completed"
+    work = tmp_path / "work"
+    work.mkdir()
+    # two processes: one step, then resumed to the second (checkpoints come from rank 0)
+    first = torchrun(*[a for a in args if a != "steps=2"], "steps=1", f"hydra.run.dir={work}/run", cwd=work)
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = torchrun("--resume", str(work / "run"), "steps=2", cwd=work)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.stdout.count("resuming") == 1 and resumed.stdout.count("completed at step 2") == 1  # rank 0 speaks
+
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)} for r in rows]
+    one, two = strip(read_jsonl(tmp_path / "single" / "metrics.jsonl")), strip(read_jsonl(work / "run" / "metrics.jsonl"))
+    assert [r["step"] for r in two] == [0, 1, 2]                       # written once, by rank 0
+    for a, b in zip(one, two):
+        assert a.keys() == b.keys()
+        assert b == {k: pytest.approx(v, rel=1e-3, abs=1e-6) for k, v in a.items()}
+    assert one[2]["kl/k3"] > 0 and one[1]["adv/zero_std_group_frac"] < 1   # the runs did move
+    assert len(read_jsonl(work / "run" / "samples.jsonl")) == len(read_jsonl(tmp_path / "single" / "samples.jsonl"))
+    assert sorted(p.name for p in work.iterdir()) == ["run"]            # no second run dir
+
+
+def test_a_slurm_job_step_with_several_tasks_is_one_run(monkeypatch):
+    from grpo_ablate.distributed import DataParallel
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(key, "unset")    # recorded, so the test leaves the environment as it was
+        monkeypatch.delenv(key)
+    for key, value in dict(SLURM_NTASKS="4", SLURM_PROCID="2", SLURM_LOCALID="2", SLURM_NNODES="1",
+                           SLURM_JOB_ID="4242").items():
+        monkeypatch.setenv(key, value)
+    dp = DataParallel()
+    assert (dp.world, dp.rank, dp.local_rank, dp.is_main) == (4, 2, 2, False)
+    assert os.environ["MASTER_ADDR"] == "127.0.0.1" and os.environ["MASTER_PORT"] == "24242"
+    assert [dp.share(10)] == [slice(6, 8)]          # ranks 0, 1 take 3 rows; 2, 3 take 2

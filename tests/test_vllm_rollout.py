@@ -1,0 +1,101 @@
+"""rollout=vllm: a clear error without vllm or a GPU, and the engine glue checked on a CPU
+against a stand-in for vLLM's offline API (real vLLM needs a CUDA GPU this CI does not have)."""
+import math
+import sys
+from types import ModuleType, SimpleNamespace
+
+import pytest
+import torch
+
+import grpo_ablate.config as config_module
+from conftest import cli
+from grpo_ablate.config import ConfigError, check_here, compose
+from grpo_ablate.models import load_model_and_tokenizer
+from grpo_ablate.rollout import completion_logprobs, generate
+from grpo_ablate.tracking import read_jsonl
+from grpo_ablate.trainer import train
+from test_real_models import MOVES, hf_run
+
+
+def test_vllm_without_vllm_is_one_line_exit_2_and_no_run_dir(tmp_path):
+    out = cli("train", "rollout=vllm", "logger=none", cwd=tmp_path)
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert lines == ["error: rollout=vllm needs the vllm package, which is not installed: pip install "
+                     "'grpo-ablate[vllm]' on a machine with a CUDA GPU (or use rollout=hf)"]
+    assert not any(tmp_path.iterdir())
+
+
+def test_vllm_without_a_gpu_is_refused(monkeypatch):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real_find_spec(name, *a))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="rollout=vllm needs a CUDA GPU, and none is available here"):
+        check_here(compose(["rollout=vllm", "model=hf", "model.path=."]))
+
+
+class FakeLLM:
+    """vLLM's offline LLM as the engine uses it: generate(token-id prompts, one SamplingParams per
+    prompt) and in-process load_weights. It samples with a transformers copy of the model and
+    reports log-probs after temperature, as logprobs_mode=processed_logprobs does."""
+    instances = []
+
+    def __init__(self, model, **kwargs):
+        self.model = load_model_and_tokenizer(model, attn_implementation="eager")[0].eval()
+        self.kwargs, self.pushes = kwargs, 0
+        runner = SimpleNamespace(model=self)
+        self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=SimpleNamespace(model_runner=runner)))
+        FakeLLM.instances.append(self)
+
+    def load_weights(self, weights):
+        self.model.load_state_dict(dict(weights), strict=True)   # names must be the base model's
+        self.pushes += 1
+
+    def reset_prefix_cache(self):
+        pass
+
+    def generate(self, prompts, params, use_tqdm=False):
+        requests = []
+        for prompt, p in zip(prompts, params):
+            roll = generate(self.model, [prompt["prompt_token_ids"]], num_samples=p.n, max_new_tokens=p.max_tokens,
+                            temperature=p.temperature, eos_id=p.stop_token_ids, pad_id=0,
+                            generator=torch.Generator().manual_seed(p.seed), lean=False)
+            with torch.no_grad():
+                logp = completion_logprobs(self.model, roll, p.temperature or 1.0)[0]
+            outputs = []
+            for j in range(p.n):
+                ids = roll.completion_ids[j, :int(roll.lengths[j])].tolist()
+                outputs.append(SimpleNamespace(index=j, token_ids=ids, finish_reason="length" if roll.truncated[j] else "stop",
+                                               logprobs=[{t: SimpleNamespace(logprob=float(logp[j, k]))} for k, t in enumerate(ids)]))
+            requests.append(SimpleNamespace(outputs=outputs[::-1]))   # any order: the engine sorts by index
+        return requests
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    module = ModuleType("vllm")
+    module.LLM = FakeLLM
+    module.SamplingParams = lambda **kw: SimpleNamespace(**kw)
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.setattr(config_module, "_vllm_problem", lambda cfg: None)
+    FakeLLM.instances.clear()
+    return FakeLLM.instances
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_vllm_engine_gets_the_weights_after_every_step(tiny_models, fake_vllm, tmp_path, lora):
+    args = hf_run(tiny_models["qwen2"], *MOVES, "rollout=vllm", "rollout.max_new_tokens=6", "rollout.prompts_per_step=2",
+                  "rollout.group_size=2", "model.device=cpu", "steps=3", *(["model.lora.r=4"] if lora else []))
+    result = train(compose(args), tmp_path / "run", args)
+    assert result.state == "completed"
+    (engine,) = fake_vllm
+    assert engine.kwargs["logprobs_mode"] == "processed_logprobs"
+    assert engine.pushes == 1 + 3            # at the start, then after each optimizer step
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    # the sampler had the policy's current weights at every step: its log-probs are the trainer's
+    for row in rows[1:]:
+        assert row["rollout/logprob_gap_mean"] < 1e-4 and row["rollout/logprob_gap_max"] < 1e-3
+        assert math.isfinite(row["loss"])
+    assert rows[2]["kl/k3"] > 0                # and the policy did move
