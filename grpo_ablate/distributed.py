@@ -74,6 +74,7 @@ class DataParallel:
 
     def stop(self) -> None:
         if self.started and dist.is_initialized():
+            dist.barrier()    # no rank tears the group down while another one still uses it
             dist.destroy_process_group()
             self.started = False
 

@@ -419,6 +419,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
         if progress is not None:
             progress.stop()
         log.close()
+        del train_model   # (torchrun) DDP lets go of the process group before the group is destroyed
         dp.stop()
 
 

@@ -80,6 +80,9 @@ def fake_vllm(monkeypatch):
     module.SamplingParams = lambda **kw: SimpleNamespace(**kw)
     monkeypatch.setitem(sys.modules, "vllm", module)
     monkeypatch.setattr(config_module, "_vllm_problem", lambda cfg: None)
+    for key in ("VLLM_ENABLE_V1_MULTIPROCESSING", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(key, "unset")   # recorded, so the variables the engine sets are undone after
+        monkeypatch.delenv(key)
     FakeLLM.instances.clear()
     return FakeLLM.instances
 
