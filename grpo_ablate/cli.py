@@ -64,9 +64,12 @@ def train(
 def sweep(
     ctx: typer.Context,
     mode: Optional[str] = typer.Argument(
-        None, help="leave-one-out | add-one-in | ladder | factorial | file PATH"),
+        None, help="leave-one-out | add-one-in | ladder | factorial | pairwise | conflict | file PATH"),
     tricks_: Optional[str] = typer.Option(None, "--tricks", help="Named tricks, comma separated "
                                           "(default for leave-one-out: the seed review's recommended set)."),
+    trick: Optional[str] = typer.Option(None, "--trick", help="conflict: the new trick (any named trick)."),
+    reward: Optional[str] = typer.Option(None, "--reward", help="conflict: the new reward term, a named trick "
+                                         "that shapes the reward (length_penalty, length_group, overlong_punish, kl_in_reward)."),
     base: Optional[str] = typer.Option(None, "--base", help="Preset the tricks are added to (grpo, dapo, ...)."),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="3 = seeds 0,1,2; or a list: 0,5,9 (default 3)."),
     launcher: Optional[str] = typer.Option(None, "--launcher",
@@ -93,7 +96,8 @@ def sweep(
     args = list(ctx.args)
     try:
         if resume_dir is not None:
-            given = [opt for opt, value in (("MODE", mode), ("--tricks", tricks_), ("--base", base),
+            given = [opt for opt, value in (("MODE", mode), ("--tricks", tricks_), ("--trick", trick),
+                     ("--reward", reward), ("--base", base),
                      ("--seeds", seeds), ("--family", family), ("--steps", steps), ("--name", name),
                      ("--dir", out), ("--max-runs", max_runs)) if value]
             train_args = [a for a in args if not a.startswith("hydra.")]
@@ -103,12 +107,30 @@ def sweep(
                      "(only --launcher, --jobs and hydra.* launcher settings may change)")
             code = resume(resume_dir, launcher, jobs, [a for a in args if a.startswith("hydra.")], console)
         else:
+            if mode == "conflict" or trick or reward:
+                tricks_ = _conflict_tricks(mode, tricks_, trick, reward)
             request = _sweep_request(mode, args, tricks_, base, seeds, launcher, jobs, family, max_runs,
                                      steps, name, out)
             code = start(request, console, dry_run=dry_run)
     except (SweepError, ConfigError) as err:
         fail(str(err))
     raise typer.Exit(code)
+
+
+def _conflict_tricks(mode, tricks_, trick, reward) -> str:
+    """`sweep conflict --trick X --reward Y` as the matrix's trick list "X,Y"."""
+    from grpo_ablate.sweep import SweepError
+
+    if mode != "conflict":
+        raise SweepError("--trick and --reward belong to `sweep conflict`; other modes take --tricks a,b,c")
+    if tricks_:
+        raise SweepError("sweep conflict takes --trick X --reward Y, not --tricks")
+    if not trick or not reward:
+        raise SweepError("sweep conflict needs --trick X and --reward Y "
+                         "(e.g. --trick entropy_bonus --reward length_penalty)")
+    if trick == reward:
+        raise SweepError(f"--trick and --reward both name {trick}; give a trick and a different reward term")
+    return f"{trick},{reward}"
 
 
 def _sweep_request(mode, args, tricks_, base, seeds, launcher, jobs, family, max_runs, steps, name, out):
@@ -211,6 +233,8 @@ def report(
     threshold: List[str] = typer.Option(
         [], "--threshold", help="Health-flag threshold NAME=VALUE (repeatable); see README for names."),
     lower_is_better: bool = typer.Option(False, "--lower-is-better", help="The metric is a cost (e.g. a length)."),
+    conflict_threshold: float = typer.Option(
+        -0.1, "--conflict-threshold", help="Gradient cosine below which two terms conflict (at > half the steps)."),
     use_wandb: bool = typer.Option(False, "--wandb", help="Also log table and figures to a W&B summary run."),
     wandb_report: bool = typer.Option(False, "--wandb-report", help="Also build a W&B Report (online only)."),
 ) -> None:
@@ -222,7 +246,9 @@ def report(
     if watch is not None and watch <= 0:
         fail(f"--watch {watch}: the refresh interval must be > 0 seconds")
     out_dir = out or sweep_dir
-    options = {"metric": metric, "higher_is_better": not lower_is_better}
+    if not -1.0 <= conflict_threshold <= 1.0:
+        fail(f"--conflict-threshold {conflict_threshold} is not allowed; a cosine lies in [-1, 1]")
+    options = {"metric": metric, "higher_is_better": not lower_is_better, "conflict_threshold": conflict_threshold}
     try:
         options["thresholds"] = rep.parse_thresholds(threshold)
         if wandb_report:

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpo_ablate.sweep import (DEFAULT_MAX_RUNS, SweepError, build_matrix, check_size, expand_jobs,
+from grpo_ablate.sweep import (DEFAULT_MAX_RUNS, Matrix, SweepError, build_matrix, check_size, expand_jobs,
                                parse_seeds)
 
 MANIFEST = "manifest.json"
@@ -53,6 +53,8 @@ class SweepRequest:
     name: str | None = None
     steps: int | None = None
     sweep_dir: Path | None = None
+    matrix: Matrix | None = None        # a matrix built by the caller (doctor) instead of `mode`
+    group: str | None = None            # W&B group shared with other sweeps (doctor's stages)
 
 
 # ------------------------------------------------------------------------------ planning
@@ -64,7 +66,7 @@ def plan(req: SweepRequest) -> dict:
     families = {row["name"]: row["family"] for row in load_catalogue()}
     options = {row["name"]: row["option"] for row in load_catalogue()}
     _check_overrides(req.overrides)
-    matrix = build_matrix(req.mode, req.tricks, families, req.axes)
+    matrix = req.matrix or build_matrix(req.mode, req.tricks, families, req.axes, options=options)
     seeds = parse_seeds(req.seeds)
     check_size(matrix, seeds, req.max_runs)
     common = ([f"preset={req.base}"] if req.base else []) + list(req.overrides)
@@ -79,7 +81,7 @@ def plan(req: SweepRequest) -> dict:
                              "remove it from --tricks or pick another --base")
     sweep_id = time.strftime("%Y-%m-%d_%H-%M-%S")
     name = req.name or req.mode
-    group = f"{name}-{sweep_id}"
+    group = req.group or f"{name}-{sweep_id}"
     labels = {"name": name, "id": sweep_id, "group": group, "tricks": list(req.tricks)}
     runs = []
     for job in expand_jobs(matrix, seeds, common, labels):

@@ -126,6 +126,7 @@ class Report:
     thresholds: HealthThresholds
     rows: list        # one dict per variant
     verdicts: list    # one dict per contrast
+    diagnostics: dict = field(default_factory=dict)   # report_diagnostics.analyse: conflicts, interactions
 
     @property
     def finished(self) -> bool:
@@ -566,7 +567,7 @@ def normalize_metric(name: str) -> str:
 
 
 def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: HealthThresholds | None = None,
-                 higher_is_better: bool = True) -> Report:
+                 higher_is_better: bool = True, conflict_threshold: float = -0.1) -> Report:
     """Everything the table, verdicts and pictures say, computed once. Raises ReportError
     for a missing dir or a metric that no run logged."""
     thresholds = thresholds or HealthThresholds()
@@ -615,7 +616,10 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
         verdict, why = decide(runs_of[c["with"]], runs_of[c["without"]], delta, higher_is_better)
         verdicts.append({**c, "verdict": verdict, "delta": delta,
                          "auc_delta": delta_ci(areas[c["with"]], areas[c["without"]]), "why": why})
-    return Report(sweep, metric, higher_is_better, thresholds, rows, verdicts)
+    report = Report(sweep, metric, higher_is_better, thresholds, rows, verdicts)
+    from grpo_ablate import report_diagnostics   # gradient conflicts, interactions, conflict checks
+    report.diagnostics = report_diagnostics.analyse(report, conflict_threshold)
+    return report
 
 
 def decide(with_runs: list[Run], without_runs: list[Run], delta: Estimate, higher_is_better: bool) -> tuple[str, str]:
@@ -770,7 +774,9 @@ def render_markdown(report: Report, figures: list[tuple[str, str]] | None = None
     out += verdict_lines(report)
     if report.verdicts and all(v["delta"].n <= 1 for v in report.verdicts):
         out += ["", "With one seed per variant no verdict is possible beyond *breaks training*."]
-    out += ["", "## Health flags", ""]
+    from grpo_ablate.report_diagnostics import markdown_sections
+    out += [""] + markdown_sections(report)
+    out += ["## Health flags", ""]
     flagged = [(r, f) for r in s.runs for f in r.flags]
     if flagged:
         out += ["| run | flag | first step | detail |", "|---|---|---|---|"]
@@ -835,6 +841,7 @@ def report_json(report: Report, figures: list[tuple[str, str]] | None = None) ->
                   "auc": curve_mean(r.metrics, report.metric), "flags": [asdict(f) for f in r.flags],
                   "notes": r.notes} for r in s.runs],
         "figures": [name for _, name in figures or []],
+        "diagnostics": report.diagnostics,
     })
 
 
@@ -930,6 +937,8 @@ def plot_figures(report: Report, out_dir: Path) -> list[tuple[str, str]]:
         fig.savefig(out_dir / "delta.png", dpi=110)
         plt.close(fig)
         figures.append(("Δ per trick", "delta.png"))
+    from grpo_ablate.report_diagnostics import plot
+    figures += plot(report, out_dir, plt)   # the interaction heatmap, when the sweep has pairs
     return figures
 
 
