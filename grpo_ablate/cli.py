@@ -200,6 +200,99 @@ def _load_sweep_file(path: Path) -> dict:
     return spec
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def doctor(
+    ctx: typer.Context,
+    tricks_: Optional[str] = typer.Option(None, "--tricks", help="Candidate tricks, comma separated "
+                                          "(default: the seed review's recommended set on --base grpo)."),
+    base: Optional[str] = typer.Option(None, "--base", help="Preset the tricks are added to (grpo, dapo, ...)."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Training steps of every run (default 30: short)."),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="Seeds per set: 1 (default), 2 = 0,1, or 0,5."),
+    launcher: Optional[str] = typer.Option(None, "--launcher", help="basic | joblib | submitit_local | ... (default joblib)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", help="Runs at a time (default: one per core)."),
+    max_runs: Optional[int] = typer.Option(None, "--max-runs", help="Stop the search before more runs (default 32)."),
+    threshold: List[str] = typer.Option([], "--threshold", help="Health-flag threshold NAME=VALUE (repeatable)."),
+    out: Optional[Path] = typer.Option(None, "--dir", help="Doctor dir (default runs/doctor/<time>)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the first stages, write nothing."),
+    resume_dir: Optional[Path] = typer.Option(None, "--resume", help="Continue this doctor dir."),
+) -> None:
+    """Which trick breaks training? All on; if unhealthy, leave-one-out; then the smallest breaking sets.
+
+    Prints a verdict per trick (safe / breaks training alone / breaks training together with X)
+    with its evidence and writes doctor.md and doctor.json. Exit 0: every trick is safe;
+    1: something breaks training; 2: bad input. Extra arguments are overrides for every run.
+    """
+    import time
+
+    from grpo_ablate import doctor as doc
+    from grpo_ablate.config import ConfigError
+    from grpo_ablate.launch import DEFAULT_BASE, DEFAULT_TRICKS, plan, print_matrix
+    from grpo_ablate.report import ReportError, parse_thresholds
+    from grpo_ablate.sweep import SweepError
+
+    args = list(ctx.args)
+    try:
+        if resume_dir is not None:
+            given = [opt for opt, value in (("--tricks", tricks_), ("--base", base), ("--steps", steps),
+                     ("--seeds", seeds), ("--max-runs", max_runs), ("--dir", out), ("--threshold", threshold))
+                     if value]
+            if given or [a for a in args if not a.startswith("hydra.")] or dry_run:
+                fail(f"--resume continues a doctor run exactly as it was planned; drop "
+                     f"{', '.join(given + [a for a in args if not a.startswith('hydra.')] + (['--dry-run'] if dry_run else []))}"
+                     " (only --launcher, --jobs and hydra.* launcher settings may change)")
+            req = doc.load_request(resume_dir)
+            req.launcher, req.jobs = launcher or req.launcher, jobs if jobs is not None else req.jobs
+            req.hydra_args = [a for a in args if a.startswith("hydra.")] or req.hydra_args
+            doctor_dir = resume_dir
+        else:
+            bad = [a for a in args if a.startswith("-")]
+            if bad:
+                fail(f"unknown option {bad[0]}; see grpo-ablate doctor --help")
+            trick_list = [t.strip() for t in tricks_.split(",") if t.strip()] if tricks_ else list(DEFAULT_TRICKS)
+            parse_thresholds(threshold)   # bad names or values: one line, before anything runs
+            stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+            req = doc.DoctorRequest(
+                tricks=trick_list, base=base or (None if tricks_ else DEFAULT_BASE), steps=steps or doc.DEFAULT_STEPS,
+                seeds=seeds or doc.DEFAULT_SEEDS, overrides=[a for a in args if not a.startswith("hydra.")],
+                hydra_args=[a for a in args if a.startswith("hydra.")], launcher=launcher or "joblib", jobs=jobs,
+                max_runs=max_runs or doc.DEFAULT_MAX_RUNS, group=f"doctor-{stamp}",
+                thresholds=dict(item.split("=", 1) for item in threshold))
+            doc.check(req)
+            if dry_run:
+                T = frozenset(req.tricks)
+                for stage in (doc.Stage("all-on", [T]), doc.Stage("leave-one-out", [T - {t} for t in req.tricks])):
+                    print_matrix(plan(doc._sweep_request(req, stage, None)), console)
+                console.print(f"if the all-on run breaks: leave-one-out, then subsets as needed, at most "
+                              f"{req.max_runs} runs in all", markup=False, highlight=False)
+                return
+            doctor_dir = out or doc.new_doctor_dir(stamp)
+            if doctor_dir.exists() and any(doctor_dir.iterdir()):
+                fail(f"{doctor_dir} already exists and is not empty; continue it with "
+                     f"`grpo-ablate doctor --resume {doctor_dir}` or pick another --dir")
+        result = doc.run(req, doctor_dir, console, resume=resume_dir is not None)
+    except (SweepError, ConfigError, ReportError) as err:
+        fail(str(err))
+    _print_doctor(result, doctor_dir)
+    raise typer.Exit(0 if result["all_on_broken"] is False else 1)
+
+
+def _print_doctor(result: dict, doctor_dir: Path) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from grpo_ablate.doctor import evidence_text, summary_line
+
+    table = Table(title=f"doctor: {summary_line(result)}")
+    table.add_column("trick", no_wrap=True)
+    table.add_column("verdict")
+    table.add_column("evidence", overflow="fold")
+    for v in result["verdicts"]:
+        table.add_row(v["trick"], v["verdict"], Text(evidence_text(v)))
+    console.print(table)
+    console.print(f"{result['runs']} runs; wrote {doctor_dir}/doctor.md and doctor.json", markup=False,
+                  highlight=False)
+
+
 @app.command()
 def tricks(fmt: str = typer.Option("table", "--format", help="table, json or md")) -> None:
     """Catalogue of the named tricks (table, json or md)."""
