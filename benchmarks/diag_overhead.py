@@ -6,9 +6,11 @@ Runs `grpo-ablate train` on the embedded default (plus any overrides) with
 `diag.grad_conflict=false`, with it on at every step (`diag.every=1`: the cost of one
 diagnosed step) and on at the default `diag.every`, each in a fresh process, alternating
 the three for `--rounds` rounds so that a busy shared machine disturbs them alike. Prints
-one JSON line per configuration: the median of `time/step_s` over all its steps (evaluation
-is outside `time/step_s`), the median of `time/diag_s` over the diagnosed steps, and the
-overhead relative to off.
+one JSON line per configuration: the median and the mean of `time/step_s` over all its
+steps (evaluation is outside `time/step_s`; with diag.every > 1 the median is an undiagnosed
+step, the mean spreads the diagnosed ones), the median of `time/diag_s` over the diagnosed
+steps and its median share of their `time/step_s` (measured inside the same steps, so the
+least disturbed by a busy machine), and the overhead of each relative to off.
 """
 from __future__ import annotations
 
@@ -52,13 +54,18 @@ def main() -> None:
         for name, extra in CONFIGS.items():
             # the first step of a process pays one-off costs (allocations, lazy imports): dropped
             rows[name] += one_run([*overrides, *extra], args.steps, args.threads)[1:]
-    off = statistics.median(r["time/step_s"] for r in rows["off"])
+    off = [r["time/step_s"] for r in rows["off"]]
     for name, runs in rows.items():
-        step = statistics.median(r["time/step_s"] for r in runs)
+        steps = [r["time/step_s"] for r in runs]
+        median, mean = statistics.median(steps), statistics.fmean(steps)
         diag = [r["time/diag_s"] for r in runs if "time/diag_s" in r]
-        print(json.dumps({"config": name, "steps": len(runs), "median_step_s": round(step, 4),
+        share = [r["time/diag_s"] / r["time/step_s"] for r in runs if "time/diag_s" in r]
+        print(json.dumps({"config": name, "steps": len(runs), "median_step_s": round(median, 4),
+                          "mean_step_s": round(mean, 4),
                           "median_diag_s": round(statistics.median(diag), 4) if diag else None,
-                          "overhead": f"{100 * (step / off - 1):+.1f}%"}), flush=True)
+                          "diag_share_of_step": f"{100 * statistics.median(share):.1f}%" if share else None,
+                          "overhead_median": f"{100 * (median / statistics.median(off) - 1):+.1f}%",
+                          "overhead_mean": f"{100 * (mean / statistics.fmean(off) - 1):+.1f}%"}), flush=True)
 
 
 if __name__ == "__main__":

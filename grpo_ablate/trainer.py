@@ -266,7 +266,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                 informative = torch.stack([token_advantages.flatten(1).ne(0).any(1),
                                            *(a.ne(0) for a in component_adv.values())]).any(0)
                 rows = diagnostics.pick_rows(group_index, informative, cfg.diag.rows)
-                with torch.random.fork_rng():
+                with torch.random.fork_rng(devices=[policy.device] if policy.device.type == "cuda" else []):
                     logp_d, entropy_d, *hidden_d = completion_logprobs(
                         policy, select_rows(roll, rows), temperature.current(),
                         entropy_grad=entropy_control.coef > 0, return_hidden=value_head is not None)
