@@ -337,8 +337,10 @@ def plot(report, out_dir, plt) -> list[tuple[str, str]]:
     for p in pairs:
         if p["interaction"].mean is not None:
             grid[index[p["a"]], index[p["b"]]] = grid[index[p["b"]], index[p["a"]]] = p["interaction"].mean
-    limit = float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0
-    limit = limit or 1.0
+    # the colour scale spans the CIs too, so a small mean inside a wide interval stays pale
+    ends = [abs(x) for p in pairs for x in (p["interaction"].mean, p["interaction"].low, p["interaction"].high)
+            if x is not None]
+    limit = max(ends, default=0.0) or 1.0
     size = 1.6 + 1.3 * len(tricks)
     fig, ax = plt.subplots(figsize=(size + 1.5, size))
     image = ax.imshow(grid, cmap="RdBu" if report.higher_is_better else "RdBu_r", vmin=-limit, vmax=limit)
