@@ -66,9 +66,12 @@ def train(
 def sweep(
     ctx: typer.Context,
     mode: Optional[str] = typer.Argument(
-        None, help="leave-one-out | add-one-in | ladder | factorial | file PATH"),
+        None, help="leave-one-out | add-one-in | ladder | factorial | pairwise | conflict | file PATH"),
     tricks_: Optional[str] = typer.Option(None, "--tricks", help="Named tricks, comma separated "
                                           "(default for leave-one-out: the seed review's recommended set)."),
+    trick: Optional[str] = typer.Option(None, "--trick", help="conflict: the new trick (any named trick)."),
+    reward: Optional[str] = typer.Option(None, "--reward", help="conflict: the new reward term, a named trick "
+                                         "that shapes the reward (length_penalty, length_group, overlong_punish, kl_in_reward)."),
     base: Optional[str] = typer.Option(None, "--base", help="Preset the tricks are added to (grpo, dapo, ...)."),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="3 = seeds 0,1,2; or a list: 0,5,9 (default 3)."),
     launcher: Optional[str] = typer.Option(None, "--launcher",
@@ -100,7 +103,8 @@ def sweep(
     args = list(ctx.args)
     try:
         if resume_dir is not None:
-            given = [opt for opt, value in (("MODE", mode), ("--tricks", tricks_), ("--base", base),
+            given = [opt for opt, value in (("MODE", mode), ("--tricks", tricks_), ("--trick", trick),
+                     ("--reward", reward), ("--base", base),
                      ("--seeds", seeds), ("--family", family), ("--steps", steps), ("--name", name),
                      ("--dir", out), ("--max-runs", max_runs), ("--controls", controls is not None),
                      ("--control-budget", control_budget)) if value]
@@ -111,6 +115,8 @@ def sweep(
                      "(only --launcher, --jobs and hydra.* launcher settings may change)")
             code = resume(resume_dir, launcher, jobs, [a for a in args if a.startswith("hydra.")], console)
         else:
+            if mode == "conflict" or trick or reward:
+                tricks_ = _conflict_tricks(mode, tricks_, trick, reward)
             request = _sweep_request(mode, args, tricks_, base, seeds, launcher, jobs, family, max_runs,
                                      steps, name, out)
             request.controls = controls if controls is not None else request.controls
@@ -122,6 +128,22 @@ def sweep(
     except (SweepError, ConfigError) as err:
         fail(str(err))
     raise typer.Exit(code)
+
+
+def _conflict_tricks(mode, tricks_, trick, reward) -> str:
+    """`sweep conflict --trick X --reward Y` as the matrix's trick list "X,Y"."""
+    from grpo_ablate.sweep import SweepError
+
+    if mode != "conflict":
+        raise SweepError("--trick and --reward belong to `sweep conflict`; other modes take --tricks a,b,c")
+    if tricks_:
+        raise SweepError("sweep conflict takes --trick X --reward Y, not --tricks")
+    if not trick or not reward:
+        raise SweepError("sweep conflict needs --trick X and --reward Y "
+                         "(e.g. --trick entropy_bonus --reward length_penalty)")
+    if trick == reward:
+        raise SweepError(f"--trick and --reward both name {trick}; give a trick and a different reward term")
+    return f"{trick},{reward}"
 
 
 def _sweep_request(mode, args, tricks_, base, seeds, launcher, jobs, family, max_runs, steps, name, out):
@@ -192,6 +214,99 @@ def _load_sweep_file(path: Path) -> dict:
     return spec
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def doctor(
+    ctx: typer.Context,
+    tricks_: Optional[str] = typer.Option(None, "--tricks", help="Candidate tricks, comma separated "
+                                          "(default: the seed review's recommended set on --base grpo)."),
+    base: Optional[str] = typer.Option(None, "--base", help="Preset the tricks are added to (grpo, dapo, ...)."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Training steps of every run (default 30: short)."),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="Seeds per set: 1 (default), 2 = 0,1, or 0,5."),
+    launcher: Optional[str] = typer.Option(None, "--launcher", help="basic | joblib | submitit_local | ... (default joblib)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", help="Runs at a time (default: one per core)."),
+    max_runs: Optional[int] = typer.Option(None, "--max-runs", help="Stop the search before more runs (default 32)."),
+    threshold: List[str] = typer.Option([], "--threshold", help="Health-flag threshold NAME=VALUE (repeatable)."),
+    out: Optional[Path] = typer.Option(None, "--dir", help="Doctor dir (default runs/doctor/<time>)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the first stages, write nothing."),
+    resume_dir: Optional[Path] = typer.Option(None, "--resume", help="Continue this doctor dir."),
+) -> None:
+    """Which trick breaks training? All on; if unhealthy, leave-one-out; then the smallest breaking sets.
+
+    Prints a verdict per trick (safe / breaks training alone / breaks training together with X)
+    with its evidence and writes doctor.md and doctor.json. Exit 0: every trick is safe;
+    1: something breaks training; 2: bad input. Extra arguments are overrides for every run.
+    """
+    import time
+
+    from grpo_ablate import doctor as doc
+    from grpo_ablate.config import ConfigError
+    from grpo_ablate.launch import DEFAULT_BASE, DEFAULT_TRICKS, plan, print_matrix
+    from grpo_ablate.report import ReportError, parse_thresholds
+    from grpo_ablate.sweep import SweepError
+
+    args = list(ctx.args)
+    try:
+        if resume_dir is not None:
+            given = [opt for opt, value in (("--tricks", tricks_), ("--base", base), ("--steps", steps),
+                     ("--seeds", seeds), ("--max-runs", max_runs), ("--dir", out), ("--threshold", threshold))
+                     if value]
+            if given or [a for a in args if not a.startswith("hydra.")] or dry_run:
+                fail(f"--resume continues a doctor run exactly as it was planned; drop "
+                     f"{', '.join(given + [a for a in args if not a.startswith('hydra.')] + (['--dry-run'] if dry_run else []))}"
+                     " (only --launcher, --jobs and hydra.* launcher settings may change)")
+            req = doc.load_request(resume_dir)
+            req.launcher, req.jobs = launcher or req.launcher, jobs if jobs is not None else req.jobs
+            req.hydra_args = [a for a in args if a.startswith("hydra.")] or req.hydra_args
+            doctor_dir = resume_dir
+        else:
+            bad = [a for a in args if a.startswith("-")]
+            if bad:
+                fail(f"unknown option {bad[0]}; see grpo-ablate doctor --help")
+            trick_list = [t.strip() for t in tricks_.split(",") if t.strip()] if tricks_ else list(DEFAULT_TRICKS)
+            parse_thresholds(threshold)   # bad names or values: one line, before anything runs
+            stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+            req = doc.DoctorRequest(
+                tricks=trick_list, base=base or (None if tricks_ else DEFAULT_BASE), steps=steps or doc.DEFAULT_STEPS,
+                seeds=seeds or doc.DEFAULT_SEEDS, overrides=[a for a in args if not a.startswith("hydra.")],
+                hydra_args=[a for a in args if a.startswith("hydra.")], launcher=launcher or "joblib", jobs=jobs,
+                max_runs=max_runs or doc.DEFAULT_MAX_RUNS, group=f"doctor-{stamp}",
+                thresholds=dict(item.split("=", 1) for item in threshold))
+            doc.check(req)
+            if dry_run:
+                T = frozenset(req.tricks)
+                for stage in (doc.Stage("all-on", [T]), doc.Stage("leave-one-out", [T - {t} for t in req.tricks])):
+                    print_matrix(plan(doc._sweep_request(req, stage, None)), console)
+                console.print(f"if the all-on run breaks: leave-one-out, then subsets as needed, at most "
+                              f"{req.max_runs} runs in all", markup=False, highlight=False)
+                return
+            doctor_dir = out or doc.new_doctor_dir(stamp)
+            if doctor_dir.exists() and any(doctor_dir.iterdir()):
+                fail(f"{doctor_dir} already exists and is not empty; continue it with "
+                     f"`grpo-ablate doctor --resume {doctor_dir}` or pick another --dir")
+        result = doc.run(req, doctor_dir, console, resume=resume_dir is not None)
+    except (SweepError, ConfigError, ReportError) as err:
+        fail(str(err))
+    _print_doctor(result, doctor_dir)
+    raise typer.Exit(0 if result["all_on_broken"] is False else 1)
+
+
+def _print_doctor(result: dict, doctor_dir: Path) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from grpo_ablate.doctor import evidence_text, summary_line
+
+    table = Table(title=f"doctor: {summary_line(result)}")
+    table.add_column("trick", no_wrap=True)
+    table.add_column("verdict")
+    table.add_column("evidence", overflow="fold")
+    for v in result["verdicts"]:
+        table.add_row(v["trick"], v["verdict"], Text(evidence_text(v)))
+    console.print(table)
+    console.print(f"{result['runs']} runs; wrote {doctor_dir}/doctor.md and doctor.json", markup=False,
+                  highlight=False)
+
+
 @app.command()
 def tricks(fmt: str = typer.Option("table", "--format", help="table, json or md")) -> None:
     """Catalogue of the named tricks (table, json or md)."""
@@ -225,6 +340,8 @@ def report(
     threshold: List[str] = typer.Option(
         [], "--threshold", help="Health-flag threshold NAME=VALUE (repeatable); see README for names."),
     lower_is_better: bool = typer.Option(False, "--lower-is-better", help="The metric is a cost (e.g. a length)."),
+    conflict_threshold: float = typer.Option(
+        -0.1, "--conflict-threshold", help="Gradient cosine below which two terms conflict (at > half the steps)."),
     use_wandb: bool = typer.Option(False, "--wandb", help="Also log table and figures to a W&B summary run."),
     wandb_report: bool = typer.Option(False, "--wandb-report", help="Also build a W&B Report (online only)."),
 ) -> None:
@@ -236,7 +353,9 @@ def report(
     if watch is not None and watch <= 0:
         fail(f"--watch {watch}: the refresh interval must be > 0 seconds")
     out_dir = out or sweep_dir
-    options = {"metric": metric, "higher_is_better": not lower_is_better}
+    if not -1.0 <= conflict_threshold <= 1.0:
+        fail(f"--conflict-threshold {conflict_threshold} is not allowed; a cosine lies in [-1, 1]")
+    options = {"metric": metric, "higher_is_better": not lower_is_better, "conflict_threshold": conflict_threshold}
     try:
         options["thresholds"] = rep.parse_thresholds(threshold)
         if wandb_report:

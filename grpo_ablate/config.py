@@ -32,7 +32,8 @@ CONFIG_MODULE = "grpo_ablate.conf"
 CONFIG_NAME = "config"
 
 # Keys that may differ between a run and its resumption without changing what it computes.
-RESUMABLE_KEYS = ("steps", "resume", "logger", "run", "sweep", "threads")
+# `diag` only observes (gradient diagnostics never change the update: tests/test_diagnostics.py).
+RESUMABLE_KEYS = ("steps", "resume", "logger", "run", "sweep", "threads", "diag")
 
 
 class ConfigError(ValueError):
@@ -162,6 +163,12 @@ def validate(cfg: DictConfig) -> None:
         _positive("rollout.group_size", group, integer=True)
     if cfg.threads is not None:
         _positive("threads", cfg.threads, integer=True)
+    _require(isinstance(cfg.diag.grad_conflict, bool),
+             f"diag.grad_conflict={cfg.diag.grad_conflict!r} is not allowed; allowed: true, false")
+    _positive("diag.every", cfg.diag.every, integer=True)
+    for key in ("rows", "last_layers"):   # null: the whole batch / every parameter
+        if cfg.diag[key] is not None:
+            _positive(f"diag.{key}", cfg.diag[key], integer=True)
     if cfg.logger.name == "wandb":
         _one_of("logger.mode", cfg.logger.mode, ("auto", "online", "offline", "disabled"))
     _require(not OmegaConf.is_missing(cfg.model, "path"),

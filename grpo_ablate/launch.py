@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpo_ablate.sweep import (CONTROLS, DEFAULT_MAX_RUNS, SweepError, add_controls, build_matrix,
+from grpo_ablate.sweep import (CONTROLS, DEFAULT_MAX_RUNS, Matrix, SweepError, add_controls, build_matrix,
                                check_size, expand_jobs, parse_seeds)
 
 MANIFEST = "manifest.json"
@@ -55,6 +55,8 @@ class SweepRequest:
     sweep_dir: Path | None = None
     controls: bool | None = None     # None: on for the embedded default, off for model.path models
     control_budget: str = "tokens"   # the SFT control's budget: tokens | wall (the treatments' time)
+    matrix: Matrix | None = None        # a matrix built by the caller (doctor) instead of `mode`
+    group: str | None = None            # W&B group shared with other sweeps (doctor's stages)
 
 
 # ------------------------------------------------------------------------------ planning
@@ -66,16 +68,17 @@ def plan(req: SweepRequest) -> dict:
     families = {row["name"]: row["family"] for row in load_catalogue()}
     options = {row["name"]: row["option"] for row in load_catalogue()}
     _check_overrides(req.overrides)
-    matrix = build_matrix(req.mode, req.tricks, families, req.axes)
+    matrix = req.matrix or build_matrix(req.mode, req.tricks, families, req.axes, options=options)
     seeds = parse_seeds(req.seeds)
     common = ([f"preset={req.base}"] if req.base else []) + list(req.overrides)
     if req.steps is not None:
         common.append(f"steps={req.steps}")
     base_cfg = _compose(common, "the base")
     # on by default for the embedded model; off for a model.path model (each control costs a
-    # run) and for --family sweeps, whose variants may differ in task or model (one control
-    # would not match them all)
-    controls = req.controls if req.controls is not None else not (base_cfg.model.get("path") or req.axes)
+    # run), for --family sweeps, whose variants may differ in task or model (one control would
+    # not match them all), and for doctor's stages and the conflict check (diagnoses, not ablations)
+    controls = req.controls if req.controls is not None else not (
+        base_cfg.model.get("path") or req.axes or req.matrix is not None or req.mode == "conflict")
     if controls:   # the supervised control only where the task has reference solutions
         matrix = add_controls(matrix, ("base", "sft") if _has_solutions(base_cfg) else ("base",),
                               sft_budget=req.control_budget)
@@ -88,7 +91,7 @@ def plan(req: SweepRequest) -> dict:
                              "remove it from --tricks or pick another --base")
     sweep_id = time.strftime("%Y-%m-%d_%H-%M-%S")
     name = req.name or req.mode
-    group = f"{name}-{sweep_id}"
+    group = req.group or f"{name}-{sweep_id}"
     labels = {"name": name, "id": sweep_id, "group": group, "tricks": list(req.tricks)}
     runs = []
     for job in expand_jobs(matrix, seeds, common, labels):

@@ -141,6 +141,7 @@ class Report:
     def controls(self) -> dict:
         """role -> control variant name, for the controls this sweep has."""
         return self.sweep.controls
+    diagnostics: dict = field(default_factory=dict)   # report_diagnostics.analyse: conflicts, interactions
 
     @property
     def finished(self) -> bool:
@@ -646,7 +647,7 @@ def normalize_metric(name: str) -> str:
 
 
 def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: HealthThresholds | None = None,
-                 higher_is_better: bool = True) -> Report:
+                 higher_is_better: bool = True, conflict_threshold: float = -0.1) -> Report:
     """Everything the table, verdicts and pictures say, computed once. Raises ReportError
     for a missing dir or a metric that no run logged."""
     thresholds = thresholds or HealthThresholds()
@@ -713,7 +714,10 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
         verdict, why = decide(runs_of[c["with"]], runs_of[c["without"]], delta, higher_is_better)
         verdicts.append({**c, "verdict": verdict, "delta": delta,
                          "auc_delta": delta_ci(areas[c["with"]], areas[c["without"]]), "why": why})
-    return Report(sweep, metric, higher_is_better, thresholds, rows, verdicts, against)
+    report = Report(sweep, metric, higher_is_better, thresholds, rows, verdicts, against)
+    from grpo_ablate import report_diagnostics   # gradient conflicts, interactions, conflict checks
+    report.diagnostics = report_diagnostics.analyse(report, conflict_threshold)
+    return report
 
 
 def compare_with_control(delta: Estimate, control: dict, higher_is_better: bool) -> tuple[str, bool | None, str]:
@@ -969,7 +973,9 @@ def render_markdown(report: Report, figures: list[tuple[str, str]] | None = None
         out += ["", "With one seed per variant no verdict is possible beyond *breaks training*."]
     if report.controls:
         out += ["", "## Against the controls", ""] + control_lines(report)
-    out += ["", "## Health flags", ""]
+    from grpo_ablate.report_diagnostics import markdown_sections
+    out += [""] + markdown_sections(report)
+    out += ["## Health flags", ""]
     flagged = [(r, f) for r in s.runs for f in r.flags]
     if flagged:
         out += ["| run | flag | first step | detail |", "|---|---|---|---|"]
@@ -1040,6 +1046,7 @@ def report_json(report: Report, figures: list[tuple[str, str]] | None = None) ->
                   "auc": curve_mean(r.metrics, report.metric), "flags": [asdict(f) for f in r.flags],
                   "notes": r.notes} for r in s.runs],
         "figures": [name for _, name in figures or []],
+        "diagnostics": report.diagnostics,
     })
 
 
@@ -1146,6 +1153,8 @@ def plot_figures(report: Report, out_dir: Path) -> list[tuple[str, str]]:
         fig.savefig(out_dir / "delta.png", dpi=110)
         plt.close(fig)
         figures.append(("Δ per trick", "delta.png"))
+    from grpo_ablate.report_diagnostics import plot
+    figures += plot(report, out_dir, plt)   # the interaction heatmap, when the sweep has pairs
     return figures
 
 

@@ -12,6 +12,10 @@ Modes (the tables of the papers):
                     on replaces the earlier one
     factorial       every on/off combination of the tricks, or (`axes`) every combination of
                     the options of some config groups / values of some keys (Tricks or Traps)
+    pairwise        the base, each trick alone, each pair: the interactions
+                    Δ_ab − Δ_a − Δ_b (the report's interaction table and heatmap)
+    conflict        the seed review's section 4.3 for one trick and one reward term: the base,
+                    base + the trick, base + the reward term alone, gradient diagnostics on
 """
 from __future__ import annotations
 
@@ -19,7 +23,12 @@ import itertools
 import re
 from dataclasses import dataclass, field
 
-MODES = ("leave-one-out", "add-one-in", "ladder", "factorial")
+MODES = ("leave-one-out", "add-one-in", "ladder", "factorial", "pairwise", "conflict")
+# (family, option) of the named tricks that add a term to the reward: what `sweep conflict
+# --reward` takes (its gradient shows up as the length_reward / overlong_reward / kl_reward term)
+REWARD_TERM_OPTIONS = {("length", "penalty"), ("length", "group"), ("overlong", "soft_punish"),
+                       ("kl", "in_reward")}
+DIAG_ON = ("diag.grad_conflict=true",)   # a conflict sweep's runs log the gradient diagnostics
 DEFAULT_MAX_RUNS = 64   # a factorial larger than this needs --max-runs
 
 
@@ -100,9 +109,11 @@ def check_exclusive(tricks: list[str], families: dict[str, str]) -> None:
 
 
 def build_matrix(mode: str, tricks: list[str], families: dict[str, str],
-                 axes: list[tuple[str, list]] | None = None) -> Matrix:
+                 axes: list[tuple[str, list]] | None = None, options: dict[str, str] | None = None) -> Matrix:
     """Variants and contrasts of a sweep. `families` maps every named trick to its family;
-    `axes` (factorial only) lists (config key or group, values) to cross instead of tricks."""
+    `axes` (factorial only) lists (config key or group, values) to cross instead of tricks;
+    `options` (conflict only) maps every named trick to its option. A conflict sweep's
+    `tricks` are [the trick, the reward term]."""
     tricks = list(tricks)
     if mode not in MODES:
         raise SweepError(f"sweep mode {mode!r} is not allowed; allowed: {', '.join(MODES)}, file")
@@ -131,6 +142,15 @@ def build_matrix(mode: str, tricks: list[str], families: dict[str, str],
             on = [u for u in on if families[u] != families[t]] + [t]
             variants.append(_variant(names[i], on, names[i - 1]))
         contrasts = [Contrast(t, names[i], names[i - 1]) for i, t in enumerate(tricks, 1)]
+    elif mode == "pairwise":
+        check_exclusive(tricks, families)
+        if len(tricks) < 2:
+            raise SweepError("sweep pairwise needs at least two tricks: --tricks a,b[,c...]")
+        variants = [_variant("base", [], None)] + [_variant(t, [t], "base") for t in tricks]
+        variants += [_variant(f"{a}+{b}", [a, b], "base") for a, b in itertools.combinations(tricks, 2)]
+        contrasts = [Contrast(t, t, "base") for t in tricks]   # each trick's effect at the base
+    elif mode == "conflict":
+        return _conflict(tricks, families, options or {})
     else:  # factorial over on/off
         check_exclusive(tricks, families)
         variants = []
@@ -152,6 +172,24 @@ def add_controls(matrix: Matrix, kinds=("base", "sft"), sft_budget: str = "token
     controls = [Variant(CONTROLS[k], (), (f"control={k}", *budget.get(k, ())), None, kind="control")
                 for k in kinds]
     return Matrix(matrix.mode, matrix.variants + controls, matrix.contrasts)
+
+
+def _conflict(tricks: list[str], families: dict[str, str], options: dict[str, str]) -> Matrix:
+    """The seed review's check before combining a new trick with a new reward term: run the
+    base, base + trick and base + reward term separately (never both on), with the gradient
+    diagnostics, and combine them only if they pull the same way."""
+    if len(tricks) != 2:
+        raise SweepError("sweep conflict takes one trick and one reward term: --trick X --reward Y")
+    trick, reward = tricks
+    allowed = sorted(t for t in families if (families[t], options.get(t)) in REWARD_TERM_OPTIONS)
+    if (families[reward], options.get(reward)) not in REWARD_TERM_OPTIONS:
+        raise SweepError(f"--reward {reward} adds no term to the reward; allowed: {', '.join(allowed)} "
+                         "(named tricks of the length, overlong and kl families that shape the reward)")
+    variants = [Variant("base", (), DIAG_ON, None),
+                Variant(f"trick-{trick}", (trick,), trick_overrides([trick]) + DIAG_ON, "base"),
+                Variant(f"reward-{reward}", (reward,), trick_overrides([reward]) + DIAG_ON, "base")]
+    contrasts = [Contrast(trick, f"trick-{trick}", "base"), Contrast(reward, f"reward-{reward}", "base")]
+    return Matrix("conflict", variants, contrasts)
 
 
 def _family_factorial(axes: list[tuple[str, list]]) -> Matrix:

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from grpo_ablate import diagnostics
 from grpo_ablate.config import FAMILIES, ConfigError, check_here, config_hash, params, validate
 from grpo_ablate.distributed import DataParallel
 from grpo_ablate.generation import Rollouts, build_engine, rng_mode
@@ -151,6 +152,10 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     trained = [p for p in policy.parameters() if p.requires_grad] + critic   # LoRA: the adapters only
     # trained tensors outside the policy, whose gradients DDP does not average (torchrun)
     outside_ddp = critic + [p for group in temperature.param_groups() for p in group["params"]]
+    # Gradient-conflict diagnostics (diag.grad_conflict=true): every diag.every steps, see 2b.
+    # Off, diag_every is 0 and a step pays one integer test for them.
+    diag_every = int(cfg.diag.every) if cfg.diag.grad_conflict else 0
+    diag_params = diagnostics.last_layer_params(policy, cfg.diag.last_layers) if diag_every else None
     optimizer = torch.optim.AdamW([{"params": trained}, *temperature.param_groups()],
                                   lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
                                   weight_decay=cfg.optim.weight_decay)
@@ -268,6 +273,56 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
             weights = token_weights(mask, cfg.loss_agg.name, max_len=max_new)  # loss = sum w * l
             rewarded = time.perf_counter()
 
+            # 2b. Gradient-conflict diagnostics (every diag.every steps when diag.grad_conflict).
+            #     On a sub-batch (diag.rows completions) and this step's weights: the gradient,
+            #     w.r.t. the last diag.last_layers blocks, of each loss term alone and of the
+            #     policy term driven by each reward component alone (that component through the
+            #     same reward_norm -> adv -> adv_clip). Logs grad_norm/<term>, grad_cos/<a>__<b>.
+            #     Observation only: autograd.grad accumulates nothing into .grad and the RNG is
+            #     restored, so the update below is exactly the one it is with diagnostics off.
+            diag_metrics = {}
+            if diag_every and step % diag_every == 0:
+                diag_started = time.perf_counter()
+                components = {"task_reward": cfg.reward.wrong + (cfg.reward.correct - cfg.reward.wrong) * task_rewards,
+                              "overlong_reward": overlong_penalty, "length_reward": length_reward}
+                if kl_control.reward_beta > 0:
+                    components["kl_reward"] = -kl_control.reward_beta * kl_reward_penalty(old_logp, ref_logp, mask)
+
+                def advantage_of(component):
+                    component = reward_norm_fn(component, **opts["reward_norm"])
+                    return adv_clip_fn(advantage_fn(component, group_index, mask=mask, **opts["adv"]),
+                                       **opts["adv_clip"])[0]
+                # a critic's baseline is for the whole reward: no per-component split with one
+                component_adv = ({} if estimator.uses_values
+                                 else diagnostics.component_advantages(components, advantage_of))
+                informative = torch.stack([token_advantages.flatten(1).ne(0).any(1),
+                                           *(a.ne(0) for a in component_adv.values())]).any(0)
+                rows = diagnostics.pick_rows(group_index, informative, cfg.diag.rows)
+                with torch.random.fork_rng(devices=[policy.device] if policy.device.type == "cuda" else []):
+                    logp_d, entropy_d, *hidden_d = completion_logprobs(
+                        policy, select_rows(roll, rows), temperature.current(),
+                        entropy_grad=entropy_control.coef > 0, return_hidden=value_head is not None)
+                w = weights[rows] * (weights.sum() / weights[rows].sum().clamp(min=1e-12))  # full loss's total
+                old_d = logp_d.detach() if old_logp is None else old_logp[rows]
+
+                def policy_term(adv):
+                    return aggregate(policy_loss_fn(logp_d, old_d, adv, **policy_loss_params)[0], w)
+                terms = {"policy": policy_term(token_advantages[rows])}     # as in step 3's loss
+                if value_head is not None:
+                    terms["value"] = aggregate(float(cfg.adv.value_coef) * value_loss_fn(
+                        value_head(hidden_d[0]).squeeze(-1), old_values[rows], returns[rows],
+                        **opts["value_clip"]), w)
+                if ref_logp is not None and kl_control.loss_beta > 0:
+                    terms["kl"] = aggregate(kl_control.loss_beta * kl_estimator(logp_d, ref_logp[rows])
+                                            * kl_weight_fn(mask[rows], entropy_d, **opts["kl_weight"]), w)
+                if prev_logp is not None:
+                    terms["kl_prev"] = aggregate(kl_control.beta_prev * kl_estimator(logp_d, prev_logp[rows]), w)
+                if entropy_control.coef > 0:
+                    terms["entropy"] = aggregate(-entropy_control.coef * entropy_d, w)
+                terms.update({name: policy_term(adv[rows][:, None]) for name, adv in component_adv.items()})
+                diag_metrics = diagnostics.conflict_metrics(diagnostics.term_gradients(terms, diag_params))
+                diag_metrics["time/diag_s"] = time.perf_counter() - diag_started  # part of time/update_s
+
             # 3. Policy update(s): clipped surrogate + beta * KL - c * entropy, aggregated,
             #    grad-norm clipped, AdamW. The entropy carries a gradient only when c > 0.
             #    On this rank's rows (`my`: a whole-batch tensor's rows for this rank).
@@ -359,6 +414,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                     "optim/lr": schedule.get_last_lr()[0],
                     "optim/skipped_steps": skipped_steps,
                     **{k: masked_mean(v, mask).item() for k, v in clip_stats.items()},
+                    **diag_metrics,
                 }
                 if ref_logp is not None:
                     metrics["kl/k1"] = masked_mean(KL_ESTIMATORS["k1"](logp, ref_logp), mask).item()

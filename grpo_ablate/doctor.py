@@ -1,0 +1,359 @@
+"""`grpo-ablate doctor`: which trick breaks training? (the seed review's section 5)
+
+Before a big run: switch every candidate trick on in a short run; if it stays healthy, every
+trick is safe. If it breaks (a breaking health flag of the report — diverged,
+entropy_collapse, length_blowup, repetition — or a failed run), drop one trick at a time; a
+trick whose removal heals the run is needed for the breakage. Then search the subsets,
+smallest first, for the smallest sets of tricks whose presence breaks training: a trick that
+breaks it alone, or a pair (triple, ...) that only breaks together.
+
+The search is a pure function of the outcomes so far (`analyse`, unit-tested with synthetic
+outcomes); every stage it asks for is an ordinary sweep (launch.py: any launcher, its own
+manifest, resumable) in a subdirectory of the doctor dir, all in one W&B group. It assumes
+that a trick can only add breakage (monotone: removing tricks from a healthy set keeps it
+healthy), which is what lets leave-one-out prune the search: a trick whose removal heals
+the all-on run is in every breaking set, so only subsets that contain it are tried.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from grpo_ablate.sweep import Matrix, SweepError, Variant, parse_seeds, trick_overrides
+
+REQUEST = "doctor_request.json"
+DEFAULT_STEPS = 30          # a short run: long enough for the health flags (patience 3) to fire
+DEFAULT_SEEDS = "1"
+DEFAULT_MAX_RUNS = 32       # the search stops (verdict "undetermined") rather than go past this
+UNFINISHED = ("running", "missing")
+
+
+# ------------------------------------------------------------------------------ the search (pure)
+@dataclass(frozen=True)
+class SetResult:
+    """How a set of tricks did: broken if any of its runs broke. `runs`: the evidence."""
+    broken: bool
+    runs: tuple = ()      # {"run", "state", "step", "flags": [{"name", "step", "detail"}]}
+    stage: str = ""
+
+
+@dataclass
+class Stage:
+    kind: str                      # all-on | leave-one-out | base | size-<k>
+    sets: list                     # the trick sets (frozensets) to run
+
+
+@dataclass
+class Analysis:
+    next: Stage | None             # what to run next; None: the search is over
+    minimal: list = field(default_factory=list)   # confirmed minimal breaking sets
+    necessary: frozenset = frozenset()            # tricks whose removal heals the all-on run
+
+
+def set_name(s: frozenset, tricks: list[str]) -> str:
+    """A set's variant name, unique within a doctor run: all, drop-x, base, or a+b."""
+    if len(s) == len(tricks):
+        return "all"
+    if not s:
+        return "base"
+    if len(s) == len(tricks) - 1 and len(tricks) > 2:
+        return f"drop-{next(t for t in tricks if t not in s)}"
+    return "+".join(t for t in tricks if t in s)
+
+
+def _broken(outcomes) -> list[frozenset]:
+    return [s for s, r in outcomes.items() if r.broken]
+
+
+def minimal_breaking(outcomes, upto: int) -> list[frozenset]:
+    """Broken sets of at most `upto` tricks none of whose tested subsets broke."""
+    broken = _broken(outcomes)
+    return sorted((s for s in broken if len(s) <= upto and not any(o < s for o in broken)),
+                  key=lambda s: (len(s), sorted(s)))
+
+
+def analyse(tricks: list[str], outcomes: dict) -> Analysis:
+    """The next stage of the search given the outcomes so far (frozenset of tricks on ->
+    SetResult), or None when it is over. Stages: the all-on run; if it broke, leave-one-out;
+    then, level by level from the size of the necessary set (the tricks whose removal heals;
+    from the bare base when there are none), every untested set that holds the necessary
+    tricks and no smaller set already found to break — until every broken set seen so far
+    contains a breaking set found at or below the level (the breakage is explained)."""
+    T = frozenset(tricks)
+    if T not in outcomes:
+        return Analysis(Stage("all-on", [T]))
+    if not outcomes[T].broken:
+        return Analysis(None)
+    loo = [T - {t} for t in tricks]
+    todo = [s for s in loo if s not in outcomes]
+    if todo:
+        return Analysis(Stage("leave-one-out", todo))
+    necessary = frozenset(t for t in tricks if not outcomes[T - {t}].broken)
+    others = [t for t in tricks if t not in necessary]
+    for k in range(len(necessary), len(T)):
+        below = [s for s in _broken(outcomes) if len(s) < k]
+        level = [necessary | frozenset(c) for c in itertools.combinations(others, k - len(necessary))]
+        untested = [s for s in level if s not in outcomes and not any(b < s for b in below)]
+        if untested:
+            return Analysis(Stage("base" if k == 0 else f"size-{k}", untested), minimal_breaking(outcomes, k - 1),
+                            necessary)
+        minimal = minimal_breaking(outcomes, k)
+        if all(any(m <= s for m in minimal) for s in _broken(outcomes)):
+            return Analysis(None, minimal, necessary)
+    return Analysis(None, minimal_breaking(outcomes, len(T)), necessary)
+
+
+def verdicts(tricks: list[str], outcomes: dict, analysis: Analysis) -> list[dict]:
+    """One verdict per trick: safe | breaks training alone | breaks training together with X |
+    undetermined (the search stopped at its run budget) | not to blame (the bare base breaks),
+    each with the sets (and their runs) that back it."""
+    T = frozenset(tricks)
+    done = analysis.next is None
+
+    def evidence(s: frozenset, why: str) -> dict:
+        r = outcomes[s]
+        return {"set": set_name(s, tricks), "tricks_on": [t for t in tricks if t in s], "broken": r.broken,
+                "stage": r.stage, "why": why, "runs": list(r.runs)}
+
+    if T in outcomes and not outcomes[T].broken:
+        return [{"trick": t, "verdict": "safe", "with": [],
+                 "evidence": [evidence(T, "every trick on, the run stayed healthy")]} for t in tricks]
+    out = []
+    for t in tricks:
+        if frozenset() in analysis.minimal:
+            out.append({"trick": t, "verdict": "not to blame", "with": [],
+                        "evidence": [evidence(frozenset(), "the base breaks with no trick on")]})
+            continue
+        mine = [s for s in analysis.minimal if t in s]
+        if frozenset({t}) in mine:
+            out.append({"trick": t, "verdict": "breaks training alone", "with": [],
+                        "evidence": [evidence(frozenset({t}), "on its own, it broke")]})
+            continue
+        if mine:
+            partners = [[u for u in tricks if u in s and u != t] for s in mine]
+            ev = [evidence(s, "together, they broke") for s in mine]
+            for s in mine:
+                healthy = _healthy_without(s, t, outcomes)
+                if healthy is not None:
+                    ev.append(evidence(healthy, f"without {t}, the others of this set stayed healthy"))
+            out.append({"trick": t, "verdict": "breaks training together with " + " / ".join(
+                " + ".join(p) for p in partners), "with": partners, "evidence": ev})
+            continue
+        drop = T - {t}
+        why = ("dropping it did not heal the all-on run" if outcomes.get(drop, SetResult(False)).broken
+               else "dropping it healed the all-on run")
+        ev = [evidence(drop, why)] if drop in outcomes else []
+        if frozenset({t}) in outcomes:
+            ev.append(evidence(frozenset({t}), "on its own, it stayed healthy"))
+        out.append({"trick": t, "verdict": "safe" if done else "undetermined", "with": [], "evidence": ev})
+    return out
+
+
+def _healthy_without(s: frozenset, t: str, outcomes: dict) -> frozenset | None:
+    """The smallest tested healthy set that holds s without t (and not t): the counterfactual."""
+    rest = s - {t}
+    fits = [o for o in outcomes if rest <= o and t not in o and not outcomes[o].broken]
+    return min(fits, key=len) if fits else None
+
+
+# ------------------------------------------------------------------------------ running it
+@dataclass
+class DoctorRequest:
+    tricks: list[str]
+    base: str | None = None
+    steps: int = DEFAULT_STEPS
+    seeds: str = DEFAULT_SEEDS
+    overrides: list[str] = field(default_factory=list)
+    hydra_args: list[str] = field(default_factory=list)
+    launcher: str = "joblib"
+    jobs: int | None = None
+    max_runs: int = DEFAULT_MAX_RUNS
+    thresholds: dict = field(default_factory=dict)
+    group: str = ""
+
+
+def stage_matrix(stage: Stage, tricks: list[str]) -> Matrix:
+    variants = [Variant(set_name(s, tricks), tuple(t for t in tricks if t in s),
+                        trick_overrides([t for t in tricks if t in s])) for s in stage.sets]
+    return Matrix("doctor", variants, [])
+
+
+def _sweep_request(req: DoctorRequest, stage: Stage, stage_dir: Path | None):
+    from grpo_ablate.launch import SweepRequest
+
+    return SweepRequest(mode="doctor", tricks=list(req.tricks), base=req.base, seeds=req.seeds,
+                        overrides=list(req.overrides), hydra_args=list(req.hydra_args), launcher=req.launcher,
+                        jobs=req.jobs, max_runs=10 ** 6, name=f"doctor-{stage.kind}", steps=req.steps,
+                        sweep_dir=stage_dir, matrix=stage_matrix(stage, req.tricks), group=req.group or None)
+
+
+def check(req: DoctorRequest) -> None:
+    """Everything that can be refused before a run starts: the trick list, the seeds, and that
+    the all-on set, every leave-one-out set and the bare base compose (every other subset
+    then composes too: subsets only leave tricks out)."""
+    from grpo_ablate.catalogue import load_catalogue
+    from grpo_ablate.launch import _check_launcher, plan
+    from grpo_ablate.sweep import check_exclusive, check_known
+
+    families = {row["name"]: row["family"] for row in load_catalogue()}
+    if not req.tricks:
+        raise SweepError("doctor needs tricks: --tricks a,b,c (see `grpo-ablate tricks`)")
+    check_known(req.tricks, families)
+    check_exclusive(req.tricks, families)
+    parse_seeds(req.seeds)
+    if req.steps < 1:
+        raise SweepError(f"--steps {req.steps} is not allowed; it must be >= 1")
+    _check_launcher(req.launcher, req.jobs)
+    if req.max_runs < len(parse_seeds(req.seeds)):
+        raise SweepError(f"--max-runs {req.max_runs} leaves no room for the all-on run ({req.seeds} seeds)")
+    T = frozenset(req.tricks)
+    first = Stage("check", list(dict.fromkeys([T, frozenset(), *(T - {t} for t in req.tricks)])))
+    plan(_sweep_request(req, first, None))
+
+
+def read_stage(stage_dir: Path, tricks: list[str], thresholds) -> dict:
+    """frozenset of tricks on -> SetResult, from a finished stage sweep dir (report's reader)."""
+    from grpo_ablate import report as rep
+
+    sweep = rep.load_sweep(stage_dir, thresholds)
+    out = {}
+    for v in sweep.variants:
+        runs = [r for r in sweep.runs if r.variant == v["name"]]
+        evidence = []
+        for r in runs:
+            flags = [asdict(f) for f in r.flags if f.name in rep.BREAKING_FLAGS]
+            if r.state == "failed":
+                flags.append({"name": "failed", "step": r.step, "detail": r.reason or "the run crashed"})
+            evidence.append({"run": f"{stage_dir.name}/{r.name}", "state": r.state, "step": r.step, "flags": flags})
+        broken = any(r.broken or r.state == "failed" for r in runs)
+        out[frozenset(v["tricks_on"])] = SetResult(broken, tuple(evidence), stage_dir.name)
+    return out
+
+
+def _unfinished(stage_dir: Path) -> bool:
+    from grpo_ablate import report as rep
+
+    return any(r.state in UNFINISHED for r in rep.load_sweep(stage_dir).runs)
+
+
+def run(req: DoctorRequest, doctor_dir: Path, console, resume: bool = False) -> dict:
+    """Run (or continue) the search in `doctor_dir`; returns the doctor.json content."""
+    from grpo_ablate import launch
+    from grpo_ablate import report as rep
+    from grpo_ablate.tracking import atomic_write_text
+
+    thresholds = rep.parse_thresholds([f"{k}={v}" for k, v in req.thresholds.items()])
+    seeds = len(parse_seeds(req.seeds))
+    doctor_dir.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        atomic_write_text(doctor_dir / REQUEST, json.dumps(asdict(req), indent=2) + "\n")
+    outcomes, stages, used, budget_hit = {}, [], 0, False
+    while True:
+        analysis = analyse(req.tricks, outcomes)
+        stage = analysis.next
+        if stage is None:
+            break
+        stage_dir = doctor_dir / f"{len(stages) + 1}-{stage.kind}"
+        planned = {set_name(s, req.tricks) for s in stage.sets}
+        if (stage_dir / launch.MANIFEST).exists():     # resuming: the same search asks for the same sets
+            found = {v["name"] for v in launch.read_manifest(stage_dir)["variants"]}
+            if found != planned:
+                raise SweepError(f"{stage_dir} holds {', '.join(sorted(found))}, but the search now asks for "
+                                 f"{', '.join(sorted(planned))}; start a new doctor dir")
+            if _unfinished(stage_dir):
+                launch.resume(stage_dir, req.launcher, req.jobs, req.hydra_args, console)
+        else:
+            if used + len(stage.sets) * seeds > req.max_runs:
+                budget_hit = True
+                break
+            console.print(f"doctor stage {len(stages) + 1} ({stage.kind}): "
+                          f"{', '.join(sorted(planned))}", markup=False, highlight=False)
+            launch.start(_sweep_request(req, stage, stage_dir), console)
+        found = read_stage(stage_dir, req.tricks, thresholds)
+        used += len(found) * seeds
+        outcomes.update(found)
+        stages.append({"dir": stage_dir.name, "kind": stage.kind,
+                       "sets": [{"set": set_name(s, req.tricks), "broken": found[s].broken} for s in stage.sets
+                                if s in found]})
+        if any(r["state"] in UNFINISHED for s in found.values() for r in s.runs):
+            raise SweepError(f"{stage_dir} has runs that did not finish; continue with "
+                             f"`grpo-ablate doctor --resume {doctor_dir}`")
+    result = {"request": asdict(req), "runs": used, "budget_hit": budget_hit, "stages": stages,
+              "necessary": sorted(analysis.necessary, key=req.tricks.index),
+              "minimal_breaking_sets": [[t for t in req.tricks if t in s] for s in analysis.minimal],
+              "all_on_broken": outcomes[frozenset(req.tricks)].broken if frozenset(req.tricks) in outcomes else None,
+              "verdicts": verdicts(req.tricks, outcomes, analysis)}
+    atomic_write_text(doctor_dir / "doctor.json", json.dumps(result, indent=2) + "\n")
+    atomic_write_text(doctor_dir / "doctor.md", render_markdown(result, doctor_dir))
+    return result
+
+
+# ------------------------------------------------------------------------------ output
+def _flags(runs: list[dict]) -> str:
+    parts = []
+    for r in runs:
+        what = ", ".join(f"{f['name']}@{f['step']} ({f['detail']})" for f in r["flags"]) or f"healthy ({r['state']})"
+        parts.append(f"`{r['run']}`: {what}")
+    return "; ".join(parts)
+
+
+def evidence_text(verdict: dict) -> str:
+    return " · ".join(f"{e['why']}: {e['set']} {'broke' if e['broken'] else 'healthy'} — {_flags(e['runs'])}"
+                      for e in verdict["evidence"]) or "—"
+
+
+def summary_line(result: dict) -> str:
+    if result["all_on_broken"] is False:
+        return "every trick on, training stays healthy: every trick is safe"
+    blamed = [v for v in result["verdicts"] if v["verdict"] not in ("safe",)]
+    if any(v["verdict"] == "not to blame" for v in blamed):
+        return "the base configuration breaks with no trick on: no trick is to blame"
+    text = "the all-on run breaks training: " + "; ".join(f"{v['trick']} {v['verdict']}" for v in blamed
+                                                          if v["verdict"] != "undetermined")
+    if result["budget_hit"]:
+        text += f" (search stopped at --max-runs {result['request']['max_runs']}: some tricks undetermined)"
+    return text
+
+
+def render_markdown(result: dict, doctor_dir: Path) -> str:
+    req = result["request"]
+    out = [f"# Doctor: {', '.join(req['tricks'])}", "",
+           f"Base {req['base'] or 'the defaults'}; {req['steps']} steps; seeds {req['seeds']}; "
+           f"{result['runs']} runs in {len(result['stages'])} stage(s) under `{doctor_dir}`; W&B group "
+           f"`{req['group']}`.", "", f"**{summary_line(result)}.**", "",
+           "| trick | verdict | evidence |", "|---|---|---|"]
+    for v in result["verdicts"]:
+        out.append(f"| {v['trick']} | {v['verdict']} | {evidence_text(v).replace('|', '/')} |")
+    out += ["", "## Stages", ""]
+    for i, st in enumerate(result["stages"], 1):
+        sets = ", ".join(f"{s['set']} {'**broke**' if s['broken'] else 'healthy'}" for s in st["sets"])
+        out.append(f"{i}. `{st['dir']}` ({st['kind']}): {sets}")
+    out += ["", "## How it decides", "",
+            "A set of tricks *breaks training* when any of its runs diverged, failed, or raised a breaking "
+            "health flag of the report (diverged, entropy_collapse, length_blowup, repetition; kl_drift is a "
+            "warning). All on first; if that broke, each trick dropped in turn (a trick whose removal heals "
+            "the run is in every breaking set); then subsets, smallest first, holding those tricks, until "
+            "every broken set seen contains a smallest breaking set found. A trick in no such set is *safe*. "
+            "Each stage is a sweep with its own `manifest.json`; `grpo-ablate report <stage dir>` shows its "
+            "runs in full.", ""]
+    return "\n".join(out)
+
+
+def new_doctor_dir(stamp: str) -> Path:
+    path, suffix = Path("runs") / "doctor" / stamp, 1
+    while path.exists():
+        suffix += 1
+        path = Path("runs") / "doctor" / f"{stamp}-{suffix}"
+    return path
+
+
+def load_request(doctor_dir: Path) -> DoctorRequest:
+    path = Path(doctor_dir) / REQUEST
+    if not path.exists():
+        raise SweepError(f"{doctor_dir} is not a doctor dir (no {REQUEST} there)")
+    try:
+        return DoctorRequest(**json.loads(path.read_text()))
+    except (json.JSONDecodeError, TypeError) as err:
+        raise SweepError(f"{path} is not a doctor request ({err})") from None
