@@ -135,6 +135,9 @@ def validate(cfg: DictConfig) -> None:
                  f"sampling.g_max={cfg.sampling.g_max!r} is not allowed; it must be an integer >= "
                  f"rollout.group_size ({cfg.rollout.group_size})")
     _positive("entropy.coef", cfg.entropy.coef, allow_zero=True)
+    _require(cfg.entropy.name != "none" or cfg.entropy.coef == 0,
+             f"entropy.coef={cfg.entropy.coef} with entropy=none would add an entropy term anyway; "
+             "use entropy=bonus (fixed) or entropy=adaptive")
     _positive("clip.eps_low", cfg.clip.eps_low)
     _positive("clip.eps_high", cfg.clip.eps_high)
     if cfg.adv_clip.get("c") is not None:

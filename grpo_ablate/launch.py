@@ -350,8 +350,10 @@ def _launch(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, jo
     """One batch of runs through Hydra's launcher; returns how each job ended."""
     from grpo_ablate.tracking import atomic_write_text
 
-    n_parallel = 1 if launcher == "basic" else max(1, min(jobs or _cpus(), len(todo)))
-    threads = max(1, _cpus() // n_parallel)   # parallel runs share the cores, never oversubscribe
+    local = launcher in ("basic", "joblib", "submitit_local")   # the runs share this machine's cores
+    n_parallel = 1 if launcher == "basic" else max(1, min(jobs or (_cpus() if local else len(todo)), len(todo)))
+    # parallel local runs split the cores, never oversubscribe; on a cluster each job has its own
+    threads = max(1, _cpus() // n_parallel) if local else None
     launch_dir = sweep_dir / ".launch"
     launch_dir.mkdir(exist_ok=True)
     jobs_file, results_file = launch_dir / "jobs.json", launch_dir / "results.json"
@@ -368,15 +370,19 @@ def _launch(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, jo
         args.append("hydra.sweeper.max_batch_size=1")     # record each run as it ends
     elif launcher == "joblib":
         args.append(f"hydra.launcher.n_jobs={n_parallel}")
-    elif launcher.startswith("submitit"):
+    elif launcher == "submitit_local":                    # it starts every job it is given at once
         args += [f"hydra.sweeper.max_batch_size={n_parallel}", f"hydra.launcher.cpus_per_task={threads}"]
+    elif launcher == "submitit_slurm" and jobs:           # one job array, at most --jobs running
+        args.append(f"hydra.launcher.array_parallelism={jobs}")
     manifest["launcher"] = launcher
     for run in todo:
         run["status"] = "launched"
     write_manifest(sweep_dir, manifest)
+    fixed = next((o.split("=", 1)[1] for o in todo[0]["overrides"] if o.startswith("threads=")), None)
+    shown = fixed or threads                              # the user's threads= wins over the share
+    share = f", {shown} thread{'s' if str(shown) != '1' else ''} each" if shown else ""
     console.print(f"launching {len(todo)} run{'s' if len(todo) > 1 else ''} with the {launcher} launcher "
-                  f"({n_parallel} at a time, {threads} thread{'s' if threads > 1 else ''} each)",
-                  markup=False, highlight=False)
+                  f"({n_parallel} at a time{share})", markup=False, highlight=False)
     from hydra_plugins.grpo_ablate_sweeper.grpo_ablate_sweeper import register
 
     from grpo_ablate import entrypoint
@@ -386,9 +392,9 @@ def _launch(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, jo
     return json.loads(results_file.read_text()) if results_file.exists() else {}
 
 
-def _with_threads(overrides: list[str], threads: int) -> list[str]:
+def _with_threads(overrides: list[str], threads: int | None) -> list[str]:
     """The launcher's thread share, unless the user fixed `threads=` for the sweep."""
-    if any(o.startswith("threads=") for o in overrides):
+    if threads is None or any(o.startswith("threads=") for o in overrides):
         return list(overrides)
     return list(overrides) + [f"threads={threads}"]
 

@@ -23,6 +23,7 @@ def test_help_lists_every_command_with_one_line():
     ("optim.lrr=1", "unknown config key 'optim.lrr'"),
     ("optim.lr=-1", "optim.lr=-1"),
     ("optim.lr=0", "must be a number > 0"),
+    ("entropy.coef=0.01", "with entropy=none would add an entropy term anyway; use entropy=bonus"),
     ("rollout.group_size=1", "group_size >= 2"),
     ("rollout.max_new_tokens=0", "rollout.max_new_tokens=0"),
     ("model.path=/definitely/not/here", "does not exist"),

@@ -318,8 +318,10 @@ def test_a_run_still_written_by_a_live_process_is_never_resumed_twice(tmp_path):
 
     from grpo_ablate.launch import _still_running
 
-    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    writer = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
     try:
+        assert writer.stdout.readline() == "up\n"   # past exec: /proc shows its command line
         run_dir = tmp_path / "all-s0"
         run_dir.mkdir()
         status = {"state": "running", "step": 3, "pid": writer.pid, "host": socket.gethostname()}
