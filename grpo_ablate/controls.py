@@ -24,11 +24,12 @@ from omegaconf import DictConfig
 from grpo_ablate.config import ConfigError, config_hash, validate
 from grpo_ablate.distributed import DataParallel
 from grpo_ablate.generation import HFEngine, Rollouts
-from grpo_ablate.models import ensure_warm_started, load_model_and_tokenizer, model_device, stop_token_ids
+from grpo_ablate.models import (ensure_warm_started, load_model_and_tokenizer, model_device, stop_token_ids,
+                                supervised_batch)
 from grpo_ablate.prompts import PromptEncoder
 from grpo_ablate.tasks import build_task
-from grpo_ablate.tracking import RunLog, find_checkpoint, read_status, save_checkpoint
-from grpo_ablate.trainer import RunResult, _progress, evaluate, sample_groups
+from grpo_ablate.tracking import RunLog, save_checkpoint
+from grpo_ablate.trainer import RunResult, _progress, already_finished, evaluate, open_run_dir, sample_groups
 
 
 def run_control(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), console=None) -> RunResult:
@@ -47,16 +48,10 @@ def run_control(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (),
     lean = bool(cfg.rollout.lean_decoder)
 
     # --- resume or fresh start (the same rules as a GRPO run) ------------------------------
-    status = read_status(run_dir)
-    checkpoint = find_checkpoint(run_dir) if cfg.resume else None
-    if status is not None and not cfg.resume:
-        raise ConfigError(f"run dir {run_dir} already holds a run ({status['state']}); "
-                          f"continue it with `grpo-ablate train --resume {run_dir}` or pick a new dir")
-    if status is not None and status.get("config_hash") != config_hash(cfg):
-        raise ConfigError(f"cannot resume {run_dir}: the config differs from the one it was started with")
-    if status is not None and status["state"] == "completed" and status["step"] >= steps:
-        say(f"{run_dir} is already completed at step {status['step']}; nothing to do")
-        return RunResult("completed", status["step"], run_dir)
+    status, checkpoint = open_run_dir(cfg, run_dir)
+    if already_finished(status, cfg):
+        say(f"{run_dir} is already {status['state']} at step {status['step']}; nothing to do")
+        return RunResult(status["state"], status["step"], run_dir)
 
     task = build_task(cfg.task)
     if kind == "sft" and not getattr(task.train_batch(1, 0, 0)[0], "solution", None):
@@ -93,7 +88,8 @@ def run_control(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (),
     def supervised_update(problems) -> tuple[float, float, int]:
         """One AdamW step on the reference solutions (mean NLL of solution tokens + EOS)."""
         policy.train()
-        ids, mask, labels = _supervised_batch(encode, tokenizer, problems, device)
+        ids, mask, labels = supervised_batch(tokenizer, [encode(p) for p in problems],
+                                             [p.solution for p in problems], device)
         loss = policy(input_ids=ids, attention_mask=mask, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -164,20 +160,3 @@ def run_control(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (),
             progress.stop()
         log.close()
 
-
-def _supervised_batch(encode, tokenizer, problems, device):
-    """prompt (encoded as a GRPO run encodes it) + reference solution + EOS, right-padded;
-    labels on the solution and EOS only."""
-    rows, labels = [], []
-    for p in problems:
-        prompt = encode(p)
-        answer = tokenizer(p.solution, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
-        rows.append(prompt + answer)
-        labels.append([-100] * len(prompt) + answer)
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
-    lab = torch.full((len(rows), width), -100, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (r, l) in enumerate(zip(rows, labels)):
-        ids[i, :len(r)], lab[i, :len(l)], mask[i, :len(r)] = torch.tensor(r), torch.tensor(l), 1
-    return ids.to(device), mask.to(device), lab.to(device)

@@ -74,11 +74,13 @@ def build_tiny_model(arch: dict, tokenizer, seed: int) -> Qwen2ForCausalLM:
     return Qwen2ForCausalLM(config).float()
 
 
-def supervised_batch(tokenizer, prompts: list[str], targets: list[str], device="cpu"):
-    """prompt + target + EOS, right-padded; labels only on the target and EOS."""
+def supervised_batch(tokenizer, prompts: list, targets: list[str], device="cpu"):
+    """prompt + target + EOS, right-padded; labels only on the target and EOS. A prompt is its
+    text, or its token ids as already encoded (e.g. through a chat template)."""
     rows, labels = [], []
     for prompt_text, target in zip(prompts, targets):
-        prompt = tokenizer(prompt_text, add_special_tokens=False).input_ids
+        prompt = (tokenizer(prompt_text, add_special_tokens=False).input_ids if isinstance(prompt_text, str)
+                  else list(prompt_text))
         answer = tokenizer(target, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
         rows.append(prompt + answer)
         labels.append([-100] * len(prompt) + answer)

@@ -28,6 +28,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from grpo_ablate.tracking import wandb_api_key   # torch-free, like this module
+
 FINISHED = ("completed", "diverged", "failed")
 # Flags that mean training broke. kl_drift is a warning only: a policy may legitimately move
 # far from its start, and a variant without a KL term is free to.
@@ -1188,19 +1190,6 @@ def parse_thresholds(items: list[str]) -> HealthThresholds:
     return th
 
 
-def _wandb_api_key() -> str | None:
-    """As tracking._wandb_api_key (not imported: tracking pulls in torch)."""
-    if os.environ.get("WANDB_API_KEY"):
-        return os.environ["WANDB_API_KEY"]
-    try:
-        import netrc
-
-        auth = netrc.netrc().authenticators("api.wandb.ai")
-        return auth[2] if auth else None
-    except (OSError, netrc.NetrcParseError):
-        return None
-
-
 def _logger_settings(report: Report) -> tuple[str, str | None]:
     """Project and entity the sweep's runs logged to (from their config.yaml)."""
     for r in report.sweep.runs:
@@ -1216,7 +1205,7 @@ def log_to_wandb(report: Report, out_dir: Path, figures: list[Path]) -> str:
     import wandb
 
     project, entity = _logger_settings(report)
-    mode = os.environ.get("WANDB_MODE") or ("online" if _wandb_api_key() else "offline")
+    mode = os.environ.get("WANDB_MODE") or ("online" if wandb_api_key() else "offline")
     group = report.sweep.wandb_group or report.sweep.name
     run = wandb.init(project=project, entity=entity, dir=str(out_dir), mode=mode, group=group,
                      job_type="report", name=f"report-{report.sweep.name}",
@@ -1241,7 +1230,7 @@ def check_wandb_report() -> None:
     mode = os.environ.get("WANDB_MODE")
     if mode in ("offline", "disabled", "dryrun"):
         raise ReportError(f"--wandb-report builds a W&B Report online, but WANDB_MODE={mode}")
-    if not _wandb_api_key():
+    if not wandb_api_key():
         raise ReportError("--wandb-report needs a W&B login (WANDB_API_KEY or `wandb login`): "
                           "W&B Reports exist only online")
     import importlib.util

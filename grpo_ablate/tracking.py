@@ -20,7 +20,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 TIMING_PREFIXES = ("time/", "perf/")  # the only fields that may differ between identical runs
@@ -128,7 +127,7 @@ class WandbSink:
 
         mode = cfg.logger.mode
         if mode == "auto":
-            mode = os.environ.get("WANDB_MODE") or ("online" if _wandb_api_key() else "offline")
+            mode = os.environ.get("WANDB_MODE") or ("online" if wandb_api_key() else "offline")
         self.run = wandb.init(
             project=cfg.logger.project, entity=cfg.logger.entity, dir=str(run_dir), mode=mode,
             name=cfg.run.name or run_dir.name, group=cfg.run.group, job_type=cfg.run.job_type,
@@ -160,7 +159,7 @@ def wandb_config(cfg: DictConfig) -> dict:
     return config
 
 
-def _wandb_api_key() -> str | None:
+def wandb_api_key() -> str | None:
     """An API key from the environment or ~/.netrc, without touching the network."""
     if os.environ.get("WANDB_API_KEY"):
         return os.environ["WANDB_API_KEY"]
@@ -182,6 +181,8 @@ def save_checkpoint(run_dir: Path, model, tokenizer, trainer_state: dict) -> Non
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)  # loadable with from_pretrained, like any HF checkpoint
     tokenizer.save_pretrained(tmp)
+    import torch   # here, not at the top: the report reads run dirs without torch
+
     torch.save(trainer_state, tmp / "trainer_state.pt")
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)

@@ -80,17 +80,8 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     max_new = int(cfg.rollout.max_new_tokens)
 
     # --- resume or fresh start -------------------------------------------------------------
-    status = read_status(run_dir)
-    checkpoint = find_checkpoint(run_dir) if cfg.resume else None
-    if status is not None and not cfg.resume:
-        raise ConfigError(f"run dir {run_dir} already holds a run ({status['state']}); "
-                          f"continue it with `grpo-ablate train --resume {run_dir}` or pick a new dir")
-    if status is not None and status.get("config_hash") != config_hash(cfg):
-        raise ConfigError(f"cannot resume {run_dir}: the config differs from the one it was started "
-                          "with (only steps, logger, run labels and threads may change)")
-    # A finished result is never redone: completed at (or past) the asked-for steps, or diverged.
-    if status is not None and (status["state"] == "diverged"
-                               or status["state"] == "completed" and status["step"] >= cfg.steps):
+    status, checkpoint = open_run_dir(cfg, run_dir)
+    if already_finished(status, cfg):
         say(f"[bold]{run_dir}[/] is already {status['state']} at step {status['step']}; nothing to do")
         return RunResult(status["state"], status["step"], run_dir, reason=status.get("reason"))
 
@@ -477,6 +468,26 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
         log.close()
         del train_model   # (torchrun) DDP lets go of the process group before the group is destroyed
         dp.stop()
+
+
+def open_run_dir(cfg: DictConfig, run_dir: Path) -> tuple[dict | None, Path | None]:
+    """The run dir's status and the checkpoint to continue from (with resume=true). A dir that
+    holds a run is only continued, and only with the config it was started with."""
+    status = read_status(run_dir)
+    checkpoint = find_checkpoint(run_dir) if cfg.resume else None
+    if status is not None and not cfg.resume:
+        raise ConfigError(f"run dir {run_dir} already holds a run ({status['state']}); "
+                          f"continue it with `grpo-ablate train --resume {run_dir}` or pick a new dir")
+    if status is not None and status.get("config_hash") != config_hash(cfg):
+        raise ConfigError(f"cannot resume {run_dir}: the config differs from the one it was started "
+                          "with (only steps, logger, run labels and threads may change)")
+    return status, checkpoint
+
+
+def already_finished(status: dict | None, cfg: DictConfig) -> bool:
+    """A finished result is never redone: completed at (or past) the asked-for steps, or diverged."""
+    return status is not None and (status["state"] == "diverged"
+                                   or status["state"] == "completed" and status["step"] >= cfg.steps)
 
 
 def evaluate(policy, rollouts: Rollouts, problems, max_new_tokens: int) -> dict:
