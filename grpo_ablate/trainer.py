@@ -243,7 +243,9 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
 
             # 2. Rewards from the verifier, shaped (overlong, length, KL in the reward,
             #    reward_norm); group-relative advantages, one per completion (then adv_clip).
-            rewards = cfg.reward.wrong + (cfg.reward.correct - cfg.reward.wrong) * task_rewards  # the scale
+            # the reward scale: the verifier's score mapped to [reward.wrong, reward.correct]
+            scaled_task_reward = cfg.reward.wrong + (cfg.reward.correct - cfg.reward.wrong) * task_rewards
+            rewards = scaled_task_reward
             if format_reward:   # task.format_reward: a bonus for a final answer in \boxed{} or after ####
                 rewards = rewards + format_reward * torch.tensor([float(task.formatted(t)) for t in texts],
                                                                  device=device)
@@ -274,7 +276,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
             diag_metrics = {}
             if diag_every and step % diag_every == 0:
                 diag_started = time.perf_counter()
-                components = {"task_reward": cfg.reward.wrong + (cfg.reward.correct - cfg.reward.wrong) * task_rewards,
+                components = {"task_reward": scaled_task_reward,
                               "overlong_reward": overlong_penalty, "length_reward": length_reward}
                 if kl_control.reward_beta > 0:
                     components["kl_reward"] = -kl_control.reward_beta * kl_reward_penalty(old_logp, ref_logp, mask)
