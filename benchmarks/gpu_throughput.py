@@ -66,8 +66,8 @@ def measure(args) -> dict:
     import torch
 
     from grpo_ablate.config import compose
-    from grpo_ablate.tracking import read_jsonl
-    from grpo_ablate.trainer import train
+    from grpo_ablate.rundir import read_rows
+    from grpo_ablate.train.grpo import train
 
     steps = args.warmup + args.steps
     overrides = [
@@ -84,7 +84,7 @@ def measure(args) -> dict:
         result = train(compose(overrides), run_dir, overrides)
         if result.state != "completed":
             raise RuntimeError(f"run ended {result.state}: {result.reason}")
-        rows = [r for r in read_jsonl(Path(run_dir) / "metrics.jsonl") if r["step"] > args.warmup]
+        rows = [r for r in read_rows(Path(run_dir) / "metrics.jsonl") if r["step"] > args.warmup]
     median = lambda key: statistics.median(r[key] for r in rows)
     return {"backend": args.one, "gpu": torch.cuda.get_device_name(), "steps": len(rows), "prompts": args.prompts,
             "group": args.group, "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "beta": args.beta,

@@ -11,8 +11,8 @@ from __future__ import annotations
 import tempfile
 
 from grpo_ablate.config import compose
-from grpo_ablate.tracking import read_jsonl
-from grpo_ablate.trainer import train
+from grpo_ablate.rundir import read_rows
+from grpo_ablate.train.grpo import train
 
 
 def w1_overrides(assets_dir: str, beta: float, steps: int) -> list[str]:
@@ -35,6 +35,6 @@ def run_w1(assets_dir: str, beta: float, steps: int) -> list[dict]:
         result = train(compose(overrides), run_dir, overrides)
         if result.state != "completed":
             raise RuntimeError(f"W1 run ended {result.state}: {result.reason}")
-        rows = [r for r in read_jsonl(f"{run_dir}/metrics.jsonl") if r["step"] >= 1]
+        rows = [r for r in read_rows(f"{run_dir}/metrics.jsonl") if r["step"] >= 1]
     return [{"step_end": r["time/elapsed_s"], "generate_s": r["time/sample_s"],
              "reference_s": r["time/reference_s"], "update_s": r["time/update_s"]} for r in rows]

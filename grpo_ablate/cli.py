@@ -97,8 +97,8 @@ def sweep(
     or for the launcher (hydra.launcher.partition=gpu).
     """
     from grpo_ablate.config import ConfigError
-    from grpo_ablate.launch import resume, start
-    from grpo_ablate.sweep import SweepError
+    from grpo_ablate.sweep.launch import resume, start
+    from grpo_ablate.sweep.matrix import SweepError
 
     args = list(ctx.args)
     try:
@@ -132,7 +132,7 @@ def sweep(
 
 def _conflict_tricks(mode, tricks_, trick, reward) -> str:
     """`sweep conflict --trick X --reward Y` as the matrix's trick list "X,Y"."""
-    from grpo_ablate.sweep import SweepError
+    from grpo_ablate.sweep.matrix import SweepError
 
     if mode != "conflict":
         raise SweepError("--trick and --reward belong to `sweep conflict`; other modes take --tricks a,b,c")
@@ -147,8 +147,8 @@ def _conflict_tricks(mode, tricks_, trick, reward) -> str:
 
 
 def _sweep_request(mode, args, tricks_, base, seeds, launcher, jobs, family, max_runs, steps, name, out):
-    from grpo_ablate.launch import (DEFAULT_BASE, DEFAULT_SEEDS, DEFAULT_TRICKS, SweepRequest, axis_values)
-    from grpo_ablate.sweep import DEFAULT_MAX_RUNS, MODES, SweepError
+    from grpo_ablate.sweep.launch import (DEFAULT_BASE, DEFAULT_SEEDS, DEFAULT_TRICKS, SweepRequest, axis_values)
+    from grpo_ablate.sweep.matrix import DEFAULT_MAX_RUNS, MODES, SweepError
 
     if mode is None:
         fail(f"give a sweep mode: {', '.join(MODES)}, or file PATH (or --resume SWEEP_DIR)")
@@ -190,7 +190,7 @@ _SWEEP_FILE_KEYS = ("name", "mode", "base", "tricks", "seeds", "overrides", "ste
 def _load_sweep_file(path: Path) -> dict:
     import yaml
 
-    from grpo_ablate.sweep import SweepError
+    from grpo_ablate.sweep.matrix import SweepError
 
     if not path.exists():
         raise SweepError(f"sweep file {path} does not exist (the shipped ones are in sweeps/)")
@@ -238,11 +238,11 @@ def doctor(
     """
     import time
 
-    from grpo_ablate import doctor as doc
+    from grpo_ablate.sweep import doctor as doc
     from grpo_ablate.config import ConfigError
-    from grpo_ablate.launch import DEFAULT_BASE, DEFAULT_TRICKS, plan, print_matrix
+    from grpo_ablate.sweep.launch import DEFAULT_BASE, DEFAULT_TRICKS, plan, print_matrix
     from grpo_ablate.report import ReportError, parse_thresholds
-    from grpo_ablate.sweep import SweepError
+    from grpo_ablate.sweep.matrix import SweepError
 
     args = list(ctx.args)
     try:
@@ -294,7 +294,7 @@ def _print_doctor(result: dict, doctor_dir: Path) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from grpo_ablate.doctor import evidence_text, summary_line
+    from grpo_ablate.sweep.doctor import evidence_text, summary_line
 
     table = Table(title=f"doctor: {summary_line(result)}")
     table.add_column("trick", no_wrap=True)

@@ -7,20 +7,25 @@ never leaves a half-written run dir behind.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import math
 import os
 import re
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
+from grpo_ablate.errors import ConfigError
+from grpo_ablate.tasks import TASKS
+from grpo_ablate.train.distributed import launched_ranks
 from grpo_ablate.tricks.adv import ADV_ESTIMATORS
 from grpo_ablate.tricks.adv_clip import ADV_CLIPS
 from grpo_ablate.tricks.clip import POLICY_LOSSES
 from grpo_ablate.tricks.entropy import ENTROPY_CONTROLLERS
-from grpo_ablate.tricks.length import LENGTH_REWARDS
 from grpo_ablate.tricks.kl import KL_CONTROLLERS, KL_ESTIMATORS
 from grpo_ablate.tricks.kl_weight import KL_WEIGHTS
+from grpo_ablate.tricks.length import LENGTH_REWARDS
 from grpo_ablate.tricks.loss_agg import LOSS_AGG_MODES
 from grpo_ablate.tricks.overlong import OVERLONG
 from grpo_ablate.tricks.reward_norm import REWARD_NORMS
@@ -28,16 +33,13 @@ from grpo_ablate.tricks.sampling import GROUP_FILTERS
 from grpo_ablate.tricks.temperature import TEMPERATURES
 from grpo_ablate.tricks.value import VALUE_LOSSES
 
+
 CONFIG_MODULE = "grpo_ablate.conf"
 CONFIG_NAME = "config"
 
 # Keys that may differ between a run and its resumption without changing what it computes.
 # `diag` only observes (gradient diagnostics never change the update: tests/test_diagnostics.py).
 RESUMABLE_KEYS = ("steps", "resume", "logger", "run", "sweep", "threads", "diag")
-
-
-class ConfigError(ValueError):
-    """Bad user input: the message is the one line the user sees."""
 
 
 def params(group: DictConfig) -> dict:
@@ -185,7 +187,6 @@ def validate(cfg: DictConfig) -> None:
     _check_model(cfg.model)
     _one_of("rollout.backend", cfg.rollout.backend, ("hf", "vllm"))
     _one_of("rollout.rng", cfg.rollout.get("rng") or "auto", ("auto", "stream", "per_row"))
-    from grpo_ablate.tasks import TASKS  # the task validates its own options
     _one_of("task", cfg.task.name, sorted(TASKS))
     _require(hasattr(TASKS[cfg.task.name], "warmup_batch") or cfg.model.get("path") is not None,
              f"task={cfg.task.name} needs a real model (the embedded one only knows arithmetic): "
@@ -217,12 +218,6 @@ def check_here(cfg: DictConfig) -> None:
     packages, a GPU, an offline hub, the processes torchrun started. Called where the run
     runs: by `grpo-ablate train` before Hydra makes a run dir, and by the trainer (so a sweep
     can be planned on a machine without the run's GPU)."""
-    import importlib.util
-
-    import torch
-
-    from grpo_ablate.distributed import launched_ranks
-
     path = cfg.model.get("path")
     if path is not None and not _looks_local(str(path)):
         _require(_hub_model_reachable(str(path)),
@@ -250,10 +245,6 @@ def check_here(cfg: DictConfig) -> None:
 
 def _vllm_problem(cfg: DictConfig) -> str | None:
     """Why rollout=vllm cannot run here (None: it can)."""
-    import importlib.util
-
-    import torch
-
     if importlib.util.find_spec("vllm") is None:
         return ("needs the vllm package, which is not installed: pip install 'grpo-ablate[vllm]' on a machine "
                 "with a CUDA GPU (or use rollout=hf)")

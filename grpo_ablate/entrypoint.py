@@ -16,6 +16,12 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
+from rich.console import Console
+
+from grpo_ablate.config import ConfigError
+from grpo_ablate.models import ModelPathError
+from grpo_ablate.train.controls import run_control
+from grpo_ablate.train.grpo import EXIT_BAD_INPUT, train
 
 # exit code of the last job run in this process (Hydra itself returns nothing)
 _last_exit_code = 0
@@ -24,13 +30,6 @@ _last_exit_code = 0
 @hydra.main(config_path="pkg://grpo_ablate.conf", config_name="config", version_base="1.3")
 def hydra_train(cfg: DictConfig) -> int:
     global _last_exit_code
-    from rich.console import Console
-
-    from grpo_ablate.config import ConfigError
-    from grpo_ablate.controls import run_control
-    from grpo_ablate.models import ModelPathError
-    from grpo_ablate.trainer import EXIT_BAD_INPUT, train
-
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     overrides = list(HydraConfig.get().overrides.task)
     console = Console(soft_wrap=True)  # paths stay on one line, copy-pasteable

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from conftest import cli
-from grpo_ablate.tracking import TIMING_PREFIXES, read_jsonl
+from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
 
 
 def test_help_lists_every_command_with_one_line():
@@ -105,7 +105,7 @@ def test_resume_after_kill_equals_uninterrupted(small, tmp_path):
     resumed = cli("train", "--resume", str(killed), cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resuming" in resumed.stdout
-    assert _strip(read_jsonl(killed / "metrics.jsonl")) == _strip(read_jsonl(tmp_path / "full" / "metrics.jsonl"))
+    assert _strip(read_rows(killed / "metrics.jsonl")) == _strip(read_rows(tmp_path / "full" / "metrics.jsonl"))
     assert json.loads((killed / "status.json").read_text())["state"] == "completed"
     # a finished run is never redone
     again = cli("train", "--resume", str(killed), cwd=tmp_path)

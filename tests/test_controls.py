@@ -7,13 +7,13 @@ import torch
 
 from conftest import cli
 from grpo_ablate.config import compose
-from grpo_ablate.distributed import DataParallel
+from grpo_ablate.train.distributed import DataParallel
 from grpo_ablate.entrypoint import run_hydra
-from grpo_ablate.generation import HFEngine, Rollouts
+from grpo_ablate.sampling.engines import HFEngine, Rollouts
 from grpo_ablate.models import load_model_and_tokenizer, stop_token_ids
-from grpo_ablate.prompts import PromptEncoder
+from grpo_ablate.sampling.prompts import PromptEncoder
 from grpo_ablate.tasks import build_task
-from grpo_ablate.trainer import evaluate
+from grpo_ablate.train.grpo import evaluate
 
 
 def rows(run_dir):

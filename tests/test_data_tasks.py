@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO, cli
 from grpo_ablate.config import ConfigError, compose, validate
 from grpo_ablate.models import build_char_tokenizer
-from grpo_ablate.prompts import PromptEncoder
+from grpo_ablate.sampling.prompts import PromptEncoder
 from grpo_ablate.tasks import build_task
 from grpo_ablate.tasks.math_answer import extract_answer, gold_answer, last_boxed
 

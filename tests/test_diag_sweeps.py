@@ -2,7 +2,7 @@
 (in-process, nothing launched)."""
 import pytest
 
-from grpo_ablate.sweep import SweepError, build_matrix
+from grpo_ablate.sweep.matrix import SweepError, build_matrix
 from test_sweep import FAMILIES, cli_here, names
 
 OPTIONS = {"clip_higher": "higher", "token_mean": "token_mean", "dr_grpo_norm": "seq_mean_token_sum",

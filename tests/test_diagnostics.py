@@ -7,10 +7,10 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-import grpo_ablate.trainer as trainer_module
-from grpo_ablate import diagnostics as diag
+import grpo_ablate.train.grpo as trainer_module
+from grpo_ablate.train import diagnostics as diag
 from grpo_ablate.config import ConfigError, compose, validate
-from grpo_ablate.tracking import TIMING_PREFIXES, read_jsonl
+from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
 from grpo_ablate.tricks.adv import grpo_advantage
 
 
@@ -101,7 +101,7 @@ def test_diag_config_is_validated():
 def run(overrides, run_dir):
     result = trainer_module.train(compose(overrides), run_dir, overrides)
     assert result.state == "completed", result.reason
-    return read_jsonl(run_dir / "metrics.jsonl")
+    return read_rows(run_dir / "metrics.jsonl")
 
 
 # a length *bonus* (length.lam < 0 favours long outputs) against DAPO's overlong punishment,

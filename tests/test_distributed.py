@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from grpo_ablate.config import compose
-from grpo_ablate.tracking import TIMING_PREFIXES, read_jsonl
-from grpo_ablate.trainer import train
+from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
+from grpo_ablate.train.grpo import train
 
 
 def torchrun(*args, cwd):
@@ -34,18 +34,18 @@ def test_two_processes_match_one_process_on_the_same_global_batch(small, tmp_pat
     assert resumed.stdout.count("resuming") == 1 and resumed.stdout.count("completed at step 2") == 1  # rank 0 speaks
 
     strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)} for r in rows]
-    one, two = strip(read_jsonl(tmp_path / "single" / "metrics.jsonl")), strip(read_jsonl(work / "run" / "metrics.jsonl"))
+    one, two = strip(read_rows(tmp_path / "single" / "metrics.jsonl")), strip(read_rows(work / "run" / "metrics.jsonl"))
     assert [r["step"] for r in two] == [0, 1, 2]                       # written once, by rank 0
     for a, b in zip(one, two):
         assert a.keys() == b.keys()
         assert b == {k: pytest.approx(v, rel=1e-3, abs=1e-6) for k, v in a.items()}
     assert one[2]["kl/k3"] > 0 and one[1]["adv/zero_std_group_frac"] < 1   # the runs did move
-    assert len(read_jsonl(work / "run" / "samples.jsonl")) == len(read_jsonl(tmp_path / "single" / "samples.jsonl"))
+    assert len(read_rows(work / "run" / "samples.jsonl")) == len(read_rows(tmp_path / "single" / "samples.jsonl"))
     assert sorted(p.name for p in work.iterdir()) == ["run"]            # no second run dir
 
 
 def test_a_slurm_job_step_with_several_tasks_is_one_run(monkeypatch):
-    from grpo_ablate.distributed import DataParallel
+    from grpo_ablate.train.distributed import DataParallel
 
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(key, "unset")    # recorded, so the test leaves the environment as it was

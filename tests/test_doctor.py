@@ -6,8 +6,8 @@ import json
 import pytest
 
 from conftest import cli
-from grpo_ablate import doctor as doc
-from grpo_ablate.doctor import SetResult, analyse, verdicts
+from grpo_ablate.sweep import doctor as doc
+from grpo_ablate.sweep.doctor import SetResult, analyse, verdicts
 from test_sweep import cli_here
 
 

@@ -6,8 +6,8 @@ import yaml
 
 from conftest import REPO, cli
 from grpo_ablate.config import ConfigError, compose, validate
-from grpo_ablate.tracking import read_jsonl
-from grpo_ablate.trainer import train
+from grpo_ablate.rundir import read_rows
+from grpo_ablate.train.grpo import train
 
 TRICK_FILES = sorted((REPO / "conf" / "trick").glob("*.yaml"))
 TRICKS = [p.stem for p in TRICK_FILES]
@@ -54,7 +54,7 @@ def test_every_named_trick_trains_two_steps_on_the_tiny_default(tiny_default, tm
     assert cfg[family].name == cfg.tricks[name].option
     result = train(cfg, tmp_path / "run", overrides)
     assert result.state == "completed"
-    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    rows = read_rows(tmp_path / "run" / "metrics.jsonl")
     assert all(v is not None for r in rows for v in r.values())          # finite (NaN is null)
     assert all(FAMILY_METRIC[family] in r and EXTRA_METRIC.get(name, "loss") in r for r in rows[1:])
     assert f"  {name}:" in (tmp_path / "run" / "config.yaml").read_text()

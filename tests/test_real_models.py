@@ -9,8 +9,8 @@ from safetensors.torch import load_file
 
 from conftest import REPO, cli
 from grpo_ablate.config import ConfigError, compose, validate
-from grpo_ablate.tracking import read_jsonl
-from grpo_ablate.trainer import train
+from grpo_ablate.rundir import read_rows
+from grpo_ablate.train.grpo import train
 
 WORD_PROBLEMS = REPO / "tests" / "data" / "word_problems.jsonl"
 
@@ -25,7 +25,7 @@ def hf_run(path, *extra):
 def run(overrides, run_dir):
     result = train(compose(overrides), run_dir, overrides)
     assert result.state == "completed", result.reason
-    return read_jsonl(run_dir / "metrics.jsonl")
+    return read_rows(run_dir / "metrics.jsonl")
 
 
 # entropy bonus: a gradient even when every reward is 0 (a random model never answers right)
@@ -52,7 +52,7 @@ def test_two_steps_of_a_saved_model_by_path(tiny_models, tmp_path, arch, lora):
 
 
 def test_lora_reference_is_the_base_and_no_copy(tiny_models, tmp_path, monkeypatch):
-    import grpo_ablate.trainer as trainer_module
+    import grpo_ablate.train.grpo as trainer_module
 
     monkeypatch.setattr(trainer_module, "copy", SimpleNamespace(deepcopy=lambda *_: pytest.fail("model copied")))
     rows = run(hf_run(tiny_models["llama"], *MOVES, "model.lora.r=4", "kl.beta=0.1"), tmp_path / "run")

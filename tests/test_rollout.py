@@ -3,10 +3,10 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from grpo_ablate import lean_decode
+from grpo_ablate.sampling import lean as lean_decode
 
 from grpo_ablate.models import build_char_tokenizer
-from grpo_ablate.rollout import completion_logprobs, decode_completions, generate, left_pad
+from grpo_ablate.sampling.decode import completion_logprobs, decode_completions, generate, left_pad
 
 TOK = build_char_tokenizer("0123456789+=,;")
 

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import REPO, cli
-from grpo_ablate.sweep import (SweepError, build_matrix, check_size, expand_jobs, parse_seeds)
+from grpo_ablate.sweep.matrix import (SweepError, build_matrix, check_size, expand_jobs, parse_seeds)
 
 FAMILIES = {"clip_higher": "clip", "token_mean": "loss_agg", "dr_grpo_norm": "loss_agg",
             "overlong_filter": "overlong", "overlong_punish": "overlong", "kl_adaptive": "kl"}
@@ -316,7 +316,7 @@ def test_a_run_still_written_by_a_live_process_is_never_resumed_twice(tmp_path):
     """A parallel worker can outlive a killed sweep; resume must not start a second writer."""
     import socket
 
-    from grpo_ablate.launch import _still_running
+    from grpo_ablate.sweep.launch import _still_running
 
     writer = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
                               stdout=subprocess.PIPE, text=True)

@@ -6,11 +6,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import grpo_ablate.trainer as trainer_module
+import grpo_ablate.train.grpo as trainer_module
 from grpo_ablate.config import ConfigError, compose
-from grpo_ablate.tracking import TIMING_PREFIXES, read_jsonl
+from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
 from grpo_ablate.tricks.clip import POLICY_LOSSES
-from grpo_ablate.trainer import train
+from grpo_ablate.train.grpo import train
 
 REQUIRED_STEP_KEYS = [
     "loss", "reward/mean", "reward/std", "train/accuracy", "length/mean", "length/max",
@@ -37,13 +37,13 @@ def test_run_dir_contract(small, tmp_path):
     assert status["state"] == "completed" and status["step"] == 4 and status["config_hash"]
     assert "${" not in (d / "config.yaml").read_text()            # resolved
     assert "rollout.group_size=4" in (d / "overrides.yaml").read_text()
-    rows = read_jsonl(d / "metrics.jsonl")
+    rows = read_rows(d / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
     assert "eval/accuracy" in rows[0] and "eval/accuracy" in rows[2] and "eval/accuracy" in rows[4]
     for key in REQUIRED_STEP_KEYS:
         assert all(key in r for r in rows[1:]), key
     assert rows[1]["clip/low_frac"] == 0 and rows[1]["clip/high_frac"] == 0   # rho == 1
-    samples = read_jsonl(d / "samples.jsonl")
+    samples = read_rows(d / "samples.jsonl")
     assert {s["step"] for s in samples} == {2, 4} and {"prompt", "completion", "reward"} <= set(samples[0])
     # the checkpoint is an ordinary transformers checkpoint
     model = AutoModelForCausalLM.from_pretrained(d / "checkpoint")
@@ -52,9 +52,9 @@ def test_run_dir_contract(small, tmp_path):
 
 
 def test_same_seed_gives_identical_metrics(small, tmp_path):
-    a = read_jsonl(run(small, tmp_path / "a").run_dir / "metrics.jsonl")
-    b = read_jsonl(run(small, tmp_path / "b").run_dir / "metrics.jsonl")
-    c = read_jsonl(run(small + ["seed=1"], tmp_path / "c").run_dir / "metrics.jsonl")
+    a = read_rows(run(small, tmp_path / "a").run_dir / "metrics.jsonl")
+    b = read_rows(run(small, tmp_path / "b").run_dir / "metrics.jsonl")
+    c = read_rows(run(small + ["seed=1"], tmp_path / "c").run_dir / "metrics.jsonl")
     assert without_timing(a) == without_timing(b)
     assert without_timing(a) != without_timing(c)
 
@@ -81,7 +81,7 @@ def test_no_redundant_forward_passes(small, tmp_path, monkeypatch, extra, forwar
     monkeypatch.setattr(trainer_module, "completion_logprobs", counter)
     run(small + ["steps=2"] + extra, tmp_path / "run")
     assert counter.calls == 2 * forwards_per_step
-    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    rows = read_rows(tmp_path / "run" / "metrics.jsonl")
     assert ("kl/k3" in rows[1]) == has_kl
 
 
@@ -96,14 +96,14 @@ def test_kl_none_loads_no_reference_model(small, tmp_path, monkeypatch):
 
 def test_fixed_kl_adds_beta_times_k3(small, tmp_path):
     """With beta > 0 the loss is the policy loss plus beta * mean k3, aggregated alike."""
-    rows = read_jsonl(run(small + ["steps=3", "kl.beta=0.5"], tmp_path / "run").run_dir / "metrics.jsonl")
+    rows = read_rows(run(small + ["steps=3", "kl.beta=0.5"], tmp_path / "run").run_dir / "metrics.jsonl")
     assert all(r["kl/beta"] == 0.5 for r in rows[1:])
     assert rows[1]["kl/k3"] == pytest.approx(0.0, abs=1e-6)     # pi_theta == pi_ref at step 1
     assert rows[3]["kl/k3"] > 0                                   # and drifts after updates
 
 
 def test_policy_moves_so_the_equality_tests_mean_something(small, tmp_path):
-    rows = read_jsonl(run(small + ["steps=3", "kl=none", "metrics.ref_kl=true"], tmp_path / "run").run_dir / "metrics.jsonl")
+    rows = read_rows(run(small + ["steps=3", "kl=none", "metrics.ref_kl=true"], tmp_path / "run").run_dir / "metrics.jsonl")
     assert any(r["adv/zero_std_group_frac"] < 1 for r in rows[1:])   # some groups have signal
     assert rows[3]["kl/k1"] != 0 and rows[3]["optim/grad_norm"] > 0
 
@@ -136,7 +136,7 @@ def test_forced_nan_loss_marks_the_run_diverged_at_that_step(small, tmp_path, mo
     assert (result.state, result.step, result.exit_code) == ("diverged", 3, 3)
     status = json.loads((tmp_path / "run" / "status.json").read_text())
     assert status["state"] == "diverged" and status["reason"] == "non-finite loss at step 3"
-    last = read_jsonl(tmp_path / "run" / "metrics.jsonl")[-1]
+    last = read_rows(tmp_path / "run" / "metrics.jsonl")[-1]
     assert last["step"] == 3 and last["loss"] is None        # NaN is written as null (strict JSON)
     # a diverged run is a finished result: resuming it changes nothing
     before = (tmp_path / "run" / "metrics.jsonl").read_text()
@@ -148,7 +148,7 @@ def test_on_nonfinite_skip_drops_the_step_and_keeps_going(small, tmp_path, monke
     nan_at_step(monkeypatch, {2, 3})
     result = run(small + ["steps=4", "on_nonfinite=skip"], tmp_path / "run")
     assert result.state == "completed"
-    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    rows = read_rows(tmp_path / "run" / "metrics.jsonl")
     assert [r["optim/skipped_steps"] for r in rows[1:]] == [0, 1, 2, 2]
 
 
@@ -167,10 +167,10 @@ def test_resume_refuses_a_changed_config(small, tmp_path):
 
 
 def test_resume_extends_a_completed_run_identically(small, tmp_path):
-    full = read_jsonl(run(small + ["steps=4"], tmp_path / "full").run_dir / "metrics.jsonl")
+    full = read_rows(run(small + ["steps=4"], tmp_path / "full").run_dir / "metrics.jsonl")
     run(small + ["steps=2"], tmp_path / "part")
     run(small + ["steps=4", "resume=true"], tmp_path / "part")
-    assert without_timing(read_jsonl(tmp_path / "part" / "metrics.jsonl")) == without_timing(full)
+    assert without_timing(read_rows(tmp_path / "part" / "metrics.jsonl")) == without_timing(full)
 
 
 def test_warm_start_cache_is_content_addressed(small, cache_dir, tmp_path):
@@ -203,15 +203,15 @@ def test_every_trick_option_trains(small, tmp_path, option, metric):
     extra = ["overlong.buffer=4"] if option == "overlong=soft_punish" else []
     result = run(small + ["steps=2", "updates.num_iterations=2", *option.split()] + extra, tmp_path / "run")
     assert result.state == "completed"
-    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    rows = read_rows(tmp_path / "run" / "metrics.jsonl")
     assert all(metric in r for r in rows[1:])
     assert all(v is not None for r in rows for v in r.values())   # finite (NaN would be null)
 
 
 def test_entropy_bonus_changes_the_update(small, tmp_path):
     """With c > 0 the entropy term reaches the gradient: same seed, different weights."""
-    plain = read_jsonl(run(small + ["steps=2", "kl=none"], tmp_path / "a").run_dir / "metrics.jsonl")
-    bonus = read_jsonl(run(small + ["steps=2", "kl=none", "entropy=bonus", "entropy.coef=0.5"],
+    plain = read_rows(run(small + ["steps=2", "kl=none"], tmp_path / "a").run_dir / "metrics.jsonl")
+    bonus = read_rows(run(small + ["steps=2", "kl=none", "entropy=bonus", "entropy.coef=0.5"],
                            tmp_path / "b").run_dir / "metrics.jsonl")
     assert plain[1]["optim/grad_norm"] != bonus[1]["optim/grad_norm"]
     assert bonus[1]["entropy/coef"] == 0.5 and plain[1]["entropy/coef"] == 0.0
@@ -258,7 +258,7 @@ def test_dynamic_sampling_refills_the_batch_and_respects_the_cap(small, tmp_path
     result = run(small + ["steps=1", "sampling=dynamic", f"sampling.max_rounds={max_rounds}", "adv=dr_grpo"],
                  tmp_path / "run")
     assert result.state == "completed"          # the cap never crashes the run
-    row = read_jsonl(tmp_path / "run" / "metrics.jsonl")[1]
+    row = read_rows(tmp_path / "run" / "metrics.jsonl")[1]
     assert row["sampling/rounds"] == rounds
     assert row["sampling/kept_group_frac"] == pytest.approx(groups / (4 * rounds))
     assert row["adv/zero_std_group_frac"] == 0.0            # only groups with signal were kept
@@ -268,23 +268,23 @@ def test_dynamic_sampling_refills_the_batch_and_respects_the_cap(small, tmp_path
 
 
 def test_static_sampling_is_one_round(small, tmp_path):
-    row = read_jsonl(run(small + ["steps=1"], tmp_path / "run").run_dir / "metrics.jsonl")[1]
+    row = read_rows(run(small + ["steps=1"], tmp_path / "run").run_dir / "metrics.jsonl")[1]
     assert row["sampling/rounds"] == 1 and row["sampling/kept_group_frac"] == 1.0
 
 
 def test_learnable_temperature_moves_during_training_and_resumes(small, tmp_path):
     args = small + ["steps=4", "kl=none", "temperature=learnable", "temperature.lr=0.05"]
-    full = read_jsonl(run(args, tmp_path / "full").run_dir / "metrics.jsonl")
+    full = read_rows(run(args, tmp_path / "full").run_dir / "metrics.jsonl")
     temps = [r["temperature/value"] for r in full[1:]]
     assert temps[0] == 1.0 and len(set(temps)) > 1
     run(small + ["steps=2", "kl=none", "temperature=learnable", "temperature.lr=0.05"], tmp_path / "part")
     run(args + ["resume=true"], tmp_path / "part")
-    assert without_timing(read_jsonl(tmp_path / "part" / "metrics.jsonl")) == without_timing(full)
+    assert without_timing(read_rows(tmp_path / "part" / "metrics.jsonl")) == without_timing(full)
 
 
 def test_two_layer_kl_anchors_to_the_policy_of_prev_lag_steps_ago_and_resumes(small, tmp_path):
     args = small + ["steps=6", "kl=two_layer", "kl.prev_lag=2", "kl.beta_prev=0.5"]
-    full = read_jsonl(run(args, tmp_path / "full").run_dir / "metrics.jsonl")
+    full = read_rows(run(args, tmp_path / "full").run_dir / "metrics.jsonl")
     prev = [r["kl/prev_k3"] for r in full[1:]]
     ref = [r["kl/k3"] for r in full[1:]]
     # steps 1-3: the anchor is still the start (= pi_ref), so both KLs agree; after that it moves on
@@ -293,7 +293,7 @@ def test_two_layer_kl_anchors_to_the_policy_of_prev_lag_steps_ago_and_resumes(sm
     # (a part that ends on an eval step, so its last row matches the uninterrupted run's)
     run(small + ["steps=4", "kl=two_layer", "kl.prev_lag=2", "kl.beta_prev=0.5"], tmp_path / "part")
     run(args + ["resume=true"], tmp_path / "part")
-    assert without_timing(read_jsonl(tmp_path / "part" / "metrics.jsonl")) == without_timing(full)
+    assert without_timing(read_rows(tmp_path / "part" / "metrics.jsonl")) == without_timing(full)
 
 
 def test_dynamic_group_size_grows_flat_groups_into_ragged_ones(small, tmp_path, monkeypatch):
@@ -308,7 +308,7 @@ def test_dynamic_group_size_grows_flat_groups_into_ragged_ones(small, tmp_path, 
     result = run(small + ["steps=1", "sampling=dynamic_group", "sampling.g_step=2", "sampling.g_max=8",
                           "adv=dr_grpo"], tmp_path / "run")
     assert result.state == "completed"
-    row = read_jsonl(tmp_path / "run" / "metrics.jsonl")[1]
+    row = read_rows(tmp_path / "run" / "metrics.jsonl")[1]
     assert row["sampling/mean_group_size"] == (6 + 8 + 4 + 8) / 4
     assert row["sampling/extra_generations"] == 26 - 16
     assert row["train/accuracy"] == pytest.approx((1 + 8 + 1 + 0) / 26)
@@ -317,8 +317,8 @@ def test_dynamic_group_size_grows_flat_groups_into_ragged_ones(small, tmp_path, 
 
 def test_critic_learns_and_resumes(small, tmp_path):
     args = small + ["steps=4", "kl=none", "adv=gae", "value_clip=clip"]
-    full = read_jsonl(run(args, tmp_path / "full").run_dir / "metrics.jsonl")
+    full = read_rows(run(args, tmp_path / "full").run_dir / "metrics.jsonl")
     assert all(r["value/loss"] >= 0 for r in full[1:])
     run(small + ["steps=2", "kl=none", "adv=gae", "value_clip=clip"], tmp_path / "part")
     run(args + ["resume=true"], tmp_path / "part")      # the value head is in the checkpoint
-    assert without_timing(read_jsonl(tmp_path / "part" / "metrics.jsonl")) == without_timing(full)
+    assert without_timing(read_rows(tmp_path / "part" / "metrics.jsonl")) == without_timing(full)

@@ -11,9 +11,9 @@ import grpo_ablate.config as config_module
 from conftest import cli
 from grpo_ablate.config import ConfigError, check_here, compose
 from grpo_ablate.models import load_model_and_tokenizer
-from grpo_ablate.rollout import completion_logprobs, generate
-from grpo_ablate.tracking import read_jsonl
-from grpo_ablate.trainer import train
+from grpo_ablate.sampling.decode import completion_logprobs, generate
+from grpo_ablate.rundir import read_rows
+from grpo_ablate.train.grpo import train
 from test_real_models import MOVES, hf_run
 
 
@@ -96,7 +96,7 @@ def test_vllm_engine_gets_the_weights_after_every_step(tiny_models, fake_vllm, t
     (engine,) = fake_vllm
     assert engine.kwargs["logprobs_mode"] == "processed_logprobs"
     assert engine.pushes == 1 + 3            # at the start, then after each optimizer step
-    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    rows = read_rows(tmp_path / "run" / "metrics.jsonl")
     # the sampler had the policy's current weights at every step: its log-probs are the trainer's
     for row in rows[1:]:
         assert row["rollout/logprob_gap_mean"] < 1e-4 and row["rollout/logprob_gap_max"] < 1e-3

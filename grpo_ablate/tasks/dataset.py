@@ -13,7 +13,7 @@ and a resumed run sees what an uninterrupted one would; the extra rounds of dyna
 sampling draw at random, keyed by (seed, step, round).
 
 Prompt presentation (chat template, system prompt, length limit) is also set in the task
-group and applied by `grpo_ablate.prompts.PromptEncoder`.
+group and applied by `grpo_ablate.sampling.prompts.PromptEncoder`.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo_ablate.config import ConfigError
+from grpo_ablate.errors import ConfigError
 from grpo_ablate.tasks.math_answer import MathVerifier, extract_answer, gold_answer
 
 

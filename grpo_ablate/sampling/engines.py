@@ -13,17 +13,17 @@ processes; `auto` picks stream in one process and per_row under torchrun.
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import torch
 
-from grpo_ablate.rollout import NonFiniteLogits, Rollout, RowNoise, concat_rollouts, decode_completions, generate
+from grpo_ablate.sampling.decode import (NonFiniteLogits, Rollout, RowNoise, concat_rollouts, decode_completions,
+                                         derived_seed, generate)
+from grpo_ablate.sampling.vllm import VLLMEngine
 
 
 class HFEngine:
     """rollout.backend=hf: the training model samples its own completions (rollout.generate)."""
-
     def __init__(self, policy, lean: bool):
         self.policy, self.lean = policy, lean
 
@@ -33,11 +33,9 @@ class HFEngine:
     def sync(self, policy) -> None:
         """Nothing to push: the sampler is the policy itself."""
 
-
 def build_engine(cfg, policy, tokenizer, dp):
     """The rollout backend named by rollout.backend (vllm is imported only when chosen)."""
     if cfg.rollout.backend == "vllm":
-        from grpo_ablate.vllm_rollout import VLLMEngine
 
         return VLLMEngine(cfg, policy, tokenizer, dp)
     return HFEngine(policy, lean=bool(cfg.rollout.lean_decoder))
@@ -46,11 +44,6 @@ def build_engine(cfg, policy, tokenizer, dp):
 def rng_mode(cfg, dp) -> str:
     mode = str(cfg.rollout.get("rng") or "auto")
     return ("per_row" if dp.world > 1 else "stream") if mode == "auto" else mode
-
-
-def derived_seed(seed: int, key: tuple) -> int:
-    """A seed for one sampling call, a pure function of the run's seed and the call's key."""
-    return int.from_bytes(hashlib.sha256(repr((int(seed), key)).encode()).digest()[:8], "little") >> 1
 
 
 @dataclass

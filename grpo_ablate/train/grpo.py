@@ -16,17 +16,18 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from grpo_ablate import diagnostics
+from grpo_ablate.train import diagnostics
 from grpo_ablate.config import FAMILIES, ConfigError, check_here, config_hash, params, validate
-from grpo_ablate.distributed import DataParallel
-from grpo_ablate.generation import Rollouts, build_engine, rng_mode
-from grpo_ablate.prompts import PromptEncoder
+from grpo_ablate.train.distributed import DataParallel
+from grpo_ablate.sampling.engines import Rollouts, build_engine, rng_mode
+from grpo_ablate.sampling.prompts import PromptEncoder
 from grpo_ablate.models import (AdapterDisabled, add_lora, autocast_forward, enable_activation_checkpointing,
                                 ensure_warm_started, load_model_and_tokenizer, lora_enabled, model_device,
                                 stop_token_ids)
-from grpo_ablate.rollout import NonFiniteLogits, Rollout, completion_logprobs, concat_rollouts, select_rows
+from grpo_ablate.sampling.decode import NonFiniteLogits, Rollout, completion_logprobs, concat_rollouts, select_rows
 from grpo_ablate.tasks import build_task
-from grpo_ablate.tracking import RunLog, find_checkpoint, read_status, save_checkpoint
+from grpo_ablate.rundir import find_checkpoint, read_status
+from grpo_ablate.train.run_log import RunLog, save_checkpoint
 from grpo_ablate.tricks.adv import ADV_ESTIMATORS, gae, group_mean_std, token_rewards
 from grpo_ablate.tricks.adv_clip import ADV_CLIPS
 from grpo_ablate.tricks.clip import POLICY_LOSSES

@@ -22,14 +22,14 @@ import torch
 from omegaconf import DictConfig
 
 from grpo_ablate.config import ConfigError, config_hash, validate
-from grpo_ablate.distributed import DataParallel
-from grpo_ablate.generation import HFEngine, Rollouts
+from grpo_ablate.train.distributed import DataParallel
+from grpo_ablate.sampling.engines import HFEngine, Rollouts
 from grpo_ablate.models import (ensure_warm_started, load_model_and_tokenizer, model_device, stop_token_ids,
                                 supervised_batch)
-from grpo_ablate.prompts import PromptEncoder
+from grpo_ablate.sampling.prompts import PromptEncoder
 from grpo_ablate.tasks import build_task
-from grpo_ablate.tracking import RunLog, save_checkpoint
-from grpo_ablate.trainer import RunResult, _progress, already_finished, evaluate, open_run_dir, sample_groups
+from grpo_ablate.train.run_log import RunLog, save_checkpoint
+from grpo_ablate.train.grpo import RunResult, _progress, already_finished, evaluate, open_run_dir, sample_groups
 
 
 def run_control(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), console=None) -> RunResult:

@@ -6,12 +6,13 @@ The sampler is a plain loop over `model(...)` with the model's own cache rather 
 """
 from __future__ import annotations
 
+import hashlib
 import inspect
 from dataclasses import dataclass
 
 import torch
 
-from grpo_ablate.lean_decode import LeanDecoder, supports as supports_lean
+from grpo_ablate.sampling.lean import LeanDecoder, supports as supports_lean
 
 
 class NonFiniteLogits(FloatingPointError):
@@ -107,6 +108,11 @@ class RowNoise:
     seed: int
     first: int
     total: int
+
+
+def derived_seed(seed: int, key: tuple) -> int:
+    """A seed for one sampling call, a pure function of the run's seed and the call's key."""
+    return int.from_bytes(hashlib.sha256(repr((int(seed), key)).encode()).digest()[:8], "little") >> 1
 
 
 @torch.no_grad()

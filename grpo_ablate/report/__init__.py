@@ -2,8 +2,7 @@
 
 Reads only files: the sweep's `manifest.json` and, per run dir, `metrics.jsonl`,
 `samples.jsonl`, `status.json` and `config.yaml`. No torch, no network, no W&B unless asked,
-so it works on a laptop that holds nothing but a copied sweep dir. (`tracking.py` has JSONL
-and status readers, but it imports torch at the top: the few lines are repeated here.)
+so it works on a laptop that holds nothing but a copied sweep dir.
 
 Statistics are over seeds: a run's final metric is the last value it logged, a variant's is
 the mean over its *completed* runs with a 95% t-interval; a trick's effect is
@@ -28,7 +27,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from grpo_ablate.tracking import wandb_api_key   # torch-free, like this module
+from grpo_ablate.rundir import read_jsonl
+from grpo_ablate.wandb_auth import wandb_api_key
 
 FINISHED = ("completed", "diverged", "failed")
 # Flags that mean training broke. kl_drift is a warning only: a policy may legitimately move
@@ -151,26 +151,6 @@ class Report:
 
 
 # --------------------------------------------------------------------------- reading files
-def read_jsonl(path: Path) -> tuple[list[dict], list[str]]:
-    """Rows of a JSONL file and what was wrong with it. A torn last line (a kill mid-write)
-    is skipped; so is any other unparsable line, but that one is reported."""
-    rows, problems = [], []
-    lines = Path(path).read_text(errors="replace").splitlines()
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            row = None
-        if not isinstance(row, dict):
-            problems.append("torn last line ignored" if number == len(lines)
-                            else f"unparsable line {number} skipped")
-            continue
-        rows.append(row)
-    return rows, problems
-
-
 def metrics_frame(rows: list[dict]) -> pd.DataFrame:
     """One row per step (the last one written wins), numeric columns, nulls as NaN."""
     rows = [r for r in rows if isinstance(r.get("step"), (int, float))]
@@ -717,7 +697,7 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
         verdicts.append({**c, "verdict": verdict, "delta": delta,
                          "auc_delta": delta_ci(areas[c["with"]], areas[c["without"]]), "why": why})
     report = Report(sweep, metric, higher_is_better, thresholds, rows, verdicts, against)
-    from grpo_ablate import report_diagnostics   # gradient conflicts, interactions, conflict checks
+    from grpo_ablate.report import diagnostics as report_diagnostics   # gradient conflicts, interactions, conflict checks
     report.diagnostics = report_diagnostics.analyse(report, conflict_threshold)
     return report
 
@@ -975,7 +955,7 @@ def render_markdown(report: Report, figures: list[tuple[str, str]] | None = None
         out += ["", "With one seed per variant no verdict is possible beyond *breaks training*."]
     if report.controls:
         out += ["", "## Against the controls", ""] + control_lines(report)
-    from grpo_ablate.report_diagnostics import markdown_sections
+    from grpo_ablate.report.diagnostics import markdown_sections
     out += [""] + markdown_sections(report)
     out += ["## Health flags", ""]
     flagged = [(r, f) for r in s.runs for f in r.flags]
@@ -1155,7 +1135,7 @@ def plot_figures(report: Report, out_dir: Path) -> list[tuple[str, str]]:
         fig.savefig(out_dir / "delta.png", dpi=110)
         plt.close(fig)
         figures.append(("Δ per trick", "delta.png"))
-    from grpo_ablate.report_diagnostics import plot
+    from grpo_ablate.report.diagnostics import plot
     figures += plot(report, out_dir, plt)   # the interaction heatmap, when the sweep has pairs
     return figures
 

@@ -21,7 +21,14 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from grpo_ablate.sweep import Matrix, SweepError, Variant, parse_seeds, trick_overrides
+from grpo_ablate import report as rep
+from grpo_ablate.catalogue import load_catalogue
+from grpo_ablate.rundir import atomic_write_text
+from grpo_ablate.sweep import launch
+from grpo_ablate.sweep.launch import SweepRequest, _check_launcher, plan
+from grpo_ablate.sweep.matrix import (Matrix, SweepError, Variant, check_exclusive, check_known, parse_seeds,
+                                      trick_overrides)
+
 
 REQUEST = "doctor_request.json"
 DEFAULT_STEPS = 30          # a short run: long enough for the health flags (patience 3) to fire
@@ -181,8 +188,6 @@ def stage_matrix(stage: Stage, tricks: list[str]) -> Matrix:
 
 
 def _sweep_request(req: DoctorRequest, stage: Stage, stage_dir: Path | None):
-    from grpo_ablate.launch import SweepRequest
-
     return SweepRequest(mode="doctor", tricks=list(req.tricks), base=req.base, seeds=req.seeds,
                         overrides=list(req.overrides), hydra_args=list(req.hydra_args), launcher=req.launcher,
                         jobs=req.jobs, max_runs=10 ** 6, name=f"doctor-{stage.kind}", steps=req.steps,
@@ -193,9 +198,6 @@ def check(req: DoctorRequest) -> None:
     """Everything that can be refused before a run starts: the trick list, the seeds, and that
     the all-on set, every leave-one-out set and the bare base compose (every other subset
     then composes too: subsets only leave tricks out)."""
-    from grpo_ablate.catalogue import load_catalogue
-    from grpo_ablate.launch import _check_launcher, plan
-    from grpo_ablate.sweep import check_exclusive, check_known
 
     families = {row["name"]: row["family"] for row in load_catalogue()}
     if not req.tricks:
@@ -215,8 +217,6 @@ def check(req: DoctorRequest) -> None:
 
 def read_stage(stage_dir: Path, tricks: list[str], thresholds) -> dict:
     """frozenset of tricks on -> SetResult, from a finished stage sweep dir (report's reader)."""
-    from grpo_ablate import report as rep
-
     sweep = rep.load_sweep(stage_dir, thresholds)
     out = {}
     for v in sweep.variants:
@@ -233,17 +233,11 @@ def read_stage(stage_dir: Path, tricks: list[str], thresholds) -> dict:
 
 
 def _unfinished(stage_dir: Path) -> bool:
-    from grpo_ablate import report as rep
-
     return any(r.state in UNFINISHED for r in rep.load_sweep(stage_dir).runs)
 
 
 def run(req: DoctorRequest, doctor_dir: Path, console, resume: bool = False) -> dict:
     """Run (or continue) the search in `doctor_dir`; returns the doctor.json content."""
-    from grpo_ablate import launch
-    from grpo_ablate import report as rep
-    from grpo_ablate.tracking import atomic_write_text
-
     thresholds = rep.parse_thresholds([f"{k}={v}" for k, v in req.thresholds.items()])
     seeds = len(parse_seeds(req.seeds))
     doctor_dir.mkdir(parents=True, exist_ok=True)

@@ -27,8 +27,7 @@ import socket
 
 import torch
 
-from grpo_ablate.generation import derived_seed
-from grpo_ablate.rollout import Rollout
+from grpo_ablate.sampling.decode import Rollout, derived_seed
 
 
 def _free_port() -> int:

@@ -1,72 +1,20 @@
-"""Everything a run writes: the run dir contract, checkpoints, and W&B.
-
-Run dir (reports and resume depend on it):
-    config.yaml      resolved config                      (atomic)
-    overrides.yaml   the command-line overrides            (atomic)
-    metrics.jsonl    one flat JSON object per step; `metrics.jsonl` is the source of truth
-    samples.jsonl    a few completions every `samples_every` steps
-    status.json      running | completed | diverged | failed, step, reason, wall time (atomic)
-    checkpoint/      latest weights + optimizer + RNG state, replaced atomically
-Every write that a resume depends on goes to a temporary file first and is renamed into place.
-"""
+"""What a training run writes into its run dir (the contract is in `grpo_ablate/rundir.py`):
+metrics, samples and status as it goes, checkpoints, and the W&B mirror of its metrics."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import socket
-import tempfile
 import time
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
-TIMING_PREFIXES = ("time/", "perf/")  # the only fields that may differ between identical runs
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _finite_or_none(value):
-    """Strict JSON: NaN/Inf are written as null (the step that produced them is flagged)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a JSONL file; a torn last line (a kill mid-write) is ignored."""
-    rows = []
-    if Path(path).exists():
-        for line in Path(path).read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-    return rows
-
-
-def truncate_jsonl(path: Path, last_step: int) -> None:
-    """Keep rows with step <= last_step (what the checkpoint covers), atomically."""
-    rows = [r for r in read_jsonl(path) if r.get("step", 0) <= last_step]
-    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
-
-
-def read_status(run_dir: Path) -> dict | None:
-    path = Path(run_dir) / "status.json"
-    return json.loads(path.read_text()) if path.exists() else None
+from grpo_ablate.rundir import (CHECKPOINT, CHECKPOINT_OLD, CHECKPOINT_TMP, atomic_write_text, finite_or_none,
+                                read_status, truncate_jsonl)
+from grpo_ablate.wandb_auth import resolve_mode
 
 
 class RunLog:
@@ -102,7 +50,7 @@ class RunLog:
         atomic_write_text(self.run_dir / "status.json", json.dumps(data, indent=2) + "\n")
 
     def log(self, metrics: dict) -> None:
-        row = {k: _finite_or_none(v) for k, v in metrics.items()}
+        row = {k: finite_or_none(v) for k, v in metrics.items()}
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(row) + "\n")
         self.wandb.log(metrics)
@@ -125,9 +73,7 @@ class WandbSink:
             return
         import wandb
 
-        mode = cfg.logger.mode
-        if mode == "auto":
-            mode = os.environ.get("WANDB_MODE") or ("online" if wandb_api_key() else "offline")
+        mode = resolve_mode(cfg.logger.mode)
         self.run = wandb.init(
             project=cfg.logger.project, entity=cfg.logger.entity, dir=str(run_dir), mode=mode,
             name=cfg.run.name or run_dir.name, group=cfg.run.group, job_type=cfg.run.job_type,
@@ -159,41 +105,18 @@ def wandb_config(cfg: DictConfig) -> dict:
     return config
 
 
-def wandb_api_key() -> str | None:
-    """An API key from the environment or ~/.netrc, without touching the network."""
-    if os.environ.get("WANDB_API_KEY"):
-        return os.environ["WANDB_API_KEY"]
-    try:
-        import netrc
-
-        auth = netrc.netrc().authenticators("api.wandb.ai")
-        return auth[2] if auth else None
-    except (OSError, netrc.NetrcParseError):
-        return None
-
-
 # --------------------------------------------------------------------------- checkpoints
 def save_checkpoint(run_dir: Path, model, tokenizer, trainer_state: dict) -> None:
     """Write checkpoint.tmp/, then swap it in: checkpoint/ is always a complete checkpoint
     (during the swap, checkpoint.old/ is; `find_checkpoint` falls back to it)."""
     run_dir = Path(run_dir)
-    tmp, final, old = run_dir / "checkpoint.tmp", run_dir / "checkpoint", run_dir / "checkpoint.old"
+    tmp, final, old = run_dir / CHECKPOINT_TMP, run_dir / CHECKPOINT, run_dir / CHECKPOINT_OLD
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)  # loadable with from_pretrained, like any HF checkpoint
     tokenizer.save_pretrained(tmp)
-    import torch   # here, not at the top: the report reads run dirs without torch
-
     torch.save(trainer_state, tmp / "trainer_state.pt")
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.rename(final, old)
     os.rename(tmp, final)
     shutil.rmtree(old, ignore_errors=True)
-
-
-def find_checkpoint(run_dir: Path) -> Path | None:
-    for name in ("checkpoint", "checkpoint.old"):
-        path = Path(run_dir) / name
-        if (path / "trainer_state.pt").exists():
-            return path
-    return None

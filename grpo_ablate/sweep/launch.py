@@ -15,8 +15,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpo_ablate.sweep import (CONTROLS, DEFAULT_MAX_RUNS, Matrix, SweepError, add_controls, build_matrix,
-                               check_size, expand_jobs, parse_seeds)
+from grpo_ablate import entrypoint
+from grpo_ablate.catalogue import load_catalogue
+from grpo_ablate.config import ConfigError, compose, config_hash, validate
+from grpo_ablate.models import ensure_warm_started
+from grpo_ablate.rundir import atomic_write_text, read_rows, read_status
+from grpo_ablate.sweep.matrix import (CONTROLS, DEFAULT_MAX_RUNS, Matrix, SweepError, add_controls, build_matrix,
+                                      check_size, expand_jobs, parse_seeds)
+from grpo_ablate.tasks import TASKS, build_task
+
 
 MANIFEST = "manifest.json"
 FINISHED = ("completed", "diverged")      # a divergence is a result, not a failure
@@ -62,9 +69,6 @@ class SweepRequest:
 # ------------------------------------------------------------------------------ planning
 def plan(req: SweepRequest) -> dict:
     """The manifest of a new sweep (statuses pending), fully validated; writes nothing."""
-    from grpo_ablate.catalogue import load_catalogue
-    from grpo_ablate.config import config_hash
-
     families = {row["name"]: row["family"] for row in load_catalogue()}
     options = {row["name"]: row["option"] for row in load_catalogue()}
     _check_overrides(req.overrides)
@@ -117,8 +121,6 @@ def plan(req: SweepRequest) -> dict:
 
 
 def _has_solutions(cfg) -> bool:
-    from grpo_ablate.tasks import build_task
-
     return bool(getattr(build_task(cfg.task).train_batch(1, 0, 0)[0], "solution", None))
 
 
@@ -134,8 +136,6 @@ def _check_overrides(overrides: list[str]) -> None:
 
 
 def _compose(overrides: list[str], what: str):
-    from grpo_ablate.config import ConfigError, compose, validate
-
     try:
         cfg = compose(overrides)
         validate(cfg)
@@ -156,7 +156,6 @@ def axis_values(spec: str) -> tuple[str, list]:
     group = resources.files("grpo_ablate.conf").joinpath(key)
     if "." not in key and group.is_dir():
         return key, sorted(p.name[:-5] for p in group.iterdir() if p.name.endswith(".yaml"))
-    from grpo_ablate.tasks import TASKS
 
     if key.startswith("task."):
         choices = getattr(TASKS[_compose([], "the defaults").task.name], "CHOICES", {})
@@ -186,8 +185,6 @@ def read_manifest(sweep_dir: Path) -> dict:
 
 
 def write_manifest(sweep_dir: Path, manifest: dict) -> None:
-    from grpo_ablate.tracking import atomic_write_text
-
     manifest["updated_at"] = _now()
     atomic_write_text(Path(sweep_dir) / MANIFEST, json.dumps(manifest, indent=2) + "\n")
 
@@ -195,7 +192,6 @@ def write_manifest(sweep_dir: Path, manifest: dict) -> None:
 def refresh_statuses(sweep_dir: Path, manifest: dict, outcomes: dict | None = None) -> None:
     """Each run's status from its run dir (the truth), or from how its job ended when the run
     never got as far as writing one (e.g. a crash while loading)."""
-    from grpo_ablate.tracking import read_jsonl, read_status
 
     for run in manifest["runs"]:
         run_dir = Path(sweep_dir) / run["run_dir"]
@@ -206,7 +202,7 @@ def refresh_statuses(sweep_dir: Path, manifest: dict, outcomes: dict | None = No
         if outcome is not None and (status is None or status["state"] not in FINISHED + ("failed",)):
             # the job ended without the run recording an end of its own
             run.update(status="failed", reason=outcome.get("error") or f"exit code {outcome.get('exit_code')}")
-        accuracies = [r["eval/accuracy"] for r in read_jsonl(run_dir / "metrics.jsonl")
+        accuracies = [r["eval/accuracy"] for r in read_rows(run_dir / "metrics.jsonl")
                       if r.get("eval/accuracy") is not None]
         run["final_accuracy"] = accuracies[-1] if accuracies and run["status"] == "completed" else None
 
@@ -233,8 +229,6 @@ def start(req: SweepRequest, console, dry_run: bool = False) -> int:
 
 def resume(sweep_dir: Path, launcher: str | None, jobs: int | None, hydra_args: list[str], console) -> int:
     """Skip finished runs, continue killed ones from their checkpoints, rerun failed ones."""
-    from grpo_ablate.tracking import read_status
-
     sweep_dir = Path(sweep_dir)
     manifest = read_manifest(sweep_dir)
     launcher = launcher or manifest.get("launcher", "joblib")
@@ -283,8 +277,6 @@ def _still_running(run_dir: Path) -> bool:
     parallel worker can outlive a killed sweep process; two writers must never share a dir)."""
     import socket
 
-    from grpo_ablate.tracking import read_status
-
     status = read_status(run_dir) if run_dir.exists() else None
     if not status or status["state"] != "running" or status.get("host") != socket.gethostname():
         return False
@@ -298,8 +290,6 @@ def _still_running(run_dir: Path) -> bool:
 
 
 def _config_hash(overrides: list[str]) -> str:
-    from grpo_ablate.config import config_hash
-
     return config_hash(_compose(list(overrides), "a resumed run"))
 
 
@@ -337,10 +327,8 @@ def treatment_train_seconds(sweep_dir: Path, manifest: dict) -> float | None:
     """Median training time (the sum of time/step_s: eval excluded) of the completed treatment runs."""
     import statistics
 
-    from grpo_ablate.tracking import read_jsonl
-
     treatments = {v["name"] for v in manifest["variants"] if v.get("kind", "treatment") == "treatment"}
-    seconds = [sum(r.get("time/step_s") or 0.0 for r in read_jsonl(Path(sweep_dir) / run["run_dir"] / "metrics.jsonl"))
+    seconds = [sum(r.get("time/step_s") or 0.0 for r in read_rows(Path(sweep_dir) / run["run_dir"] / "metrics.jsonl"))
                for run in manifest["runs"] if run["variant"] in treatments and run["status"] == "completed"]
     return statistics.median(seconds) if seconds else None
 
@@ -348,8 +336,6 @@ def treatment_train_seconds(sweep_dir: Path, manifest: dict) -> float | None:
 def _launch(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, jobs: int | None,
             hydra_args: list[str], console, resume: bool) -> dict:
     """One batch of runs through Hydra's launcher; returns how each job ended."""
-    from grpo_ablate.tracking import atomic_write_text
-
     local = launcher in ("basic", "joblib", "submitit_local")   # the runs share this machine's cores
     n_parallel = 1 if launcher == "basic" else max(1, min(jobs or (_cpus() if local else len(todo)), len(todo)))
     # parallel local runs split the cores, never oversubscribe; on a cluster each job has its own
@@ -385,8 +371,6 @@ def _launch(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, jo
                   f"({n_parallel} at a time{share})", markup=False, highlight=False)
     from hydra_plugins.grpo_ablate_sweeper.grpo_ablate_sweeper import register
 
-    from grpo_ablate import entrypoint
-
     register()
     entrypoint.run_hydra(args + list(hydra_args))
     return json.loads(results_file.read_text()) if results_file.exists() else {}
@@ -401,9 +385,6 @@ def _with_threads(overrides: list[str], threads: int | None) -> list[str]:
 
 def _warm_start(todo: list[dict], console) -> None:
     """Build each distinct embedded model once, here, before parallel runs would race to."""
-    from grpo_ablate.models import ensure_warm_started
-    from grpo_ablate.tasks import build_task
-
     seen = set()
     for run in todo:
         cfg = _compose(list(run["overrides"]), f"run {run['run_dir']}")

@@ -1,0 +1,117 @@
+"""The package's shape: data flows one way, with no import cycle, and the trick catalogue is pure math.
+
+cli -> sweep -> train -> {sampling, tasks, tricks} -> run dir -> report. Every import of a
+grpo_ablate module counts, also one inside a function (that is how cycles hide); inside
+functions such imports are allowed only in cli.py, which loads a command's modules when the
+command runs (so `grpo-ablate report` never imports torch). Optional third-party packages
+(vllm, peft, datasets, ...) may be imported where they are used.
+"""
+import ast
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "grpo_ablate"
+LAZY_ALLOWED = {"grpo_ablate.cli"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imports(path: Path, known: set[str]):
+    """(imported grpo_ablate module, inside a function?) for every import in the file."""
+    tree = ast.parse(path.read_text())
+    inside = set()
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            inside.update(id(n) for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom)))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from a.b import c`: c itself when it is a module, else a.b
+            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
+                     for a in node.names]
+        else:
+            continue
+        for name in names:
+            if name.split(".")[0] == "grpo_ablate":
+                yield name, id(node) in inside
+
+
+def graph() -> tuple[dict[str, set[str]], list[str]]:
+    known = set(modules())
+    edges, lazy = {}, []
+    for name, path in modules().items():
+        edges[name] = set()
+        for target, in_function in imports(path, known):
+            while target not in known:           # an attribute imported from a package
+                target = target.rsplit(".", 1)[0]
+            if target != name:
+                edges[name].add(target)
+            if in_function and name not in LAZY_ALLOWED:
+                lazy.append(f"{name} imports {target} inside a function")
+    return edges, lazy
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        state[node] = "done"
+        stack.pop()
+        return None
+
+    for node in sorted(edges):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycle_among_grpo_ablate_modules():
+    edges, _ = graph()
+    cycle = find_cycle(edges)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_imports_inside_functions_only_in_the_cli():
+    _, lazy = graph()
+    assert not lazy, "; ".join(lazy)
+
+
+def test_tricks_import_only_torch():
+    allowed = {"torch", "grpo_ablate"} | set(sys.stdlib_module_names)
+    for path in (PACKAGE / "tricks").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                root = name.split(".")[0]
+                assert root in allowed, f"{path.name} imports {name}"
+                if root == "grpo_ablate":
+                    assert name.startswith("grpo_ablate.tricks"), f"{path.name} imports {name}"
+
+
+def test_the_detector_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
