@@ -1,4 +1,6 @@
 """Real (small) training runs in-process: the run dir contract, determinism, passes, NaNs."""
+import dataclasses
+import functools
 import json
 from types import SimpleNamespace
 
@@ -9,7 +11,7 @@ from transformers import AutoModelForCausalLM
 import grpo_ablate.train.grpo as trainer_module
 from grpo_ablate.config import ConfigError, compose
 from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
-from grpo_ablate.tricks.clip import POLICY_LOSSES
+from grpo_ablate.tricks import option, registry
 from grpo_ablate.train.grpo import train
 
 REQUIRED_STEP_KEYS = [
@@ -121,13 +123,14 @@ def test_exploding_weights_mark_the_run_diverged(small, tmp_path):
 def nan_at_step(monkeypatch, bad_steps):
     """Make the policy loss NaN on the given steps (counted from 1)."""
     calls = {"n": 0}
-    real = POLICY_LOSSES["symmetric"]
+    real = option("clip", "symmetric")
 
+    @functools.wraps(real.impl)   # the same signature: the same knobs
     def loss(*args, **kwargs):
         calls["n"] += 1
-        value, stats = real(*args, **kwargs)
+        value, stats = real.impl(*args, **kwargs)
         return (value * float("nan") if calls["n"] in bad_steps else value), stats
-    monkeypatch.setitem(POLICY_LOSSES, "symmetric", loss)
+    monkeypatch.setitem(registry._FAMILIES["clip"], "symmetric", dataclasses.replace(real, impl=loss))
 
 
 def test_forced_nan_loss_marks_the_run_diverged_at_that_step(small, tmp_path, monkeypatch):

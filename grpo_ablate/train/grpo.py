@@ -17,7 +17,7 @@ import torch
 from omegaconf import DictConfig
 
 from grpo_ablate.train import diagnostics
-from grpo_ablate.config import FAMILIES, ConfigError, check_here, config_hash, params, validate
+from grpo_ablate.config import ConfigError, check_here, config_hash, trick, validate
 from grpo_ablate.train.distributed import DataParallel
 from grpo_ablate.sampling.engines import Rollouts, build_engine, rng_mode
 from grpo_ablate.sampling.prompts import PromptEncoder
@@ -28,19 +28,11 @@ from grpo_ablate.sampling.decode import NonFiniteLogits, Rollout, completion_log
 from grpo_ablate.tasks import build_task
 from grpo_ablate.rundir import find_checkpoint, read_status
 from grpo_ablate.train.run_log import RunLog, save_checkpoint
-from grpo_ablate.tricks.adv import ADV_ESTIMATORS, gae, group_mean_std, token_rewards
-from grpo_ablate.tricks.adv_clip import ADV_CLIPS
-from grpo_ablate.tricks.clip import POLICY_LOSSES
-from grpo_ablate.tricks.entropy import ENTROPY_CONTROLLERS
-from grpo_ablate.tricks.kl import KL_CONTROLLERS, KL_ESTIMATORS, kl_reward_penalty
-from grpo_ablate.tricks.kl_weight import KL_WEIGHTS
-from grpo_ablate.tricks.length import LENGTH_REWARDS
-from grpo_ablate.tricks.loss_agg import aggregate, masked_mean, token_weights
-from grpo_ablate.tricks.overlong import OVERLONG
-from grpo_ablate.tricks.reward_norm import REWARD_NORMS
-from grpo_ablate.tricks.sampling import GROUP_FILTERS
-from grpo_ablate.tricks.temperature import TEMPERATURES
-from grpo_ablate.tricks.value import VALUE_LOSSES, explained_variance
+from grpo_ablate.tricks import option
+from grpo_ablate.tricks.adv import gae, group_mean_std, token_rewards
+from grpo_ablate.tricks.kl import k1, k3, kl_reward_penalty
+from grpo_ablate.tricks.loss_agg import aggregate, masked_mean
+from grpo_ablate.tricks.value import explained_variance
 
 # Exit codes of `grpo-ablate train`
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DIVERGED = 0, 1, 2, 3
@@ -71,7 +63,6 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     run_dir = Path(dp.broadcast(str(run_dir)))
     console = console if dp.is_main else None
     say = console.print if console is not None else (lambda *a, **k: None)
-    opts = {family: params(cfg[family]) for family in FAMILIES}   # each family's kwargs, resolved once
     # Near-converged tiny models produce denormal floats, which run ~100x slower on CPUs.
     torch.set_flush_denormal(True)
     if cfg.threads:
@@ -108,9 +99,9 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     encode = PromptEncoder(tokenizer, task)          # problem -> prompt ids (chat template if any)
     prompt_counts = encode.drop_long_prompts(task, say)   # task.max_prompt_tokens: drop longer ones
     format_reward = float(getattr(task, "format_reward", 0.0))   # bonus for \boxed{} / #### answers
-    kl_control = KL_CONTROLLERS[cfg.kl.name](**opts["kl"])
-    kl_estimator = KL_ESTIMATORS[cfg.kl.estimator]
-    kl_weight_fn = KL_WEIGHTS[cfg.kl_weight.name]
+    kl_control = trick(cfg, "kl")()
+    kl_estimator = option("kl.estimator", cfg.kl.estimator).impl
+    kl_weight_fn = trick(cfg, "kl_weight")
     # The reference policy is the starting model, frozen. It is loaded and run only when a KL
     # term or a KL metric uses it: with beta = 0 there is no second model and no extra forward.
     needs_reference = kl_control.beta > 0 or bool(cfg.metrics.ref_kl)
@@ -126,20 +117,19 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     if kl_control.beta_prev > 0:
         previous = copy.deepcopy(policy).eval().requires_grad_(False)
         snapshots.append(_weights(policy))
-    entropy_control = ENTROPY_CONTROLLERS[cfg.entropy.name](**opts["entropy"])
-    overlong_fn = OVERLONG[cfg.overlong.name]
-    length_fn = LENGTH_REWARDS[cfg.length.name]
-    reward_norm_fn = REWARD_NORMS[cfg.reward_norm.name]
-    estimator = ADV_ESTIMATORS[cfg.adv.name]
-    advantage_fn = estimator.fn
+    entropy_control = trick(cfg, "entropy")()
+    overlong_fn = trick(cfg, "overlong")
+    length_fn = trick(cfg, "length")
+    reward_norm_fn = trick(cfg, "reward_norm")
+    estimator = option("adv", cfg.adv.name)
+    advantage_fn = trick(cfg, "adv")
     # A critic (adv=gae): a value head on the policy's last hidden state, trained alongside it.
     value_head = torch.nn.Linear(policy.config.hidden_size, 1).to(device) if estimator.uses_values else None
-    value_loss_fn = VALUE_LOSSES[cfg.value_clip.name]
-    adv_clip_fn = ADV_CLIPS[cfg.adv_clip.name]
-    policy_loss_fn = POLICY_LOSSES[cfg.clip.name]
-    policy_loss_params = {**opts["clip"], "dual_clip_c": cfg.dual_clip.c}
+    value_loss_fn = trick(cfg, "value_clip")
+    adv_clip_fn = trick(cfg, "adv_clip")
+    policy_loss_fn = trick(cfg, "clip", dual_clip_c=cfg.dual_clip.c)
 
-    temperature = TEMPERATURES[cfg.temperature.name](**opts["temperature"])
+    temperature = trick(cfg, "temperature")()
     critic = list(value_head.parameters()) if value_head is not None else []
     trained = [p for p in policy.parameters() if p.requires_grad] + critic   # LoRA: the adapters only
     # trained tensors outside the policy, whose gradients DDP does not average (torchrun)
@@ -251,20 +241,20 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                 rewards = rewards + format_reward * torch.tensor([float(task.formatted(t)) for t in texts],
                                                                  device=device)
             rewards, keep, overlong_penalty = overlong_fn(rewards, roll.lengths, roll.truncated,
-                                                          max_new, **opts["overlong"])
+                                                          max_new)
             mask = roll.completion_mask * keep[:, None]   # [N, L] 1 up to and incl. EOS, if trained
             rewards, length_reward = length_fn(rewards, roll.lengths, group_index, task_rewards > 0,
-                                               max_new, **opts["length"])
+                                               max_new)
             if kl_control.reward_beta > 0:
                 rewards = rewards - kl_control.reward_beta * kl_reward_penalty(old_logp, ref_logp, mask)
-            rewards = reward_norm_fn(rewards, **opts["reward_norm"])
-            advantages = advantage_fn(rewards, group_index, mask=mask, values=old_values, **opts["adv"])
-            advantages, adv_clipped_frac = adv_clip_fn(advantages, **opts["adv_clip"])
+            rewards = reward_norm_fn(rewards)
+            advantages = advantage_fn(rewards, group_index, mask, old_values)
+            advantages, adv_clipped_frac = adv_clip_fn(advantages)
             token_advantages = advantages if advantages.dim() == 2 else advantages[:, None]
             if value_head is not None:  # the critic's targets: lambda-returns under V_old
                 returns = gae(token_rewards(rewards, mask), old_values, mask,
                               float(cfg.adv.gamma), float(cfg.adv.lam))[1]
-            weights = token_weights(mask, cfg.loss_agg.name, max_len=max_new)  # loss = sum w * l
+            weights = option("loss_agg", cfg.loss_agg.name).impl(mask, max_new)  # loss = sum w * l
             rewarded = time.perf_counter()
 
             # 2b. Gradient-conflict diagnostics (every diag.every steps when diag.grad_conflict).
@@ -283,9 +273,8 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                     components["kl_reward"] = -kl_control.reward_beta * kl_reward_penalty(old_logp, ref_logp, mask)
 
                 def advantage_of(component):
-                    component = reward_norm_fn(component, **opts["reward_norm"])
-                    return adv_clip_fn(advantage_fn(component, group_index, mask=mask, **opts["adv"]),
-                                       **opts["adv_clip"])[0]
+                    component = reward_norm_fn(component)
+                    return adv_clip_fn(advantage_fn(component, group_index, mask, None))[0]
                 # a critic's baseline is for the whole reward: no per-component split with one
                 component_adv = ({} if estimator.uses_values
                                  else diagnostics.component_advantages(components, advantage_of))
@@ -300,15 +289,14 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                 old_d = logp_d.detach() if old_logp is None else old_logp[rows]
 
                 def policy_term(adv):
-                    return aggregate(policy_loss_fn(logp_d, old_d, adv, **policy_loss_params)[0], w)
+                    return aggregate(policy_loss_fn(logp_d, old_d, adv)[0], w)
                 terms = {"policy": policy_term(token_advantages[rows])}     # as in step 3's loss
                 if value_head is not None:
                     terms["value"] = aggregate(float(cfg.adv.value_coef) * value_loss_fn(
-                        value_head(hidden_d[0]).squeeze(-1), old_values[rows], returns[rows],
-                        **opts["value_clip"]), w)
+                        value_head(hidden_d[0]).squeeze(-1), old_values[rows], returns[rows]), w)
                 if ref_logp is not None and kl_control.loss_beta > 0:
                     terms["kl"] = aggregate(kl_control.loss_beta * kl_estimator(logp_d, ref_logp[rows])
-                                            * kl_weight_fn(mask[rows], entropy_d, **opts["kl_weight"]), w)
+                                            * kl_weight_fn(mask[rows], entropy_d), w)
                 if prev_logp is not None:
                     terms["kl_prev"] = aggregate(kl_control.beta_prev * kl_estimator(logp_d, prev_logp[rows]), w)
                 if entropy_control.coef > 0:
@@ -327,14 +315,14 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                                                              entropy_grad=entropy_coef > 0,
                                                              return_hidden=value_head is not None)
                 pg_loss, clip_stats = policy_loss_fn(logp, logp.detach() if old_logp is None else my(old_logp),
-                                                     my(token_advantages), **policy_loss_params)
+                                                     my(token_advantages))
                 token_loss = pg_loss
                 if value_head is not None:
                     values = value_head(hidden[0]).squeeze(-1)
-                    value_loss = value_loss_fn(values, my(old_values), my(returns), **opts["value_clip"])
+                    value_loss = value_loss_fn(values, my(old_values), my(returns))
                     token_loss = token_loss + float(cfg.adv.value_coef) * value_loss
                 if ref_logp is not None:
-                    kl_token = kl_estimator(logp, my(ref_logp)) * kl_weight_fn(my(mask), entropy, **opts["kl_weight"])
+                    kl_token = kl_estimator(logp, my(ref_logp)) * kl_weight_fn(my(mask), entropy)
                     token_loss = token_loss + kl_control.loss_beta * kl_token
                 if prev_logp is not None:
                     token_loss = token_loss + kl_control.beta_prev * kl_estimator(logp, my(prev_logp))
@@ -411,14 +399,14 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                     **diag_metrics,
                 }
                 if ref_logp is not None:
-                    metrics["kl/k1"] = masked_mean(KL_ESTIMATORS["k1"](logp, ref_logp), mask).item()
-                    metrics["kl/k3"] = masked_mean(KL_ESTIMATORS["k3"](logp, ref_logp), mask).item()
+                    metrics["kl/k1"] = masked_mean(k1(logp, ref_logp), mask).item()
+                    metrics["kl/k3"] = masked_mean(k3(logp, ref_logp), mask).item()
                     kl_control.update(metrics["kl/k3"], num_sequences=rewards.numel())
                 if value_head is not None:
                     metrics["value/loss"] = masked_mean(value_loss, mask).item()
                     metrics["value/explained_variance"] = explained_variance(values, returns, mask).item()
                 if prev_logp is not None:
-                    metrics["kl/prev_k3"] = masked_mean(KL_ESTIMATORS["k3"](logp, prev_logp), mask).item()
+                    metrics["kl/prev_k3"] = masked_mean(k3(logp, prev_logp), mask).item()
                 if roll.sampler_logprobs is not None:   # rollout=vllm: the sampler's log-probs vs ours
                     gap = (roll.sampler_logprobs - (old_logp if old_logp is not None else logp)).abs() * mask
                     metrics["rollout/logprob_gap_mean"] = (gap.sum() / mask.sum().clamp(min=1)).item()
@@ -522,9 +510,8 @@ def sample_groups(rollouts: Rollouts, task, cfg: DictConfig, step: int, T: float
     g_max = G and nothing grows). Raises NonFiniteLogits if the policy has diverged.
     """
     B, G = int(cfg.rollout.prompts_per_step), int(cfg.rollout.group_size)
-    group_filter, max_rounds = GROUP_FILTERS[cfg.sampling.name], int(cfg.sampling.max_rounds)
+    group_filter, max_rounds = trick(cfg, "sampling"), int(cfg.sampling.max_rounds)
     g_step, g_max = int(cfg.sampling.get("g_step") or 1), int(cfg.sampling.get("g_max") or G)
-    filter_params = params(cfg.sampling)
 
     def sample(problems, n, key):
         graded = rollouts(problems, n, T, key)
@@ -535,7 +522,7 @@ def sample_groups(rollouts: Rollouts, task, cfg: DictConfig, step: int, T: float
         round_problems = task.train_batch(B, int(cfg.seed), step, sampling_round)
         roll, round_texts, round_scores = sample(round_problems, G, ("train", step, sampling_round))
         rounds += 1
-        kept = group_filter(round_scores.view(B, G), **filter_params).nonzero().squeeze(1)
+        kept = group_filter(round_scores.view(B, G)).nonzero().squeeze(1)
         kept = kept[:B - len(problems)]                  # never more than B groups in total
         rows = (kept[:, None] * G + torch.arange(G)).reshape(-1)
         rolls.append(select_rows(roll, rows.to(roll.sequences.device)))
