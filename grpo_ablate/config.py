@@ -127,40 +127,25 @@ def check_family_keys(cfg: DictConfig, family: str) -> None:
 
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError on the first bad value. Cheap: no model or data is touched."""
+    check_trick_settings(cfg)
+    check_run_settings(cfg)
+    check_model_and_task(cfg)
+
+
+def check_trick_settings(cfg: DictConfig) -> None:
+    """The trick families: options that exist, keys that are their settings, values in range."""
     for family in trick_families():   # the option exists and every key is one of its settings
         check_family_keys(cfg, family)
     check_tricks(cfg)
     _require(cfg.value_clip.name == "none" or option("adv", cfg.adv.name).uses_values,
              f"value_clip={cfg.value_clip.name} needs a critic, and adv={cfg.adv.name} has none: value "
              "clipping exists only with adv=gae (add +trick=critic_gae)")
-    _require(all(isinstance(cfg.reward[k], (int, float)) and not isinstance(cfg.reward[k], bool)
-                 for k in ("correct", "wrong")) and cfg.reward.correct > cfg.reward.wrong,
-             f"reward.correct={cfg.reward.correct!r}, reward.wrong={cfg.reward.wrong!r} are not allowed; "
-             "they must be numbers with correct > wrong")
-    _one_of("control", cfg.control.name, ("none", "base", "sft"))
-    if cfg.control.name == "sft":
-        _one_of("control.budget", cfg.control.budget, ("tokens", "wall"))
-        if cfg.control.budget == "wall":
-            _require(cfg.control.wall_s is not None, "control.budget=wall needs control.wall_s (seconds of "
-                                                     "supervised training in all)")
-            _positive("control.wall_s", cfg.control.wall_s)
-    _positive("seed", cfg.seed, integer=True, allow_zero=True)
-    _positive("steps", cfg.steps, integer=True)
-    _positive("optim.lr", cfg.optim.lr)
-    _positive("optim.max_grad_norm", cfg.optim.max_grad_norm)
-    _positive("rollout.prompts_per_step", cfg.rollout.prompts_per_step, integer=True)
-    _positive("rollout.max_new_tokens", cfg.rollout.max_new_tokens, integer=True)
-    _positive("updates.num_iterations", cfg.updates.num_iterations, integer=True)
     _positive("temperature.value", cfg.temperature.value)
     if cfg.temperature.get("t_min") is not None:
         _positive("temperature.t_min", cfg.temperature.t_min)
         _require(cfg.temperature.t_min <= cfg.temperature.value <= cfg.temperature.t_max,
                  f"temperature.value={cfg.temperature.value} is not allowed; it must lie in "
                  f"[t_min, t_max] = [{cfg.temperature.t_min}, {cfg.temperature.t_max}]")
-    _positive("eval.every", cfg.eval.every, integer=True)
-    _positive("checkpoint_every", cfg.checkpoint_every, integer=True)
-    _positive("samples_every", cfg.samples_every, integer=True)
-    _one_of("on_nonfinite", cfg.on_nonfinite, ("stop", "skip"))
     if cfg.adv.get("std_of") is not None:
         _one_of("adv.std_of", cfg.adv.std_of, ("raw", "centered"))
     _positive("sampling.max_rounds", cfg.sampling.max_rounds, integer=True)
@@ -199,6 +184,32 @@ def validate(cfg: DictConfig) -> None:
                  "a group statistic needs at least 2 completions per prompt (group_size >= 2)")
     else:
         _positive("rollout.group_size", group, integer=True)
+
+
+def check_run_settings(cfg: DictConfig) -> None:
+    """The run around the tricks: reward scale, control, budget, schedule, logging."""
+    _require(all(isinstance(cfg.reward[k], (int, float)) and not isinstance(cfg.reward[k], bool)
+                 for k in ("correct", "wrong")) and cfg.reward.correct > cfg.reward.wrong,
+             f"reward.correct={cfg.reward.correct!r}, reward.wrong={cfg.reward.wrong!r} are not allowed; "
+             "they must be numbers with correct > wrong")
+    _one_of("control", cfg.control.name, ("none", "base", "sft"))
+    if cfg.control.name == "sft":
+        _one_of("control.budget", cfg.control.budget, ("tokens", "wall"))
+        if cfg.control.budget == "wall":
+            _require(cfg.control.wall_s is not None, "control.budget=wall needs control.wall_s (seconds of "
+                                                     "supervised training in all)")
+            _positive("control.wall_s", cfg.control.wall_s)
+    _positive("seed", cfg.seed, integer=True, allow_zero=True)
+    _positive("steps", cfg.steps, integer=True)
+    _positive("optim.lr", cfg.optim.lr)
+    _positive("optim.max_grad_norm", cfg.optim.max_grad_norm)
+    _positive("rollout.prompts_per_step", cfg.rollout.prompts_per_step, integer=True)
+    _positive("rollout.max_new_tokens", cfg.rollout.max_new_tokens, integer=True)
+    _positive("updates.num_iterations", cfg.updates.num_iterations, integer=True)
+    _positive("eval.every", cfg.eval.every, integer=True)
+    _positive("checkpoint_every", cfg.checkpoint_every, integer=True)
+    _positive("samples_every", cfg.samples_every, integer=True)
+    _one_of("on_nonfinite", cfg.on_nonfinite, ("stop", "skip"))
     if cfg.threads is not None:
         _positive("threads", cfg.threads, integer=True)
     _require(isinstance(cfg.diag.grad_conflict, bool),
@@ -209,6 +220,10 @@ def validate(cfg: DictConfig) -> None:
             _positive(f"diag.{key}", cfg.diag[key], integer=True)
     if cfg.logger.name == "wandb":
         _one_of("logger.mode", cfg.logger.mode, ("auto", "online", "offline", "disabled"))
+
+
+def check_model_and_task(cfg: DictConfig) -> None:
+    """The model (path, dtype, device, LoRA), the rollout backend and the task's own options."""
     _require(not OmegaConf.is_missing(cfg.model, "path"),
              f"model.path is required with model={cfg.model.name}: give a local directory "
              "with a saved transformers model (or a hub name when online)")

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+import grpo_ablate.train.forward as forward_module
 import grpo_ablate.train.grpo as trainer_module
 from grpo_ablate.config import ConfigError, compose
 from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
@@ -64,7 +65,7 @@ def test_same_seed_gives_identical_metrics(small, tmp_path):
 class CountingLogprobs:
     def __init__(self):
         self.calls = 0
-        self.wrapped = trainer_module.completion_logprobs
+        self.wrapped = forward_module.completion_logprobs
 
     def __call__(self, *args, **kwargs):
         self.calls += 1
@@ -80,7 +81,7 @@ class CountingLogprobs:
 ])
 def test_no_redundant_forward_passes(small, tmp_path, monkeypatch, extra, forwards_per_step, has_kl):
     counter = CountingLogprobs()
-    monkeypatch.setattr(trainer_module, "completion_logprobs", counter)
+    monkeypatch.setattr(forward_module, "completion_logprobs", counter)
     run(small + ["steps=2"] + extra, tmp_path / "run")
     assert counter.calls == 2 * forwards_per_step
     rows = read_rows(tmp_path / "run" / "metrics.jsonl")
