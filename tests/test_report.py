@@ -133,6 +133,26 @@ def test_report_imports_neither_torch_nor_transformers():
     assert out.stdout.split() == ["False", "False"], out.stderr
 
 
+def test_report_command_imports_neither_torch_nor_transformers(tmp_path):
+    """The whole `grpo-ablate report` path (the cli module, every report module, a report with
+    its figures written) runs where only a copied sweep dir is: it never imports torch."""
+    sweep = make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS)
+    code = ("import importlib, pkgutil, sys\n"
+            "import grpo_ablate.report\n"
+            "for m in pkgutil.iter_modules(grpo_ablate.report.__path__):\n"
+            "    importlib.import_module('grpo_ablate.report.' + m.name)\n"
+            "from grpo_ablate import cli\n"
+            "sys.argv = ['grpo-ablate', 'report', sys.argv[1], '--format', 'csv']\n"
+            "try:\n"
+            "    cli.main()\n"
+            "except SystemExit as done:\n"
+            "    assert not done.code, done.code\n"
+            "print('imported:', 'torch' in sys.modules, 'transformers' in sys.modules, file=sys.stderr)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(sweep)], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.splitlines()[-1] == "imported: False False", out.stderr
+    assert (sweep / "report.md").exists() and (sweep / "delta.png").exists()
+
 
 # --------------------------------------------------------------------------- W&B
 def test_wandb_report_fails_fast_offline(tmp_path):
