@@ -78,12 +78,12 @@ TRAINER_KEYS = {
     "kl": {"estimator": None},                       # kl.estimator: the per-token KL (k1, k2, k3)
     "adv": {"value_coef": "uses_values"},            # the critic's loss weight (adv=gae)
     "dual_clip": {"c": None},                        # handed to the policy loss as dual_clip_c
-    "updates": {"num_iterations": None},             # passes over each rollout
+    "updates": {"mini_batches": None, "epochs": None, "shuffle": None},   # optimizer steps per rollout
 }
 # Knobs of an option's function that the trainer supplies from another family's config.
 SUPPLIED_KNOBS = {"clip": {"dual_clip_c": "dual_clip.c"}}
 # Families that are config only (no function of their own): their allowed option names.
-CONFIG_ONLY_FAMILIES = {"dual_clip": ("none", "enabled"), "updates": ("single", "multi")}
+CONFIG_ONLY_FAMILIES = {"dual_clip": ("none", "enabled"), "updates": ("single", "multi", "mini_batches")}
 
 
 def trick_families() -> list[str]:
@@ -205,7 +205,10 @@ def check_run_settings(cfg: DictConfig) -> None:
     _positive("optim.max_grad_norm", cfg.optim.max_grad_norm)
     _positive("rollout.prompts_per_step", cfg.rollout.prompts_per_step, integer=True)
     _positive("rollout.max_new_tokens", cfg.rollout.max_new_tokens, integer=True)
-    _positive("updates.num_iterations", cfg.updates.num_iterations, integer=True)
+    _positive("updates.mini_batches", cfg.updates.mini_batches, integer=True)
+    _positive("updates.epochs", cfg.updates.epochs, integer=True)
+    _require(isinstance(cfg.updates.shuffle, bool),
+             f"updates.shuffle={cfg.updates.shuffle!r} is not allowed; allowed: true, false")
     _positive("eval.every", cfg.eval.every, integer=True)
     _positive("checkpoint_every", cfg.checkpoint_every, integer=True)
     _positive("samples_every", cfg.samples_every, integer=True)

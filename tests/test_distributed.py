@@ -20,8 +20,9 @@ def torchrun(*args, cwd):
 def test_two_processes_match_one_process_on_the_same_global_batch(small, tmp_path):
     # token_mean normalises by the whole batch's token count, lite by the whole batch's reward
     # std: both are global statistics that a per-rank computation would get wrong.
+    # two PPO mini-batches per rollout: each rank forwards its share of every mini-batch
     args = small + ["steps=2", "eval.every=1", "checkpoint_every=1", "samples_every=1", "loss_agg=token_mean",
-                    "adv=lite", "kl.beta=0.1", "rollout.rng=per_row"]
+                    "adv=lite", "kl.beta=0.1", "rollout.rng=per_row", "updates=mini_batches", "updates.mini_batches=2"]
     single = train(compose(args), tmp_path / "single", args)        # also warms the model cache
     assert single.state == "completed"
     work = tmp_path / "work"

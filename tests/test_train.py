@@ -76,7 +76,7 @@ class CountingLogprobs:
     (["kl=none"], 1, False),                                 # policy only: no pi_ref, no pi_old
     (["kl=fixed"], 2, True),                                 # + one reference forward
     (["kl=none", "metrics.ref_kl=true"], 2, True),           # reference only for the metric
-    (["kl=none", "updates.num_iterations=2"], 3, False),     # pi_old once + two updates
+    (["kl=none", "updates.epochs=2"], 3, False),     # pi_old once + two updates
     (["kl=in_reward"], 3, True),                             # pi_ref + pi_old for the reward
 ])
 def test_no_redundant_forward_passes(small, tmp_path, monkeypatch, extra, forwards_per_step, has_kl):
@@ -205,7 +205,7 @@ def test_warm_start_cache_is_content_addressed(small, cache_dir, tmp_path):
 ])
 def test_every_trick_option_trains(small, tmp_path, option, metric):
     extra = ["overlong.buffer=4"] if option == "overlong=soft_punish" else []
-    result = run(small + ["steps=2", "updates.num_iterations=2", *option.split()] + extra, tmp_path / "run")
+    result = run(small + ["steps=2", "updates.epochs=2", *option.split()] + extra, tmp_path / "run")
     assert result.state == "completed"
     rows = read_rows(tmp_path / "run" / "metrics.jsonl")
     assert all(metric in r for r in rows[1:])

@@ -3,7 +3,8 @@
 Token statistics are means over the trained tokens (`mask`) unless the name says otherwise.
 Each family's own activity metric is here, so the report can tell a trick that acted from
 one that had nothing to act on: sampling/*, overlong/*, length/reward_mean,
-adv/clipped_frac, clip/*_frac, kl/*, entropy/coef, temperature/value, value/*.
+adv/clipped_frac, clip/*_frac, ppo/* (how far off-policy the optimizer steps were), kl/*,
+entropy/coef, temperature/value, value/*.
 """
 from __future__ import annotations
 
@@ -52,10 +53,47 @@ def advantage_metrics(advantages, mask, clipped_frac) -> dict:
             "adv/clipped_frac": clipped_frac.item()}
 
 
-def update_metrics(entropy, mask, token_stats: dict) -> dict:
-    """The policy's entropy and the loss's per-token statistics (clip fractions, critic loss)."""
-    return {"policy/entropy": masked_mean(entropy, mask).item(),
-            **{name: masked_mean(value, mask).item() for name, value in token_stats.items()}}
+def token_means(token_stats: dict, mask) -> dict:
+    """Per-token statistics of one optimizer step (clip fractions, the critic's loss) as means
+    over its trained tokens."""
+    return {name: masked_mean(value, mask).item() for name, value in token_stats.items()}
+
+
+def ratio_metrics(logp, old_logp, mask) -> dict:
+    """How far off-policy an optimizer step was: rho = pi_theta / pi_old over its trained tokens,
+    and ppo_kl = mean(log pi_old - log pi_theta) (verl's actor/ppo_kl). pi_old None: the policy
+    itself (one optimizer step per rollout), rho = 1."""
+    log_ratio = torch.zeros_like(logp) if old_logp is None else (logp - old_logp).detach()
+    ratio, kept = log_ratio.exp(), mask.bool()
+    return {"ppo/ratio_mean": masked_mean(ratio, mask).item(),
+            "ppo/ratio_min": ratio[kept].min().item() if kept.any() else 1.0,
+            "ppo/ratio_max": ratio[kept].max().item() if kept.any() else 1.0,
+            "ppo/kl": masked_mean(-log_ratio, mask).item()}
+
+
+class StepMeans:
+    """A rollout's optimizer steps, summarised: loss, grad norm and token statistics averaged
+    over the steps (`*_min` / `*_max` statistics: the extreme over the steps)."""
+
+    def __init__(self):
+        self.losses, self.grad_norms, self.stats = [], [], {}
+
+    def add(self, loss: float, grad_norm: float, stats: dict) -> None:
+        self.losses.append(loss)
+        self.grad_norms.append(grad_norm)
+        for name, value in stats.items():
+            self.stats.setdefault(name, []).append(value)
+
+    @property
+    def steps(self) -> int:
+        return len(self.losses)
+
+    def optimizer(self) -> tuple[float, float]:
+        return sum(self.losses) / len(self.losses), sum(self.grad_norms) / len(self.grad_norms)
+
+    def tokens(self) -> dict:
+        pick = {"_min": min, "_max": max}
+        return {name: pick.get(name[-4:], lambda v: sum(v) / len(v))(values) for name, values in self.stats.items()}
 
 
 def kl_metrics(logp, ref_logp, prev_logp, mask) -> dict:

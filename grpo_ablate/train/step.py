@@ -15,10 +15,10 @@ import torch
 from omegaconf import DictConfig
 
 from grpo_ablate.config import trick
-from grpo_ablate.sampling.decode import NonFiniteLogits, Rollout, concat_rollouts, select_rows
+from grpo_ablate.sampling.decode import NonFiniteLogits, Rollout, concat_rollouts, derived_seed, select_rows
 from grpo_ablate.sampling.engines import Rollouts
 from grpo_ablate.train import diagnostics
-from grpo_ablate.train import metrics as step_metrics
+from grpo_ablate.train import metrics as metrics_mod
 from grpo_ablate.train.distributed import DataParallel
 from grpo_ablate.train.forward import token_logprobs
 from grpo_ablate.train.losses import Coefficients, LossInputs, LossTerms, total
@@ -26,7 +26,7 @@ from grpo_ablate.train.rewards import AdvantageChain, Advantages, RewardShaping,
 from grpo_ablate.train.run import Optimization, StepResult, evaluate
 from grpo_ablate.tricks import option
 from grpo_ablate.tricks.adv import group_mean_std
-from grpo_ablate.tricks.loss_agg import aggregate
+from grpo_ablate.tricks.loss_agg import aggregate, masked_mean
 
 
 @dataclass
@@ -69,14 +69,34 @@ class Anchors:
 
 @dataclass
 class Update:
-    """What the optimizer step(s) of a rollout leave for the metrics (the last pass's forward)."""
-    loss: float
-    grad_norm: float
-    finite: bool
-    logp: torch.Tensor
-    entropy: torch.Tensor
+    """What a rollout's optimizer steps leave for the metrics."""
+    loss: float              # the steps' losses (each the whole mini-batch's, over ranks), averaged
+    grad_norm: float         # averaged over the steps
+    finite: bool             # False: a step's loss or grad norm was not finite (and was not skipped)
+    steps: int               # optimizer steps taken on this rollout
+    logp: torch.Tensor       # [N, T] every row's log-probs from its last forward (the last pass)
+    entropy: torch.Tensor    # [N, T] likewise
     values: torch.Tensor | None
-    token_stats: dict
+    step_means: dict         # token statistics (clip fractions, ratio, critic loss), over the steps
+
+
+class LastPass:
+    """Every row's log-probs, entropy and values from the last forward that saw it: the
+    policy as it was trained on this rollout, for the metrics."""
+
+    def __init__(self, mask):
+        self.mask, self.logp, self.entropy, self.values = mask, None, None, None
+
+    def put(self, rows, logp, entropy, values) -> None:
+        if rows is None:   # the whole batch in one forward
+            self.logp, self.entropy, self.values = logp, entropy, values
+            return
+        for name, value in (("logp", logp), ("entropy", entropy), ("values", values)):
+            if value is None:
+                continue
+            if getattr(self, name) is None:
+                setattr(self, name, torch.zeros(self.mask.shape, dtype=value.dtype, device=value.device))
+            getattr(self, name)[rows] = value.detach()
 
 
 class GRPOStep:
@@ -98,11 +118,11 @@ class GRPOStep:
         self.train_model = dp.wrap(policies.policy)   # the loss's forward: DDP under torchrun
         # model.dtype=float16: a dynamic loss scale keeps small gradients from underflowing (else off)
         self.scaler = torch.amp.GradScaler(device.type, enabled=cfg.model.get("dtype", "float32") == "float16")
-        # pi_old by a separate forward only when the rollout's tokens are scored more than once
-        # (several passes), charged to the reward (kl=in_reward) or valued by a critic; otherwise
+        # pi_old by a separate forward only when the rollout feeds more than one optimizer step
+        # (mini-batches, epochs), is charged to the reward (kl=in_reward) or valued by a critic; otherwise
         # pi_old is the policy itself and the ratio is exactly 1 (nothing clips: expected)
-        self.needs_old = (int(cfg.updates.num_iterations) > 1 or controllers.kl.reward_beta > 0
-                          or policies.value_head is not None)
+        self.needs_old = (int(cfg.updates.mini_batches) * int(cfg.updates.epochs) > 1
+                          or controllers.kl.reward_beta > 0 or policies.value_head is not None)
         # gradient-conflict diagnostics (diag.grad_conflict=true) every diag.every steps; off: 0
         self.diag_every = int(cfg.diag.every) if cfg.diag.grad_conflict else 0
         self.diag_params = (diagnostics.last_layer_params(policies.policy, cfg.diag.last_layers)
@@ -125,11 +145,10 @@ class GRPOStep:
         anchors = self.anchor_logprobs(part, T)                                   # 2. frozen forwards
         scored = time.perf_counter()
         shaped, adv, inputs = self.rewards_and_advantages(batch, anchors)        # 3. rewards -> advantages
-        weights = self.weights_of(shaped.mask, int(cfg.rollout.max_new_tokens))   # loss = sum w * l
         rewarded = time.perf_counter()
         coef = self.coefficients()
-        diag = self.diagnose(batch, shaped, adv, inputs, weights, coef) if self.diag_due(step) else {}
-        update = self.update(part, inputs, weights, coef, step)                   # 4. optimizer step(s)
+        diag = self.diagnose(batch, shaped, adv, inputs, coef) if self.diag_due(step) else {}
+        update = self.update(batch, part, inputs, coef, step)                     # 4. optimizer step(s)
         updated = time.perf_counter()
         metrics = {"step": step, "loss": update.loss,                             # 5. metrics
                    **self.metrics(batch, shaped, adv, anchors, update, coef, T), **diag,
@@ -173,51 +192,76 @@ class GRPOStep:
         return Coefficients(kl=kl.loss_beta, kl_prev=kl.beta_prev, entropy=self.ctl.entropy.coef,
                             value=float(self.cfg.adv.value_coef) if self.p.value_head is not None else 0.0)
 
-    def update(self, part: Rollout, inputs: LossInputs, weights, coef: Coefficients, step: int) -> Update:
-        """updates.num_iterations optimizer steps on this rollout: forward (T in the graph: a
-        learnable temperature is trained through the policy loss), the terms' weighted sum,
-        backward, grad-norm clip, AdamW. On this rank's rows; the weights are global, so the
-        ranks' losses add up to the whole batch's."""
-        cfg, dp, optimizer, scaler = self.cfg, self.dp, self.optim.optimizer, self.scaler
-        mine = inputs.rows(dp.share(inputs.mask.shape[0]))
-        for _ in range(int(cfg.updates.num_iterations)):
-            logp, entropy, values = token_logprobs(self.train_model, part, self.ctl.temperature.current(),
-                                                   self.p.value_head, entropy_grad=coef.entropy > 0)
-            terms, stats = self.loss_terms(logp, entropy, values, mine, coef)
-            loss = aggregate(total(terms), dp.part(weights))
-            if step == cfg.debug.nan_loss_at_step:   # fault injection: a divergence
-                loss = loss * float("nan")
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss * dp.world).backward()     # DDP averages over ranks: x world = the sum
-            dp.average_grads(self.outside_ddp)             # a value head, a learnable T (torchrun only)
-            scaler.unscale_(optimizer)                     # float16 only: the true gradients, before clipping
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.trained, cfg.optim.max_grad_norm)
-            step_loss = dp.sum(loss.item())                # the whole batch's loss
-            # (float16: an overflowing gradient is routine; the scaler skips it, lowers its scale)
-            finite = math.isfinite(step_loss) and (math.isfinite(grad_norm.item()) or scaler.is_enabled())
-            if not finite and cfg.on_nonfinite == "skip":
-                self.skipped_steps += 1    # drop this update, keep the weights as they were
-                optimizer.zero_grad(set_to_none=True)
-                scaler.update()
-                continue
-            if not finite:
+    def update(self, batch: SampledGroups, part: Rollout, inputs: LossInputs, coef: Coefficients,
+               step: int) -> Update:
+        """updates.epochs passes over the rollout, each in updates.mini_batches optimizer steps
+        on disjoint slices of whole groups (verl's PPO mini-batches; one slice, one pass: a single
+        step on the whole batch). Each step: the policy's forward on this rank's rows of the
+        slice (T in the graph: a learnable temperature is trained through the policy loss), the
+        terms' sum aggregated with the slice's own loss_agg weights (verl's agg_loss per
+        mini-batch; global over ranks, so the ranks' losses add up), backward, grad-norm clip,
+        AdamW. The LR schedule steps once per rollout."""
+        cfg, dp, max_new = self.cfg, self.dp, int(self.cfg.rollout.max_new_tokens)
+        means, last, ok = metrics_mod.StepMeans(), LastPass(inputs.mask), True
+        for epoch in range(int(cfg.updates.epochs)):
+            shuffle = derived_seed(int(cfg.seed), ("mini_batches", step, epoch)) if cfg.updates.shuffle else None
+            for rows in mini_batch_rows(batch.group_index, int(cfg.updates.mini_batches), shuffle):
+                mb = inputs if rows is None else inputs.rows(rows)
+                mine = slice(None) if rows is None else rows[dp.share(len(rows))]
+                roll = part if rows is None else select_rows(batch.roll, mine)
+                logp, entropy, values = token_logprobs(self.train_model, roll, self.ctl.temperature.current(),
+                                                       self.p.value_head, entropy_grad=coef.entropy > 0)
+                terms, stats = self.loss_terms(logp, entropy, values, mb.rows(dp.share(len(mb.mask))), coef)
+                weights = self.weights_of(mb.mask, max_new)
+                loss, grad_norm, ok = self.optimizer_step(aggregate(total(terms), dp.part(weights)), step)
+                logp, entropy, values = dp.gather_rows(logp), dp.gather_rows(entropy), dp.gather_rows(values)
+                means.add(loss, grad_norm, {**metrics_mod.token_means(
+                    {k: dp.gather_rows(v) for k, v in stats.items()}, mb.mask),
+                    **metrics_mod.ratio_metrics(logp, mb.old_logp, mb.mask)})
+                last.put(rows, logp, entropy, values)
+                if not ok:
+                    break
+            if not ok:
                 break
-            scaler.step(optimizer)                         # optimizer.step(), unless float16 overflowed
-            scaler.update()
-            self.optim.schedule.step()
+        if ok:
+            self.optim.schedule.step()                 # once per rollout, as verl does
         if self.p.previous is not None:
             self.p.snapshots.append(snapshot(self.p.policy))
         self.rollouts.engine.sync(self.p.policy)   # rollout=vllm: the sampler gets the new weights
-        # the last pass's per-token results, for the metrics: back to the whole batch (torchrun)
-        return Update(step_loss, grad_norm.item(), finite, dp.gather_rows(logp), dp.gather_rows(entropy),
-                      dp.gather_rows(values), {k: dp.gather_rows(v) for k, v in stats.items()})
+        loss, grad_norm = means.optimizer()
+        return Update(loss, grad_norm, ok, means.steps, last.logp, last.entropy, last.values, means.tokens())
+
+    def optimizer_step(self, loss, step: int) -> tuple[float, float, bool]:
+        """Backward and AdamW on one mini-batch's loss: (the loss over ranks, grad norm, go on?).
+        A non-finite loss or gradient is skipped with on_nonfinite=skip, else it stops the run."""
+        cfg, dp, optimizer, scaler = self.cfg, self.dp, self.optim.optimizer, self.scaler
+        if step == cfg.debug.nan_loss_at_step:   # fault injection: a divergence
+            loss = loss * float("nan")
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss * dp.world).backward()     # DDP averages over ranks: x world = the sum
+        dp.average_grads(self.outside_ddp)             # a value head, a learnable T (torchrun only)
+        scaler.unscale_(optimizer)                     # float16 only: the true gradients, before clipping
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.trained, cfg.optim.max_grad_norm).item()
+        step_loss = dp.sum(loss.item())                # the whole mini-batch's loss
+        # (float16: an overflowing gradient is routine; the scaler skips it, lowers its scale)
+        finite = math.isfinite(step_loss) and (math.isfinite(grad_norm) or scaler.is_enabled())
+        if not finite and cfg.on_nonfinite == "skip":
+            self.skipped_steps += 1    # drop this update, keep the weights as they were
+            optimizer.zero_grad(set_to_none=True)
+            scaler.update()
+            return step_loss, grad_norm, True
+        if not finite:
+            return step_loss, grad_norm, False
+        scaler.step(optimizer)                         # optimizer.step(), unless float16 overflowed
+        scaler.update()
+        return step_loss, grad_norm, True
 
     # ------------------------------------------------------------------ diagnostics (observation only)
     def diag_due(self, step: int) -> bool:
         return bool(self.diag_every) and step % self.diag_every == 0
 
     def diagnose(self, batch: SampledGroups, shaped: ShapedRewards, adv: Advantages, inputs: LossInputs,
-                 weights, coef: Coefficients) -> dict:
+                 coef: Coefficients) -> dict:
         """Gradient-conflict diagnostics on a sub-batch (diag.rows completions) and this step's
         weights: the gradient, w.r.t. the last diag.last_layers blocks, of each loss term alone
         and of the policy term driven by each reward component alone (through the same
@@ -237,6 +281,7 @@ class GRPOStep:
             logp, entropy, values = token_logprobs(policy, select_rows(batch.roll, rows),
                                                    self.ctl.temperature.current(), self.p.value_head,
                                                    entropy_grad=coef.entropy > 0)
+        weights = self.weights_of(shaped.mask, int(self.cfg.rollout.max_new_tokens))   # the whole batch's
         w = weights[rows] * (weights.sum() / weights[rows].sum().clamp(min=1e-12))   # the full loss's total
         sub = inputs.rows(rows)
         terms, _ = self.loss_terms(logp, entropy, values, sub, coef)
@@ -252,7 +297,7 @@ class GRPOStep:
     def metrics(self, batch: SampledGroups, shaped: ShapedRewards, adv: Advantages, anchors: Anchors,
                 update: Update, coef: Coefficients, T: float) -> dict:
         """This step's metrics; then the adaptive controllers see what they measure."""
-        cfg, mask, m = self.cfg, shaped.mask, step_metrics
+        cfg, mask, m = self.cfg, shaped.mask, metrics_mod
         group_index = batch.group_index.to(self.device)
         out = {**m.reward_metrics(batch.scores, adv.rewards, group_index, shaped.components["overlong_reward"],
                                   shaped.keep, shaped.components["length_reward"]),
@@ -261,7 +306,8 @@ class GRPOStep:
                "entropy/coef": coef.entropy, "temperature/value": T,
                **m.completion_metrics(batch.roll.lengths, batch.roll.truncated),
                **m.advantage_metrics(adv.values, mask, adv.clipped_frac),
-               **m.update_metrics(update.entropy, mask, update.token_stats),
+               "policy/entropy": masked_mean(update.entropy, mask).item(), **update.step_means,
+               "ppo/optimizer_steps": update.steps,
                "kl/beta": self.ctl.kl.beta, "optim/grad_norm": update.grad_norm,
                "optim/lr": self.optim.schedule.get_last_lr()[0], "optim/skipped_steps": self.skipped_steps,
                **m.kl_metrics(update.logp, anchors.ref, anchors.prev, mask)}
@@ -312,6 +358,21 @@ class GRPOStep:
             obj.load_state_dict(state[name])
         self.p.snapshots.extend(state["snapshots"])
         self.skipped_steps = state["skipped_steps"]
+
+
+def mini_batch_rows(group_index: torch.Tensor, mini_batches: int, shuffle_seed: int | None) -> list:
+    """The row indices of each mini-batch of one pass: whole groups, shuffled by a generator
+    seeded with `shuffle_seed` (keyed by seed, step and epoch: a resumed run draws the same),
+    split into `mini_batches` slices of as equal a number of groups as can be (fewer slices
+    when there are fewer groups). One slice: [None], the whole batch in its own order."""
+    groups = int(group_index.max()) + 1
+    n = min(mini_batches, groups)
+    if n == 1:
+        return [None]
+    order = torch.arange(groups)
+    if shuffle_seed is not None:
+        order = torch.randperm(groups, generator=torch.Generator().manual_seed(shuffle_seed))
+    return [torch.isin(group_index, chunk).nonzero().squeeze(1) for chunk in order.tensor_split(n)]
 
 
 def snapshot(model) -> dict:
