@@ -89,6 +89,8 @@ def sweep(
                                                  "tokens (B x G solutions a step) or wall (the treatments' median "
                                                  "training time; runs after them). Default tokens."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the matrix, write nothing."),
+    allow_inert: bool = typer.Option(False, "--allow-inert", help="Run tricks under test that cannot act "
+                                     "with these settings (refused by default; see `grpo-ablate tricks`)."),
     resume_dir: Optional[Path] = typer.Option(None, "--resume", help="Continue this sweep dir."),
 ) -> None:
     """Run an ablation sweep: every variant x seed is one ordinary training run.
@@ -120,6 +122,7 @@ def sweep(
             request = _sweep_request(mode, args, tricks_, base, seeds, launcher, jobs, family, max_runs,
                                      steps, name, out)
             request.controls = controls if controls is not None else request.controls
+            request.allow_inert = allow_inert
             if control_budget is not None:
                 if control_budget not in ("tokens", "wall"):
                     fail(f"--control-budget {control_budget} is not allowed; allowed: tokens, wall")
@@ -228,6 +231,8 @@ def doctor(
     threshold: List[str] = typer.Option([], "--threshold", help="Health-flag threshold NAME=VALUE (repeatable)."),
     out: Optional[Path] = typer.Option(None, "--dir", help="Doctor dir (default runs/doctor/<time>)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the first stages, write nothing."),
+    allow_inert: bool = typer.Option(False, "--allow-inert", help="Search tricks that cannot act with these "
+                                     "settings (refused by default)."),
     resume_dir: Optional[Path] = typer.Option(None, "--resume", help="Continue this doctor dir."),
 ) -> None:
     """Which trick breaks training? All on; if unhealthy, leave-one-out; then the smallest breaking sets.
@@ -269,7 +274,7 @@ def doctor(
                 tricks=trick_list, base=base or (None if tricks_ else DEFAULT_BASE), steps=steps or doc.DEFAULT_STEPS,
                 seeds=seeds or doc.DEFAULT_SEEDS, overrides=[a for a in args if not a.startswith("hydra.")],
                 hydra_args=[a for a in args if a.startswith("hydra.")], launcher=launcher or "joblib", jobs=jobs,
-                max_runs=max_runs or doc.DEFAULT_MAX_RUNS, group=f"doctor-{stamp}",
+                max_runs=max_runs or doc.DEFAULT_MAX_RUNS, group=f"doctor-{stamp}", allow_inert=allow_inert,
                 thresholds=dict(item.split("=", 1) for item in threshold))
             doc.check(req)
             if dry_run:
@@ -321,11 +326,11 @@ def tricks(fmt: str = typer.Option("table", "--format", help="table, json or md"
     from rich.table import Table
 
     table = Table(title=f"{len(rows)} named tricks (use as +trick=<name>)")
-    for column in ("trick", "family=option", "what it changes", "seed review", "extra compute"):
+    for column in ("trick", "family=option", "what it changes", "seed review", "extra compute", "acts only with"):
         table.add_column(column)
     for r in rows:
         table.add_row(r["name"], f"{r['family']}={r['option']}", r["what"],
-                      r["verdict"].replace("_", " "), r["cost"])
+                      r["verdict"].replace("_", " "), r["cost"], r["requires"])
     console.print(table)
 
 

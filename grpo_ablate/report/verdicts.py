@@ -4,6 +4,10 @@ The vocabulary is defined once, here: a new verdict is a name and a colour below
 in `decide` that gives it, with the reason it gives (`why`). Rendering prints whatever
 verdict and reason it is handed.
 
+- A trick is *inert here* when it changed nothing: its two sides logged identical metrics
+  at every shared seed, or its own activity metric (report/activity.py: a clip fraction, the
+  masked fraction of overlong filtering, an adaptive coefficient that never moved ...) showed
+  no activity in any run that had it. Never *no evidence*: there was nothing to measure.
 - A trick (a contrast: the variant with it vs the one without) *breaks training* when at
   least half of its finished runs broke (diverged or a breaking health flag) and none without
   it did. Otherwise the 95% CI of Δ decides: *helps* / *hurts* when it excludes zero, *no
@@ -15,9 +19,11 @@ verdict and reason it is handed.
 """
 from __future__ import annotations
 
+from grpo_ablate.report.activity import ACTIVITY, describe, shows_activity
 from grpo_ablate.report.health import BREAKING_FLAGS
-from grpo_ablate.report.load import Run, Sweep
+from grpo_ablate.report.load import Run, Sweep, nested_value
 from grpo_ablate.report.stats import Estimate, delta_ci
+from grpo_ablate.rundir import TIMING_PREFIXES
 
 # --------------------------------------------------------------------------- the vocabulary
 HELPS = "helps"
@@ -25,10 +31,9 @@ HURTS = "hurts"
 NO_EVIDENCE = "no evidence"
 BREAKS_TRAINING = "breaks training"
 NO_VERDICT = "no verdict"
-# Coming next: INERT = "inert here", for a contrast whose two sides are identical or whose
-# trick's activity metric stayed zero; `decide` gives it before the numbers are read.
+INERT = "inert here"      # the trick changed nothing in these runs: identical sides, or no activity
 VERDICT_COLORS = {HELPS: "tab:green", HURTS: "tab:red", NO_EVIDENCE: "tab:gray",   # in the Δ chart
-                  BREAKS_TRAINING: "black", NO_VERDICT: "lightgray"}
+                  BREAKS_TRAINING: "black", NO_VERDICT: "lightgray", INERT: "tab:olive"}
 
 BEATS = "beats"                    # against a control
 NOT_SHOWN = "not shown"
@@ -47,7 +52,7 @@ def contrast_verdicts(sweep: Sweep, finals: dict, areas: dict, higher_is_better:
                              "why": "a variant of this contrast is not in the sweep"})
             continue
         delta = delta_ci(finals[c["with"]], finals[c["without"]])
-        verdict, why = decide(runs_of[c["with"]], runs_of[c["without"]], delta, higher_is_better)
+        verdict, why = decide(runs_of[c["with"]], runs_of[c["without"]], delta, higher_is_better, c["trick"])
         # coming next: the contrast's power / sequential looks (seeds used, the look that
         # decided, the smallest detectable effect) are added to this dict
         verdicts.append({**c, "verdict": verdict, "delta": delta,
@@ -55,11 +60,16 @@ def contrast_verdicts(sweep: Sweep, finals: dict, areas: dict, higher_is_better:
     return verdicts
 
 
-def decide(with_runs: list[Run], without_runs: list[Run], delta: Estimate, higher_is_better: bool) -> tuple[str, str]:
-    """The verdict on one trick and why. *breaks training*: at least half of the finished
+def decide(with_runs: list[Run], without_runs: list[Run], delta: Estimate, higher_is_better: bool,
+           trick: str | None = None) -> tuple[str, str]:
+    """The verdict on one trick and why. *inert here*: the trick changed nothing (see
+    `inertness`), whatever the numbers say. *breaks training*: at least half of the finished
     runs with it broke (diverged or a breaking health flag) and none without it did. Else
     the CI of Δ decides; a CI that touches zero is *no evidence*, never a difference, and a
     zero-width CI (every seed gave the same Δ) decides nothing."""
+    reason = inertness(with_runs, without_runs, trick)
+    if reason is not None:
+        return INERT, reason
     with_done = [r for r in with_runs if r.state in ("completed", "diverged")]
     without_done = [r for r in without_runs if r.state in ("completed", "diverged")]
     broke_with = [r for r in with_done if r.broken]
@@ -74,6 +84,33 @@ def decide(with_runs: list[Run], without_runs: list[Run], delta: Estimate, highe
         why += (f" (runs that broke: {len(broke_with)} of {len(with_done)} with it, "
                 f"{len(broke_without)} of {len(without_done)} without)")
     return verdict, why
+
+
+def inertness(with_runs: list[Run], without_runs: list[Run], trick: str | None) -> str | None:
+    """Why the trick changed nothing in these runs, or None: the two sides logged identical
+    metrics (timings aside) at every shared seed, or the trick's own activity metric
+    (report/activity.py) showed no activity in any finished run that had it on."""
+    done = lambda runs: {r.key: r for r in runs if r.state in ("completed", "diverged")}
+    with_done, without_done = done(with_runs), done(without_runs)
+    shared = sorted(set(with_done) & set(without_done), key=str)
+    if shared and all(same_metrics(with_done[k], without_done[k]) for k in shared):
+        return (f"the two sides logged identical metrics at every shared seed ({', '.join(map(str, shared))}): "
+                "the trick changed nothing here")
+    info = next((nested_value(r.config, "tricks", trick) for r in with_done.values() if trick), None)
+    entry = ACTIVITY.get((info.get("family"), info.get("option"))) if isinstance(info, dict) else None
+    runs = [r for r in with_done.values() if entry and entry[0] in r.metrics]
+    if runs and not any(shows_activity(r.metrics.loc[r.metrics["step"] >= 1, entry[0]].tolist(), *entry[1:])
+                        for r in runs):
+        return f"its activity metric showed none: {describe(*entry)} in every run with it ({len(runs)})"
+    return None
+
+
+def same_metrics(a: Run, b: Run) -> bool:
+    """The same logged metrics, step for step (timings aside)."""
+    keep = lambda frame: frame[[c for c in frame.columns if not c.startswith(TIMING_PREFIXES)]]
+    left, right = keep(a.metrics), keep(b.metrics)
+    return (list(left.columns) == list(right.columns) and left.shape == right.shape
+            and bool((left.fillna("nan").values == right.fillna("nan").values).all()))
 
 
 def _decide_by_delta(delta: Estimate, higher_is_better: bool) -> tuple[str, str]:

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from grpo_ablate import entrypoint
 from grpo_ablate.catalogue import load_catalogue
-from grpo_ablate.config import ConfigError, compose, config_hash, validate
+from grpo_ablate.config import ConfigError, compose, config_hash, trick_families, validate
+from grpo_ablate.inert import inert_reason
 from grpo_ablate.models import ensure_warm_started
 from grpo_ablate.rundir import atomic_write_text, read_rows, read_status
 from grpo_ablate.sweep.matrix import (CONTROLS, DEFAULT_MAX_RUNS, Matrix, SweepError, add_controls, build_matrix,
@@ -62,6 +63,7 @@ class SweepRequest:
     sweep_dir: Path | None = None
     controls: bool | None = None     # None: on for the embedded default, off for model.path models
     control_budget: str = "tokens"   # the SFT control's budget: tokens | wall (the treatments' time)
+    allow_inert: bool = False        # run tricks under test that cannot act here (inert.py) anyway
     matrix: Matrix | None = None        # a matrix built by the caller (doctor) instead of `mode`
     group: str | None = None            # W&B group shared with other sweeps (doctor's stages)
 
@@ -97,16 +99,19 @@ def plan(req: SweepRequest) -> dict:
     name = req.name or req.mode
     group = req.group or f"{name}-{sweep_id}"
     labels = {"name": name, "id": sweep_id, "group": group, "tricks": list(req.tricks)}
-    runs = []
+    runs, cfg_of = [], {}
     for job in expand_jobs(matrix, seeds, common, labels):
         # a wall-clock SFT control learns its budget from the treatments' runs: checked here with
         # a stand-in, hashed once the budget is known (launch._run)
         deferred = "control.budget=wall" in job.overrides
         cfg = _compose(list(job.overrides) + (["control.wall_s=1"] if deferred else []), f"run {job.run_dir}")
+        cfg_of.setdefault(job.variant, cfg)
         runs.append({"variant": job.variant, "seed": job.seed, "run_dir": job.run_dir,
                      "config_hash": None if deferred else config_hash(cfg), "status": "pending", "step": 0,
                      "reason": None, "final_accuracy": None, "overrides": list(job.overrides),
                      **({"deferred": "control.wall_s"} if deferred else {})})
+    if not req.allow_inert:
+        check_tricks_act(matrix, cfg_of, {t: (families[t], options[t]) for t in families})
     now = _now()
     return {
         "version": 1, "sweep_id": sweep_id, "name": name, "mode": matrix.mode, "base": req.base,
@@ -118,6 +123,23 @@ def plan(req: SweepRequest) -> dict:
         "controls": {k: name for k, name in CONTROLS.items() if any(v.name == name for v in matrix.variants)},
         "runs": runs,
     }
+
+
+def check_tricks_act(matrix: Matrix, cfg_of: dict, tricks: dict) -> None:
+    """Refuse a plan in which a trick under test cannot act (inert.py): for each contrast, the
+    trick on the side that has it; without contrasts (doctor), every trick where all are on;
+    for a factorial over config groups, every variant's options. `tricks`: name -> (family, option)."""
+    checks = [(c.trick, *tricks[c.trick], c.with_) for c in matrix.contrasts if c.trick in tricks]
+    if not matrix.contrasts and matrix.variants:
+        widest = max(matrix.variants, key=lambda v: len(v.tricks_on))
+        checks += [(t, *tricks[t], widest.name) for t in widest.tricks_on]
+    for v in matrix.variants:
+        checks += [(f"{key}={value}", key, str(value), v.name) for key, value in v.axes.items()
+                   if key in trick_families() or key == "kl.estimator"]
+    for name, family, opt, variant in checks:
+        reason = inert_reason(cfg_of[variant], family, opt)
+        if reason is not None:
+            raise SweepError(f"{name} {reason} (or pass --allow-inert to run it anyway)")
 
 
 def _has_solutions(cfg) -> bool:
