@@ -28,6 +28,7 @@ from grpo_ablate.models import (ensure_warm_started, load_model_and_tokenizer, m
                                 supervised_batch)
 from grpo_ablate.sampling.prompts import PromptEncoder
 from grpo_ablate.tasks import build_task
+from grpo_ablate.stopping import how_it_ended
 from grpo_ablate.train.run_log import RunLog, save_checkpoint
 from grpo_ablate.train.grpo import RunResult, _progress, already_finished, evaluate, open_run_dir, sample_groups
 
@@ -152,8 +153,9 @@ def run_control(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (),
         result.final_accuracy = metrics.get("eval/accuracy") if steps > start_step else None
         log.status("completed", steps)
         return result
-    except BaseException as err:  # a crash or Ctrl-C: record it, then let it propagate
-        log.status("failed", step, f"{type(err).__name__}: {err}".strip()[:500])
+    except BaseException as err:  # a crash, Ctrl-C or a stop from outside: record it, then let it propagate
+        state, reason = how_it_ended(err)   # SLURM's time limit, scancel: interrupted (resumable), not failed
+        log.status(state, step, reason[:500])
         raise
     finally:
         if progress is not None:

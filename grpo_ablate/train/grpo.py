@@ -27,6 +27,7 @@ from grpo_ablate.models import (AdapterDisabled, add_lora, autocast_forward, ena
 from grpo_ablate.sampling.decode import NonFiniteLogits, Rollout, completion_logprobs, concat_rollouts, select_rows
 from grpo_ablate.tasks import build_task
 from grpo_ablate.rundir import find_checkpoint, read_status
+from grpo_ablate.stopping import how_it_ended
 from grpo_ablate.train.run_log import RunLog, save_checkpoint
 from grpo_ablate.tricks.adv import ADV_ESTIMATORS, gae, group_mean_std, token_rewards
 from grpo_ablate.tricks.adv_clip import ADV_CLIPS
@@ -461,9 +462,9 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
         result.final_accuracy = metrics.get("eval/accuracy") if int(cfg.steps) > start_step else None
         log.status("completed", result.step)
         return result
-    except BaseException as err:  # a crash or Ctrl-C: record it, then let it propagate
-        reason = f"{type(err).__name__}: {err}".strip()
-        log.status("failed", step, reason[:500])
+    except BaseException as err:  # a crash, Ctrl-C or a stop from outside: record it, then let it propagate
+        state, reason = how_it_ended(err)   # SLURM's time limit, scancel: interrupted (resumable), not failed
+        log.status(state, step, reason[:500])
         raise
     finally:
         if progress is not None:
