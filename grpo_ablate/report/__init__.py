@@ -30,7 +30,7 @@ import yaml
 from grpo_ablate.rundir import read_jsonl
 from grpo_ablate.wandb_auth import wandb_api_key
 
-FINISHED = ("completed", "diverged", "failed")
+FINISHED = ("completed", "diverged", "failed", "interrupted")   # interrupted: waits for --resume
 # Flags that mean training broke. kl_drift is a warning only: a policy may legitimately move
 # far from its start, and a variant without a KL term is free to.
 BREAKING_FLAGS = ("diverged", "entropy_collapse", "length_blowup", "repetition")
