@@ -192,9 +192,11 @@ main() {
   local command=${1:-}
   case "$command" in
     up|down)
-      mkdir -p "$(dirname "$LOCK")"
-      exec 9>"$LOCK"
-      flock 9                     # one `up` or `down` at a time on this machine
+      if [ "$(id -u)" = 0 ]; then   # one `up` or `down` at a time on this machine
+        mkdir -p "$(dirname "$LOCK")"
+        exec 9>"$LOCK"
+        flock 9
+      fi
       "$command" ;;
     status) status ;;
     *) echo "usage: $0 up | down | status" >&2; exit 2 ;;

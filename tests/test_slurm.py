@@ -122,10 +122,10 @@ def test_a_job_killed_at_its_time_limit_is_interrupted_not_failed(slurm_cluster,
     """SLURM's time limit (1 minute, the shortest it has) sends SIGTERM: the run says so in
     status.json, the sweep's summary and the report, and --resume would continue it."""
     sweep_dir = tmp_path / "sweep"
-    # (USR2, submitit's early warning, must not come before the run has started: the default
-    # 120 s before the end would come at once)
+    # signal_delay_s=0: no early warning (USR2), which SLURM would send up to a minute early,
+    # i.e. before this one-minute job's run has installed its handlers
     r = cli("sweep", "factorial", "--family", "debug.fail_at_step=null", "--seeds", "1", "--dir", str(sweep_dir),
-            *SLURM, "hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=1",
+            *SLURM, "hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=0",
             *override(small, "steps=100000", "eval.every=100000", "samples_every=100000", "checkpoint_every=5"),
             cwd=tmp_path, timeout=600)
     assert r.returncode == 1, r.stdout + r.stderr
