@@ -4,6 +4,7 @@ The tests train for real, but on a smaller warm-started model than the embedded 
 (same code path, a different content-addressed cache entry) so the suite stays in budget.
 """
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -58,3 +59,25 @@ def tiny_models(tmp_path_factory):
     from tiny_models import save_tiny_models
 
     return save_tiny_models(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A live one-node SLURM cluster with partition `debug` (scripts/slurm.sh up: installs
+    slurm-wlm and munge where they are missing and this machine allows it, i.e. root and
+    apt-get). Where the cluster cannot run here, the tests that use it skip with the script's
+    reason; where it should run but does not answer, they fail with its logs. A cluster this
+    fixture started is stopped at the end of the session; one that was already up stays up."""
+    script = REPO / "scripts" / "slurm.sh"
+    if shutil.which("bash") is None:
+        pytest.skip("no SLURM cluster: scripts/slurm.sh needs bash")
+    was_up = subprocess.run(["bash", str(script), "status"], capture_output=True).returncode == 0
+    up = subprocess.run(["bash", str(script), "up"], capture_output=True, text=True, timeout=900)
+    said = (up.stdout + up.stderr).strip()
+    if up.returncode == 3:
+        pytest.skip(f"no SLURM cluster: {said.splitlines()[-1]}")
+    if up.returncode != 0:
+        pytest.fail(f"scripts/slurm.sh up failed (exit {up.returncode}):\n{said}", pytrace=False)
+    yield "debug"
+    if not was_up:
+        subprocess.run(["bash", str(script), "down"], capture_output=True, timeout=120)

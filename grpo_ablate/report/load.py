@@ -19,7 +19,7 @@ from grpo_ablate.errors import ReportError
 from grpo_ablate.report.health import BREAKING_FLAGS, HealthThresholds, health_flags
 from grpo_ablate.rundir import read_jsonl, read_status
 
-FINISHED = ("completed", "diverged", "failed")
+FINISHED = ("completed", "diverged", "failed", "interrupted")   # interrupted: waits for --resume
 # Control runs (issue 8): `base` is the starting policy never trained, `sft` the same budget
 # spent on supervised training. Each gets a "Δ vs" column when the sweep has it.
 CONTROL_ROLES = ("base", "sft")

@@ -21,8 +21,10 @@ from grpo_ablate.config import ConfigError, compose, config_hash, trick_families
 from grpo_ablate.inert import inert_reason
 from grpo_ablate.models import ensure_warm_started
 from grpo_ablate.rundir import atomic_write_text, read_rows, read_status
+from grpo_ablate.stopping import INTERRUPTED
 from grpo_ablate.sweep.matrix import (CONTROLS, DEFAULT_MAX_RUNS, Matrix, SweepError, add_controls, build_matrix,
                                       check_size, expand_jobs, parse_seeds)
+from grpo_ablate.sweep.slurm import watch_jobs_without_sacct
 from grpo_ablate.tasks import TASKS, build_task
 
 
@@ -221,7 +223,7 @@ def refresh_statuses(sweep_dir: Path, manifest: dict, outcomes: dict | None = No
         outcome = (outcomes or {}).get(run["run_dir"])
         if status is not None:
             run.update(status=status["state"], step=status["step"], reason=status.get("reason"))
-        if outcome is not None and (status is None or status["state"] not in FINISHED + ("failed",)):
+        if outcome is not None and (status is None or status["state"] not in FINISHED + ("failed", INTERRUPTED)):
             # the job ended without the run recording an end of its own
             run.update(status="failed", reason=outcome.get("error") or f"exit code {outcome.get('exit_code')}")
         accuracies = [r["eval/accuracy"] for r in read_rows(run_dir / "metrics.jsonl")
@@ -380,8 +382,10 @@ def _launch(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, jo
         args.append(f"hydra.launcher.n_jobs={n_parallel}")
     elif launcher == "submitit_local":                    # it starts every job it is given at once
         args += [f"hydra.sweeper.max_batch_size={n_parallel}", f"hydra.launcher.cpus_per_task={threads}"]
-    elif launcher == "submitit_slurm" and jobs:           # one job array, at most --jobs running
-        args.append(f"hydra.launcher.array_parallelism={jobs}")
+    elif launcher == "submitit_slurm":
+        if jobs:                                          # one job array, at most --jobs running
+            args.append(f"hydra.launcher.array_parallelism={jobs}")
+        watch_jobs_without_sacct()                        # no accounting: job states from squeue
     manifest["launcher"] = launcher
     for run in todo:
         run["status"] = "launched"
@@ -513,3 +517,6 @@ def print_summary(manifest: dict, console, sweep_dir: Path) -> None:
     for run in manifest["runs"]:
         if run["status"] == "failed":
             console.print(f"  {run['run_dir']} failed: {run['reason']}", markup=False, highlight=False)
+        elif run["status"] == INTERRUPTED:   # stopped from outside (a time limit): --resume continues it
+            console.print(f"  {run['run_dir']} interrupted at step {run['step']}: {run['reason']}; "
+                          f"`grpo-ablate sweep --resume {sweep_dir}` continues it", markup=False, highlight=False)
