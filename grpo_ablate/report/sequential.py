@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from scipy import optimize, stats
+from scipy import optimize, special, stats
 
 ALPHA = 0.05                 # two-sided: false helps + false hurts; a "beats" test runs at ALPHA / 2
 POWER = 0.8
@@ -130,7 +130,7 @@ def spending_function(fraction: float, alpha_side: float, spending: str) -> floa
     if t == 0.0:
         return 0.0
     if spending == "obrien-fleming":
-        return 2.0 - 2.0 * stats.norm.cdf(stats.norm.isf(alpha_side / 2.0) / math.sqrt(t))
+        return 2.0 * float(special.ndtr(special.ndtri(alpha_side / 2.0) / math.sqrt(t)))   # 2 − 2Φ(z/√t)
     if spending == "pocock":
         return alpha_side * math.log(1.0 + (math.e - 1.0) * t)
     raise ValueError(f"spending {spending!r}: allowed {', '.join(SPENDING)}")
@@ -262,11 +262,13 @@ def fixed_power(effect: float, sd: float, n: int, critical: float | None = None,
     if n < 2 or not sd > 0:
         return math.nan
     df = n - 1
-    c = float(stats.t.isf(level / 2.0, df)) if critical is None else float(critical)
+    c = float(special.stdtrit(df, 1.0 - level / 2.0)) if critical is None else float(critical)
     ncp = effect * math.sqrt(n) / sd
-    upper = float(stats.nct.sf(c, df, ncp))
-    lower = float(stats.nct.sf(c, df, -ncp))        # P(T' ≤ −c) by symmetry; scipy's cdf(−c) can give NaN
-    return upper + (lower if math.isfinite(lower) else 0.0)
+    # the ufuncs, not stats.nct (a thousand times slower); P(T' ≤ −c) as P(T' ≥ c) at −ncp, since
+    # the direct lower tail can come out NaN far from the centre
+    upper = 1.0 - float(special.nctdtr(df, ncp, c))
+    lower = 1.0 - float(special.nctdtr(df, -ncp, c))
+    return min(1.0, max(0.0, upper) + (max(0.0, lower) if math.isfinite(lower) else 0.0))
 
 
 def detectable_effect(sd: float, n: int, critical: float | None = None, level: float = ALPHA,

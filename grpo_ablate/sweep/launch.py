@@ -64,6 +64,7 @@ class SweepRequest:
     control_budget: str = "tokens"   # the SFT control's budget: tokens | wall (the treatments' time)
     matrix: Matrix | None = None        # a matrix built by the caller (doctor) instead of `mode`
     group: str | None = None            # W&B group shared with other sweeps (doctor's stages)
+    sequential: dict = field(default_factory=dict)   # seeds=auto: max_seeds, budget, effect (sweep/sequential.py)
 
 
 # ------------------------------------------------------------------------------ planning
@@ -97,16 +98,7 @@ def plan(req: SweepRequest) -> dict:
     name = req.name or req.mode
     group = req.group or f"{name}-{sweep_id}"
     labels = {"name": name, "id": sweep_id, "group": group, "tricks": list(req.tricks)}
-    runs = []
-    for job in expand_jobs(matrix, seeds, common, labels):
-        # a wall-clock SFT control learns its budget from the treatments' runs: checked here with
-        # a stand-in, hashed once the budget is known (launch._run)
-        deferred = "control.budget=wall" in job.overrides
-        cfg = _compose(list(job.overrides) + (["control.wall_s=1"] if deferred else []), f"run {job.run_dir}")
-        runs.append({"variant": job.variant, "seed": job.seed, "run_dir": job.run_dir,
-                     "config_hash": None if deferred else config_hash(cfg), "status": "pending", "step": 0,
-                     "reason": None, "final_accuracy": None, "overrides": list(job.overrides),
-                     **({"deferred": "control.wall_s"} if deferred else {})})
+    runs = [run_entry(job) for job in expand_jobs(matrix, seeds, common, labels)]
     now = _now()
     return {
         "version": 1, "sweep_id": sweep_id, "name": name, "mode": matrix.mode, "base": req.base,
@@ -118,6 +110,18 @@ def plan(req: SweepRequest) -> dict:
         "controls": {k: name for k, name in CONTROLS.items() if any(v.name == name for v in matrix.variants)},
         "runs": runs,
     }
+
+
+def run_entry(job) -> dict:
+    """One job as the manifest lists it (pending), its config validated and hashed."""
+    # a wall-clock SFT control learns its budget from the treatments' runs: checked here with
+    # a stand-in, hashed once the budget is known (launch._run)
+    deferred = "control.budget=wall" in job.overrides
+    cfg = _compose(list(job.overrides) + (["control.wall_s=1"] if deferred else []), f"run {job.run_dir}")
+    return {"variant": job.variant, "seed": job.seed, "run_dir": job.run_dir,
+            "config_hash": None if deferred else config_hash(cfg), "status": "pending", "step": 0,
+            "reason": None, "final_accuracy": None, "overrides": list(job.overrides),
+            **({"deferred": "control.wall_s"} if deferred else {})}
 
 
 def _has_solutions(cfg) -> bool:
@@ -215,16 +219,23 @@ def start(req: SweepRequest, console, dry_run: bool = False) -> int:
     if dry_run:
         print_matrix(manifest, console)
         return 0
+    sweep_dir = create_sweep_dir(req, manifest)
+    console.print(f"sweep {manifest['name']}: {len(manifest['variants'])} variants x "
+                  f"{len(manifest['seeds'])} seeds = {len(manifest['runs'])} runs -> {sweep_dir}",
+                  markup=False, highlight=False)
+    return _run(sweep_dir, manifest, manifest["runs"], req.launcher, req.jobs, req.hydra_args, console)
+
+
+def create_sweep_dir(req: SweepRequest, manifest: dict) -> Path:
+    """The sweep dir (--dir, else a new one under runs/sweeps/) with its manifest; never an
+    existing non-empty one."""
     sweep_dir = Path(req.sweep_dir) if req.sweep_dir else _new_sweep_dir(manifest)
     if sweep_dir.exists() and any(sweep_dir.iterdir()):
         raise SweepError(f"{sweep_dir} already exists and is not empty; continue it with "
                          f"`grpo-ablate sweep --resume {sweep_dir}` or pick another --dir")
     sweep_dir.mkdir(parents=True, exist_ok=True)
     write_manifest(sweep_dir, manifest)
-    console.print(f"sweep {manifest['name']}: {len(manifest['variants'])} variants x "
-                  f"{len(manifest['seeds'])} seeds = {len(manifest['runs'])} runs -> {sweep_dir}",
-                  markup=False, highlight=False)
-    return _run(sweep_dir, manifest, manifest["runs"], req.launcher, req.jobs, req.hydra_args, console)
+    return sweep_dir
 
 
 def resume(sweep_dir: Path, launcher: str | None, jobs: int | None, hydra_args: list[str], console) -> int:
