@@ -63,7 +63,6 @@ def test_synthetic_sweep_dirs_decide_as_the_rule_and_keep_the_error_rate():
         assert wrong <= 0.05 + 3 * np.sqrt(0.05 * 0.95 / len(null))
         helped = [d for d in results[1.5] if d["outcome"] == "helps"]
         assert len(helped) > 0.5 * len(results[1.5])
-        assert np.mean([d["n"] for d in results[1.5]]) < seq.fixed_seeds_for_power(len(helped) / 100, 1.5)
         assert any(d["n"] < plan.max_seeds for d in helped)          # stopped early: all decided
         manifest = json.loads((root / "1.5-0" / "manifest.json").read_text())
         looks = manifest["sequential"]["looks"]
