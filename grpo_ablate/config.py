@@ -19,19 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from grpo_ablate.errors import ConfigError
 from grpo_ablate.tasks import TASKS
 from grpo_ablate.train.distributed import launched_ranks
-from grpo_ablate.tricks.adv import ADV_ESTIMATORS
-from grpo_ablate.tricks.adv_clip import ADV_CLIPS
-from grpo_ablate.tricks.clip import POLICY_LOSSES
-from grpo_ablate.tricks.entropy import ENTROPY_CONTROLLERS
-from grpo_ablate.tricks.kl import KL_CONTROLLERS, KL_ESTIMATORS
-from grpo_ablate.tricks.kl_weight import KL_WEIGHTS
-from grpo_ablate.tricks.length import LENGTH_REWARDS
-from grpo_ablate.tricks.loss_agg import LOSS_AGG_MODES
-from grpo_ablate.tricks.overlong import OVERLONG
-from grpo_ablate.tricks.reward_norm import REWARD_NORMS
-from grpo_ablate.tricks.sampling import GROUP_FILTERS
-from grpo_ablate.tricks.temperature import TEMPERATURES
-from grpo_ablate.tricks.value import VALUE_LOSSES
+from grpo_ablate.tricks import UnknownOption, families, option, options
 
 
 CONFIG_MODULE = "grpo_ablate.conf"
@@ -82,52 +70,82 @@ def check_tricks(cfg: DictConfig) -> None:
                  f"too; drop one of them")
 
 
-# family (config group) -> the registry its `name` is looked up in by the trainer
-FAMILIES = {
-    "sampling": GROUP_FILTERS, "overlong": OVERLONG, "length": LENGTH_REWARDS,
-    "reward_norm": REWARD_NORMS, "adv": ADV_ESTIMATORS, "adv_clip": ADV_CLIPS,
-    "clip": POLICY_LOSSES, "loss_agg": LOSS_AGG_MODES, "kl": KL_CONTROLLERS,
-    "kl_weight": KL_WEIGHTS, "entropy": ENTROPY_CONTROLLERS, "temperature": TEMPERATURES,
-    "value_clip": VALUE_LOSSES, "updates": ("multi", "single"),   # updates: config only
+# Keys of a trick family's config group that the trainer reads itself, not knobs of the chosen
+# option's function: declared here once, checked with the knobs, read by the trainer. A key
+# mapped to a capability flag is a setting only of the options that have that flag.
+TRAINER_KEYS = {
+    "sampling": {"max_rounds": None, "g_step": None, "g_max": None},   # dynamic sampling rounds, group growth
+    "kl": {"estimator": None},                       # kl.estimator: the per-token KL (k1, k2, k3)
+    "adv": {"value_coef": "uses_values"},            # the critic's loss weight (adv=gae)
+    "dual_clip": {"c": None},                        # handed to the policy loss as dual_clip_c
+    "updates": {"num_iterations": None},             # passes over each rollout
 }
+# Knobs of an option's function that the trainer supplies from another family's config.
+SUPPLIED_KNOBS = {"clip": {"dual_clip_c": "dual_clip.c"}}
+# Families that are config only (no function of their own): their allowed option names.
+CONFIG_ONLY_FAMILIES = {"dual_clip": ("none", "enabled"), "updates": ("single", "multi")}
+
+
+def trick_families() -> list[str]:
+    """Every trick family that is a config group: the registry's families and the config-only ones."""
+    return [f for f in families() if "." not in f] + sorted(CONFIG_ONLY_FAMILIES)
+
+
+def family_settings(cfg: DictConfig, family: str) -> dict:
+    """The chosen option's knobs as set by the config (trainer keys and `name` left out)."""
+    return {k: v for k, v in params(cfg[family]).items() if k not in TRAINER_KEYS.get(family, ())}
+
+
+def trick(cfg: DictConfig, family: str, **supplied):
+    """The function (or controller class) the config chose for `family`, its knobs bound."""
+    return option(family, cfg[family].name).bind({**family_settings(cfg, family), **supplied})
+
+
+def check_family_keys(cfg: DictConfig, family: str) -> None:
+    """Every key of the family's config is a knob of the chosen option or a trainer key: a
+    mistyped key (`+adv.epz=0.1`) is an error naming the allowed ones, never ignored."""
+    name = cfg[family].name
+    trainer_keys = TRAINER_KEYS.get(family, {})
+    if family in CONFIG_ONLY_FAMILIES:
+        _one_of(family, name, CONFIG_ONLY_FAMILIES[family])
+        allowed = list(trainer_keys)
+    else:
+        try:
+            chosen = option(family, name)
+        except UnknownOption as err:
+            raise ConfigError(str(err)) from None
+        allowed = [k for k in chosen.knobs if k not in SUPPLIED_KNOBS.get(family, {})]
+        allowed += [k for k, flag in trainer_keys.items() if flag is None or getattr(chosen, flag)]
+    for key in cfg[family]:
+        if key == "name" or key in allowed:
+            continue
+        supplied = SUPPLIED_KNOBS.get(family, {}).get(key)
+        raise ConfigError(f"{family}.{key} is not a setting of {family}={name}"
+                          + (f" (it is set by {supplied})" if supplied else "")
+                          + f"; allowed: {', '.join(sorted(allowed)) or '(none)'}")
 
 
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError on the first bad value. Cheap: no model or data is touched."""
-    for family, registry in FAMILIES.items():   # a family option whose yaml names no function
-        _one_of(family, cfg[family].name, sorted(registry))
+    check_trick_settings(cfg)
+    check_run_settings(cfg)
+    check_model_and_task(cfg)
+
+
+def check_trick_settings(cfg: DictConfig) -> None:
+    """The trick families: options that exist, keys that are their settings, values in range."""
+    for family in trick_families():   # the option exists and every key is one of its settings
+        check_family_keys(cfg, family)
     check_tricks(cfg)
-    _require(cfg.value_clip.name == "none" or ADV_ESTIMATORS[cfg.adv.name].uses_values,
+    _require(cfg.value_clip.name == "none" or option("adv", cfg.adv.name).uses_values,
              f"value_clip={cfg.value_clip.name} needs a critic, and adv={cfg.adv.name} has none: value "
              "clipping exists only with adv=gae (add +trick=critic_gae)")
-    _require(all(isinstance(cfg.reward[k], (int, float)) and not isinstance(cfg.reward[k], bool)
-                 for k in ("correct", "wrong")) and cfg.reward.correct > cfg.reward.wrong,
-             f"reward.correct={cfg.reward.correct!r}, reward.wrong={cfg.reward.wrong!r} are not allowed; "
-             "they must be numbers with correct > wrong")
-    _one_of("control", cfg.control.name, ("none", "base", "sft"))
-    if cfg.control.name == "sft":
-        _one_of("control.budget", cfg.control.budget, ("tokens", "wall"))
-        if cfg.control.budget == "wall":
-            _require(cfg.control.wall_s is not None, "control.budget=wall needs control.wall_s (seconds of "
-                                                     "supervised training in all)")
-            _positive("control.wall_s", cfg.control.wall_s)
-    _positive("seed", cfg.seed, integer=True, allow_zero=True)
-    _positive("steps", cfg.steps, integer=True)
-    _positive("optim.lr", cfg.optim.lr)
-    _positive("optim.max_grad_norm", cfg.optim.max_grad_norm)
-    _positive("rollout.prompts_per_step", cfg.rollout.prompts_per_step, integer=True)
-    _positive("rollout.max_new_tokens", cfg.rollout.max_new_tokens, integer=True)
-    _positive("updates.num_iterations", cfg.updates.num_iterations, integer=True)
     _positive("temperature.value", cfg.temperature.value)
     if cfg.temperature.get("t_min") is not None:
         _positive("temperature.t_min", cfg.temperature.t_min)
         _require(cfg.temperature.t_min <= cfg.temperature.value <= cfg.temperature.t_max,
                  f"temperature.value={cfg.temperature.value} is not allowed; it must lie in "
                  f"[t_min, t_max] = [{cfg.temperature.t_min}, {cfg.temperature.t_max}]")
-    _positive("eval.every", cfg.eval.every, integer=True)
-    _positive("checkpoint_every", cfg.checkpoint_every, integer=True)
-    _positive("samples_every", cfg.samples_every, integer=True)
-    _one_of("on_nonfinite", cfg.on_nonfinite, ("stop", "skip"))
     if cfg.adv.get("std_of") is not None:
         _one_of("adv.std_of", cfg.adv.std_of, ("raw", "centered"))
     _positive("sampling.max_rounds", cfg.sampling.max_rounds, integer=True)
@@ -152,7 +170,7 @@ def validate(cfg: DictConfig) -> None:
         _require(isinstance(cfg.overlong.buffer, int) and 0 < cfg.overlong.buffer <= cfg.rollout.max_new_tokens,
                  f"overlong.buffer={cfg.overlong.buffer!r} is not allowed; it must be an integer in "
                  f"1..rollout.max_new_tokens ({cfg.rollout.max_new_tokens})")
-    _one_of("kl.estimator", cfg.kl.estimator, sorted(KL_ESTIMATORS))
+    _one_of("kl.estimator", cfg.kl.estimator, sorted(options("kl.estimator")))
     if cfg.kl_weight.get("budget") is not None:
         _positive("kl_weight.budget", cfg.kl_weight.budget, integer=True)
     _require(cfg.kl_weight.name == "uniform" or cfg.kl.beta > 0,
@@ -160,12 +178,38 @@ def validate(cfg: DictConfig) -> None:
              "use kl=fixed, adaptive or adaptive_target")
     _positive("kl.beta", cfg.kl.beta, allow_zero=True)
     group = cfg.rollout.group_size
-    if ADV_ESTIMATORS[cfg.adv.name].uses_group_statistic:
+    if option("adv", cfg.adv.name).uses_group_statistic:
         _require(isinstance(group, int) and group >= 2,
                  f"rollout.group_size={group!r} is not allowed with adv={cfg.adv.name}: "
                  "a group statistic needs at least 2 completions per prompt (group_size >= 2)")
     else:
         _positive("rollout.group_size", group, integer=True)
+
+
+def check_run_settings(cfg: DictConfig) -> None:
+    """The run around the tricks: reward scale, control, budget, schedule, logging."""
+    _require(all(isinstance(cfg.reward[k], (int, float)) and not isinstance(cfg.reward[k], bool)
+                 for k in ("correct", "wrong")) and cfg.reward.correct > cfg.reward.wrong,
+             f"reward.correct={cfg.reward.correct!r}, reward.wrong={cfg.reward.wrong!r} are not allowed; "
+             "they must be numbers with correct > wrong")
+    _one_of("control", cfg.control.name, ("none", "base", "sft"))
+    if cfg.control.name == "sft":
+        _one_of("control.budget", cfg.control.budget, ("tokens", "wall"))
+        if cfg.control.budget == "wall":
+            _require(cfg.control.wall_s is not None, "control.budget=wall needs control.wall_s (seconds of "
+                                                     "supervised training in all)")
+            _positive("control.wall_s", cfg.control.wall_s)
+    _positive("seed", cfg.seed, integer=True, allow_zero=True)
+    _positive("steps", cfg.steps, integer=True)
+    _positive("optim.lr", cfg.optim.lr)
+    _positive("optim.max_grad_norm", cfg.optim.max_grad_norm)
+    _positive("rollout.prompts_per_step", cfg.rollout.prompts_per_step, integer=True)
+    _positive("rollout.max_new_tokens", cfg.rollout.max_new_tokens, integer=True)
+    _positive("updates.num_iterations", cfg.updates.num_iterations, integer=True)
+    _positive("eval.every", cfg.eval.every, integer=True)
+    _positive("checkpoint_every", cfg.checkpoint_every, integer=True)
+    _positive("samples_every", cfg.samples_every, integer=True)
+    _one_of("on_nonfinite", cfg.on_nonfinite, ("stop", "skip"))
     if cfg.threads is not None:
         _positive("threads", cfg.threads, integer=True)
     _require(isinstance(cfg.diag.grad_conflict, bool),
@@ -176,6 +220,10 @@ def validate(cfg: DictConfig) -> None:
             _positive(f"diag.{key}", cfg.diag[key], integer=True)
     if cfg.logger.name == "wandb":
         _one_of("logger.mode", cfg.logger.mode, ("auto", "online", "offline", "disabled"))
+
+
+def check_model_and_task(cfg: DictConfig) -> None:
+    """The model (path, dtype, device, LoRA), the rollout backend and the task's own options."""
     _require(not OmegaConf.is_missing(cfg.model, "path"),
              f"model.path is required with model={cfg.model.name}: give a local directory "
              "with a saved transformers model (or a hub name when online)")

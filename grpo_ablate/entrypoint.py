@@ -21,7 +21,8 @@ from rich.console import Console
 from grpo_ablate.config import ConfigError
 from grpo_ablate.models import ModelPathError
 from grpo_ablate.train.controls import run_control
-from grpo_ablate.train.grpo import EXIT_BAD_INPUT, train
+from grpo_ablate.train.grpo import train
+from grpo_ablate.train.run import EXIT_BAD_INPUT
 
 # exit code of the last job run in this process (Hydra itself returns nothing)
 _last_exit_code = 0

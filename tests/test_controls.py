@@ -13,7 +13,7 @@ from grpo_ablate.sampling.engines import HFEngine, Rollouts
 from grpo_ablate.models import load_model_and_tokenizer, stop_token_ids
 from grpo_ablate.sampling.prompts import PromptEncoder
 from grpo_ablate.tasks import build_task
-from grpo_ablate.train.grpo import evaluate
+from grpo_ablate.train.run import evaluate
 
 
 def rows(run_dir):

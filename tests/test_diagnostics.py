@@ -7,6 +7,8 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+import grpo_ablate.train.diagnostics as diagnostics_module
+import grpo_ablate.train.forward as forward_module
 import grpo_ablate.train.grpo as trainer_module
 from grpo_ablate.train import diagnostics as diag
 from grpo_ablate.config import ConfigError, compose, validate
@@ -57,12 +59,12 @@ def test_component_advantages_use_the_runs_advantage_function():
     group_index = torch.tensor([0, 0, 0, 1, 1, 1])
     task = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 0.0])
     length = torch.tensor([0.1, 0.3, 0.2, 0.5, 0.4, 0.6])
-    advantage_of = lambda r: grpo_advantage(r, group_index)
+    advantage_of = lambda r: grpo_advantage(r, group_index, None, None)
     out = diag.component_advantages({"task_reward": task, "overlong_reward": torch.zeros(6),
                                      "length_reward": length}, advantage_of)
     assert list(out) == ["task_reward", "length_reward"]          # an all-zero component adds nothing
-    assert torch.equal(out["task_reward"], grpo_advantage(task, group_index))
-    assert torch.equal(out["length_reward"], grpo_advantage(length, group_index))
+    assert torch.equal(out["task_reward"], grpo_advantage(task, group_index, None, None))
+    assert torch.equal(out["length_reward"], grpo_advantage(length, group_index, None, None))
     assert out["task_reward"][3:].abs().max() == 0                 # a flat group has no signal
     # GRPO divides by each group's std: the components' advantages need not add up
     assert not torch.allclose(out["task_reward"] + out["length_reward"], advantage_of(task + length))
@@ -142,9 +144,9 @@ def test_off_costs_no_extra_work(small, tmp_path, monkeypatch):
     """Off (the default), a step calls no diagnostics function and no extra forward."""
     calls = []
     for name in ("last_layer_params", "pick_rows", "term_gradients", "component_advantages"):
-        monkeypatch.setattr(trainer_module.diagnostics, name, lambda *a, _n=name, **k: calls.append(_n))
+        monkeypatch.setattr(diagnostics_module, name, lambda *a, _n=name, **k: calls.append(_n))
     forwards = []
-    real = trainer_module.completion_logprobs
-    monkeypatch.setattr(trainer_module, "completion_logprobs", lambda *a, **k: forwards.append(1) or real(*a, **k))
+    real = forward_module.completion_logprobs
+    monkeypatch.setattr(forward_module, "completion_logprobs", lambda *a, **k: forwards.append(1) or real(*a, **k))
     run(small + ["steps=2", "kl=none"], tmp_path / "run")
     assert calls == [] and len(forwards) == 2          # one policy forward per step, as without diag

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from conftest import cli
-from grpo_ablate import report as rep
-from test_report import T_975, hand_ci, make_sweep
+from grpo_ablate.report.build import build_report
+from grpo_ablate.report.render import render_markdown
+from grpo_ablate.report.stats import t_quantile
+from report_fixtures import LOO, LOO_CONTRASTS, T_975, hand_ci, make_sweep
 
 # finals per seed: a helps (+0.10), b helps (+0.05), c barely; a and b together gain 0.08 more
 # than their effects add up to (synergy), a and c lose 0.09 (conflict), b and c just add up
@@ -36,7 +38,7 @@ CONTRASTS = [{"trick": t, "with": t, "without": "base"} for t in "abc"]
 
 def test_interactions_paired_by_seed(tmp_path):
     variants = pairwise_variants()
-    report = rep.build_report(make_sweep(tmp_path / "s", variants, contrasts=CONTRASTS, mode="pairwise"))
+    report = build_report(make_sweep(tmp_path / "s", variants, contrasts=CONTRASTS, mode="pairwise"))
     pairs = {(p["a"], p["b"]): p for p in report.diagnostics["interactions"]}
     assert list(pairs) == [("a", "b"), ("a", "c"), ("b", "c")]
     for (x, y), p in pairs.items():
@@ -53,9 +55,9 @@ def test_interactions_paired_by_seed(tmp_path):
     assert pairs[("a", "c")]["reading"] == "conflict"
     assert pairs[("b", "c")]["reading"].startswith("no evidence")
     # a cost metric reads the same numbers the other way round
-    flipped = rep.build_report(tmp_path / "s", higher_is_better=False).diagnostics["interactions"]
+    flipped = build_report(tmp_path / "s", higher_is_better=False).diagnostics["interactions"]
     assert [p["reading"] for p in flipped][:2] == ["conflict", "synergy"]
-    text = rep.render_markdown(report)
+    text = render_markdown(report)
     assert "## Interactions" in text and "| a | b |" in text and "synergy" in text
     ab = pairs[("a", "b")]["interaction"]
     assert f"{ab.mean:+.3f} [{ab.low:+.3f}, {ab.high:+.3f}]" in text
@@ -64,13 +66,13 @@ def test_interactions_paired_by_seed(tmp_path):
 def test_interactions_welch_when_seeds_differ(tmp_path):
     variants = pairwise_variants()
     del variants["a+b"]["final"][2]              # the pair has seeds 0, 1 only
-    report = rep.build_report(make_sweep(tmp_path / "s", variants, contrasts=CONTRASTS, mode="pairwise"))
+    report = build_report(make_sweep(tmp_path / "s", variants, contrasts=CONTRASTS, mode="pairwise"))
     est = {(p["a"], p["b"]): p for p in report.diagnostics["interactions"]}[("a", "b")]["interaction"]
     sides = [list(variants[n]["final"].values()) for n in ("a+b", "a", "b", "base")]
     mean = np.mean(sides[0]) - np.mean(sides[1]) - np.mean(sides[2]) + np.mean(sides[3])
     parts = [np.var(x, ddof=1) / len(x) for x in sides]
     df = sum(parts) ** 2 / sum(p ** 2 / (len(x) - 1) for p, x in zip(parts, sides))
-    half = rep.t_quantile(0.975, df) * math.sqrt(sum(parts))
+    half = t_quantile(0.975, df) * math.sqrt(sum(parts))
     assert "Welch" in est.basis
     assert (est.mean, est.low, est.high) == pytest.approx((mean, mean - half, mean + half), abs=1e-9)
 
@@ -115,29 +117,28 @@ def test_gradient_conflicts_per_variant(tmp_path):
             "grad_cos/task_reward__length_reward": every5(lambda s: -0.6 if s <= 25 else 0.2),
             # below -0.1 at only 3 of 8: not one
             "grad_cos/policy__kl": every5(lambda s: -0.5 if s <= 15 else 0.1)})
-    report = rep.build_report(sweep)
+    report = build_report(sweep)
     section = {v["variant"]: v for v in report.diagnostics["gradient_conflicts"]["variants"]}
     pairs = {(p["a"], p["b"]): p for p in section["long"]["pairs"]}
     assert pairs[("task_reward", "length_reward")] == {"a": "task_reward", "b": "length_reward", "steps": 16,
                                                        "median": -0.6, "below": 10, "conflict": True}
     assert pairs[("policy", "kl")]["below"] == 6 and not pairs[("policy", "kl")]["conflict"]
     assert not any(p["conflict"] for p in section["base"]["pairs"])
-    text = rep.render_markdown(report)
+    text = render_markdown(report)
     assert "## Gradient conflicts" in text
     assert "- **long**: conflicting: task_reward × length_reward (median cos -0.60, 10/16 steps below -0.1)" in text
     assert "- **base**: no conflicting pair among the 1 logged." in text
     # a stricter threshold: nothing conflicts
-    strict = rep.build_report(sweep, conflict_threshold=-0.7).diagnostics["gradient_conflicts"]
+    strict = build_report(sweep, conflict_threshold=-0.7).diagnostics["gradient_conflicts"]
     assert not any(p["conflict"] for v in strict["variants"] for p in v["pairs"])
     bad = cli("report", str(sweep), "--conflict-threshold", "-2")
     assert bad.returncode == 2 and bad.stderr.startswith("error: --conflict-threshold -2.0 is not allowed")
 
 
 def test_no_diagnostics_section_without_gradients_or_pairs(tmp_path):
-    from test_report import LOO, LOO_CONTRASTS
-    report = rep.build_report(make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS))
+    report = build_report(make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS))
     assert report.diagnostics == {}
-    text = rep.render_markdown(report)
+    text = render_markdown(report)
     assert "## Interactions" not in text and "## Gradient conflicts" not in text
 
 
@@ -158,7 +159,7 @@ def conflict_sweep(tmp_path, trick_final, reward_final, trick_len, reward_len):
                                                   "grad_norm/task_reward": lambda s: 1.0,
                                                   "grad_norm/length_reward": lambda s: 1.0,
                                                   "grad_cos/task_reward__length_reward": lambda s: -0.8})
-    return rep.build_report(sweep)
+    return build_report(sweep)
 
 
 def test_conflict_check_says_whether_directions_agree(tmp_path):
@@ -175,11 +176,11 @@ def test_conflict_check_says_whether_directions_agree(tmp_path):
     assert grads["reward term"]["term"] == "length_reward" and grads["reward term"]["against"] == "task_reward"
     assert grads["reward term"]["median"] == pytest.approx(-0.8) and grads["reward term"]["conflict"]
     assert grads["trick"]["term"] == "entropy" and not grads["trick"]["conflict"]
-    text = rep.render_markdown(report)
+    text = render_markdown(report)
     assert "## Conflict check: t vs r" in text and "**Directions: agree**" in text
     assert "cos(length_reward, task_reward) median -0.80" in text and "it pushes against it" in text
     # the trick raises accuracy, the reward term lowers it: they disagree, do not combine
     report = conflict_sweep(tmp_path / "disagree", {0: 0.70, 1: 0.73, 2: 0.71}, {0: 0.50, 1: 0.53, 2: 0.52},
                             trick_len=12.0, reward_len=12.0)
     check = report.diagnostics["conflict_check"]
-    assert check["overall"] == "disagree" and "do not combine them yet" in rep.render_markdown(report)
+    assert check["overall"] == "disagree" and "do not combine them yet" in render_markdown(report)

@@ -6,7 +6,8 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from grpo_ablate.sampling import lean as lean_decode
 
 from grpo_ablate.models import build_char_tokenizer
-from grpo_ablate.sampling.decode import completion_logprobs, decode_completions, generate, left_pad
+from grpo_ablate.sampling.decode import decode_completions, generate, left_pad
+from grpo_ablate.train.forward import completion_logprobs
 
 TOK = build_char_tokenizer("0123456789+=,;")
 

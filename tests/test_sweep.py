@@ -172,6 +172,7 @@ def test_shipped_sweep_files_plan_cleanly(path, tmp_path, cache_dir):
     (["leave-one-out", "--tricks", "clip_higher", "--base", "dapo"], "already on in the base"),
     (["leave-one-out", "--tricks", "clip_higher", "seed=3"], "use --seeds"),
     (["leave-one-out", "--tricks", "clip_higher", "adv=nope"], "adv=nope is not an option"),
+    (["leave-one-out", "--tricks", "clip_higher", "+adv.epz=0.1"], "adv.epz is not a setting of adv=grpo"),
     (["leave-one-out", "--tricks", "clip_higher", "--launcher", "nope"], "--launcher nope is not allowed"),
     (["factorial", "--family", "adv", "--family", "task.level", "--seeds", "4"], "84 runs, above the limit of 64"),
     (["factorial", "--family", "task.nope"], "not a config group and no known values"),

@@ -1,4 +1,6 @@
 """Real (small) training runs in-process: the run dir contract, determinism, passes, NaNs."""
+import dataclasses
+import functools
 import json
 from types import SimpleNamespace
 
@@ -6,10 +8,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+import grpo_ablate.train.forward as forward_module
 import grpo_ablate.train.grpo as trainer_module
 from grpo_ablate.config import ConfigError, compose
 from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
-from grpo_ablate.tricks.clip import POLICY_LOSSES
+from grpo_ablate.tricks import option, registry
 from grpo_ablate.train.grpo import train
 
 REQUIRED_STEP_KEYS = [
@@ -62,7 +65,7 @@ def test_same_seed_gives_identical_metrics(small, tmp_path):
 class CountingLogprobs:
     def __init__(self):
         self.calls = 0
-        self.wrapped = trainer_module.completion_logprobs
+        self.wrapped = forward_module.completion_logprobs
 
     def __call__(self, *args, **kwargs):
         self.calls += 1
@@ -78,7 +81,7 @@ class CountingLogprobs:
 ])
 def test_no_redundant_forward_passes(small, tmp_path, monkeypatch, extra, forwards_per_step, has_kl):
     counter = CountingLogprobs()
-    monkeypatch.setattr(trainer_module, "completion_logprobs", counter)
+    monkeypatch.setattr(forward_module, "completion_logprobs", counter)
     run(small + ["steps=2"] + extra, tmp_path / "run")
     assert counter.calls == 2 * forwards_per_step
     rows = read_rows(tmp_path / "run" / "metrics.jsonl")
@@ -121,13 +124,14 @@ def test_exploding_weights_mark_the_run_diverged(small, tmp_path):
 def nan_at_step(monkeypatch, bad_steps):
     """Make the policy loss NaN on the given steps (counted from 1)."""
     calls = {"n": 0}
-    real = POLICY_LOSSES["symmetric"]
+    real = option("clip", "symmetric")
 
+    @functools.wraps(real.impl)   # the same signature: the same knobs
     def loss(*args, **kwargs):
         calls["n"] += 1
-        value, stats = real(*args, **kwargs)
+        value, stats = real.impl(*args, **kwargs)
         return (value * float("nan") if calls["n"] in bad_steps else value), stats
-    monkeypatch.setitem(POLICY_LOSSES, "symmetric", loss)
+    monkeypatch.setitem(registry._FAMILIES["clip"], "symmetric", dataclasses.replace(real, impl=loss))
 
 
 def test_forced_nan_loss_marks_the_run_diverged_at_that_step(small, tmp_path, monkeypatch):

@@ -2,18 +2,28 @@
 import pytest
 import torch
 
-from grpo_ablate.tricks.adv import ADV_ESTIMATORS, group_mean_std
+from grpo_ablate.tricks import option, options
+from grpo_ablate.tricks.adv import group_mean_std
 from grpo_ablate.tricks.clip import ppo_clip_loss
-from grpo_ablate.tricks.kl import KL_ESTIMATORS, k1, k2, k3
-from grpo_ablate.tricks.loss_agg import aggregate, masked_mean, token_weights
+from grpo_ablate.tricks.kl import k1, k2, k3
+from grpo_ablate.tricks.loss_agg import aggregate, masked_mean
 
 D = torch.float64
 REWARDS = torch.tensor([1, 0, 0, 0, 1, 1, 1, 0], dtype=D)   # two groups, G = 4
 GROUPS = torch.arange(2).repeat_interleave(4)
 
 
-def adv(name, rewards=REWARDS, groups=GROUPS, **kw):
-    return ADV_ESTIMATORS[name].fn(rewards, groups, **kw)
+def adv(name, rewards=REWARDS, groups=GROUPS, mask=None, values=None, **knobs):
+    return option("adv", name).impl(rewards, groups, mask, values, **knobs)
+
+
+def impl(family, name):
+    """The registered function (or class) of an option."""
+    return option(family, name).impl
+
+
+def token_weights(mask, mode, max_len=None):
+    return impl("loss_agg", mode)(mask, max_len)
 
 
 # ---------------------------------------------------------------- family adv
@@ -101,7 +111,7 @@ def test_token_mean_counts_tokens_globally_not_per_micro_batch():
 
 
 def test_unknown_mode_names_the_allowed_ones():
-    with pytest.raises(ValueError, match="token_mean"):
+    with pytest.raises(LookupError, match="token_mean"):
         token_weights(MASK, "nope")
 
 
@@ -184,7 +194,7 @@ def test_kl_estimator_gradient_facts():
     torch.testing.assert_close(_expected_gradient(k1, logits, ref_logp), torch.zeros(7, dtype=D))
     torch.testing.assert_close(_expected_gradient(k2, logits, ref_logp), reverse_kl)
     torch.testing.assert_close(_expected_gradient(k3, logits, ref_logp), forward_kl)
-    assert set(KL_ESTIMATORS) == {"k1", "k2", "k3"}
+    assert set(options("kl.estimator")) == {"k1", "k2", "k3"}
 
 
 def test_masked_mean():
@@ -233,21 +243,19 @@ def test_rpp_baseline_vector_and_token_weighting():
 
 def test_global_reward_norm_algebra():
     """global-then-grpo equals grpo up to eps; global-then-dr_grpo equals lite."""
-    from grpo_ablate.tricks.reward_norm import REWARD_NORMS
-    normed = REWARD_NORMS["batch"](REWARDS, eps=0.0)
+    normed = impl("reward_norm", "batch")(REWARDS, eps=0.0)
     torch.testing.assert_close(adv("grpo", normed, eps=1e-9), adv("grpo", eps=1e-9), atol=1e-6, rtol=0)
     torch.testing.assert_close(adv("dr_grpo", normed), adv("lite", eps=0.0))
-    assert torch.equal(REWARD_NORMS["none"](REWARDS), REWARDS)
+    assert torch.equal(impl("reward_norm", "none")(REWARDS), REWARDS)
 
 
 def test_adv_clip_cuts_the_lone_success():
-    from grpo_ablate.tricks.adv_clip import ADV_CLIPS
     rewards = torch.zeros(16, dtype=D)
     rewards[0] = 1
     a = adv("grpo", rewards, torch.zeros(16, dtype=torch.long))
-    clipped, frac = ADV_CLIPS["clip"](a, c=2.0)
+    clipped, frac = impl("adv_clip", "clip")(a, c=2.0)
     assert clipped[0].item() == 2.0 and torch.equal(clipped[1:], a[1:]) and frac.item() == 1 / 16
-    same, zero = ADV_CLIPS["none"](a)
+    same, zero = impl("adv_clip", "none")(a)
     assert torch.equal(same, a) and zero.item() == 0
 
 
@@ -269,8 +277,8 @@ def test_dual_clip_values_and_zero_gradient_beyond_c():
 
 def test_clip_higher_lets_positive_tokens_grow_further():
     logp = torch.log(torch.tensor([1.25], dtype=D)).requires_grad_(True)
-    sym, _ = ppo_clip_loss(logp, torch.zeros(1, dtype=D), torch.ones(1, dtype=D), 0.2, 0.2)
-    higher, _ = ppo_clip_loss(logp, torch.zeros(1, dtype=D), torch.ones(1, dtype=D), 0.2, 0.28)
+    sym, _ = ppo_clip_loss(logp, torch.zeros(1, dtype=D), torch.ones(1, dtype=D), eps_low=0.2, eps_high=0.2)
+    higher, _ = ppo_clip_loss(logp, torch.zeros(1, dtype=D), torch.ones(1, dtype=D), eps_low=0.2, eps_high=0.28)
     assert sym.item() == pytest.approx(-1.2) and higher.item() == pytest.approx(-1.25)
 
 
@@ -283,22 +291,20 @@ def test_soft_overlong_penalty_vector():
 
 
 def test_overlong_soft_punish_adds_to_the_reward():
-    from grpo_ablate.tricks.overlong import OVERLONG
     rewards = torch.tensor([1.0, 1.0, 0.0], dtype=D)
     lengths = torch.tensor([4.0, 7.0, 8.0], dtype=D)
     truncated = torch.tensor([False, False, True])
-    shaped, keep, penalty = OVERLONG["soft_punish"](rewards, lengths, truncated, 8, buffer=4, factor=1.0)
+    shaped, keep, penalty = impl("overlong", "soft_punish")(rewards, lengths, truncated, 8, buffer=4, factor=1.0)
     torch.testing.assert_close(penalty, torch.tensor([0.0, -0.75, -1.0], dtype=D))
     torch.testing.assert_close(shaped, rewards + penalty)
     assert keep.all()
 
 
 def test_overlong_filter_zero_gradient_but_still_in_the_group_mean():
-    from grpo_ablate.tricks.overlong import OVERLONG
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0], dtype=D)
     truncated = torch.tensor([False, False, True, False])
     lengths = torch.tensor([3.0, 3.0, 4.0, 2.0], dtype=D)
-    shaped, keep, _ = OVERLONG["filter"](rewards, lengths, truncated, 4)
+    shaped, keep, _ = impl("overlong", "filter")(rewards, lengths, truncated, 4)
     assert torch.equal(shaped, rewards) and keep.tolist() == [True, True, False, True]
     groups = torch.zeros(4, dtype=torch.long)
     a = adv("grpo", shaped, groups)
@@ -314,27 +320,25 @@ def test_overlong_filter_zero_gradient_but_still_in_the_group_mean():
 
 # ---------------------------------------------------------------- family length
 def test_length_penalty_and_group_reward():
-    from grpo_ablate.tricks.length import LENGTH_REWARDS
     rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 1.0], dtype=D)
     lengths = torch.tensor([2.0, 4.0, 6.0, 6.0, 5.0, 5.0], dtype=D)
     groups = torch.tensor([0, 0, 0, 0, 1, 1])
     correct = rewards > 0
-    shaped, bonus = LENGTH_REWARDS["penalty"](rewards, lengths, groups, correct, 10, lam=0.1)
+    shaped, bonus = impl("length", "penalty")(rewards, lengths, groups, correct, 10, lam=0.1)
     torch.testing.assert_close(bonus, -0.1 * lengths / 10)
-    shaped, bonus = LENGTH_REWARDS["group"](rewards, lengths, groups, correct, 10, weight=1.0)
+    shaped, bonus = impl("length", "group")(rewards, lengths, groups, correct, 10, weight=1.0)
     # group 0: lam = 0.5 - (len - 2)/4 = [0.5, 0, -0.5, -0.5]; wrong answers never gain;
     # group 1: equal lengths -> 0
     torch.testing.assert_close(bonus, torch.tensor([0.5, 0.0, -0.5, -0.5, 0.0, 0.0], dtype=D))
     torch.testing.assert_close(shaped, rewards + bonus)
-    short_wrong = LENGTH_REWARDS["group"](torch.zeros(2, dtype=D), torch.tensor([1.0, 3.0], dtype=D),
+    short_wrong = impl("length", "group")(torch.zeros(2, dtype=D), torch.tensor([1.0, 3.0], dtype=D),
                                           torch.zeros(2, dtype=torch.long), torch.tensor([False, False]), 10)[1]
     torch.testing.assert_close(short_wrong, torch.tensor([0.0, -0.5], dtype=D))
 
 
 # ---------------------------------------------------------------- controllers
 def test_adaptive_entropy_coefficient():
-    from grpo_ablate.tricks.entropy import ENTROPY_CONTROLLERS
-    ctl = ENTROPY_CONTROLLERS["adaptive"](coef=0.0, target=0.2, delta=0.005, coef_min=0.0, coef_max=0.01)
+    ctl = impl("entropy", "adaptive")(coef=0.0, target=0.2, delta=0.005, coef_min=0.0, coef_max=0.01)
     assert ctl.coef == 0.0
     coefs = []
     for h in (0.1, 0.1, 0.1, 0.5, 0.1):
@@ -342,32 +346,30 @@ def test_adaptive_entropy_coefficient():
         coefs.append(round(ctl.coef, 6))
     # rises while H <= target (capped at coef_max); off (and falling) while H > target
     assert coefs == [0.005, 0.01, 0.01, 0.0, 0.01]
-    assert ENTROPY_CONTROLLERS["none"](coef=0.0).coef == 0.0
+    assert impl("entropy", "none")(coef=0.0).coef == 0.0
 
 
 def test_kl_controllers():
-    from grpo_ablate.tricks.kl import KL_CONTROLLERS
-    th = KL_CONTROLLERS["adaptive"](beta=0.04, threshold=0.02, growth=0.1, beta_max=0.05)
+    th = impl("kl", "adaptive")(beta=0.04, threshold=0.02, growth=0.1, beta_max=0.05)
     betas = []
     for kl in (0.01, 0.03, 0.03, 0.03, 0.01):
         th.update(kl, 64)
         betas.append(round(th.beta, 6))
     assert betas == [0.04, 0.044, 0.0484, 0.05, 0.05]     # rises only above the threshold, capped
-    target = KL_CONTROLLERS["adaptive_target"](beta=0.04, target=0.02, horizon=10000)
+    target = impl("kl", "adaptive_target")(beta=0.04, target=0.02, horizon=10000)
     target.update(0.1, 100)       # KL 5x the target: error clipped at +0.2
     assert target.beta == pytest.approx(0.04 * (1 + 0.2 * 100 / 10000))
     target.update(0.015, 100)     # error -0.25 clipped at -0.2
     assert target.beta == pytest.approx(0.04 * (1 + 0.2 * 0.01) * (1 - 0.2 * 0.01))
     state = target.state_dict()
-    again = KL_CONTROLLERS["adaptive_target"](beta=1.0)
+    again = impl("kl", "adaptive_target")(beta=1.0)
     again.load_state_dict(state)
     assert again.beta == target.beta
 
 
 # ---------------------------------------------------------------- family temperature
 def test_learnable_temperature_gets_a_gradient_and_moves():
-    from grpo_ablate.tricks.temperature import TEMPERATURES
-    temp = TEMPERATURES["learnable"](value=1.0, lr=0.1, t_min=0.5, t_max=2.0)
+    temp = impl("temperature", "learnable")(value=1.0, lr=0.1, t_min=0.5, t_max=2.0)
     torch.manual_seed(0)
     logits = torch.randn(6, 5, dtype=D)
     tokens = torch.tensor([0, 1, 2, 3, 4, 0])
@@ -381,29 +383,28 @@ def test_learnable_temperature_gets_a_gradient_and_moves():
     opt.step()
     assert temp.value != before and 0.5 <= temp.value <= 2.0
     state = temp.state_dict()
-    other = TEMPERATURES["learnable"](value=1.5)
+    other = impl("temperature", "learnable")(value=1.5)
     other.load_state_dict(state)
     assert other.value == pytest.approx(temp.value)
-    assert TEMPERATURES["fixed"](value=0.7).current() == 0.7
+    assert impl("temperature", "fixed")(value=0.7).current() == 0.7
 
 
 # ---------------------------------------------------------------- family kl_weight
 def test_kl_weights():
-    from grpo_ablate.tricks.kl_weight import KL_WEIGHTS
     mask = torch.ones(2, 6, dtype=D)
     entropy = torch.tensor([[1.0, 1, 1, 1, 1, 1], [3, 3, 3, 3, 3, 3]], dtype=D)
-    assert torch.equal(KL_WEIGHTS["uniform"](mask, entropy), torch.ones(2, 6, dtype=D))
-    w = KL_WEIGHTS["length_budget"](mask, entropy, budget=2, alpha=1.0)
+    assert torch.equal(impl("kl_weight", "uniform")(mask, entropy), torch.ones(2, 6, dtype=D))
+    w = impl("kl_weight", "length_budget")(mask, entropy, budget=2, alpha=1.0)
     torch.testing.assert_close(w[0], torch.tensor([1, 1, 1, 1.5, 2, 2.5], dtype=D))
-    e = KL_WEIGHTS["entropy"](mask, entropy)
+    e = impl("kl_weight", "entropy")(mask, entropy)
     torch.testing.assert_close(e, entropy / 2, atol=1e-7, rtol=0)   # mean 1 over the batch
     assert (e * mask).sum() / mask.sum() == pytest.approx(1.0)
 
 
 def test_kl_in_reward_controller_and_penalty():
-    from grpo_ablate.tricks.kl import KL_CONTROLLERS, kl_reward_penalty
-    in_reward = KL_CONTROLLERS["in_reward"](beta=0.1)
-    fixed = KL_CONTROLLERS["fixed"](beta=0.1)
+    from grpo_ablate.tricks.kl import kl_reward_penalty
+    in_reward = impl("kl", "in_reward")(beta=0.1)
+    fixed = impl("kl", "fixed")(beta=0.1)
     assert (in_reward.loss_beta, in_reward.reward_beta) == (0.0, 0.1)
     assert (fixed.loss_beta, fixed.reward_beta) == (0.1, 0.0)
     old = torch.tensor([[-1.0, -2.0, -3.0]], dtype=D)
@@ -440,22 +441,56 @@ def test_gae_discounted_by_hand():
 def test_gae_estimator_whitens_over_tokens():
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=D)
     values = torch.tensor([[0.2, 0.5, 0.9], [0.1, -0.3, 0.0]], dtype=D)
-    a = ADV_ESTIMATORS["gae"].fn(torch.tensor([1.0, 0.0], dtype=D), None, mask=mask, values=values)
-    assert ADV_ESTIMATORS["gae"].uses_values and not ADV_ESTIMATORS["gae"].uses_group_statistic
+    a = impl("adv", "gae")(torch.tensor([1.0, 0.0], dtype=D), None, mask, values)
+    assert option("adv", "gae").uses_values and not option("adv", "gae").uses_group_statistic
     assert (a * mask).sum().abs() < 1e-9 and ((a * mask) ** 2).sum() / mask.sum() == pytest.approx(1.0, abs=1e-6)
     assert a[1, 2] == 0
 
 
 def test_value_losses_and_explained_variance():
-    from grpo_ablate.tricks.value import VALUE_LOSSES, explained_variance
+    from grpo_ablate.tricks.value import explained_variance
     values = torch.tensor([1.0, 0.0], dtype=D)
     old = torch.tensor([0.5, 0.5], dtype=D)
     ret = torch.tensor([0.0, 0.0], dtype=D)
-    torch.testing.assert_close(VALUE_LOSSES["none"](values, old, ret), torch.tensor([0.5, 0.0], dtype=D))
+    torch.testing.assert_close(impl("value_clip", "none")(values, old, ret), torch.tensor([0.5, 0.0], dtype=D))
     # clipped: V_old + clip(V - V_old, -0.2, 0.2) = [0.7, 0.3]; loss = 0.5 max(unclipped^2, clipped^2)
-    torch.testing.assert_close(VALUE_LOSSES["clip"](values, old, ret, eps=0.2),
+    torch.testing.assert_close(impl("value_clip", "clip")(values, old, ret, eps=0.2),
                                torch.tensor([0.5, 0.5 * 0.09], dtype=D))
     mask = torch.ones(4, dtype=D)
     r = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=D)
     assert explained_variance(r, r, mask).item() == pytest.approx(1.0)
     assert explained_variance(torch.full_like(r, 2.5), r, mask).item() == pytest.approx(0.0)
+
+
+# ---------------------------------------------------------------- the registry
+def test_registry_refuses_a_duplicate_name_and_a_different_calling_convention():
+    from grpo_ablate.tricks.registry import register
+
+    with pytest.raises(ValueError, match="adv=grpo is registered twice"):
+        register("adv", "grpo")(lambda rewards, group_index, mask, values: rewards)
+    with pytest.raises(TypeError, match=r"takes \(rewards\), but the family's options take"):
+        register("adv", "odd_one")(lambda rewards: rewards)
+    assert "odd_one" not in options("adv")
+
+
+def test_registry_miss_lists_the_allowed_names_and_bind_checks_knobs():
+    with pytest.raises(LookupError, match="adv=nope is not allowed; allowed: batch, dr_grpo, gae, grpo"):
+        option("adv", "nope")
+    assert option("overlong", "soft_punish").knobs == {"buffer": 4096, "factor": 1.0}
+    with pytest.raises(TypeError, match="overlong=soft_punish has no option bufer; allowed: buffer, factor"):
+        option("overlong", "soft_punish").bind({"bufer": 3})
+    bound = option("reward_norm", "batch").bind({"eps": 0.0})
+    torch.testing.assert_close(bound(REWARDS), impl("reward_norm", "batch")(REWARDS, eps=0.0))
+
+
+def test_every_family_yaml_sets_only_knobs_of_its_option():
+    """conf/<family>/<option>.yaml: every key is a knob of the registered option (or a key the
+    trainer reads), so a YAML typo fails here, not in a user's run."""
+    from grpo_ablate.config import CONFIG_ONLY_FAMILIES, check_family_keys, compose, trick_families
+    from grpo_ablate.tricks import families
+
+    for family in trick_families():
+        names = CONFIG_ONLY_FAMILIES.get(family) or options(family)
+        for name in names:
+            check_family_keys(compose([f"{family}={name}"]), family)
+    assert set(trick_families()) >= {f for f in families() if "." not in f}

@@ -11,7 +11,8 @@ import grpo_ablate.config as config_module
 from conftest import cli
 from grpo_ablate.config import ConfigError, check_here, compose
 from grpo_ablate.models import load_model_and_tokenizer
-from grpo_ablate.sampling.decode import completion_logprobs, generate
+from grpo_ablate.sampling.decode import generate
+from grpo_ablate.train.forward import completion_logprobs
 from grpo_ablate.rundir import read_rows
 from grpo_ablate.train.grpo import train
 from test_real_models import MOVES, hf_run

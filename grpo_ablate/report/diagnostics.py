@@ -1,7 +1,7 @@
 """The report's diagnostics sections: gradient conflicts, pairwise interactions, conflict checks.
 
-Read by `grpo_ablate.report` (it calls `analyse`, `markdown_sections` and `plot`); like the
-report, it reads only what the runs logged and imports no torch.
+`build.py` calls `analyse`, `render.py` `markdown_sections` and `plots.py` `plot`; like the
+rest of the report, it reads only what the runs logged and imports no torch.
 
 - **Gradient conflicts** (any run with `diag.grad_conflict=true`): per variant, the pairs of
   loss terms / reward components whose gradient cosine (`grad_cos/<a>__<b>`) is below the
@@ -22,8 +22,11 @@ import itertools
 import math
 
 import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
-from grpo_ablate import report as rep
+from grpo_ablate.report.formatting import fmt_estimate, fmt_num
+from grpo_ablate.report.stats import Estimate, delta_ci, final_value, kl_column, mean_ci, t_quantile
 
 DEFAULT_CONFLICT_THRESHOLD = -0.1
 COS_PREFIX, NORM_PREFIX = "grad_cos/", "grad_norm/"
@@ -107,22 +110,22 @@ def _finals(report) -> dict[str, dict]:
     out = {v["name"]: {} for v in report.sweep.variants}
     for r in report.sweep.runs:
         if r.state == "completed" and r.variant in out:
-            value = rep.final_value(r.metrics, report.metric)
+            value = final_value(r.metrics, report.metric)
             if value is not None and math.isfinite(value):
                 out[r.variant][r.key] = value
     return out
 
 
-def interaction_ci(ab: dict, a: dict, b: dict, base: dict, level: float = 0.95) -> rep.Estimate:
+def interaction_ci(ab: dict, a: dict, b: dict, base: dict, level: float = 0.95) -> Estimate:
     """I = m(ab) − m(a) − m(b) + m(base) with its interval. Paired over seeds when all four
     have the same seeds (the per-seed I_s is then a t-interval); otherwise the four means are
     independent: var = Σ s_i²/n_i with Welch–Satterthwaite degrees of freedom (each n_i >= 2)."""
     sides = [ab, a, b, base]
     if not all(sides):
-        return rep.Estimate()
+        return Estimate()
     if all(s.keys() == ab.keys() for s in sides):
         seeds = sorted(ab, key=str)
-        est = rep.mean_ci([ab[s] - a[s] - b[s] + base[s] for s in seeds], level)
+        est = mean_ci([ab[s] - a[s] - b[s] + base[s] for s in seeds], level)
         est.basis = f"paired over seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
         return est
     arrays = [np.array(list(s.values()), dtype=float) for s in sides]
@@ -131,17 +134,17 @@ def interaction_ci(ab: dict, a: dict, b: dict, base: dict, level: float = 0.95) 
     basis = "Welch, n=" + "/".join(str(len(x)) for x in arrays) + " (seeds differ)"
     n_min = min(len(x) for x in arrays)
     if n_min < 2:
-        return rep.Estimate(mean, None, None, n_min, basis + ", no CI")
+        return Estimate(mean, None, None, n_min, basis + ", no CI")
     parts = [x.var(ddof=1) / len(x) for x in arrays]
     var = sum(parts)
     if var == 0.0:
-        return rep.Estimate(mean, mean, mean, n_min, basis)
+        return Estimate(mean, mean, mean, n_min, basis)
     df = var ** 2 / sum(p ** 2 / (len(x) - 1) for p, x in zip(parts, arrays))
-    half = rep.t_quantile(0.5 + level / 2, df) * math.sqrt(var)
-    return rep.Estimate(mean, mean - half, mean + half, n_min, basis)
+    half = t_quantile(0.5 + level / 2, df) * math.sqrt(var)
+    return Estimate(mean, mean - half, mean + half, n_min, basis)
 
 
-def _reading(est: rep.Estimate, higher_is_better: bool) -> str:
+def _reading(est: Estimate, higher_is_better: bool) -> str:
     if est.mean is None:
         return "no estimate: a variant has no completed run"
     if not est.has_ci:
@@ -176,9 +179,9 @@ def interactions(report) -> list[dict]:
         if broke(pair) and not broke(va) and not broke(vb):
             reading += f"; the pair broke training in {len(broke(pair))} run(s), neither trick alone did"
         out.append({"a": a, "b": b, "pair_variant": pair, "interaction": est, "reading": reading,
-                    "delta_a": rep.delta_ci(finals[va], finals[base]),
-                    "delta_b": rep.delta_ci(finals[vb], finals[base]),
-                    "delta_ab": rep.delta_ci(finals[pair], finals[base])})
+                    "delta_a": delta_ci(finals[va], finals[base]),
+                    "delta_b": delta_ci(finals[vb], finals[base]),
+                    "delta_ab": delta_ci(finals[pair], finals[base])})
     return out
 
 
@@ -192,10 +195,10 @@ def _interaction_lines(report, pairs: list[dict]) -> list[str]:
              "| a | b | Δ_a | Δ_b | Δ_ab | interaction I_ab (95% CI) | basis | reading |", "|---|---|---|---|---|---|---|---|"]
     for p in pairs:
         est = p["interaction"]
-        ci = (f"{rep._num(est.mean, signed=True)} [{rep._num(est.low, signed=True)}, {rep._num(est.high, signed=True)}]"
-              if est.has_ci else rep._num(est.mean, signed=True))
-        lines.append(f"| {p['a']} | {p['b']} | {rep._estimate_cell(p['delta_a'], True)} | "
-                     f"{rep._estimate_cell(p['delta_b'], True)} | {rep._estimate_cell(p['delta_ab'], True)} | {ci} | "
+        ci = (f"{fmt_num(est.mean, signed=True)} [{fmt_num(est.low, signed=True)}, {fmt_num(est.high, signed=True)}]"
+              if est.has_ci else fmt_num(est.mean, signed=True))
+        lines.append(f"| {p['a']} | {p['b']} | {fmt_estimate(p['delta_a'], True)} | "
+                     f"{fmt_estimate(p['delta_b'], True)} | {fmt_estimate(p['delta_ab'], True)} | {ci} | "
                      f"{est.basis} | {p['reading']} |")
     lines += ["", "The heatmap `interactions.png` (under Figures) draws I_ab for every pair."]
     return lines
@@ -214,7 +217,7 @@ def _pair_values(runs, a: str, b: str) -> np.ndarray:
     return np.array([])
 
 
-def _direction(est: rep.Estimate) -> str:
+def _direction(est: Estimate) -> str:
     """+ / − when the CI excludes 0, 0 when it spans it, +? / −? from the means alone (no CI)."""
     if est.mean is None:
         return "n/a"
@@ -246,11 +249,11 @@ def conflict_check(report, threshold: float) -> dict | None:
         for n, runs in runs_of.items():
             values[n] = {}
             for r in runs:
-                col = rep.kl_column(r.metrics) if column == "kl" else column
-                value = rep.final_value(r.metrics, col) if col and r.state == "completed" else None
+                col = kl_column(r.metrics) if column == "kl" else column
+                value = final_value(r.metrics, col) if col and r.state == "completed" else None
                 if value is not None and math.isfinite(value):
                     values[n][r.key] = value
-        d_trick, d_reward = rep.delta_ci(values[trick], values["base"]), rep.delta_ci(values[reward], values["base"])
+        d_trick, d_reward = delta_ci(values[trick], values["base"]), delta_ci(values[reward], values["base"])
         if d_trick.mean is None and d_reward.mean is None:
             continue
         dirs = (_direction(d_trick), _direction(d_reward))
@@ -296,8 +299,8 @@ def _check_lines(report, check: dict) -> list[str]:
              "excludes 0, 0 when it spans it, +? / −? from means alone (no CI).", "",
              f"| metric | Δ {trick} | Δ {reward} | directions | |", "|---|---|---|---|---|"]
     for row in check["rows"]:
-        lines.append(f"| {row['metric']} | {rep._estimate_cell(row['delta_trick'], True)} | "
-                     f"{rep._estimate_cell(row['delta_reward'], True)} | {row['direction_trick']} / "
+        lines.append(f"| {row['metric']} | {fmt_estimate(row['delta_trick'], True)} | "
+                     f"{fmt_estimate(row['delta_reward'], True)} | {row['direction_trick']} / "
                      f"{row['direction_reward']} | {row['agreement']} |")
     lines += ["", "Gradients (from `grad_cos/*` of the same runs): the new term of each variant against the "
               "task reward's gradient (the reward term) or the policy term's (the trick).", ""]
@@ -325,7 +328,7 @@ def markdown_sections(report) -> list[str]:
     return out
 
 
-def plot(report, out_dir, plt) -> list[tuple[str, str]]:
+def plot(report, out_dir) -> list[tuple[str, str]]:
     """The interaction heatmap (interactions.png): I_ab per pair, CI in the cell, blue synergy,
     red conflict; a cell whose CI spans zero is hatched."""
     pairs = (getattr(report, "diagnostics", None) or {}).get("interactions") or []
@@ -342,7 +345,8 @@ def plot(report, out_dir, plt) -> list[tuple[str, str]]:
             if x is not None]
     limit = max(ends, default=0.0) or 1.0
     size = 1.6 + 1.3 * len(tricks)
-    fig, ax = plt.subplots(figsize=(size + 1.5, size))
+    fig = Figure(figsize=(size + 1.5, size))
+    ax = fig.subplots()
     image = ax.imshow(grid, cmap="RdBu" if report.higher_is_better else "RdBu_r", vmin=-limit, vmax=limit)
     for p in pairs:
         est = p["interaction"]
@@ -353,7 +357,7 @@ def plot(report, out_dir, plt) -> list[tuple[str, str]]:
             dark = est.mean is not None and abs(est.mean) > 0.6 * limit   # white on a deep colour
             ax.text(j, i, text, ha="center", va="center", fontsize=8, color="white" if dark else "black")
             if spans:
-                ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="//", lw=0, alpha=0.4))
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="//", lw=0, alpha=0.4))
     ax.set_xticks(range(len(tricks)), tricks, rotation=30, ha="right", fontsize=8)
     ax.set_yticks(range(len(tricks)), tricks, fontsize=8)
     fig.colorbar(image, ax=ax, label=f"Δ_ab − Δ_a − Δ_b ({report.metric})")
@@ -362,5 +366,4 @@ def plot(report, out_dir, plt) -> list[tuple[str, str]]:
                  fontsize=9)
     fig.tight_layout()
     fig.savefig(out_dir / "interactions.png", dpi=110)
-    plt.close(fig)
     return [("Interactions", "interactions.png")]

@@ -12,6 +12,8 @@ with the run-dir contract of a GRPO run and the metric keys it shares with one:
                    `tokens`: each step trains on B x G fresh reference solutions, as many
                    completions as a GRPO step trains on; `wall`: `control.wall_s` seconds of
                    training in all, spread evenly over the steps.
+
+Both run in the same skeleton as a GRPO run (train/run.py): resume, schedule, status.
 """
 from __future__ import annotations
 
@@ -21,15 +23,17 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from grpo_ablate.config import ConfigError, config_hash, validate
-from grpo_ablate.train.distributed import DataParallel
-from grpo_ablate.sampling.engines import HFEngine, Rollouts
+from grpo_ablate.config import validate
+from grpo_ablate.errors import ConfigError
 from grpo_ablate.models import (ensure_warm_started, load_model_and_tokenizer, model_device, stop_token_ids,
                                 supervised_batch)
+from grpo_ablate.sampling.engines import HFEngine, Rollouts
 from grpo_ablate.sampling.prompts import PromptEncoder
 from grpo_ablate.tasks import build_task
-from grpo_ablate.train.run_log import RunLog, save_checkpoint
-from grpo_ablate.train.grpo import RunResult, _progress, already_finished, evaluate, open_run_dir, sample_groups
+from grpo_ablate.train.distributed import DataParallel
+from grpo_ablate.train.run import (Optimization, RunResult, StepResult, already_finished, attention_implementation,
+                                   evaluate, finished_result, open_run_dir, prepare_process, run_steps)
+from grpo_ablate.train.step import sample_groups
 
 
 def run_control(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), console=None) -> RunResult:
@@ -38,125 +42,95 @@ def run_control(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (),
     validate(cfg)
     if DataParallel().world > 1:
         raise ConfigError("control runs train in one process; launch control=base|sft without torchrun")
-    device = model_device(cfg.model)
-    torch.set_flush_denormal(True)          # as in the trainer: denormals are ~100x slower on CPUs
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
-    torch.manual_seed(cfg.seed)
-    kind, steps = cfg.control.name, int(cfg.steps)
-    B, G = int(cfg.rollout.prompts_per_step), int(cfg.rollout.group_size)
-    lean = bool(cfg.rollout.lean_decoder)
-
-    # --- resume or fresh start (the same rules as a GRPO run) ------------------------------
-    status, checkpoint = open_run_dir(cfg, run_dir)
+    prepare_process(cfg)
+    status, checkpoint = open_run_dir(cfg, run_dir)   # the same resume rules as a GRPO run
     if already_finished(status, cfg):
-        say(f"{run_dir} is already {status['state']} at step {status['step']}; nothing to do")
-        return RunResult(status["state"], status["step"], run_dir)
+        return finished_result(status, run_dir, say)
+    control = ControlStep(cfg, model_device(cfg.model), checkpoint, say)
+    return run_steps(cfg, run_dir, overrides, control, checkpoint, console)
 
-    task = build_task(cfg.task)
-    if kind == "sft" and not getattr(task.train_batch(1, 0, 0)[0], "solution", None):
-        raise ConfigError(f"control=sft trains on the task's reference solutions, and task={cfg.task.name} "
-                          "has none; use control=base")
-    model_path = cfg.model.path or ensure_warm_started(cfg.model, task, log=say)
-    attn = cfg.model.attn_implementation
-    attn = ("eager" if device.type == "cpu" else None) if attn == "auto" else attn
-    policy, tokenizer = load_model_and_tokenizer(checkpoint or model_path, attn_implementation=attn)
-    policy = policy.to(device)
-    encode = PromptEncoder(tokenizer, task)          # the prompts exactly as a GRPO run sees them
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
-                                  weight_decay=cfg.optim.weight_decay)
-    warmup = max(1, int(cfg.optim.warmup_steps))
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
-    sampler = torch.Generator().manual_seed(int(cfg.seed))
-    rollouts = Rollouts(HFEngine(policy, lean), tokenizer, encode, task, DataParallel(), device,
-                        eos_id=stop_token_ids(policy, tokenizer), max_new_tokens=int(cfg.rollout.max_new_tokens),
-                        seed=int(cfg.seed), rng="stream", stream=sampler)
-    start_step, trained_s = 0, 0.0
-    if checkpoint is not None:
-        state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
-        optimizer.load_state_dict(state["optimizer"])
-        schedule.load_state_dict(state["schedule"])
-        sampler.set_state(state["sampler"])
-        start_step, trained_s = state["step"], state["trained_s"]
-        say(f"resuming {run_dir} from step {start_step}")
-    log = RunLog(run_dir, cfg, list(overrides), config_hash(cfg),
-                 resume_step=start_step if checkpoint is not None else None)
-    eval_problems = task.eval_set()
-    run_started = time.perf_counter()
-    result, step, progress = RunResult("running", start_step, run_dir), start_step, None
 
-    def supervised_update(problems) -> tuple[float, float, int]:
+class ControlStep:
+    """The `Trainer` of a control run (train/run.py): sample and change nothing (base), or one
+    step's budget of supervised updates on reference solutions (sft)."""
+
+    def __init__(self, cfg: DictConfig, device: torch.device, checkpoint: Path | None, say):
+        self.cfg, self.kind, self.device = cfg, cfg.control.name, device
+        self.task = build_task(cfg.task)
+        if self.kind == "sft" and not getattr(self.task.train_batch(1, 0, 0)[0], "solution", None):
+            raise ConfigError(f"control=sft trains on the task's reference solutions, and task={cfg.task.name} "
+                              "has none; use control=base")
+        model_path = cfg.model.path or ensure_warm_started(cfg.model, self.task, log=say)
+        self.model, self.tokenizer = load_model_and_tokenizer(checkpoint or model_path,
+                                                              attn_implementation=attention_implementation(cfg, device))
+        self.model = self.model.to(device)
+        self.encode = PromptEncoder(self.tokenizer, self.task)   # the prompts exactly as a GRPO run sees them
+        self.optim = Optimization(self.model.parameters(), cfg)
+        self.rollouts = Rollouts(HFEngine(self.model, bool(cfg.rollout.lean_decoder)), self.tokenizer, self.encode,
+                                 self.task, DataParallel(), device, eos_id=stop_token_ids(self.model, self.tokenizer),
+                                 max_new_tokens=int(cfg.rollout.max_new_tokens), seed=int(cfg.seed), rng="stream",
+                                 stream=self.optim.sampler)
+        self.eval_problems = self.task.eval_set()
+        self.trained_s = 0.0      # seconds of supervised training so far (the wall budget)
+        self.started = time.perf_counter()
+
+    def step(self, step: int) -> StepResult:
+        started = time.perf_counter()
+        metrics = {"step": step, **(self.sample(step) if self.kind == "base" else self.supervised(step))}
+        now = time.perf_counter()
+        metrics.update({"time/step_s": now - started, "time/elapsed_s": now - self.started,
+                        "perf/tokens_per_s": metrics["perf/completion_tokens"] / max(now - started, 1e-9)})
+        return StepResult(metrics)
+
+    def sample(self, step: int) -> dict:
+        """Sample exactly as a GRPO step would, and change nothing."""
+        self.model.eval()
+        batch = sample_groups(self.rollouts, self.task, self.cfg, step, float(self.cfg.temperature.value))
+        lengths = batch.roll.lengths
+        return {"reward/mean": batch.scores.mean().item(),
+                "reward/std": batch.scores.std().item() if batch.scores.numel() > 1 else 0.0,
+                "train/accuracy": batch.scores.mean().item(),
+                "length/mean": lengths.float().mean().item(),
+                "length/max": lengths.max().item(),
+                "length/truncated_frac": batch.roll.truncated.float().mean().item(),
+                "perf/completion_tokens": int(lengths.sum())}
+
+    def supervised(self, step: int) -> dict:
+        """The SFT budget: B x G solutions a step, or this step's share of control.wall_s."""
+        cfg = self.cfg
+        B, G = int(cfg.rollout.prompts_per_step), int(cfg.rollout.group_size)
+        losses, norms, tokens, updates = [], [], 0, 0
+        while True:
+            problems = self.task.train_batch(B * G, int(cfg.seed), step, updates)
+            t0 = time.perf_counter()
+            loss, norm, n_tokens = self.supervised_update(problems)
+            self.trained_s += time.perf_counter() - t0
+            losses.append(loss), norms.append(norm)
+            tokens, updates = tokens + n_tokens, updates + 1
+            if cfg.control.budget == "tokens" or self.trained_s >= float(cfg.control.wall_s) * step / int(cfg.steps):
+                break
+        return {"loss": sum(losses) / len(losses), "optim/grad_norm": norms[-1],
+                "optim/lr": self.optim.schedule.get_last_lr()[0], "perf/completion_tokens": tokens}
+
+    def supervised_update(self, problems) -> tuple[float, float, int]:
         """One AdamW step on the reference solutions (mean NLL of solution tokens + EOS)."""
-        policy.train()
-        ids, mask, labels = supervised_batch(tokenizer, [encode(p) for p in problems],
-                                             [p.solution for p in problems], device)
-        loss = policy(input_ids=ids, attention_mask=mask, labels=labels).loss
-        optimizer.zero_grad(set_to_none=True)
+        self.model.train()
+        ids, mask, labels = supervised_batch(self.tokenizer, [self.encode(p) for p in problems],
+                                             [p.solution for p in problems], self.device)
+        loss = self.model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        self.optim.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.optim.max_grad_norm)
-        optimizer.step()
-        schedule.step()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.max_grad_norm)
+        self.optim.optimizer.step()
+        self.optim.schedule.step()
         return loss.item(), grad_norm.item(), int((labels != -100).sum())
 
-    try:
-        if start_step == 0:
-            base = evaluate(policy, rollouts, eval_problems, int(cfg.eval.max_new_tokens))
-            log.log({"step": 0, **base})
-            result.base_accuracy = base["eval/accuracy"]
-        progress = _progress(console, steps, start_step)
-        metrics: dict = {}
-        for step in range(start_step + 1, steps + 1):
-            step_started = time.perf_counter()
-            metrics = {"step": step}
-            if kind == "base":
-                # sample exactly as a GRPO step would, and change nothing
-                policy.eval()
-                batch = sample_groups(rollouts, task, cfg, step, float(cfg.temperature.value))
-                lengths = batch.roll.lengths
-                metrics.update({
-                    "reward/mean": batch.scores.mean().item(),
-                    "reward/std": batch.scores.std().item() if batch.scores.numel() > 1 else 0.0,
-                    "train/accuracy": batch.scores.mean().item(),
-                    "length/mean": lengths.float().mean().item(),
-                    "length/max": lengths.max().item(),
-                    "length/truncated_frac": batch.roll.truncated.float().mean().item(),
-                    "perf/completion_tokens": int(lengths.sum()),
-                })
-            else:
-                # the SFT budget: B x G solutions a step, or this step's share of wall_s
-                losses, norms, tokens, updates = [], [], 0, 0
-                while True:
-                    problems = task.train_batch(B * G, int(cfg.seed), step, updates)
-                    t0 = time.perf_counter()
-                    loss, norm, n_tokens = supervised_update(problems)
-                    trained_s += time.perf_counter() - t0
-                    losses.append(loss), norms.append(norm)
-                    tokens, updates = tokens + n_tokens, updates + 1
-                    if cfg.control.budget == "tokens" or trained_s >= float(cfg.control.wall_s) * step / steps:
-                        break
-                metrics.update({"loss": sum(losses) / len(losses), "optim/grad_norm": norms[-1],
-                                "optim/lr": schedule.get_last_lr()[0], "perf/completion_tokens": tokens})
-            now = time.perf_counter()
-            metrics.update({"time/step_s": now - step_started, "time/elapsed_s": now - run_started,
-                            "perf/tokens_per_s": metrics["perf/completion_tokens"] / max(now - step_started, 1e-9)})
-            if step % int(cfg.eval.every) == 0 or step == steps:
-                metrics.update(evaluate(policy, rollouts, eval_problems, int(cfg.eval.max_new_tokens)))
-            log.log(metrics)
-            if step % int(cfg.checkpoint_every) == 0 or step == steps:
-                save_checkpoint(run_dir, policy, tokenizer, {
-                    "step": step, "trained_s": trained_s, "optimizer": optimizer.state_dict(),
-                    "schedule": schedule.state_dict(), "sampler": sampler.get_state()})
-            log.status("running", step)
-            progress.update(step, metrics, say)
-        result.state, result.step = "completed", steps
-        result.final_accuracy = metrics.get("eval/accuracy") if steps > start_step else None
-        log.status("completed", steps)
-        return result
-    except BaseException as err:  # a crash or Ctrl-C: record it, then let it propagate
-        log.status("failed", step, f"{type(err).__name__}: {err}".strip()[:500])
-        raise
-    finally:
-        if progress is not None:
-            progress.stop()
-        log.close()
+    def evaluate(self) -> dict:
+        return evaluate(self.model, self.rollouts, self.eval_problems, int(self.cfg.eval.max_new_tokens))
 
+    def state_dict(self) -> dict:
+        return {**self.optim.state_dict(), "trained_s": self.trained_s}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optim.load_state_dict(state)
+        self.trained_s = state["trained_s"]

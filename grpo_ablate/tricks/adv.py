@@ -7,27 +7,14 @@ and ROLL.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
 import torch
 
+from grpo_ablate.tricks.registry import register
 
-@dataclass(frozen=True)
-class AdvantageEstimator:
-    fn: Callable[..., torch.Tensor]
-    uses_group_statistic: bool  # needs G >= 2 completions per prompt to mean anything
-    uses_values: bool = False   # needs a critic: per-token values in, per-token advantages out
-
-
-ADV_ESTIMATORS: dict[str, AdvantageEstimator] = {}
-
-
-def register_adv(name: str, uses_group_statistic: bool = True, uses_values: bool = False):
-    def wrap(fn):
-        ADV_ESTIMATORS[name] = AdvantageEstimator(fn, uses_group_statistic, uses_values)
-        return fn
-    return wrap
+# Every estimator takes (rewards [N], group_index [N], mask [N, T], values [N, T] or None) and
+# returns A: [N] per completion, or [N, T] per token for an estimator with a critic. Flags:
+#   uses_group_statistic  needs G >= 2 completions per prompt to mean anything
+#   uses_values           needs a critic: per-token values in, per-token advantages out
 
 
 def group_mean_std(values: torch.Tensor, group_index: torch.Tensor):
@@ -42,8 +29,8 @@ def group_mean_std(values: torch.Tensor, group_index: torch.Tensor):
     return mean, std
 
 
-@register_adv("grpo")
-def grpo_advantage(rewards, group_index, eps: float = 1e-6, **_):
+@register("adv", "grpo", uses_group_statistic=True)
+def grpo_advantage(rewards, group_index, mask, values, *, eps: float = 1e-6):
     """A_j = (r_j - mean_g r) / (std_g r + eps).
 
     Reference: TRL grpo_trainer `_generate_and_score_completions` with scale_rewards="group";
@@ -59,8 +46,8 @@ def batch_std(values: torch.Tensor) -> torch.Tensor:
     return values.std() if values.numel() > 1 else torch.zeros((), dtype=values.dtype, device=values.device)
 
 
-@register_adv("dr_grpo")
-def dr_grpo_advantage(rewards, group_index, **_):
+@register("adv", "dr_grpo", uses_group_statistic=True)
+def dr_grpo_advantage(rewards, group_index, mask, values):
     """A_j = r_j - mean_g r (no division by the group std).
 
     Reference: Dr. GRPO (arXiv 2503.20783); TRL scale_rewards="none"; verl
@@ -70,8 +57,8 @@ def dr_grpo_advantage(rewards, group_index, **_):
     return rewards - mean
 
 
-@register_adv("lite")
-def lite_advantage(rewards, group_index, eps: float = 1e-6, std_of: str = "raw", **_):
+@register("adv", "lite", uses_group_statistic=True)
+def lite_advantage(rewards, group_index, mask, values, *, eps: float = 1e-6, std_of: str = "raw"):
     """Lite PPO: A_j = (r_j - mean_g r) / (std_B + eps): group mean, batch std.
 
     Reference: Tricks or Traps (arXiv 2508.08221); ROLL `compute_advantage` with
@@ -86,8 +73,8 @@ def lite_advantage(rewards, group_index, eps: float = 1e-6, std_of: str = "raw",
     return centred / (batch_std(rewards if std_of == "raw" else centred) + eps)
 
 
-@register_adv("batch")
-def batch_advantage(rewards, group_index, eps: float = 1e-6, **_):
+@register("adv", "batch", uses_group_statistic=True)
+def batch_advantage(rewards, group_index, mask, values, *, eps: float = 1e-6):
     """Global normalization: A_j = (r_j - mean_B r) / (std_B r + eps).
 
     Reference: ROLL `compute_advantage` with norm_mean_type=batch, norm_std_type=batch.
@@ -95,8 +82,8 @@ def batch_advantage(rewards, group_index, eps: float = 1e-6, **_):
     return (rewards - rewards.mean()) / (batch_std(rewards) + eps)
 
 
-@register_adv("rloo")
-def rloo_advantage(rewards, group_index, **_):
+@register("adv", "rloo", uses_group_statistic=True)
+def rloo_advantage(rewards, group_index, mask, values):
     """RLOO: A_j = r_j - (sum_{k != j} r_k) / (G - 1), the leave-one-out group mean.
 
     Reference: verl core_algos `compute_rloo_outcome_advantage` (adv_estimator=rloo).
@@ -107,8 +94,8 @@ def rloo_advantage(rewards, group_index, **_):
     return (rewards - mean) * count / (count - 1).clamp(min=1)
 
 
-@register_adv("rpp_baseline")
-def rpp_baseline_advantage(rewards, group_index, mask=None, eps: float = 1e-8, **_):
+@register("adv", "rpp_baseline", uses_group_statistic=True)
+def rpp_baseline_advantage(rewards, group_index, mask, values, *, eps: float = 1e-8):
     """REINFORCE++-baseline: c_j = r_j - mean_g r, then whitened over all completion tokens
     of the batch: (c - mean_tok c) / sqrt(var_tok c + eps).
 
@@ -154,9 +141,9 @@ def gae(token_reward: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, ga
     return advantages, (advantages + values) * mask
 
 
-@register_adv("gae", uses_group_statistic=False, uses_values=True)
-def gae_advantage(rewards, group_index, mask=None, values=None, gamma: float = 1.0, lam: float = 1.0,
-                  whiten: bool = True, **_):
+@register("adv", "gae", uses_group_statistic=False, uses_values=True)
+def gae_advantage(rewards, group_index, mask, values, *, gamma: float = 1.0, lam: float = 1.0,
+                  whiten: bool = True):
     """PPO with a critic: GAE over token rewards (the outcome reward on the last token), then
     whitened over the batch's completion tokens as verl does (`whiten: true`). gamma = lam = 1
     by default, so A_t = R - V_t."""

@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import torch
 
+from grpo_ablate.tricks.registry import register
 
-def no_adv_clip(advantages: torch.Tensor, **_):
+
+@register("adv_clip", "none")
+def no_adv_clip(advantages: torch.Tensor):
     return advantages, torch.zeros((), dtype=advantages.dtype, device=advantages.device)
 
 
-def clip_advantages(advantages: torch.Tensor, c: float = 2.0, **_):
+@register("adv_clip", "clip")
+def clip_advantages(advantages: torch.Tensor, *, c: float = 2.0):
     """Clamped advantages and the fraction of completions that were clamped."""
     clipped = advantages.clamp(-c, c)
     return clipped, (clipped != advantages).to(advantages.dtype).mean()
 
-
-ADV_CLIPS = {"none": no_adv_clip, "clip": clip_advantages}

@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import torch
 
+from grpo_ablate.tricks.registry import register
+
 LOG_RATIO_LIMIT = 20.0
 
 
-def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+@register("clip", "symmetric")
+@register("clip", "higher")
+def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, *,
                   eps_low: float = 0.2, eps_high: float = 0.2, dual_clip_c: float | None = None):
     """Per-token clipped policy loss and per-token clip indicators (floats, for metrics).
 
@@ -42,6 +46,3 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
         loss = torch.where(negative, capped, loss)
     return loss, {"clip/low_frac": low, "clip/high_frac": high, "clip/dual_frac": dual}
 
-
-# option name (conf/clip/<name>.yaml) -> per-token policy loss; the yaml holds its kwargs
-POLICY_LOSSES = {"symmetric": ppo_clip_loss, "higher": ppo_clip_loss}

@@ -9,11 +9,15 @@ default for LLM vocabularies; a character-level model sits far lower, so pick it
 """
 from __future__ import annotations
 
+from grpo_ablate.tricks.registry import register
 
+
+@register("entropy", "none")
+@register("entropy", "bonus")
 class FixedEntropyBonus:
     """c stays where the config put it (`entropy=none` is c = 0: no entropy gradient at all)."""
 
-    def __init__(self, coef: float = 0.0, **_):
+    def __init__(self, *, coef: float = 0.0):
         self.coef = float(coef)
 
     def update(self, measured_entropy: float) -> None:
@@ -26,9 +30,10 @@ class FixedEntropyBonus:
         self.coef = float(state["coef"])
 
 
+@register("entropy", "adaptive")
 class AdaptiveEntropyBonus:
-    def __init__(self, coef: float = 0.0, target: float = 0.2, delta: float = 0.005,
-                 coef_min: float = 0.0, coef_max: float = 1.0, **_):
+    def __init__(self, *, coef: float = 0.0, target: float = 0.2, delta: float = 0.005,
+                 coef_min: float = 0.0, coef_max: float = 1.0):
         self.base, self.target, self.delta = float(coef), float(target), float(delta)
         self.coef_min, self.coef_max = float(coef_min), float(coef_max)
         self.level = self.base      # the adapted coefficient
@@ -49,5 +54,3 @@ class AdaptiveEntropyBonus:
     def load_state_dict(self, state: dict) -> None:
         self.level, self.active = float(state["level"]), bool(state["active"])
 
-
-ENTROPY_CONTROLLERS = {"none": FixedEntropyBonus, "bonus": FixedEntropyBonus, "adaptive": AdaptiveEntropyBonus}

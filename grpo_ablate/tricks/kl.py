@@ -11,25 +11,31 @@ from __future__ import annotations
 
 import torch
 
+from grpo_ablate.tricks.registry import register
+
 LOG_RATIO_LIMIT = 20.0
 
 
+# Option family `kl.estimator` (the key kl.estimator of every kl option): (logp, ref_logp) -> per token.
+@register("kl.estimator", "k1")
 def k1(logp, ref_logp):
     return logp - ref_logp
 
 
+@register("kl.estimator", "k2")
 def k2(logp, ref_logp):
     return 0.5 * (ref_logp - logp) ** 2
 
 
+@register("kl.estimator", "k3")
 def k3(logp, ref_logp):
     log_r = (ref_logp - logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     return torch.exp(log_r) - 1.0 - log_r
 
 
-KL_ESTIMATORS = {"k1": k1, "k2": k2, "k3": k3}
 
-
+@register("kl", "none")
+@register("kl", "fixed")
 class FixedKL:
     """beta stays where the config put it (GRPO: 0.04; `kl=none` is beta 0, no reference).
 
@@ -40,7 +46,7 @@ class FixedKL:
     in_reward = False
     beta_prev, prev_lag = 0.0, 0      # no anchor to a previous policy (see TwoLayerKL)
 
-    def __init__(self, beta: float = 0.0, **_):
+    def __init__(self, *, beta: float = 0.0):
         self.beta = float(beta)
 
     @property
@@ -61,14 +67,15 @@ class FixedKL:
         self.beta = float(state["beta"])
 
 
+@register("kl", "adaptive")
 class ThresholdKL(FixedKL):
     """`adaptive` (seed review: threshold-triggered): beta rises only while the measured KL is
     above the threshold, beta <- min(beta (1 + growth), beta_max); otherwise it stays, or decays
     toward its start by `decay` per step (0 = stays). No framework has this exact rule."""
 
-    def __init__(self, beta: float = 0.04, threshold: float = 0.02, growth: float = 0.1,
-                 beta_max: float = 1.0, decay: float = 0.0, **_):
-        super().__init__(beta)
+    def __init__(self, *, beta: float = 0.04, threshold: float = 0.02, growth: float = 0.1,
+                 beta_max: float = 1.0, decay: float = 0.0):
+        super().__init__(beta=beta)
         self.start, self.threshold, self.growth = float(beta), float(threshold), float(growth)
         self.beta_max, self.decay = float(beta_max), float(decay)
 
@@ -79,13 +86,14 @@ class ThresholdKL(FixedKL):
             self.beta = max(self.start, self.beta * (1 - self.decay))
 
 
+@register("kl", "adaptive_target")
 class TargetKL(FixedKL):
     """`adaptive_target` (Ziegler et al.; verl `AdaptiveKLController`): proportional control
     toward a target KL, e = clip(KL / target - 1, -0.2, 0.2), beta <- beta (1 + e n / horizon),
     n = sequences in the step."""
 
-    def __init__(self, beta: float = 0.04, target: float = 0.02, horizon: int = 10000, **_):
-        super().__init__(beta)
+    def __init__(self, *, beta: float = 0.04, target: float = 0.02, horizon: int = 10000):
+        super().__init__(beta=beta)
         self.target, self.horizon = float(target), int(horizon)
 
     def update(self, measured_kl: float, num_sequences: int) -> None:
@@ -93,6 +101,7 @@ class TargetKL(FixedKL):
         self.beta *= 1.0 + error * num_sequences / self.horizon
 
 
+@register("kl", "in_reward")
 class InRewardKL(FixedKL):
     """`in_reward` (verl `use_kl_in_reward`): r_j <- r_j - beta * sum_t k1_t, with k1 from the
     sampling policy's log-probs (no gradient), before the advantage; no KL term in the loss."""
@@ -100,14 +109,15 @@ class InRewardKL(FixedKL):
     in_reward = True
 
 
+@register("kl", "two_layer")
 class TwoLayerKL(FixedKL):
     """`two_layer` (seed review, paper 3): loss += beta KL(pi || pi_ref) + beta_prev KL(pi || pi_prev),
     pi_prev = the policy as it was `prev_lag` optimizer steps before the current weights, a
     frozen snapshot (the trainer keeps it). No framework has it; ROLL's `kimi15` (a k2 anchor to
     pi_old) plus a KL loss is the nearest."""
 
-    def __init__(self, beta: float = 0.04, beta_prev: float = 0.04, prev_lag: int = 1, **_):
-        super().__init__(beta)
+    def __init__(self, *, beta: float = 0.04, beta_prev: float = 0.04, prev_lag: int = 1):
+        super().__init__(beta=beta)
         self.beta_prev, self.prev_lag = float(beta_prev), int(prev_lag)
 
 
@@ -115,6 +125,3 @@ def kl_reward_penalty(old_logp: torch.Tensor, ref_logp: torch.Tensor, mask: torc
     """sum_t k1 per completion: the sequence-level KL estimate charged to its reward."""
     return (k1(old_logp, ref_logp) * mask).sum(dim=1)
 
-
-KL_CONTROLLERS = {"none": FixedKL, "fixed": FixedKL, "adaptive": ThresholdKL, "adaptive_target": TargetKL,
-                  "in_reward": InRewardKL, "two_layer": TwoLayerKL}

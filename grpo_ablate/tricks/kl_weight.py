@@ -12,20 +12,22 @@ from __future__ import annotations
 
 import torch
 
+from grpo_ablate.tricks.registry import register
 
-def uniform_kl_weight(mask: torch.Tensor, entropy: torch.Tensor, **_) -> torch.Tensor:
+
+@register("kl_weight", "uniform")
+def uniform_kl_weight(mask: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
     return torch.ones_like(mask)
 
 
-def length_budget_kl_weight(mask, entropy, budget: int = 16, alpha: float = 1.0, **_):
+@register("kl_weight", "length_budget")
+def length_budget_kl_weight(mask, entropy, *, budget: int = 16, alpha: float = 1.0):
     position = torch.arange(mask.shape[1], dtype=mask.dtype, device=mask.device)
     return (1 + alpha * (position - budget).clamp(min=0) / budget).expand_as(mask)
 
 
-def entropy_kl_weight(mask, entropy, eps: float = 1e-8, **_):
+@register("kl_weight", "entropy")
+def entropy_kl_weight(mask, entropy, *, eps: float = 1e-8):
     h = entropy.detach().to(mask.dtype) * mask
     return h / (h.sum() / mask.sum().clamp(min=1) + eps)
 
-
-KL_WEIGHTS = {"uniform": uniform_kl_weight, "length_budget": length_budget_kl_weight,
-              "entropy": entropy_kl_weight}

@@ -12,17 +12,22 @@ from __future__ import annotations
 
 import torch
 
+from grpo_ablate.tricks.registry import register
 
-def no_length(rewards, lengths, group_index, correct, max_len, **_):
+
+@register("length", "none")
+def no_length(rewards, lengths, group_index, correct, max_len):
     return rewards, torch.zeros_like(rewards)
 
 
-def length_penalty(rewards, lengths, group_index, correct, max_len, lam: float = 0.1, **_):
+@register("length", "penalty")
+def length_penalty(rewards, lengths, group_index, correct, max_len, *, lam: float = 0.1):
     bonus = -lam * lengths.to(rewards.dtype) / max_len
     return rewards + bonus, bonus
 
 
-def group_length_reward(rewards, lengths, group_index, correct, max_len, weight: float = 1.0, **_):
+@register("length", "group")
+def group_length_reward(rewards, lengths, group_index, correct, max_len, *, weight: float = 1.0):
     lengths = lengths.to(rewards.dtype)
     n_groups = int(group_index.max()) + 1
     lo = torch.full((n_groups,), float("inf"), dtype=rewards.dtype, device=rewards.device).scatter_reduce(0, group_index, lengths, "amin")
@@ -33,5 +38,3 @@ def group_length_reward(rewards, lengths, group_index, correct, max_len, weight:
     bonus = weight * torch.where(correct, lam, lam.clamp(max=0.0))
     return rewards + bonus, bonus
 
-
-LENGTH_REWARDS = {"none": no_length, "penalty": length_penalty, "group": group_length_reward}

@@ -19,25 +19,43 @@ from __future__ import annotations
 
 import torch
 
-LOSS_AGG_MODES = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "constant")
+from grpo_ablate.tricks.registry import register
+
+def _as_float(mask: torch.Tensor) -> torch.Tensor:
+    return mask.to(torch.get_default_dtype() if not mask.is_floating_point() else mask.dtype)
 
 
-def token_weights(mask: torch.Tensor, mode: str, max_len: int | None = None) -> torch.Tensor:
-    """Weights w (same shape as mask [B, T]) such that the aggregated loss is (w * l).sum()."""
-    mask = mask.to(torch.get_default_dtype() if not mask.is_floating_point() else mask.dtype)
-    lengths = mask.sum(dim=1, keepdim=True)  # n_j
-    live = (lengths > 0).to(mask.dtype)      # sequences with at least one trained token
-    if mode == "token_mean":
-        return mask / mask.sum().clamp(min=1)
-    if mode == "seq_mean_token_mean":
-        return mask / lengths.clamp(min=1) / live.sum().clamp(min=1)
-    if mode == "seq_mean_token_sum":
-        return mask / live.sum().clamp(min=1)
-    if mode == "constant":
-        if not max_len or max_len <= 0:
-            raise ValueError("loss_agg mode 'constant' needs max_len > 0 (the generation budget)")
-        return mask / (mask.shape[0] * max_len)
-    raise ValueError(f"unknown loss_agg mode {mode!r}; allowed: {', '.join(LOSS_AGG_MODES)}")
+def _live_sequences(mask: torch.Tensor) -> torch.Tensor:
+    """B of the seq_* modes: sequences with at least one trained token."""
+    return (mask.sum(dim=1, keepdim=True) > 0).to(mask.dtype).sum().clamp(min=1)
+
+
+# Every mode: (mask [B, T], max_len) -> weights w [B, T] such that the loss is (w * l).sum().
+@register("loss_agg", "token_mean")
+def token_mean_weights(mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
+    mask = _as_float(mask)
+    return mask / mask.sum().clamp(min=1)
+
+
+@register("loss_agg", "seq_mean_token_mean")
+def seq_mean_token_mean_weights(mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
+    mask = _as_float(mask)
+    return mask / mask.sum(dim=1, keepdim=True).clamp(min=1) / _live_sequences(mask)
+
+
+@register("loss_agg", "seq_mean_token_sum")
+def seq_mean_token_sum_weights(mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
+    mask = _as_float(mask)
+    return mask / _live_sequences(mask)
+
+
+@register("loss_agg", "constant")
+def constant_weights(mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
+    """Dr. GRPO's constant normalizer: B * L_max, L_max the generation budget."""
+    if not max_len or max_len <= 0:
+        raise ValueError("loss_agg mode 'constant' needs max_len > 0 (the generation budget)")
+    mask = _as_float(mask)
+    return mask / (mask.shape[0] * max_len)
 
 
 def aggregate(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

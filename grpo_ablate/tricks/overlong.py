@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from grpo_ablate.tricks.registry import register
+
 
 def soft_overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: float = 1.0):
     """DAPO's length penalty R_len(|o|) (0 inside the budget minus the buffer, down to -factor)."""
@@ -26,20 +28,20 @@ def soft_overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, fact
                        torch.where(lengths <= max_len, ramp, torch.full_like(ramp, -factor)))
 
 
-def no_overlong(rewards, lengths, truncated, max_len, **_):
+@register("overlong", "none")
+def no_overlong(rewards, lengths, truncated, max_len):
     return rewards, torch.ones_like(truncated, dtype=torch.bool), torch.zeros_like(rewards)
 
 
-def overlong_filter(rewards, lengths, truncated, max_len, **_):
+@register("overlong", "filter")
+def overlong_filter(rewards, lengths, truncated, max_len):
     return rewards, ~truncated, torch.zeros_like(rewards)
 
 
-def overlong_soft_punish(rewards, lengths, truncated, max_len, buffer: int = 4096,
-                         factor: float = 1.0, **_):
+@register("overlong", "soft_punish")
+def overlong_soft_punish(rewards, lengths, truncated, max_len, *, buffer: int = 4096, factor: float = 1.0):
     if not 0 < buffer <= max_len:
         raise ValueError(f"overlong.buffer={buffer} is not allowed; it must be in 1..max_new_tokens ({max_len})")
     penalty = soft_overlong_penalty(lengths.to(rewards.dtype), max_len, buffer, factor)
     return rewards + penalty, torch.ones_like(truncated, dtype=torch.bool), penalty
 
-
-OVERLONG = {"none": no_overlong, "filter": overlong_filter, "soft_punish": overlong_soft_punish}

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import torch
 
+from grpo_ablate.tricks.registry import register
 
-def no_reward_norm(rewards: torch.Tensor, **_) -> torch.Tensor:
+
+@register("reward_norm", "none")
+def no_reward_norm(rewards: torch.Tensor) -> torch.Tensor:
     return rewards
 
 
-def batch_reward_norm(rewards: torch.Tensor, eps: float = 1e-6, **_) -> torch.Tensor:
+@register("reward_norm", "batch")
+def batch_reward_norm(rewards: torch.Tensor, *, eps: float = 1e-6) -> torch.Tensor:
     std = rewards.std() if rewards.numel() > 1 else torch.zeros((), dtype=rewards.dtype, device=rewards.device)
     return (rewards - rewards.mean()) / (std + eps)
 
-
-REWARD_NORMS = {"none": no_reward_norm, "batch": batch_reward_norm}

@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import torch
 
+from grpo_ablate.tricks.registry import register
 
-def keep_all_groups(scores: torch.Tensor, **_) -> torch.Tensor:
+
+@register("sampling", "static")
+@register("sampling", "dynamic_group")
+def keep_all_groups(scores: torch.Tensor) -> torch.Tensor:
     return torch.ones(scores.shape[0], dtype=torch.bool)
 
 
-def keep_varied_groups(scores: torch.Tensor, **_) -> torch.Tensor:
+@register("sampling", "dynamic")
+def keep_varied_groups(scores: torch.Tensor) -> torch.Tensor:
     return scores.amax(dim=1) > scores.amin(dim=1)
 
-
-GROUP_FILTERS = {"static": keep_all_groups, "dynamic": keep_varied_groups, "dynamic_group": keep_all_groups}

@@ -13,9 +13,12 @@ import math
 
 import torch
 
+from grpo_ablate.tricks.registry import register
 
+
+@register("temperature", "fixed")
 class FixedTemperature:
-    def __init__(self, value: float = 1.0, **_):
+    def __init__(self, *, value: float = 1.0):
         self.value = float(value)
 
     def current(self) -> float:
@@ -31,8 +34,9 @@ class FixedTemperature:
         pass
 
 
+@register("temperature", "learnable")
 class LearnableTemperature:
-    def __init__(self, value: float = 1.0, lr: float = 1e-2, t_min: float = 0.5, t_max: float = 2.0, **_):
+    def __init__(self, *, value: float = 1.0, lr: float = 1e-2, t_min: float = 0.5, t_max: float = 2.0):
         self.log_t = torch.nn.Parameter(torch.tensor(math.log(value)))
         self.lr, self.bounds = float(lr), (math.log(t_min), math.log(t_max))
 
@@ -54,5 +58,3 @@ class LearnableTemperature:
         with torch.no_grad():
             self.log_t.fill_(state["log_t"])
 
-
-TEMPERATURES = {"fixed": FixedTemperature, "learnable": LearnableTemperature}

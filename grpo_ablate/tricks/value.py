@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import torch
 
+from grpo_ablate.tricks.registry import register
 
-def plain_value_loss(values, old_values, returns, **_):
+
+@register("value_clip", "none")
+def plain_value_loss(values, old_values, returns):
     return 0.5 * (values - returns) ** 2
 
 
-def clipped_value_loss(values, old_values, returns, eps: float = 0.2, **_):
+@register("value_clip", "clip")
+def clipped_value_loss(values, old_values, returns, *, eps: float = 0.2):
     clipped = old_values + (values - old_values).clamp(-eps, eps)
     return 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
 
-
-VALUE_LOSSES = {"none": plain_value_loss, "clip": clipped_value_loss}
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,335 @@
+"""Reading a sweep dir: its manifest, its run dirs, which variants are controls, which pairs are contrasts.
+
+Reads only files (the run-dir contract of `grpo_ablate/rundir.py`): the sweep's
+`manifest.json` and, per run dir, `metrics.jsonl`, `samples.jsonl`, `status.json` and
+`config.yaml`. Nothing here raises for a missing or damaged run: what is missing or odd is
+said in the run's (or the sweep's) `notes`. Without a manifest the run dirs found are grouped
+by their config, and the contrasts are inferred from the tricks each variant has on.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from grpo_ablate.errors import ReportError
+from grpo_ablate.report.health import BREAKING_FLAGS, HealthThresholds, health_flags
+from grpo_ablate.rundir import read_jsonl, read_status
+
+FINISHED = ("completed", "diverged", "failed")
+# Control runs (issue 8): `base` is the starting policy never trained, `sft` the same budget
+# spent on supervised training. Each gets a "Δ vs" column when the sweep has it.
+CONTROL_ROLES = ("base", "sft")
+CONTROL_LABELS = {"base": "the untrained base", "sft": "the SFT control"}
+CONTROL_COLUMNS = {"base": "Δ vs base", "sft": "Δ vs SFT control"}
+
+
+@dataclass
+class Run:
+    variant: str
+    seed: int | None
+    run_dir: Path
+    state: str = "missing"           # completed | diverged | failed | running | missing
+    step: int | None = None
+    reason: str | None = None
+    wall_time_s: float | None = None
+    max_new_tokens: int | None = None
+    metrics: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"step": []}))
+    samples: list = field(default_factory=list)
+    config: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)   # what is missing or odd, in words
+    flags: list = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+    @property
+    def key(self):
+        """What pairs runs across variants: the seed (the dir name when the seed is unknown)."""
+        return self.seed if self.seed is not None else self.name
+
+    @property
+    def broken(self) -> bool:
+        return self.state == "diverged" or any(f.name in BREAKING_FLAGS for f in self.flags)
+
+
+@dataclass
+class Sweep:
+    dir: Path
+    name: str
+    sweep_id: str | None = None
+    mode: str | None = None
+    base: str | None = None
+    seeds: list = field(default_factory=list)
+    variants: list = field(default_factory=list)    # {name, tricks_on, reference, kind, control}
+    contrasts: list = field(default_factory=list)   # {trick, with, without}
+    runs: list = field(default_factory=list)
+    wandb_group: str | None = None
+    manifest_found: bool = True
+    notes: list = field(default_factory=list)
+    controls: dict = field(default_factory=dict)    # role (base | sft) -> control variant name
+
+
+# --------------------------------------------------------------------------- one run dir
+def metrics_frame(rows: list[dict]) -> pd.DataFrame:
+    """One row per step (the last one written wins), numeric columns, nulls as NaN."""
+    rows = [r for r in rows if isinstance(r.get("step"), (int, float))]
+    if not rows:
+        return pd.DataFrame({"step": pd.Series([], dtype="int64")})
+    df = pd.DataFrame(rows)
+    df = df.apply(lambda col: pd.to_numeric(col, errors="coerce"))
+    df["step"] = df["step"].astype("int64")
+    return df.drop_duplicates("step", keep="last").sort_values("step").reset_index(drop=True)
+
+
+def nested_value(data: dict, *keys):
+    """data[k1][k2]...: None where a level is missing or not a mapping (a config.yaml read as is)."""
+    for key in keys:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return data
+
+
+def _read_yaml(path: Path, notes: list) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, yaml.YAMLError) as err:
+        notes.append(f"config.yaml unreadable ({type(err).__name__})")
+        return {}
+
+
+def _read_status(run_dir: Path, notes: list) -> dict | None:
+    try:
+        status = read_status(run_dir)
+        if status is not None and not isinstance(status, dict):
+            raise ValueError("not an object")
+    except (OSError, ValueError) as err:
+        notes.append(f"status.json unreadable ({type(err).__name__})")
+        return None
+    if status is None:
+        notes.append("no status.json")
+    return status
+
+
+def load_run(run_dir: Path, variant: str, seed: int | None, thresholds: HealthThresholds) -> Run:
+    """One run dir as the report sees it; never raises for missing or damaged files."""
+    run = Run(variant=variant, seed=seed, run_dir=Path(run_dir))
+    if not run.run_dir.is_dir():
+        run.notes.append("not started (no run dir)")
+        return run
+    if (run.run_dir / "config.yaml").exists():
+        run.config = _read_yaml(run.run_dir / "config.yaml", run.notes)
+        tokens = nested_value(run.config, "rollout", "max_new_tokens")
+        run.max_new_tokens = int(tokens) if isinstance(tokens, (int, float)) else None
+        if run.seed is None and isinstance(run.config.get("seed"), int):
+            run.seed = run.config["seed"]
+    else:
+        run.notes.append("no config.yaml")
+
+    status = _read_status(run.run_dir, run.notes)
+    if (run.run_dir / "metrics.jsonl").exists():
+        rows, problems = read_jsonl(run.run_dir / "metrics.jsonl")
+        run.notes += [f"metrics.jsonl: {p}" for p in problems]
+        run.metrics = metrics_frame(rows)
+        if run.metrics.empty:
+            run.notes.append("metrics.jsonl is empty")
+    elif status is None or status.get("state") != "running":
+        run.notes.append("no metrics.jsonl")
+    if (run.run_dir / "samples.jsonl").exists():
+        run.samples, _ = read_jsonl(run.run_dir / "samples.jsonl")
+
+    if status is not None:
+        run.state = str(status.get("state") or "missing")
+        run.step, run.reason = status.get("step"), status.get("reason")
+        run.wall_time_s = status.get("wall_time_s")
+        # status.json says finished but there is nothing to read: as good as missing
+        if run.metrics.empty and run.state != "running":
+            run.notes.append(f"status.json says {run.state}, but there are no metrics")
+            run.state = "missing"
+    run.flags = health_flags(run.metrics, run.samples, run.max_new_tokens, thresholds, status)
+    return run
+
+
+# --------------------------------------------------------------------------- a sweep dir
+def load_sweep(sweep_dir: Path, thresholds: HealthThresholds | None = None) -> Sweep:
+    """The sweep from its manifest, or, without one, from the run dirs found in it."""
+    thresholds = thresholds or HealthThresholds()
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise ReportError(f"{sweep_dir}: no such directory")
+    manifest, note = None, None
+    path = sweep_dir / "manifest.json"
+    if path.exists():
+        try:
+            manifest = json.loads(path.read_text())
+            if not isinstance(manifest, dict):
+                raise ValueError("not an object")
+        except (OSError, ValueError) as err:
+            manifest, note = None, f"manifest.json is unreadable ({type(err).__name__}): grouped the run dirs found instead"
+    else:
+        note = "manifest.json is missing: grouped the run dirs found by their config (sweep.variant, else run.job_type)"
+    if manifest is None:
+        sweep = _scan_sweep(sweep_dir, thresholds)
+        sweep.notes.insert(0, note)
+        return sweep
+    return _sweep_from_manifest(sweep_dir, manifest, thresholds)
+
+
+def _sweep_from_manifest(sweep_dir: Path, manifest: dict, thresholds: HealthThresholds) -> Sweep:
+    """Variants, contrasts and runs as manifest version 1 lists them (see sweep/launch.py)."""
+    sweep = Sweep(dir=sweep_dir, name=str(manifest.get("name") or sweep_dir.name),
+                  sweep_id=manifest.get("sweep_id"), mode=manifest.get("mode"), base=manifest.get("base"),
+                  seeds=list(manifest.get("seeds") or []), wandb_group=manifest.get("wandb_group"))
+    if manifest.get("version", 1) != 1:
+        sweep.notes.append(f"manifest version {manifest.get('version')!r}; read as version 1")
+    for v in manifest.get("variants") or []:
+        if isinstance(v, dict) and v.get("name"):
+            sweep.variants.append({"name": str(v["name"]), "tricks_on": list(v.get("tricks_on") or []),
+                                   "reference": v.get("reference"), "kind": v.get("kind") or "treatment",
+                                   "overrides": [str(o) for o in v.get("overrides") or []]})
+    sweep.contrasts = [c for c in manifest.get("contrasts") or []
+                       if isinstance(c, dict) and {"trick", "with", "without"} <= c.keys()]
+    entries = manifest.get("runs")
+    if not isinstance(entries, list):  # a manifest without its run list: the matrix says what to expect
+        sweep.notes.append("manifest.json lists no runs: expected <variant>-s<seed> for every variant and seed")
+        entries = [{"variant": v["name"], "seed": s} for v in sweep.variants for s in sweep.seeds]
+    known = {v["name"] for v in sweep.variants}
+    for entry in entries:
+        if not isinstance(entry, dict) or not entry.get("variant"):
+            continue
+        variant, seed = str(entry["variant"]), entry.get("seed")
+        if variant not in known:
+            known.add(variant)
+            sweep.variants.append({"name": variant, "tricks_on": [], "reference": None, "kind": "treatment"})
+        run_dir = sweep_dir / str(entry.get("run_dir") or f"{variant}-s{seed}")
+        sweep.runs.append(load_run(run_dir, variant, seed, thresholds))
+    identify_controls(sweep, manifest.get("controls"), by_name=False)
+    return sweep
+
+
+def _scan_sweep(sweep_dir: Path, thresholds: HealthThresholds) -> Sweep:
+    """No manifest: every subdir with a config.yaml, status.json or metrics.jsonl is a run."""
+    dirs = [d for d in sorted(sweep_dir.iterdir()) if d.is_dir() and any(
+        (d / f).exists() for f in ("config.yaml", "status.json", "metrics.jsonl"))]
+    if not dirs:
+        raise ReportError(f"{sweep_dir}: no manifest.json and no run dirs in it "
+                          "(subdirectories with config.yaml, status.json or metrics.jsonl)")
+    sweep = Sweep(dir=sweep_dir, name=sweep_dir.name, manifest_found=False)
+    variants: dict[str, dict] = {}
+    for d in dirs:
+        config = _read_yaml(d / "config.yaml", []) if (d / "config.yaml").exists() else {}
+        variant = str(nested_value(config, "sweep", "variant") or nested_value(config, "run", "job_type") or d.name)
+        seed = config.get("seed") if isinstance(config.get("seed"), int) else None
+        sweep.runs.append(load_run(d, variant, seed, thresholds))
+        tricks = config.get("tricks") if isinstance(config.get("tricks"), dict) else {}
+        variants.setdefault(variant, {"name": variant, "tricks_on": sorted(tricks), "reference": None,
+                                      "kind": "treatment"})
+        sweep.name = str(nested_value(config, "sweep", "name") or sweep.name)
+        sweep.sweep_id = nested_value(config, "sweep", "id") or sweep.sweep_id
+        sweep.mode = nested_value(config, "sweep", "mode") or sweep.mode
+        sweep.wandb_group = nested_value(config, "run", "group") or sweep.wandb_group
+    sweep.variants = list(variants.values())
+    sweep.seeds = sorted({r.seed for r in sweep.runs if r.seed is not None})
+    identify_controls(sweep, None, by_name=True)
+    # a control's tricks (none, or the base's) would pair it with a treatment as a "contrast"
+    sweep.contrasts = infer_contrasts([v for v in sweep.variants if v["kind"] != "control"], sweep.mode)
+    return sweep
+
+
+# --------------------------------------------------------------------------- controls and contrasts
+def _control_role(variant: dict, runs: list[Run]) -> str | None:
+    """What a variant's runs say it controls for: config.yaml's `control.name` (none = a GRPO
+    run), else a `control=X` override in the manifest, else None."""
+    for r in runs:
+        name = nested_value(r.config, "control", "name")
+        if name is not None:
+            return None if str(name).lower() in ("none", "null", "") else str(name)
+    for o in variant.get("overrides") or []:
+        key, _, value = o.lstrip("+~").partition("=")
+        if key == "control" and value and value.lower() != "none":
+            return value
+    return None
+
+
+def _declared_roles(sweep: Sweep, declared) -> dict[str, str]:
+    """variant name -> role from the manifest's top-level `controls` map (bad entries are notes)."""
+    names = {v["name"] for v in sweep.variants}
+    declared_role = {}
+    if declared is not None and not isinstance(declared, dict):
+        sweep.notes.append("manifest.json `controls` is not an object: ignored")
+    for role, name in (declared or {}).items() if isinstance(declared, dict) else ():
+        if name is None:
+            continue
+        if str(name) not in names:
+            sweep.notes.append(f"manifest.json names {name!r} as the {role} control, but the sweep has no such variant")
+            continue
+        declared_role.setdefault(str(name), str(role))
+    return declared_role
+
+
+def identify_controls(sweep: Sweep, declared, by_name: bool) -> None:
+    """Mark the control variants (kind `control`, with their role) and fill `sweep.controls`.
+    A variant is a control when the manifest says so (its `kind`, or the top-level `controls`
+    map), when its runs' config.yaml has `control.name` other than none, or, with `by_name`
+    (no manifest to go by), when it is named `control-*`. Controls are listed after the
+    treatments (base, then sft), lose any reference, and take part in no trick contrast."""
+    declared_role = _declared_roles(sweep, declared)
+    for v in sweep.variants:
+        runs = [r for r in sweep.runs if r.variant == v["name"]]
+        config_role = _control_role(v, runs)
+        named = by_name and (v["name"] == "control" or v["name"].startswith("control-"))
+        if not (v["kind"] == "control" or v["name"] in declared_role or config_role or named):
+            continue
+        role = declared_role.get(v["name"]) or config_role
+        if role is None and v["name"].startswith("control-"):
+            role = v["name"][len("control-"):]
+        v.update(kind="control", control=role, reference=None)
+        if role in sweep.controls and sweep.controls[role] != v["name"]:
+            sweep.notes.append(f"two {role} controls ({sweep.controls[role]}, {v['name']}): "
+                               f"the Δ vs {role} column uses {sweep.controls[role]}")
+        elif role in CONTROL_ROLES:
+            sweep.controls[role] = v["name"]
+        else:
+            sweep.notes.append(f"control {v['name']}: role {role!r} is not one of {', '.join(CONTROL_ROLES)}; "
+                               "shown as a row, with no Δ column")
+    # the roles in their fixed order, so the columns and the rows come out the same every time
+    sweep.controls = {role: sweep.controls[role] for role in CONTROL_ROLES if role in sweep.controls}
+    order = {name: i for i, name in enumerate(sweep.controls.values())}
+    sweep.variants.sort(key=lambda v: (v["kind"] == "control", order.get(v["name"], len(order))))
+    controls = {v["name"] for v in sweep.variants if v["kind"] == "control"}
+    dropped = [c for c in sweep.contrasts if c["with"] in controls or c["without"] in controls]
+    if dropped:
+        sweep.notes.append("contrasts with a control left out of the trick verdicts: "
+                           + ", ".join(f"{c['trick']} ({c['with']} vs {c['without']})" for c in dropped))
+        sweep.contrasts = [c for c in sweep.contrasts if c not in dropped]
+
+
+def infer_contrasts(variants: list[dict], mode: str | None) -> list[dict]:
+    """Without a manifest: a trick's contrast is any pair of variants whose tricks differ by
+    exactly that trick. Sets each variant's reference: the one-more-trick partner for
+    leave-one-out (drop-x vs all), the one-fewer-trick partner otherwise (add-one-in, ladder),
+    none where that is ambiguous (factorial). With no mode recorded, a variant named `all`
+    means leave-one-out."""
+    by_tricks = {frozenset(v["tricks_on"]): v["name"] for v in variants}
+    contrasts = []
+    for v in variants:
+        on = frozenset(v["tricks_on"])
+        for trick in sorted(on):
+            without = by_tricks.get(on - {trick})
+            if without is not None:
+                contrasts.append({"trick": trick, "with": v["name"], "without": without})
+    if mode is None and "all" in {v["name"] for v in variants}:
+        mode = "leave-one-out"   # the sweep command's name for the all-on variant
+    for v in variants:
+        if mode == "leave-one-out":
+            partners = [c["with"] for c in contrasts if c["without"] == v["name"]]
+        else:
+            partners = [c["without"] for c in contrasts if c["with"] == v["name"]]
+        v["reference"] = partners[0] if len(partners) == 1 else None
+    return contrasts

@@ -1,0 +1,278 @@
+"""A `Report` as text: report.md (tables, verdicts, controls, diagnostics, health flags, runs),
+report.csv (the variants table, one number per cell), report.json (everything), and stdout."""
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from dataclasses import asdict
+
+import numpy as np
+import pandas as pd
+
+from grpo_ablate.report.build import Report
+from grpo_ablate.report.diagnostics import markdown_sections as diagnostics_sections
+from grpo_ablate.report.formatting import fmt_delta, fmt_estimate, fmt_num, fmt_sig
+from grpo_ablate.report.health import BREAKING_FLAGS
+from grpo_ablate.report.load import CONTROL_COLUMNS, CONTROL_LABELS
+from grpo_ablate.report.stats import Estimate, curve_mean, final_value
+from grpo_ablate.report.verdicts import BEATS, BREAKS_TRAINING, NO_COMPARISON, NOT_SHOWN
+
+STATES = ("completed", "diverged", "failed", "running", "missing")   # a run's states, in table order
+
+
+def render_stdout(report: Report, fmt: str) -> str:
+    if fmt == "csv":
+        return flat_rows(report).to_csv(index=False)
+    if fmt == "json":
+        return json.dumps(report_json(report), indent=2)
+    return render_markdown(report, figures=None)
+
+
+# --------------------------------------------------------------------------- report.md
+def render_markdown(report: Report, figures: list[tuple[str, str]] | None = None) -> str:
+    """report.md; `figures` are (title, file name next to report.md); None leaves them out."""
+    s = report.sweep
+    out = header_lines(report)
+    if not s.manifest_found or any(r.notes for r in s.runs) or s.notes:
+        out += ["**What is missing**", ""]
+        out += [f"- {n}" for n in s.notes]
+        out += [f"- `{r.name}`: {'; '.join(r.notes)}" for r in s.runs if r.notes]
+        out.append("")
+    out += ["## Variants", "", variants_table(report), "", "## Verdicts per trick", ""]
+    out += verdict_lines(report)
+    if report.verdicts and all(v["delta"].n <= 1 for v in report.verdicts):
+        out += ["", f"With one seed per variant no verdict is possible beyond *{BREAKS_TRAINING}*."]
+    # coming next: a "power / sequential looks" section per contrast (seeds used, the look
+    # that decided, the smallest detectable effect) goes here, after the verdicts
+    if report.controls:
+        out += ["", "## Against the controls", ""] + control_lines(report)
+    out += [""] + diagnostics_sections(report)
+    out += health_lines(report)
+    out += ["", "## Runs", "", runs_table(report), ""]
+    if figures is not None:
+        out += ["## Figures", "", "Lines: mean over a variant's seeds; shaded: min–max over seeds; "
+                "markers: the step a health flag first fired (x = diverged).", ""]
+        out += [f"![{t}]({name})" for t, name in figures] or ["No figures: no run logged anything to draw."]
+        out.append("")
+    return "\n".join(out)
+
+
+def header_lines(report: Report) -> list[str]:
+    """Title, the one-line controls summary, the sweep's facts and how to read the numbers."""
+    s = report.sweep
+    states = Counter(r.state for r in s.runs)
+    title = f"# Report: {s.name}" + (f" ({s.sweep_id})" if s.sweep_id else "")
+    facts = [f"mode {s.mode}" if s.mode else None, f"base {s.base}" if s.base else None,
+             f"seeds {', '.join(map(str, s.seeds))}" if s.seeds else None,
+             f"{len(s.runs)} runs: " + ", ".join(f"{n} {k}" for k, n in states.most_common())]
+    direction = "higher" if report.higher_is_better else "lower"
+    summary = controls_summary(report) if report.controls else None
+    return [title, "", *([summary, ""] if summary else []), "; ".join(f for f in facts if f) + ".", "",
+            f"Metric: `{report.metric}` ({direction} is better). Final = the last value a run logged; "
+            "a variant's numbers are means over its completed runs, ± the half-width of the 95% "
+            "t-interval over seeds. AUC = the metric averaged over its curve (trapezoid / steps). "
+            "Δ = variant − reference, paired by seed when both have the same seeds, else Welch. "
+            "length, truncated, entropy, KL = last logged `length/mean`, `length/truncated_frac`, "
+            "`policy/entropy`, `kl/k3` (else `kl/k1`); wall s = status.json's wall time."
+            + (" Controls: " + ", ".join(f"`{name}` ({CONTROL_LABELS[role]})" for role, name in report.controls.items())
+               + "; " + " and ".join(f"{CONTROL_COLUMNS[role]} = variant − `{name}`"
+                                     for role, name in report.controls.items())
+               + ", the same way; controls take part in no trick verdict." if report.controls else ""), ""]
+
+
+def health_lines(report: Report) -> list[str]:
+    out = ["## Health flags", ""]
+    flagged = [(r, f) for r in report.sweep.runs for f in r.flags]
+    if flagged:
+        out += ["| run | flag | first step | detail |", "|---|---|---|---|"]
+        out += [f"| {r.name} | {f.name} | {f.step} | {f.detail.replace('|', '/')} |" for r, f in flagged]
+    else:
+        out.append("No flag fired.")
+    out += ["", "Thresholds: " + ", ".join(f"{k}={v}" for k, v in asdict(report.thresholds).items())
+            + f". Breaking flags (for *{BREAKS_TRAINING}*): {', '.join(BREAKING_FLAGS)}; kl_drift is a warning."]
+    return out
+
+
+def verdict_lines(report: Report) -> list[str]:
+    if not report.verdicts:
+        return ["No contrasts: this sweep has no pair of variants that differ by one trick."]
+    lines = []
+    for v in report.verdicts:
+        d = v["delta"]
+        numbers = ""
+        if d.mean is not None:
+            numbers = f"Δ {report.metric} ({v['with']} − {v['without']}) = {fmt_num(d.mean, signed=True)}"
+            if d.has_ci:
+                numbers += f", 95% CI [{fmt_num(d.low, signed=True)}, {fmt_num(d.high, signed=True)}]"
+            numbers += f", {d.basis}; "
+        lines.append(f"- **{v['trick']}**: *{v['verdict']}* — {numbers}{v['why']}.")
+    return lines
+
+
+def control_lines(report: Report) -> list[str]:
+    """The "Against the controls" section: for every treatment, does it beat each control?
+    Not beating the SFT control is said plainly: RL is not shown to help here."""
+    direction = "above" if report.higher_is_better else "below"
+    lines = [f"Δ = variant − control on the final `{report.metric}`, paired by seed when both have the same "
+             f"seeds, else Welch. A variant *beats* a control only when the 95% CI of Δ lies entirely {direction} zero.", ""]
+    by_variant: dict[str, list] = {}
+    for c in report.against_controls:
+        by_variant.setdefault(c["variant"], []).append(c)
+    for variant, comparisons in by_variant.items():
+        parts, rl_not_shown = [], False
+        for c in comparisons:
+            label = CONTROL_LABELS[c["role"]]
+            numbers = fmt_delta(c["delta"])
+            if c["outcome"] == BEATS:
+                parts.append(f"beats {label} ({numbers})")
+            elif c["outcome"] == NOT_SHOWN:
+                verb = "not shown to beat the untrained base" if c["role"] == "base" else "does not beat the SFT control"
+                parts.append(f"{verb} ({numbers + '; ' if numbers else ''}{c['why']})")
+                rl_not_shown |= c["role"] == "sft"
+            else:   # the control has nothing to compare with: no claim either way
+                parts.append(f"no comparison with {label} ({c['why']})")
+        line = f"- **{variant}**: " + "; ".join(parts)
+        lines.append(line + (" — **RL not shown to help here**." if rl_not_shown else "."))
+    base, sft = report.controls.get("base"), report.controls.get("sft")
+    if base and sft:   # is the supervised budget itself worth anything?
+        row = next(r for r in report.rows if r["variant"] == sft)
+        numbers = fmt_delta(row["delta_vs_base"])
+        lines.append(f"- The SFT control itself vs the untrained base: {numbers or 'no Δ (no completed runs on a side)'}.")
+    if report.against_controls and all(c["delta"].n <= 1 and not c["delta"].has_ci for c in report.against_controls):
+        lines += ["", "With one seed per variant no comparison with the controls is possible beyond point estimates."]
+    return lines
+
+
+def controls_summary(report: Report) -> str | None:
+    """One line for the top of the report when no variant beats the SFT control."""
+    sft = report.controls.get("sft")
+    versus_sft = [c for c in report.against_controls if c["role"] == "sft"]
+    if not sft or not versus_sft or any(c["outcome"] == BEATS for c in versus_sft):
+        return None
+    if all(c["outcome"] == NO_COMPARISON for c in versus_sft):
+        return None   # the control itself has nothing to compare with: "Against the controls" says why
+    one_seed = all(not c["delta"].has_ci for c in versus_sft)
+    return (f"**No variant beats the SFT control (`{sft}`) on `{report.metric}`: RL not shown to help here.**"
+            + (" (One seed: point estimates only, no comparison is possible.)" if one_seed else ""))
+
+
+# --------------------------------------------------------------------------- tables
+def variants_table(report: Report) -> str:
+    m = report.metric
+    header = ["variant", "tricks on", "seeds", "status", f"final {m} (95% CI)", f"AUC {m}", "Δ vs reference",
+              *(CONTROL_COLUMNS[role] for role in report.controls),
+              "length", "truncated", "entropy", "KL", "wall s", "flags"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in report.rows:
+        name = row["variant"] + (" (control)" if row["kind"] == "control" else "")
+        delta = "reference" if row["reference"] is None and any(r["reference"] == row["variant"] for r in report.rows) \
+            else ("—" if row["reference"] is None or row["delta"].mean is None
+                  else f"{fmt_estimate(row['delta'], signed=True)} vs {row['reference']}")
+        versus = ["control" if control == row["variant"] else fmt_estimate(row[f"delta_vs_{role}"], signed=True)
+                  for role, control in report.controls.items()]
+        cells = [name, tricks_cell(row), ",".join(map(str, row["seeds"])) or "—",
+                 status_cell(row), fmt_estimate(row["final"]), fmt_estimate(row["auc"]), delta, *versus,
+                 fmt_num(row["length"], 1), fmt_num(row["truncated"], 2), fmt_num(row["entropy"]), fmt_sig(row["kl"]),
+                 fmt_num(row["wall_time_s"], 1),
+                 ", ".join(f"{k}×{n}" for k, n in sorted(row["flags"].items())) or "—"]
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def status_cell(row: dict) -> str:
+    """How many runs are in each state, with the steps where they diverged or are running."""
+    parts = []
+    for state in STATES:
+        n = row["status"].get(state, 0)
+        if not n:
+            continue
+        if state == "diverged":
+            parts.append(f"{n} diverged@{','.join(str(s) for s in row['diverged_steps'])}")
+        elif state == "running":
+            parts.append(f"{n} running@{','.join(str(s) for s in row['running_steps'])}")
+        else:
+            parts.append(f"{n} {state}")
+    parts += [f"{n} {state}" for state, n in row["status"].items() if state not in STATES]
+    return ", ".join(parts) or "no runs"
+
+
+def tricks_cell(row: dict) -> str:
+    """A control has no tricks to list: say what it is instead."""
+    if row["kind"] != "control":
+        return ", ".join(row["tricks_on"]) or "—"
+    what = {"base": "no training", "sft": "supervised on reference solutions"}.get(row.get("control"),
+                                                                                 f"control {row.get('control')}")
+    return what + (f", {row['budget']} budget" if row.get("budget") and row.get("control") != "base" else "")
+
+
+def runs_table(report: Report) -> str:
+    lines = ["| run | variant | seed | state | step | " + f"final {report.metric} | AUC | flags | notes |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in report.sweep.runs:
+        flags = ", ".join(f"{f.name}@{f.step}" for f in r.flags) or "—"
+        notes = "; ".join(r.notes + ([f"reason: {r.reason}"] if r.reason else [])) or "—"
+        cells = [r.name, r.variant, str(r.seed), r.state, str(r.step if r.step is not None else "—"),
+                 fmt_num(final_value(r.metrics, report.metric)), fmt_num(curve_mean(r.metrics, report.metric)),
+                 flags, notes]
+        lines.append("| " + " | ".join(c.replace("|", "/").replace("\n", " ") for c in cells) + " |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- report.csv, report.json
+def flat_rows(report: Report) -> pd.DataFrame:
+    """The variants table with one number per cell: report.csv and the W&B table."""
+    records = []
+    for row in report.rows:
+        rec = {"variant": row["variant"], "kind": row["kind"], "tricks_on": ";".join(row["tricks_on"]),
+               "seeds": ";".join(map(str, row["seeds"])), "reference": row["reference"], "metric": report.metric}
+        for state in STATES:
+            rec[f"n_{state}"] = row["status"].get(state, 0)
+        rec["diverged_steps"] = ";".join(map(str, row["diverged_steps"]))
+        for name in ("final", "auc", "delta"):
+            est = row[name] or Estimate()
+            rec.update({f"{name}_mean": est.mean, f"{name}_ci_low": est.low, f"{name}_ci_high": est.high,
+                        f"{name}_n": est.n})
+        for role in report.controls:   # columns only when the sweep has that control
+            est = row[f"delta_vs_{role}"] or Estimate()
+            rec.update({f"delta_vs_{role}": est.mean, f"delta_vs_{role}_ci_low": est.low,
+                        f"delta_vs_{role}_ci_high": est.high, f"delta_vs_{role}_n": est.n,
+                        f"beats_{role}": row.get(f"beats_{role}")})
+        rec.update({k: row[k] for k in ("length", "truncated", "entropy", "kl", "wall_time_s")})
+        rec["flags"] = ";".join(f"{k}:{n}" for k, n in sorted(row["flags"].items()))
+        records.append(rec)
+    return pd.DataFrame(records)
+
+
+def plain(value):
+    """JSON-ready: estimates as dicts, numpy scalars as Python numbers, NaN/Inf as null."""
+    if isinstance(value, Estimate):
+        return plain(asdict(value))
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (np.integer, np.floating)):
+        return plain(value.item())
+    return value
+
+
+def report_json(report: Report, figures: list[tuple[str, str]] | None = None) -> dict:
+    s = report.sweep
+    return plain({
+        "sweep": {"dir": str(s.dir), "name": s.name, "sweep_id": s.sweep_id, "mode": s.mode, "base": s.base,
+                  "seeds": s.seeds, "wandb_group": s.wandb_group, "manifest_found": s.manifest_found,
+                  "notes": s.notes},
+        "metric": report.metric, "higher_is_better": report.higher_is_better,
+        "thresholds": asdict(report.thresholds),
+        "variants": report.rows, "verdicts": report.verdicts,
+        **({"controls": report.controls, "against_controls": report.against_controls} if report.controls else {}),
+        "runs": [{"run_dir": r.name, "variant": r.variant, "seed": r.seed, "state": r.state, "step": r.step,
+                  "reason": r.reason, "wall_time_s": r.wall_time_s, "final": final_value(r.metrics, report.metric),
+                  "auc": curve_mean(r.metrics, report.metric), "flags": [asdict(f) for f in r.flags],
+                  "notes": r.notes} for r in s.runs],
+        "figures": [name for _, name in figures or []],
+        "diagnostics": report.diagnostics,
+    })

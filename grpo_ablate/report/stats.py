@@ -1,0 +1,147 @@
+"""Statistics over seeds: means and differences of means with their 95% t-intervals.
+
+A run's number is the last value it logged (`final_value`) or its curve's mean (`curve_mean`);
+a variant's is the mean over its completed runs (`mean_ci`); a trick's effect is
+Δ = mean(with) − mean(without) (`delta_ci`), paired by seed when both sides have the same
+seeds, otherwise Welch's interval. The Student-t quantile is computed here (incomplete beta
+by continued fraction), which saves a scipy dependency.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass
+class Estimate:
+    """A mean (or a difference of means) with its 95% interval; low/high None without one."""
+    mean: float | None = None
+    low: float | None = None
+    high: float | None = None
+    n: int = 0
+    basis: str = "no data"
+
+    @property
+    def has_ci(self) -> bool:
+        return self.low is not None and self.high is not None
+
+
+# --------------------------------------------------------------------------- the t distribution
+def incomplete_beta(a: float, b: float, x: float) -> float:
+    """Regularized incomplete beta I_x(a, b), by its continued fraction (Numerical Recipes 6.4)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _beta_continued_fraction(a, b, x) / a
+    return 1.0 - front * _beta_continued_fraction(b, a, 1.0 - x) / b
+
+
+def _beta_continued_fraction(a: float, b: float, x: float) -> float:
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 500):
+        for aa in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                   -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def t_quantile(p: float, df: float) -> float:
+    """Student-t quantile for p in (0.5, 1) and any df > 0 (Welch's df is fractional), by
+    bisection on P(|T| > t) = I_{df/(df+t²)}(df/2, 1/2)."""
+    tail = 2.0 * (1.0 - p)
+    upper_tail = lambda t: incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
+    lo, hi = 0.0, 1.0
+    while upper_tail(hi) > tail:
+        hi *= 2.0
+    for _ in range(100):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if upper_tail(mid) > tail else (lo, mid)
+    return (lo + hi) / 2.0
+
+
+# --------------------------------------------------------------------------- intervals
+def mean_ci(values, level: float = 0.95) -> Estimate:
+    """Mean with a t-interval over seeds; one value gives the mean and no interval."""
+    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
+    if len(x) == 0:
+        return Estimate()
+    if len(x) == 1:
+        return Estimate(float(x[0]), None, None, 1, "n=1, no CI")
+    half = t_quantile(0.5 + level / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
+    return Estimate(float(x.mean()), float(x.mean() - half), float(x.mean() + half), len(x), f"t-interval, n={len(x)}")
+
+
+def delta_ci(treated: dict, reference: dict, level: float = 0.95) -> Estimate:
+    """Δ = mean(treated) − mean(reference), values keyed by seed: paired over seeds when both
+    sides have the same seeds, otherwise Welch's interval (each side needs n >= 2)."""
+    treated = {k: v for k, v in treated.items() if v is not None and math.isfinite(v)}
+    reference = {k: v for k, v in reference.items() if v is not None and math.isfinite(v)}
+    if not treated or not reference:
+        return Estimate()
+    if treated.keys() == reference.keys():
+        seeds = sorted(treated, key=str)
+        est = mean_ci([treated[s] - reference[s] for s in seeds], level)
+        est.basis = f"paired over seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+        return est
+    a, b = np.array(list(treated.values())), np.array(list(reference.values()))
+    diff = float(a.mean() - b.mean())
+    basis = f"Welch, n={len(a)} vs {len(b)} (seeds differ)"
+    if len(a) < 2 or len(b) < 2:
+        return Estimate(diff, None, None, min(len(a), len(b)), basis + ", no CI")
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    se = math.sqrt(va + vb)
+    if se == 0.0:
+        return Estimate(diff, diff, diff, min(len(a), len(b)), basis)
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    half = t_quantile(0.5 + level / 2, df) * se
+    return Estimate(diff, diff - half, diff + half, min(len(a), len(b)), basis)
+
+
+def finite_mean(values) -> float | None:
+    """The mean of the finite values, None when there is none (no interval: a table cell)."""
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    return float(np.mean(values)) if values else None
+
+
+# --------------------------------------------------------------------------- one run's numbers
+def final_value(metrics: pd.DataFrame, column: str) -> float | None:
+    """The last value a run logged for this column."""
+    if column not in metrics:
+        return None
+    values = metrics[column].dropna()
+    return float(values.iloc[-1]) if len(values) else None
+
+
+def curve_mean(metrics: pd.DataFrame, column: str) -> float | None:
+    """Area under the curve over its step range (trapezoid), i.e. the metric's mean over
+    training: less noisy than the last point."""
+    if column not in metrics:
+        return None
+    points = metrics[["step", column]].dropna()
+    if len(points) < 2:
+        return float(points[column].iloc[0]) if len(points) else None
+    steps, values = points["step"].to_numpy(float), points[column].to_numpy(float)
+    return float(np.sum((values[1:] + values[:-1]) / 2 * np.diff(steps)) / (steps[-1] - steps[0]))
+
+
+def kl_column(metrics: pd.DataFrame) -> str | None:
+    """k3 when logged (the estimator the KL term usually uses), else k1."""
+    for column in ("kl/k3", "kl/k1"):
+        if column in metrics and metrics[column].notna().any():
+            return column
+    return None

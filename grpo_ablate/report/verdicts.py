@@ -1,0 +1,134 @@
+"""Verdicts: what a sweep says about each trick, and about each variant against the controls.
+
+The vocabulary is defined once, here: a new verdict is a name and a colour below and the rule
+in `decide` that gives it, with the reason it gives (`why`). Rendering prints whatever
+verdict and reason it is handed.
+
+- A trick (a contrast: the variant with it vs the one without) *breaks training* when at
+  least half of its finished runs broke (diverged or a breaking health flag) and none without
+  it did. Otherwise the 95% CI of Δ decides: *helps* / *hurts* when it excludes zero, *no
+  evidence* when it touches zero, *no verdict* when there is no interval (one seed, too few
+  runs) or a zero-width one (every seed gave the same Δ: a coarse metric, not certainty).
+- A variant *beats* a control only when the 95% CI of Δ = variant − control lies entirely on
+  the better side of zero; otherwise it is *not shown* to; *no comparison* when the control
+  itself has nothing to compare with.
+"""
+from __future__ import annotations
+
+from grpo_ablate.report.health import BREAKING_FLAGS
+from grpo_ablate.report.load import Run, Sweep
+from grpo_ablate.report.stats import Estimate, delta_ci
+
+# --------------------------------------------------------------------------- the vocabulary
+HELPS = "helps"
+HURTS = "hurts"
+NO_EVIDENCE = "no evidence"
+BREAKS_TRAINING = "breaks training"
+NO_VERDICT = "no verdict"
+# Coming next: INERT = "inert here", for a contrast whose two sides are identical or whose
+# trick's activity metric stayed zero; `decide` gives it before the numbers are read.
+VERDICT_COLORS = {HELPS: "tab:green", HURTS: "tab:red", NO_EVIDENCE: "tab:gray",   # in the Δ chart
+                  BREAKS_TRAINING: "black", NO_VERDICT: "lightgray"}
+
+BEATS = "beats"                    # against a control
+NOT_SHOWN = "not shown"
+NO_COMPARISON = "no comparison"
+
+
+# --------------------------------------------------------------------------- tricks
+def contrast_verdicts(sweep: Sweep, finals: dict, areas: dict, higher_is_better: bool) -> list[dict]:
+    """One verdict per contrast: {trick, with, without, verdict, delta, auc_delta, why}.
+    `finals` / `areas`: variant -> {seed: final value / curve mean} of its completed runs."""
+    runs_of = {v["name"]: [r for r in sweep.runs if r.variant == v["name"]] for v in sweep.variants}
+    verdicts = []
+    for c in sweep.contrasts:
+        if c["with"] not in runs_of or c["without"] not in runs_of:
+            verdicts.append({**c, "verdict": NO_VERDICT, "delta": Estimate(), "auc_delta": Estimate(),
+                             "why": "a variant of this contrast is not in the sweep"})
+            continue
+        delta = delta_ci(finals[c["with"]], finals[c["without"]])
+        verdict, why = decide(runs_of[c["with"]], runs_of[c["without"]], delta, higher_is_better)
+        # coming next: the contrast's power / sequential looks (seeds used, the look that
+        # decided, the smallest detectable effect) are added to this dict
+        verdicts.append({**c, "verdict": verdict, "delta": delta,
+                         "auc_delta": delta_ci(areas[c["with"]], areas[c["without"]]), "why": why})
+    return verdicts
+
+
+def decide(with_runs: list[Run], without_runs: list[Run], delta: Estimate, higher_is_better: bool) -> tuple[str, str]:
+    """The verdict on one trick and why. *breaks training*: at least half of the finished
+    runs with it broke (diverged or a breaking health flag) and none without it did. Else
+    the CI of Δ decides; a CI that touches zero is *no evidence*, never a difference, and a
+    zero-width CI (every seed gave the same Δ) decides nothing."""
+    with_done = [r for r in with_runs if r.state in ("completed", "diverged")]
+    without_done = [r for r in without_runs if r.state in ("completed", "diverged")]
+    broke_with = [r for r in with_done if r.broken]
+    broke_without = [r for r in without_done if r.broken]
+    if broke_with and without_done and not broke_without and 2 * len(broke_with) >= len(with_done):
+        how = "; ".join(f"{r.name}: " + ", ".join(f"{f.name}@{f.step}" for f in r.flags if f.name in BREAKING_FLAGS)
+                        for r in broke_with)
+        return BREAKS_TRAINING, (f"{len(broke_with)} of {len(with_done)} runs with it broke ({how}); "
+                                 f"0 of {len(without_done)} without it")
+    verdict, why = _decide_by_delta(delta, higher_is_better)
+    if broke_without or broke_with:  # the numbers are only part of the story then
+        why += (f" (runs that broke: {len(broke_with)} of {len(with_done)} with it, "
+                f"{len(broke_without)} of {len(without_done)} without)")
+    return verdict, why
+
+
+def _decide_by_delta(delta: Estimate, higher_is_better: bool) -> tuple[str, str]:
+    if delta.mean is None:
+        return NO_VERDICT, "no completed runs on one side to compare"
+    if not delta.has_ci:
+        if delta.n <= 1 and "Welch" not in delta.basis:
+            return NO_VERDICT, f"one seed: only *{BREAKS_TRAINING}* can be called"
+        return NO_VERDICT, f"too few completed runs for an interval ({delta.basis})"
+    if delta.low <= 0.0 <= delta.high:
+        return NO_EVIDENCE, "the 95% CI of Δ spans zero"
+    if delta.low == delta.high:  # every seed gave the same Δ: a coarse metric, not certainty
+        return NO_VERDICT, ("every seed gave the same nonzero Δ, so the interval has zero width and says "
+                            "nothing about noise (a coarse metric? more eval problems or seeds)")
+    better = (delta.low > 0) == higher_is_better
+    return (HELPS if better else HURTS), "the 95% CI of Δ excludes zero"
+
+
+# --------------------------------------------------------------------------- controls
+def against_controls(sweep: Sweep, finals: dict, higher_is_better: bool) -> list[dict]:
+    """Every treatment against every control the sweep has: {variant, control, role, delta,
+    outcome, beats, why}."""
+    against = []
+    for v in sweep.variants:
+        if v["kind"] == "control":
+            continue
+        for role, control in sweep.controls.items():
+            delta = delta_ci(finals[v["name"]], finals[control])
+            outcome, beats, why = compare_with_control(delta, finals[control], higher_is_better)
+            against.append({"variant": v["name"], "control": control, "role": role, "delta": delta,
+                            "outcome": outcome, "beats": beats, "why": why})
+    return against
+
+
+def compare_with_control(delta: Estimate, control: dict, higher_is_better: bool) -> tuple[str, bool | None, str]:
+    """Whether a variant beats a control (Δ = variant − control; `control` is the control's
+    final values keyed by seed): (outcome, beats, why).
+    outcome: *beats* only when the 95% CI of Δ lies entirely on the better side of zero;
+    *not shown* when it does not, or when no interval is possible (one seed, too few runs, no
+    completed run of the variant): it has not shown that it beats the control; *no comparison*
+    when the control itself has nothing to compare with (then no claim is made either way).
+    beats: True / False when an interval decided, None when none could."""
+    if not any(v is not None for v in control.values()):
+        return NO_COMPARISON, None, ("the control has no completed run" if not control
+                                     else "the control's runs did not log this metric")
+    if delta.mean is None:
+        return NOT_SHOWN, None, "no completed run of this variant to compare"
+    if not delta.has_ci:
+        if delta.n <= 1 and "Welch" not in delta.basis:
+            return NOT_SHOWN, None, "one seed: no comparison is possible beyond the point estimate"
+        return NOT_SHOWN, None, f"too few completed runs for an interval ({delta.basis})"
+    if delta.low == delta.high and delta.low != 0.0:   # as in _decide_by_delta: a coarse metric, not certainty
+        return NOT_SHOWN, False, "every seed gave the same Δ: a zero-width interval says nothing about noise"
+    if (delta.low > 0) if higher_is_better else (delta.high < 0):
+        return BEATS, True, f"the 95% CI of Δ lies entirely {'above' if higher_is_better else 'below'} zero"
+    if (delta.high < 0) if higher_is_better else (delta.low > 0):
+        return NOT_SHOWN, False, f"it is worse: the 95% CI of Δ lies entirely {'below' if higher_is_better else 'above'} zero"
+    return NOT_SHOWN, False, "the 95% CI of Δ spans zero"

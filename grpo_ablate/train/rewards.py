@@ -1,0 +1,88 @@
+"""From the verifier's scores to advantages: reward shaping, then the advantage chain.
+
+Shaping, in order (each family a trick, looked up in the registry):
+    task      the verifier's score mapped to [reward.wrong, reward.correct]
+    format    task.format_reward for an answer in \\boxed{} / after #### (real tasks)
+    overlong  `overlong`: a soft punishment added, or truncated completions masked out
+    length    `length`: a length penalty or the group length reward added
+    kl        `kl=in_reward`: - beta * sum_t KL(pi_old || pi_ref) per completion
+The parts are kept by name (`components`): the gradient diagnostics push each one alone
+through the same advantage chain, reward_norm -> adv -> adv_clip, as the total goes through.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from omegaconf import DictConfig
+
+from grpo_ablate.config import trick
+from grpo_ablate.tricks.adv import gae, token_rewards
+from grpo_ablate.tricks.kl import kl_reward_penalty
+
+
+@dataclass
+class ShapedRewards:
+    rewards: torch.Tensor            # [N] the total that the advantage is computed from
+    components: dict                 # name -> [N] its parts (task, overlong, length, kl)
+    keep: torch.Tensor               # [N] bool: False for completions whose tokens are masked out
+    mask: torch.Tensor               # [N, T] the trained tokens: completion tokens of kept rows
+
+
+class RewardShaping:
+    """The shaping tricks of a run, bound once: (scores, completions) -> ShapedRewards."""
+
+    def __init__(self, cfg: DictConfig, task, reward_beta: float):
+        self.correct, self.wrong = cfg.reward.correct, cfg.reward.wrong
+        self.format_reward = float(getattr(task, "format_reward", 0.0))   # bonus for \boxed{} / ####
+        self.formatted = getattr(task, "formatted", None)
+        self.overlong, self.length = trick(cfg, "overlong"), trick(cfg, "length")
+        self.max_new = int(cfg.rollout.max_new_tokens)
+        self.reward_beta = reward_beta
+
+    def __call__(self, scores, texts, roll, group_index, old_logp=None, ref_logp=None) -> ShapedRewards:
+        task = self.wrong + (self.correct - self.wrong) * scores   # the verifier's score on the reward scale
+        rewards = task
+        if self.format_reward:
+            rewards = rewards + self.format_reward * torch.tensor([float(self.formatted(t)) for t in texts],
+                                                                  device=rewards.device)
+        rewards, keep, overlong_penalty = self.overlong(rewards, roll.lengths, roll.truncated, self.max_new)
+        mask = roll.completion_mask * keep[:, None]   # [N, T] 1 up to and incl. EOS, if trained
+        rewards, length_reward = self.length(rewards, roll.lengths, group_index, scores > 0, self.max_new)
+        components = {"task_reward": task, "overlong_reward": overlong_penalty, "length_reward": length_reward}
+        if self.reward_beta > 0:
+            kl_reward = -self.reward_beta * kl_reward_penalty(old_logp, ref_logp, mask)
+            rewards = rewards + kl_reward
+            components["kl_reward"] = kl_reward
+        return ShapedRewards(rewards, components, keep, mask)
+
+
+@dataclass
+class Advantages:
+    values: torch.Tensor           # [N] per completion, or [N, T] per token (an estimator with a critic)
+    clipped_frac: torch.Tensor     # the fraction adv_clip clipped
+    rewards: torch.Tensor          # [N] the rewards after reward_norm, which the estimator saw
+
+    @property
+    def per_token(self) -> torch.Tensor:
+        """Broadcastable over a completion's tokens: [N, 1] or [N, T]."""
+        return self.values if self.values.dim() == 2 else self.values[:, None]
+
+
+class AdvantageChain:
+    """reward_norm -> adv -> adv_clip, bound once; the same chain for the total reward and for
+    each reward component alone (the diagnostics)."""
+
+    def __init__(self, cfg: DictConfig):
+        self.reward_norm, self.estimator = trick(cfg, "reward_norm"), trick(cfg, "adv")
+        self.adv_clip = trick(cfg, "adv_clip")
+        self.gamma, self.lam = float(cfg.adv.get("gamma", 1.0)), float(cfg.adv.get("lam", 1.0))
+
+    def __call__(self, rewards, group_index, mask, values=None) -> Advantages:
+        rewards = self.reward_norm(rewards)
+        advantages, clipped_frac = self.adv_clip(self.estimator(rewards, group_index, mask, values))
+        return Advantages(advantages, clipped_frac, rewards)
+
+    def critic_returns(self, rewards, mask, old_values):
+        """The critic's targets: lambda-returns of the (reward_norm'ed) reward under V_old."""
+        return gae(token_rewards(rewards, mask), old_values, mask, self.gamma, self.lam)[1]

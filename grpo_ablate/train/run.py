@@ -1,0 +1,228 @@
+"""The run skeleton every kind of run shares: the GRPO loop and the no-RL controls.
+
+A kind of run brings a `Trainer` (its models and its step); the skeleton owns everything
+around the step: the run dir (fresh or resumed, only with the config it was started with),
+the base evaluation at step 0, the eval / samples / checkpoint schedule, status.json on
+success, divergence and failure, and the progress shown on the console.
+
+    state = trainer.state_dict()        optimizer, schedule, sampler and the trainer's own
+    result = trainer.step(step)         StepResult: metrics, or the reason it diverged
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from omegaconf import DictConfig
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from grpo_ablate.config import config_hash
+from grpo_ablate.errors import ConfigError
+from grpo_ablate.rundir import find_checkpoint, read_status
+from grpo_ablate.sampling.engines import Rollouts
+from grpo_ablate.train.run_log import RunLog, save_checkpoint
+
+# Exit codes of `grpo-ablate train`
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DIVERGED = 0, 1, 2, 3
+
+
+@dataclass
+class RunResult:
+    state: str             # completed | diverged | failed
+    step: int
+    run_dir: Path
+    base_accuracy: float | None = None
+    final_accuracy: float | None = None
+    reason: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return {"completed": EXIT_OK, "diverged": EXIT_DIVERGED}.get(self.state, EXIT_FAILED)
+
+
+@dataclass
+class StepResult:
+    metrics: dict | None                 # this step's row of metrics.jsonl (None: nothing to log)
+    diverged: str | None = None          # why the run diverged here: it stops, and that is a result
+    samples: list[dict] = field(default_factory=list)   # a few completions, for samples.jsonl
+
+
+class Trainer(Protocol):
+    """What a kind of run brings to the skeleton."""
+    model: torch.nn.Module       # saved with the tokenizer in every checkpoint
+    tokenizer: object
+
+    def evaluate(self) -> dict: ...
+    def step(self, step: int) -> StepResult: ...
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+# ------------------------------------------------------------------------------ set-up
+def prepare_process(cfg: DictConfig) -> None:
+    """Process-wide settings every run makes before it builds anything (the seed first)."""
+    torch.set_flush_denormal(True)   # near-converged tiny models produce denormals: ~100x slower on CPUs
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
+    torch.manual_seed(cfg.seed)
+
+
+def attention_implementation(cfg: DictConfig, device: torch.device) -> str | None:
+    """model.attn_implementation, with `auto` = eager on a CPU (it beats SDPA's dispatch
+    overhead for tiny models, ~8% per step) and transformers' default elsewhere."""
+    attn = cfg.model.attn_implementation
+    return ("eager" if device.type == "cpu" else None) if attn == "auto" else attn
+
+
+class Optimization:
+    """AdamW with the linear warm-up every kind of run uses, and the run's sampling stream:
+    everything a checkpoint needs besides the weights and the trainer's own state."""
+
+    def __init__(self, param_groups: list, cfg: DictConfig):
+        self.optimizer = torch.optim.AdamW(param_groups, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
+                                           weight_decay=cfg.optim.weight_decay)
+        warmup = max(1, int(cfg.optim.warmup_steps))
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
+        self.sampler = torch.Generator().manual_seed(int(cfg.seed))   # the only randomness of a step
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict(),
+                "sampler": self.sampler.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["schedule"])
+        self.sampler.set_state(state["sampler"])
+
+
+def open_run_dir(cfg: DictConfig, run_dir: Path) -> tuple[dict | None, Path | None]:
+    """The run dir's status and the checkpoint to continue from (with resume=true). A dir that
+    holds a run is only continued, and only with the config it was started with."""
+    status = read_status(run_dir)
+    checkpoint = find_checkpoint(run_dir) if cfg.resume else None
+    if status is not None and not cfg.resume:
+        raise ConfigError(f"run dir {run_dir} already holds a run ({status['state']}); "
+                          f"continue it with `grpo-ablate train --resume {run_dir}` or pick a new dir")
+    if status is not None and status.get("config_hash") != config_hash(cfg):
+        raise ConfigError(f"cannot resume {run_dir}: the config differs from the one it was started "
+                          "with (only steps, logger, run labels and threads may change)")
+    return status, checkpoint
+
+
+def already_finished(status: dict | None, cfg: DictConfig) -> bool:
+    """A finished result is never redone: completed at (or past) the asked-for steps, or diverged."""
+    return status is not None and (status["state"] == "diverged"
+                                   or status["state"] == "completed" and status["step"] >= cfg.steps)
+
+
+def finished_result(status: dict, run_dir: Path, say) -> RunResult:
+    say(f"{run_dir} is already {status['state']} at step {status['step']}; nothing to do")
+    return RunResult(status["state"], status["step"], run_dir, reason=status.get("reason"))
+
+
+def evaluate(policy, rollouts: Rollouts, problems, max_new_tokens: int) -> dict:
+    """Greedy decoding on the held-out split (GRPO runs and control runs share it)."""
+    policy.eval()
+    graded = rollouts(problems, 1, 0.0, ("eval",), max_new_tokens=max_new_tokens)
+    return {"eval/accuracy": sum(graded.scores.tolist()) / len(graded.scores),
+            "eval/length_mean": graded.roll.lengths.float().mean().item(),
+            "eval/truncated_frac": graded.roll.truncated.float().mean().item()}
+
+
+# ------------------------------------------------------------------------------ the loop
+def run_steps(cfg: DictConfig, run_dir: Path, overrides, trainer: Trainer, checkpoint: Path | None,
+              console=None, writes: bool = True, first_row: dict | None = None) -> RunResult:
+    """Steps start+1 .. cfg.steps of `trainer` in `run_dir`, with the eval, samples and
+    checkpoint schedule; status.json says how it ended. `writes`: this process writes the run
+    dir (under torchrun, rank 0 alone). `first_row` joins the metrics of step 0."""
+    say = console.print if console is not None else (lambda *a, **k: None)
+    start = 0
+    if checkpoint is not None:
+        state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
+        trainer.load_state_dict(state)
+        start = state["step"]
+        say(f"resuming {run_dir} from step {start}")
+    log = RunLog(run_dir, cfg, list(overrides), config_hash(cfg),
+                 resume_step=start if checkpoint is not None else None) if writes else Silent()
+    result, step, progress = RunResult("running", start, run_dir), start, None
+    steps = int(cfg.steps)
+    try:
+        if start == 0:
+            base = trainer.evaluate()
+            log.log({"step": 0, **base, **(first_row or {})})
+            result.base_accuracy = base["eval/accuracy"]
+            say(f"step 0  base eval accuracy {base['eval/accuracy']:.3f}")
+        progress = ProgressLine(console, steps, start)
+        metrics: dict = {}
+        for step in range(start + 1, steps + 1):
+            if step == cfg.debug.fail_at_step:   # fault injection (tests of sweep isolation)
+                raise RuntimeError(f"debug.fail_at_step={step}: injected failure")
+            outcome = trainer.step(step)
+            if outcome.diverged is not None:     # for an ablation a NaN is a result: record it, stop
+                if outcome.metrics is not None:
+                    log.log(outcome.metrics)
+                log.status("diverged", step, outcome.diverged)
+                say(f"[red]diverged[/]: {outcome.diverged}")
+                result.state, result.step, result.reason = "diverged", step, outcome.diverged
+                return result
+            metrics = outcome.metrics
+            if step % int(cfg.eval.every) == 0 or step == steps:
+                eval_started = time.perf_counter()
+                metrics.update(trainer.evaluate())
+                metrics["time/eval_s"] = time.perf_counter() - eval_started
+            log.log(metrics)
+            if step % int(cfg.samples_every) == 0 and outcome.samples:
+                log.samples(step, outcome.samples)
+            if (step % int(cfg.checkpoint_every) == 0 or step == steps) and writes:
+                save_checkpoint(run_dir, trainer.model, trainer.tokenizer, {"step": step, **trainer.state_dict()})
+            log.status("running", step)
+            progress.update(step, metrics, say)
+        result.state, result.step = "completed", steps
+        result.final_accuracy = metrics.get("eval/accuracy") if steps > start else None
+        log.status("completed", steps)
+        return result
+    except BaseException as err:  # a crash or Ctrl-C: record it, then let it propagate
+        log.status("failed", step, f"{type(err).__name__}: {err}".strip()[:500])
+        raise
+    finally:
+        if progress is not None:
+            progress.stop()
+        log.close()
+
+
+class Silent:
+    """The run log of a rank other than 0 under torchrun: rank 0 alone writes the run dir."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+class ProgressLine:
+    """A rich progress bar (step, reward, accuracy) on a terminal; a line per eval otherwise."""
+
+    def __init__(self, console, total: int, done: int):
+        self.bar = None
+        if console is not None and console.is_terminal:
+            self.bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console)
+            self.task = self.bar.add_task("train", total=total, completed=done, info="")
+            self.bar.start()
+
+    def update(self, step: int, metrics: dict, say) -> None:
+        info = (f"reward {metrics['reward/mean']:.3f}  len {metrics['length/mean']:.1f}" if "reward/mean" in metrics
+                else f"sft loss {metrics['loss']:.3f}")   # a supervised control run samples nothing
+        if "eval/accuracy" in metrics:
+            info += f"  eval acc {metrics['eval/accuracy']:.3f}"
+            if self.bar is None:
+                say(f"step {step}  {info}  ({metrics['time/step_s']:.2f} s/step)")
+            else:
+                self.bar.console.print(f"step {step}  {info}")
+        if self.bar is not None:
+            self.bar.update(self.task, completed=step, info=info)
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()

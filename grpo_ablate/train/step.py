@@ -1,0 +1,377 @@
+"""One GRPO step, as named phases: sample, anchor forwards, rewards and advantages, update, metrics.
+
+`GRPOStep.step` reads top to bottom; every trick enters through the registry (the objects
+`LossTerms`, `RewardShaping`, `AdvantageChain` and the controllers were bound from the
+config when the run started), so nothing here branches on a trick's name.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+from omegaconf import DictConfig
+
+from grpo_ablate.config import trick
+from grpo_ablate.sampling.decode import NonFiniteLogits, Rollout, concat_rollouts, select_rows
+from grpo_ablate.sampling.engines import Rollouts
+from grpo_ablate.train import diagnostics
+from grpo_ablate.train import metrics as step_metrics
+from grpo_ablate.train.distributed import DataParallel
+from grpo_ablate.train.forward import token_logprobs
+from grpo_ablate.train.losses import Coefficients, LossInputs, LossTerms, total
+from grpo_ablate.train.rewards import AdvantageChain, Advantages, RewardShaping, ShapedRewards
+from grpo_ablate.train.run import Optimization, StepResult, evaluate
+from grpo_ablate.tricks import option
+from grpo_ablate.tricks.adv import group_mean_std
+from grpo_ablate.tricks.loss_agg import aggregate
+
+
+@dataclass
+class Policies:
+    """The models of a GRPO run: the policy it trains, and the frozen ones it is anchored to."""
+    policy: torch.nn.Module
+    tokenizer: object
+    reference: torch.nn.Module | None       # pi_ref (kl with beta > 0, or metrics.ref_kl)
+    previous: torch.nn.Module | None        # pi_prev (kl=two_layer), refreshed from `snapshots`
+    snapshots: deque                        # the policy's last prev_lag + 1 weights
+    value_head: torch.nn.Module | None      # the critic (adv=gae)
+
+
+@dataclass
+class Controllers:
+    """Tricks with state of their own, checkpointed with the run."""
+    kl: object            # kl family: beta (adaptive ones update it from the measured KL)
+    entropy: object       # entropy family: the bonus coefficient c
+    temperature: object   # temperature family: T (learnable: a trained scalar)
+
+
+@dataclass
+class SampledGroups:
+    roll: Rollout
+    problems: list           # one per group
+    texts: list[str]         # one per row
+    scores: torch.Tensor     # [rows] the verifier's rewards
+    group_index: torch.Tensor  # [rows] row -> group (groups may be ragged)
+    rounds: int
+
+
+@dataclass
+class Anchors:
+    """Per-token log-probs of the whole batch under the frozen policies (no gradient)."""
+    ref: torch.Tensor | None = None
+    old: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
+    prev: torch.Tensor | None = None
+
+
+@dataclass
+class Update:
+    """What the optimizer step(s) of a rollout leave for the metrics (the last pass's forward)."""
+    loss: float
+    grad_norm: float
+    finite: bool
+    logp: torch.Tensor
+    entropy: torch.Tensor
+    values: torch.Tensor | None
+    token_stats: dict
+
+
+class GRPOStep:
+    """The `Trainer` of a GRPO run: its models, tricks and optimizer, and `step()`."""
+
+    def __init__(self, cfg: DictConfig, task, encode, policies: Policies, controllers: Controllers,
+                 optim: Optimization, rollouts: Rollouts, dp: DataParallel, device: torch.device):
+        self.cfg, self.task, self.encode, self.dp, self.device = cfg, task, encode, dp, device
+        self.p, self.ctl, self.optim, self.rollouts = policies, controllers, optim, rollouts
+        self.model, self.tokenizer = policies.policy, policies.tokenizer
+        self.shaping = RewardShaping(cfg, task, controllers.kl.reward_beta)
+        self.advantages = AdvantageChain(cfg)
+        self.loss_terms = LossTerms(cfg)
+        self.weights_of = option("loss_agg", cfg.loss_agg.name).impl   # (mask, max_len) -> w
+        critic = list(policies.value_head.parameters()) if policies.value_head is not None else []
+        self.trained = [p for p in policies.policy.parameters() if p.requires_grad] + critic   # LoRA: adapters
+        # trained tensors outside the policy, whose gradients DDP does not average (torchrun)
+        self.outside_ddp = critic + [p for g in controllers.temperature.param_groups() for p in g["params"]]
+        self.train_model = dp.wrap(policies.policy)   # the loss's forward: DDP under torchrun
+        # model.dtype=float16: a dynamic loss scale keeps small gradients from underflowing (else off)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=cfg.model.get("dtype", "float32") == "float16")
+        # pi_old by a separate forward only when the rollout's tokens are scored more than once
+        # (several passes), charged to the reward (kl=in_reward) or valued by a critic; otherwise
+        # pi_old is the policy itself and the ratio is exactly 1 (nothing clips: expected)
+        self.needs_old = (int(cfg.updates.num_iterations) > 1 or controllers.kl.reward_beta > 0
+                          or policies.value_head is not None)
+        # gradient-conflict diagnostics (diag.grad_conflict=true) every diag.every steps; off: 0
+        self.diag_every = int(cfg.diag.every) if cfg.diag.grad_conflict else 0
+        self.diag_params = (diagnostics.last_layer_params(policies.policy, cfg.diag.last_layers)
+                            if self.diag_every else None)
+        self.skipped_steps = 0
+        self.eval_problems = task.eval_set()
+        self.started = time.perf_counter()   # time/elapsed_s: wall clock since the run (re)started here
+
+    # ------------------------------------------------------------------ the step
+    def step(self, step: int) -> StepResult:
+        cfg, ctl, started = self.cfg, self.ctl, time.perf_counter()
+        self.model.train()
+        T = ctl.temperature.value                                   # this step's sampling temperature
+        try:
+            batch = sample_groups(self.rollouts, self.task, cfg, step, T)          # 1. sample and score
+        except NonFiniteLogits as err:
+            return StepResult(None, diverged=f"{err} at step {step}")
+        part = select_rows(batch.roll, self.dp.share(len(batch.texts)))          # this rank's rows
+        sampled = time.perf_counter()
+        anchors = self.anchor_logprobs(part, T)                                   # 2. frozen forwards
+        scored = time.perf_counter()
+        shaped, adv, inputs = self.rewards_and_advantages(batch, anchors)        # 3. rewards -> advantages
+        weights = self.weights_of(shaped.mask, int(cfg.rollout.max_new_tokens))   # loss = sum w * l
+        rewarded = time.perf_counter()
+        coef = self.coefficients()
+        diag = self.diagnose(batch, shaped, adv, inputs, weights, coef) if self.diag_due(step) else {}
+        update = self.update(part, inputs, weights, coef, step)                   # 4. optimizer step(s)
+        updated = time.perf_counter()
+        metrics = {"step": step, "loss": update.loss,                             # 5. metrics
+                   **self.metrics(batch, shaped, adv, anchors, update, coef, T), **diag,
+                   **self.timings(started, sampled, scored, rewarded, updated, shaped.mask),
+                   "time/elapsed_s": updated - self.started}
+        if not update.finite and cfg.on_nonfinite == "stop":
+            what = "loss" if not math.isfinite(update.loss) else "grad norm"
+            return StepResult(metrics, diverged=f"non-finite {what} at step {step}")
+        return StepResult(metrics, samples=self.samples(batch, adv.rewards))
+
+    # ------------------------------------------------------------------ phases
+    @torch.no_grad()
+    def anchor_logprobs(self, part: Rollout, T: float) -> Anchors:
+        """pi_ref's log-probs (when a KL term or metric needs them), pi_old's and V_old (when
+        needed, see needs_old) and pi_prev's (two-layer KL), gathered to the whole batch."""
+        p, dp, out = self.p, self.dp, Anchors()
+        if p.reference is not None:
+            out.ref = dp.gather_rows(token_logprobs(p.reference, part, T)[0])
+        if self.needs_old:
+            old, _, values = token_logprobs(p.policy, part, T, p.value_head)
+            out.old, out.old_values = dp.gather_rows(old), dp.gather_rows(values)
+        if p.previous is not None:
+            p.previous.load_state_dict(p.snapshots[0])
+            out.prev = dp.gather_rows(token_logprobs(p.previous, part, T)[0])
+        return out
+
+    def rewards_and_advantages(self, batch: SampledGroups, anchors: Anchors):
+        """Shaped rewards, their advantages (reward_norm -> adv -> adv_clip) and the loss's inputs."""
+        group_index = batch.group_index.to(self.device)
+        shaped = self.shaping(batch.scores.to(self.device), batch.texts, batch.roll, group_index,
+                              anchors.old, anchors.ref)
+        adv = self.advantages(shaped.rewards, group_index, shaped.mask, anchors.old_values)
+        returns = (self.advantages.critic_returns(adv.rewards, shaped.mask, anchors.old_values)
+                   if self.p.value_head is not None else None)
+        inputs = LossInputs(shaped.mask, adv.per_token, anchors.old, anchors.ref, anchors.prev,
+                            anchors.old_values, returns)
+        return shaped, adv, inputs
+
+    def coefficients(self) -> Coefficients:
+        kl = self.ctl.kl
+        return Coefficients(kl=kl.loss_beta, kl_prev=kl.beta_prev, entropy=self.ctl.entropy.coef,
+                            value=float(self.cfg.adv.value_coef) if self.p.value_head is not None else 0.0)
+
+    def update(self, part: Rollout, inputs: LossInputs, weights, coef: Coefficients, step: int) -> Update:
+        """updates.num_iterations optimizer steps on this rollout: forward (T in the graph: a
+        learnable temperature is trained through the policy loss), the terms' weighted sum,
+        backward, grad-norm clip, AdamW. On this rank's rows; the weights are global, so the
+        ranks' losses add up to the whole batch's."""
+        cfg, dp, optimizer, scaler = self.cfg, self.dp, self.optim.optimizer, self.scaler
+        mine = inputs.rows(dp.share(inputs.mask.shape[0]))
+        for _ in range(int(cfg.updates.num_iterations)):
+            logp, entropy, values = token_logprobs(self.train_model, part, self.ctl.temperature.current(),
+                                                   self.p.value_head, entropy_grad=coef.entropy > 0)
+            terms, stats = self.loss_terms(logp, entropy, values, mine, coef)
+            loss = aggregate(total(terms), dp.part(weights))
+            if step == cfg.debug.nan_loss_at_step:   # fault injection: a divergence
+                loss = loss * float("nan")
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss * dp.world).backward()     # DDP averages over ranks: x world = the sum
+            dp.average_grads(self.outside_ddp)             # a value head, a learnable T (torchrun only)
+            scaler.unscale_(optimizer)                     # float16 only: the true gradients, before clipping
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.trained, cfg.optim.max_grad_norm)
+            step_loss = dp.sum(loss.item())                # the whole batch's loss
+            # (float16: an overflowing gradient is routine; the scaler skips it, lowers its scale)
+            finite = math.isfinite(step_loss) and (math.isfinite(grad_norm.item()) or scaler.is_enabled())
+            if not finite and cfg.on_nonfinite == "skip":
+                self.skipped_steps += 1    # drop this update, keep the weights as they were
+                optimizer.zero_grad(set_to_none=True)
+                scaler.update()
+                continue
+            if not finite:
+                break
+            scaler.step(optimizer)                         # optimizer.step(), unless float16 overflowed
+            scaler.update()
+            self.optim.schedule.step()
+        if self.p.previous is not None:
+            self.p.snapshots.append(snapshot(self.p.policy))
+        self.rollouts.engine.sync(self.p.policy)   # rollout=vllm: the sampler gets the new weights
+        # the last pass's per-token results, for the metrics: back to the whole batch (torchrun)
+        return Update(step_loss, grad_norm.item(), finite, dp.gather_rows(logp), dp.gather_rows(entropy),
+                      dp.gather_rows(values), {k: dp.gather_rows(v) for k, v in stats.items()})
+
+    # ------------------------------------------------------------------ diagnostics (observation only)
+    def diag_due(self, step: int) -> bool:
+        return bool(self.diag_every) and step % self.diag_every == 0
+
+    def diagnose(self, batch: SampledGroups, shaped: ShapedRewards, adv: Advantages, inputs: LossInputs,
+                 weights, coef: Coefficients) -> dict:
+        """Gradient-conflict diagnostics on a sub-batch (diag.rows completions) and this step's
+        weights: the gradient, w.r.t. the last diag.last_layers blocks, of each loss term alone
+        and of the policy term driven by each reward component alone (through the same
+        reward_norm -> adv -> adv_clip chain). Logs grad_norm/<term> and grad_cos/<a>__<b>.
+        autograd.grad accumulates nothing into .grad and the RNG is restored, so the update is
+        exactly the one it is with diagnostics off."""
+        started = time.perf_counter()
+        group_index = batch.group_index.to(self.device)
+        # a critic's baseline is for the whole reward: no per-component split with one
+        component_adv = {} if self.p.value_head is not None else diagnostics.component_advantages(
+            shaped.components, lambda reward: self.advantages(reward, group_index, shaped.mask).values)
+        informative = torch.stack([inputs.advantages.flatten(1).ne(0).any(1),
+                                   *(a.ne(0) for a in component_adv.values())]).any(0)
+        rows = diagnostics.pick_rows(group_index, informative, self.cfg.diag.rows)
+        policy = self.p.policy
+        with torch.random.fork_rng(devices=[policy.device] if policy.device.type == "cuda" else []):
+            logp, entropy, values = token_logprobs(policy, select_rows(batch.roll, rows),
+                                                   self.ctl.temperature.current(), self.p.value_head,
+                                                   entropy_grad=coef.entropy > 0)
+        w = weights[rows] * (weights.sum() / weights[rows].sum().clamp(min=1e-12))   # the full loss's total
+        sub = inputs.rows(rows)
+        terms, _ = self.loss_terms(logp, entropy, values, sub, coef)
+        terms = {name: aggregate(term, w) for name, term in terms.items()}
+        for name, component in component_adv.items():
+            terms[name] = aggregate(self.loss_terms.policy(logp, sub.old_logp, component[rows][:, None])[0], w)
+        out = diagnostics.conflict_metrics(diagnostics.term_gradients(terms, self.diag_params))
+        out["time/diag_s"] = time.perf_counter() - started   # part of time/update_s
+        return out
+
+    # ------------------------------------------------------------------ metrics, samples, state
+    @torch.no_grad()
+    def metrics(self, batch: SampledGroups, shaped: ShapedRewards, adv: Advantages, anchors: Anchors,
+                update: Update, coef: Coefficients, T: float) -> dict:
+        """This step's metrics; then the adaptive controllers see what they measure."""
+        cfg, mask, m = self.cfg, shaped.mask, step_metrics
+        group_index = batch.group_index.to(self.device)
+        out = {**m.reward_metrics(batch.scores, adv.rewards, group_index, shaped.components["overlong_reward"],
+                                  shaped.keep, shaped.components["length_reward"]),
+               **m.sampling_metrics(batch.rounds, len(batch.problems), len(batch.texts),
+                                    int(cfg.rollout.prompts_per_step), int(cfg.rollout.group_size)),
+               "entropy/coef": coef.entropy, "temperature/value": T,
+               **m.completion_metrics(batch.roll.lengths, batch.roll.truncated),
+               **m.advantage_metrics(adv.values, mask, adv.clipped_frac),
+               **m.update_metrics(update.entropy, mask, update.token_stats),
+               "kl/beta": self.ctl.kl.beta, "optim/grad_norm": update.grad_norm,
+               "optim/lr": self.optim.schedule.get_last_lr()[0], "optim/skipped_steps": self.skipped_steps,
+               **m.kl_metrics(update.logp, anchors.ref, anchors.prev, mask)}
+        if update.values is not None:
+            out.update(m.critic_metrics(update.values, self.advantages.critic_returns(
+                adv.rewards, mask, anchors.old_values), mask))
+        if batch.roll.sampler_logprobs is not None:   # rollout=vllm: the sampler's log-probs vs ours
+            out.update(m.sampler_gap_metrics(batch.roll.sampler_logprobs,
+                                             update.logp if anchors.old is None else anchors.old, mask))
+        if "kl/k3" in out:
+            self.ctl.kl.update(out["kl/k3"], num_sequences=adv.rewards.numel())
+        self.ctl.entropy.update(out["policy/entropy"])
+        return out
+
+    @staticmethod
+    def timings(started, sampled, scored, rewarded, updated, mask) -> dict:
+        tokens = mask.sum().item()
+        return {"time/sample_s": sampled - started,     # generation and verifier
+                "time/reference_s": scored - sampled,   # pi_ref (and pi_old) forwards
+                "time/reward_s": rewarded - scored,
+                "time/update_s": updated - rewarded,
+                "time/step_s": updated - started,
+                "perf/completion_tokens": tokens,
+                "perf/tokens_per_s": tokens / max(updated - started, 1e-9)}
+
+    def samples(self, batch: SampledGroups, rewards) -> list[dict]:
+        """A few completions of this step, for samples.jsonl."""
+        return [{"prompt": batch.problems[int(batch.group_index[i])].prompt, "completion": batch.texts[i],
+                 "reward": rewards[i].item(), "truncated": bool(batch.roll.truncated[i])}
+                for i in range(min(int(self.cfg.samples_per_log), len(batch.texts)))]
+
+    def evaluate(self) -> dict:
+        return evaluate(self.p.policy, self.rollouts, self.eval_problems, int(self.cfg.eval.max_new_tokens))
+
+    def checkpointed(self) -> dict:
+        """The objects with state of their own, by their checkpoint key."""
+        return {"kl_control": self.ctl.kl, "entropy_control": self.ctl.entropy, "temperature": self.ctl.temperature,
+                **({"value_head": self.p.value_head} if self.p.value_head is not None else {}),
+                **({"grad_scaler": self.scaler} if self.scaler.is_enabled() else {})}
+
+    def state_dict(self) -> dict:
+        return {**self.optim.state_dict(), "skipped_steps": self.skipped_steps, "snapshots": list(self.p.snapshots),
+                **{name: obj.state_dict() for name, obj in self.checkpointed().items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optim.load_state_dict(state)
+        for name, obj in self.checkpointed().items():
+            obj.load_state_dict(state[name])
+        self.p.snapshots.extend(state["snapshots"])
+        self.skipped_steps = state["skipped_steps"]
+
+
+def snapshot(model) -> dict:
+    """A detached copy of the weights (a snapshot for the two-layer KL anchor)."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def sample_groups(rollouts: Rollouts, task, cfg: DictConfig, step: int, T: float) -> SampledGroups:
+    """The batch of groups for one optimizer step, per the `sampling` family.
+
+    Round r draws B fresh prompts x G completions; the family's filter keeps groups (static:
+    all; dynamic: those with reward variance) until B are kept or max_rounds is reached, and
+    then trains on what was kept (all of the last round if nothing was). Groups whose rewards
+    are all equal then grow by g_step completions up to g_max (dynamic_group; otherwise
+    g_max = G and nothing grows). Raises NonFiniteLogits if the policy has diverged.
+    """
+    B, G = int(cfg.rollout.prompts_per_step), int(cfg.rollout.group_size)
+    group_filter, max_rounds = trick(cfg, "sampling"), int(cfg.sampling.max_rounds)
+    rolls, problems, texts, scores, rounds = [], [], [], [], 0
+    for sampling_round in range(max_rounds):
+        round_problems = task.train_batch(B, int(cfg.seed), step, sampling_round)
+        graded = rollouts(round_problems, G, T, ("train", step, sampling_round))
+        rounds += 1
+        kept = group_filter(graded.scores.view(B, G)).nonzero().squeeze(1)
+        kept = kept[:B - len(problems)]                  # never more than B groups in total
+        rows = (kept[:, None] * G + torch.arange(G)).reshape(-1)
+        rolls.append(select_rows(graded.roll, rows.to(graded.roll.sequences.device)))
+        problems += [round_problems[g] for g in kept.tolist()]
+        texts += [graded.texts[r] for r in rows.tolist()]
+        scores.append(graded.scores[rows])
+        if len(problems) == B:
+            break
+    if not problems:
+        rolls, problems, texts, scores = [graded.roll], round_problems, graded.texts, [graded.scores]
+    group_index = torch.arange(len(problems)).repeat_interleave(G)
+    return grow_groups(rollouts, cfg, step, T, SampledGroups(concat_rollouts(rolls, rollouts.pad_id), problems,
+                                                             texts, torch.cat(scores), group_index, rounds))
+
+
+def grow_groups(rollouts: Rollouts, cfg: DictConfig, step: int, T: float, batch: SampledGroups) -> SampledGroups:
+    """dynamic_group: groups whose rewards are all equal get g_step more completions at a time,
+    up to g_max (without sampling.g_max, g_max = G and nothing grows)."""
+    g_step = int(cfg.sampling.get("g_step") or 1)
+    g_max = int(cfg.sampling.get("g_max") or cfg.rollout.group_size)
+    rolls, texts, scores, group_index = [batch.roll], list(batch.texts), [batch.scores], batch.group_index
+    n_groups, growth = len(batch.problems), 0
+    while True:
+        _, spread = group_mean_std(torch.cat(scores), group_index)
+        sizes = torch.bincount(group_index, minlength=n_groups)
+        varied = torch.zeros(n_groups, dtype=torch.bool).index_fill_(0, group_index[spread > 0], True)
+        grow = ((~varied) & (sizes < g_max)).nonzero().squeeze(1).tolist()
+        if not grow:
+            break
+        growth += 1
+        more = rollouts([batch.problems[g] for g in grow], g_step, T, ("grow", step, growth))
+        rolls.append(more.roll)
+        texts += more.texts
+        scores.append(more.scores)
+        group_index = torch.cat([group_index, torch.tensor(grow).repeat_interleave(g_step)])
+    if growth == 0:
+        return batch
+    return SampledGroups(concat_rollouts(rolls, rollouts.pad_id), batch.problems, texts, torch.cat(scores),
+                         group_index, batch.rounds)

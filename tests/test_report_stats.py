@@ -1,0 +1,34 @@
+"""The report's statistics: t quantiles from tables, paired and Welch intervals by hand.
+"""
+import math
+
+import numpy as np
+import pytest
+
+from grpo_ablate.report.build import build_report
+from grpo_ablate.report.stats import t_quantile
+from report_fixtures import make_sweep
+
+
+def test_t_quantile_matches_tables():
+    for df, t in [(1, 12.706205), (2, 4.302653), (3, 3.182446), (4, 2.776445), (30, 2.042272)]:
+        assert t_quantile(0.975, df) == pytest.approx(t, abs=1e-6)
+    assert t_quantile(0.975, 1e7) == pytest.approx(1.959964, abs=1e-5)
+    assert 2.776445 < t_quantile(0.975, 3.5) < 3.182446   # fractional df (Welch) in between
+
+
+
+def test_welch_when_seeds_differ(tmp_path):
+    variants = {"base": {"tricks": [], "reference": None, "final": {0: 0.60, 1: 0.64, 2: 0.62}},
+                "+x": {"tricks": ["x"], "reference": "base", "final": {0: 0.75, 1: 0.80}}}
+    report = build_report(make_sweep(tmp_path / "s", variants, mode="add-one-in",
+                                         contrasts=[{"trick": "x", "with": "+x", "without": "base"}]))
+    d = report.verdicts[0]["delta"]
+    a, b = np.array([0.75, 0.80]), np.array([0.60, 0.64, 0.62])
+    va, vb = a.var(ddof=1) / 2, b.var(ddof=1) / 3
+    df = (va + vb) ** 2 / (va ** 2 / 1 + vb ** 2 / 2)
+    half = t_quantile(0.975, df) * math.sqrt(va + vb)
+    assert "Welch" in d.basis
+    assert (d.mean, d.low, d.high) == pytest.approx((0.155, 0.155 - half, 0.155 + half), abs=1e-9)
+    assert report.verdicts[0]["verdict"] == "no evidence"   # n=2 on one side: a wide interval
+
