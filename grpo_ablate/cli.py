@@ -360,6 +360,8 @@ def report(
     threshold: List[str] = typer.Option(
         [], "--threshold", help="Health-flag threshold NAME=VALUE (repeatable); see README for names."),
     lower_is_better: bool = typer.Option(False, "--lower-is-better", help="The metric is a cost (e.g. a length)."),
+    effect: Optional[float] = typer.Option(None, "--effect", help="The smallest Δ that matters: a CI inside ±X is "
+                                           "'no effect', and the power section sizes seeds for it."),
     conflict_threshold: float = typer.Option(
         -0.1, "--conflict-threshold", help="Gradient cosine below which two terms conflict (at > half the steps)."),
     use_wandb: bool = typer.Option(False, "--wandb", help="Also log table and figures to a W&B summary run."),
@@ -375,7 +377,10 @@ def report(
     out_dir = out or sweep_dir
     if not -1.0 <= conflict_threshold <= 1.0:
         fail(f"--conflict-threshold {conflict_threshold} is not allowed; a cosine lies in [-1, 1]")
-    options = {"metric": metric, "higher_is_better": not lower_is_better, "conflict_threshold": conflict_threshold}
+    if effect is not None and not effect > 0:
+        fail(f"--effect {effect}: the smallest Δ that matters must be > 0")
+    options = {"metric": metric, "higher_is_better": not lower_is_better, "conflict_threshold": conflict_threshold,
+               "effect": effect}
     try:
         options["thresholds"] = rep.parse_thresholds(threshold)
         if wandb_report:

@@ -25,8 +25,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo_ablate import report as rep
 from grpo_ablate.report import sequential as seq
+from grpo_ablate.report.health import Flag
+from grpo_ablate.report.load import Run
+from grpo_ablate.report.stats import Estimate
+from grpo_ablate.report.verdicts import BREAKS_TRAINING, decide
 from grpo_ablate.rundir import read_rows, read_status
 from grpo_ablate.sweep import launch
 from grpo_ablate.sweep.matrix import Matrix, SweepError, Variant, expand_jobs
@@ -183,7 +186,7 @@ def _decide_contrast(contrast, past, finals, runs, plan, section) -> dict:
               "sd": current.sd if current else None, "outcome": UNDECIDED, "decided_at_look": None}
     broke = _breaks_training(runs.get(with_, []), runs.get(without, []), with_, without, section["higher_is_better"])
     if broke:
-        return {**record, "outcome": "breaks training", "decided_at_look": look_number, "why": broke}
+        return {**record, "outcome": BREAKS_TRAINING, "decided_at_look": look_number, "why": broke}
     history = [seq.Look(d["n"], d["max_seeds"], d["mean"] * sign, d["sd"]) for d in past if d["mean"] is not None]
     if current is None:
         return {**record, "why": "no seed with completed runs on both sides yet"}
@@ -209,13 +212,12 @@ def _breaks_training(with_runs, without_runs, with_, without, higher_is_better) 
         return None
 
     def as_runs(variant, runs):
-        return [rep.Run(variant, seed, run_dir, state=state, flags=[
-            rep.Flag("diverged", int(status.get("step") or 0), status.get("reason") or "diverged")]
+        return [Run(variant, seed, run_dir, state=state, flags=[
+            Flag("diverged", int(status.get("step") or 0), status.get("reason") or "diverged")]
             if state == "diverged" else []) for seed, run_dir, state, status in runs]
 
-    verdict, why = rep.decide(as_runs(with_, with_runs), as_runs(without, without_runs), rep.Estimate(),
-                              higher_is_better)
-    return why if verdict == "breaks training" else None
+    verdict, why = decide(as_runs(with_, with_runs), as_runs(without, without_runs), Estimate(), higher_is_better)
+    return why if verdict == BREAKS_TRAINING else None
 
 
 def _power(look: seq.Look, decision: seq.Decision, plan: seq.Plan, two_sided: bool) -> dict:
