@@ -78,7 +78,7 @@ def sweep(
     max_seeds: Optional[int] = typer.Option(None, "--max-seeds", help="--seeds auto: at most this many seeds (default 8)."),
     budget: Optional[str] = typer.Option(None, "--budget", help="--seeds auto: start no look past this wall time (90m, 2h)."),
     effect: Optional[float] = typer.Option(None, "--effect", help="--seeds auto: the smallest Δ that matters; "
-                                           "a contrast whose interval excludes it stops as 'no effect >= X'."),
+                                           "a contrast whose repeated 95% interval lies inside ±X stops as 'no effect >= X'."),
     launcher: Optional[str] = typer.Option(None, "--launcher",
                                            help="basic | joblib | submitit_local | submitit_slurm | ray (default joblib)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", help="Runs at a time (default: one per core)."),

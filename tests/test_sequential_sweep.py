@@ -218,6 +218,7 @@ def test_dry_run_plans_the_first_look_the_maximum_and_the_time(tmp_path, cache_d
 
 
 # ----------------------------------------------------------------------------- tiny real sweeps
+SLOW = 1200   # seconds: the first real sweep of a session warms the small model up (slow on a busy machine)
 def run_files(run_dir: Path) -> dict:
     return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(run_dir.rglob("*")) if p.is_file()}
@@ -231,7 +232,7 @@ def test_a_sequential_sweep_stops_and_a_larger_max_seeds_continues_it(tmp_path, 
     sweep_dir = tmp_path / "sweep"
     r = cli("sweep", "add-one-in", "--tricks", "clip_higher", "--seeds", "auto", "--max-seeds", "4",
             "--launcher", "basic", "--no-controls", "--dir", str(sweep_dir), *override(small, "steps=2"),
-            cwd=tmp_path)
+            cwd=tmp_path, timeout=SLOW)
     assert r.returncode == 0, r.stdout + r.stderr
     m = manifest_of(sweep_dir)
     section = m["sequential"]
@@ -249,7 +250,7 @@ def test_a_sequential_sweep_stops_and_a_larger_max_seeds_continues_it(tmp_path, 
     if section["stopped"]["reason"] != "max seeds":
         return
     finished = {d.name: run_files(d) for d in sweep_dir.iterdir() if d.is_dir() and d.name.endswith(tuple("0123"))}
-    r = cli("sweep", "--resume", str(sweep_dir), "--max-seeds", "5", cwd=tmp_path)
+    r = cli("sweep", "--resume", str(sweep_dir), "--max-seeds", "5", cwd=tmp_path, timeout=SLOW)
     assert r.returncode == 0, r.stdout + r.stderr
     m = manifest_of(sweep_dir)
     section = m["sequential"]
@@ -270,7 +271,7 @@ def test_a_sequential_sweep_killed_in_a_later_look_resumes_it(tmp_path, small):
             *override(small, "steps=8", "checkpoint_every=2", "eval.every=4")]
     proc = subprocess.Popen([sys.executable, "-m", "grpo_ablate.cli", *args], cwd=tmp_path, env=dict(os.environ),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline, victim = time.time() + 300, None
+    deadline, victim = time.time() + SLOW, None
     while time.time() < deadline and victim is None and proc.poll() is None:
         time.sleep(0.2)
         try:
@@ -285,7 +286,7 @@ def test_a_sequential_sweep_killed_in_a_later_look_resumes_it(tmp_path, small):
     assert victim is not None, "the sweep never reached a checkpointed run in look 2"
     finished = {d.name: run_files(d) for d in sweep_dir.iterdir() if d.is_dir() and d.name[-1] in "012"}
     assert len(finished) == 6
-    r = cli("sweep", "--resume", str(sweep_dir), cwd=tmp_path)
+    r = cli("sweep", "--resume", str(sweep_dir), cwd=tmp_path, timeout=SLOW)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "resuming" in r.stdout and "of 8 runs finished" in r.stdout
     assert finished == {name: run_files(sweep_dir / name) for name in finished}

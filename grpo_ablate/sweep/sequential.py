@@ -323,6 +323,8 @@ def resume(sweep_dir: Path, launcher, jobs, hydra_args, console, max_seeds: int 
         if max_seeds < most:
             raise SweepError(f"--max-seeds {max_seeds} is below the {most} seeds this sweep already ran")
         section["max_seeds"] = max_seeds
+        if section["looks"][-1]["decisions"] is None:      # the unfinished look is decided on the new horizon
+            section["looks"][-1]["max_seeds"] = max_seeds
     if budget_s is not None:
         section["budget_s"] = budget_s
     if section.get("stopped") and (max_seeds is not None or budget_s is not None):
