@@ -73,7 +73,12 @@ def sweep(
     reward: Optional[str] = typer.Option(None, "--reward", help="conflict: the new reward term, a named trick "
                                          "that shapes the reward (length_penalty, length_group, overlong_punish, kl_in_reward)."),
     base: Optional[str] = typer.Option(None, "--base", help="Preset the tricks are added to (grpo, dapo, ...)."),
-    seeds: Optional[str] = typer.Option(None, "--seeds", help="3 = seeds 0,1,2; or a list: 0,5,9 (default 3)."),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="3 = seeds 0,1,2; or a list: 0,5,9; or auto: "
+                                        "3, then one more per look until each contrast is decided (default 3)."),
+    max_seeds: Optional[int] = typer.Option(None, "--max-seeds", help="--seeds auto: at most this many seeds (default 8)."),
+    budget: Optional[str] = typer.Option(None, "--budget", help="--seeds auto: start no look past this wall time (90m, 2h)."),
+    effect: Optional[float] = typer.Option(None, "--effect", help="--seeds auto: the smallest Δ that matters; "
+                                           "a contrast whose repeated 95% interval lies inside ±X stops as 'no effect >= X'."),
     launcher: Optional[str] = typer.Option(None, "--launcher",
                                            help="basic | joblib | submitit_local | submitit_slurm | ray (default joblib)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", help="Runs at a time (default: one per core)."),
@@ -99,7 +104,8 @@ def sweep(
     or for the launcher (hydra.launcher.partition=gpu).
     """
     from grpo_ablate.config import ConfigError
-    from grpo_ablate.sweep.launch import resume, start
+    from grpo_ablate.sweep import sequential
+    from grpo_ablate.sweep.launch import start
     from grpo_ablate.sweep.matrix import SweepError
 
     args = list(ctx.args)
@@ -109,13 +115,15 @@ def sweep(
                      ("--reward", reward), ("--base", base),
                      ("--seeds", seeds), ("--family", family), ("--steps", steps), ("--name", name),
                      ("--dir", out), ("--max-runs", max_runs), ("--controls", controls is not None),
-                     ("--control-budget", control_budget)) if value]
+                     ("--control-budget", control_budget), ("--effect", effect)) if value]
             train_args = [a for a in args if not a.startswith("hydra.")]
             if given or train_args or dry_run:
                 fail(f"--resume continues a sweep exactly as it was planned; drop "
                      f"{', '.join(given + train_args + (['--dry-run'] if dry_run else []))} "
-                     "(only --launcher, --jobs and hydra.* launcher settings may change)")
-            code = resume(resume_dir, launcher, jobs, [a for a in args if a.startswith("hydra.")], console)
+                     "(only --launcher, --jobs, hydra.* launcher settings and, for --seeds auto, "
+                     "--max-seeds and --budget may change)")
+            code = sequential.resume_any(resume_dir, launcher, jobs, [a for a in args if a.startswith("hydra.")],
+                                         console, {"max_seeds": max_seeds, "budget": budget})
         else:
             if mode == "conflict" or trick or reward:
                 tricks_ = _conflict_tricks(mode, tricks_, trick, reward)
@@ -127,7 +135,16 @@ def sweep(
                 if control_budget not in ("tokens", "wall"):
                     fail(f"--control-budget {control_budget} is not allowed; allowed: tokens, wall")
                 request.control_budget = control_budget
-            code = start(request, console, dry_run=dry_run)
+            request.sequential.update({k: v for k, v in (("max_seeds", max_seeds), ("budget", budget),
+                                                         ("effect", effect)) if v is not None})
+            if str(request.seeds) == "auto":
+                options = sequential.options_from(request.sequential)
+                code = sequential.start(request, options, console, dry_run=dry_run)
+            elif request.sequential:
+                fail(f"{', '.join('--' + k.replace('_', '-') for k in request.sequential)} "
+                     "belong to --seeds auto (seeds until decided)")
+            else:
+                code = start(request, console, dry_run=dry_run)
     except (SweepError, ConfigError) as err:
         fail(str(err))
     raise typer.Exit(code)
@@ -183,11 +200,11 @@ def _sweep_request(mode, args, tricks_, base, seeds, launcher, jobs, family, max
         launcher=launcher or spec.get("launcher", "joblib"), jobs=jobs,
         max_runs=max_runs or spec.get("max_runs", DEFAULT_MAX_RUNS), axes=axes,
         name=name or spec.get("name"), steps=steps or spec.get("steps"), sweep_dir=out,
-        controls=spec.get("controls"))
+        controls=spec.get("controls"), sequential={k: spec[k] for k in ("max_seeds", "budget", "effect") if k in spec})
 
 
 _SWEEP_FILE_KEYS = ("name", "mode", "base", "tricks", "seeds", "overrides", "steps", "families",
-                    "launcher", "max_runs", "controls", "description")
+                    "launcher", "max_runs", "controls", "description", "max_seeds", "budget", "effect")
 
 
 def _load_sweep_file(path: Path) -> dict:
@@ -250,6 +267,9 @@ def doctor(
     from grpo_ablate.sweep.matrix import SweepError
 
     args = list(ctx.args)
+    if seeds is not None and seeds.strip() == "auto":
+        fail("doctor asks whether any run breaks training, not whether a Δ is nonzero: there is no contrast "
+             "for --seeds auto to decide; give a seed count (--seeds 2)")
     try:
         if resume_dir is not None:
             given = [opt for opt, value in (("--tricks", tricks_), ("--base", base), ("--steps", steps),
@@ -345,6 +365,8 @@ def report(
     threshold: List[str] = typer.Option(
         [], "--threshold", help="Health-flag threshold NAME=VALUE (repeatable); see README for names."),
     lower_is_better: bool = typer.Option(False, "--lower-is-better", help="The metric is a cost (e.g. a length)."),
+    effect: Optional[float] = typer.Option(None, "--effect", help="The smallest Δ that matters: a CI inside ±X is "
+                                           "'no effect', and the power section sizes seeds for it."),
     conflict_threshold: float = typer.Option(
         -0.1, "--conflict-threshold", help="Gradient cosine below which two terms conflict (at > half the steps)."),
     use_wandb: bool = typer.Option(False, "--wandb", help="Also log table and figures to a W&B summary run."),
@@ -360,7 +382,10 @@ def report(
     out_dir = out or sweep_dir
     if not -1.0 <= conflict_threshold <= 1.0:
         fail(f"--conflict-threshold {conflict_threshold} is not allowed; a cosine lies in [-1, 1]")
-    options = {"metric": metric, "higher_is_better": not lower_is_better, "conflict_threshold": conflict_threshold}
+    if effect is not None and not effect > 0:
+        fail(f"--effect {effect}: the smallest Δ that matters must be > 0")
+    options = {"metric": metric, "higher_is_better": not lower_is_better, "conflict_threshold": conflict_threshold,
+               "effect": effect}
     try:
         options["thresholds"] = rep.parse_thresholds(threshold)
         if wandb_report:

@@ -68,6 +68,7 @@ class SweepRequest:
     allow_inert: bool = False        # run tricks under test that cannot act here (inert.py) anyway
     matrix: Matrix | None = None        # a matrix built by the caller (doctor) instead of `mode`
     group: str | None = None            # W&B group shared with other sweeps (doctor's stages)
+    sequential: dict = field(default_factory=dict)   # seeds=auto: max_seeds, budget, effect (sweep/sequential.py)
 
 
 # ------------------------------------------------------------------------------ planning
@@ -101,17 +102,8 @@ def plan(req: SweepRequest) -> dict:
     name = req.name or req.mode
     group = req.group or f"{name}-{sweep_id}"
     labels = {"name": name, "id": sweep_id, "group": group, "tricks": list(req.tricks)}
-    runs, cfg_of = [], {}
-    for job in expand_jobs(matrix, seeds, common, labels):
-        # a wall-clock SFT control learns its budget from the treatments' runs: checked here with
-        # a stand-in, hashed once the budget is known (launch._run)
-        deferred = "control.budget=wall" in job.overrides
-        cfg = _compose(list(job.overrides) + (["control.wall_s=1"] if deferred else []), f"run {job.run_dir}")
-        cfg_of.setdefault(job.variant, cfg)
-        runs.append({"variant": job.variant, "seed": job.seed, "run_dir": job.run_dir,
-                     "config_hash": None if deferred else config_hash(cfg), "status": "pending", "step": 0,
-                     "reason": None, "final_accuracy": None, "overrides": list(job.overrides),
-                     **({"deferred": "control.wall_s"} if deferred else {})})
+    cfg_of: dict = {}     # variant -> the config of its first run, for the inert check
+    runs = [run_entry(job, cfg_of) for job in expand_jobs(matrix, seeds, common, labels)]
     if not req.allow_inert:
         check_tricks_act(matrix, cfg_of, {t: (families[t], options[t]) for t in families})
     now = _now()
@@ -142,6 +134,21 @@ def check_tricks_act(matrix: Matrix, cfg_of: dict, tricks: dict) -> None:
         reason = inert_reason(cfg_of[variant], family, opt)
         if reason is not None:
             raise SweepError(f"{name} {reason} (or pass --allow-inert to run it anyway)")
+
+
+def run_entry(job, configs: dict | None = None) -> dict:
+    """One job as the manifest lists it (pending), its config validated and hashed (and kept
+    in `configs` by variant, the first seed's, when given)."""
+    # a wall-clock SFT control learns its budget from the treatments' runs: checked here with
+    # a stand-in, hashed once the budget is known (launch._run)
+    deferred = "control.budget=wall" in job.overrides
+    cfg = _compose(list(job.overrides) + (["control.wall_s=1"] if deferred else []), f"run {job.run_dir}")
+    if configs is not None:
+        configs.setdefault(job.variant, cfg)
+    return {"variant": job.variant, "seed": job.seed, "run_dir": job.run_dir,
+            "config_hash": None if deferred else config_hash(cfg), "status": "pending", "step": 0,
+            "reason": None, "final_accuracy": None, "overrides": list(job.overrides),
+            **({"deferred": "control.wall_s"} if deferred else {})}
 
 
 def _has_solutions(cfg) -> bool:
@@ -239,16 +246,23 @@ def start(req: SweepRequest, console, dry_run: bool = False) -> int:
     if dry_run:
         print_matrix(manifest, console)
         return 0
+    sweep_dir = create_sweep_dir(req, manifest)
+    console.print(f"sweep {manifest['name']}: {len(manifest['variants'])} variants x "
+                  f"{len(manifest['seeds'])} seeds = {len(manifest['runs'])} runs -> {sweep_dir}",
+                  markup=False, highlight=False)
+    return _run(sweep_dir, manifest, manifest["runs"], req.launcher, req.jobs, req.hydra_args, console)
+
+
+def create_sweep_dir(req: SweepRequest, manifest: dict) -> Path:
+    """The sweep dir (--dir, else a new one under runs/sweeps/) with its manifest; never an
+    existing non-empty one."""
     sweep_dir = Path(req.sweep_dir) if req.sweep_dir else _new_sweep_dir(manifest)
     if sweep_dir.exists() and any(sweep_dir.iterdir()):
         raise SweepError(f"{sweep_dir} already exists and is not empty; continue it with "
                          f"`grpo-ablate sweep --resume {sweep_dir}` or pick another --dir")
     sweep_dir.mkdir(parents=True, exist_ok=True)
     write_manifest(sweep_dir, manifest)
-    console.print(f"sweep {manifest['name']}: {len(manifest['variants'])} variants x "
-                  f"{len(manifest['seeds'])} seeds = {len(manifest['runs'])} runs -> {sweep_dir}",
-                  markup=False, highlight=False)
-    return _run(sweep_dir, manifest, manifest["runs"], req.launcher, req.jobs, req.hydra_args, console)
+    return sweep_dir
 
 
 def resume(sweep_dir: Path, launcher: str | None, jobs: int | None, hydra_args: list[str], console) -> int:
