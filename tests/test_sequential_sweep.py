@@ -145,6 +145,21 @@ def test_a_decided_contrast_keeps_its_decision_and_breaking_training_decides(tmp
     assert sweep_seq.decide_look(tmp_path, manifest)[0]["decided_at_look"] == 1      # kept, not re-tested
 
 
+def test_a_trick_that_changed_nothing_is_decided_inert_at_its_first_look(tmp_path):
+    """Identical sides at every seed: more seeds cannot decide it, so it takes none."""
+    manifest = sequential_sim.synthetic_manifest(seq.Plan())
+    for entry in manifest["runs"]:
+        run_dir = tmp_path / entry["run_dir"]
+        run_dir.mkdir()
+        (run_dir / "status.json").write_text(json.dumps({"state": "completed", "step": 2}))
+        rows = [{"step": 1, "loss": 0.1 * entry["seed"]}, {"step": 2, "eval/accuracy": 0.5 + 0.01 * entry["seed"]}]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sweep_seq.record_decisions(manifest, sweep_seq.decide_look(tmp_path, manifest))
+    [decision] = manifest["sequential"]["looks"][-1]["decisions"]
+    assert decision["outcome"] == "inert here" and "identical metrics at every shared seed" in decision["why"]
+    assert sweep_seq.stopping_reason(manifest, len(sweep_seq.needed_variants(manifest))) == "all decided"
+
+
 def test_budget_stops_before_a_look_that_would_overrun(tmp_path):
     manifest = sequential_sim.synthetic_manifest(seq.Plan())
     section = manifest["sequential"]

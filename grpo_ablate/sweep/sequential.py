@@ -8,7 +8,8 @@ open — one look at a time, until everything is decided or a cap is reached (--
 --budget). Contrasts: the sweep's trick contrasts (two-sided: helps / hurts), and every
 treatment against every no-RL control (one-sided: beats / worse), on the final value of
 `eval/accuracy` (higher is better), paired by seed. A contrast whose runs broke training (the
-report's rule, on the runs' status.json) is decided too.
+report's rule, on the runs' status.json), or whose trick changed nothing (*inert here*: the
+report's rule), is decided too: more seeds would not change either.
 
 The manifest records every look (the seed it added, the seeds per variant, each contrast's
 numbers and decision, the stopping reason), written atomically after each step; a look's
@@ -25,11 +26,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from grpo_ablate.report import sequential as seq
-from grpo_ablate.report.health import Flag
-from grpo_ablate.report.load import Run
+from grpo_ablate.report.activity import ACTIVITY
+from grpo_ablate.report.health import Flag, HealthThresholds
+from grpo_ablate.report.load import Run, load_run
 from grpo_ablate.report.stats import Estimate
-from grpo_ablate.report.verdicts import BREAKS_TRAINING, decide
+from grpo_ablate.report.verdicts import BREAKS_TRAINING, INERT, decide, inertness
 from grpo_ablate.rundir import read_rows, read_status
 from grpo_ablate.sweep import launch
 from grpo_ablate.sweep.matrix import Matrix, SweepError, Variant, expand_jobs
@@ -187,6 +191,11 @@ def _decide_contrast(contrast, past, finals, runs, plan, section) -> dict:
     broke = _breaks_training(runs.get(with_, []), runs.get(without, []), with_, without, section["higher_is_better"])
     if broke:
         return {**record, "outcome": BREAKS_TRAINING, "decided_at_look": look_number, "why": broke}
+    # at its first look only: sides that differ at a seed differ for good, activity once seen stays seen
+    inert = (_inert(runs.get(with_, []), runs.get(without, []), with_, without, contrast["name"], finals)
+             if two_sided and not past else None)
+    if inert:     # more seeds cannot decide a trick that changed nothing
+        return {**record, "outcome": INERT, "decided_at_look": look_number, "why": inert}
     history = [seq.Look(d["n"], d["max_seeds"], d["mean"] * sign, d["sd"]) for d in past if d["mean"] is not None]
     if current is None:
         return {**record, "why": "no seed with completed runs on both sides yet"}
@@ -218,6 +227,28 @@ def _breaks_training(with_runs, without_runs, with_, without, higher_is_better) 
 
     verdict, why = decide(as_runs(with_, with_runs), as_runs(without, without_runs), Estimate(), higher_is_better)
     return why if verdict == BREAKS_TRAINING else None
+
+
+def _inert(with_runs, without_runs, with_, without, trick, finals) -> str | None:
+    """The report's *inert here* rule (identical sides at every shared seed, or no activity),
+    reading the runs only when it could hold: equal final values at every shared seed, or a
+    trick that has an activity metric."""
+    left, right = finals.get(with_, {}), finals.get(without, {})
+    identical_possible = all(left[s] == right[s] for s in set(left) & set(right))
+    configs = [read_yaml(run_dir / "config.yaml") for _, run_dir, state, _ in with_runs if state == "completed"]
+    info = [((c.get("tricks") or {}).get(trick) or {}) for c in configs if isinstance(c, dict)]
+    has_activity = any((i.get("family"), i.get("option")) in ACTIVITY for i in info if isinstance(i, dict))
+    if not (identical_possible or has_activity):
+        return None
+    load = lambda variant, runs: [load_run(run_dir, variant, seed, HealthThresholds()) for seed, run_dir, _, _ in runs]
+    return inertness(load(with_, with_runs), load(without, without_runs), trick)
+
+
+def read_yaml(path: Path):
+    try:
+        return yaml.safe_load(path.read_text()) if path.exists() else None
+    except (OSError, yaml.YAMLError):
+        return None
 
 
 def _power(look: seq.Look, decision: seq.Decision, plan: seq.Plan, two_sided: bool) -> dict:
