@@ -101,21 +101,25 @@ def trick(cfg: DictConfig, family: str, **supplied):
     return option(family, cfg[family].name).bind({**family_settings(cfg, family), **supplied})
 
 
-def check_family_keys(cfg: DictConfig, family: str) -> None:
-    """Every key of the family's config is a knob of the chosen option or a trainer key: a
-    mistyped key (`+adv.epz=0.1`) is an error naming the allowed ones, never ignored."""
+def family_keys(cfg: DictConfig, family: str) -> list[str]:
+    """The keys the family's chosen option may set: its knobs and the trainer's keys."""
     name = cfg[family].name
     trainer_keys = TRAINER_KEYS.get(family, {})
     if family in CONFIG_ONLY_FAMILIES:
         _one_of(family, name, CONFIG_ONLY_FAMILIES[family])
-        allowed = list(trainer_keys)
-    else:
-        try:
-            chosen = option(family, name)
-        except UnknownOption as err:
-            raise ConfigError(str(err)) from None
-        allowed = [k for k in chosen.knobs if k not in SUPPLIED_KNOBS.get(family, {})]
-        allowed += [k for k, flag in trainer_keys.items() if flag is None or getattr(chosen, flag)]
+        return list(trainer_keys)
+    try:
+        chosen = option(family, name)
+    except UnknownOption as err:
+        raise ConfigError(str(err)) from None
+    allowed = [k for k in chosen.knobs if k not in SUPPLIED_KNOBS.get(family, {})]
+    return allowed + [k for k, flag in trainer_keys.items() if flag is None or getattr(chosen, flag)]
+
+
+def check_family_keys(cfg: DictConfig, family: str) -> None:
+    """Every key of the family's config is a knob of the chosen option or a trainer key: a
+    mistyped key (`+adv.epz=0.1`) is an error naming the allowed ones, never ignored."""
+    name, allowed = cfg[family].name, family_keys(cfg, family)
     for key in cfg[family]:
         if key == "name" or key in allowed:
             continue

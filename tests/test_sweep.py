@@ -158,6 +158,20 @@ def test_dry_run_prints_the_matrix_and_writes_nothing(tmp_path, cache_dir):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_trick_setting_for_the_whole_sweep_goes_to_the_variants_that_have_the_trick(cache_dir):
+    """`++temperature.lr=100` in a sweep where only some variants train T: those get it; the
+    others would record a setting their fixed temperature cannot act on."""
+    from grpo_ablate.sweep.launch import SweepRequest, plan
+
+    manifest = plan(SweepRequest(mode="leave-one-out", tricks=["learnable_temperature", "length_group"],
+                                 base="grpo", seeds="1", overrides=["++temperature.lr=100", "optim.lr=3e-4"],
+                                 controls=False))
+    runs = {r["variant"]: r["overrides"] for r in manifest["runs"]}
+    assert "++temperature.lr=100" in runs["all"] and "++temperature.lr=100" in runs["drop-length_group"]
+    assert "++temperature.lr=100" not in runs["drop-learnable_temperature"]
+    assert all("optim.lr=3e-4" in o for o in runs.values()) and "++temperature.lr=100" not in manifest["overrides"]
+
+
 @pytest.mark.parametrize("path", sorted((REPO / "sweeps").glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_sweep_files_plan_cleanly(path, tmp_path, cache_dir):
     r = cli_here("sweep", "file", str(path), "--dry-run", cwd=tmp_path)
@@ -172,7 +186,9 @@ def test_shipped_sweep_files_plan_cleanly(path, tmp_path, cache_dir):
     (["leave-one-out", "--tricks", "clip_higher", "--base", "dapo"], "already on in the base"),
     (["leave-one-out", "--tricks", "clip_higher", "seed=3"], "use --seeds"),
     (["leave-one-out", "--tricks", "clip_higher", "adv=nope"], "adv=nope is not an option"),
-    (["leave-one-out", "--tricks", "clip_higher", "+adv.epz=0.1"], "adv.epz is not a setting of adv=grpo"),
+    (["leave-one-out", "--tricks", "clip_higher", "+adv.epz=0.1"], "adv.epz is not a setting of the adv option of any variant; allowed: eps"),
+    (["leave-one-out", "--tricks", "kl_adaptive,length_group", "++temperature.lr=100"],
+     "temperature.lr is not a setting of the temperature option of any variant; allowed: value"),
     (["ladder", "--tricks", "clip_higher", "updates.mini_batches=1"],
      "clip_higher cannot act with one optimizer step per rollout (ρ ≡ 1): add updates.mini_batches=4"),
     (["add-one-in", "--tricks", "global_reward_norm"], "global_reward_norm is undone by the advantage estimator"),

@@ -12,12 +12,12 @@ import importlib.util
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from grpo_ablate import entrypoint
 from grpo_ablate.catalogue import load_catalogue
-from grpo_ablate.config import ConfigError, compose, config_hash, trick_families, validate
+from grpo_ablate.config import ConfigError, compose, config_hash, family_keys, trick_families, validate
 from grpo_ablate.inert import inert_reason
 from grpo_ablate.models import ensure_warm_started
 from grpo_ablate.rundir import atomic_write_text, read_rows, read_status
@@ -82,6 +82,7 @@ def plan(req: SweepRequest) -> dict:
     common = ([f"preset={req.base}"] if req.base else []) + list(req.overrides)
     if req.steps is not None:
         common.append(f"steps={req.steps}")
+    common, matrix = scope_trick_settings(common, matrix)
     base_cfg = _compose(common, "the base")
     # on by default for the embedded model; off for a model.path model (each control costs a
     # run), for --family sweeps, whose variants may differ in task or model (one control would
@@ -117,6 +118,33 @@ def plan(req: SweepRequest) -> dict:
         "controls": {k: name for k, name in CONTROLS.items() if any(v.name == name for v in matrix.variants)},
         "runs": runs,
     }
+
+
+def scope_trick_settings(common: list[str], matrix: Matrix) -> tuple[list[str], Matrix]:
+    """A setting of a trick family's option given for the whole sweep (`++temperature.lr=100`
+    while only some variants have temperature=learnable) goes to the variants whose option has
+    that setting: given to the others it would be recorded in a config it cannot act on. A
+    setting no variant's option has is refused (a typo) with the allowed ones."""
+    scoped, rest = [], []
+    for override in common:
+        family, _, setting = override.lstrip("+~").split("=", 1)[0].partition(".")
+        if family in trick_families() and setting and "." not in setting:
+            scoped.append((override, family, setting))
+        else:
+            rest.append(override)
+    if not scoped:
+        return common, matrix
+    variants, taken = [], set()
+    for v in matrix.variants:
+        cfg = _compose(rest + list(v.overrides), f"variant {v.name}")
+        extra = tuple(o for o, family, setting in scoped if setting in family_keys(cfg, family))
+        taken |= set(extra)
+        variants.append(replace(v, overrides=v.overrides + extra))
+    for override, family, setting in scoped:
+        if override not in taken:
+            raise SweepError(f"'{override}': {family}.{setting} is not a setting of the {family} option of any "
+                             f"variant; allowed: {', '.join(sorted(family_keys(_compose(rest, 'the base'), family))) or '(none)'}")
+    return rest, Matrix(matrix.mode, variants, matrix.contrasts)
 
 
 def check_tricks_act(matrix: Matrix, cfg_of: dict, tricks: dict) -> None:
