@@ -9,16 +9,34 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-
-# Everything a test run needs to stay offline and out of the user's home directory.
+# Everything a test run needs to stay offline and out of the user's home directory; set before
+# transformers and huggingface_hub are imported (they read it at import).
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.pop("WANDB_API_KEY", None)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest  # noqa: E402
+from filelock import FileLock  # noqa: E402
+
+from grpo_ablate.config import compose  # noqa: E402
+from grpo_ablate.models import ensure_warm_started  # noqa: E402
+from grpo_ablate.tasks import build_task  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests skip, with the reason, where no CUDA GPU is available."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (none here); scripts/gpu_check.sh runs them on one")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 
 SMALL = [
     "model.arch.hidden_size=32", "model.arch.intermediate_size=64",
@@ -33,11 +51,29 @@ SMALL = [
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cache")
+    """One model cache for the session, shared by pytest-xdist's workers (`make test` runs two):
+    the small test model is warm-started once, by the first worker to get here, while the
+    others wait on a lock; an embedded default a test needs is built once the same way."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent                     # the workers' basetemps share this parent
+    path = root / "model-cache"
     os.environ["GRPO_ABLATE_CACHE"] = str(path)
     os.environ["WANDB_CACHE_DIR"] = str(tmp_path_factory.mktemp("wandb_cache"))
     os.environ["WANDB_CONFIG_DIR"] = str(tmp_path_factory.mktemp("wandb_config"))
+    with FileLock(str(root / "model-cache.lock")):
+        path.mkdir(exist_ok=True)
+        cfg = compose(SMALL + [f"model.cache_dir={path}"])
+        ensure_warm_started(cfg.model, build_task(cfg.task), log=lambda *_: None)
     return path
+
+
+@pytest.fixture(scope="session")
+def default_model(cache_dir):
+    """The embedded default's warm start (what `grpo-ablate train` trains), built once."""
+    with FileLock(str(cache_dir) + ".default.lock"):
+        cfg = compose([f"model.cache_dir={cache_dir}"])
+        return ensure_warm_started(cfg.model, build_task(cfg.task), log=lambda *_: None)
 
 
 @pytest.fixture

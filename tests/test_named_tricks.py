@@ -39,10 +39,9 @@ EXTRA_METRIC = {"kl_two_layer": "kl/prev_k3", "critic_gae": "value/explained_var
 
 
 @pytest.fixture(scope="module")
-def tiny_default(tmp_path_factory):
+def tiny_default(cache_dir, default_model):
     """The embedded default itself (its architecture, warm start, rollout sizes), 2 steps."""
-    cache = tmp_path_factory.mktemp("tiny_default_cache")
-    return ["logger=none", f"model.cache_dir={cache}", "task.eval_size=16", "steps=2", "eval.every=2"]
+    return ["logger=none", f"model.cache_dir={cache_dir}", "task.eval_size=16", "steps=2", "eval.every=2"]
 
 
 @pytest.mark.parametrize("name", TRICKS)

@@ -184,12 +184,12 @@ def test_bad_budget_durations(text):
 
 # ----------------------------------------------------------------------------- the CLI's checks
 @pytest.mark.parametrize("args, message", [
-    (["sweep", "add-one-in", "--tricks", "clip_higher", "--max-seeds", "5"], "belong to --seeds auto"),
-    (["sweep", "add-one-in", "--tricks", "clip_higher", "--seeds", "auto", "--max-seeds", "2"], "below the 3 initial"),
-    (["sweep", "add-one-in", "--tricks", "clip_higher", "--seeds", "auto", "--budget", "soon"], "not a duration"),
-    (["sweep", "add-one-in", "--tricks", "clip_higher", "--seeds", "auto", "--effect", "-1"], "must be > 0"),
+    (["sweep", "add-one-in", "--tricks", "batch_norm", "--max-seeds", "5"], "belong to --seeds auto"),
+    (["sweep", "add-one-in", "--tricks", "batch_norm", "--seeds", "auto", "--max-seeds", "2"], "below the 3 initial"),
+    (["sweep", "add-one-in", "--tricks", "batch_norm", "--seeds", "auto", "--budget", "soon"], "not a duration"),
+    (["sweep", "add-one-in", "--tricks", "batch_norm", "--seeds", "auto", "--effect", "-1"], "must be > 0"),
     (["sweep", "factorial", "--family", "adv=grpo,dr_grpo", "--seeds", "auto"], "has none"),
-    (["sweep", "add-one-in", "--tricks", "clip_higher", "--no-controls", "--seeds", "auto", "--max-seeds", "40"],
+    (["sweep", "add-one-in", "--tricks", "batch_norm", "--no-controls", "--seeds", "auto", "--max-seeds", "40"],
      "2 variants x 40 seeds = 80 runs, above the limit of 64"),
     (["doctor", "--seeds", "auto"], "no contrast for --seeds auto"),
 ])
@@ -217,7 +217,7 @@ def test_a_fixed_sweep_is_not_continued_with_max_seeds(tmp_path, cache_dir):
 def test_dry_run_plans_the_first_look_the_maximum_and_the_time(tmp_path, cache_dir):
     from test_sweep import cli_here
 
-    args = ["sweep", "add-one-in", "--tricks", "clip_higher", "--seeds", "auto", "--max-seeds", "6",
+    args = ["sweep", "add-one-in", "--tricks", "batch_norm", "--seeds", "auto", "--max-seeds", "6",
             "--no-controls", "--dir", str(tmp_path / "sweeps" / "new"), "--launcher", "basic"]
     r = cli_here(*args, "--dry-run", cwd=tmp_path)
     assert r.exit_code == 0, r.output
@@ -245,7 +245,7 @@ def manifest_of(sweep_dir: Path) -> dict:
 
 def test_a_sequential_sweep_stops_and_a_larger_max_seeds_continues_it(tmp_path, small):
     sweep_dir = tmp_path / "sweep"
-    r = cli("sweep", "add-one-in", "--tricks", "clip_higher", "--seeds", "auto", "--max-seeds", "4",
+    r = cli("sweep", "add-one-in", "--tricks", "batch_norm", "--seeds", "auto", "--max-seeds", "4",
             "--launcher", "basic", "--no-controls", "--dir", str(sweep_dir), *override(small, "steps=2"),
             cwd=tmp_path, timeout=SLOW)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -255,7 +255,7 @@ def test_a_sequential_sweep_stops_and_a_larger_max_seeds_continues_it(tmp_path, 
     assert [look["seed"] for look in section["looks"]][0] is None
     seeds = section["looks"][-1]["seeds"]
     if section["stopped"]["reason"] == "max seeds":
-        assert seeds == {"base": [0, 1, 2, 3], "add-clip_higher": [0, 1, 2, 3]} and len(section["looks"]) == 2
+        assert seeds == {"base": [0, 1, 2, 3], "add-batch_norm": [0, 1, 2, 3]} and len(section["looks"]) == 2
     assert sorted(r["run_dir"] for r in m["runs"]) == sorted({r["run_dir"] for r in m["runs"]})
     assert all(r["status"] == "completed" for r in m["runs"])
     later = [d for look in section["looks"][1:] for d in look["runs"]]
@@ -271,7 +271,7 @@ def test_a_sequential_sweep_stops_and_a_larger_max_seeds_continues_it(tmp_path, 
     section = m["sequential"]
     assert section["max_seeds"] == 5 and len(section["looks"]) == 3 and section["looks"][-1]["seed"] == 4
     assert sorted(x["run_dir"] for x in m["runs"]) == sorted(
-        f"{v}-s{s}" for v in ("base", "add-clip_higher") for s in range(5))
+        f"{v}-s{s}" for v in ("base", "add-batch_norm") for s in range(5))
     assert finished == {name: run_files(sweep_dir / name) for name in finished}
     [decision] = section["looks"][-1]["decisions"]
     assert decision["n"] == 5 and decision["replanned"] is (decision["outcome"] == "undecided")
@@ -281,7 +281,7 @@ def test_a_sequential_sweep_killed_in_a_later_look_resumes_it(tmp_path, small):
     """SIGKILL while look 2's first run is training; --resume: that look finishes, every
     finished run is byte-identical, each run is in the manifest once, the sweep goes on."""
     sweep_dir = tmp_path / "sweep"
-    args = ["sweep", "add-one-in", "--tricks", "clip_higher", "--seeds", "auto", "--max-seeds", "5",
+    args = ["sweep", "add-one-in", "--tricks", "batch_norm", "--seeds", "auto", "--max-seeds", "5",
             "--launcher", "basic", "--no-controls", "--dir", str(sweep_dir),
             *override(small, "steps=8", "checkpoint_every=2", "eval.every=4")]
     proc = subprocess.Popen([sys.executable, "-m", "grpo_ablate.cli", *args], cwd=tmp_path, env=dict(os.environ),

@@ -56,13 +56,13 @@ def wait_for(condition, what: str, timeout: float = 300):
 
 def test_a_sweep_through_slurm_completes_and_is_reported(slurm_cluster, small, tmp_path):
     sweep_dir = tmp_path / "sweep"
-    r = cli("sweep", "add-one-in", "--tricks", "clip_higher", "--seeds", "2", "--no-controls",
+    r = cli("sweep", "add-one-in", "--tricks", "batch_norm", "--seeds", "2", "--no-controls",
             "--dir", str(sweep_dir), *SLURM, *small, cwd=tmp_path, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     m = manifest(sweep_dir)
     assert m["launcher"] == "submitit_slurm"
     assert [(x["variant"], x["seed"], x["status"], x["step"]) for x in m["runs"]] == [
-        (v, s, "completed", 4) for s in (0, 1) for v in ("base", "add-clip_higher")]
+        (v, s, "completed", 4) for s in (0, 1) for v in ("base", "add-batch_norm")]
     # four SLURM jobs (one array) each left submitit's result next to their logs
     assert len(list(sweep_dir.glob(".submitit/*_*/*_result.pkl"))) == 4
     assert "4 completed" in r.stdout
@@ -70,21 +70,21 @@ def test_a_sweep_through_slurm_completes_and_is_reported(slurm_cluster, small, t
     r = cli("report", str(sweep_dir), cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     report = (sweep_dir / "report.md").read_text()
-    assert "4 runs: 4 completed" in report and "**clip_higher**" in report
+    assert "4 runs: 4 completed" in report and "**batch_norm**" in report
 
 
 def test_a_cancelled_job_resumes_from_its_checkpoint(slurm_cluster, small, tmp_path):
     """scancel mid-run: the run records `interrupted`; --resume continues it from its
     checkpoint, leaves the finished run untouched, and the manifest lists each run once."""
     sweep_dir = tmp_path / "sweep"
-    args = ["sweep", "add-one-in", "--tricks", "clip_higher", "--seeds", "1", "--no-controls", "--jobs", "1",
+    args = ["sweep", "add-one-in", "--tricks", "batch_norm", "--seeds", "1", "--no-controls", "--jobs", "1",
             "--dir", str(sweep_dir), *SLURM,
             *override(small, "steps=40", "checkpoint_every=2", "eval.every=20", "samples_every=20")]
     sweep = subprocess.Popen([sys.executable, "-m", "grpo_ablate.cli", *args], cwd=tmp_path,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         # one job at a time: the first run finishes, then the second is cancelled past its step-4 checkpoint
-        victim = sweep_dir / "add-clip_higher-s0"
+        victim = sweep_dir / "add-batch_norm-s0"
 
         def running_past_a_checkpoint():
             status = read_status(victim) if (victim / "status.json").exists() else None
@@ -99,7 +99,7 @@ def test_a_cancelled_job_resumes_from_its_checkpoint(slurm_cluster, small, tmp_p
     status = read_status(victim)
     assert status["state"] == "interrupted" and "stopped by SLURM (SIGTERM" in status["reason"], status
     assert "scancel" in status["reason"] and not (victim / "traceback.txt").exists()
-    assert f"add-clip_higher-s0 interrupted at step {status['step']}" in output
+    assert f"add-batch_norm-s0 interrupted at step {status['step']}" in output
     assert [x["status"] for x in manifest(sweep_dir)["runs"]] == ["completed", "interrupted"]
     finished = run_files(sweep_dir / "base-s0")
     before = read_rows(victim / "metrics.jsonl")
@@ -114,7 +114,7 @@ def test_a_cancelled_job_resumes_from_its_checkpoint(slurm_cluster, small, tmp_p
     kept = [row for row in before if row["step"] <= 4]
     assert after[:len(kept)] == kept            # the rows up to its checkpoint, timings and all
     m = manifest(sweep_dir)
-    assert sorted(x["run_dir"] for x in m["runs"]) == ["add-clip_higher-s0", "base-s0"]
+    assert sorted(x["run_dir"] for x in m["runs"]) == ["add-batch_norm-s0", "base-s0"]
     assert all(x["status"] == "completed" and x["step"] == 40 for x in m["runs"])
 
 

@@ -146,12 +146,13 @@ def decide(with_runs: list[Run], without_runs: list[Run], delta: Estimate, highe
 
 def inertness(with_runs: list[Run], without_runs: list[Run], trick: str | None) -> str | None:
     """Why the trick changed nothing in these runs, or None: the two sides logged identical
-    metrics (timings aside) at every shared seed, or the trick's own activity metric
+    metrics (timings aside) and ended the same way at every shared seed, or the trick's own activity metric
     (report/activity.py) showed no activity in any finished run that had it on."""
     done = lambda runs: {r.key: r for r in runs if r.state in ("completed", "diverged")}
     with_done, without_done = done(with_runs), done(without_runs)
     shared = sorted(set(with_done) & set(without_done), key=str)
-    if shared and all(same_metrics(with_done[k], without_done[k]) for k in shared):
+    same = lambda a, b: a.state == b.state and same_metrics(a, b)      # a run that diverged changed something
+    if shared and all(same(with_done[k], without_done[k]) for k in shared):
         return (f"the two sides logged identical metrics at every shared seed ({', '.join(map(str, shared))}): "
                 "the trick changed nothing here")
     info = next((nested_value(r.config, "tricks", trick) for r in with_done.values() if trick), None)
