@@ -248,7 +248,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
             if kl_control.reward_beta > 0:
                 rewards = rewards - kl_control.reward_beta * kl_reward_penalty(old_logp, ref_logp, mask)
             rewards = reward_norm_fn(rewards)
-            advantages = advantage_fn(rewards, group_index, mask, old_values)
+            advantages = advantage_fn(rewards, group_index, mask, old_values, {})
             advantages, adv_clipped_frac = adv_clip_fn(advantages)
             token_advantages = advantages if advantages.dim() == 2 else advantages[:, None]
             if value_head is not None:  # the critic's targets: lambda-returns under V_old
@@ -274,7 +274,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
 
                 def advantage_of(component):
                     component = reward_norm_fn(component)
-                    return adv_clip_fn(advantage_fn(component, group_index, mask, None))[0]
+                    return adv_clip_fn(advantage_fn(component, group_index, mask, None, {}))[0]
                 # a critic's baseline is for the whole reward: no per-component split with one
                 component_adv = ({} if estimator.uses_values
                                  else diagnostics.component_advantages(components, advantage_of))
@@ -289,16 +289,16 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                 old_d = logp_d.detach() if old_logp is None else old_logp[rows]
 
                 def policy_term(adv):
-                    return aggregate(policy_loss_fn(logp_d, old_d, adv)[0], w)
+                    return aggregate(policy_loss_fn(logp_d, old_d, adv, mask[rows])[0], w)
                 terms = {"policy": policy_term(token_advantages[rows])}     # as in step 3's loss
                 if value_head is not None:
                     terms["value"] = aggregate(float(cfg.adv.value_coef) * value_loss_fn(
                         value_head(hidden_d[0]).squeeze(-1), old_values[rows], returns[rows]), w)
                 if ref_logp is not None and kl_control.loss_beta > 0:
-                    terms["kl"] = aggregate(kl_control.loss_beta * kl_estimator(logp_d, ref_logp[rows])
+                    terms["kl"] = aggregate(kl_control.loss_beta * kl_estimator(logp_d, ref_logp[rows], old_d)
                                             * kl_weight_fn(mask[rows], entropy_d), w)
                 if prev_logp is not None:
-                    terms["kl_prev"] = aggregate(kl_control.beta_prev * kl_estimator(logp_d, prev_logp[rows]), w)
+                    terms["kl_prev"] = aggregate(kl_control.beta_prev * kl_estimator(logp_d, prev_logp[rows], old_d), w)
                 if entropy_control.coef > 0:
                     terms["entropy"] = aggregate(-entropy_control.coef * entropy_d, w)
                 terms.update({name: policy_term(adv[rows][:, None]) for name, adv in component_adv.items()})
@@ -314,18 +314,18 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                 logp, entropy, *hidden = completion_logprobs(train_model, part, temperature.current(),
                                                              entropy_grad=entropy_coef > 0,
                                                              return_hidden=value_head is not None)
-                pg_loss, clip_stats = policy_loss_fn(logp, logp.detach() if old_logp is None else my(old_logp),
-                                                     my(token_advantages))
+                old = logp.detach() if old_logp is None else my(old_logp)
+                pg_loss, clip_stats = policy_loss_fn(logp, old, my(token_advantages), my(mask))
                 token_loss = pg_loss
                 if value_head is not None:
                     values = value_head(hidden[0]).squeeze(-1)
                     value_loss = value_loss_fn(values, my(old_values), my(returns))
                     token_loss = token_loss + float(cfg.adv.value_coef) * value_loss
                 if ref_logp is not None:
-                    kl_token = kl_estimator(logp, my(ref_logp)) * kl_weight_fn(my(mask), entropy)
+                    kl_token = kl_estimator(logp, my(ref_logp), old) * kl_weight_fn(my(mask), entropy)
                     token_loss = token_loss + kl_control.loss_beta * kl_token
                 if prev_logp is not None:
-                    token_loss = token_loss + kl_control.beta_prev * kl_estimator(logp, my(prev_logp))
+                    token_loss = token_loss + kl_control.beta_prev * kl_estimator(logp, my(prev_logp), old)
                 if entropy_coef > 0:
                     token_loss = token_loss - entropy_coef * entropy
                 loss = aggregate(token_loss, my(weights))    # weights are global: the ranks' losses add up
@@ -407,7 +407,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                     metrics["value/explained_variance"] = explained_variance(values, returns, mask).item()
                 if prev_logp is not None:
                     metrics["kl/prev_k3"] = masked_mean(k3(logp, prev_logp), mask).item()
-                if roll.sampler_logprobs is not None:   # rollout=vllm: the sampler's log-probs vs ours
+                if roll.sampler_logprobs is not None and cfg.rollout.backend == "vllm":   # sampler vs our log-probs
                     gap = (roll.sampler_logprobs - (old_logp if old_logp is not None else logp)).abs() * mask
                     metrics["rollout/logprob_gap_mean"] = (gap.sum() / mask.sum().clamp(min=1)).item()
                     metrics["rollout/logprob_gap_max"] = gap.max().item()
