@@ -497,6 +497,14 @@ def test_rollout_correction_renormalizes_to_mean_one():
     assert torch.equal(none, torch.ones_like(RC_OLD)) and none_metrics == {}
 
 
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+def test_rollout_correction_of_an_all_masked_batch_is_zero_and_finite(mode):
+    empty = torch.zeros_like(RC_MASK)
+    weights, metrics = impl("rollout_correction", mode)(RC_OLD, RC_SAMPLER, empty, renormalize=True)
+    assert torch.equal(weights, torch.zeros_like(RC_OLD))
+    assert all(math.isfinite(v) for v in metrics.values())
+
+
 # ---------------------------------------------------------------- ref_sync
 def test_mixup_moves_the_reference_toward_the_policy_in_place():
     ref = [torch.tensor([1.0, 2.0], dtype=D), torch.tensor([[0.0]], dtype=D)]

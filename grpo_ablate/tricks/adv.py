@@ -267,8 +267,9 @@ def passk_advantage(rewards, group_index, mask, values, components, *, eps: floa
 def gpg_advantage(rewards, group_index, mask, values, components, *, f_norm: float = 1.0):
     """GPG (Group Policy Gradient, arXiv 2504.02546): A_j = alpha (r_j - mean_g r) / f_norm.
 
-    alpha = B / #{j : r_j != 0} (verl counts completions with a non-zero reward; the paper
-    defines it as B over the completions in groups with reward variance). Reference: verl
+    alpha = B / #{j : r_j != 0}, as verl's code counts it (completions with a non-zero reward;
+    with rewards {0, 1} the correct ones): it rescales the batch's gradient for the rows that
+    carry signal. Reference: verl
     core_algos `compute_gpg_outcome_advantage` (adv_estimator=gpg, f_norm 1.0); its loss is
     clip=gpg (-A log pi, no ratio). A group of one gets A = 0 (verl: alpha r).
     """

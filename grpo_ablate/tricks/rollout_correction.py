@@ -21,7 +21,8 @@ sequence_mask, default sequence_mask; clip_max 3.0, clip_min None). The option n
 TRL's modes. Differences: verl truncates from above only (TRL clips to [min, max]: `low`);
 verl's mask needs both bounds (TRL's `low` may be None); only verl renormalizes; TRL turns a
 NaN sampler log-prob into ratio 1, and so does this. None of them needs a gradient: verl
-detaches the weights, TRL computes them under no_grad.
+detaches the weights, TRL computes them under no_grad. The fractions logged here are over
+trained tokens at both levels (verl counts sequences at sequence level).
 """
 from __future__ import annotations
 
@@ -83,9 +84,10 @@ def _importance_weights(old_logp, sampler_logp, mask, *, level: str, rule: str, 
         outside = ((raw < lower) | (raw > high)) & (mask > 0)
         weights = raw.clamp(min=low, max=high) if rule == "truncate" else raw * (~outside).to(raw.dtype)
         weights = weights * mask
+        trained = weights[mask > 0]
         metrics = {"rollout_corr/is_mean": _masked_mean(weights, mask).item(),
-                   "rollout_corr/is_max": weights.masked_fill(mask == 0, -float("inf")).max().item(),
-                   "rollout_corr/is_min": weights.masked_fill(mask == 0, float("inf")).min().item(),
+                   "rollout_corr/is_max": trained.max().item() if trained.numel() else 0.0,
+                   "rollout_corr/is_min": trained.min().item() if trained.numel() else 0.0,
                    "rollout_corr/is_fraction_high": _masked_mean((raw > high).to(raw.dtype), mask).item(),
                    "rollout_corr/is_fraction_low": _masked_mean((raw < lower).to(raw.dtype), mask).item(),
                    f"rollout_corr/{'truncated' if rule == 'truncate' else 'masked'}_frac":
