@@ -13,6 +13,7 @@ processes; `auto` picks stream in one process and per_row under torchrun.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -23,12 +24,15 @@ from grpo_ablate.sampling.vllm import VLLMEngine
 
 
 class HFEngine:
-    """rollout.backend=hf: the training model samples its own completions (rollout.generate)."""
-    def __init__(self, policy, lean: bool):
-        self.policy, self.lean = policy, lean
+    """rollout.backend=hf: the training model samples its own completions (rollout.generate).
+    `unsharded(policy)`: a context in which the policy holds its full weights (model.fsdp=true
+    gathers them for the rollout; DataParallel.unsharded)."""
+    def __init__(self, policy, lean: bool, unsharded=nullcontext):
+        self.policy, self.lean, self.unsharded = policy, lean, unsharded
 
     def generate(self, prompts, **kwargs) -> Rollout:
-        return generate(self.policy, prompts, lean=self.lean, **kwargs)
+        with self.unsharded(self.policy):
+            return generate(self.policy, prompts, lean=self.lean, **kwargs)
 
     def sync(self, policy) -> None:
         """Nothing to push: the sampler is the policy itself."""
@@ -38,7 +42,7 @@ def build_engine(cfg, policy, tokenizer, dp):
     if cfg.rollout.backend == "vllm":
 
         return VLLMEngine(cfg, policy, tokenizer, dp)
-    return HFEngine(policy, lean=bool(cfg.rollout.lean_decoder))
+    return HFEngine(policy, lean=bool(cfg.rollout.lean_decoder), unsharded=dp.unsharded)
 
 
 def rng_mode(cfg, dp) -> str:
