@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Without a GPU, a CPU build of torch is installed first (here it comes from local disk).
-# The package itself only asks for torch>=2.4, so elsewhere any build you have is kept;
+# The package itself only asks for torch>=2.6, so elsewhere any build you have is kept;
 # e.g. `make install TORCH_INDEX=https://download.pytorch.org/whl/cpu` picks PyTorch's CPU index.
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=

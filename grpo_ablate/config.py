@@ -263,6 +263,8 @@ def check_model_and_task(cfg: DictConfig) -> None:
     _check_model(cfg.model)
     _one_of("rollout.backend", cfg.rollout.backend, ("hf", "vllm"))
     _one_of("rollout.rng", cfg.rollout.get("rng") or "auto", ("auto", "stream", "per_row"))
+    problem = _fsdp_problem(cfg)
+    _require(problem is None, f"model.fsdp=true {problem}")
     _one_of("task", cfg.task.name, sorted(TASKS))
     _require(hasattr(TASKS[cfg.task.name], "warmup_batch") or cfg.model.get("path") is not None,
              f"task={cfg.task.name} needs a real model (the embedded one only knows arithmetic): "
@@ -309,6 +311,8 @@ def _check_model(model: DictConfig) -> None:
     device = str(model.get("device") or "cpu")
     _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", device) is not None,
              f"model.device={device!r} is not allowed; allowed: auto, cpu, cuda, cuda:N")
+    _require(isinstance(model.get("fsdp", False), bool),
+             f"model.fsdp={model.get('fsdp')!r} is not allowed; allowed: true, false")
     lora = model.get("lora")
     if lora is not None:
         _positive("model.lora.r", lora.r, integer=True, allow_zero=True)
@@ -316,6 +320,24 @@ def _check_model(model: DictConfig) -> None:
         _positive("model.lora.alpha", lora.alpha)
         _require(isinstance(lora.dropout, (int, float)) and 0 <= lora.dropout < 1,
                  f"model.lora.dropout={lora.dropout!r} is not allowed; it must be a number in [0, 1)")
+
+
+def _fsdp_problem(cfg: DictConfig) -> str | None:
+    """What model.fsdp=true (a sharded model, train/fsdp.py) cannot be combined with (None: all is well)."""
+    if not cfg.model.get("fsdp"):
+        return None
+    if cfg.rollout.backend == "vllm":
+        return "does not work with rollout=vllm (its engine is loaded with the whole model in each process); use rollout=hf"
+    if cfg.model.get("dtype") == "float16":
+        return ("does not work with model.dtype=float16 (its loss scaler would see only this process's shard of "
+                "the gradients); use model.dtype=bfloat16")
+    if float(cfg.kl.get("beta_prev") or 0) > 0:
+        return "does not work with kl=two_layer (its pi_prev weight snapshots are not sharded); use another kl"
+    if cfg.diag.grad_conflict:
+        return "does not work with diag.grad_conflict=true (it differentiates the unsharded weights); drop it"
+    if cfg.control.name != "none":
+        return f"does not work with control={cfg.control.name} (control runs train in one process)"
+    return None
 
 
 def check_here(cfg: DictConfig) -> None:
@@ -339,6 +361,9 @@ def check_here(cfg: DictConfig) -> None:
         problem = _vllm_problem(cfg)
         _require(problem is None, f"rollout=vllm {problem}")
     ranks = launched_ranks()
+    _require(ranks > 1 or not cfg.model.get("fsdp"),
+             "model.fsdp=true shards the model over several processes, and this run has one: launch it with "
+             "torchrun --nproc_per_node N (N >= 2) or a SLURM job step of N tasks, or drop model.fsdp")
     if ranks > 1:
         _require(cfg.rollout.prompts_per_step % ranks == 0,
                  f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} is not allowed with {ranks} processes: "

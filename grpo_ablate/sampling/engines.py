@@ -13,6 +13,7 @@ processes; `auto` picks stream in one process and per_row under torchrun.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -23,12 +24,15 @@ from grpo_ablate.sampling.vllm import VLLMEngine
 
 
 class HFEngine:
-    """rollout.backend=hf: the training model samples its own completions (rollout.generate)."""
-    def __init__(self, policy, lean: bool, dtype: str = "float32"):
-        self.policy, self.lean, self.dtype = policy, lean, dtype
+    """rollout.backend=hf: the training model samples its own completions (rollout.generate),
+    in rollout.dtype. `unsharded(policy)`: a context in which the policy holds its full weights
+    (model.fsdp=true gathers them for the rollout; DataParallel.unsharded)."""
+    def __init__(self, policy, lean: bool, dtype: str = "float32", unsharded=nullcontext):
+        self.policy, self.lean, self.dtype, self.unsharded = policy, lean, dtype, unsharded
 
     def generate(self, prompts, **kwargs) -> Rollout:
-        return generate(self.policy, prompts, lean=self.lean, dtype=self.dtype, **kwargs)
+        with self.unsharded(self.policy):
+            return generate(self.policy, prompts, lean=self.lean, dtype=self.dtype, **kwargs)
 
     def sync(self, policy) -> None:
         """Nothing to push: the sampler is the policy itself."""
@@ -38,7 +42,8 @@ def build_engine(cfg, policy, tokenizer, dp):
     if cfg.rollout.backend == "vllm":
 
         return VLLMEngine(cfg, policy, tokenizer, dp)
-    return HFEngine(policy, lean=bool(cfg.rollout.lean_decoder), dtype=str(cfg.rollout.get("dtype") or "float32"))
+    return HFEngine(policy, lean=bool(cfg.rollout.lean_decoder), dtype=str(cfg.rollout.get("dtype") or "float32"),
+                    unsharded=dp.unsharded)
 
 
 def rng_mode(cfg, dp) -> str:

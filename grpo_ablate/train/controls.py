@@ -131,6 +131,9 @@ class ControlStep:
     def state_dict(self) -> dict:
         return {**self.optim.state_dict(), "trained_s": self.trained_s}
 
+    def checkpoint_weights(self) -> None:
+        return None     # one process, the model whole: its own state_dict
+
     def load_state_dict(self, state: dict) -> None:
         self.optim.load_state_dict(state)
         self.trained_s = state["trained_s"]

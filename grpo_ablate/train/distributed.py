@@ -14,15 +14,21 @@ How the work is split (every rank ends up with the same numbers, so every decisi
     outside the DDP model (a value head, a learnable temperature) are averaged the same way.
   - per-token results (log-probs, entropy, clip statistics) are gathered for the metrics; only
     rank 0 writes the run dir, W&B and checkpoints.
+With model.fsdp=true the model is sharded over the ranks instead of replicated (FSDP2, see
+fsdp.py); the split of the work above is the same. This class is the one place that knows how
+the model is distributed: `shard`, `wrap`, `unsharded`, `clip_grad_norm`, `full_weights`.
 Backend: gloo on CPUs, nccl on GPUs (one GPU per process, cuda:LOCAL_RANK). With one process
 (no torchrun) every method here returns its input unchanged: nothing is added to a step.
 """
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
+
+from grpo_ablate.train import fsdp
 
 
 def launched_ranks() -> int:
@@ -50,11 +56,12 @@ def _slurm_as_torchrun() -> None:
 
 
 class DataParallel:
-    def __init__(self):
+    def __init__(self, fsdp: bool = False):
         _slurm_as_torchrun()
         self.world = launched_ranks()
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.fsdp = fsdp and self.world > 1   # model.fsdp=true: sharded, not replicated
         self.started = False
         self.device = torch.device("cpu")   # where collectives' tensors live (nccl: this GPU)
 
@@ -142,10 +149,20 @@ class DataParallel:
             result = fn()
         return result
 
-    # -- gradients ------------------------------------------------------------------------------
+    # -- the model and its gradients ------------------------------------------------------------
+    def shard(self, model):
+        """model.fsdp=true: `model` sharded over the ranks in place (before an optimizer sees its
+        parameters); otherwise `model` as it is."""
+        return fsdp.shard(model) if self.fsdp else model
+
+    def sharding(self, model) -> str | None:
+        """One line on how `model` is sharded (None: it is not)."""
+        return fsdp.describe(model) if self.fsdp else None
+
     def wrap(self, model):
-        """The model the loss's forward pass runs through: DDP over ranks, itself in one process."""
-        if self.world == 1:
+        """The model the loss's forward pass runs through: DDP over ranks, itself in one process
+        (and under FSDP, whose sharded model reduces its own gradients)."""
+        if self.world == 1 or self.fsdp:
             return model
         import inspect
 
@@ -158,8 +175,12 @@ class DataParallel:
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                        **{quiet: False})
 
+    def unsharded(self, model):
+        """A context in which `model` holds its full weights (FSDP: gathered for a rollout)."""
+        return fsdp.unsharded(model) if self.fsdp else nullcontext(model)
+
     def average_grads(self, params) -> None:
-        """Average the gradients of parameters outside the DDP model (as DDP does for its own)."""
+        """Average the gradients of parameters outside the DDP or FSDP model (as it does for its own)."""
         if self.world == 1:
             return
         for p in params:
@@ -167,3 +188,20 @@ class DataParallel:
                 grad = p.grad.to(self.device)   # nccl reduces GPU tensors only (a learnable T is on the CPU)
                 dist.all_reduce(grad)
                 p.grad.copy_(grad / self.world)
+
+    def clip_grad_norm(self, params, max_norm: float) -> float:
+        """Clip the gradients of `params` to a total norm of max_norm; the norm before clipping."""
+        if self.fsdp:
+            return fsdp.clip_grad_norm(params, max_norm)
+        return torch.nn.utils.clip_grad_norm_(params, max_norm).item()
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def full_weights(self, model) -> dict | None:
+        """FSDP: the model's full weights for its checkpoint, on rank 0 (a collective: every rank
+        calls it). Otherwise None: the model's own state_dict is whole."""
+        return fsdp.full_weights(model) if self.fsdp else None
+
+    def full_optimizer_state(self, optimizer):
+        """FSDP: `optimizer`'s state_dict() gathers its shards to rank 0 (every rank calls it) and
+        load_state_dict() takes that full state back; otherwise the optimizer as it is."""
+        return fsdp.full_optimizer_state(optimizer) if self.fsdp else optimizer

@@ -35,7 +35,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
     check_here(cfg)     # packages, GPU, offline hub, torchrun's processes: where the run runs
     # torchrun: one process per device, each training on its part of the batch (distributed.py);
     # rank 0 alone writes the run dir (Hydra made it there) and talks to the console.
-    dp = DataParallel()
+    dp = DataParallel(fsdp=bool(cfg.model.get("fsdp")))   # model.fsdp=true: the model sharded (fsdp.py)
     device = model_device(cfg.model, dp.local_rank)   # model.device: the GPU if any (the tiny model: CPU)
     dp.start(device)
     try:
@@ -64,7 +64,9 @@ def build_grpo(cfg: DictConfig, device: torch.device, dp: DataParallel, checkpoi
     task = build_task(cfg.task)
     model_path = cfg.model.path or dp.main_first(lambda: ensure_warm_started(cfg.model, task, log=say))
     kl_control = trick(cfg, "kl")()
-    policies = load_policies(cfg, model_path, kl_control, device, checkpoint)
+    policies = load_policies(cfg, model_path, kl_control, device, checkpoint, shard=dp.shard)
+    if (sharding := dp.sharding(policies.policy)) is not None:   # model.fsdp=true: how it is split
+        say(sharding)
     encode = PromptEncoder(policies.tokenizer, task)      # problem -> prompt ids (chat template if any)
     prompt_counts = encode.drop_long_prompts(task, say)   # task.max_prompt_tokens: drop longer ones
     # A critic (adv=gae): a value head on the policy's last hidden state, trained alongside it.
@@ -74,6 +76,7 @@ def build_grpo(cfg: DictConfig, device: torch.device, dp: DataParallel, checkpoi
     critic = list(policies.value_head.parameters()) if policies.value_head is not None else []
     trained = [p for p in policies.policy.parameters() if p.requires_grad] + critic   # LoRA: the adapters only
     optim = Optimization([{"params": trained}, *controllers.temperature.param_groups()], cfg)
+    dp.full_optimizer_state(optim.optimizer)   # FSDP: checkpoints hold the full AdamW state
     # Sampling (rollout.backend: the policy itself, or vLLM), decoding, scoring: the whole batch.
     engine = build_engine(cfg, policies.policy, policies.tokenizer, dp)
     rollouts = Rollouts(engine, policies.tokenizer, encode, task, dp, device,
@@ -83,8 +86,10 @@ def build_grpo(cfg: DictConfig, device: torch.device, dp: DataParallel, checkpoi
     return GRPOStep(cfg, task, encode, policies, controllers, optim, rollouts, dp, device), prompt_counts
 
 
-def load_policies(cfg: DictConfig, model_path, kl_control, device: torch.device, checkpoint: Path | None) -> Policies:
-    """The policy (from the checkpoint when resuming), and the frozen models a KL anchors it to."""
+def load_policies(cfg: DictConfig, model_path, kl_control, device: torch.device, checkpoint: Path | None,
+                  shard=lambda model: model) -> Policies:
+    """The policy (from the checkpoint when resuming), and the frozen models a KL anchors it to.
+    `shard` (model.fsdp=true: DataParallel.shard) shards the policy and a separate reference."""
     attn = attention_implementation(cfg, device)
     dtype = cfg.model.get("dtype", "float32")     # compute dtype; weights stay float32
     lora = lora_enabled(cfg.model)                 # model.lora.r > 0: train LoRA adapters only
@@ -105,7 +110,7 @@ def load_policies(cfg: DictConfig, model_path, kl_control, device: torch.device,
     if (kl_control.beta > 0 or cfg.metrics.ref_kl) and lora:   # the base is the policy, adapters off
         reference = AdapterDisabled(policy)
     elif kl_control.beta > 0 or cfg.metrics.ref_kl:
-        reference = load(model_path)[0] if checkpoint else copy.deepcopy(policy)
+        reference = shard(load(model_path)[0] if checkpoint else copy.deepcopy(policy))
         reference.eval().requires_grad_(False)
     # A second anchor, the policy as it was prev_lag optimizer steps ago (two-layer KL): a
     # frozen copy that is refreshed from the last prev_lag + 1 weight snapshots each step.
@@ -113,4 +118,4 @@ def load_policies(cfg: DictConfig, model_path, kl_control, device: torch.device,
     if kl_control.beta_prev > 0:
         previous = copy.deepcopy(policy).eval().requires_grad_(False)
         snapshots.append(snapshot(policy))
-    return Policies(policy, tokenizer, reference, previous, snapshots, value_head=None)
+    return Policies(shard(policy), tokenizer, reference, previous, snapshots, value_head=None)

@@ -5,8 +5,11 @@ around the step: the run dir (fresh or resumed, only with the config it was star
 the base evaluation at step 0, the eval / samples / checkpoint schedule, status.json on
 success, divergence and failure, and the progress shown on the console.
 
-    state = trainer.state_dict()        optimizer, schedule, sampler and the trainer's own
-    result = trainer.step(step)         StepResult: metrics, or the reason it diverged
+    state = trainer.state_dict()             optimizer, schedule, sampler and the trainer's own
+    weights = trainer.checkpoint_weights()   the model's full weights (None: its own state_dict)
+    result = trainer.step(step)              StepResult: metrics, or the reason it diverged
+Under torchrun every process calls state_dict and checkpoint_weights (model.fsdp=true gathers
+shards: a collective); rank 0 alone writes them.
 """
 from __future__ import annotations
 
@@ -60,6 +63,7 @@ class Trainer(Protocol):
     def step(self, step: int) -> StepResult: ...
     def state_dict(self) -> dict: ...
     def load_state_dict(self, state: dict) -> None: ...
+    def checkpoint_weights(self) -> dict | None: ...
 
 
 # ------------------------------------------------------------------------------ set-up
@@ -177,8 +181,10 @@ def run_steps(cfg: DictConfig, run_dir: Path, overrides, trainer: Trainer, check
             log.log(metrics)
             if step % int(cfg.samples_every) == 0 and outcome.samples:
                 log.samples(step, outcome.samples)
-            if (step % int(cfg.checkpoint_every) == 0 or step == steps) and writes:
-                save_checkpoint(run_dir, trainer.model, trainer.tokenizer, {"step": step, **trainer.state_dict()})
+            if step % int(cfg.checkpoint_every) == 0 or step == steps:   # every process (FSDP gathers)
+                state, weights = {"step": step, **trainer.state_dict()}, trainer.checkpoint_weights()
+                if writes:
+                    save_checkpoint(run_dir, trainer.model, trainer.tokenizer, state, weights)
             log.status("running", step)
             progress.update(step, metrics, say)
         result.state, result.step = "completed", steps

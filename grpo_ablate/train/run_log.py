@@ -106,13 +106,14 @@ def wandb_config(cfg: DictConfig) -> dict:
 
 
 # --------------------------------------------------------------------------- checkpoints
-def save_checkpoint(run_dir: Path, model, tokenizer, trainer_state: dict) -> None:
+def save_checkpoint(run_dir: Path, model, tokenizer, trainer_state: dict, weights: dict | None = None) -> None:
     """Write checkpoint.tmp/, then swap it in: checkpoint/ is always a complete checkpoint
-    (during the swap, checkpoint.old/ is; `find_checkpoint` falls back to it)."""
+    (during the swap, checkpoint.old/ is; `find_checkpoint` falls back to it). `weights`: the
+    model's full state dict when its own is sharded (model.fsdp=true)."""
     run_dir = Path(run_dir)
     tmp, final, old = run_dir / CHECKPOINT_TMP, run_dir / CHECKPOINT, run_dir / CHECKPOINT_OLD
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)  # loadable with from_pretrained, like any HF checkpoint
+    model.save_pretrained(tmp, state_dict=weights)  # loadable with from_pretrained, like any HF checkpoint
     tokenizer.save_pretrained(tmp)
     torch.save(trainer_state, tmp / "trainer_state.pt")
     if final.exists():

@@ -238,10 +238,10 @@ class GRPOStep:
         if step == cfg.debug.nan_loss_at_step:   # fault injection: a divergence
             loss = loss * float("nan")
         optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss * dp.world).backward()     # DDP averages over ranks: x world = the sum
+        scaler.scale(loss * dp.world).backward()     # DDP (FSDP) averages over ranks: x world = the sum
         dp.average_grads(self.outside_ddp)             # a value head, a learnable T (torchrun only)
         scaler.unscale_(optimizer)                     # float16 only: the true gradients, before clipping
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.trained, cfg.optim.max_grad_norm).item()
+        grad_norm = dp.clip_grad_norm(self.trained, cfg.optim.max_grad_norm)
         step_loss = dp.sum(loss.item())                # the whole mini-batch's loss
         # (float16: an overflowing gradient is routine; the scaler skips it, lowers its scale)
         finite = math.isfinite(step_loss) and (math.isfinite(grad_norm) or scaler.is_enabled())
@@ -349,6 +349,9 @@ class GRPOStep:
         return {"kl_control": self.ctl.kl, "entropy_control": self.ctl.entropy, "temperature": self.ctl.temperature,
                 **({"value_head": self.p.value_head} if self.p.value_head is not None else {}),
                 **({"grad_scaler": self.scaler} if self.scaler.is_enabled() else {})}
+
+    def checkpoint_weights(self) -> dict | None:
+        return self.dp.full_weights(self.model)     # FSDP: gathered to rank 0; else None (whole already)
 
     def state_dict(self) -> dict:
         return {**self.optim.state_dict(), "skipped_steps": self.skipped_steps, "snapshots": list(self.p.snapshots),
