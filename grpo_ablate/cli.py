@@ -111,19 +111,13 @@ def sweep(
     args = list(ctx.args)
     try:
         if resume_dir is not None:
-            given = [opt for opt, value in (("MODE", mode), ("--tricks", tricks_), ("--trick", trick),
-                     ("--reward", reward), ("--base", base),
-                     ("--seeds", seeds), ("--family", family), ("--steps", steps), ("--name", name),
-                     ("--dir", out), ("--max-runs", max_runs), ("--controls", controls is not None),
-                     ("--control-budget", control_budget), ("--effect", effect)) if value]
-            train_args = [a for a in args if not a.startswith("hydra.")]
-            if given or train_args or dry_run:
-                fail(f"--resume continues a sweep exactly as it was planned; drop "
-                     f"{', '.join(given + train_args + (['--dry-run'] if dry_run else []))} "
-                     "(only --launcher, --jobs, hydra.* launcher settings and, for --seeds auto, "
-                     "--max-seeds and --budget may change)")
-            code = sequential.resume_any(resume_dir, launcher, jobs, [a for a in args if a.startswith("hydra.")],
-                                         console, {"max_seeds": max_seeds, "budget": budget})
+            planned = (("MODE", mode), ("--tricks", tricks_), ("--trick", trick), ("--reward", reward),
+                       ("--base", base), ("--seeds", seeds), ("--family", family), ("--steps", steps),
+                       ("--name", name), ("--dir", out), ("--max-runs", max_runs),
+                       ("--controls", controls is not None), ("--control-budget", control_budget),
+                       ("--effect", effect), ("--dry-run", dry_run))
+            code = _resume_sweep(resume_dir, [opt for opt, value in planned if value], args, launcher, jobs,
+                                 {"max_seeds": max_seeds, "budget": budget})
         else:
             if mode == "conflict" or trick or reward:
                 tricks_ = _conflict_tricks(mode, tricks_, trick, reward)
@@ -148,6 +142,19 @@ def sweep(
     except (SweepError, ConfigError) as err:
         fail(str(err))
     raise typer.Exit(code)
+
+
+def _resume_sweep(resume_dir: Path, given: list[str], args: list[str], launcher, jobs, sequential_limits) -> int:
+    """`sweep --resume DIR`: the plan is the manifest's; only how and where runs run may change."""
+    from grpo_ablate.sweep import sequential
+
+    train_args = [a for a in args if not a.startswith("hydra.")]
+    if given or train_args:
+        fail(f"--resume continues a sweep exactly as it was planned; drop {', '.join(given + train_args)} "
+             "(only --launcher, --jobs, hydra.* launcher settings and, for --seeds auto, "
+             "--max-seeds and --budget may change)")
+    return sequential.resume_any(resume_dir, launcher, jobs, [a for a in args if a.startswith("hydra.")],
+                                 console, sequential_limits)
 
 
 def _conflict_tricks(mode, tricks_, trick, reward) -> str:
