@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench bench-trl clean
+.PHONY: install demo test test-slow test-all bench bench-trl clean
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,12 +28,22 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/grpo-ablate train
 
+# Two tiers. `make test` (~10 min on 2 cores): every test not marked `slow`. `make test-slow`:
+# the slow ones (real SLURM jobs, FSDP and torchrun processes, killed-and-resumed sweeps,
+# parallel launchers). `make test-all` runs both; CI (.ci/run) does too.
 # The SLURM tests need the local one-node cluster: brought up first (installed where missing,
 # as root); where it cannot run, scripts/slurm.sh says why and those tests skip.
 # Two workers (pytest-xdist, a test file each at a time): the tests are single-threaded.
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile
+
 test: install
+	$(PYTEST) -m "not slow"
+
+test-slow: install
 	@bash scripts/slurm.sh up || true
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PYTEST) -m slow
+
+test-all: test test-slow
 
 ## benchmark W1 (../shared/bench/W1.md) through the real trainer, beta = 0.04 and beta = 0
 bench: install

@@ -105,6 +105,7 @@ def test_bad_control_input_is_one_line(args, message, tmp_path, cache_dir):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_sweep_sft_control_on_the_treatments_wall_clock(tmp_path, small):
     """--control-budget wall: the SFT control runs after the treatments, for their median
     training time (eval excluded), and is then an ordinary, hashed, resumable run."""

@@ -17,6 +17,7 @@ def torchrun(*args, cwd):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_on_the_same_global_batch(small, tmp_path):
     # token_mean normalises by the whole batch's token count, lite by the whole batch's reward
     # std: both are global statistics that a per-rank computation would get wrong.

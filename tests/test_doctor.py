@@ -155,6 +155,7 @@ def test_dry_run_prints_the_first_stages(tmp_path, cache_dir):
 BREAK_TEMPERATURE = ["++temperature.lr=100", "++temperature.t_min=0.01", "++temperature.t_max=1.0"]
 
 
+@pytest.mark.slow
 def test_doctor_names_the_trick_that_breaks_training(tmp_path, small):
     out = tmp_path / "doc"
     r = cli("doctor", "--tricks", "batch_norm,learnable_temperature", "--steps", "5", "--launcher", "basic",

@@ -198,7 +198,7 @@ def test_watch_follows_a_running_sweep_and_stops_on_ctrl_c(tmp_path):
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     assert "1/2 runs finished" in first_refresh(proc)
     status.write_text(json.dumps(dict(json.loads(status.read_text()), state="completed")))
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert "2/2 runs finished" in out and (sweep / "curve_eval_accuracy.png").exists()
 
@@ -207,6 +207,6 @@ def test_watch_follows_a_running_sweep_and_stops_on_ctrl_c(tmp_path):
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     assert "1/2 runs finished" in first_refresh(proc)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0 and "Traceback" not in err and "stopped watching" in err, err
     assert "1 running@40" in (sweep / "report.md").read_text()

@@ -243,6 +243,7 @@ def manifest_of(sweep_dir: Path) -> dict:
     return json.loads((sweep_dir / "manifest.json").read_text())
 
 
+@pytest.mark.slow
 def test_a_sequential_sweep_stops_and_a_larger_max_seeds_continues_it(tmp_path, small):
     sweep_dir = tmp_path / "sweep"
     r = cli("sweep", "add-one-in", "--tricks", "batch_norm", "--seeds", "auto", "--max-seeds", "4",
@@ -277,6 +278,7 @@ def test_a_sequential_sweep_stops_and_a_larger_max_seeds_continues_it(tmp_path, 
     assert decision["n"] == 5 and decision["replanned"] is (decision["outcome"] == "undecided")
 
 
+@pytest.mark.slow
 def test_a_sequential_sweep_killed_in_a_later_look_resumes_it(tmp_path, small):
     """SIGKILL while look 2's first run is training; --resume: that look finishes, every
     finished run is byte-identical, each run is in the manifest once, the sweep goes on."""

@@ -44,7 +44,7 @@ def slurm_job_of(pid: int) -> str:
     return next(v.split(b"=", 1)[1].decode() for v in environ if v.startswith(b"SLURM_JOB_ID="))
 
 
-def wait_for(condition, what: str, timeout: float = 300):
+def wait_for(condition, what: str, timeout: float = 900):
     deadline = time.time() + timeout
     while time.time() < deadline:
         value = condition()
@@ -92,7 +92,7 @@ def test_a_cancelled_job_resumes_from_its_checkpoint(slurm_cluster, small, tmp_p
 
         status = wait_for(running_past_a_checkpoint, "the second run to pass its step-4 checkpoint")
         subprocess.run(["scancel", slurm_job_of(status["pid"])], check=True)
-        output, _ = sweep.communicate(timeout=300)
+        output, _ = sweep.communicate(timeout=900)
     finally:
         sweep.kill()
     assert sweep.returncode == 1, output

@@ -227,7 +227,7 @@ def manifest(sweep_dir: Path) -> dict:
     return json.loads((sweep_dir / "manifest.json").read_text())
 
 
-@pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
+@pytest.mark.parametrize("launcher", ["joblib", pytest.param("submitit_local", marks=pytest.mark.slow)])
 def test_real_sweep_through_a_parallel_launcher(launcher, tmp_path, small):
     sweep_dir = tmp_path / "sweep"
     small = [o for o in small if o not in ("logger=none", "threads=1")]   # W&B on, launcher's threads
@@ -289,6 +289,7 @@ def test_a_run_that_diverges_or_crashes_never_stops_the_others(tmp_path, small):
     assert before == {name: run_files(sweep_dir / name) for name in before}
 
 
+@pytest.mark.slow
 def test_killed_sweep_resumes_without_touching_finished_runs(tmp_path, small):
     """SIGKILL mid-run; resume: finished runs byte-identical, the killed run completes from its
     checkpoint, the manifest lists every run once (the two no-RL controls included)."""
@@ -299,7 +300,7 @@ def test_killed_sweep_resumes_without_touching_finished_runs(tmp_path, small):
     proc = subprocess.Popen([sys.executable, "-m", "grpo_ablate.cli", *args], cwd=tmp_path, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     # kill once one run has finished and the next one has a checkpoint past step 2
-    deadline, victim = time.time() + 240, None
+    deadline, victim = time.time() + 900, None
     while time.time() < deadline and victim is None:
         time.sleep(0.2)
         statuses = {}
