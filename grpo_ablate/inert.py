@@ -32,6 +32,21 @@ def same_sampler_and_trainer(cfg: DictConfig) -> bool:
     return cfg.rollout.backend == "hf" and str(cfg.rollout.get("dtype") or "float32") == "float32"
 
 
+def policy_never_leaves_sampler(cfg: DictConfig) -> bool:
+    """pi_theta == pi_old == the sampler: one optimizer step and no sampler-trainer mismatch."""
+    return one_optimizer_step(cfg) and same_sampler_and_trainer(cfg)
+
+
+def total_optimizer_steps(cfg: DictConfig) -> int:
+    """The run's optimizer steps (mini-batches are capped at the rollout's groups)."""
+    mini_batches = min(int(cfg.updates.mini_batches), int(cfg.rollout.prompts_per_step))
+    return int(cfg.steps) * mini_batches * int(cfg.updates.epochs)
+
+
+def reference_never_syncs(cfg: DictConfig) -> bool:
+    return int(cfg.ref_sync.every) > total_optimizer_steps(cfg) or float(cfg.ref_sync.alpha) == 0
+
+
 def grpo_cannot_reach(cfg: DictConfig) -> bool:
     """adv=grpo on unshaped binary rewards: the largest |A| is a lone success's, (G-1)/sqrt(G)."""
     shaped = (cfg.length.name != "none" or cfg.overlong.name == "soft_punish" or cfg.reward_norm.name != "none"
@@ -89,13 +104,28 @@ RULES = (
     Rule("kl", ("fixed", "adaptive", "adaptive_target", "in_reward", "two_layer"), None,
          lambda cfg: float(cfg.kl.beta) == 0 and float(cfg.kl.get("beta_prev") or 0) == 0,
          "cannot act with kl.beta=0", "set kl.beta > 0", "kl.beta > 0"),
-    Rule("kl.estimator", ("k1", "k2", "k3"), None,
+    Rule("kl.estimator", ("k1", "k2", "k3", "abs", "k1_st", "k3_st", "k3_iw"), None,
          lambda cfg: float(cfg.kl.beta) == 0 and float(cfg.kl.get("beta_prev") or 0) == 0,
          "only changes a logged metric: with kl.beta=0 there is no KL term or penalty", "set kl.beta > 0",
          "a KL term or penalty (kl.beta > 0)"),
-    Rule(None, (), "needs_sampler_logprobs", same_sampler_and_trainer,
-         "cannot act when the sampler is the trainer itself (same model, same dtype)",
+    Rule("kl.estimator", ("k1_st", "k3_st", "k3_iw"), None, lambda cfg: cfg.kl.name == "in_reward",
+         "changes only the KL's gradient, and a penalty in the reward has none (in the reward k1_st is k1, "
+         "k3_st and k3_iw are k3)", "use a KL term in the loss (kl=fixed), or kl.estimator=k1|k3 in the reward",
+         "a KL term in the loss (not kl=in_reward)"),
+    Rule("off_policy_mask", ("sequence",), None, policy_never_leaves_sampler,
+         "cannot act: with one optimizer step and the sampler the trainer itself, log pi_sampler - log pi ≡ 0",
+         "add updates.mini_batches=4, or sample with rollout.dtype=bfloat16 (rollout=vllm on a GPU)",
+         "several optimizer steps per rollout or a sampler that differs from the trainer"),
+    Rule("rollout_correction", (), "needs_sampler_logprobs", same_sampler_and_trainer,
+         "cannot act when the sampler is the trainer itself (same model, same dtype): pi_old / pi_sampler ≡ 1",
          "sample with rollout.dtype=bfloat16 (or rollout=vllm on a GPU)", "a sampler that differs from the trainer"),
+    Rule("token_mask", ("high_entropy",), None, lambda cfg: float(cfg.token_mask.quantile) >= 1,
+         "cannot act with token_mask.quantile=1 (every token is kept)", "set token_mask.quantile below 1 (0.2)",
+         "token_mask.quantile < 1"),
+    Rule("ref_sync", ("mixup",), None, reference_never_syncs,
+         "never moves the reference: ref_sync.every is beyond the run's optimizer steps (or alpha is 0)",
+         "set ref_sync.every <= steps x updates.mini_batches x updates.epochs (and alpha > 0)",
+         "a KL term (kl.beta > 0) and ref_sync.every <= the run's optimizer steps"),
 )
 
 

@@ -18,6 +18,17 @@ from grpo_ablate.inert import chosen_tricks, inert_reason, inert_tricks, require
     (["adv_clip=clip", "rollout.group_size=4"], "adv_clip", "clip", "(G-1)/sqrt(G)"),
     (["entropy=bonus", "entropy.coef=0"], "entropy", "bonus", "entropy.coef=0"),
     (["kl=adaptive", "kl.beta=0"], "kl", "adaptive", "kl.beta=0"),
+    (["clip=gspo"], "clip", "gspo", "one optimizer step per rollout"),        # off_policy_only: every ratio loss
+    (["clip=sapo"], "clip", "sapo", "one optimizer step per rollout"),
+    (["off_policy_mask=sequence"], "off_policy_mask", "sequence", "log pi_sampler - log pi ≡ 0"),
+    (["rollout_correction=token_truncate", "updates=mini_batches"], "rollout_correction", "token_truncate",
+     "the sampler is the trainer itself"),
+    (["rollout_correction=sequence_mask"], "rollout_correction", "sequence_mask", "rollout.dtype=bfloat16"),
+    (["token_mask=high_entropy", "token_mask.quantile=1.0"], "token_mask", "high_entropy", "every token is kept"),
+    (["ref_sync=mixup"], "ref_sync", "mixup", "ref_sync.every"),              # 512 > 60 steps
+    (["ref_sync=mixup", "ref_sync.every=5", "ref_sync.alpha=0"], "ref_sync", "mixup", "never moves the reference"),
+    (["kl=in_reward", "kl.estimator=k3_st"], "kl.estimator", "k3_st", "a penalty in the reward has none"),
+    (["kl=none", "kl.estimator=k3_iw"], "kl.estimator", "k3_iw", "with kl.beta=0"),
 ])
 def test_a_config_in_which_the_option_cannot_act(overrides, family, option, needle):
     reason = inert_reason(compose(overrides), family, option)
@@ -35,6 +46,16 @@ def test_a_config_in_which_the_option_cannot_act(overrides, family, option, need
     (["entropy=bonus"], "entropy", "bonus"),
     (["kl=fixed", "kl_weight=length_budget"], "kl_weight", "length_budget"),
     (["length=group"], "length", "group"),                                 # no rule: it can act
+    (["clip=cispo", "updates=mini_batches"], "clip", "cispo"),
+    (["clip=clip_cov"], "clip", "clip_cov"),                               # acts on-policy too
+    (["off_policy_mask=sequence", "updates=mini_batches"], "off_policy_mask", "sequence"),
+    (["off_policy_mask=sequence", "rollout.dtype=bfloat16"], "off_policy_mask", "sequence"),
+    (["rollout_correction=token_mask", "rollout.dtype=bfloat16"], "rollout_correction", "token_mask"),
+    (["token_mask=high_entropy"], "token_mask", "high_entropy"),
+    (["+trick=ref_sync"], "ref_sync", "mixup"),                            # every 10 of 60 steps
+    (["ref_sync=mixup", "ref_sync.every=100", "updates=mini_batches"], "ref_sync", "mixup"),   # 240 steps
+    (["kl=fixed", "kl.estimator=k3_st"], "kl.estimator", "k3_st"),
+    (["kl=in_reward", "kl.estimator=k3"], "kl.estimator", "k3"),
 ])
 def test_a_config_in_which_the_option_can_act(overrides, family, option):
     assert inert_reason(compose(overrides), family, option) is None
@@ -51,6 +72,9 @@ def test_the_tricks_a_run_asked_for_and_the_warnings_it_gets():
 
 def test_requirement_is_what_the_catalogue_shows():
     assert "several optimizer steps per rollout" in requirement("clip", "higher")
+    assert "several optimizer steps per rollout" in requirement("clip", "gspo")
+    assert "a sampler that differs" in requirement("rollout_correction", "token_truncate")
+    assert "ref_sync.every" in requirement("ref_sync", "mixup") and requirement("clip", "clip_cov") == ""
     assert requirement("length", "group") == ""
     from grpo_ablate.catalogue import load_catalogue
 

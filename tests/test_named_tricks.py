@@ -6,6 +6,7 @@ import yaml
 
 from conftest import REPO, cli
 from grpo_ablate.config import ConfigError, compose, validate
+from grpo_ablate.report.activity import ACTIVITY, shows_activity
 from grpo_ablate.rundir import read_rows
 from grpo_ablate.train.grpo import train
 
@@ -33,6 +34,8 @@ FAMILY_METRIC = {
     "kl_weight": "kl/k3", "entropy": "entropy/coef", "temperature": "temperature/value",
     "overlong": "overlong/penalty_mean", "length": "length/reward_mean",
     "sampling": "sampling/kept_group_frac", "value_clip": "value/loss", "updates": "clip/low_frac",
+    "token_mask": "token_mask/dropped_frac", "off_policy_mask": "off_policy_mask/dropped_frac",
+    "rollout_correction": "rollout_corr/is_mean", "ref_sync": "ref_sync/syncs",
 }
 EXTRA_METRIC = {"kl_two_layer": "kl/prev_k3", "critic_gae": "value/explained_variance",
                 "dynamic_group_size": "sampling/mean_group_size", "kl_in_reward": "kl/k1",
@@ -47,10 +50,23 @@ def tiny_default(cache_dir, default_model):
     return ["logger=none", f"model.cache_dir={cache_dir}", "task.eval_size=16", "steps=2", "eval.every=2"]
 
 
+# The tricks of issue 15 ("not in the seed review") run the way they can act: with PPO
+# mini-batches (the ratio moves), and where they need more, with what makes them act here.
+NEW_TRICKS = {p.stem for p in TRICK_FILES if "verdict: not_in_review" in p.read_text()}
+ACTS_WITH = {
+    "rollout_token_truncate": ["rollout.dtype=bfloat16"], "rollout_token_mask": ["rollout.dtype=bfloat16"],
+    "rollout_sequence_truncate": ["rollout.dtype=bfloat16"], "rollout_sequence_mask": ["rollout.dtype=bfloat16"],
+    "off_policy_mask": ["off_policy_mask.delta=0.0"],    # a 2-step run never drifts by 0.5 nats a token
+    "ref_sync": ["ref_sync.every=2"],
+}
+
+
 @pytest.mark.parametrize("name", TRICKS)
 def test_every_named_trick_trains_two_steps_on_the_tiny_default(tiny_default, tmp_path, name):
     # value_clip needs a critic: alone it is refused (tested below), so pair it with critic_gae
     overrides = tiny_default + ["+trick=[critic_gae,value_clip]" if name == "value_clip" else f"+trick={name}"]
+    if name in NEW_TRICKS:
+        overrides += ["updates=mini_batches", *ACTS_WITH.get(name, [])]
     cfg = compose(overrides)
     family = cfg.tricks[name].family
     assert cfg[family].name == cfg.tricks[name].option
@@ -61,6 +77,10 @@ def test_every_named_trick_trains_two_steps_on_the_tiny_default(tiny_default, tm
     metric = OWN_METRIC.get(name, FAMILY_METRIC[family])
     assert all(metric in r and EXTRA_METRIC.get(name, "loss") in r for r in rows[1:])
     assert f"  {name}:" in (tmp_path / "run" / "config.yaml").read_text()
+    activity = ACTIVITY.get((family, cfg.tricks[name].option))
+    if name in NEW_TRICKS and activity is not None:                      # it acted: its own metric says so
+        metric, kind, threshold = activity
+        assert shows_activity([r[metric] for r in rows[1:]], kind, threshold), (metric, [r[metric] for r in rows[1:]])
 
 
 def test_two_tricks_compose():
@@ -106,12 +126,20 @@ PRESETS = {
 }
 
 
+NEW_PRESETS = {"gspo", "cispo", "scalerl"}   # ratio-based: trained with mini-batches, where the ratio moves
+
+
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_presets_match_the_table_and_train(tiny_default, tmp_path, preset):
-    overrides = tiny_default + [f"preset={preset}"]
+    overrides = tiny_default + [f"preset={preset}"] + (["updates=mini_batches"] if preset in NEW_PRESETS else [])
     cfg = compose(overrides)
     assert {family: cfg[family].name for family in PRESETS[preset]} == PRESETS[preset]
     assert train(cfg, tmp_path / "run", overrides).state == "completed"
+    rows = read_rows(tmp_path / "run" / "metrics.jsonl")
+    assert all(v is not None for r in rows for v in r.values())
+    if preset in NEW_PRESETS:
+        metric, kind, threshold = ACTIVITY[("clip", cfg.clip.name)]
+        assert shows_activity([r[metric] for r in rows[1:]], kind, threshold)
 
 
 def test_a_preset_is_overridable_family_by_family():

@@ -32,6 +32,22 @@ ACTIVITY = {
     ("length", "group"): ("length/reward_mean", NONZERO, None),
     ("updates", "multi"): ("ppo/kl", NONZERO, None),
     ("updates", "mini_batches"): ("ppo/kl", NONZERO, None),
+    # the 2025-26 policy losses: each equals PPO-clip's gradient while rho == 1, so the ratio must move
+    ("clip", "gspo"): ("ppo/kl", NONZERO, None),
+    ("clip", "cispo"): ("ppo/kl", NONZERO, None),
+    ("clip", "cispo_trl"): ("ppo/kl", NONZERO, None),
+    ("clip", "gmpo"): ("ppo/kl", NONZERO, None),
+    ("clip", "gpg"): ("ppo/kl", NONZERO, None),
+    ("clip", "sapo"): ("sapo/grad_weight_dev", NONZERO, None),    # the gate moved a token's gradient
+    ("clip", "kl_cov"): ("kl_cov/penalty", NONZERO, None),        # 0 on-policy (|Delta| = 0)
+    ("clip", "clip_cov"): ("clip_cov/frac", NONZERO, None),       # tokens whose gradient it removed
+    ("token_mask", "high_entropy"): ("token_mask/dropped_frac", NONZERO, None),
+    ("off_policy_mask", "sequence"): ("off_policy_mask/dropped_frac", NONZERO, None),
+    ("rollout_correction", "token_truncate"): ("rollout_corr/logp_diff_mean", NONZERO, None),   # weights != 1
+    ("rollout_correction", "token_mask"): ("rollout_corr/logp_diff_mean", NONZERO, None),
+    ("rollout_correction", "sequence_truncate"): ("rollout_corr/logp_diff_mean", NONZERO, None),
+    ("rollout_correction", "sequence_mask"): ("rollout_corr/logp_diff_mean", NONZERO, None),
+    ("ref_sync", "mixup"): ("ref_sync/syncs", NONZERO, None),
 }
 
 

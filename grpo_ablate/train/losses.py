@@ -6,18 +6,25 @@
     kl_prev   beta_prev * KL(pi || pi_prev) (kl=two_layer)
     entropy   -c * H, the entropy bonus (`entropy`), while c > 0
 
+The policy term's tokens are weighed by a factor of three tricks, each 1 when off:
+`token_mask` (the top-entropy tokens only), `off_policy_mask` (A < 0 sequences far from the
+sampler dropped) and `rollout_correction` (importance weights pi_old / pi_sampler), as TRL
+and verl multiply the per-token policy loss (the aggregation weights stay the full mask's).
+
 The update minimizes sum_jt w_jt * (sum of the terms), w the `loss_agg` weights; the
 gradient-conflict diagnostics differentiate each term alone. Both call `LossTerms`, so a
 term added here is in the update and in the diagnostics alike.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 
 import torch
 from omegaconf import DictConfig
 
 from grpo_ablate.config import trick
+from grpo_ablate.sampling.decode import derived_seed
 from grpo_ablate.tricks import option
 
 
@@ -32,6 +39,8 @@ class LossInputs:
     prev_logp: torch.Tensor | None = None   # pi_prev, the policy prev_lag steps ago (two-layer KL)
     old_values: torch.Tensor | None = None  # V_old, the critic before this rollout's updates
     returns: torch.Tensor | None = None     # the critic's targets
+    sampler_logp: torch.Tensor | None = None  # the sampler's own log-probs (rollout=hf records them; vLLM)
+    is_weights: torch.Tensor | None = None  # rollout_correction's weights of the policy loss (None: all 1)
 
     def rows(self, index) -> "LossInputs":
         """The same inputs for some rows (a slice or an index tensor)."""
@@ -48,24 +57,92 @@ class Coefficients:
     value: float       # value_coef of the critic's loss
 
 
+class SeededDraws:
+    """The random draws of a loss trick (clip_cov's choice of tokens): a generator seeded from
+    the run's seed, owned by the trainer and checkpointed with it, so a resumed run draws what
+    the uninterrupted one would."""
+
+    def __init__(self, seed: int):
+        self.generator = torch.Generator().manual_seed(derived_seed(seed, ("loss_draws",)))
+
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+
+    @contextmanager
+    def unchanged(self):
+        """Draws made inside (the diagnostics' extra loss) leave the update's draws as they were."""
+        state = self.generator.get_state()
+        try:
+            yield
+        finally:
+            self.generator.set_state(state)
+
+
+def loss_draws(cfg: DictConfig) -> SeededDraws | None:
+    """The run's SeededDraws when its policy loss draws at random (takes a `generator`), else None."""
+    return SeededDraws(int(cfg.seed)) if "generator" in option("clip", cfg.clip.name).knobs else None
+
+
+def _over_ranks(select, spread, *tensors):
+    """`select` over the whole mini-batch's rows (every rank's: a batch-wide statistic, as TRL
+    gathers before its quantile), this rank's rows returned. spread: the DataParallel, or None."""
+    if spread is None or spread.world == 1:
+        return select(*tensors)
+    everything = select(*(spread.gather_rows(t) for t in tensors))
+    return everything[spread.share(len(everything))]
+
+
 class LossTerms:
     """The loss tricks of a run, bound once; called with a forward's outputs and LossInputs."""
 
-    def __init__(self, cfg: DictConfig):
-        self.policy_loss = trick(cfg, "clip", dual_clip_c=cfg.dual_clip.c)
+    def __init__(self, cfg: DictConfig, draws: SeededDraws | None = None):
+        generator = draws.generator if draws is not None else None
+        self.policy_loss = trick(cfg, "clip", dual_clip_c=cfg.dual_clip.c, generator=generator)
         self.kl_estimator = option("kl.estimator", cfg.kl.estimator).impl
         self.kl_weight = trick(cfg, "kl_weight")
         self.value_loss = trick(cfg, "value_clip")
+        # the policy term's token factors, by the options' flags (None: the option keeps every token)
+        self.token_mask = trick(cfg, "token_mask") if option("token_mask", cfg.token_mask.name).selects_tokens else None
+        self.off_policy_mask = (trick(cfg, "off_policy_mask")
+                                if option("off_policy_mask", cfg.off_policy_mask.name).needs_sampler_logprobs else None)
 
-    def policy(self, logp, old_logp, advantages, mask):
-        """(per-token policy loss, per-token clip statistics); old_logp None: rho = 1."""
-        return self.policy_loss(logp, logp.detach() if old_logp is None else old_logp, advantages, mask)
+    def policy(self, logp, old_logp, advantages, mask, factor=None):
+        """(per-token policy loss, per-token clip statistics); old_logp None: rho = 1. `factor`:
+        policy_factor's weights of the tokens (None: 1)."""
+        loss, stats = self.policy_loss(logp, logp.detach() if old_logp is None else old_logp, advantages, mask)
+        return (loss if factor is None else loss * factor), stats
 
-    def __call__(self, logp, entropy, values, inputs: LossInputs, coef: Coefficients):
+    def policy_factor(self, logp, entropy, inputs: LossInputs, spread=None):
+        """(the per-token factor of the policy loss or None when it is 1, its statistics):
+        token_mask's kept tokens (the entropy quantile over the mini-batch, every rank's),
+        off_policy_mask's kept sequences (the sampler's log-probs against this forward's; pi_old's
+        without them) and rollout_correction's importance weights, multiplied."""
+        factors, stats = [], {}
+        if self.token_mask is not None:
+            keep = _over_ranks(self.token_mask, spread, entropy.detach(), inputs.mask)
+            stats["token_mask/dropped_frac"] = inputs.mask - keep
+            factors.append(keep)
+        if self.off_policy_mask is not None:
+            behaviour = inputs.sampler_logp if inputs.sampler_logp is not None else inputs.old_logp
+            keep = self.off_policy_mask(logp.detach(), logp.detach() if behaviour is None else behaviour,
+                                        inputs.advantages, inputs.mask)
+            stats["off_policy_mask/dropped_frac"] = inputs.mask - keep
+            factors.append(keep)
+        if inputs.is_weights is not None:
+            factors.append(inputs.is_weights)
+        return _product(factors), stats
+
+    def __call__(self, logp, entropy, values, inputs: LossInputs, coef: Coefficients, spread=None):
         """({term name: per-token loss [N, T]}, {metric name: per-token statistic}). The raw
-        critic loss is a statistic too (`value/loss`), before value_coef weighs it."""
+        critic loss is a statistic too (`value/loss`), before value_coef weighs it. spread: the
+        DataParallel whose ranks share the mini-batch (None: one process has all its rows)."""
         old_logp = logp.detach() if inputs.old_logp is None else inputs.old_logp
-        policy, stats = self.policy(logp, old_logp, inputs.advantages, inputs.mask)
+        factor, factor_stats = self.policy_factor(logp, entropy, inputs, spread)
+        policy, stats = self.policy(logp, old_logp, inputs.advantages, inputs.mask, factor)
+        stats.update(factor_stats)
         terms = {"policy": policy}
         if values is not None:
             stats["value/loss"] = self.value_loss(values, inputs.old_values, inputs.returns)
@@ -77,6 +154,14 @@ class LossTerms:
         if coef.entropy > 0:   # the entropy carries a gradient only then
             terms["entropy"] = -coef.entropy * entropy
         return terms, stats
+
+
+def _product(factors: list):
+    """The factors multiplied in their order; None for none."""
+    out = None
+    for factor in factors:
+        out = factor if out is None else out * factor
+    return out
 
 
 def total(terms: dict) -> torch.Tensor:

@@ -5,9 +5,11 @@ Shaping, in order (each family a trick, looked up in the registry):
     format    task.format_reward for an answer in \\boxed{} / after #### (real tasks)
     overlong  `overlong`: a soft punishment added, or truncated completions masked out
     length    `length`: a length penalty or the group length reward added
-    kl        `kl=in_reward`: - beta * sum_t KL(pi_old || pi_ref) per completion
-The parts are kept by name (`components`): the gradient diagnostics push each one alone
-through the same advantage chain, reward_norm -> adv -> adv_clip, as the total goes through.
+    kl        `kl=in_reward`: - beta * sum_t KL_t(pi_old, pi_ref) per completion (kl.estimator)
+The parts are kept by name (`components`, summing to the total): an estimator that reads
+them (adv=gdpo: each part normalized in its group) gets them, and the gradient diagnostics
+push each one alone through the same advantage chain, reward_norm -> adv -> adv_clip, as
+the total goes through.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import torch
 from omegaconf import DictConfig
 
 from grpo_ablate.config import trick
+from grpo_ablate.tricks import option
 from grpo_ablate.tricks.adv import gae, token_rewards
 from grpo_ablate.tricks.kl import kl_reward_penalty
 
@@ -24,7 +27,7 @@ from grpo_ablate.tricks.kl import kl_reward_penalty
 @dataclass
 class ShapedRewards:
     rewards: torch.Tensor            # [N] the total that the advantage is computed from
-    components: dict                 # name -> [N] its parts (task, overlong, length, kl)
+    components: dict                 # name -> [N] its parts (task, format, overlong, length, kl)
     keep: torch.Tensor               # [N] bool: False for completions whose tokens are masked out
     mask: torch.Tensor               # [N, T] the trained tokens: completion tokens of kept rows
 
@@ -39,19 +42,22 @@ class RewardShaping:
         self.overlong, self.length = trick(cfg, "overlong"), trick(cfg, "length")
         self.max_new = int(cfg.rollout.max_new_tokens)
         self.reward_beta = reward_beta
+        self.kl_estimator = option("kl.estimator", cfg.kl.estimator).impl   # kl=in_reward's KL_t
 
     def __call__(self, scores, texts, roll, group_index, old_logp=None, ref_logp=None) -> ShapedRewards:
         task = self.wrong + (self.correct - self.wrong) * scores   # the verifier's score on the reward scale
-        rewards = task
+        rewards, formatted = task, {}
         if self.format_reward:
-            rewards = rewards + self.format_reward * torch.tensor([float(self.formatted(t)) for t in texts],
-                                                                  device=rewards.device)
+            formatted["format_reward"] = self.format_reward * torch.tensor(
+                [float(self.formatted(t)) for t in texts], device=rewards.device)
+            rewards = rewards + formatted["format_reward"]
         rewards, keep, overlong_penalty = self.overlong(rewards, roll.lengths, roll.truncated, self.max_new)
         mask = roll.completion_mask * keep[:, None]   # [N, T] 1 up to and incl. EOS, if trained
         rewards, length_reward = self.length(rewards, roll.lengths, group_index, scores > 0, self.max_new)
-        components = {"task_reward": task, "overlong_reward": overlong_penalty, "length_reward": length_reward}
+        components = {"task_reward": task, "overlong_reward": overlong_penalty, "length_reward": length_reward,
+                      **formatted}
         if self.reward_beta > 0:
-            kl_reward = -self.reward_beta * kl_reward_penalty(old_logp, ref_logp, mask)
+            kl_reward = -self.reward_beta * kl_reward_penalty(old_logp, ref_logp, mask, self.kl_estimator)
             rewards = rewards + kl_reward
             components["kl_reward"] = kl_reward
         return ShapedRewards(rewards, components, keep, mask)
@@ -78,9 +84,12 @@ class AdvantageChain:
         self.adv_clip = trick(cfg, "adv_clip")
         self.gamma, self.lam = float(cfg.adv.get("gamma", 1.0)), float(cfg.adv.get("lam", 1.0))
 
-    def __call__(self, rewards, group_index, mask, values=None) -> Advantages:
+    def __call__(self, rewards, group_index, mask, values=None, components=None) -> Advantages:
+        """`components`: the reward's parts by name (ShapedRewards.components), for an estimator
+        that normalizes each (gdpo); None or {}: the reward is one part. They are the raw parts:
+        reward_norm maps the total, and a per-group normalization ignores its scale anyway."""
         rewards = self.reward_norm(rewards)
-        advantages, clipped_frac = self.adv_clip(self.estimator(rewards, group_index, mask, values, {}))
+        advantages, clipped_frac = self.adv_clip(self.estimator(rewards, group_index, mask, values, components or {}))
         return Advantages(advantages, clipped_frac, rewards)
 
     def critic_returns(self, rewards, mask, old_values):

@@ -6,6 +6,7 @@ config when the run started), so nothing here branches on a trick's name.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import deque
@@ -21,7 +22,8 @@ from grpo_ablate.train import diagnostics
 from grpo_ablate.train import metrics as metrics_mod
 from grpo_ablate.train.distributed import DataParallel
 from grpo_ablate.train.forward import token_logprobs
-from grpo_ablate.train.losses import Coefficients, LossInputs, LossTerms, total
+from grpo_ablate.train.losses import Coefficients, LossInputs, LossTerms, loss_draws, total
+from grpo_ablate.train.reference_sync import reference_sync
 from grpo_ablate.train.rewards import AdvantageChain, Advantages, RewardShaping, ShapedRewards
 from grpo_ablate.train.run import Optimization, StepResult, evaluate
 from grpo_ablate.tricks import option
@@ -109,7 +111,12 @@ class GRPOStep:
         self.model, self.tokenizer = policies.policy, policies.tokenizer
         self.shaping = RewardShaping(cfg, task, controllers.kl.reward_beta)
         self.advantages = AdvantageChain(cfg)
-        self.loss_terms = LossTerms(cfg)
+        self.draws = loss_draws(cfg)                  # clip_cov's seeded, checkpointed draws (else None)
+        self.loss_terms = LossTerms(cfg, self.draws)
+        self.reference_sync = reference_sync(cfg, policies.reference, policies.policy)   # ref_sync (else None)
+        # rollout_correction: importance weights pi_old / pi_sampler of the policy loss (None: all 1)
+        corrects = option("rollout_correction", cfg.rollout_correction.name).needs_sampler_logprobs
+        self.rollout_correction = trick(cfg, "rollout_correction") if corrects else None
         self.weights_of = option("loss_agg", cfg.loss_agg.name).impl   # (mask, max_len) -> w
         critic = list(policies.value_head.parameters()) if policies.value_head is not None else []
         self.trained = [p for p in policies.policy.parameters() if p.requires_grad] + critic   # LoRA: adapters
@@ -119,10 +126,12 @@ class GRPOStep:
         # model.dtype=float16: a dynamic loss scale keeps small gradients from underflowing (else off)
         self.scaler = torch.amp.GradScaler(device.type, enabled=cfg.model.get("dtype", "float32") == "float16")
         # pi_old by a separate forward only when the rollout feeds more than one optimizer step
-        # (mini-batches, epochs), is charged to the reward (kl=in_reward) or valued by a critic; otherwise
-        # pi_old is the policy itself and the ratio is exactly 1 (nothing clips: expected)
+        # (mini-batches, epochs), is charged to the reward (kl=in_reward), valued by a critic or
+        # compared with the sampler (rollout_correction, off_policy_mask); otherwise pi_old is the
+        # policy itself and the ratio is exactly 1 (nothing clips: expected)
         self.needs_old = (int(cfg.updates.mini_batches) * int(cfg.updates.epochs) > 1
-                          or controllers.kl.reward_beta > 0 or policies.value_head is not None)
+                          or controllers.kl.reward_beta > 0 or policies.value_head is not None
+                          or corrects or option("off_policy_mask", cfg.off_policy_mask.name).needs_sampler_logprobs)
         # gradient-conflict diagnostics (diag.grad_conflict=true) every diag.every steps; off: 0
         self.diag_every = int(cfg.diag.every) if cfg.diag.grad_conflict else 0
         self.diag_params = (diagnostics.last_layer_params(policies.policy, cfg.diag.last_layers)
@@ -144,14 +153,14 @@ class GRPOStep:
         sampled = time.perf_counter()
         anchors = self.anchor_logprobs(part, T)                                   # 2. frozen forwards
         scored = time.perf_counter()
-        shaped, adv, inputs = self.rewards_and_advantages(batch, anchors)        # 3. rewards -> advantages
+        shaped, adv, inputs, mismatch = self.rewards_and_advantages(batch, anchors)   # 3. rewards -> advantages
         rewarded = time.perf_counter()
         coef = self.coefficients()
         diag = self.diagnose(batch, shaped, adv, inputs, coef) if self.diag_due(step) else {}
         update = self.update(batch, part, inputs, coef, step)                     # 4. optimizer step(s)
         updated = time.perf_counter()
         metrics = {"step": step, "loss": update.loss,                             # 5. metrics
-                   **self.metrics(batch, shaped, adv, anchors, update, coef, T), **diag,
+                   **self.metrics(batch, shaped, adv, anchors, update, coef, T), **mismatch, **diag,
                    **self.timings(started, sampled, scored, rewarded, updated, shaped.mask),
                    "time/elapsed_s": updated - self.started}
         if not update.finite and cfg.on_nonfinite == "stop":
@@ -176,16 +185,23 @@ class GRPOStep:
         return out
 
     def rewards_and_advantages(self, batch: SampledGroups, anchors: Anchors):
-        """Shaped rewards, their advantages (reward_norm -> adv -> adv_clip) and the loss's inputs."""
+        """Shaped rewards, their advantages (reward_norm -> adv -> adv_clip; the reward's parts
+        for an estimator that reads them), the loss's inputs and the sampler-mismatch metrics of
+        rollout_correction, whose weights are computed once on the whole batch (as verl does)."""
         group_index = batch.group_index.to(self.device)
         shaped = self.shaping(batch.scores.to(self.device), batch.texts, batch.roll, group_index,
                               anchors.old, anchors.ref)
-        adv = self.advantages(shaped.rewards, group_index, shaped.mask, anchors.old_values)
+        adv = self.advantages(shaped.rewards, group_index, shaped.mask, anchors.old_values, shaped.components)
         returns = (self.advantages.critic_returns(adv.rewards, shaped.mask, anchors.old_values)
                    if self.p.value_head is not None else None)
+        sampler = batch.roll.sampler_logprobs
+        sampler = sampler.to(self.device) if sampler is not None else None
+        weights, mismatch = None, {}
+        if self.rollout_correction is not None and sampler is not None:
+            weights, mismatch = self.rollout_correction(anchors.old, sampler, shaped.mask)
         inputs = LossInputs(shaped.mask, adv.per_token, anchors.old, anchors.ref, anchors.prev,
-                            anchors.old_values, returns)
-        return shaped, adv, inputs
+                            anchors.old_values, returns, sampler, weights)
+        return shaped, adv, inputs, mismatch
 
     def coefficients(self) -> Coefficients:
         kl = self.ctl.kl
@@ -211,9 +227,11 @@ class GRPOStep:
                 roll = part if rows is None else select_rows(batch.roll, mine)
                 logp, entropy, values = token_logprobs(self.train_model, roll, self.ctl.temperature.current(),
                                                        self.p.value_head, entropy_grad=coef.entropy > 0)
-                terms, stats = self.loss_terms(logp, entropy, values, mb.rows(dp.share(len(mb.mask))), coef)
+                terms, stats = self.loss_terms(logp, entropy, values, mb.rows(dp.share(len(mb.mask))), coef, dp)
                 weights = self.weights_of(mb.mask, max_new)
                 loss, grad_norm, ok = self.optimizer_step(aggregate(total(terms), dp.part(weights)), step)
+                if self.reference_sync is not None:
+                    self.reference_sync.after_optimizer_step()   # ref_sync: every N optimizer steps
                 logp, entropy, values = dp.gather_rows(logp), dp.gather_rows(entropy), dp.gather_rows(values)
                 means.add(loss, grad_norm, {**metrics_mod.token_means(
                     {k: dp.gather_rows(v) for k, v in stats.items()}, mb.mask),
@@ -284,10 +302,13 @@ class GRPOStep:
         weights = self.weights_of(shaped.mask, int(self.cfg.rollout.max_new_tokens))   # the whole batch's
         w = weights[rows] * (weights.sum() / weights[rows].sum().clamp(min=1e-12))   # the full loss's total
         sub = inputs.rows(rows)
-        terms, _ = self.loss_terms(logp, entropy, values, sub, coef)
-        terms = {name: aggregate(term, w) for name, term in terms.items()}
-        for name, component in component_adv.items():
-            terms[name] = aggregate(self.loss_terms.policy(logp, sub.old_logp, component[rows][:, None], sub.mask)[0], w)
+        with self.draws.unchanged() if self.draws is not None else contextlib.nullcontext():
+            terms, _ = self.loss_terms(logp, entropy, values, sub, coef)
+            terms = {name: aggregate(term, w) for name, term in terms.items()}
+            factor = self.loss_terms.policy_factor(logp, entropy, sub)[0]   # the same token factor as the policy term's
+            for name, component in component_adv.items():
+                terms[name] = aggregate(self.loss_terms.policy(logp, sub.old_logp, component[rows][:, None], sub.mask,
+                                                               factor)[0], w)
         out = diagnostics.conflict_metrics(diagnostics.term_gradients(terms, self.diag_params))
         out["time/diag_s"] = time.perf_counter() - started   # part of time/update_s
         return out
@@ -319,6 +340,8 @@ class GRPOStep:
                                                         or self.cfg.rollout.get("dtype", "float32") != "float32"):
             out.update(m.sampler_gap_metrics(batch.roll.sampler_logprobs,
                                              update.logp if anchors.old is None else anchors.old, mask))
+        if self.reference_sync is not None:
+            out.update(self.reference_sync.metrics())
         if "kl/k3" in out:
             self.ctl.kl.update(out["kl/k3"], num_sequences=adv.rewards.numel())
         self.ctl.entropy.update(out["policy/entropy"])
@@ -348,6 +371,8 @@ class GRPOStep:
         """The objects with state of their own, by their checkpoint key."""
         return {"kl_control": self.ctl.kl, "entropy_control": self.ctl.entropy, "temperature": self.ctl.temperature,
                 **({"value_head": self.p.value_head} if self.p.value_head is not None else {}),
+                **({"loss_draws": self.draws} if self.draws is not None else {}),
+                **({"reference_sync": self.reference_sync} if self.reference_sync is not None else {}),
                 **({"grad_scaler": self.scaler} if self.scaler.is_enabled() else {})}
 
     def checkpoint_weights(self) -> dict | None:

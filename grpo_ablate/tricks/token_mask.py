@@ -2,7 +2,8 @@
 
 Every option takes (entropy [N, T], mask [N, T]) and returns the new mask [N, T] (floats, a
 subset of `mask`, no gradient); the trainer multiplies the policy loss by it, so a dropped
-token gets exactly zero policy gradient.
+token gets exactly zero policy gradient. Flag `selects_tokens`: the option may drop tokens (the
+trainer skips the identity `none`).
 
 `high_entropy` ("Beyond the 80/20 Rule", arXiv 2506.01939; TRL `top_entropy_quantile`):
 keep the tokens whose entropy is in the top `quantile` of the batch's trained tokens,
@@ -34,7 +35,7 @@ def linear_quantile(values: torch.Tensor, q: float) -> torch.Tensor:
     return ordered[low] + (position - low) * (ordered[high] - ordered[low])
 
 
-@register("token_mask", "high_entropy")
+@register("token_mask", "high_entropy", selects_tokens=True)
 def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, *, quantile: float = 0.2) -> torch.Tensor:
     """Keep the top `quantile` of trained tokens by entropy (1.0 keeps all, 0.0 only the maximum)."""
     if not 0.0 <= quantile <= 1.0:

@@ -1,0 +1,45 @@
+"""ref_sync: the frozen reference moves toward the policy every `ref_sync.every` optimizer steps.
+
+The family's option (tricks/ref_sync.py) mixes the parameters; this object counts the
+optimizer steps (TRL syncs when global_step % ref_model_sync_steps == 0, global_step counting
+optimizer steps) and is checkpointed with the reference's weights: after a sync the reference
+is no longer the starting model, which is where a resumed run would otherwise reload it from.
+"""
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig
+
+from grpo_ablate.config import trick
+from grpo_ablate.tricks import option
+
+
+class ReferenceSync:
+    def __init__(self, cfg: DictConfig, reference: torch.nn.Module, policy: torch.nn.Module):
+        self.mix, self.every = trick(cfg, "ref_sync"), int(cfg.ref_sync.every)
+        self.reference, self.policy = reference, policy
+        self.optimizer_steps, self.syncs = 0, 0
+
+    def after_optimizer_step(self) -> None:
+        self.optimizer_steps += 1
+        if self.optimizer_steps % self.every == 0:
+            self.mix(self.reference.parameters(), self.policy.parameters())
+            self.syncs += 1
+
+    def metrics(self) -> dict:
+        return {"ref_sync/syncs": self.syncs}
+
+    def state_dict(self) -> dict:
+        return {"optimizer_steps": self.optimizer_steps, "syncs": self.syncs,
+                "reference": {k: v.detach().clone() for k, v in self.reference.state_dict().items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer_steps, self.syncs = int(state["optimizer_steps"]), int(state["syncs"])
+        self.reference.load_state_dict(state["reference"])
+
+
+def reference_sync(cfg: DictConfig, reference, policy) -> ReferenceSync | None:
+    """The run's ReferenceSync when its ref_sync option moves the reference, else None."""
+    if not option("ref_sync", cfg.ref_sync.name).syncs_reference:
+        return None
+    return ReferenceSync(cfg, reference, policy)

@@ -1,0 +1,133 @@
+"""The trainer side of the 2025-26 tricks (issue 15): each reaches the loss or the advantage the
+way its function's docstring says, the state it owns survives a resume, and diagnostics do
+not change what it draws."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from grpo_ablate.config import compose
+from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
+from grpo_ablate.train.grpo import train
+from grpo_ablate.train.losses import Coefficients, LossInputs, LossTerms, SeededDraws, loss_draws
+from grpo_ablate.train.rewards import AdvantageChain, RewardShaping
+from grpo_ablate.tricks.adv import gdpo_advantage
+from grpo_ablate.tricks.kl import k3
+from grpo_ablate.tricks.rollout_correction import _option
+
+D = torch.float64
+NO_TERMS = Coefficients(kl=0.0, kl_prev=0.0, entropy=0.0, value=0.0)
+
+
+def run(overrides, run_dir):
+    return train(compose(overrides), run_dir, overrides)
+
+
+def rows_of(run_dir):
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)}
+            for r in read_rows(run_dir / "metrics.jsonl")]
+
+
+def test_gdpo_gets_the_reward_components():
+    group_index = torch.tensor([0, 0, 0, 1, 1, 1])
+    mask = torch.ones(6, 3, dtype=D)
+    task = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0], dtype=D)
+    length = torch.tensor([-0.1, -0.5, 0.0, -0.2, -0.9, -0.3], dtype=D)
+    components = {"task_reward": task, "length_reward": length}
+    chain = AdvantageChain(compose(["adv=gdpo"]))
+    got = chain(task + length, group_index, mask, None, components).values
+    assert torch.equal(got, gdpo_advantage(task + length, group_index, mask, None, components))
+    assert not torch.allclose(got, chain(task + length, group_index, mask).values)   # {}: one part
+
+
+def roll_of(mask):
+    n = mask.shape[0]
+    return SimpleNamespace(completion_mask=mask, lengths=mask.sum(1), truncated=torch.zeros(n, dtype=torch.bool))
+
+
+def test_kl_in_reward_charges_the_chosen_estimator():
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]], dtype=D)
+    old = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, -0.7, -3.0]], dtype=D)
+    ref = torch.tensor([[-1.5, -1.0, -9.0], [-0.4, -1.7, -2.0]], dtype=D)
+    cfg = compose(["kl=in_reward", "kl.estimator=k3"])
+    shaping = RewardShaping(cfg, SimpleNamespace(), reward_beta=0.5)
+    shaped = shaping(torch.zeros(2, dtype=D), ["", ""], roll_of(mask), torch.tensor([0, 0]), old, ref)
+    assert torch.allclose(shaped.components["kl_reward"], -0.5 * (k3(old, ref) * mask).sum(1))
+    assert torch.allclose(shaped.rewards, shaped.components["kl_reward"])
+
+
+def inputs_and_logp(seed=0, n=4, t=6):
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.ones(n, t, dtype=D)
+    mask[0, 4:] = 0
+    logp = (-torch.rand(n, t, generator=g, dtype=D) * 2).requires_grad_()
+    adv = torch.tensor([[1.0], [-1.0], [0.5], [-0.5]], dtype=D)
+    return logp, LossInputs(mask, adv, old_logp=logp.detach() + 0.01 * torch.randn(n, t, generator=g, dtype=D))
+
+
+def test_the_high_entropy_mask_zeroes_the_policy_gradient_of_the_other_tokens():
+    logp, inputs = inputs_and_logp()
+    entropy = torch.arange(24, dtype=D).view(4, 6)
+    terms, stats = LossTerms(compose(["token_mask=high_entropy", "token_mask.quantile=0.25"]))(
+        logp, entropy, None, inputs, NO_TERMS)
+    terms["policy"].sum().backward()
+    # the 0.75-quantile of the 22 trained entropies (0-3, 6-23): 17 + 0.75 (18 - 17)
+    kept = (entropy >= 17.75) & (inputs.mask > 0)
+    assert torch.equal(logp.grad != 0, kept)
+    assert torch.equal(stats["token_mask/dropped_frac"], inputs.mask * ~kept)
+
+
+def test_rollout_correction_weights_multiply_the_policy_loss_only():
+    logp, inputs = inputs_and_logp()
+    plain, _ = LossTerms(compose([]))(logp, torch.zeros_like(logp), None, inputs, NO_TERMS)
+    sampler = inputs.old_logp - 0.3 * torch.rand(logp.shape, dtype=D)
+    weights, metrics = _option("token", "truncate", 2.0, None)(inputs.old_logp, sampler, inputs.mask)
+    inputs.sampler_logp, inputs.is_weights = sampler, weights
+    cfg = compose(["rollout_correction=token_truncate"])
+    weighted, _ = LossTerms(cfg)(logp, torch.zeros_like(logp), None, inputs, NO_TERMS)
+    assert torch.equal(weighted["policy"], plain["policy"] * weights) and metrics["rollout_corr/kl"] != 0
+
+
+def test_the_off_policy_mask_drops_negative_sequences_far_from_the_sampler():
+    logp, inputs = inputs_and_logp()
+    inputs.sampler_logp = logp.detach() + torch.tensor([[1.0], [1.0], [0.0], [0.0]], dtype=D)  # rows 0, 1 drift
+    terms, stats = LossTerms(compose(["off_policy_mask=sequence"]))(logp, torch.zeros_like(logp), None, inputs, NO_TERMS)
+    terms["policy"].sum().backward()
+    assert logp.grad[1].abs().sum() == 0 and logp.grad[0].abs().sum() > 0 and logp.grad[3].abs().sum() > 0  # A_0 > 0
+    assert stats["off_policy_mask/dropped_frac"][1].sum() == 6 and stats["off_policy_mask/dropped_frac"].sum() == 6
+
+
+def test_clip_cov_draws_from_the_trainers_seeded_generator():
+    assert loss_draws(compose([])) is None                  # a loss that draws nothing has none
+    draws = loss_draws(compose(["clip=clip_cov", "seed=3"]))
+    assert isinstance(draws, SeededDraws)
+    state = draws.state_dict()
+    first = torch.randperm(50, generator=draws.generator)
+    with draws.unchanged():
+        torch.randperm(50, generator=draws.generator)
+    second = torch.randperm(50, generator=draws.generator)
+    draws.load_state_dict(state)
+    assert torch.equal(torch.randperm(50, generator=draws.generator), first)
+    assert torch.equal(torch.randperm(50, generator=draws.generator), second)
+
+
+CLIP_COV_REF_SYNC = ["clip=clip_cov", "clip.ratio=0.05", "ref_sync=mixup", "ref_sync.every=3",
+                     "updates=mini_batches", "updates.mini_batches=2", "optim.lr=1e-3"]
+
+
+def test_clip_cov_and_ref_sync_resume_exactly(small, tmp_path):
+    args = small + CLIP_COV_REF_SYNC
+    full = rows_of(run(args, tmp_path / "full").run_dir)
+    assert [r["ref_sync/syncs"] for r in full[1:]] == [0, 1, 2, 2]     # every 3 of 2 optimizer steps a rollout
+    assert all(r["clip_cov/frac"] > 0 for r in full[1:])
+    run([*args, "steps=2"], tmp_path / "part")
+    run(args + ["resume=true"], tmp_path / "part")
+    assert rows_of(tmp_path / "part") == full
+
+
+def test_diagnostics_do_not_change_clip_covs_draws(small, tmp_path):
+    args = small + ["steps=2"] + CLIP_COV_REF_SYNC
+    plain = rows_of(run(args, tmp_path / "plain").run_dir)
+    diagnosed = rows_of(run(args + ["diag.grad_conflict=true", "diag.every=1"], tmp_path / "diag").run_dir)
+    assert [r.get("loss") for r in plain] == [r.get("loss") for r in diagnosed]
+    assert any("grad_norm/policy" in r for r in diagnosed)
