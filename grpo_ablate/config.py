@@ -337,6 +337,9 @@ def _fsdp_problem(cfg: DictConfig) -> str | None:
         return "does not work with diag.grad_conflict=true (it differentiates the unsharded weights); drop it"
     if cfg.control.name != "none":
         return f"does not work with control={cfg.control.name} (control runs train in one process)"
+    if cfg.ref_sync.name != "none":
+        return (f"does not work with ref_sync={cfg.ref_sync.name} (mixing and checkpointing a sharded reference "
+                "is not implemented); use ref_sync=none")
     return None
 
 

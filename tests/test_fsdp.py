@@ -109,6 +109,7 @@ def test_sharded_lora_run_with_gradient_checkpointing_and_a_critic_matches_one_p
     (["kl=two_layer"], "model.fsdp=true does not work with kl=two_layer"),
     (["diag.grad_conflict=true"], "model.fsdp=true does not work with diag.grad_conflict=true"),
     (["control=sft"], "model.fsdp=true does not work with control=sft"),
+    (["ref_sync=mixup"], "model.fsdp=true does not work with ref_sync=mixup"),
 ])
 def test_what_fsdp_does_not_combine_with_is_one_clear_error(small, extra, message):
     with pytest.raises(ConfigError, match=message):
