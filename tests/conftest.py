@@ -16,6 +16,10 @@ os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.pop("WANDB_API_KEY", None)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# `make test` runs two pytest-xdist workers on two cores: one torch thread each (and in the
+# processes they start), else OpenMP threads spin-wait on each other's cores, several times slower.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 from filelock import FileLock  # noqa: E402

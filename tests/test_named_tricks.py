@@ -61,6 +61,8 @@ ACTS_WITH = {
 }
 
 
+# slow: the embedded default's own warm start (minutes on 2 cores) and ~60 two-step runs
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TRICKS)
 def test_every_named_trick_trains_two_steps_on_the_tiny_default(tiny_default, tmp_path, name):
     # value_clip needs a critic: alone it is refused (tested below), so pair it with critic_gae
@@ -129,6 +131,7 @@ PRESETS = {
 NEW_PRESETS = {"gspo", "cispo", "scalerl"}   # ratio-based: trained with mini-batches, where the ratio moves
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_presets_match_the_table_and_train(tiny_default, tmp_path, preset):
     overrides = tiny_default + [f"preset={preset}"] + (["updates=mini_batches"] if preset in NEW_PRESETS else [])
