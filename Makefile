@@ -30,7 +30,7 @@ demo: install
 
 # Two tiers. `make test` (~10 min on 2 cores): every test not marked `slow`. `make test-slow`:
 # the slow ones (real SLURM jobs, FSDP and torchrun processes, killed-and-resumed sweeps,
-# parallel launchers). `make test-all` runs both; CI (.ci/run) does too.
+# parallel launchers). `make test-all` runs both. CI (.ci/run) runs `make test`.
 # The SLURM tests need the local one-node cluster: brought up first (installed where missing,
 # as root); where it cannot run, scripts/slurm.sh says why and those tests skip.
 # Two workers (pytest-xdist, a test file each at a time): the tests are single-threaded.
