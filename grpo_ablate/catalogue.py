@@ -10,6 +10,8 @@ from importlib import resources
 
 import yaml
 
+from grpo_ablate.inert import requirement
+
 COLUMNS = ("name", "family", "option", "what", "source", "verdict", "cost")
 
 
@@ -19,7 +21,9 @@ def load_catalogue() -> list[dict]:
         if entry.name.endswith(".yaml"):
             name = entry.name[: -len(".yaml")]
             info = yaml.safe_load(entry.read_text())["tricks"][name]
-            rows.append({"name": name, **{k: str(info[k]) for k in COLUMNS[1:]}})
+            row = {"name": name, **{k: str(info[k]) for k in COLUMNS[1:]}}
+            row["requires"] = requirement(row["family"], row["option"]) or "-"   # when it can act at all
+            rows.append(row)
     return rows
 
 
@@ -27,9 +31,9 @@ def render(rows: list[dict], fmt: str) -> str:
     """`json` or `md` text (the `table` form is drawn by the CLI with rich)."""
     if fmt == "json":
         return json.dumps(rows, indent=2)
-    head = "| trick | family=option | what it changes | source | seed review | extra compute |"
-    lines = [head, "|---|---|---|---|---|---|"]
+    head = "| trick | family=option | what it changes | source | seed review | extra compute | acts only with |"
+    lines = [head, "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| `{r['name']}` | `{r['family']}={r['option']}` | {r['what']} | {r['source']} | "
-                     f"{r['verdict'].replace('_', ' ')} | {r['cost']} |")
+                     f"{r['verdict'].replace('_', ' ')} | {r['cost']} | {r['requires']} |")
     return "\n".join(lines)

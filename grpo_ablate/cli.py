@@ -73,7 +73,12 @@ def sweep(
     reward: Optional[str] = typer.Option(None, "--reward", help="conflict: the new reward term, a named trick "
                                          "that shapes the reward (length_penalty, length_group, overlong_punish, kl_in_reward)."),
     base: Optional[str] = typer.Option(None, "--base", help="Preset the tricks are added to (grpo, dapo, ...)."),
-    seeds: Optional[str] = typer.Option(None, "--seeds", help="3 = seeds 0,1,2; or a list: 0,5,9 (default 3)."),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="3 = seeds 0,1,2; or a list: 0,5,9; or auto: "
+                                        "3, then one more per look until each contrast is decided (default 3)."),
+    max_seeds: Optional[int] = typer.Option(None, "--max-seeds", help="--seeds auto: at most this many seeds (default 8)."),
+    budget: Optional[str] = typer.Option(None, "--budget", help="--seeds auto: start no look past this wall time (90m, 2h)."),
+    effect: Optional[float] = typer.Option(None, "--effect", help="--seeds auto: the smallest Δ that matters; "
+                                           "a contrast whose repeated 95% interval lies inside ±X stops as 'no effect >= X'."),
     launcher: Optional[str] = typer.Option(None, "--launcher",
                                            help="basic | joblib | submitit_local | submitit_slurm | ray (default joblib)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", help="Runs at a time (default: one per core)."),
@@ -89,6 +94,8 @@ def sweep(
                                                  "tokens (B x G solutions a step) or wall (the treatments' median "
                                                  "training time; runs after them). Default tokens."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the matrix, write nothing."),
+    allow_inert: bool = typer.Option(False, "--allow-inert", help="Run tricks under test that cannot act "
+                                     "with these settings (refused by default; see `grpo-ablate tricks`)."),
     resume_dir: Optional[Path] = typer.Option(None, "--resume", help="Continue this sweep dir."),
 ) -> None:
     """Run an ablation sweep: every variant x seed is one ordinary training run.
@@ -97,7 +104,8 @@ def sweep(
     or for the launcher (hydra.launcher.partition=gpu).
     """
     from grpo_ablate.config import ConfigError
-    from grpo_ablate.sweep.launch import resume, start
+    from grpo_ablate.sweep import sequential
+    from grpo_ablate.sweep.launch import start
     from grpo_ablate.sweep.matrix import SweepError
 
     args = list(ctx.args)
@@ -107,24 +115,36 @@ def sweep(
                      ("--reward", reward), ("--base", base),
                      ("--seeds", seeds), ("--family", family), ("--steps", steps), ("--name", name),
                      ("--dir", out), ("--max-runs", max_runs), ("--controls", controls is not None),
-                     ("--control-budget", control_budget)) if value]
+                     ("--control-budget", control_budget), ("--effect", effect)) if value]
             train_args = [a for a in args if not a.startswith("hydra.")]
             if given or train_args or dry_run:
                 fail(f"--resume continues a sweep exactly as it was planned; drop "
                      f"{', '.join(given + train_args + (['--dry-run'] if dry_run else []))} "
-                     "(only --launcher, --jobs and hydra.* launcher settings may change)")
-            code = resume(resume_dir, launcher, jobs, [a for a in args if a.startswith("hydra.")], console)
+                     "(only --launcher, --jobs, hydra.* launcher settings and, for --seeds auto, "
+                     "--max-seeds and --budget may change)")
+            code = sequential.resume_any(resume_dir, launcher, jobs, [a for a in args if a.startswith("hydra.")],
+                                         console, {"max_seeds": max_seeds, "budget": budget})
         else:
             if mode == "conflict" or trick or reward:
                 tricks_ = _conflict_tricks(mode, tricks_, trick, reward)
             request = _sweep_request(mode, args, tricks_, base, seeds, launcher, jobs, family, max_runs,
                                      steps, name, out)
             request.controls = controls if controls is not None else request.controls
+            request.allow_inert = allow_inert
             if control_budget is not None:
                 if control_budget not in ("tokens", "wall"):
                     fail(f"--control-budget {control_budget} is not allowed; allowed: tokens, wall")
                 request.control_budget = control_budget
-            code = start(request, console, dry_run=dry_run)
+            request.sequential.update({k: v for k, v in (("max_seeds", max_seeds), ("budget", budget),
+                                                         ("effect", effect)) if v is not None})
+            if str(request.seeds) == "auto":
+                options = sequential.options_from(request.sequential)
+                code = sequential.start(request, options, console, dry_run=dry_run)
+            elif request.sequential:
+                fail(f"{', '.join('--' + k.replace('_', '-') for k in request.sequential)} "
+                     "belong to --seeds auto (seeds until decided)")
+            else:
+                code = start(request, console, dry_run=dry_run)
     except (SweepError, ConfigError) as err:
         fail(str(err))
     raise typer.Exit(code)
@@ -185,11 +205,12 @@ def _sweep_request(mode, args, tricks_, base, seeds, launcher, jobs, family, max
         launcher=launcher or spec.get("launcher", "joblib"), jobs=jobs,
         max_runs=max_runs or spec.get("max_runs", DEFAULT_MAX_RUNS), axes=axes,
         name=name or spec.get("name"), steps=steps or spec.get("steps"), sweep_dir=out,
-        controls=spec.get("controls"))
+        controls=spec.get("controls"), sequential={k: spec[k] for k in ("max_seeds", "budget", "effect") if k in spec})
 
 
 _SWEEP_FILE_KEYS = ("name", "mode", "base", "tricks", "seeds", "overrides", "steps", "families",
-                    "launcher", "max_runs", "controls", "description", "variants")
+                    "launcher", "max_runs", "controls", "description", "max_seeds", "budget", "effect",
+                    "variants")
 
 
 def _load_sweep_file(path: Path) -> dict:
@@ -237,6 +258,8 @@ def doctor(
     threshold: List[str] = typer.Option([], "--threshold", help="Health-flag threshold NAME=VALUE (repeatable)."),
     out: Optional[Path] = typer.Option(None, "--dir", help="Doctor dir (default runs/doctor/<time>)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the first stages, write nothing."),
+    allow_inert: bool = typer.Option(False, "--allow-inert", help="Search tricks that cannot act with these "
+                                     "settings (refused by default)."),
     resume_dir: Optional[Path] = typer.Option(None, "--resume", help="Continue this doctor dir."),
 ) -> None:
     """Which trick breaks training? All on; if unhealthy, leave-one-out; then the smallest breaking sets.
@@ -254,6 +277,9 @@ def doctor(
     from grpo_ablate.sweep.matrix import SweepError
 
     args = list(ctx.args)
+    if seeds is not None and seeds.strip() == "auto":
+        fail("doctor asks whether any run breaks training, not whether a Δ is nonzero: there is no contrast "
+             "for --seeds auto to decide; give a seed count (--seeds 2)")
     try:
         if resume_dir is not None:
             given = [opt for opt, value in (("--tricks", tricks_), ("--base", base), ("--steps", steps),
@@ -278,7 +304,7 @@ def doctor(
                 tricks=trick_list, base=base or (None if tricks_ else DEFAULT_BASE), steps=steps or doc.DEFAULT_STEPS,
                 seeds=seeds or doc.DEFAULT_SEEDS, overrides=[a for a in args if not a.startswith("hydra.")],
                 hydra_args=[a for a in args if a.startswith("hydra.")], launcher=launcher or "joblib", jobs=jobs,
-                max_runs=max_runs or doc.DEFAULT_MAX_RUNS, group=f"doctor-{stamp}",
+                max_runs=max_runs or doc.DEFAULT_MAX_RUNS, group=f"doctor-{stamp}", allow_inert=allow_inert,
                 thresholds=dict(item.split("=", 1) for item in threshold))
             doc.check(req)
             if dry_run:
@@ -330,11 +356,11 @@ def tricks(fmt: str = typer.Option("table", "--format", help="table, json or md"
     from rich.table import Table
 
     table = Table(title=f"{len(rows)} named tricks (use as +trick=<name>)")
-    for column in ("trick", "family=option", "what it changes", "seed review", "extra compute"):
+    for column in ("trick", "family=option", "what it changes", "seed review", "extra compute", "acts only with"):
         table.add_column(column)
     for r in rows:
         table.add_row(r["name"], f"{r['family']}={r['option']}", r["what"],
-                      r["verdict"].replace("_", " "), r["cost"])
+                      r["verdict"].replace("_", " "), r["cost"], r["requires"])
     console.print(table)
 
 
@@ -349,6 +375,8 @@ def report(
     threshold: List[str] = typer.Option(
         [], "--threshold", help="Health-flag threshold NAME=VALUE (repeatable); see README for names."),
     lower_is_better: bool = typer.Option(False, "--lower-is-better", help="The metric is a cost (e.g. a length)."),
+    effect: Optional[float] = typer.Option(None, "--effect", help="The smallest Δ that matters: a CI inside ±X is "
+                                           "'no effect', and the power section sizes seeds for it."),
     conflict_threshold: float = typer.Option(
         -0.1, "--conflict-threshold", help="Gradient cosine below which two terms conflict (at > half the steps)."),
     use_wandb: bool = typer.Option(False, "--wandb", help="Also log table and figures to a W&B summary run."),
@@ -364,7 +392,10 @@ def report(
     out_dir = out or sweep_dir
     if not -1.0 <= conflict_threshold <= 1.0:
         fail(f"--conflict-threshold {conflict_threshold} is not allowed; a cosine lies in [-1, 1]")
-    options = {"metric": metric, "higher_is_better": not lower_is_better, "conflict_threshold": conflict_threshold}
+    if effect is not None and not effect > 0:
+        fail(f"--effect {effect}: the smallest Δ that matters must be > 0")
+    options = {"metric": metric, "higher_is_better": not lower_is_better, "conflict_threshold": conflict_threshold,
+               "effect": effect}
     try:
         options["thresholds"] = rep.parse_thresholds(threshold)
         if wandb_report:

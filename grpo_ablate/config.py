@@ -79,16 +79,28 @@ TRAINER_KEYS = {
     "adv": {"value_coef": "uses_values"},            # the critic's loss weight (adv=gae)
     "dual_clip": {"c": None},                        # handed to the policy loss as dual_clip_c
     "updates": {"mini_batches": None, "epochs": None, "shuffle": None},   # optimizer steps per rollout
+    "ref_sync": {"every": "syncs_reference"},        # optimizer steps between two reference syncs
 }
-# Knobs of an option's function that the trainer supplies from another family's config.
-SUPPLIED_KNOBS = {"clip": {"dual_clip_c": "dual_clip.c"}}
+# Knobs of an option's function that the trainer supplies (from another family's config, or
+# itself): the config may not set them.
+SUPPLIED_KNOBS = {"clip": {"dual_clip_c": "dual_clip.c", "generator": "the trainer (seeded, checkpointed)"}}
 # Families that are config only (no function of their own): their allowed option names.
 CONFIG_ONLY_FAMILIES = {"dual_clip": ("none", "enabled"), "updates": ("single", "multi", "mini_batches")}
+# Capability flags of config-only options (registered options carry theirs in the registry).
+CONFIG_ONLY_FLAGS = {("dual_clip", "enabled"): {"off_policy_only": True}}   # caps rho A: rho == 1 never hits it
 
 
 def trick_families() -> list[str]:
     """Every trick family that is a config group: the registry's families and the config-only ones."""
     return [f for f in families() if "." not in f] + sorted(CONFIG_ONLY_FAMILIES)
+
+
+def option_flags(family: str, name: str) -> dict:
+    """The capability flags of any option, registered or config-only (e.g. off_policy_only,
+    needs_sampler_logprobs), for the trainer and the inert-trick rules."""
+    if family in CONFIG_ONLY_FAMILIES:
+        return dict(CONFIG_ONLY_FLAGS.get((family, name), {}))
+    return dict(option(family, name).flags)
 
 
 def family_settings(cfg: DictConfig, family: str) -> dict:
@@ -97,25 +109,33 @@ def family_settings(cfg: DictConfig, family: str) -> dict:
 
 
 def trick(cfg: DictConfig, family: str, **supplied):
-    """The function (or controller class) the config chose for `family`, its knobs bound."""
-    return option(family, cfg[family].name).bind({**family_settings(cfg, family), **supplied})
+    """The function (or controller class) the config chose for `family`, its knobs bound.
+    `supplied` knobs (SUPPLIED_KNOBS) that the chosen option does not take are left out:
+    validate refuses a config that would need them (dual_clip with clip=gspo)."""
+    chosen = option(family, cfg[family].name)
+    supplied = {k: v for k, v in supplied.items() if k in chosen.knobs}
+    return chosen.bind({**family_settings(cfg, family), **supplied})
+
+
+def family_keys(cfg: DictConfig, family: str) -> list[str]:
+    """The keys the family's chosen option may set: its knobs and the trainer's keys."""
+    name = cfg[family].name
+    trainer_keys = TRAINER_KEYS.get(family, {})
+    if family in CONFIG_ONLY_FAMILIES:
+        _one_of(family, name, CONFIG_ONLY_FAMILIES[family])
+        return list(trainer_keys)
+    try:
+        chosen = option(family, name)
+    except UnknownOption as err:
+        raise ConfigError(str(err)) from None
+    allowed = [k for k in chosen.knobs if k not in SUPPLIED_KNOBS.get(family, {})]
+    return allowed + [k for k, flag in trainer_keys.items() if flag is None or getattr(chosen, flag)]
 
 
 def check_family_keys(cfg: DictConfig, family: str) -> None:
     """Every key of the family's config is a knob of the chosen option or a trainer key: a
     mistyped key (`+adv.epz=0.1`) is an error naming the allowed ones, never ignored."""
-    name = cfg[family].name
-    trainer_keys = TRAINER_KEYS.get(family, {})
-    if family in CONFIG_ONLY_FAMILIES:
-        _one_of(family, name, CONFIG_ONLY_FAMILIES[family])
-        allowed = list(trainer_keys)
-    else:
-        try:
-            chosen = option(family, name)
-        except UnknownOption as err:
-            raise ConfigError(str(err)) from None
-        allowed = [k for k in chosen.knobs if k not in SUPPLIED_KNOBS.get(family, {})]
-        allowed += [k for k, flag in trainer_keys.items() if flag is None or getattr(chosen, flag)]
+    name, allowed = cfg[family].name, family_keys(cfg, family)
     for key in cfg[family]:
         if key == "name" or key in allowed:
             continue
@@ -158,8 +178,13 @@ def check_trick_settings(cfg: DictConfig) -> None:
     _require(cfg.entropy.name != "none" or cfg.entropy.coef == 0,
              f"entropy.coef={cfg.entropy.coef} with entropy=none would add an entropy term anyway; "
              "use entropy=bonus (fixed) or entropy=adaptive")
-    _positive("clip.eps_low", cfg.clip.eps_low)
-    _positive("clip.eps_high", cfg.clip.eps_high)
+    for key in ("eps_low", "eps_high", "eps_max", "tau_pos", "tau_neg", "ratio"):   # the chosen option's
+        if cfg.clip.get(key) is not None:
+            _positive(f"clip.{key}", cfg.clip[key])
+    _require(cfg.dual_clip.name == "none" or "dual_clip_c" in option("clip", cfg.clip.name).knobs,
+             f"dual_clip={cfg.dual_clip.name} caps the PPO-clip loss, and clip={cfg.clip.name} has no dual clip; "
+             "use clip=symmetric or clip=higher, or dual_clip=none")
+    _check_new_families(cfg)
     if cfg.adv_clip.get("c") is not None:
         _positive("adv_clip.c", cfg.adv_clip.c)
     if cfg.dual_clip.c is not None:
@@ -246,6 +271,35 @@ def check_model_and_task(cfg: DictConfig) -> None:
         TASKS[cfg.task.name](**params(cfg.task))
     except (TypeError, ValueError) as err:
         raise ConfigError(str(err).splitlines()[0]) from None
+
+
+def _check_new_families(cfg: DictConfig) -> None:
+    """token_mask, off_policy_mask, rollout_correction, ref_sync and the sampler's dtype."""
+    if cfg.token_mask.get("quantile") is not None:
+        q = cfg.token_mask.quantile
+        _require(isinstance(q, (int, float)) and not isinstance(q, bool) and 0 <= q <= 1,
+                 f"token_mask.quantile={q!r} is not allowed; it must be a number in [0, 1]")
+    if cfg.off_policy_mask.get("delta") is not None:
+        _positive("off_policy_mask.delta", cfg.off_policy_mask.delta, allow_zero=True)
+    if cfg.rollout_correction.get("high") is not None:
+        _positive("rollout_correction.high", cfg.rollout_correction.high)
+        low = cfg.rollout_correction.get("low")
+        if low is not None:
+            _positive("rollout_correction.low", low)
+            _require(low <= cfg.rollout_correction.high, f"rollout_correction.low={low!r} is not allowed; "
+                     f"it must be <= rollout_correction.high ({cfg.rollout_correction.high})")
+    if cfg.ref_sync.name != "none":
+        _positive("ref_sync.every", cfg.ref_sync.every, integer=True)
+        alpha = cfg.ref_sync.alpha
+        _require(isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and 0 <= alpha <= 1,
+                 f"ref_sync.alpha={alpha!r} is not allowed; it must be a number in [0, 1]")
+        _require(cfg.kl.beta > 0, f"ref_sync={cfg.ref_sync.name} moves the reference policy, but kl={cfg.kl.name} "
+                                  "has none (beta 0): use kl=fixed (or another KL with beta > 0)")
+        lora = cfg.model.get("lora")
+        _require(lora is None or lora.r == 0, f"ref_sync={cfg.ref_sync.name} needs a reference of its own; with "
+                 "LoRA the reference is the base model under the adapters: model.lora.r=0, or ref_sync=none")
+    if cfg.rollout.get("dtype") is not None:
+        _one_of("rollout.dtype", cfg.rollout.dtype, ("float32", "bfloat16"))
 
 
 def _check_model(model: DictConfig) -> None:

@@ -20,6 +20,7 @@ from rich.console import Console
 
 from grpo_ablate.config import ConfigError
 from grpo_ablate.models import ModelPathError
+from grpo_ablate.stopping import RunInterrupted, stop_on_signals
 from grpo_ablate.train.controls import run_control
 from grpo_ablate.train.grpo import train
 from grpo_ablate.train.run import EXIT_BAD_INPUT
@@ -38,7 +39,15 @@ def hydra_train(cfg: DictConfig) -> int:
     prefix = f"[{cfg.run.name}] " if in_sweep else ""
     run = train if cfg.control.name == "none" else run_control   # a no-RL control run
     try:
-        result = run(cfg, run_dir, overrides=overrides, console=None if in_sweep else console)
+        with stop_on_signals():   # SIGTERM (SLURM's time limit, scancel): the run records `interrupted`
+            result = run(cfg, run_dir, overrides=overrides, console=None if in_sweep else console)
+    except RunInterrupted as stop:
+        if os.environ.get("RANK", "0") == "0":
+            console.print(f"{prefix}interrupted: {stop.reason}; `grpo-ablate train --resume {run_dir}` continues "
+                          "it from its last checkpoint", markup=False, highlight=False)
+        _last_exit_code = 128 + stop.signum
+        stop.resend()
+        return _last_exit_code
     except (ConfigError, ModelPathError) as err:
         Console(stderr=True).print(f"{prefix}error: {err}", markup=False, highlight=False, soft_wrap=True)
         _remove_if_unused(run_dir)

@@ -4,7 +4,7 @@
     overrides.yaml   the command-line overrides            (atomic)
     metrics.jsonl    one flat JSON object per step; the source of truth for reports
     samples.jsonl    a few completions every `samples_every` steps
-    status.json      running | completed | diverged | failed, step, reason, wall time (atomic)
+    status.json      running | completed | diverged | failed | interrupted, step, reason, wall time (atomic)
     checkpoint/      latest weights + optimizer + RNG state, replaced atomically
     traceback.txt    the whole story of a crash (status.json has its one-line reason)
 

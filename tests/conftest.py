@@ -4,20 +4,39 @@ The tests train for real, but on a smaller warm-started model than the embedded 
 (same code path, a different content-addressed cache entry) so the suite stays in budget.
 """
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-
-# Everything a test run needs to stay offline and out of the user's home directory.
+# Everything a test run needs to stay offline and out of the user's home directory; set before
+# transformers and huggingface_hub are imported (they read it at import).
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.pop("WANDB_API_KEY", None)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest  # noqa: E402
+from filelock import FileLock  # noqa: E402
+
+from grpo_ablate.config import compose  # noqa: E402
+from grpo_ablate.models import ensure_warm_started  # noqa: E402
+from grpo_ablate.tasks import build_task  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests skip, with the reason, where no CUDA GPU is available."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (none here); scripts/gpu_check.sh runs them on one")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 
 SMALL = [
     "model.arch.hidden_size=32", "model.arch.intermediate_size=64",
@@ -32,11 +51,29 @@ SMALL = [
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cache")
+    """One model cache for the session, shared by pytest-xdist's workers (`make test` runs two):
+    the small test model is warm-started once, by the first worker to get here, while the
+    others wait on a lock; an embedded default a test needs is built once the same way."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent                     # the workers' basetemps share this parent
+    path = root / "model-cache"
     os.environ["GRPO_ABLATE_CACHE"] = str(path)
     os.environ["WANDB_CACHE_DIR"] = str(tmp_path_factory.mktemp("wandb_cache"))
     os.environ["WANDB_CONFIG_DIR"] = str(tmp_path_factory.mktemp("wandb_config"))
+    with FileLock(str(root / "model-cache.lock")):
+        path.mkdir(exist_ok=True)
+        cfg = compose(SMALL + [f"model.cache_dir={path}"])
+        ensure_warm_started(cfg.model, build_task(cfg.task), log=lambda *_: None)
     return path
+
+
+@pytest.fixture(scope="session")
+def default_model(cache_dir):
+    """The embedded default's warm start (what `grpo-ablate train` trains), built once."""
+    with FileLock(str(cache_dir) + ".default.lock"):
+        cfg = compose([f"model.cache_dir={cache_dir}"])
+        return ensure_warm_started(cfg.model, build_task(cfg.task), log=lambda *_: None)
 
 
 @pytest.fixture
@@ -58,3 +95,25 @@ def tiny_models(tmp_path_factory):
     from tiny_models import save_tiny_models
 
     return save_tiny_models(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A live one-node SLURM cluster with partition `debug` (scripts/slurm.sh up: installs
+    slurm-wlm and munge where they are missing and this machine allows it, i.e. root and
+    apt-get). Where the cluster cannot run here, the tests that use it skip with the script's
+    reason; where it should run but does not answer, they fail with its logs. A cluster this
+    fixture started is stopped at the end of the session; one that was already up stays up."""
+    script = REPO / "scripts" / "slurm.sh"
+    if shutil.which("bash") is None:
+        pytest.skip("no SLURM cluster: scripts/slurm.sh needs bash")
+    was_up = subprocess.run(["bash", str(script), "status"], capture_output=True).returncode == 0
+    up = subprocess.run(["bash", str(script), "up"], capture_output=True, text=True, timeout=900)
+    said = (up.stdout + up.stderr).strip()
+    if up.returncode == 3:
+        pytest.skip(f"no SLURM cluster: {said.splitlines()[-1]}")
+    if up.returncode != 0:
+        pytest.fail(f"scripts/slurm.sh up failed (exit {up.returncode}):\n{said}", pytrace=False)
+    yield "debug"
+    if not was_up:
+        subprocess.run(["bash", str(script), "down"], capture_output=True, timeout=120)

@@ -113,13 +113,13 @@ def test_sweep_sft_control_on_the_treatments_wall_clock(tmp_path, small):
     from conftest import cli
 
     sweep_dir = tmp_path / "sweep"
-    r = cli("sweep", "add-one-in", "--tricks", "clip_higher", "--seeds", "1", "--launcher", "basic",
+    r = cli("sweep", "add-one-in", "--tricks", "batch_norm", "--seeds", "1", "--launcher", "basic",
             "--control-budget", "wall", "--dir", str(sweep_dir), *small, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     manifest = json.loads((sweep_dir / "manifest.json").read_text())
     by = {run["variant"]: run for run in manifest["runs"]}
     trained = [sum(row.get("time/step_s", 0.0) for row in rows(sweep_dir / by[v]["run_dir"]))
-               for v in ("base", "add-clip_higher")]
+               for v in ("base", "add-batch_norm")]
     wall = [o for o in by["control-sft"]["overrides"] if o.startswith("control.wall_s=")]
     assert wall == [f"control.wall_s={max(statistics.median(trained), 0.1):.1f}"]
     status = json.loads((sweep_dir / "control-sft-s0" / "status.json").read_text())

@@ -151,19 +151,19 @@ def test_dry_run_prints_the_first_stages(tmp_path, cache_dir):
 # ------------------------------------------------------------------------------ real runs
 # learnable_temperature given a destructive setting: a learning rate so high that T jumps to
 # its lower bound at the first update, and sampling collapses (entropy_collapse at step 2).
-# The `++` keys are inert when the trick is off (a fixed temperature ignores them).
+# The `++` keys go to the runs that have the trick on (launch.scope_trick_settings).
 BREAK_TEMPERATURE = ["++temperature.lr=100", "++temperature.t_min=0.01", "++temperature.t_max=1.0"]
 
 
 def test_doctor_names_the_trick_that_breaks_training(tmp_path, small):
     out = tmp_path / "doc"
-    r = cli("doctor", "--tricks", "clip_higher,learnable_temperature", "--steps", "5", "--launcher", "basic",
+    r = cli("doctor", "--tricks", "batch_norm,learnable_temperature", "--steps", "5", "--launcher", "basic",
             "--dir", str(out), *small, *BREAK_TEMPERATURE, cwd=tmp_path)
     assert r.returncode == 1, r.stdout + r.stderr             # something breaks training
     result = json.loads((out / "doctor.json").read_text())
     v = {x["trick"]: x for x in result["verdicts"]}
     assert v["learnable_temperature"]["verdict"] == "breaks training alone"
-    assert v["clip_higher"]["verdict"] == "safe"
+    assert v["batch_norm"]["verdict"] == "safe"
     assert [s["dir"] for s in result["stages"]] == ["1-all-on", "2-leave-one-out"]
     # each verdict is backed by runs in its stage's sweep dir, flags and steps included
     [alone] = v["learnable_temperature"]["evidence"]
@@ -175,8 +175,8 @@ def test_doctor_names_the_trick_that_breaks_training(tmp_path, small):
     assert status["state"] == "completed"
     manifest = json.loads((out / "2-leave-one-out" / "manifest.json").read_text())
     assert manifest["mode"] == "doctor" and manifest["wandb_group"] == result["request"]["group"]
-    healthy = next(e for e in v["clip_higher"]["evidence"] if not e["broken"])
-    assert healthy["runs"][0]["run"] == "2-leave-one-out/clip_higher-s0" and healthy["runs"][0]["flags"] == []
+    healthy = next(e for e in v["batch_norm"]["evidence"] if not e["broken"])
+    assert healthy["runs"][0]["run"] == "2-leave-one-out/batch_norm-s0" and healthy["runs"][0]["flags"] == []
     md = (out / "doctor.md").read_text()
     assert "| learnable_temperature | breaks training alone |" in md and "entropy_collapse@2" in md
     assert "learnable_temperature" in r.stdout and "breaks training alone" in r.stdout
@@ -188,7 +188,7 @@ def test_doctor_names_the_trick_that_breaks_training(tmp_path, small):
 
 def test_doctor_on_a_healthy_set_says_every_trick_is_safe(tmp_path, small):
     out = tmp_path / "doc"
-    r = cli("doctor", "--tricks", "clip_higher,token_mean", "--steps", "4", "--launcher", "basic",
+    r = cli("doctor", "--tricks", "batch_norm,token_mean", "--steps", "4", "--launcher", "basic",
             "--dir", str(out), *small, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     result = json.loads((out / "doctor.json").read_text())

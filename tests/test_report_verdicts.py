@@ -60,7 +60,37 @@ def test_zero_spread_over_seeds_is_no_verdict(tmp_path):
     verdicts = {v["trick"]: v for v in report.verdicts}
     assert verdicts["a"]["delta"].low == verdicts["a"]["delta"].high == pytest.approx(-0.0625)
     assert verdicts["a"]["verdict"] == "no verdict" and "zero width" in verdicts["a"]["why"]
-    assert verdicts["b"]["verdict"] == "no evidence"        # Δ = 0 exactly: the interval is {0}
+    # the same metrics at every seed on both sides: the trick changed nothing (not "no evidence")
+    assert verdicts["b"]["verdict"] == "inert here" and "identical metrics at every shared seed" in verdicts["b"]["why"]
+
+
+def test_a_trick_whose_activity_metric_stayed_zero_is_inert_here(tmp_path):
+    """Δ differs (other randomness), but the trick's own activity metric shows it never acted:
+    overlong filtering that masked nothing, an adaptive KL whose beta never moved."""
+    import yaml
+
+    curves = {"overlong__masked_frac": lambda s: 0.0, "kl__beta": lambda s: 0.04}
+    variants = {"all": {"tricks": ["overlong_filter", "kl_adaptive"], "reference": None, "curves": curves,
+                        "final": {0: 0.8, 1: 0.9, 2: 0.85}},
+                "drop-overlong_filter": {"tricks": ["kl_adaptive"], "reference": "all", "final": {0: 0.5, 1: 0.55, 2: 0.6}},
+                "drop-kl_adaptive": {"tricks": ["overlong_filter"], "reference": "all", "final": {0: 0.7, 1: 0.6, 2: 0.65}}}
+    contrasts = [{"trick": t, "with": "all", "without": f"drop-{t}"} for t in ("overlong_filter", "kl_adaptive")]
+    sweep = make_sweep(tmp_path / "s", variants, contrasts=contrasts)
+    info = {"overlong_filter": {"family": "overlong", "option": "filter"}, "kl_adaptive": {"family": "kl", "option": "adaptive"}}
+    for run in (tmp_path / "s").glob("all-s*"):
+        cfg = yaml.safe_load((run / "config.yaml").read_text())
+        cfg["tricks"] = info
+        (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    verdicts = {v["trick"]: v for v in build_report(sweep).verdicts}
+    assert verdicts["overlong_filter"]["verdict"] == "inert here"
+    assert "overlong/masked_frac stayed 0 in every run with it (3)" in verdicts["overlong_filter"]["why"]
+    assert verdicts["kl_adaptive"]["verdict"] == "inert here" and "kl/beta never changed" in verdicts["kl_adaptive"]["why"]
+    # the same runs with the filter masking something at one step: the numbers decide again
+    for run in (tmp_path / "s").glob("all-s*"):
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        lines[5] = lines[5].replace('"overlong/masked_frac": 0.0', '"overlong/masked_frac": 0.25')
+        (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    assert {v["trick"]: v["verdict"] for v in build_report(sweep).verdicts}["overlong_filter"] == "helps"
 
 
 def test_breaks_training(tmp_path):
@@ -77,7 +107,8 @@ def test_breaks_training(tmp_path):
     verdicts = {v["trick"]: v for v in report.verdicts}
     assert verdicts["x"]["verdict"] == "breaks training"
     assert "2 of 2 runs with it broke" in verdicts["x"]["why"] and "diverged@12" in verdicts["x"]["why"]
-    assert verdicts["y"]["verdict"] == "no verdict"          # broken with and without y
+    # broken with and without y, identically at every seed: y changed nothing
+    assert verdicts["y"]["verdict"] == "inert here"
     text = render_markdown(report)
     assert "2 diverged@12,12" in text and "*breaks training*" in text
     assert "| all-s0 | all | 0 | diverged | 12 |" in text
@@ -87,7 +118,7 @@ def test_one_seed_gives_no_verdict_but_breaks_training(tmp_path):
     variants = {
         "all": {"tricks": ["a", "z"], "reference": None, "final": {0: 0.80}},
         "drop-a": {"tricks": ["z"], "reference": "all", "final": {0: 0.60}},
-        "drop-z": {"tricks": ["a"], "reference": "all", "final": {0: 0.80}},
+        "drop-z": {"tricks": ["a"], "reference": "all", "final": {0: 0.78}},
         "+z": {"tricks": ["a", "z", "w"], "reference": "all", "final": {}, "state": {0: "diverged"},
                "diverge_at": {0: 7}},
     }

@@ -154,3 +154,43 @@ def test_unsupported_architectures_fall_back_to_the_model_forward():
     roll = generate(model, PROMPTS, num_samples=2, max_new_tokens=6, temperature=0.0,
                     eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id, lean=True)
     assert roll.sequences.shape[0] == 6
+
+
+@LEAN
+@pytest.mark.parametrize("per_row", [False, True], ids=["stream", "per_row"])
+def test_sampler_logprobs_are_the_sampled_distributions_log_softmax(lean, per_row):
+    """rollout=hf records log_softmax(logits / T) at each sampled token (what vLLM reports):
+    in float32 it matches the trainer's own recomputation up to the KV cache's rounding."""
+    from grpo_ablate.sampling.decode import RowNoise
+
+    model = tiny_model(6)
+    noise = RowNoise(seed=11, first=0, total=9) if per_row else None
+    roll = generate(model, PROMPTS, num_samples=3, max_new_tokens=10, temperature=0.7, eos_id=TOK.eos_token_id,
+                    pad_id=TOK.pad_token_id, generator=torch.Generator().manual_seed(3), lean=lean, noise=noise)
+    with torch.no_grad():
+        trainer_logp, _ = completion_logprobs(model, roll, temperature=0.7)
+    mask = roll.completion_mask.bool()
+    assert roll.sampler_logprobs.shape == mask.shape
+    torch.testing.assert_close(roll.sampler_logprobs[mask], trainer_logp[mask], atol=1e-5, rtol=1e-5)
+    assert torch.all(roll.sampler_logprobs[~mask] == 0) and torch.all(roll.sampler_logprobs[mask] < 0)
+    greedy = generate(model, PROMPTS, num_samples=1, max_new_tokens=4, temperature=0.0, eos_id=TOK.eos_token_id,
+                      pad_id=TOK.pad_token_id, lean=lean)
+    assert greedy.sampler_logprobs is None                  # nothing sampled, nothing to correct
+
+
+@LEAN
+def test_bfloat16_sampler_is_a_real_mismatch_and_float32_changes_nothing(lean):
+    model = tiny_model(7)
+    kwargs = dict(num_samples=4, max_new_tokens=10, temperature=1.0, eos_id=TOK.eos_token_id,
+                  pad_id=TOK.pad_token_id, lean=lean)
+    fp32 = generate(model, PROMPTS, generator=torch.Generator().manual_seed(5), **kwargs)
+    default = generate(model, PROMPTS, generator=torch.Generator().manual_seed(5), dtype="float32", **kwargs)
+    assert torch.equal(fp32.sequences, default.sequences)
+    assert torch.equal(fp32.sampler_logprobs, default.sampler_logprobs)
+    bf16 = generate(model, PROMPTS, generator=torch.Generator().manual_seed(5), dtype="bfloat16", **kwargs)
+    assert all(p.dtype == torch.float32 for p in model.parameters())       # training stays float32
+    with torch.no_grad():
+        trainer_logp, _ = completion_logprobs(model, bf16, temperature=1.0)
+    mask = bf16.completion_mask.bool()
+    gap = (bf16.sampler_logprobs - trainer_logp)[mask].abs()
+    assert 1e-4 < gap.max() < 0.5                                            # real, but small

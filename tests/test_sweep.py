@@ -196,6 +196,20 @@ def test_dry_run_prints_the_matrix_and_writes_nothing(tmp_path, cache_dir):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_trick_setting_for_the_whole_sweep_goes_to_the_variants_that_have_the_trick(cache_dir):
+    """`++temperature.lr=100` in a sweep where only some variants train T: those get it; the
+    others would record a setting their fixed temperature cannot act on."""
+    from grpo_ablate.sweep.launch import SweepRequest, plan
+
+    manifest = plan(SweepRequest(mode="leave-one-out", tricks=["learnable_temperature", "length_group"],
+                                 base="grpo", seeds="1", overrides=["++temperature.lr=100", "optim.lr=3e-4"],
+                                 controls=False))
+    runs = {r["variant"]: r["overrides"] for r in manifest["runs"]}
+    assert "++temperature.lr=100" in runs["all"] and "++temperature.lr=100" in runs["drop-length_group"]
+    assert "++temperature.lr=100" not in runs["drop-learnable_temperature"]
+    assert all("optim.lr=3e-4" in o for o in runs.values()) and "++temperature.lr=100" not in manifest["overrides"]
+
+
 @pytest.mark.parametrize("path", sorted((REPO / "sweeps").glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_sweep_files_plan_cleanly(path, tmp_path, cache_dir):
     r = cli_here("sweep", "file", str(path), "--dry-run", cwd=tmp_path)
@@ -210,7 +224,13 @@ def test_shipped_sweep_files_plan_cleanly(path, tmp_path, cache_dir):
     (["leave-one-out", "--tricks", "clip_higher", "--base", "dapo"], "already on in the base"),
     (["leave-one-out", "--tricks", "clip_higher", "seed=3"], "use --seeds"),
     (["leave-one-out", "--tricks", "clip_higher", "adv=nope"], "adv=nope is not an option"),
-    (["leave-one-out", "--tricks", "clip_higher", "+adv.epz=0.1"], "adv.epz is not a setting of adv=grpo"),
+    (["leave-one-out", "--tricks", "clip_higher", "+adv.epz=0.1"], "adv.epz is not a setting of the adv option of any variant; allowed: eps"),
+    (["leave-one-out", "--tricks", "kl_adaptive,length_group", "++temperature.lr=100"],
+     "temperature.lr is not a setting of the temperature option of any variant; allowed: value"),
+    (["ladder", "--tricks", "clip_higher", "updates.mini_batches=1"],
+     "clip_higher cannot act with one optimizer step per rollout (ρ ≡ 1): add updates.mini_batches=4"),
+    (["add-one-in", "--tricks", "global_reward_norm"], "global_reward_norm is undone by the advantage estimator"),
+    (["factorial", "--family", "kl.estimator=k1,k3", "kl=none"], "kl.estimator=k1 only changes a logged metric"),
     (["leave-one-out", "--tricks", "clip_higher", "--launcher", "nope"], "--launcher nope is not allowed"),
     (["factorial", "--family", "adv", "--family", "task.level", "--seeds", "4"], "84 runs, above the limit of 64"),
     (["factorial", "--family", "task.nope"], "not a config group and no known values"),
@@ -265,7 +285,7 @@ def manifest(sweep_dir: Path) -> dict:
 def test_real_sweep_through_a_parallel_launcher(launcher, tmp_path, small):
     sweep_dir = tmp_path / "sweep"
     small = [o for o in small if o not in ("logger=none", "threads=1")]   # W&B on, launcher's threads
-    r = cli("sweep", "leave-one-out", "--tricks", "clip_higher,token_mean", "--seeds", "2",
+    r = cli("sweep", "leave-one-out", "--tricks", "batch_norm,token_mean", "--seeds", "2",
             "--launcher", launcher, "--jobs", "2", "--dir", str(sweep_dir), "--no-controls",
             *override(small, "steps=2"),
             cwd=tmp_path, env={"WANDB_MODE": None})   # mode auto: offline because no API key
@@ -273,7 +293,7 @@ def test_real_sweep_through_a_parallel_launcher(launcher, tmp_path, small):
     m = manifest(sweep_dir)
     assert m["mode"] == "leave-one-out" and m["seeds"] == [0, 1] and m["launcher"] == launcher
     assert [(x["variant"], x["seed"]) for x in m["runs"]] == [
-        (v, s) for s in (0, 1) for v in ("all", "drop-clip_higher", "drop-token_mean")]
+        (v, s) for s in (0, 1) for v in ("all", "drop-batch_norm", "drop-token_mean")]
     for run in m["runs"]:
         run_dir = sweep_dir / run["run_dir"]
         status = json.loads((run_dir / "status.json").read_text())
@@ -283,8 +303,8 @@ def test_real_sweep_through_a_parallel_launcher(launcher, tmp_path, small):
         assert f"run.name={run['run_dir']}" in saved and "threads=1" in saved   # 2 cores / 2 jobs
         [wandb_file] = list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
         record = wandb_file.read_bytes()
-        on = {"all": (True, True), "drop-clip_higher": (False, True), "drop-token_mean": (True, False)}[run["variant"]]
-        flags = json.dumps({"clip_higher": on[0], "token_mean": on[1]}, separators=(",", ":"))
+        on = {"all": (True, True), "drop-batch_norm": (False, True), "drop-token_mean": (True, False)}[run["variant"]]
+        flags = json.dumps({"batch_norm": on[0], "token_mean": on[1]}, separators=(",", ":"))
         assert flags.encode() in record and m["wandb_group"].encode() in record
         assert f'"job_type":"{run["variant"]}"'.encode() in record
     assert "6 completed" in r.stdout
@@ -293,7 +313,7 @@ def test_real_sweep_through_a_parallel_launcher(launcher, tmp_path, small):
         assert r.returncode == 0, r.stdout + r.stderr
         assert r.stdout.splitlines()[0].startswith("variant,") and "drop-token_mean" in r.stdout
         report = (sweep_dir / "report.md").read_text()
-        assert "## Verdicts per trick" in report and "**clip_higher**" in report
+        assert "## Verdicts per trick" in report and "**batch_norm**" in report
         assert json.loads((sweep_dir / "report.json").read_text())
         pngs = sorted(sweep_dir.glob("*.png"))
         assert pngs and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 1000 for p in pngs)
@@ -327,7 +347,7 @@ def test_killed_sweep_resumes_without_touching_finished_runs(tmp_path, small):
     """SIGKILL mid-run; resume: finished runs byte-identical, the killed run completes from its
     checkpoint, the manifest lists every run once (the two no-RL controls included)."""
     sweep_dir = tmp_path / "sweep"
-    args = ["sweep", "add-one-in", "--tricks", "clip_higher", "--seeds", "2", "--launcher", "basic",
+    args = ["sweep", "add-one-in", "--tricks", "batch_norm", "--seeds", "2", "--launcher", "basic",
             "--dir", str(sweep_dir), *override(small, "steps=10", "checkpoint_every=2", "eval.every=5")]
     env = {k: v for k, v in os.environ.items()}
     proc = subprocess.Popen([sys.executable, "-m", "grpo_ablate.cli", *args], cwd=tmp_path, env=env,
@@ -355,7 +375,7 @@ def test_killed_sweep_resumes_without_touching_finished_runs(tmp_path, small):
     assert f"{len(done)} of 8 runs finished" in r.stdout
     assert finished == {n: run_files(sweep_dir / n) for n in finished}
     m = manifest(sweep_dir)
-    assert sorted(x["run_dir"] for x in m["runs"]) == ["add-clip_higher-s0", "add-clip_higher-s1",
+    assert sorted(x["run_dir"] for x in m["runs"]) == ["add-batch_norm-s0", "add-batch_norm-s1",
                                                        "base-s0", "base-s1", "control-base-s0",
                                                        "control-base-s1", "control-sft-s0", "control-sft-s1"]
     assert m["controls"] == {"base": "control-base", "sft": "control-sft"}

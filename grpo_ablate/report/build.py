@@ -11,8 +11,9 @@ from grpo_ablate.errors import ReportError
 from grpo_ablate.report.diagnostics import analyse as analyse_diagnostics
 from grpo_ablate.report.health import HealthThresholds
 from grpo_ablate.report.load import FINISHED, Run, Sweep, load_sweep, nested_value
+from grpo_ablate.report.power import cost_to_decide, sequential_section
 from grpo_ablate.report.stats import curve_mean, delta_ci, final_value, finite_mean, kl_column, mean_ci
-from grpo_ablate.report.verdicts import against_controls, contrast_verdicts
+from grpo_ablate.report.verdicts import UNDECIDED, against_controls, contrast_verdicts
 
 
 @dataclass
@@ -25,6 +26,7 @@ class Report:
     verdicts: list    # one dict per contrast
     against_controls: list = field(default_factory=list)   # one dict per treatment and control
     diagnostics: dict = field(default_factory=dict)        # diagnostics.analyse: conflicts, interactions
+    power: dict = field(default_factory=dict)              # power.cost_to_decide, and how verdicts were decided
 
     @property
     def controls(self) -> dict:
@@ -42,9 +44,10 @@ def normalize_metric(name: str) -> str:
 
 
 def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: HealthThresholds | None = None,
-                 higher_is_better: bool = True, conflict_threshold: float = -0.1) -> Report:
+                 higher_is_better: bool = True, conflict_threshold: float = -0.1, effect: float | None = None) -> Report:
     """Everything the table, verdicts and pictures say, computed once. Raises ReportError
-    for a missing dir or a metric that no run logged."""
+    for a missing dir or a metric that no run logged. `effect`: the smallest Δ that matters
+    (no-effect verdicts, and the seeds needed to detect it)."""
     thresholds = thresholds or HealthThresholds()
     sweep = load_sweep(sweep_dir, thresholds)
     metric = normalize_metric(metric)
@@ -59,12 +62,17 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
     areas = {name: {r.key: curve_mean(r.metrics, metric) for r in runs if r.state == "completed"}
              for name, runs in runs_of.items()}
     rows = [variant_row(sweep, v, runs_of, finals, areas) for v in sweep.variants]
-    against = against_controls(sweep, finals, higher_is_better)
+    sequential, not_sequential = sequential_section(sweep, metric, higher_is_better)
+    against = against_controls(sweep, finals, higher_is_better, sequential)
     for c in against:   # the verdict against each control, as a column of the variant's row
         next(r for r in rows if r["variant"] == c["variant"])[f"beats_{c['role']}"] = c["beats"]
-    verdicts = contrast_verdicts(sweep, finals, areas, higher_is_better)
+    verdicts = contrast_verdicts(sweep, finals, areas, higher_is_better, sequential, effect)
     report = Report(sweep, metric, higher_is_better, thresholds, rows, verdicts, against)
     report.diagnostics = analyse_diagnostics(report, conflict_threshold)
+    report.power = {**cost_to_decide(verdicts, UNDECIDED, sweep.runs), "sequential": sequential is not None,
+                    "effect": effect, "note": not_sequential,
+                    **({"looks": len(sequential["looks"]), "max_seeds": sequential["max_seeds"],
+                        "stopped": (sequential.get("stopped") or {}).get("reason")} if sequential else {})}
     return report
 
 

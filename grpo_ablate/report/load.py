@@ -19,7 +19,7 @@ from grpo_ablate.errors import ReportError
 from grpo_ablate.report.health import BREAKING_FLAGS, HealthThresholds, health_flags
 from grpo_ablate.rundir import read_jsonl, read_status
 
-FINISHED = ("completed", "diverged", "failed")
+FINISHED = ("completed", "diverged", "failed", "interrupted")   # interrupted: waits for --resume
 # Control runs (issue 8): `base` is the starting policy never trained, `sft` the same budget
 # spent on supervised training. Each gets a "Δ vs" column when the sweep has it.
 CONTROL_ROLES = ("base", "sft")
@@ -72,6 +72,7 @@ class Sweep:
     manifest_found: bool = True
     notes: list = field(default_factory=list)
     controls: dict = field(default_factory=dict)    # role (base | sft) -> control variant name
+    sequential: dict | None = None                  # a --seeds auto sweep's looks (manifest `sequential`)
 
 
 # --------------------------------------------------------------------------- one run dir
@@ -185,7 +186,8 @@ def _sweep_from_manifest(sweep_dir: Path, manifest: dict, thresholds: HealthThre
     """Variants, contrasts and runs as manifest version 1 lists them (see sweep/launch.py)."""
     sweep = Sweep(dir=sweep_dir, name=str(manifest.get("name") or sweep_dir.name),
                   sweep_id=manifest.get("sweep_id"), mode=manifest.get("mode"), base=manifest.get("base"),
-                  seeds=list(manifest.get("seeds") or []), wandb_group=manifest.get("wandb_group"))
+                  seeds=list(manifest.get("seeds") or []), wandb_group=manifest.get("wandb_group"),
+                  sequential=manifest["sequential"] if isinstance(manifest.get("sequential"), dict) else None)
     if manifest.get("version", 1) != 1:
         sweep.notes.append(f"manifest version {manifest.get('version')!r}; read as version 1")
     for v in manifest.get("variants") or []:

@@ -43,8 +43,8 @@ def render_markdown(report: Report, figures: list[tuple[str, str]] | None = None
     out += verdict_lines(report)
     if report.verdicts and all(v["delta"].n <= 1 for v in report.verdicts):
         out += ["", f"With one seed per variant no verdict is possible beyond *{BREAKS_TRAINING}*."]
-    # coming next: a "power / sequential looks" section per contrast (seeds used, the look
-    # that decided, the smallest detectable effect) goes here, after the verdicts
+    if report.verdicts:
+        out += ["", "## Power", ""] + power_lines(report)
     if report.controls:
         out += ["", "## Against the controls", ""] + control_lines(report)
     out += [""] + diagnostics_sections(report)
@@ -68,7 +68,9 @@ def header_lines(report: Report) -> list[str]:
              f"{len(s.runs)} runs: " + ", ".join(f"{n} {k}" for k, n in states.most_common())]
     direction = "higher" if report.higher_is_better else "lower"
     summary = controls_summary(report) if report.controls else None
-    return [title, "", *([summary, ""] if summary else []), "; ".join(f for f in facts if f) + ".", "",
+    decided = decided_summary(report)
+    return [title, "", *([summary, ""] if summary else []), *([decided, ""] if decided else []),
+            "; ".join(f for f in facts if f) + ".", "",
             f"Metric: `{report.metric}` ({direction} is better). Final = the last value a run logged; "
             "a variant's numbers are means over its completed runs, ± the half-width of the 95% "
             "t-interval over seeds. AUC = the metric averaged over its curve (trapezoid / steps). "
@@ -79,6 +81,63 @@ def header_lines(report: Report) -> list[str]:
                + "; " + " and ".join(f"{CONTROL_COLUMNS[role]} = variant − `{name}`"
                                      for role, name in report.controls.items())
                + ", the same way; controls take part in no trick verdict." if report.controls else ""), ""]
+
+
+def decided_summary(report: Report) -> str | None:
+    """The report's first line: how many contrasts were decided, and what the rest would cost."""
+    p = report.power
+    if not p.get("contrasts"):
+        return None
+    how = (f"sequential: {p['looks']} look(s) up to {p['max_seeds']} seeds, stopped: {p.get('stopped') or 'not yet'}; "
+           "false helps/hurts ≤ 5% over all looks" if p["sequential"] else "fixed 95% intervals")
+    undecided = p["contrasts"] - p["decided"]
+    line = (f"**{'All ' + str(p['contrasts']) if not undecided else str(p['decided']) + ' of ' + str(p['contrasts'])} "
+            f"contrasts decided** ({how}).")
+    note = f" Note: {p['note']}." if p.get("note") else ""
+    if not undecided:
+        return line + note
+    if p["runs"]:
+        most = max(p["extra_seeds"].values())
+        cost = (f"≈ {fmt_duration(p['seconds'])} at {p['run_seconds']:.3g} s a run (median of this sweep's completed runs)"
+                if p["seconds"] is not None else "(no completed run to time)")
+        line += (f" Deciding the other {undecided - len(p['unpriced'])} would take about {p['runs']} more runs "
+                 f"(up to {most} more seeds for {len(p['extra_seeds'])} variants) {cost}")
+        line += (" — past this sweep's --max-seeds: `grpo-ablate sweep --resume DIR --max-seeds N` re-plans "
+                 "them (about 7% false helps/hurts, not 5%)." if p["sequential"] and p.get("stopped") == "max seeds"
+                 else ".")
+    if p["unpriced"]:
+        line += (f" No seed count for {', '.join(p['unpriced'])} (Δ about zero, or no spread over seeds): "
+                 "name the smallest effect that matters with `--effect`.")
+    return line + note
+
+
+def power_lines(report: Report) -> list[str]:
+    """Per contrast: seeds, the look that decided it, and for an open one what the seeds could
+    detect and what deciding it would take."""
+    p = report.power
+    level = "the sequential boundary of its last look" if p["sequential"] else "the fixed 5% t-test"
+    target = f"an effect of {p['effect']:g} (--effect)" if p.get("effect") is not None else \
+        "an effect the size of the current estimate"
+    lines = [f"Seeds: paired seeds with both sides completed. For an open contrast, *detectable*: the smallest "
+             f"|Δ| these seeds detect with 80% power at {level}, from the observed paired SD; *seeds needed*: about "
+             f"how many seeds a fixed 5% design needs for 80% power against {target}. An SD from a few seeds is "
+             "itself uncertain: read both as about.", "",
+             "| contrast | verdict | seeds | decided at look | Δ | paired SD | detectable (80%) | seeds needed |",
+             "|---|---|---|---|---|---|---|---|"]
+    for v in report.verdicts:
+        w = v["power"]
+        open_ = w.get("look") is None
+        needed = w.get("seeds_needed")
+        cells = [v["trick"], v["verdict"], str(w["seeds"]), str(w.get("look") or "—"),
+                 fmt_num(v["delta"].mean, signed=True), fmt_num(w.get("sd")),
+                 fmt_num(w.get("detectable_effect")) if open_ else "—",
+                 ("—" if not open_ else f"~{needed}" if needed else "—")]
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    return lines
+
+
+def fmt_duration(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
 def health_lines(report: Report) -> list[str]:
@@ -267,7 +326,7 @@ def report_json(report: Report, figures: list[tuple[str, str]] | None = None) ->
                   "notes": s.notes},
         "metric": report.metric, "higher_is_better": report.higher_is_better,
         "thresholds": asdict(report.thresholds),
-        "variants": report.rows, "verdicts": report.verdicts,
+        "variants": report.rows, "verdicts": report.verdicts, "power": report.power,
         **({"controls": report.controls, "against_controls": report.against_controls} if report.controls else {}),
         "runs": [{"run_dir": r.name, "variant": r.variant, "seed": r.seed, "state": r.state, "step": r.step,
                   "reason": r.reason, "wall_time_s": r.wall_time_s, "final": final_value(r.metrics, report.metric),

@@ -6,6 +6,7 @@ The sampler is a plain loop over `model(...)` with the model's own cache rather 
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 from dataclasses import dataclass
@@ -13,6 +14,10 @@ from dataclasses import dataclass
 import torch
 
 from grpo_ablate.sampling.lean import LeanDecoder, supports as supports_lean
+
+
+# rollout.dtype -> the dtype the sampler runs in (None: the model's own)
+SAMPLER_DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
 
 
 class NonFiniteLogits(FloatingPointError):
@@ -26,7 +31,8 @@ class Rollout:
     prompt_len: int                # P, the padded prompt width
     completion_mask: torch.Tensor  # [N, T] 1 on completion tokens up to and including EOS
     truncated: torch.Tensor        # [N] bool: no EOS within max_new_tokens (TRL's test)
-    sampler_logprobs: torch.Tensor | None = None  # [N, T] the sampling engine's own (vLLM)
+    sampler_logprobs: torch.Tensor | None = None  # [N, T] the sampler's own log-prob of each sampled token
+    # (log_softmax(logits / T) at it, 0 after EOS): vLLM's, or rollout=hf's when it samples (T > 0)
 
     def to(self, device) -> "Rollout":
         move = lambda t: None if t is None else t.to(device)
@@ -86,8 +92,8 @@ class _LeanStepper:
 
     compacts = True
 
-    def __init__(self, model, batch: int, slots: int):
-        self.decoder = LeanDecoder(model)
+    def __init__(self, model, batch: int, slots: int, dtype: torch.dtype | None = None):
+        self.decoder = LeanDecoder(model, dtype)
         self.cache_k, self.cache_v = self.decoder.new_cache(batch, slots)
 
     def keep(self, rows: torch.Tensor) -> None:
@@ -119,19 +125,25 @@ def derived_seed(seed: int, key: tuple) -> int:
 def generate(model, prompts: list[list[int]], *, num_samples: int, max_new_tokens: int,
              temperature: float, eos_id: int | list[int], pad_id: int,
              generator: torch.Generator | None = None, lean: bool = True,
-             noise: RowNoise | None = None) -> Rollout:
+             noise: RowNoise | None = None, dtype: str = "float32") -> Rollout:
     """Sample `num_samples` completions per prompt (rows ordered prompt-major: group g is rows
     g*G .. g*G+G-1). temperature == 0 means greedy decoding (evaluation). With `lean`, models
     of a supported architecture decode through LeanDecoder (same math, less overhead) on a CPU
     (never a LoRA model: LeanDecoder reads the base weights only). `eos_id` may be a list of
     stop ids. A model in training mode samples in eval mode (no dropout; with gradient
-    checkpointing transformers would otherwise switch the KV cache off)."""
+    checkpointing transformers would otherwise switch the KV cache off).
+
+    When it samples (temperature > 0) the rollout carries the sampler's own log-prob of each
+    sampled token, log_softmax(logits / T) at it (`sampler_logprobs`, as vLLM's). `dtype`
+    (rollout.dtype) "bfloat16" samples in bf16 -- LeanDecoder with bf16 weights, the
+    transformers forward under torch.autocast -- while training stays in the model's dtype: a
+    real sampler-trainer mismatch, as with vLLM; "float32" samples in the model's own dtype."""
     if model.training:
         model.eval()
         try:
             return generate(model, prompts, num_samples=num_samples, max_new_tokens=max_new_tokens,
                             temperature=temperature, eos_id=eos_id, pad_id=pad_id, generator=generator,
-                            lean=lean, noise=noise)
+                            lean=lean, noise=noise, dtype=dtype)
         finally:
             model.train()
     ids, mask = left_pad(prompts, pad_id)
@@ -143,10 +155,23 @@ def generate(model, prompts: list[list[int]], *, num_samples: int, max_new_token
     if isinstance(eos_id, (list, tuple)):
         eos_id = torch.tensor(eos_id, device=device)
     lean = lean and device.type == "cpu" and not hasattr(model, "peft_config") and supports_lean(model)
-    step = _LeanStepper(model, n, prompt_len + max_new_tokens) if lean else _HFStepper(model)
+    low_precision = SAMPLER_DTYPES[dtype]
+    step = (_LeanStepper(model, n, prompt_len + max_new_tokens, low_precision) if lean else _HFStepper(model))
     uniforms = torch.Generator().manual_seed(noise.seed) if noise is not None else None
+    autocast = (torch.autocast(device.type, dtype=low_precision) if low_precision is not None and not lean
+                else contextlib.nullcontext())
+    with autocast:
+        return _decode(step, ids, mask, max_new_tokens=max_new_tokens, temperature=temperature, eos_id=eos_id,
+                       pad_id=pad_id, generator=generator, noise=noise, uniforms=uniforms)
+
+
+def _decode(step, ids, mask, *, max_new_tokens, temperature, eos_id, pad_id, generator, noise, uniforms) -> Rollout:
+    """The decoding loop of `generate`: one token for every unfinished row per step."""
+    n, prompt_len = ids.shape
+    device = ids.device
 
     new_tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    sampler_logp = torch.zeros((n, max_new_tokens), device=device) if temperature > 0 else None
     finished = torch.zeros(n, dtype=torch.bool, device=device)
     full_mask = torch.cat([mask, torch.zeros_like(new_tokens)], dim=1)
     active = torch.arange(n, device=device)  # rows the stepper still decodes
@@ -157,14 +182,21 @@ def generate(model, prompts: list[list[int]], *, num_samples: int, max_new_token
         logits = step(step_input, pos, full_mask[active, :width], width - step_input.shape[1]).float()
         if not bool(torch.isfinite(logits).all()):
             raise NonFiniteLogits(f"non-finite logits while sampling token {t}")
-        if temperature > 0 and noise is not None:   # inverse-CDF sampling with each row's own uniform
-            cdf = torch.softmax(logits / temperature, dim=-1).cumsum(dim=-1)
-            u = torch.rand(noise.total, generator=uniforms)[noise.first:noise.first + n].to(device)[active]
-            token = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
-            token = token.clamp(max=cdf.shape[-1] - 1)
-        elif temperature > 0:
+        if temperature > 0:
             probs = torch.softmax(logits / temperature, dim=-1)
-            token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+            if noise is not None:   # inverse-CDF sampling with each row's own uniform
+                cdf = probs.cumsum(dim=-1)
+                u = torch.rand(noise.total, generator=uniforms)[noise.first:noise.first + n].to(device)[active]
+                token = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
+                token = token.clamp(max=cdf.shape[-1] - 1)
+            else:
+                token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+            # the sampler's log-prob of its token under the distribution it sampled from: the log
+            # of the softmax it drew from is log_softmax(logits / T) there up to float32 rounding
+            # (~1e-7), at O(rows) cost (a second pass over the vocabulary, logsumexp, would cost
+            # a quarter of the sampling step at V = 32k)
+            token_logp = probs.gather(1, token[:, None]).squeeze(1).log()
+            sampler_logp[active, t] = torch.where(finished[active], torch.zeros_like(token_logp), token_logp)
         else:
             token = logits.argmax(dim=-1)
         token = torch.where(finished[active], torch.full_like(token, pad_id), token)
@@ -191,6 +223,7 @@ def generate(model, prompts: list[list[int]], *, num_samples: int, max_new_token
         prompt_len=prompt_len,
         completion_mask=completion_mask,
         truncated=~finished,
+        sampler_logprobs=None if sampler_logp is None else sampler_logp[:, :steps_taken] * completion_mask,
     )
 
 

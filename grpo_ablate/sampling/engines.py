@@ -24,11 +24,11 @@ from grpo_ablate.sampling.vllm import VLLMEngine
 
 class HFEngine:
     """rollout.backend=hf: the training model samples its own completions (rollout.generate)."""
-    def __init__(self, policy, lean: bool):
-        self.policy, self.lean = policy, lean
+    def __init__(self, policy, lean: bool, dtype: str = "float32"):
+        self.policy, self.lean, self.dtype = policy, lean, dtype
 
     def generate(self, prompts, **kwargs) -> Rollout:
-        return generate(self.policy, prompts, lean=self.lean, **kwargs)
+        return generate(self.policy, prompts, lean=self.lean, dtype=self.dtype, **kwargs)
 
     def sync(self, policy) -> None:
         """Nothing to push: the sampler is the policy itself."""
@@ -38,7 +38,7 @@ def build_engine(cfg, policy, tokenizer, dp):
     if cfg.rollout.backend == "vllm":
 
         return VLLMEngine(cfg, policy, tokenizer, dp)
-    return HFEngine(policy, lean=bool(cfg.rollout.lean_decoder))
+    return HFEngine(policy, lean=bool(cfg.rollout.lean_decoder), dtype=str(cfg.rollout.get("dtype") or "float32"))
 
 
 def rng_mode(cfg, dp) -> str:

@@ -28,9 +28,11 @@ def supports(model) -> bool:
 
 
 class LeanDecoder:
-    """Weights snapshotted (fused) from `model` at construction: build one per rollout."""
+    """Weights snapshotted (fused) from `model` at construction: build one per rollout. With
+    `dtype` (bf16: rollout.dtype) the snapshot and the cache are cast to it once, so the
+    sampler runs in that precision while the model keeps its own."""
 
-    def __init__(self, model):
+    def __init__(self, model, dtype: torch.dtype | None = None):
         cfg = model.config
         core = model.model
         self.num_heads = cfg.num_attention_heads
@@ -57,6 +59,11 @@ class LeanDecoder:
         self.final_norm = core.norm.weight
         self.lm_head = model.lm_head.weight.detach()
         self.lm_head_bias = None if model.lm_head.bias is None else model.lm_head.bias.detach()
+        if dtype is not None:
+            cast = lambda t: None if t is None else t.detach().to(dtype)
+            self.embed, self.final_norm = cast(self.embed), cast(self.final_norm)
+            self.lm_head, self.lm_head_bias = cast(self.lm_head), cast(self.lm_head_bias)
+            self.layers = [tuple(cast(t) for t in layer) for layer in self.layers]
 
     def new_cache(self, batch: int, slots: int):
         shape = (len(self.layers), batch, self.num_kv, slots, self.head_dim)
@@ -84,8 +91,8 @@ class LeanDecoder:
         group = H // K
         freqs = positions[..., None].float() * self.inv_freq        # [N, T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self.rope_scale)[:, None]                 # [N, 1, T, D]
-        sin = (emb.sin() * self.rope_scale)[:, None]
+        cos = (emb.cos() * self.rope_scale)[:, None].to(self.embed.dtype)   # [N, 1, T, D]
+        sin = (emb.sin() * self.rope_scale)[:, None].to(self.embed.dtype)
         end = start + t
         bias = key_bias[..., :end]
         if t > 1:  # causal within the new block; every query may see itself, so a left-pad

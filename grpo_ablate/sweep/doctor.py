@@ -179,6 +179,7 @@ class DoctorRequest:
     max_runs: int = DEFAULT_MAX_RUNS
     thresholds: dict = field(default_factory=dict)
     group: str = ""
+    allow_inert: bool = False      # search tricks that cannot act here (inert.py) anyway
 
 
 def stage_matrix(stage: Stage, tricks: list[str]) -> Matrix:
@@ -191,7 +192,8 @@ def _sweep_request(req: DoctorRequest, stage: Stage, stage_dir: Path | None):
     return SweepRequest(mode="doctor", tricks=list(req.tricks), base=req.base, seeds=req.seeds,
                         overrides=list(req.overrides), hydra_args=list(req.hydra_args), launcher=req.launcher,
                         jobs=req.jobs, max_runs=10 ** 6, name=f"doctor-{stage.kind}", steps=req.steps,
-                        sweep_dir=stage_dir, matrix=stage_matrix(stage, req.tricks), group=req.group or None)
+                        sweep_dir=stage_dir, matrix=stage_matrix(stage, req.tricks), group=req.group or None,
+                        allow_inert=req.allow_inert)
 
 
 def check(req: DoctorRequest) -> None:

@@ -12,16 +12,19 @@ import importlib.util
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from grpo_ablate import entrypoint
 from grpo_ablate.catalogue import load_catalogue
-from grpo_ablate.config import ConfigError, compose, config_hash, validate
+from grpo_ablate.config import ConfigError, compose, config_hash, family_keys, trick_families, validate
+from grpo_ablate.inert import inert_reason
 from grpo_ablate.models import ensure_warm_started
 from grpo_ablate.rundir import atomic_write_text, read_rows, read_status
+from grpo_ablate.stopping import INTERRUPTED
 from grpo_ablate.sweep.matrix import (CONTROLS, DEFAULT_MAX_RUNS, Matrix, SweepError, add_controls, build_matrix,
                                       check_size, expand_jobs, parse_seeds)
+from grpo_ablate.sweep.slurm import watch_jobs_without_sacct
 from grpo_ablate.tasks import TASKS, build_task
 
 
@@ -62,8 +65,10 @@ class SweepRequest:
     sweep_dir: Path | None = None
     controls: bool | None = None     # None: on for the embedded default, off for model.path models
     control_budget: str = "tokens"   # the SFT control's budget: tokens | wall (the treatments' time)
+    allow_inert: bool = False        # run tricks under test that cannot act here (inert.py) anyway
     matrix: Matrix | None = None        # a matrix built by the caller (doctor) instead of `mode`
     group: str | None = None            # W&B group shared with other sweeps (doctor's stages)
+    sequential: dict = field(default_factory=dict)   # seeds=auto: max_seeds, budget, effect (sweep/sequential.py)
 
 
 # ------------------------------------------------------------------------------ planning
@@ -77,6 +82,7 @@ def plan(req: SweepRequest) -> dict:
     common = ([f"preset={req.base}"] if req.base else []) + list(req.overrides)
     if req.steps is not None:
         common.append(f"steps={req.steps}")
+    common, matrix = scope_trick_settings(common, matrix)
     base_cfg = _compose(common, "the base")
     # on by default for the embedded model; off for a model.path model (each control costs a
     # run), for --family sweeps, whose variants may differ in task or model (one control would
@@ -97,16 +103,10 @@ def plan(req: SweepRequest) -> dict:
     name = req.name or req.mode
     group = req.group or f"{name}-{sweep_id}"
     labels = {"name": name, "id": sweep_id, "group": group, "tricks": list(req.tricks)}
-    runs = []
-    for job in expand_jobs(matrix, seeds, common, labels):
-        # a wall-clock SFT control learns its budget from the treatments' runs: checked here with
-        # a stand-in, hashed once the budget is known (launch._run)
-        deferred = "control.budget=wall" in job.overrides
-        cfg = _compose(list(job.overrides) + (["control.wall_s=1"] if deferred else []), f"run {job.run_dir}")
-        runs.append({"variant": job.variant, "seed": job.seed, "run_dir": job.run_dir,
-                     "config_hash": None if deferred else config_hash(cfg), "status": "pending", "step": 0,
-                     "reason": None, "final_accuracy": None, "overrides": list(job.overrides),
-                     **({"deferred": "control.wall_s"} if deferred else {})})
+    cfg_of: dict = {}     # variant -> the config of its first run, for the inert check
+    runs = [run_entry(job, cfg_of) for job in expand_jobs(matrix, seeds, common, labels)]
+    if not req.allow_inert:
+        check_tricks_act(matrix, cfg_of, {t: (families[t], options[t]) for t in families})
     now = _now()
     return {
         "version": 1, "sweep_id": sweep_id, "name": name, "mode": matrix.mode, "base": req.base,
@@ -118,6 +118,65 @@ def plan(req: SweepRequest) -> dict:
         "controls": {k: name for k, name in CONTROLS.items() if any(v.name == name for v in matrix.variants)},
         "runs": runs,
     }
+
+
+def scope_trick_settings(common: list[str], matrix: Matrix) -> tuple[list[str], Matrix]:
+    """A setting of a trick family's option given for the whole sweep (`++temperature.lr=100`
+    while only some variants have temperature=learnable) goes to the variants whose option has
+    that setting: given to the others it would be recorded in a config it cannot act on. A
+    setting no variant's option has is refused (a typo) with the allowed ones."""
+    scoped, rest = [], []
+    for override in common:
+        family, _, setting = override.lstrip("+~").split("=", 1)[0].partition(".")
+        if family in trick_families() and setting and "." not in setting:
+            scoped.append((override, family, setting))
+        else:
+            rest.append(override)
+    if not scoped:
+        return common, matrix
+    variants, taken = [], set()
+    for v in matrix.variants:
+        cfg = _compose(rest + list(v.overrides), f"variant {v.name}")
+        extra = tuple(o for o, family, setting in scoped if setting in family_keys(cfg, family))
+        taken |= set(extra)
+        variants.append(replace(v, overrides=v.overrides + extra))
+    for override, family, setting in scoped:
+        if override not in taken:
+            raise SweepError(f"'{override}': {family}.{setting} is not a setting of the {family} option of any "
+                             f"variant; allowed: {', '.join(sorted(family_keys(_compose(rest, 'the base'), family))) or '(none)'}")
+    return rest, Matrix(matrix.mode, variants, matrix.contrasts)
+
+
+def check_tricks_act(matrix: Matrix, cfg_of: dict, tricks: dict) -> None:
+    """Refuse a plan in which a trick under test cannot act (inert.py): for each contrast, the
+    trick on the side that has it; without contrasts (doctor), every trick where all are on;
+    for a factorial over config groups, every variant's options. `tricks`: name -> (family, option)."""
+    checks = [(c.trick, *tricks[c.trick], c.with_) for c in matrix.contrasts if c.trick in tricks]
+    if not matrix.contrasts and matrix.variants:
+        widest = max(matrix.variants, key=lambda v: len(v.tricks_on))
+        checks += [(t, *tricks[t], widest.name) for t in widest.tricks_on]
+    for v in matrix.variants:
+        checks += [(f"{key}={value}", key, str(value), v.name) for key, value in v.axes.items()
+                   if key in trick_families() or key == "kl.estimator"]
+    for name, family, opt, variant in checks:
+        reason = inert_reason(cfg_of[variant], family, opt)
+        if reason is not None:
+            raise SweepError(f"{name} {reason} (or pass --allow-inert to run it anyway)")
+
+
+def run_entry(job, configs: dict | None = None) -> dict:
+    """One job as the manifest lists it (pending), its config validated and hashed (and kept
+    in `configs` by variant, the first seed's, when given)."""
+    # a wall-clock SFT control learns its budget from the treatments' runs: checked here with
+    # a stand-in, hashed once the budget is known (launch._run)
+    deferred = "control.budget=wall" in job.overrides
+    cfg = _compose(list(job.overrides) + (["control.wall_s=1"] if deferred else []), f"run {job.run_dir}")
+    if configs is not None:
+        configs.setdefault(job.variant, cfg)
+    return {"variant": job.variant, "seed": job.seed, "run_dir": job.run_dir,
+            "config_hash": None if deferred else config_hash(cfg), "status": "pending", "step": 0,
+            "reason": None, "final_accuracy": None, "overrides": list(job.overrides),
+            **({"deferred": "control.wall_s"} if deferred else {})}
 
 
 def _has_solutions(cfg) -> bool:
@@ -199,7 +258,7 @@ def refresh_statuses(sweep_dir: Path, manifest: dict, outcomes: dict | None = No
         outcome = (outcomes or {}).get(run["run_dir"])
         if status is not None:
             run.update(status=status["state"], step=status["step"], reason=status.get("reason"))
-        if outcome is not None and (status is None or status["state"] not in FINISHED + ("failed",)):
+        if outcome is not None and (status is None or status["state"] not in FINISHED + ("failed", INTERRUPTED)):
             # the job ended without the run recording an end of its own
             run.update(status="failed", reason=outcome.get("error") or f"exit code {outcome.get('exit_code')}")
         accuracies = [r["eval/accuracy"] for r in read_rows(run_dir / "metrics.jsonl")
@@ -215,16 +274,23 @@ def start(req: SweepRequest, console, dry_run: bool = False) -> int:
     if dry_run:
         print_matrix(manifest, console)
         return 0
+    sweep_dir = create_sweep_dir(req, manifest)
+    console.print(f"sweep {manifest['name']}: {len(manifest['variants'])} variants x "
+                  f"{len(manifest['seeds'])} seeds = {len(manifest['runs'])} runs -> {sweep_dir}",
+                  markup=False, highlight=False)
+    return _run(sweep_dir, manifest, manifest["runs"], req.launcher, req.jobs, req.hydra_args, console)
+
+
+def create_sweep_dir(req: SweepRequest, manifest: dict) -> Path:
+    """The sweep dir (--dir, else a new one under runs/sweeps/) with its manifest; never an
+    existing non-empty one."""
     sweep_dir = Path(req.sweep_dir) if req.sweep_dir else _new_sweep_dir(manifest)
     if sweep_dir.exists() and any(sweep_dir.iterdir()):
         raise SweepError(f"{sweep_dir} already exists and is not empty; continue it with "
                          f"`grpo-ablate sweep --resume {sweep_dir}` or pick another --dir")
     sweep_dir.mkdir(parents=True, exist_ok=True)
     write_manifest(sweep_dir, manifest)
-    console.print(f"sweep {manifest['name']}: {len(manifest['variants'])} variants x "
-                  f"{len(manifest['seeds'])} seeds = {len(manifest['runs'])} runs -> {sweep_dir}",
-                  markup=False, highlight=False)
-    return _run(sweep_dir, manifest, manifest["runs"], req.launcher, req.jobs, req.hydra_args, console)
+    return sweep_dir
 
 
 def resume(sweep_dir: Path, launcher: str | None, jobs: int | None, hydra_args: list[str], console) -> int:
@@ -358,8 +424,10 @@ def _launch(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, jo
         args.append(f"hydra.launcher.n_jobs={n_parallel}")
     elif launcher == "submitit_local":                    # it starts every job it is given at once
         args += [f"hydra.sweeper.max_batch_size={n_parallel}", f"hydra.launcher.cpus_per_task={threads}"]
-    elif launcher == "submitit_slurm" and jobs:           # one job array, at most --jobs running
-        args.append(f"hydra.launcher.array_parallelism={jobs}")
+    elif launcher == "submitit_slurm":
+        if jobs:                                          # one job array, at most --jobs running
+            args.append(f"hydra.launcher.array_parallelism={jobs}")
+        watch_jobs_without_sacct()                        # no accounting: job states from squeue
     manifest["launcher"] = launcher
     for run in todo:
         run["status"] = "launched"
@@ -491,3 +559,6 @@ def print_summary(manifest: dict, console, sweep_dir: Path) -> None:
     for run in manifest["runs"]:
         if run["status"] == "failed":
             console.print(f"  {run['run_dir']} failed: {run['reason']}", markup=False, highlight=False)
+        elif run["status"] == INTERRUPTED:   # stopped from outside (a time limit): --resume continues it
+            console.print(f"  {run['run_dir']} interrupted at step {run['step']}: {run['reason']}; "
+                          f"`grpo-ablate sweep --resume {sweep_dir}` continues it", markup=False, highlight=False)

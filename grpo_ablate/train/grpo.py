@@ -16,6 +16,7 @@ import torch
 from omegaconf import DictConfig
 
 from grpo_ablate.config import check_here, trick, validate
+from grpo_ablate.inert import chosen_tricks, inert_tricks
 from grpo_ablate.models import (AdapterDisabled, add_lora, autocast_forward, enable_activation_checkpointing,
                                 ensure_warm_started, load_model_and_tokenizer, lora_enabled, model_device,
                                 stop_token_ids)
@@ -41,6 +42,8 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
         run_dir = Path(dp.broadcast(str(run_dir)))
         console = console if dp.is_main else None
         say = console.print if console is not None else (lambda *a, **k: None)
+        for name, reason in inert_tricks(cfg, chosen_tricks(cfg, overrides)):   # compute it would waste
+            say(f"[yellow]warning[/]: {name} {reason}", markup=True, highlight=False)
         prepare_process(cfg)
         status, checkpoint = open_run_dir(cfg, run_dir)
         if already_finished(status, cfg):

@@ -57,22 +57,23 @@ class LossTerms:
         self.kl_weight = trick(cfg, "kl_weight")
         self.value_loss = trick(cfg, "value_clip")
 
-    def policy(self, logp, old_logp, advantages):
+    def policy(self, logp, old_logp, advantages, mask):
         """(per-token policy loss, per-token clip statistics); old_logp None: rho = 1."""
-        return self.policy_loss(logp, logp.detach() if old_logp is None else old_logp, advantages)
+        return self.policy_loss(logp, logp.detach() if old_logp is None else old_logp, advantages, mask)
 
     def __call__(self, logp, entropy, values, inputs: LossInputs, coef: Coefficients):
         """({term name: per-token loss [N, T]}, {metric name: per-token statistic}). The raw
         critic loss is a statistic too (`value/loss`), before value_coef weighs it."""
-        policy, stats = self.policy(logp, inputs.old_logp, inputs.advantages)
+        old_logp = logp.detach() if inputs.old_logp is None else inputs.old_logp
+        policy, stats = self.policy(logp, old_logp, inputs.advantages, inputs.mask)
         terms = {"policy": policy}
         if values is not None:
             stats["value/loss"] = self.value_loss(values, inputs.old_values, inputs.returns)
             terms["value"] = coef.value * stats["value/loss"]
         if inputs.ref_logp is not None and coef.kl > 0:
-            terms["kl"] = coef.kl * (self.kl_estimator(logp, inputs.ref_logp) * self.kl_weight(inputs.mask, entropy))
+            terms["kl"] = coef.kl * (self.kl_estimator(logp, inputs.ref_logp, old_logp) * self.kl_weight(inputs.mask, entropy))
         if inputs.prev_logp is not None and coef.kl_prev > 0:
-            terms["kl_prev"] = coef.kl_prev * self.kl_estimator(logp, inputs.prev_logp)
+            terms["kl_prev"] = coef.kl_prev * self.kl_estimator(logp, inputs.prev_logp, old_logp)
         if coef.entropy > 0:   # the entropy carries a gradient only then
             terms["entropy"] = -coef.entropy * entropy
         return terms, stats

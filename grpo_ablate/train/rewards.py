@@ -80,7 +80,7 @@ class AdvantageChain:
 
     def __call__(self, rewards, group_index, mask, values=None) -> Advantages:
         rewards = self.reward_norm(rewards)
-        advantages, clipped_frac = self.adv_clip(self.estimator(rewards, group_index, mask, values))
+        advantages, clipped_frac = self.adv_clip(self.estimator(rewards, group_index, mask, values, {}))
         return Advantages(advantages, clipped_frac, rewards)
 
     def critic_returns(self, rewards, mask, old_values):

@@ -23,6 +23,7 @@ from grpo_ablate.config import config_hash
 from grpo_ablate.errors import ConfigError
 from grpo_ablate.rundir import find_checkpoint, read_status
 from grpo_ablate.sampling.engines import Rollouts
+from grpo_ablate.stopping import how_it_ended
 from grpo_ablate.train.run_log import RunLog, save_checkpoint
 
 # Exit codes of `grpo-ablate train`
@@ -184,8 +185,9 @@ def run_steps(cfg: DictConfig, run_dir: Path, overrides, trainer: Trainer, check
         result.final_accuracy = metrics.get("eval/accuracy") if steps > start else None
         log.status("completed", steps)
         return result
-    except BaseException as err:  # a crash or Ctrl-C: record it, then let it propagate
-        log.status("failed", step, f"{type(err).__name__}: {err}".strip()[:500])
+    except BaseException as err:  # a crash, Ctrl-C or a stop from outside: record it, then let it propagate
+        state, reason = how_it_ended(err)   # SLURM's time limit, scancel: interrupted (resumable), not failed
+        log.status(state, step, reason[:500])
         raise
     finally:
         if progress is not None:

@@ -287,7 +287,7 @@ class GRPOStep:
         terms, _ = self.loss_terms(logp, entropy, values, sub, coef)
         terms = {name: aggregate(term, w) for name, term in terms.items()}
         for name, component in component_adv.items():
-            terms[name] = aggregate(self.loss_terms.policy(logp, sub.old_logp, component[rows][:, None])[0], w)
+            terms[name] = aggregate(self.loss_terms.policy(logp, sub.old_logp, component[rows][:, None], sub.mask)[0], w)
         out = diagnostics.conflict_metrics(diagnostics.term_gradients(terms, self.diag_params))
         out["time/diag_s"] = time.perf_counter() - started   # part of time/update_s
         return out
@@ -314,7 +314,9 @@ class GRPOStep:
         if update.values is not None:
             out.update(m.critic_metrics(update.values, self.advantages.critic_returns(
                 adv.rewards, mask, anchors.old_values), mask))
-        if batch.roll.sampler_logprobs is not None:   # rollout=vllm: the sampler's log-probs vs ours
+        # the sampler's log-probs vs ours, where they can differ: vLLM, or rollout.dtype below the trainer's
+        if batch.roll.sampler_logprobs is not None and (self.cfg.rollout.backend == "vllm"
+                                                        or self.cfg.rollout.get("dtype", "float32") != "float32"):
             out.update(m.sampler_gap_metrics(batch.roll.sampler_logprobs,
                                              update.logp if anchors.old is None else anchors.old, mask))
         if "kl/k3" in out:

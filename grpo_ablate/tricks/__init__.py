@@ -6,10 +6,12 @@ config chose (`option("adv", cfg.adv.name)`) and never branches on a name itself
 a trick is one registered function, one YAML file and one test. Importing the package
 registers every family.
 """
-from grpo_ablate.tricks import (adv, adv_clip, clip, entropy, kl, kl_weight, length, loss_agg, overlong,
-                                reward_norm, sampling, temperature, value)
+from grpo_ablate.tricks import (adv, adv_clip, clip, entropy, kl, kl_weight, length, loss_agg, off_policy_mask,
+                                overlong, ref_sync, reward_norm, rollout_correction, sampling, temperature,
+                                token_mask, value)
 from grpo_ablate.tricks.registry import Option, UnknownOption, families, option, options
 
-FAMILY_MODULES = (adv, adv_clip, clip, entropy, kl, kl_weight, length, loss_agg, overlong, reward_norm, sampling,
-                  temperature, value)   # imported for their registrations
+# imported for their registrations
+FAMILY_MODULES = (adv, adv_clip, clip, entropy, kl, kl_weight, length, loss_agg, off_policy_mask, overlong,
+                  ref_sync, reward_norm, rollout_correction, sampling, temperature, token_mask, value)
 __all__ = ["FAMILY_MODULES", "Option", "UnknownOption", "families", "option", "options"]

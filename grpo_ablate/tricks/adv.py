@@ -11,8 +11,10 @@ import torch
 
 from grpo_ablate.tricks.registry import register
 
-# Every estimator takes (rewards [N], group_index [N], mask [N, T], values [N, T] or None) and
-# returns A: [N] per completion, or [N, T] per token for an estimator with a critic. Flags:
+# Every estimator takes (rewards [N], group_index [N], mask [N, T], values [N, T] or None,
+# components: dict name -> [N], the reward's parts (task, format, length, overlong, kl), each
+# already weighted, summing to rewards; read only by gdpo) and returns A: [N] per completion,
+# or [N, T] per token for an estimator with a critic. Flags:
 #   uses_group_statistic  needs G >= 2 completions per prompt to mean anything
 #   uses_values           needs a critic: per-token values in, per-token advantages out
 
@@ -30,7 +32,7 @@ def group_mean_std(values: torch.Tensor, group_index: torch.Tensor):
 
 
 @register("adv", "grpo", uses_group_statistic=True)
-def grpo_advantage(rewards, group_index, mask, values, *, eps: float = 1e-6):
+def grpo_advantage(rewards, group_index, mask, values, components, *, eps: float = 1e-6):
     """A_j = (r_j - mean_g r) / (std_g r + eps).
 
     Reference: TRL grpo_trainer `_generate_and_score_completions` with scale_rewards="group";
@@ -47,7 +49,7 @@ def batch_std(values: torch.Tensor) -> torch.Tensor:
 
 
 @register("adv", "dr_grpo", uses_group_statistic=True)
-def dr_grpo_advantage(rewards, group_index, mask, values):
+def dr_grpo_advantage(rewards, group_index, mask, values, components):
     """A_j = r_j - mean_g r (no division by the group std).
 
     Reference: Dr. GRPO (arXiv 2503.20783); TRL scale_rewards="none"; verl
@@ -58,7 +60,7 @@ def dr_grpo_advantage(rewards, group_index, mask, values):
 
 
 @register("adv", "lite", uses_group_statistic=True)
-def lite_advantage(rewards, group_index, mask, values, *, eps: float = 1e-6, std_of: str = "raw"):
+def lite_advantage(rewards, group_index, mask, values, components, *, eps: float = 1e-6, std_of: str = "raw"):
     """Lite PPO: A_j = (r_j - mean_g r) / (std_B + eps): group mean, batch std.
 
     Reference: Tricks or Traps (arXiv 2508.08221); ROLL `compute_advantage` with
@@ -74,7 +76,7 @@ def lite_advantage(rewards, group_index, mask, values, *, eps: float = 1e-6, std
 
 
 @register("adv", "batch", uses_group_statistic=True)
-def batch_advantage(rewards, group_index, mask, values, *, eps: float = 1e-6):
+def batch_advantage(rewards, group_index, mask, values, components, *, eps: float = 1e-6):
     """Global normalization: A_j = (r_j - mean_B r) / (std_B r + eps).
 
     Reference: ROLL `compute_advantage` with norm_mean_type=batch, norm_std_type=batch.
@@ -83,7 +85,7 @@ def batch_advantage(rewards, group_index, mask, values, *, eps: float = 1e-6):
 
 
 @register("adv", "rloo", uses_group_statistic=True)
-def rloo_advantage(rewards, group_index, mask, values):
+def rloo_advantage(rewards, group_index, mask, values, components):
     """RLOO: A_j = r_j - (sum_{k != j} r_k) / (G - 1), the leave-one-out group mean.
 
     Reference: verl core_algos `compute_rloo_outcome_advantage` (adv_estimator=rloo).
@@ -95,7 +97,7 @@ def rloo_advantage(rewards, group_index, mask, values):
 
 
 @register("adv", "rpp_baseline", uses_group_statistic=True)
-def rpp_baseline_advantage(rewards, group_index, mask, values, *, eps: float = 1e-8):
+def rpp_baseline_advantage(rewards, group_index, mask, values, components, *, eps: float = 1e-8):
     """REINFORCE++-baseline: c_j = r_j - mean_g r, then whitened over all completion tokens
     of the batch: (c - mean_tok c) / sqrt(var_tok c + eps).
 
@@ -142,7 +144,7 @@ def gae(token_reward: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, ga
 
 
 @register("adv", "gae", uses_group_statistic=False, uses_values=True)
-def gae_advantage(rewards, group_index, mask, values, *, gamma: float = 1.0, lam: float = 1.0,
+def gae_advantage(rewards, group_index, mask, values, components, *, gamma: float = 1.0, lam: float = 1.0,
                   whiten: bool = True):
     """PPO with a critic: GAE over token rewards (the outcome reward on the last token), then
     whitened over the batch's completion tokens as verl does (`whiten: true`). gamma = lam = 1
@@ -154,3 +156,123 @@ def gae_advantage(rewards, group_index, mask, values, *, gamma: float = 1.0, lam
     mean = (advantages * mask).sum() / n
     var = (((advantages - mean) * mask) ** 2).sum() / n
     return (advantages - mean) * torch.rsqrt(var + 1e-8) * mask
+
+
+# ---------------------------------------------------------------- 2025-26 estimators
+def _weighted_parts(rewards: torch.Tensor, components: dict, weights: dict | None) -> list:
+    """(weight, component) pairs; a reward without parts ({}) is one part, the reward itself."""
+    parts = dict(components) or {"reward": rewards}
+    weights = dict(weights or {})
+    unknown = sorted(set(weights) - set(parts))
+    if unknown:
+        raise ValueError(f"adv.weights names {', '.join(unknown)}, which the reward does not have; "
+                         f"its components: {', '.join(parts)}")
+    return [(float(weights.get(name, 1.0)), part.to(rewards.dtype)) for name, part in parts.items()]
+
+
+@register("adv", "gdpo", uses_group_statistic=True)
+def gdpo_advantage(rewards, group_index, mask, values, components, *, eps: float = 1e-6,
+                   weights: dict | None = None):
+    """GDPO (arXiv 2601.05242), verl form: each reward component normalized within its group,
+    weighted, summed, then whitened over the batch's completion tokens.
+
+        A_k = (c_k - mean_g c_k) / (std_g c_k + eps)          (Bessel std, as GRPO)
+        S = sum_k w_k A_k
+        A = (S - mean_tok S) / sqrt(var_tok S + 1e-8)       (token-weighted; Bessel over tokens)
+
+    Reference: verl core_algos `compute_gdpo_outcome_advantage` (adv_estimator=gdpo;
+    algorithm.gdpo_reward_keys / gdpo_reward_weights; verl_F.masked_whiten). `components`
+    are this trainer's reward parts (task, format, length, overlong, kl in the reward), each
+    already scaled by its own coefficient: the group normalization cancels that scale but
+    keeps its sign (a penalty stays a penalty). GDPO's own weights are `weights` (name ->
+    w_k, 1 for a component not named). `gdpo_trl` is TRL's normalize_then_sum.
+    """
+    total = torch.zeros_like(rewards)
+    for weight, part in _weighted_parts(rewards, components, weights):
+        mean, std = group_mean_std(part, group_index)
+        total = total + weight * (part - mean) / (std + eps)
+    tokens = mask.sum(dim=1).to(rewards.dtype)
+    n = tokens.sum().clamp(min=1)
+    token_mean = (tokens * total).sum() / n
+    token_var = (tokens * (total - token_mean) ** 2).sum() / n * n / (n - 1).clamp(min=1)
+    return (total - token_mean) * torch.rsqrt(token_var + 1e-8)
+
+
+@register("adv", "gdpo_trl", uses_group_statistic=True)
+def gdpo_trl_advantage(rewards, group_index, mask, values, components, *, eps: float = 1e-4,
+                       weights: dict | None = None):
+    """GDPO, TRL form: multi_objective_aggregation="normalize_then_sum".
+
+        A_k = (c_k - mean_g c_k) / (std_g c_k + eps);  S = sum_k w_k A_k
+        A = (S - mean_B S) / (std_B S + eps)   (over completions, not tokens; Bessel std)
+
+    Reference: TRL `_generate_and_score_completions` (normalize_then_sum branch; reward_weights;
+    eps 1e-4 in both places). Differs from verl's `gdpo` in eps (1e-4 vs 1e-6) and in the
+    batch whitening: one weight per completion here, one per token there.
+    """
+    total = torch.zeros_like(rewards)
+    for weight, part in _weighted_parts(rewards, components, weights):
+        mean, std = group_mean_std(part, group_index)
+        total = total + weight * (part - mean) / (std + eps)
+    return (total - total.mean()) / (batch_std(total) + eps)
+
+
+@register("adv", "opo", uses_group_statistic=True)
+def opo_advantage(rewards, group_index, mask, values, components):
+    """OPO (arXiv 2505.23585): the group baseline weighted by completion length.
+
+        b_g = sum_j |o_j| r_j / sum_j |o_j|,  A_j = r_j - b_g   (b = 0 for a group of one)
+
+    Reference: verl core_algos `compute_opo_outcome_advantage` (adv_estimator=opo).
+    |o_j| = mask.sum(1), the trained tokens: a completion the overlong filter masks out
+    weighs 0 in its group's baseline (verl counts the response mask).
+    """
+    lengths = mask.sum(dim=1).to(rewards.dtype)
+    n_groups = int(group_index.max()) + 1 if group_index.numel() else 0
+    weighted = torch.zeros(n_groups, dtype=rewards.dtype, device=rewards.device)
+    weighted.index_add_(0, group_index, lengths * rewards)
+    total_length = torch.zeros_like(weighted).index_add_(0, group_index, lengths)
+    count = torch.bincount(group_index, minlength=n_groups)
+    baseline = torch.where(count > 1, weighted / total_length.clamp(min=1), torch.zeros_like(weighted))
+    return rewards - baseline[group_index]
+
+
+@register("adv", "passk", uses_group_statistic=True)
+def passk_advantage(rewards, group_index, mask, values, components, *, eps: float = 1e-6,
+                    norm_by_std: bool = True):
+    """Pass@k advantage (arXiv 2503.19595): only the best completion of each group learns.
+
+        A_best = (r_max - r_second) [/ (std_g r + eps)],  every other A = 0
+
+    Reference: verl core_algos `compute_grpo_passk_outcome_advantage` (adv_estimator=
+    grpo_passk; norm_by_std = algorithm.norm_adv_by_std_in_grpo). Ties for the best give
+    r_max - r_second = 0 whichever is picked (here the first row). verl refuses a group of
+    one; here it gets A = 0.
+    """
+    order = torch.argsort(rewards, descending=True, stable=True)
+    order = order[torch.argsort(group_index[order], stable=True)]     # by group, best first
+    groups = group_index[order]
+    first = torch.ones_like(groups, dtype=torch.bool)
+    first[1:] = groups[1:] != groups[:-1]
+    starts = first.nonzero().squeeze(1)
+    has_second = (starts + 1 < len(order)) & (groups[(starts + 1).clamp(max=len(order) - 1)] == groups[starts])
+    best, second = order[starts], order[(starts + 1).clamp(max=len(order) - 1)]
+    gap = torch.where(has_second, rewards[best] - rewards[second], torch.zeros_like(rewards[best]))
+    if norm_by_std:
+        gap = gap / (group_mean_std(rewards, group_index)[1][best] + eps)
+    return torch.zeros_like(rewards).index_put_((best,), gap)
+
+
+@register("adv", "gpg", uses_group_statistic=True)
+def gpg_advantage(rewards, group_index, mask, values, components, *, f_norm: float = 1.0):
+    """GPG (Group Policy Gradient, arXiv 2504.02546): A_j = alpha (r_j - mean_g r) / f_norm.
+
+    alpha = B / #{j : r_j != 0}, as verl's code counts it (completions with a non-zero reward;
+    with rewards {0, 1} the correct ones): it rescales the batch's gradient for the rows that
+    carry signal. Reference: verl
+    core_algos `compute_gpg_outcome_advantage` (adv_estimator=gpg, f_norm 1.0); its loss is
+    clip=gpg (-A log pi, no ratio). A group of one gets A = 0 (verl: alpha r).
+    """
+    alpha = rewards.numel() / torch.count_nonzero(rewards).clamp(min=1).to(rewards.dtype)
+    mean, _ = group_mean_std(rewards, group_index)
+    return alpha * (rewards - mean) / f_norm

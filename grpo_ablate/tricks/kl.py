@@ -6,6 +6,16 @@ With log r = log pi_ref - log pi_theta per token (Schulman, "Approximating KL Di
     k3 = (r - 1) - log r   unbiased and >= 0; its gradient is the forward-KL gradient
 Reference: verl core_algos `kl_penalty` (kl / mse / low_var_kl); TRL `_compute_loss` uses k3.
 log r is clamped to [-20, 20] before exp, as verl does.
+
+Estimators of the 2025-26 references (option family `kl.estimator`, the key kl.estimator):
+    abs      |log pi - log pi_ref|                                   (verl kl_loss_type "abs")
+    k1_st    value of k1, gradient of k2: k2 - sg(k2) + sg(k1)       (verl "k1+")
+    k3_st    value of k3, gradient of k2: k2 - sg(k2) + sg(k3)       (verl "k3+" and "low_var_kl+")
+    k3_iw    k3 * rho, rho = exp(log pi - log pi_old), gradient through rho
+             (TRL use_bias_correction_kl, its default since DeepSeek-V3.2)
+The "+" of verl's names is not a plain Hydra override value, hence the _st suffix. verl's
+"k3" / "low_var_kl" also clamp the value to [-10, 10]; k3 here does not (it changes only
+values above 10, i.e. |log r| beyond about 2.6 from above).
 """
 from __future__ import annotations
 
@@ -16,22 +26,60 @@ from grpo_ablate.tricks.registry import register
 LOG_RATIO_LIMIT = 20.0
 
 
-# Option family `kl.estimator` (the key kl.estimator of every kl option): (logp, ref_logp) -> per token.
+# Option family `kl.estimator` (the key kl.estimator of every kl option):
+# (logp, ref_logp, old_logp) -> per token. old_logp (the rollout-time policy, no gradient) is
+# read only by k3_iw; the trainer passes logp.detach() when it has no separate pi_old.
 @register("kl.estimator", "k1")
-def k1(logp, ref_logp):
+def k1(logp, ref_logp, old_logp=None):
     return logp - ref_logp
 
 
 @register("kl.estimator", "k2")
-def k2(logp, ref_logp):
+def k2(logp, ref_logp, old_logp=None):
     return 0.5 * (ref_logp - logp) ** 2
 
 
 @register("kl.estimator", "k3")
-def k3(logp, ref_logp):
+def k3(logp, ref_logp, old_logp=None):
     log_r = (ref_logp - logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     return torch.exp(log_r) - 1.0 - log_r
 
+
+@register("kl.estimator", "abs")
+def abs_kl(logp, ref_logp, old_logp=None):
+    """|log pi - log pi_ref| (verl kl_loss_type "abs"); its gradient is sign(log pi - log pi_ref)."""
+    return (logp - ref_logp).abs()
+
+
+def _straight_through(value: torch.Tensor, logp, ref_logp) -> torch.Tensor:
+    """The value of `value`, the gradient of k2 (verl `kl_penalty` with a "+" suffix)."""
+    gradient_carrier = k2(logp, ref_logp)
+    return gradient_carrier - gradient_carrier.detach() + value.detach()
+
+
+@register("kl.estimator", "k1_st")
+def k1_st(logp, ref_logp, old_logp=None):
+    """Straight-through k1 (verl "k1+"): k1's value (unbiased), k2's gradient (the reverse KL's)."""
+    return _straight_through(k1(logp, ref_logp), logp, ref_logp)
+
+
+@register("kl.estimator", "k3_st")
+def k3_st(logp, ref_logp, old_logp=None):
+    """Straight-through k3 (verl "k3+", "low_var_kl+"): k3's value, k2's gradient."""
+    return _straight_through(k3(logp, ref_logp), logp, ref_logp)
+
+
+@register("kl.estimator", "k3_iw")
+def k3_iw(logp, ref_logp, old_logp=None):
+    """Importance-weighted k3 (TRL `use_bias_correction_kl`, default True): k3_t * rho_t with
+    rho_t = exp(log pi_t - log pi_old_t), the gradient flowing through rho too. On-policy
+    (rho == 1 in value) its gradient is (log pi - log pi_ref) grad log pi, k2's: the unbiased
+    reverse-KL gradient; off-policy it is reweighted by rho. TRL's ratio is the loss's
+    (token-level here; TRL broadcasts the sequence ratio with importance_sampling_level=
+    sequence); log rho is clamped to [-20, 20] here, not in TRL."""
+    old_logp = logp.detach() if old_logp is None else old_logp
+    rho = torch.exp((logp - old_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    return k3(logp, ref_logp) * rho
 
 
 @register("kl", "none")
@@ -103,8 +151,9 @@ class TargetKL(FixedKL):
 
 @register("kl", "in_reward")
 class InRewardKL(FixedKL):
-    """`in_reward` (verl `use_kl_in_reward`): r_j <- r_j - beta * sum_t k1_t, with k1 from the
-    sampling policy's log-probs (no gradient), before the advantage; no KL term in the loss."""
+    """`in_reward` (verl `use_kl_in_reward`): r_j <- r_j - beta * sum_t KL_t, with KL_t from the
+    sampling policy's log-probs (no gradient), before the advantage; no KL term in the loss.
+    `kl_reward_penalty` computes it with any kl.estimator (verl: every kl_penalty type)."""
 
     in_reward = True
 
@@ -121,7 +170,10 @@ class TwoLayerKL(FixedKL):
         self.beta_prev, self.prev_lag = float(beta_prev), int(prev_lag)
 
 
-def kl_reward_penalty(old_logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """sum_t k1 per completion: the sequence-level KL estimate charged to its reward."""
-    return (k1(old_logp, ref_logp) * mask).sum(dim=1)
-
+def kl_reward_penalty(old_logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
+                      estimator=k1) -> torch.Tensor:
+    """sum_t KL_t per completion: the sequence-level KL estimate charged to its reward, with the
+    chosen kl.estimator (a function of the family `kl.estimator`; verl `apply_kl_penalty` takes
+    algorithm.kl_penalty, default "kl" = k1, which stays the default here). The rollout-time
+    log-probs are both the policy's and pi_old's (no gradient: rho == 1 for k3_iw)."""
+    return (estimator(old_logp, ref_logp, old_logp) * mask).sum(dim=1)

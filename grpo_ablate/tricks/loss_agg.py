@@ -10,6 +10,7 @@ counts tokens over the whole step, not per micro-batch).
 | token_mean           | sum_jt l / sum_j n_j              | 1/sum n     (DAPO; TRL `dapo`)      |
 | seq_mean_token_sum   | (1/B) sum_j sum_t l               | 1/B                                 |
 | constant             | sum_jt l / (B L_max)              | 1/(B L_max) (Dr. GRPO; TRL `dr_grpo`) |
+| token_sum            | sum_jt l                          | 1           (verl `token-sum`)      |
 
 Reference: verl core_algos `agg_loss`; ROLL functionals `agg_loss`. Fully masked sequences are
 left out of B in the seq_* modes (verl); an all-masked batch gives all-zero weights, so the
@@ -56,6 +57,14 @@ def constant_weights(mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
         raise ValueError("loss_agg mode 'constant' needs max_len > 0 (the generation budget)")
     mask = _as_float(mask)
     return mask / (mask.shape[0] * max_len)
+
+
+@register("loss_agg", "token_sum")
+def token_sum_weights(mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
+    """No normalizer at all: the loss grows with the batch's token count (verl loss_agg_mode=
+    token-sum, which scales each rank's sum by dp_size so the averaged gradient is the global
+    sum). The learning rate must absorb the scale."""
+    return _as_float(mask).clone()
 
 
 def aggregate(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,104 @@
+"""A run stopped from outside: SLURM's time limit, `scancel`, preemption, `kill` (SIGTERM).
+
+Such a run did nothing wrong. Its status is `interrupted`, with the reason (e.g. "SLURM time
+limit (00:01:00, job 12_0)"), and `--resume` continues it from its last checkpoint, as it
+would a run killed outright; a `failed` run, by contrast, is started over.
+
+While a run trains, the entrypoint turns SIGTERM into RunInterrupted (a BaseException, so no
+`except Exception` swallows it); the trainer records the status on its way out, and the
+entrypoint then lets the signal do what it would have done. SLURM sends SIGTERM at the time
+limit and on `scancel`, KillWait seconds (30 by default) before SIGKILL: time enough to write
+status.json. submitit also asks SLURM for an early warning, SIGUSR2 `signal_delay_s` before
+the limit, and its own handler would raise inside the training loop (the run would read
+`failed`, and be started over); in a SLURM job that warning is only noted, and the run trains
+on until SIGTERM. Torch-free: the report and the sweep read the state name from here.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+from contextlib import contextmanager
+
+INTERRUPTED = "interrupted"
+
+
+class RunInterrupted(BaseException):
+    """The process was asked to stop (SIGTERM); `reason` says by whom, as far as is known."""
+
+    def __init__(self, reason: str, signum: int):
+        super().__init__(reason)
+        self.reason, self.signum = reason, signum
+
+    def resend(self) -> None:
+        """Now that the run's status is written, the signal does what it would have done (ends a
+        plain process; submitit's job process ignores it and returns its result)."""
+        os.kill(os.getpid(), self.signum)
+
+
+def how_it_ended(err: BaseException) -> tuple[str, str]:
+    """The status a run records when `err` ends it: (interrupted, why) for a stop from outside,
+    (failed, the exception in one line) for anything else."""
+    if isinstance(err, RunInterrupted):
+        return INTERRUPTED, err.reason
+    return "failed", f"{type(err).__name__}: {err}".strip()
+
+
+@contextmanager
+def stop_on_signals():
+    """SIGTERM raises RunInterrupted in the main thread while the block runs (once: a second
+    SIGTERM while the status is written is ignored); in a SLURM job, SIGUSR2 is noted. The
+    previous handlers are back afterwards. Elsewhere than the main thread: nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    warned = []
+
+    def on_term(signum, frame):
+        signal.signal(signum, signal.SIG_IGN)
+        raise RunInterrupted(stop_reason(signum, warned=bool(warned)), signum)
+
+    handlers = {signal.SIGTERM: on_term}
+    if os.environ.get("SLURM_JOB_ID"):
+        handlers[signal.SIGUSR2] = lambda signum, frame: warned.append(signum)
+    previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def stop_reason(signum: int, warned: bool = False) -> str:
+    """Why this process got `signum`: SLURM's time limit, SLURM otherwise (scancel,
+    preemption), or just the signal's name outside SLURM."""
+    name = signal.Signals(signum).name
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        return name
+    job = slurm_job_label()
+    fields = slurm_job_fields(job_id)
+    if fields.get("Reason") == "TimeLimit" or (not fields and warned):
+        limit = fields.get("TimeLimit")
+        return f"SLURM time limit ({limit + ', ' if limit else ''}job {job})"
+    because = fields.get("Reason")
+    return (f"stopped by SLURM ({name}, job {job}: scancel or preemption"
+            + (f", reason {because}" if because and because != "None" else "") + ")")
+
+
+def slurm_job_label() -> str:
+    """The job as squeue shows it: 12, or 12_3 for a task of a job array."""
+    array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    return f"{array_job}_{task}" if array_job and task else os.environ.get("SLURM_JOB_ID", "?")
+
+
+def slurm_job_fields(job_id: str) -> dict[str, str]:
+    """`scontrol show job`'s Key=Value fields ({} when scontrol cannot answer in 10 s)."""
+    try:
+        out = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], capture_output=True,
+                             text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return dict(re.findall(r"(?:^|\s)(\w+)=(\S*)", out))

@@ -1,0 +1,40 @@
+"""Family `off_policy_mask`: drop whole sequences that are both off-policy and negatively rewarded.
+
+Every option takes (logp, sampler_logp, advantages, mask) -- the current policy's and the
+sampler's per-token log-probs [N, T], advantages [N, 1] or [N, T], the trained-token mask --
+and returns the mask of tokens to keep [N, T] (a subset of `mask`, whole sequences, no
+gradient); the trainer multiplies the policy loss by it.
+
+`sequence` (DeepSeek-V3.2, arXiv 2512.02556, eq. 9; TRL `off_policy_mask_threshold`):
+    D_i = mean_t (log pi_sampler - log pi_theta)   over the sequence's trained tokens
+    keep sequence i  iff  A_i >= 0  or  D_i <= delta
+Reference: TRL `get_off_policy_mask` (sampling_per_token_logps, or pi_old when there are no
+sampler log-probs: the trainer passes old_logp then; NaN log-ratios count as 0). A_i is the
+sequence's advantage ([N, 1]) or the mean of its token advantages ([N, T]). With the sampler
+equal to the current policy D = 0 and nothing is dropped: the mask acts only with several
+optimizer steps per rollout or a sampler-trainer mismatch.
+"""
+from __future__ import annotations
+
+import torch
+
+from grpo_ablate.tricks.registry import register
+
+
+@register("off_policy_mask", "none")
+def keep_all_sequences(logp, sampler_logp, advantages, mask):
+    return mask
+
+
+@register("off_policy_mask", "sequence", off_policy_only=True, needs_sampler_logprobs=True)
+def off_policy_sequence_mask(logp, sampler_logp, advantages, mask, *, delta: float = 0.5):
+    """Keep [N, T]: 0 on every token of a sequence with A < 0 and mean log-ratio above delta."""
+    with torch.no_grad():
+        mask_f = mask.to(logp.dtype)
+        lengths = mask_f.sum(dim=-1, keepdim=True)
+        divergence = torch.nan_to_num(sampler_logp - logp.detach(), nan=0.0)
+        mean_divergence = (divergence * mask_f).sum(dim=-1, keepdim=True) / lengths.clamp(min=1)
+        advantage = (advantages if advantages.shape[-1] == 1    # per sequence, or its tokens' mean
+                     else (advantages * mask_f).sum(dim=-1, keepdim=True) / lengths.clamp(min=1))
+        keep = (advantage >= 0) | (mean_divergence <= delta)
+        return mask * keep.to(mask.dtype)

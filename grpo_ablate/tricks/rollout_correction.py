@@ -1,0 +1,118 @@
+"""Family `rollout_correction`: importance weights for the sampler-trainer mismatch.
+
+The sampler (vLLM, or `rollout=hf` in bf16) and the trainer's own forward score the same
+tokens a little differently. Every option takes (old_logp, sampler_logp, mask) -- pi_old, the
+trainer's log-probs at rollout time [N, T] (no gradient), and the sampler's -- and returns
+(weights [N, T] that multiply the per-token policy loss, no gradient, 0 on untrained tokens;
+metrics: dict name -> float, the mismatch verl and TRL log).
+
+    token level:     w_t = exp(old_logp_t - sampler_logp_t)
+    sequence level:  w_t = exp(sum_t' (old_logp_t' - sampler_logp_t'))  on every token of the sequence
+    truncate (TIS):  w <- clip(w, low, high)        (low None: no lower bound)
+    mask:            w <- w * 1[low <= w <= high]   (low None: no lower bound)
+    renormalize:     w <- w / mean(w)   (over trained tokens, or over sequences at sequence level)
+
+Reference: verl `rollout_corr_helper.compute_rollout_correction_weights` (algorithm.
+rollout_correction.rollout_is = token | sequence; rollout_is_threshold: a float = truncate at
+it, "lower_upper" = IcePop mask; rollout_is_batch_normalize; log-ratios clamped to [-20, 20],
+here too) and TRL `_generate_and_score_completions` (vllm_importance_sampling_correction,
+default on; vllm_importance_sampling_mode token_truncate | token_mask | sequence_truncate |
+sequence_mask, default sequence_mask; clip_max 3.0, clip_min None). The option names are
+TRL's modes. Differences: verl truncates from above only (TRL clips to [min, max]: `low`);
+verl's mask needs both bounds (TRL's `low` may be None); only verl renormalizes; TRL turns a
+NaN sampler log-prob into ratio 1, and so does this. None of them needs a gradient: verl
+detaches the weights, TRL computes them under no_grad. The fractions logged here are over
+trained tokens at both levels (verl counts sequences at sequence level).
+"""
+from __future__ import annotations
+
+import torch
+
+from grpo_ablate.tricks.registry import register
+
+LOG_RATIO_LIMIT = 20.0
+
+
+@register("rollout_correction", "none")
+def no_rollout_correction(old_logp, sampler_logp, mask):
+    return torch.ones_like(old_logp), {}
+
+
+def _masked_mean(values, mask) -> torch.Tensor:
+    return (values * mask).sum() / mask.sum().clamp(min=1)
+
+
+def mismatch_metrics(old_logp, sampler_logp, mask) -> dict:
+    """verl's off-policy diagnostics (compute_offpolicy_metrics) and TRL's sampling_logp_difference."""
+    log_ratio = torch.nan_to_num(old_logp - sampler_logp, nan=0.0) * mask   # log(pi_old / pi_sampler)
+    token_ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    seq_log_ratio = log_ratio.sum(dim=-1).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    gap = log_ratio.abs()
+    return {
+        "rollout_corr/kl": _masked_mean(-log_ratio, mask).item(),                       # E[log mu - log pi]
+        "rollout_corr/k3_kl": _masked_mean(token_ratio - log_ratio - 1.0, mask).item(),
+        "rollout_corr/chi2_token": (_masked_mean(token_ratio ** 2, mask) - 1.0).item(),
+        "rollout_corr/chi2_seq": (torch.exp(2.0 * seq_log_ratio).mean() - 1.0).item(),
+        "rollout_corr/logp_diff_mean": _masked_mean(gap, mask).item(),
+        "rollout_corr/logp_diff_max": (gap * mask).max().item() if mask.numel() else 0.0,
+    }
+
+
+def _raw_weights(old_logp, sampler_logp, mask, level: str) -> torch.Tensor:
+    log_ratio = torch.nan_to_num(old_logp - sampler_logp, nan=0.0) * mask
+    if level == "sequence":
+        log_ratio = log_ratio.sum(dim=-1, keepdim=True).expand_as(old_logp)
+    return torch.exp(log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)) * mask
+
+
+def _renormalized(weights, mask, level: str):
+    """weights / their mean (verl rollout_is_batch_normalize); the factor, 1 when the mean is ~0."""
+    if level == "token":
+        mean = _masked_mean(weights, mask)
+    else:   # one weight per (non-empty) sequence
+        live = (mask.sum(dim=-1) > 0).to(weights.dtype)
+        per_sequence = (weights * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
+        mean = (per_sequence * live).sum() / live.sum().clamp(min=1)
+    return (weights / mean, mean.item()) if mean > 1e-8 else (weights, 1.0)
+
+
+def _importance_weights(old_logp, sampler_logp, mask, *, level: str, rule: str, low, high, renormalize):
+    with torch.no_grad():
+        mask = mask.to(old_logp.dtype)
+        raw = _raw_weights(old_logp, sampler_logp, mask, level)
+        lower = -float("inf") if low is None else float(low)
+        outside = ((raw < lower) | (raw > high)) & (mask > 0)
+        weights = raw.clamp(min=low, max=high) if rule == "truncate" else raw * (~outside).to(raw.dtype)
+        weights = weights * mask
+        trained = weights[mask > 0]
+        metrics = {"rollout_corr/is_mean": _masked_mean(weights, mask).item(),
+                   "rollout_corr/is_max": trained.max().item() if trained.numel() else 0.0,
+                   "rollout_corr/is_min": trained.min().item() if trained.numel() else 0.0,
+                   "rollout_corr/is_fraction_high": _masked_mean((raw > high).to(raw.dtype), mask).item(),
+                   "rollout_corr/is_fraction_low": _masked_mean((raw < lower).to(raw.dtype), mask).item(),
+                   f"rollout_corr/{'truncated' if rule == 'truncate' else 'masked'}_frac":
+                       _masked_mean(outside.to(raw.dtype), mask).item()}
+        if renormalize:
+            weights, factor = _renormalized(weights, mask, level)
+            metrics["rollout_corr/batch_norm_factor"] = factor
+        metrics.update(mismatch_metrics(old_logp, sampler_logp, mask))
+        return weights, metrics
+
+
+def _option(level: str, rule: str, default_high: float, default_low):
+    def importance_weights(old_logp, sampler_logp, mask, *, high: float = default_high,
+                           low: float | None = default_low, renormalize: bool = False):
+        return _importance_weights(old_logp, sampler_logp, mask, level=level, rule=rule, low=low, high=high,
+                                   renormalize=renormalize)
+    importance_weights.__name__ = importance_weights.__qualname__ = f"{level}_{rule}_weights"
+    importance_weights.__doc__ = (f"{level}-level weights, {rule}d outside [low, high]; "
+                                  f"defaults high={default_high}, low={default_low} (see the module docstring).")
+    return importance_weights
+
+
+# Defaults: verl's TIS threshold 2.0 for the truncations; TRL's default mode and bound (3.0, no
+# lower bound) for sequence_mask; verl's IcePop example bounds 0.5_5.0 for token_mask.
+for _level, _rule, _high, _low in (("token", "truncate", 2.0, None), ("token", "mask", 5.0, 0.5),
+                                   ("sequence", "truncate", 2.0, None), ("sequence", "mask", 3.0, None)):
+    register("rollout_correction", f"{_level}_{_rule}", needs_sampler_logprobs=True)(
+        _option(_level, _rule, _high, _low))

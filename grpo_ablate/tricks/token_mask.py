@@ -1,0 +1,47 @@
+"""Family `token_mask`: which trained tokens the policy loss keeps, chosen per step.
+
+Every option takes (entropy [N, T], mask [N, T]) and returns the new mask [N, T] (floats, a
+subset of `mask`, no gradient); the trainer multiplies the policy loss by it, so a dropped
+token gets exactly zero policy gradient.
+
+`high_entropy` ("Beyond the 80/20 Rule", arXiv 2506.01939; TRL `top_entropy_quantile`):
+keep the tokens whose entropy is in the top `quantile` of the batch's trained tokens,
+    threshold = quantile_{1 - quantile}(entropy of the trained tokens)   (linear interpolation)
+    keep_t = mask_t and entropy_t >= threshold
+Reference: TRL `get_high_entropy_mask` (torch.quantile over the tokens of all ranks; applied in
+`_compute_loss`); the paper recommends 0.2. The trainer passes the whole batch's entropies
+(every rank's) so the threshold is global, as in TRL. The quantile is computed by sorting,
+which matches torch.quantile's default and has no size limit (torch.quantile stops at 2^24).
+"""
+from __future__ import annotations
+
+import torch
+
+from grpo_ablate.tricks.registry import register
+
+
+@register("token_mask", "none")
+def keep_all_tokens(entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return mask
+
+
+def linear_quantile(values: torch.Tensor, q: float) -> torch.Tensor:
+    """The q-quantile of a 1-D tensor with linear interpolation (torch.quantile's default)."""
+    ordered = values.sort().values
+    position = q * (ordered.numel() - 1)
+    low = int(position // 1)
+    high = min(low + 1, ordered.numel() - 1)
+    return ordered[low] + (position - low) * (ordered[high] - ordered[low])
+
+
+@register("token_mask", "high_entropy")
+def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, *, quantile: float = 0.2) -> torch.Tensor:
+    """Keep the top `quantile` of trained tokens by entropy (1.0 keeps all, 0.0 only the maximum)."""
+    if not 0.0 <= quantile <= 1.0:
+        raise ValueError(f"token_mask.quantile={quantile!r} is not allowed; it must lie in [0, 1]")
+    with torch.no_grad():
+        trained = entropy[mask > 0].float()
+        if trained.numel() == 0:
+            return torch.zeros_like(mask)
+        threshold = linear_quantile(trained, 1.0 - quantile)
+        return ((entropy.float() >= threshold) & (mask > 0)).to(mask.dtype)

@@ -1,0 +1,140 @@
+"""The report's power section and first line, and a sequential sweep's verdicts decided by its
+looks (grpo_ablate/report/power.py, verdicts.py), on synthetic sweep dirs with known numbers."""
+import json
+import math
+import statistics
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from report_fixtures import LOO, LOO_CONTRASTS, make_sweep
+from grpo_ablate.report import sequential as seq
+from grpo_ablate.report.build import build_report
+from grpo_ablate.report.render import render_markdown, report_json
+from grpo_ablate.sweep import sequential as sweep_seq
+
+
+def sequentialize(path, looks_at=(3, 4), max_seeds=8, effect=None):
+    """Give a finished synthetic sweep the looks a `--seeds auto` sweep would have recorded:
+    look k saw the seeds below looks_at[k], decided by the sweep's own functions."""
+    manifest = json.loads((path / "manifest.json").read_text())
+    all_runs = manifest["runs"]
+    manifest["sequential"] = {"initial_seeds": looks_at[0], "max_seeds": max_seeds, "budget_s": None,
+                              "effect": effect, "metric": "eval/accuracy", "higher_is_better": True,
+                              "alpha": 0.05, "spending": "obrien-fleming", "elapsed_s": 0.0, "looks": [],
+                              "stopped": {"reason": "budget"}}
+    for k, upto in enumerate(looks_at, 1):
+        manifest["runs"] = [r for r in all_runs if r["seed"] < upto]
+        manifest["sequential"]["looks"].append({"look": k, "seed": None if k == 1 else upto - 1, "runs": [],
+                                                "max_seeds": max_seeds, "wall_s": None, "seeds": None,
+                                                "decisions": None})
+        sweep_seq.record_decisions(manifest, sweep_seq.decide_look(path, manifest))
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    return manifest
+
+
+def four_seeds(variants, extra):
+    return {name: {**v, "final": {**v["final"], 3: extra[name]}} for name, v in variants.items()}
+
+
+LOO4 = four_seeds(LOO, {"all": 0.83, "drop-a": 0.80, "drop-b": 0.84, "drop-c": 0.92})
+
+
+def verdict(report, trick):
+    return next(v for v in report.verdicts if v["trick"] == trick)
+
+
+# ----------------------------------------------------------------------------- sequential sweeps
+def test_a_sequential_sweep_is_decided_by_its_boundaries_not_the_fixed_interval(tmp_path):
+    """After 4 of at most 8 seeds, trick a's fixed 95% CI excludes zero, but the O'Brien–Fleming
+    boundary at look 2 is far stricter: the report must say undecided, as the sweep did."""
+    path = make_sweep(tmp_path / "s", LOO4, seeds=(0, 1, 2, 3), contrasts=LOO_CONTRASTS)
+    fixed = build_report(path)
+    assert verdict(fixed, "a")["verdict"] == "helps" and verdict(fixed, "c")["verdict"] == "hurts"
+    manifest = sequentialize(path)
+    report = build_report(path)
+    a = verdict(report, "a")
+    assert a["verdict"] == "no evidence" and "undecided after 4 seeds (sequential)" in a["why"]
+    d = np.array([0.80, 0.84, 0.82, 0.83]) - np.array([0.70, 0.75, 0.71, 0.80])
+    bounds, _, _ = seq.boundaries([(3, 8), (4, 8)], seq.Plan())
+    t = d.mean() / (d.std(ddof=1) / 2)
+    assert stats.t.isf(0.025, 3) < t < bounds[1]          # past the fixed 5% test, inside the sequential boundary
+    assert a["power"]["t"] == pytest.approx(t) and a["power"]["boundary"] == pytest.approx(bounds[1])
+    assert a["power"]["seeds"] == 4 and a["power"]["look"] is None and a["power"]["sequential"]
+    assert a["power"]["detectable_effect"] == pytest.approx(
+        seq.detectable_effect(d.std(ddof=1), 4, critical=bounds[1]), rel=1e-6)
+    c = verdict(report, "c")                             # Δ −0.09 at every seed, give or take 0.01: decided
+    assert c["verdict"] == "hurts" and c["power"]["look"] == 2 and "at look 2 (4 seeds)" in c["why"]
+    recorded = {x["name"]: x["outcome"] for x in manifest["sequential"]["looks"][-1]["decisions"]}
+    assert (recorded["a"], recorded["c"]) == ("undecided", "hurts")                # the sweep agreed
+    text = render_markdown(report)
+    assert text.splitlines()[2].startswith("**1 of 3 contrasts decided** (sequential: 2 look(s) up to 8 seeds, "
+                                           "stopped: budget; false helps/hurts ≤ 5% over all looks)")
+
+
+def test_a_contrast_decided_at_a_look_says_which(tmp_path):
+    steady = {"all": {"tricks": ["a"], "reference": None, "final": {0: 0.80, 1: 0.84, 2: 0.82}},
+              "drop-a": {"tricks": [], "reference": "all", "final": {0: 0.70, 1: 0.7405, 2: 0.7198}}}
+    path = make_sweep(tmp_path / "s", steady, contrasts=[{"trick": "a", "with": "all", "without": "drop-a"}])
+    sequentialize(path, looks_at=(3,))
+    a = verdict(build_report(path), "a")
+    assert a["verdict"] == "helps" and "crossed the sequential boundary at look 1 (3 seeds)" in a["why"]
+    assert (a["power"]["look"], a["power"]["seeds"]) == (1, 3)
+    assert "**1 of 1 contrasts decided**" not in render_markdown(build_report(path))
+    assert "**All 1 contrasts decided** (sequential" in render_markdown(build_report(path))
+    lower = verdict(build_report(path, higher_is_better=False), "a")                # not the sweep's direction
+    assert lower["verdict"] == "hurts" and not lower["power"]["sequential"]
+    assert "decided its looks on `eval/accuracy` (higher is better)" in render_markdown(
+        build_report(path, higher_is_better=False))
+
+
+def test_sequential_beats_the_control_is_one_sided(tmp_path):
+    variants = {"all": {"tricks": ["a"], "reference": None, "final": {0: 0.80, 1: 0.84, 2: 0.82}},
+                "drop-a": {"tricks": [], "reference": "all", "final": {0: 0.81, 1: 0.80, 2: 0.83}}}
+    controls = {"base": {"final": {0: 0.5, 1: 0.51, 2: 0.495}}}
+    path = make_sweep(tmp_path / "s", variants, contrasts=[{"trick": "a", "with": "all", "without": "drop-a"}],
+                      controls=controls)
+    sequentialize(path, looks_at=(3,), max_seeds=3)      # one look, the last: a fixed one-sided test at 2.5%
+    report = build_report(path)
+    against = {c["variant"]: c for c in report.against_controls}
+    assert against["all"]["outcome"] == "beats" and "one-sided sequential boundary at look 1" in against["all"]["why"]
+    d = np.array([0.80, 0.84, 0.82]) - np.array([0.5, 0.51, 0.495])
+    assert d.mean() / (d.std(ddof=1) / math.sqrt(3)) >= seq.boundaries([(3, 3)], seq.Plan(max_seeds=3), False)[0][0]
+
+
+# ----------------------------------------------------------------------------- fixed sweeps
+def test_fixed_sweep_power_and_the_cost_of_deciding_the_rest(tmp_path):
+    path = make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS)
+    report = build_report(path)
+    b = verdict(report, "b")
+    assert b["verdict"] == "no evidence" and b["power"]["look"] is None and not b["power"]["sequential"]
+    d = np.array([0.80, 0.84, 0.82]) - np.array([0.85, 0.80, 0.83])
+    sd = d.std(ddof=1)
+    assert b["power"]["sd"] == pytest.approx(sd) and b["power"]["seeds"] == 3
+    assert b["power"]["detectable_effect"] == pytest.approx(seq.detectable_effect(sd, 3), rel=1e-6)
+    needed = seq.seeds_needed(abs(d.mean()), sd)
+    assert b["power"]["seeds_needed"] == needed
+    assert seq.fixed_power(abs(d.mean()), sd, needed) >= 0.8 > seq.fixed_power(abs(d.mean()), sd, needed - 1)
+    assert verdict(report, "a")["power"]["look"] == 1                 # a fixed sweep decides at its one look
+    p = report.power
+    walls = [10.0 + s for s in (0, 1, 2)] * 4                         # the fixture's wall_time_s
+    assert (p["decided"], p["contrasts"]) == (2, 3)
+    assert p["extra_seeds"] == {"all": needed - 3, "drop-b": needed - 3} and p["runs"] == 2 * (needed - 3)
+    assert p["seconds"] == pytest.approx(p["runs"] * statistics.median(walls))
+    first = render_markdown(report).splitlines()[2]
+    assert first.startswith(f"**2 of 3 contrasts decided** (fixed 95% intervals). Deciding the other 1 would take "
+                            f"about {2 * (needed - 3)} more runs (up to {needed - 3} more seeds for 2 variants)")
+    table = render_markdown(report).split("## Power")[1]
+    assert f"| b | no evidence | 3 | — | -0.007 | {sd:.3f} | {b['power']['detectable_effect']:.3f} | ~{needed} |" in table
+    assert json.loads(json.dumps(report_json(report)))["verdicts"][1]["power"]["seeds_needed"] == needed
+
+
+def test_effect_turns_a_tight_interval_into_no_effect_and_sizes_the_seeds(tmp_path):
+    path = make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS)
+    b = verdict(build_report(path, effect=0.2), "b")
+    low, high = b["delta"].low, b["delta"].high
+    assert -0.2 < low and high < 0.2
+    assert b["verdict"] == "no effect" and "no effect ≥ 0.2" in b["why"]
+    assert b["power"]["look"] == 1 and b["power"]["seeds_needed_for"] == 0.2
+    assert verdict(build_report(path, effect=0.05), "b")["verdict"] == "no evidence"   # the CI is wider than ±0.05

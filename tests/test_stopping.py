@@ -1,0 +1,99 @@
+"""A run stopped from outside (SIGTERM: SLURM's time limit, scancel, kill) is `interrupted`,
+says why, and --resume continues it; without SLURM's accounting, sweeps read job states from
+squeue. The same paths on a real SLURM cluster: tests/test_slurm.py."""
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from grpo_ablate import stopping
+from grpo_ablate.rundir import read_rows, read_status
+from grpo_ablate.stopping import how_it_ended, stop_reason
+from grpo_ablate.sweep.slurm import ENDED, SqueueInfoWatcher
+
+from conftest import cli
+
+
+@pytest.fixture
+def in_slurm_job(monkeypatch):
+    for key, value in dict(SLURM_JOB_ID="15", SLURM_ARRAY_JOB_ID="12", SLURM_ARRAY_TASK_ID="3").items():
+        monkeypatch.setenv(key, value)
+
+
+def test_outside_slurm_the_reason_is_the_signal(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert stop_reason(signal.SIGTERM) == "SIGTERM"
+    assert how_it_ended(stopping.RunInterrupted("SIGTERM", signal.SIGTERM)) == ("interrupted", "SIGTERM")
+    assert how_it_ended(RuntimeError("boom")) == ("failed", "RuntimeError: boom")
+
+
+def test_slurm_says_whether_it_was_the_time_limit(in_slurm_job, monkeypatch):
+    asked = []
+
+    def scontrol(job_id, fields):
+        monkeypatch.setattr(stopping, "slurm_job_fields", lambda j: asked.append(j) or fields)
+
+    scontrol("15", {"JobState": "COMPLETING", "Reason": "TimeLimit", "TimeLimit": "00:01:00"})
+    assert stop_reason(signal.SIGTERM) == "SLURM time limit (00:01:00, job 12_3)"
+    assert asked == ["15"]                      # an array task is asked about by its own job id
+    scontrol("15", {"JobState": "COMPLETING", "Reason": "None", "TimeLimit": "00:01:00"})
+    assert stop_reason(signal.SIGTERM) == "stopped by SLURM (SIGTERM, job 12_3: scancel or preemption)"
+    scontrol("15", {})                           # scontrol did not answer: submitit's USR2 warning decides
+    assert stop_reason(signal.SIGTERM, warned=True) == "SLURM time limit (job 12_3)"
+    assert stop_reason(signal.SIGTERM) == "stopped by SLURM (SIGTERM, job 12_3: scancel or preemption)"
+
+
+def test_scontrol_fields_are_read_from_its_one_line_output(monkeypatch):
+    line = ("JobId=15 ArrayJobId=12 ArrayTaskId=3 JobName=train JobState=COMPLETING Reason=TimeLimit "
+            "Dependency=(null) RunTime=00:01:27 TimeLimit=00:01:00 Command=/a b/c.sh\n")
+    monkeypatch.setattr(stopping.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, line, ""))
+    fields = stopping.slurm_job_fields("15")
+    assert (fields["Reason"], fields["TimeLimit"], fields["JobState"]) == ("TimeLimit", "00:01:00", "COMPLETING")
+
+
+def test_without_accounting_job_states_come_from_squeue():
+    watcher = SqueueInfoWatcher()
+    for job_id in ("20_0", "20_1", "20_2", "21"):
+        watcher.register_job(job_id)
+    assert watcher._make_command()[0] == "squeue"
+    info = watcher.read_info(b"20_1|RUNNING|vm\n20_2|PENDING|\n")   # 20_0 and 21 have left the queue
+    assert {k: v["State"] for k, v in info.items()} == {"20_1": "RUNNING", "20_2": "PENDING",
+                                                         "20_0": ENDED, "21": ENDED}
+    watcher._info_dict.update(info)
+    assert watcher.is_done("20_0", mode="cache") and not watcher.is_done("20_1", mode="cache")
+
+
+def test_sigterm_interrupts_a_run_which_resume_continues(small, tmp_path):
+    """kill -TERM mid-run: status `interrupted` (not `failed`), the process then ends by the
+    signal as it would have; --resume continues from the checkpoint (the rows it covers stay)."""
+    run_dir = tmp_path / "run"
+    args = ["train", *[o for o in small if not o.startswith("steps=")], "steps=1000", "eval.every=1000",
+            "checkpoint_every=2", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_ablate.cli", *args], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            status = read_status(run_dir) if (run_dir / "status.json").exists() else None
+            if status and status["step"] >= 4:
+                break
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGTERM, output
+    status = read_status(run_dir)
+    assert (status["state"], status["reason"]) == ("interrupted", "SIGTERM"), status
+    assert f"interrupted: SIGTERM; `grpo-ablate train --resume {run_dir}` continues it" in output
+    assert not (run_dir / "traceback.txt").exists()
+    before = [row for row in read_rows(run_dir / "metrics.jsonl") if row["step"] <= 4]
+    end = status["step"] + 2
+    r = cli("train", "--resume", str(run_dir), f"steps={end}", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    after = read_rows(run_dir / "metrics.jsonl")
+    assert [row["step"] for row in after] == list(range(end + 1))
+    assert after[:len(before)] == before
+    assert read_status(run_dir)["state"] == "completed"
