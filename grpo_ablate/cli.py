@@ -175,7 +175,7 @@ def _conflict_tricks(mode, tricks_, trick, reward) -> str:
 
 def _sweep_request(mode, args, tricks_, base, seeds, launcher, jobs, family, max_runs, steps, name, out):
     from grpo_ablate.sweep.launch import (DEFAULT_BASE, DEFAULT_SEEDS, DEFAULT_TRICKS, SweepRequest, axis_values)
-    from grpo_ablate.sweep.matrix import DEFAULT_MAX_RUNS, MODES, SweepError
+    from grpo_ablate.sweep.matrix import DEFAULT_MAX_RUNS, MODES, SweepError, variants_matrix
 
     if mode is None:
         fail(f"give a sweep mode: {', '.join(MODES)}, or file PATH (or --resume SWEEP_DIR)")
@@ -201,8 +201,13 @@ def _sweep_request(mode, args, tricks_, base, seeds, launcher, jobs, family, max
     bad = [a for a in overrides if a.startswith("-")]
     if bad:
         raise SweepError(f"unknown option {bad[0]}; see grpo-ablate sweep --help")
+    matrix = None
+    if mode == "variants":   # a file's own variants, each against its reference (sweeps/sanity.yaml)
+        if tricks_ or family:
+            raise SweepError("a variants sweep file defines its variants itself; drop --tricks / --family")
+        matrix = variants_matrix(spec.get("variants"))
     return SweepRequest(
-        mode=mode, tricks=trick_list, base=base or spec.get("base"),
+        mode=mode, tricks=trick_list, base=base or spec.get("base"), matrix=matrix,
         seeds=seeds or spec.get("seeds", DEFAULT_SEEDS), overrides=overrides, hydra_args=hydra_args,
         launcher=launcher or spec.get("launcher", "joblib"), jobs=jobs,
         max_runs=max_runs or spec.get("max_runs", DEFAULT_MAX_RUNS), axes=axes,
@@ -211,7 +216,8 @@ def _sweep_request(mode, args, tricks_, base, seeds, launcher, jobs, family, max
 
 
 _SWEEP_FILE_KEYS = ("name", "mode", "base", "tricks", "seeds", "overrides", "steps", "families",
-                    "launcher", "max_runs", "controls", "description", "max_seeds", "budget", "effect")
+                    "launcher", "max_runs", "controls", "description", "max_seeds", "budget", "effect",
+                    "variants")
 
 
 def _load_sweep_file(path: Path) -> dict:
@@ -231,12 +237,16 @@ def _load_sweep_file(path: Path) -> dict:
     if unknown:
         raise SweepError(f"sweep file {path}: unknown key {', '.join(unknown)}; allowed: {', '.join(_SWEEP_FILE_KEYS)}")
     if "mode" not in spec:
-        raise SweepError(f"sweep file {path} has no mode; allowed: leave-one-out, add-one-in, ladder, factorial")
+        raise SweepError(f"sweep file {path} has no mode; allowed: leave-one-out, add-one-in, ladder, factorial, "
+                         "pairwise, variants")
     for key in ("tricks", "overrides"):
         if not isinstance(spec.get(key, []), list):
             raise SweepError(f"sweep file {path}: {key} must be a list")
     if spec.get("families") is not None and not isinstance(spec["families"], dict):
         raise SweepError(f"sweep file {path}: families must map a config group or key to its values (or null)")
+    if (spec["mode"] == "variants") != ("variants" in spec) or (spec["mode"] == "variants" and "tricks" in spec):
+        raise SweepError(f"sweep file {path}: `variants` (name -> overrides) goes with mode: variants, "
+                         "and a variants file lists no tricks")
     spec.pop("description", None)
     return spec
 

@@ -50,6 +50,7 @@ SMALL = [
     "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=16",
     "task.eval_size=16", "eval.every=2", "checkpoint_every=2", "samples_every=2",
     "steps=4", "logger=none", "threads=1",
+    "optim.lr=1.0e-4",   # the embedded default's lr before its calibration: golden metrics stay as recorded
 ]
 
 

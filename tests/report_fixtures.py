@@ -116,7 +116,8 @@ def make_sweep(path, variants, seeds=(0, 1, 2), contrasts=None, manifest=True, m
             "created_at": "x", "updated_at": "x",
             "variants": [{"name": n, "tricks_on": v["tricks"], "overrides": v.get("overrides", []),
                           "reference": v.get("reference"),
-                          "kind": v.get("kind", "treatment")} for n, v in variants.items()],
+                          "kind": v.get("kind", "treatment"),
+                          **({"expect": v["expect"]} if v.get("expect") else {})} for n, v in variants.items()],
             "contrasts": contrasts or [], "runs": runs, **extra}))
     return path
 

@@ -257,3 +257,28 @@ def test_missing_control_runs_make_no_claim(tmp_path):
                                                        metric="reward/mean").rows}
     assert rows["all"]["delta_vs_sft"].mean is None and rows["all"]["delta_vs_base"].mean is not None
 
+
+
+def test_known_answers_of_a_variants_file_are_checked(tmp_path):
+    """A `variants` sweep file's `expect`: the report says, per known-answer variant, whether
+    its verdict is one a correct report gives, and how many it got right."""
+    variants = {
+        "default": {"tricks": [], "reference": None, "final": ALL},
+        # 0.10 lower at every seed (± 0.01): hurts, as expected
+        "cold": {"tricks": [], "reference": "default", "final": {0: 0.70, 1: 0.75, 2: 0.71},
+                 "expect": ["hurts"]},
+        # Δ spans zero: no evidence, but the file claims it helps — the report must say WRONG
+        "noise": {"tricks": [], "reference": "default", "final": {0: 0.85, 1: 0.80, 2: 0.83},
+                  "expect": ["helps"]},
+        "plain": {"tricks": [], "reference": "default", "final": {0: 0.85, 1: 0.80, 2: 0.83}},
+    }
+    contrasts = [{"trick": n, "with": n, "without": "default"} for n in ("cold", "noise", "plain")]
+    report = build_report(make_sweep(tmp_path / "s", variants, contrasts=contrasts, mode="variants"))
+    by = {v["trick"]: v for v in report.verdicts}
+    assert (by["cold"]["verdict"], by["cold"]["expected"], by["cold"]["as_expected"]) == ("hurts", ["hurts"], True)
+    assert (by["noise"]["verdict"], by["noise"]["as_expected"]) == ("no evidence", False)
+    assert "expected" not in by["plain"]          # no known answer claimed: nothing checked
+    text = render_markdown(report)
+    assert "**1 of 2 known answers right**" in text
+    assert "- cold: *hurts*, expected *hurts*: right" in text
+    assert "- noise: *no evidence*, expected *helps*: WRONG" in text

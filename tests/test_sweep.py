@@ -14,7 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import REPO, cli
-from grpo_ablate.sweep.matrix import (SweepError, build_matrix, check_size, expand_jobs, parse_seeds)
+from grpo_ablate.sweep.matrix import (EXPECTABLE, SweepError, build_matrix, check_size, expand_jobs, parse_seeds,
+                                      variants_matrix)
 
 FAMILIES = {"clip_higher": "clip", "token_mean": "loss_agg", "dr_grpo_norm": "loss_agg",
             "overlong_filter": "overlong", "overlong_punish": "overlong", "kl_adaptive": "kl"}
@@ -94,6 +95,43 @@ def test_alternatives_cannot_be_on_together(mode):
         build_matrix(mode, ["token_mean", "dr_grpo_norm"], FAMILIES)
 
 
+def test_variants_are_their_overrides_each_against_its_reference():
+    m = variants_matrix({"default": [], "hot": {"overrides": ["optim.lr=3e-3"], "expect": "breaks training"},
+                         "cold": {"overrides": ["optim.lr=1e-7", "steps=5"], "against": "hot",
+                                  "expect": ["inert here", "no evidence"]}})
+    assert m.mode == "variants" and names(m) == ["default", "hot", "cold"]
+    by = {v.name: v for v in m.variants}
+    assert by["default"].overrides == () and by["default"].reference is None
+    assert by["hot"].overrides == ("optim.lr=3e-3",) and by["hot"].reference == "default"
+    assert by["cold"].reference == "hot" and by["cold"].expect == ("inert here", "no evidence")
+    assert by["hot"].to_json()["expect"] == ["breaks training"] and "expect" not in by["default"].to_json()
+    assert [(c.trick, c.with_, c.without) for c in m.contrasts] == [("hot", "hot", "default"),
+                                                                    ("cold", "cold", "hot")]
+
+
+@pytest.mark.parametrize("variants, message", [
+    ({}, "needs `variants`"),
+    ({"a": [], "b": {"against": "nope"}}, "against nope, which is not a variant"),
+    ({"a": [], "b": {"against": "b"}}, "measured against itself"),
+    ({"a": {"expect": "hurts"}, "b": []}, "is the reference"),
+    ({"a": [], "b": {"expect": "faster"}}, "expect faster is not a verdict"),
+    ({"a": [], "b": ["seed=3"]}, "sets seed, which the sweep sets"),
+    ({"a": [], "b": ["lr"]}, "key=value overrides"),
+    ({"a": [], "b": {"overides": []}}, "a mapping of overrides, against, expect"),
+    ({"a b": []}, "variant name 'a b' is not allowed"),
+])
+def test_bad_variants(variants, message):
+    with pytest.raises(SweepError, match=message):
+        variants_matrix(variants)
+
+
+def test_expectable_verdicts_are_the_reports_vocabulary():
+    from grpo_ablate.report import verdicts
+
+    vocabulary = {value for name, value in vars(verdicts).items() if name.isupper() and isinstance(value, str)}
+    assert set(EXPECTABLE) - {"inert here"} <= vocabulary   # "inert here": the report's next verdict (issue 13)
+
+
 @pytest.mark.parametrize("tricks, message", [
     (["nope"], "unknown trick nope; allowed: clip_higher"),
     (["token_mean", "token_mean"], "listed twice"),
@@ -151,9 +189,9 @@ def test_dry_run_prints_the_matrix_and_writes_nothing(tmp_path, cache_dir):
     r = cli_here("sweep", "leave-one-out", "--dry-run", cwd=tmp_path)
     assert r.exit_code == 0, r.output
     for variant in ("all", "drop-kl_adaptive", "drop-length_group", "drop-entropy_adaptive",
-                    "drop-learnable_temperature"):
+                    "drop-learnable_temperature", "drop-dynamic_sampling"):
         assert variant in r.stdout
-    assert "7 variants x 3 seeds" in r.stdout and "preset=grpo" in r.stdout   # + the two controls
+    assert "8 variants x 3 seeds" in r.stdout and "preset=grpo" in r.stdout   # + the two controls
     assert "control-base" in r.stdout and "control=sft" in r.stdout
     assert list(tmp_path.iterdir()) == []
 
@@ -194,10 +232,11 @@ def test_shipped_sweep_files_plan_cleanly(path, tmp_path, cache_dir):
     (["add-one-in", "--tricks", "global_reward_norm"], "global_reward_norm is undone by the advantage estimator"),
     (["factorial", "--family", "kl.estimator=k1,k3", "kl=none"], "kl.estimator=k1 only changes a logged metric"),
     (["leave-one-out", "--tricks", "clip_higher", "--launcher", "nope"], "--launcher nope is not allowed"),
-    (["factorial", "--family", "adv", "--family", "task.level", "--seeds", "4"], "84 runs, above the limit of 64"),
+    (["factorial", "--family", "adv", "--family", "task.level", "--seeds", "4"], "runs, above the limit of 64"),   # (options x levels x 4 seeds: grows with the adv family)
     (["factorial", "--family", "task.nope"], "not a config group and no known values"),
     (["sideways"], "sweep mode 'sideways' is not allowed"),
     (["file", "missing.yaml"], "does not exist"),
+    (["variants"], "sweep mode 'variants' is not allowed"),
     (["--resume", "nowhere"], "not a sweep dir"),
     (["--resume", "nowhere", "--tricks", "a"], "drop --tricks"),
 ])
@@ -208,6 +247,21 @@ def test_bad_input_is_one_line_and_leaves_nothing(args, message, tmp_path, cache
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
     assert r.exception is None or isinstance(r.exception, SystemExit)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("text, message", [
+    ("mode: leave-one-out\ntricks: [clip_higher]\nvariants: {a: []}\n", "goes with mode: variants"),
+    ("mode: variants\ntricks: [clip_higher]\nvariants: {a: []}\n", "a variants file lists no tricks"),
+    ("mode: variants\n", "goes with mode: variants"),
+    ("mode: variants\nvariants: {a: [], b: {against: c}}\n", "against c, which is not a variant"),
+])
+def test_bad_variants_files_are_one_line(text, message, tmp_path, cache_dir):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    (tmp_path / "cwd").mkdir()
+    r = cli_here("sweep", "file", str(path), "--dry-run", cwd=tmp_path / "cwd")
+    assert r.exit_code == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.output
+    assert list((tmp_path / "cwd").iterdir()) == []
 
 
 def test_bad_input_from_the_command_line_has_no_traceback(tmp_path, cache_dir):

@@ -67,6 +67,7 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
     for c in against:   # the verdict against each control, as a column of the variant's row
         next(r for r in rows if r["variant"] == c["variant"])[f"beats_{c['role']}"] = c["beats"]
     verdicts = contrast_verdicts(sweep, finals, areas, higher_is_better, sequential, effect)
+    check_known_answers(sweep, verdicts)
     report = Report(sweep, metric, higher_is_better, thresholds, rows, verdicts, against)
     report.diagnostics = analyse_diagnostics(report, conflict_threshold)
     report.power = {**cost_to_decide(verdicts, UNDECIDED, sweep.runs), "sequential": sequential is not None,
@@ -74,6 +75,16 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
                     **({"looks": len(sequential["looks"]), "max_seeds": sequential["max_seeds"],
                         "stopped": (sequential.get("stopped") or {}).get("reason")} if sequential else {})}
     return report
+
+
+def check_known_answers(sweep: Sweep, verdicts: list[dict]) -> None:
+    """A `variants` sweep file's known answers: each contrast whose variant says what verdict a
+    correct report gives it gets `expected` (those verdicts) and `as_expected` (whether it got one)."""
+    expected = {v["name"]: v.get("expect") or [] for v in sweep.variants}
+    for v in verdicts:
+        if expected.get(v["with"]):
+            v["expected"] = list(expected[v["with"]])
+            v["as_expected"] = v["verdict"] in v["expected"]
 
 
 def variant_row(sweep: Sweep, v: dict, runs_of: dict[str, list[Run]], finals: dict, areas: dict) -> dict:

@@ -194,7 +194,9 @@ def _sweep_from_manifest(sweep_dir: Path, manifest: dict, thresholds: HealthThre
         if isinstance(v, dict) and v.get("name"):
             sweep.variants.append({"name": str(v["name"]), "tricks_on": list(v.get("tricks_on") or []),
                                    "reference": v.get("reference"), "kind": v.get("kind") or "treatment",
-                                   "overrides": [str(o) for o in v.get("overrides") or []]})
+                                   "overrides": [str(o) for o in v.get("overrides") or []],
+                                   # a `variants` file's known answer: the verdicts a correct report gives it
+                                   "expect": [str(e) for e in v.get("expect") or []]})
     sweep.contrasts = [c for c in manifest.get("contrasts") or []
                        if isinstance(c, dict) and {"trick", "with", "without"} <= c.keys()]
     entries = manifest.get("runs")

@@ -41,6 +41,9 @@ def render_markdown(report: Report, figures: list[tuple[str, str]] | None = None
         out.append("")
     out += ["## Variants", "", variants_table(report), "", "## Verdicts per trick", ""]
     out += verdict_lines(report)
+    checks = [v for v in report.verdicts if "expected" in v]
+    if checks:
+        out += ["", "## Known answers", ""] + known_answer_lines(checks)
     if report.verdicts and all(v["delta"].n <= 1 for v in report.verdicts):
         out += ["", f"With one seed per variant no verdict is possible beyond *{BREAKS_TRAINING}*."]
     if report.verdicts:
@@ -166,6 +169,18 @@ def verdict_lines(report: Report) -> list[str]:
                 numbers += f", 95% CI [{fmt_num(d.low, signed=True)}, {fmt_num(d.high, signed=True)}]"
             numbers += f", {d.basis}; "
         lines.append(f"- **{v['trick']}**: *{v['verdict']}* — {numbers}{v['why']}.")
+    return lines
+
+
+def known_answer_lines(checks: list[dict]) -> list[str]:
+    """The sweep file's known-answer variants: the verdict the report gave against the one a
+    correct report gives; a wrong one means the report (or the calibration), not the trick, is off."""
+    right = sum(v["as_expected"] for v in checks)
+    lines = [f"**{right} of {len(checks)} known answers right**" + ("." if right == len(checks) else
+             ": a wrong known answer means the report or its calibration is wrong, not the trick."), ""]
+    for v in checks:
+        mark = "right" if v["as_expected"] else "WRONG"
+        lines.append(f"- {v['trick']}: *{v['verdict']}*, expected *{' or '.join(v['expected'])}*: {mark}")
     return lines
 
 

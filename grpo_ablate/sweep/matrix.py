@@ -16,6 +16,9 @@ Modes (the tables of the papers):
                     Δ_ab − Δ_a − Δ_b (the report's interaction table and heatmap)
     conflict        the seed review's section 4.3 for one trick and one reward term: the base,
                     base + the trick, base + the reward term alone, gradient diagnostics on
+    variants        (a sweep file only) named variants, each defined by its own overrides and
+                    measured against a reference variant (`variants_matrix`): known-answer
+                    checks such as sweeps/sanity.yaml
 """
 from __future__ import annotations
 
@@ -24,6 +27,12 @@ import re
 from dataclasses import dataclass, field
 
 MODES = ("leave-one-out", "add-one-in", "ladder", "factorial", "pairwise", "conflict")
+FILE_MODES = ("variants",)   # modes only a sweep file can give (their variants are written out there)
+# What a `variants` sweep file may expect of a contrast: the report's verdicts (report/verdicts.py;
+# tests/test_sweep.py checks that the two lists agree)
+EXPECTABLE = ("helps", "hurts", "breaks training", "no evidence", "inert here", "no verdict")
+# keys a variant's overrides may not set: the sweep sets them for every run
+_VARIANT_RESERVED = ("seed", "resume", "run", "sweep")
 # (family, option) of the named tricks that add a term to the reward: what `sweep conflict
 # --reward` takes (its gradient shows up as the length_reward / overlong_reward / kl_reward term)
 REWARD_TERM_OPTIONS = {("length", "penalty"), ("length", "group"), ("overlong", "soft_punish"),
@@ -44,10 +53,12 @@ class Variant:
     reference: str | None = None        # the variant its difference is measured against
     kind: str = "treatment"             # treatment | control
     axes: dict = field(default_factory=dict)   # factorial over families: key -> value
+    expect: tuple[str, ...] = ()        # `variants` files: the verdicts a correct report gives it
 
     def to_json(self) -> dict:
         return {"name": self.name, "tricks_on": list(self.tricks_on), "overrides": list(self.overrides),
-                "reference": self.reference, "kind": self.kind, **({"axes": self.axes} if self.axes else {})}
+                "reference": self.reference, "kind": self.kind, **({"axes": self.axes} if self.axes else {}),
+                **({"expect": list(self.expect)} if self.expect else {})}
 
 
 @dataclass(frozen=True)
@@ -208,6 +219,56 @@ def _family_factorial(axes: list[tuple[str, list]]) -> Matrix:
         variants.append(Variant(name, (), overrides, None if not variants else variants[0].name,
                                 axes=dict(zip(keys, combo))))
     return Matrix("factorial", variants, [])
+
+
+def variants_matrix(variants: dict) -> Matrix:
+    """`mode: variants` of a sweep file: `variants` maps each name to its overrides, either a
+    list or {overrides: [...], against: NAME, expect: VERDICT or [VERDICTS]}. Every variant but
+    the first is measured against `against` (default: the first variant, the reference), and
+    `expect` records the verdict a correct report must give that contrast (known-answer checks)."""
+    if not isinstance(variants, dict) or not variants:
+        raise SweepError("a variants sweep needs `variants`: a mapping of variant name -> its overrides")
+    names = list(variants)
+    parsed = [_parse_variant(str(name), spec, names) for name, spec in variants.items()]
+    first = names[0]
+    built, contrasts = [], []
+    for i, (name, overrides, against, expect) in enumerate(parsed):
+        if i == 0 and (against is not None or expect):
+            raise SweepError(f"variant {name} is the reference (the first listed): it takes no against or expect")
+        reference = None if i == 0 else (against or first)
+        if reference == name:
+            raise SweepError(f"variant {name} is measured against itself; name another variant in its against")
+        built.append(Variant(name, (), overrides, reference, expect=expect))
+        if reference is not None:
+            contrasts.append(Contrast(name, name, reference))
+    return Matrix("variants", built, contrasts)
+
+
+def _parse_variant(name: str, spec, names: list) -> tuple:
+    """(name, overrides, against, expect) of one entry of a variants file, checked."""
+    if not re.fullmatch(r"[A-Za-z0-9_.+-]+", name):
+        raise SweepError(f"variant name {name!r} is not allowed; use letters, digits and _ . + -")
+    spec = {"overrides": spec} if isinstance(spec, list) or spec is None else spec
+    if not isinstance(spec, dict) or set(spec) - {"overrides", "against", "expect"}:
+        raise SweepError(f"variant {name}: give a list of overrides or a mapping of overrides, against, expect")
+    overrides = spec.get("overrides") or []
+    if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
+        raise SweepError(f"variant {name}: overrides must be a list of key=value overrides")
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if key.split(".")[0] in _VARIANT_RESERVED:
+            raise SweepError(f"variant {name}: '{o}' sets {key}, which the sweep sets for every run")
+    against = spec.get("against")
+    if against is not None and against not in names:
+        raise SweepError(f"variant {name} is measured against {against}, which is not a variant of this file; "
+                         f"variants: {', '.join(map(str, names))}")
+    expect = spec.get("expect") or []
+    expect = [expect] if isinstance(expect, str) else expect
+    bad = [e for e in expect if e not in EXPECTABLE]
+    if not isinstance(expect, list) or bad:
+        raise SweepError(f"variant {name}: expect {', '.join(map(str, bad or [expect]))} is not a verdict; "
+                         f"allowed: {', '.join(EXPECTABLE)}")
+    return name, tuple(overrides), against, tuple(expect)
 
 
 def _label(key: str, value) -> str:
