@@ -3,7 +3,6 @@ way its function's docstring says, the state it owns survives a resume, and diag
 not change what it draws."""
 from types import SimpleNamespace
 
-import pytest
 import torch
 
 from grpo_ablate.config import compose
