@@ -63,6 +63,8 @@ def cache_dir(tmp_path_factory):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent                     # the workers' basetemps share this parent
     path = root / "model-cache"
+    if os.environ.get("GRPO_ABLATE_TEST_CACHE"):   # opt-in: keep warm starts between local sessions
+        root = path = Path(os.environ["GRPO_ABLATE_TEST_CACHE"]).expanduser()   # (content-addressed: safe)
     os.environ["GRPO_ABLATE_CACHE"] = str(path)
     os.environ["WANDB_CACHE_DIR"] = str(tmp_path_factory.mktemp("wandb_cache"))
     os.environ["WANDB_CONFIG_DIR"] = str(tmp_path_factory.mktemp("wandb_config"))

@@ -19,7 +19,7 @@ def test_help_lists_every_command_with_one_line():
 
 
 @pytest.mark.parametrize("override, needle", [
-    ("adv=nope", "allowed: batch, dr_grpo, gae, grpo, lite, rloo, rpp_baseline"),
+    ("adv=nope", "allowed: batch, dr_grpo, gae, gdpo, gdpo_trl, gpg, grpo, lite, opo, passk, rloo, rpp_baseline"),
     ("optim.lrr=1", "unknown config key 'optim.lrr'"),
     ("optim.lr=-1", "optim.lr=-1"),
     ("optim.lr=0", "must be a number > 0"),
@@ -28,7 +28,7 @@ def test_help_lists_every_command_with_one_line():
     ("rollout.max_new_tokens=0", "rollout.max_new_tokens=0"),
     ("model.path=/definitely/not/here", "does not exist"),
     ("model=hf", "model.path is required"),
-    ("kl.estimator=k4", "allowed: k1, k2, k3"),
+    ("kl.estimator=k4", "allowed: abs, k1, k1_st, k2, k3, k3_iw, k3_st"),
     ("task.level=insane", "easy, medium, hard"),
     ("seed=oops=1", "could not parse"),
     ("dual_clip.c=0.5", "must be a number > 1"),

@@ -59,12 +59,12 @@ def test_component_advantages_use_the_runs_advantage_function():
     group_index = torch.tensor([0, 0, 0, 1, 1, 1])
     task = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 0.0])
     length = torch.tensor([0.1, 0.3, 0.2, 0.5, 0.4, 0.6])
-    advantage_of = lambda r: grpo_advantage(r, group_index, None, None)
+    advantage_of = lambda r: grpo_advantage(r, group_index, None, None, {})
     out = diag.component_advantages({"task_reward": task, "overlong_reward": torch.zeros(6),
                                      "length_reward": length}, advantage_of)
     assert list(out) == ["task_reward", "length_reward"]          # an all-zero component adds nothing
-    assert torch.equal(out["task_reward"], grpo_advantage(task, group_index, None, None))
-    assert torch.equal(out["length_reward"], grpo_advantage(length, group_index, None, None))
+    assert torch.equal(out["task_reward"], grpo_advantage(task, group_index, None, None, {}))
+    assert torch.equal(out["length_reward"], grpo_advantage(length, group_index, None, None, {}))
     assert out["task_reward"][3:].abs().max() == 0                 # a flat group has no signal
     # GRPO divides by each group's std: the components' advantages need not add up
     assert not torch.allclose(out["task_reward"] + out["length_reward"], advantage_of(task + length))
