@@ -28,7 +28,7 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/grpo-ablate train
 
-# Two tiers. `make test` (~10 min on 2 cores): every test not marked `slow`. `make test-slow`:
+# Two tiers. `make test`: every test not marked `slow` (README: timings). `make test-slow`:
 # the slow ones (real SLURM jobs, FSDP and torchrun processes, killed-and-resumed sweeps,
 # parallel launchers). `make test-all` runs both. CI (.ci/run) runs `make test`.
 # The SLURM tests need the local one-node cluster: brought up first (installed where missing,
