@@ -169,7 +169,7 @@ def same_metrics(a: Run, b: Run) -> bool:
     keep = lambda frame: frame[[c for c in frame.columns if not c.startswith(TIMING_PREFIXES)]]
     left, right = keep(a.metrics), keep(b.metrics)
     return (list(left.columns) == list(right.columns) and left.shape == right.shape
-            and bool((left.fillna("nan").values == right.fillna("nan").values).all()))
+            and bool((left.astype(object).fillna("nan").values == right.astype(object).fillna("nan").values).all()))
 
 
 def _decide_by_delta(delta: Estimate, higher_is_better: bool) -> tuple[str, str]:
