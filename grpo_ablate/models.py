@@ -248,6 +248,27 @@ def add_lora(model, model_cfg, checkpoint: Path | None = None):
         target_modules=lora["target_modules"], task_type="CAUSAL_LM"))
 
 
+def disable_dropout(model: torch.nn.Module) -> int:
+    """Set every dropout probability in `model` to 0 (model.disable_dropout, on by default).
+
+    Why: the trainer runs the policy in training mode, so with dropout pi_old, pi_theta and the
+    sampler would each see a different random sub-network, and the ratio, the clip fractions
+    and the KL to the (eval-mode) reference would measure dropout noise instead of the update.
+    As TRL's `disable_dropout_in_model`, every `nn.Dropout` gets p = 0; beyond TRL, attention
+    modules that apply dropout functionally from a float `attention_dropout` attribute (Llama,
+    Qwen2, Mistral in transformers) get 0 there too, so the whole network is deterministic.
+    TRL's GRPOConfig defaults to False (its DPOConfig to True); verl's model configs set the
+    dropouts to 0. Returns how many places were changed. LoRA's own dropout is applied after
+    this (model.lora.dropout) and is left as configured."""
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout) and module.p != 0:
+            module.p, changed = 0.0, changed + 1
+        if isinstance(getattr(module, "attention_dropout", None), float) and module.attention_dropout != 0:
+            module.attention_dropout, changed = 0.0, changed + 1
+    return changed
+
+
 class AdapterDisabled:
     """The reference policy of a LoRA run: the policy itself with its adapters switched off,
     i.e. the frozen base model, with no second copy in memory. Called like a model; runs in

@@ -5,6 +5,7 @@ import re
 from types import SimpleNamespace
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from conftest import REPO, cli
@@ -82,6 +83,7 @@ def test_mixed_precision_and_gradient_checkpointing_train(tiny_models, tmp_path)
     ("model.path=. model.dtype=float64", "allowed: float32, bfloat16, float16"),
     ("model.path=. model.device=tpu", "model.device='tpu' is not allowed"),
     ("model.path=. model.lora.r=-1", "model.lora.r=-1 is not allowed"),
+    ("model.path=. model.disable_dropout=maybe", "model.disable_dropout='maybe' is not allowed; allowed: true, false"),
 ])
 def test_bad_model_options(override, needle):
     with pytest.raises(ConfigError, match=re.escape(needle)):
@@ -106,3 +108,49 @@ def test_format_reward_and_prompt_limit_in_a_run(tiny_models, tmp_path, monkeypa
                tmp_path / "run")
     assert rows[0]["prompts/dropped"] > 0 and "prompts/dropped_eval" in rows[0]     # counted once, at step 0
     assert rows[1]["train/accuracy"] == 0.0 and rows[1]["reward/mean"] == pytest.approx(0.25)
+
+
+@pytest.fixture(scope="module")
+def gpt2_with_dropout(tmp_path_factory):
+    """A tiny GPT-2 whose config asks for dropout everywhere (as the released GPT-2 does, 0.1)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from grpo_ablate.models import build_char_tokenizer
+    from tiny_models import CHARS
+
+    root = tmp_path_factory.mktemp("gpt2_dropout")
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(CHARS) + 3, n_embd=32, n_layer=2, n_head=2, n_positions=512,
+                               resid_pdrop=0.3, embd_pdrop=0.3, attn_pdrop=0.3, pad_token_id=0, bos_token_id=1,
+                               eos_token_id=2)).save_pretrained(root)
+    build_char_tokenizer(CHARS).save_pretrained(root)
+    return root
+
+
+@pytest.mark.parametrize("disable", [True, False])
+def test_disable_dropout_makes_the_first_step_kl_exactly_zero(gpt2_with_dropout, tmp_path, disable):
+    """pi_theta (training mode) against pi_ref (eval mode) before any update: identical weights,
+    so k3 is 0 unless dropout perturbs the policy's forward (model.disable_dropout=false)."""
+    rows = run(hf_run(gpt2_with_dropout, *MOVES, "kl.beta=0.1", f"model.disable_dropout={str(disable).lower()}"),
+               tmp_path / "run")
+    if disable:
+        assert rows[1]["kl/k3"] == pytest.approx(0.0, abs=1e-6)
+    else:
+        assert rows[1]["kl/k3"] > 1e-3
+
+
+def test_disable_dropout_zeroes_modules_and_functional_attention_dropout():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from grpo_ablate.models import disable_dropout
+
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=1, attention_dropout=0.5))
+    model.lm_head = torch.nn.Sequential(torch.nn.Dropout(0.5), model.lm_head)
+    assert disable_dropout(model) == 3                    # two attention layers + one nn.Dropout
+    assert all(m.p == 0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    assert all(m.attention_dropout == 0 for m in model.model.layers.modules() if hasattr(m, "attention_dropout"))
+    model.train()
+    ids = torch.tensor([[1, 4, 5, 6, 7]])
+    torch.testing.assert_close(model(input_ids=ids).logits, model(input_ids=ids).logits, rtol=0, atol=0)
+    assert disable_dropout(model) == 0                    # idempotent

@@ -25,8 +25,8 @@ from omegaconf import DictConfig
 
 from grpo_ablate.config import validate
 from grpo_ablate.errors import ConfigError
-from grpo_ablate.models import (ensure_warm_started, load_model_and_tokenizer, model_device, stop_token_ids,
-                                supervised_batch)
+from grpo_ablate.models import (disable_dropout, ensure_warm_started, load_model_and_tokenizer, model_device,
+                                stop_token_ids, supervised_batch)
 from grpo_ablate.sampling.engines import HFEngine, Rollouts
 from grpo_ablate.sampling.prompts import PromptEncoder
 from grpo_ablate.tasks import build_task
@@ -63,6 +63,8 @@ class ControlStep:
         model_path = cfg.model.path or ensure_warm_started(cfg.model, self.task, log=say)
         self.model, self.tokenizer = load_model_and_tokenizer(checkpoint or model_path,
                                                               attn_implementation=attention_implementation(cfg, device))
+        if cfg.model.get("disable_dropout", True):   # as the GRPO runs it is compared with
+            disable_dropout(self.model)
         self.model = self.model.to(device)
         self.encode = PromptEncoder(self.tokenizer, self.task)   # the prompts exactly as a GRPO run sees them
         self.optim = Optimization(self.model.parameters(), cfg)

@@ -17,8 +17,8 @@ from omegaconf import DictConfig
 
 from grpo_ablate.config import check_here, trick, validate
 from grpo_ablate.inert import chosen_tricks, inert_tricks
-from grpo_ablate.models import (AdapterDisabled, add_lora, autocast_forward, enable_activation_checkpointing,
-                                ensure_warm_started, load_model_and_tokenizer, lora_enabled, model_device,
+from grpo_ablate.models import (AdapterDisabled, add_lora, autocast_forward, disable_dropout,
+                                enable_activation_checkpointing, ensure_warm_started, load_model_and_tokenizer, lora_enabled, model_device,
                                 stop_token_ids)
 from grpo_ablate.sampling.engines import Rollouts, build_engine, rng_mode
 from grpo_ablate.sampling.prompts import PromptEncoder
@@ -100,6 +100,8 @@ def load_policies(cfg: DictConfig, model_path, kl_control, device: torch.device,
 
     # With LoRA the base comes from model.path and the adapters from the checkpoint (on resume).
     policy, tokenizer = load(model_path if lora else checkpoint or model_path)
+    if cfg.model.get("disable_dropout", True):    # the ratio and KL measure the update, not dropout
+        disable_dropout(policy)
     if cfg.model.get("gradient_checkpointing"):   # recompute activations in backward: less memory
         enable_activation_checkpointing(policy)
     if lora:
