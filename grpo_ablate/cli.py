@@ -67,14 +67,14 @@ def sweep(
     ctx: typer.Context,
     mode: Optional[str] = typer.Argument(
         None, help="leave-one-out | add-one-in | ladder | factorial | pairwise | conflict | file PATH"),
-    tricks_: Optional[str] = typer.Option(None, "--tricks", help="Named tricks, comma separated "
-                                          "(default for leave-one-out: the seed review's recommended set)."),
+    tricks_: Optional[str] = typer.Option(None, "--tricks", help="Named tricks, comma separated (default for "
+                                          "leave-one-out: the seed review's recommended set, dynamic_sampling, no_std)."),
     trick: Optional[str] = typer.Option(None, "--trick", help="conflict: the new trick (any named trick)."),
     reward: Optional[str] = typer.Option(None, "--reward", help="conflict: the new reward term, a named trick "
                                          "that shapes the reward (length_penalty, length_group, overlong_punish, kl_in_reward)."),
     base: Optional[str] = typer.Option(None, "--base", help="Preset the tricks are added to (grpo, dapo, ...)."),
-    seeds: Optional[str] = typer.Option(None, "--seeds", help="3 = seeds 0,1,2; or a list: 0,5,9; or auto: "
-                                        "3, then one more per look until each contrast is decided (default 3)."),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="5 = seeds 0..4; or a list: 0,5,9; or auto: "
+                                        "3, then one more per look until each contrast is decided (default 5)."),
     max_seeds: Optional[int] = typer.Option(None, "--max-seeds", help="--seeds auto: at most this many seeds (default 8)."),
     budget: Optional[str] = typer.Option(None, "--budget", help="--seeds auto: start no look past this wall time (90m, 2h)."),
     effect: Optional[float] = typer.Option(None, "--effect", help="--seeds auto: the smallest Δ that matters; "

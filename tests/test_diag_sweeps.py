@@ -51,7 +51,7 @@ def test_planning_pairwise_and_conflict(tmp_path, cache_dir):
     r = cli_here("sweep", "conflict", "--trick", "entropy_bonus", "--reward", "length_penalty", "--dry-run",
                  cwd=tmp_path)
     assert r.exit_code == 0, r.output
-    assert "3 variants x 3 seeds" in r.stdout and "reward-length_penalty" in r.stdout
+    assert "3 variants x 5 seeds" in r.stdout and "reward-length_penalty" in r.stdout
     assert "diag.grad_conflict=true" in r.stdout and "control-" not in r.stdout   # a diagnosis: no controls
     assert list(tmp_path.iterdir()) == []
 

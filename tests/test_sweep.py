@@ -189,9 +189,9 @@ def test_dry_run_prints_the_matrix_and_writes_nothing(tmp_path, cache_dir):
     r = cli_here("sweep", "leave-one-out", "--dry-run", cwd=tmp_path)
     assert r.exit_code == 0, r.output
     for variant in ("all", "drop-kl_adaptive", "drop-length_group", "drop-entropy_adaptive",
-                    "drop-learnable_temperature", "drop-dynamic_sampling"):
+                    "drop-learnable_temperature", "drop-dynamic_sampling", "drop-no_std"):
         assert variant in r.stdout
-    assert "8 variants x 3 seeds" in r.stdout and "preset=grpo" in r.stdout   # + the two controls
+    assert "9 variants x 5 seeds" in r.stdout and "preset=grpo" in r.stdout   # + the two controls
     assert "control-base" in r.stdout and "control=sft" in r.stdout
     assert list(tmp_path.iterdir()) == []
 
