@@ -49,9 +49,9 @@ DEFAULT_TRICKS = ["kl_adaptive", "length_group", "entropy_adaptive", "learnable_
 DEFAULT_BASE = "grpo"
 # Five, not three: paired over 3 seeds, a 95% interval excludes zero only for an effect above
 # ~2.5 of its paired SDs (t = 4.30 at 2 df; at 5 seeds, t = 2.78 and ~1.2 SDs), and on the
-# embedded default the paired SD of a trick's effect is 0.04-0.09 accuracy: three seeds
-# decided one trick of six, five decide two (docs/calibration.md). --seeds auto spends seeds
-# only where a contrast is still open.
+# embedded default the paired SD of a trick's effect is 0.04-0.09 accuracy: at three seeds
+# this question decides none of its six tricks, at five two (docs/calibration.md). --seeds
+# auto spends seeds only where a contrast is still open.
 DEFAULT_SEEDS = "5"
 # keys a sweep sets itself; the user chooses them through the sweep's own options
 _RESERVED = {"seed": "--seeds", "trick": "--tricks", "+trick": "--tricks", "preset": "--base",
