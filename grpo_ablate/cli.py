@@ -84,7 +84,7 @@ def sweep(
     jobs: Optional[int] = typer.Option(None, "--jobs", help="Runs at a time (default: one per core)."),
     family: Optional[List[str]] = typer.Option(None, "--family", help="factorial over a config group's "
                                                "options (adv) or a key's values (task.level, key=a,b); repeatable."),
-    max_runs: Optional[int] = typer.Option(None, "--max-runs", help="Refuse sweeps with more runs (default 64)."),
+    max_runs: Optional[int] = typer.Option(None, "--max-runs", help="Refuse sweeps with more runs (default 128)."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Training steps of every run."),
     name: Optional[str] = typer.Option(None, "--name", help="Sweep name (W&B group prefix, dir name)."),
     out: Optional[Path] = typer.Option(None, "--dir", help="Sweep dir (default runs/sweeps/<name>-<time>)."),

@@ -189,8 +189,8 @@ def test_bad_budget_durations(text):
     (["sweep", "add-one-in", "--tricks", "batch_norm", "--seeds", "auto", "--budget", "soon"], "not a duration"),
     (["sweep", "add-one-in", "--tricks", "batch_norm", "--seeds", "auto", "--effect", "-1"], "must be > 0"),
     (["sweep", "factorial", "--family", "adv=grpo,dr_grpo", "--seeds", "auto"], "has none"),
-    (["sweep", "add-one-in", "--tricks", "batch_norm", "--no-controls", "--seeds", "auto", "--max-seeds", "40"],
-     "2 variants x 40 seeds = 80 runs, above the limit of 64"),
+    (["sweep", "add-one-in", "--tricks", "batch_norm", "--no-controls", "--seeds", "auto", "--max-seeds", "70"],
+     "2 variants x 70 seeds = 140 runs, above the limit of 128"),
     (["doctor", "--seeds", "auto"], "no contrast for --seeds auto"),
 ])
 def test_bad_sequential_input_is_one_line_and_leaves_nothing(args, message, tmp_path, cache_dir):

@@ -232,7 +232,7 @@ def test_shipped_sweep_files_plan_cleanly(path, tmp_path, cache_dir):
     (["add-one-in", "--tricks", "global_reward_norm"], "global_reward_norm is undone by the advantage estimator"),
     (["factorial", "--family", "kl.estimator=k1,k3", "kl=none"], "kl.estimator=k1 only changes a logged metric"),
     (["leave-one-out", "--tricks", "clip_higher", "--launcher", "nope"], "--launcher nope is not allowed"),
-    (["factorial", "--family", "adv", "--family", "task.level", "--seeds", "4"], "runs, above the limit of 64"),   # (options x levels x 4 seeds: grows with the adv family)
+    (["factorial", "--family", "adv", "--family", "task.level", "--seeds", "4"], "runs, above the limit of 128"),   # (options x levels x 4 seeds: grows with the adv family)
     (["factorial", "--family", "task.nope"], "not a config group and no known values"),
     (["sideways"], "sweep mode 'sideways' is not allowed"),
     (["file", "missing.yaml"], "does not exist"),

@@ -38,7 +38,10 @@ _VARIANT_RESERVED = ("seed", "resume", "run", "sweep")
 REWARD_TERM_OPTIONS = {("length", "penalty"), ("length", "group"), ("overlong", "soft_punish"),
                        ("kl", "in_reward")}
 DIAG_ON = ("diag.grad_conflict=true",)   # a conflict sweep's runs log the gradient diagnostics
-DEFAULT_MAX_RUNS = 64   # a factorial larger than this needs --max-runs
+# A sweep larger than this needs --max-runs: a guard against a factorial that explodes by
+# mistake. 128 so that the default question (9 variants with the controls) runs with
+# `--seeds auto` up to --max-seeds 12 (108 runs).
+DEFAULT_MAX_RUNS = 128
 
 
 class SweepError(ValueError):
