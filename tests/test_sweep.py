@@ -119,6 +119,7 @@ def test_variants_are_their_overrides_each_against_its_reference():
     ({"a": [], "b": ["lr"]}, "key=value overrides"),
     ({"a": [], "b": {"overides": []}}, "a mapping of overrides, against, expect"),
     ({"a b": []}, "variant name 'a b' is not allowed"),
+    ({"a": [], "b": ["+trick=token_mean", "+trick=batch_norm"]}, r"list its named tricks in one, \"\+trick=\[a,b\]\""),
 ])
 def test_bad_variants(variants, message):
     with pytest.raises(SweepError, match=message):

@@ -257,6 +257,10 @@ def _parse_variant(name: str, spec, names: list) -> tuple:
     overrides = spec.get("overrides") or []
     if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
         raise SweepError(f"variant {name}: overrides must be a list of key=value overrides")
+    named = [o for o in overrides if o.split("=", 1)[0] in ("+trick", "trick")]
+    if len(named) > 1:   # Hydra takes one value per group: several +trick= would fail in every run
+        raise SweepError(f"variant {name}: {len(named)} +trick= overrides; list its named tricks in one, "
+                         f"\"+trick=[a,b]\" (quoted in YAML)")
     for o in overrides:
         key = o.split("=", 1)[0].lstrip("+~")
         if key.split(".")[0] in _VARIANT_RESERVED:
