@@ -41,9 +41,9 @@ LAUNCHERS = {
 # What `grpo-ablate sweep leave-one-out` runs with no options: the seed review's recommended
 # tricks on vanilla GRPO, plus DAPO's dynamic sampling (on the embedded task most groups are
 # all-correct or all-wrong, so which groups a step trains on is part of the default question)
-# and Dr. GRPO's advantages without the group std (the most disputed normalization choice:
-# Dr. GRPO and Tricks or Traps disagree), on the embedded default, five seeds; measured in
-# docs/calibration.md.
+# and Dr. GRPO's advantages without the group std (a disputed choice: GRPO divides by it,
+# Dr. GRPO drops it against a difficulty bias, Tricks or Traps finds dropping it steadier on
+# easy data), on the embedded default, five seeds; measured in docs/calibration.md.
 DEFAULT_TRICKS = ["kl_adaptive", "length_group", "entropy_adaptive", "learnable_temperature", "dynamic_sampling",
                   "no_std"]
 DEFAULT_BASE = "grpo"
