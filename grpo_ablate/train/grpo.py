@@ -18,8 +18,8 @@ from omegaconf import DictConfig
 from grpo_ablate.config import check_here, trick, validate
 from grpo_ablate.inert import chosen_tricks, inert_tricks
 from grpo_ablate.models import (AdapterDisabled, add_lora, autocast_forward, disable_dropout,
-                                enable_activation_checkpointing, ensure_warm_started, load_model_and_tokenizer, lora_enabled, model_device,
-                                stop_token_ids)
+                                enable_activation_checkpointing, ensure_warm_started, load_model_and_tokenizer,
+                                lora_enabled, model_device, stop_token_ids)
 from grpo_ablate.sampling.engines import Rollouts, build_engine, rng_mode
 from grpo_ablate.sampling.prompts import PromptEncoder
 from grpo_ablate.tasks import build_task
