@@ -68,7 +68,8 @@ def sweep(
     mode: Optional[str] = typer.Argument(
         None, help="leave-one-out | add-one-in | ladder | factorial | pairwise | conflict | file PATH"),
     tricks_: Optional[str] = typer.Option(None, "--tricks", help="Named tricks, comma separated (default for "
-                                          "leave-one-out: the seed review's recommended set, dynamic_sampling, no_std)."),
+                                          "leave-one-out: the seed review's recommended set, dynamic_sampling, "
+                                          "no_std)."),
     trick: Optional[str] = typer.Option(None, "--trick", help="conflict: the new trick (any named trick)."),
     reward: Optional[str] = typer.Option(None, "--reward", help="conflict: the new reward term, a named trick "
                                          "that shapes the reward (length_penalty, length_group, overlong_punish, kl_in_reward)."),
