@@ -257,14 +257,13 @@ def _parse_variant(name: str, spec, names: list) -> tuple:
     overrides = spec.get("overrides") or []
     if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
         raise SweepError(f"variant {name}: overrides must be a list of key=value overrides")
-    named = [o for o in overrides if o.split("=", 1)[0] in ("+trick", "trick")]
-    if len(named) > 1:   # Hydra takes one value per group: several +trick= would fail in every run
-        raise SweepError(f"variant {name}: {len(named)} +trick= overrides; list its named tricks in one, "
-                         f"\"+trick=[a,b]\" (quoted in YAML)")
-    for o in overrides:
-        key = o.split("=", 1)[0].lstrip("+~")
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
+    for o, key in zip(overrides, keys):
         if key.split(".")[0] in _VARIANT_RESERVED:
             raise SweepError(f"variant {name}: '{o}' sets {key}, which the sweep sets for every run")
+    if keys.count("trick") > 1:   # Hydra takes one value per group: several +trick= would fail in every run
+        raise SweepError(f"variant {name}: {keys.count('trick')} +trick= overrides; list its named tricks in one, "
+                         f"\"+trick=[a,b]\" (quoted in YAML)")
     against = spec.get("against")
     if against is not None and against not in names:
         raise SweepError(f"variant {name} is measured against {against}, which is not a variant of this file; "

@@ -201,7 +201,8 @@ class DataParallel:
         calls it). Otherwise None: the model's own state_dict is whole."""
         return fsdp.full_weights(model) if self.fsdp else None
 
-    def full_optimizer_state(self, optimizer):
-        """FSDP: `optimizer`'s state_dict() gathers its shards to rank 0 (every rank calls it) and
-        load_state_dict() takes that full state back; otherwise the optimizer as it is."""
-        return fsdp.full_optimizer_state(optimizer) if self.fsdp else optimizer
+    def checkpoint_full_optimizer_state(self, optimizer) -> None:
+        """FSDP: from now on `optimizer`'s state_dict() gathers its shards to rank 0 (every rank
+        calls it) and load_state_dict() takes that full state back; otherwise nothing to do."""
+        if self.fsdp:
+            fsdp.checkpoint_full_optimizer_state(optimizer)

@@ -21,8 +21,8 @@ each device for its duration; training (activations, gradients, optimizer state)
 
 Checkpoints hold full tensors, so checkpoint/ stays a `from_pretrained` directory written by
 rank 0: `full_weights` gathers the weights to rank 0's CPU, and an optimizer set up with
-`full_optimizer_state` gathers its AdamW state the same way (trainer_state.pt), and on resume
-keeps this process's shard of the full state every process reads.
+`checkpoint_full_optimizer_state` gathers its AdamW state the same way (trainer_state.pt),
+and on resume keeps this process's shard of the full state every process reads.
 """
 from __future__ import annotations
 
@@ -97,13 +97,12 @@ def full_weights(model: torch.nn.Module) -> dict:
     return weights
 
 
-def full_optimizer_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """Make `optimizer.state_dict()` gather its sharded state to full tensors on rank 0's CPU (a
+def checkpoint_full_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Make (in place, by hooks) `optimizer.state_dict()` gather its sharded state to full tensors on rank 0's CPU (a
     collective: every rank calls it; the others get None in their place), and
     `optimizer.load_state_dict()` take such a full state, keeping this rank's shard."""
     optimizer.register_state_dict_post_hook(_gathered)
     optimizer.register_load_state_dict_pre_hook(_scattered)
-    return optimizer
 
 
 def _gathered(optimizer, state_dict: dict) -> dict:

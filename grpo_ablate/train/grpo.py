@@ -76,7 +76,7 @@ def build_grpo(cfg: DictConfig, device: torch.device, dp: DataParallel, checkpoi
     critic = list(policies.value_head.parameters()) if policies.value_head is not None else []
     trained = [p for p in policies.policy.parameters() if p.requires_grad] + critic   # LoRA: the adapters only
     optim = Optimization([{"params": trained}, *controllers.temperature.param_groups()], cfg)
-    dp.full_optimizer_state(optim.optimizer)   # FSDP: checkpoints hold the full AdamW state
+    dp.checkpoint_full_optimizer_state(optim.optimizer)   # FSDP: checkpoints hold the full AdamW state
     # Sampling (rollout.backend: the policy itself, or vLLM), decoding, scoring: the whole batch.
     engine = build_engine(cfg, policies.policy, policies.tokenizer, dp)
     rollouts = Rollouts(engine, policies.tokenizer, encode, task, dp, device,
