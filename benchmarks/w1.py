@@ -1,6 +1,6 @@
 """Run benchmark workload W1 (one GRPO step, tiny random Qwen2, CPU) in this process.
 
-    python benchmarks/w1.py --impl trl|ours --beta 0.04 --steps 12 [--assets DIR]
+    python benchmarks/w1.py --impl trl|ours --beta 0.04 --steps 12 [--assets DIR] [--set KEY=VALUE ...]
 
 Prints ONE JSON line on stdout (everything else goes to stderr):
 
@@ -101,11 +101,11 @@ def summarize(impl: str, beta: float, steps: int, records: list[dict]) -> dict:
 # ----------------------------------------------------------------------------------------------
 # --impl ours: grpo-ablate's own runner
 # ----------------------------------------------------------------------------------------------
-def run_ours(assets_dir: str, beta: float, steps: int) -> list[dict]:
+def run_ours(assets_dir: str, beta: float, steps: int, extra: list[str]) -> list[dict]:
     """W1 through grpo-ablate's real trainer (see grpo_ablate/bench.py for the config)."""
     from grpo_ablate.bench import run_w1
 
-    return run_w1(assets_dir, beta, steps)
+    return run_w1(assets_dir, beta, steps, extra)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -334,6 +334,8 @@ def main() -> None:
     parser.add_argument("--beta", type=float, default=0.04)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--assets", default=str(DEFAULT_ASSETS), help="W1 model+tokenizer dir")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="--impl ours: one more grpo-ablate override, e.g. model.remove_padding=false")
     args = parser.parse_args()
     if args.steps <= WARMUP_STEPS:
         parser.error(f"--steps must exceed the {WARMUP_STEPS} warm-up steps")
@@ -354,7 +356,7 @@ def main() -> None:
         if args.impl == "trl":
             records = run_trl(assets_dir, args.beta, args.steps)
         else:
-            records = run_ours(assets_dir, args.beta, args.steps)
+            records = run_ours(assets_dir, args.beta, args.steps, args.set)
     if torch.get_num_threads() != NUM_THREADS:
         print(f"[w1] warning: {args.impl} changed torch threads to {torch.get_num_threads()}",
               file=sys.stderr)

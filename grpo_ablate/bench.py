@@ -28,10 +28,11 @@ def w1_overrides(assets_dir: str, beta: float, steps: int) -> list[str]:
     ]
 
 
-def run_w1(assets_dir: str, beta: float, steps: int) -> list[dict]:
-    """One record per optimizer step: step_end (s since start) and the time split."""
+def run_w1(assets_dir: str, beta: float, steps: int, extra: list[str] = ()) -> list[dict]:
+    """One record per optimizer step: step_end (s since start) and the time split. `extra`:
+    overrides after W1's (e.g. model.remove_padding=false, to time what an option buys)."""
     with tempfile.TemporaryDirectory(prefix="w1-ours-") as run_dir:
-        overrides = w1_overrides(assets_dir, beta, steps)
+        overrides = [*w1_overrides(assets_dir, beta, steps), *extra]
         result = train(compose(overrides), run_dir, overrides)
         if result.state != "completed":
             raise RuntimeError(f"W1 run ended {result.state}: {result.reason}")

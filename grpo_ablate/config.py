@@ -305,7 +305,7 @@ def _check_new_families(cfg: DictConfig) -> None:
 
 
 def _check_model(model: DictConfig) -> None:
-    """The model's options (most are model=hf's; the embedded tiny model has fsdp and disable_dropout)."""
+    """The model's options (most are model=hf's; the embedded tiny model has fsdp, disable_dropout and remove_padding)."""
     if model.get("dtype") is not None:
         _one_of("model.dtype", model.dtype, ("float32", "bfloat16", "float16"))
     device = str(model.get("device") or "cpu")
@@ -313,8 +313,9 @@ def _check_model(model: DictConfig) -> None:
              f"model.device={device!r} is not allowed; allowed: auto, cpu, cuda, cuda:N")
     _require(isinstance(model.get("fsdp", False), bool),
              f"model.fsdp={model.get('fsdp')!r} is not allowed; allowed: true, false")
-    _require(isinstance(model.get("disable_dropout", True), bool),
-             f"model.disable_dropout={model.get('disable_dropout')!r} is not allowed; allowed: true, false")
+    for flag in ("disable_dropout", "remove_padding"):
+        _require(isinstance(model.get(flag, True), bool),
+                 f"model.{flag}={model.get(flag)!r} is not allowed; allowed: true, false")
     lora = model.get("lora")
     if lora is not None:
         _positive("model.lora.r", lora.r, integer=True, allow_zero=True)

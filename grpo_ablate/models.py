@@ -277,6 +277,10 @@ class AdapterDisabled:
     def __init__(self, peft_model):
         self.model = peft_model
 
+    @property
+    def config(self):   # the model's own: how it may be called (packed rows) is the policy's
+        return self.model.config
+
     def __call__(self, **inputs):
         was_training = self.model.training
         self.model.eval()
