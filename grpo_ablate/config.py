@@ -305,7 +305,8 @@ def _check_new_families(cfg: DictConfig) -> None:
 
 
 def _check_model(model: DictConfig) -> None:
-    """The model's options (most are model=hf's; the embedded tiny model has fsdp, disable_dropout and remove_padding)."""
+    """The model's options (most are model=hf's; the embedded tiny model has fsdp, disable_dropout
+    and remove_padding)."""
     if model.get("dtype") is not None:
         _one_of("model.dtype", model.dtype, ("float32", "bfloat16", "float16"))
     device = str(model.get("device") or "cpu")

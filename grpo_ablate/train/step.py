@@ -171,7 +171,7 @@ class GRPOStep:
         return StepResult(metrics, samples=self.samples(batch, adv.rewards))
 
     # ------------------------------------------------------------------ phases
-    def forward(self, model, roll: Rollout, T, value_head=None, entropy_grad: bool = False):
+    def token_logprobs(self, model, roll: Rollout, T, value_head=None, entropy_grad: bool = False):
         """(log-probs, entropy, values) of a rollout under `model` (train/forward.py)."""
         return token_logprobs(model, roll, T, value_head, entropy_grad, remove_padding=self.remove_padding)
 
@@ -181,13 +181,13 @@ class GRPOStep:
         needed, see needs_old) and pi_prev's (two-layer KL), gathered to the whole batch."""
         p, dp, out = self.p, self.dp, Anchors()
         if p.reference is not None:
-            out.ref = dp.gather_rows(self.forward(p.reference, part, T)[0])
+            out.ref = dp.gather_rows(self.token_logprobs(p.reference, part, T)[0])
         if self.needs_old:
-            old, _, values = self.forward(p.policy, part, T, p.value_head)
+            old, _, values = self.token_logprobs(p.policy, part, T, p.value_head)
             out.old, out.old_values = dp.gather_rows(old), dp.gather_rows(values)
         if p.previous is not None:
             p.previous.load_state_dict(p.snapshots[0])
-            out.prev = dp.gather_rows(self.forward(p.previous, part, T)[0])
+            out.prev = dp.gather_rows(self.token_logprobs(p.previous, part, T)[0])
         return out
 
     def rewards_and_advantages(self, batch: SampledGroups, anchors: Anchors):
@@ -231,8 +231,8 @@ class GRPOStep:
                 mb = inputs if rows is None else inputs.rows(rows)
                 mine = slice(None) if rows is None else rows[dp.share(len(rows))]
                 roll = part if rows is None else select_rows(batch.roll, mine)
-                logp, entropy, values = self.forward(self.train_model, roll, self.ctl.temperature.current(),
-                                                    self.p.value_head, entropy_grad=coef.entropy > 0)
+                logp, entropy, values = self.token_logprobs(self.train_model, roll, self.ctl.temperature.current(),
+                                                            self.p.value_head, entropy_grad=coef.entropy > 0)
                 terms, stats = self.loss_terms(logp, entropy, values, mb.rows(dp.share(len(mb.mask))), coef, dp)
                 weights = self.weights_of(mb.mask, max_new)
                 loss, grad_norm, ok = self.optimizer_step(aggregate(total(terms), dp.part(weights)), step)
@@ -302,9 +302,9 @@ class GRPOStep:
         rows = diagnostics.pick_rows(group_index, informative, self.cfg.diag.rows)
         policy = self.p.policy
         with torch.random.fork_rng(devices=[policy.device] if policy.device.type == "cuda" else []):
-            logp, entropy, values = self.forward(policy, select_rows(batch.roll, rows),
-                                                 self.ctl.temperature.current(), self.p.value_head,
-                                                 entropy_grad=coef.entropy > 0)
+            logp, entropy, values = self.token_logprobs(policy, select_rows(batch.roll, rows),
+                                                        self.ctl.temperature.current(), self.p.value_head,
+                                                        entropy_grad=coef.entropy > 0)
         weights = self.weights_of(shaped.mask, int(self.cfg.rollout.max_new_tokens))   # the whole batch's
         w = weights[rows] * (weights.sum() / weights[rows].sum().clamp(min=1e-12))   # the full loss's total
         sub = inputs.rows(rows)
