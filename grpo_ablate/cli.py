@@ -42,7 +42,6 @@ def train(
         None, "--resume", help="Continue the run in this run dir from its last checkpoint."),
 ) -> None:
     """Train one GRPO run. Arguments are Hydra overrides: adv=dr_grpo kl=none seed=1 ..."""
-    from grpo_ablate import entrypoint
     from grpo_ablate.config import ConfigError, check_here, compose, validate
 
     args: List[str] = list(ctx.args)
@@ -58,6 +57,7 @@ def train(
             check_here(cfg)   # this machine can run it: packages, a GPU, the hub, torchrun
         except ConfigError as err:
             fail(str(err))
+    from grpo_ablate import entrypoint   # the training stack (transformers, ...): only once the input is good
     code = entrypoint.run_hydra(args)
     raise typer.Exit(code)
 

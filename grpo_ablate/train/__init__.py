@@ -11,5 +11,6 @@
     controls.py     control=base | sft: the no-RL controls
     diagnostics.py  gradient-conflict diagnostics (observation only)
     distributed.py  torchrun / SLURM data parallelism
+    ranks.py        how many processes torchrun or SLURM started (torch-free, for validation)
     run_log.py      what a run writes: metrics, samples, status, checkpoints, W&B
 """
