@@ -29,13 +29,12 @@ import torch
 import torch.distributed as dist
 
 from grpo_ablate.train import fsdp
-from grpo_ablate.train.ranks import launched_ranks, slurm_as_torchrun
+from grpo_ablate.train.ranks import launched_ranks
 
 
 class DataParallel:
     def __init__(self, fsdp: bool = False):
-        slurm_as_torchrun()
-        self.world = launched_ranks()
+        self.world = launched_ranks()   # a SLURM job step's tasks become torchrun's variables first
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.fsdp = fsdp and self.world > 1   # model.fsdp=true: sharded, not replicated

@@ -98,9 +98,9 @@ def full_weights(model: torch.nn.Module) -> dict:
 
 
 def checkpoint_full_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """Make (in place, by hooks) `optimizer.state_dict()` gather its sharded state to full tensors on rank 0's CPU (a
-    collective: every rank calls it; the others get None in their place), and
-    `optimizer.load_state_dict()` take such a full state, keeping this rank's shard."""
+    """Make (in place, by hooks) `optimizer.state_dict()` gather its sharded state to full
+    tensors on rank 0's CPU (a collective: every rank calls it; the others get None in their
+    place), and `optimizer.load_state_dict()` take such a full state, keeping this rank's shard."""
     optimizer.register_state_dict_post_hook(_gathered)
     optimizer.register_load_state_dict_pre_hook(_scattered)
 
