@@ -29,6 +29,16 @@ def _root() -> None:
     """Ablation runner for GRPO training tricks: all on, drop one at a time, with seeds."""
 
 
+def parse_summary(text: Optional[str], k: Optional[int]):
+    """report --summary / --last-k as a Summary (None: the default); a bad one is one line and exit 2."""
+    from grpo_ablate.report.curves import DEFAULT_SUMMARY, Summary
+
+    try:
+        return Summary.parse(text or DEFAULT_SUMMARY, k)
+    except ValueError as err:
+        fail(str(err))
+
+
 def fail(message: str, code: int = 2) -> None:
     """One clear line, non-zero exit, no traceback."""
     err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
@@ -80,6 +90,8 @@ def sweep(
     budget: Optional[str] = typer.Option(None, "--budget", help="--seeds auto: start no look past this wall time (90m, 2h)."),
     effect: Optional[float] = typer.Option(None, "--effect", help="--seeds auto: the smallest Δ that matters; "
                                            "a contrast whose repeated 95% interval lies inside ±X stops as 'no effect >= X'."),
+    summary: Optional[str] = typer.Option(None, "--summary", help="--seeds auto: what each look compares: final, "
+                                          "auc, best, last_k or last_<k> (as report --summary) [report's default]."),
     launcher: Optional[str] = typer.Option(None, "--launcher",
                                            help="basic | joblib | submitit_local | submitit_slurm | ray (default joblib)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", help="Runs at a time (default: one per core)."),
@@ -116,7 +128,7 @@ def sweep(
                        ("--base", base), ("--seeds", seeds), ("--family", family), ("--steps", steps),
                        ("--name", name), ("--dir", out), ("--max-runs", max_runs),
                        ("--controls", controls is not None), ("--control-budget", control_budget),
-                       ("--effect", effect), ("--dry-run", dry_run))
+                       ("--effect", effect), ("--summary", summary), ("--dry-run", dry_run))
             code = _resume_sweep(resume_dir, [opt for opt, value in planned if value], args, launcher, jobs,
                                  {"max_seeds": max_seeds, "budget": budget})
         else:
@@ -131,7 +143,7 @@ def sweep(
                     fail(f"--control-budget {control_budget} is not allowed; allowed: tokens, wall")
                 request.control_budget = control_budget
             request.sequential.update({k: v for k, v in (("max_seeds", max_seeds), ("budget", budget),
-                                                         ("effect", effect)) if v is not None})
+                                                         ("effect", effect), ("summary", summary)) if v is not None})
             if str(request.seeds) == "auto":
                 options = sequential.options_from(request.sequential)
                 code = sequential.start(request, options, console, dry_run=dry_run)
@@ -213,12 +225,13 @@ def _sweep_request(mode, args, tricks_, base, seeds, launcher, jobs, family, max
         launcher=launcher or spec.get("launcher", "joblib"), jobs=jobs,
         max_runs=max_runs or spec.get("max_runs", DEFAULT_MAX_RUNS), axes=axes,
         name=name or spec.get("name"), steps=steps or spec.get("steps"), sweep_dir=out,
-        controls=spec.get("controls"), sequential={k: spec[k] for k in ("max_seeds", "budget", "effect") if k in spec})
+        controls=spec.get("controls"),
+        sequential={k: spec[k] for k in ("max_seeds", "budget", "effect", "summary") if k in spec})
 
 
 _SWEEP_FILE_KEYS = ("name", "mode", "base", "tricks", "seeds", "overrides", "steps", "families",
                     "launcher", "max_runs", "controls", "description", "max_seeds", "budget", "effect",
-                    "variants")
+                    "summary", "variants")
 
 
 def _load_sweep_file(path: Path) -> dict:
@@ -376,6 +389,13 @@ def tricks(fmt: str = typer.Option("table", "--format", help="table, json or md"
 def report(
     sweep_dir: Path = typer.Argument(..., help="A sweep dir (manifest.json + one run dir per variant and seed)."),
     metric: str = typer.Option("eval/accuracy", "--metric", help="Metric to compare (eval/accuracy or eval_accuracy)."),
+    summary: Optional[str] = typer.Option(
+        None, "--summary", help="How a run's curve becomes the number compared: final, auc (compute-weighted "
+        "mean over training), best, last_k (mean of the last k evals; or last_<k>) [final]."),
+    last_k: Optional[int] = typer.Option(None, "--last-k", help="k of --summary last_k [3]."),
+    predict_from: Optional[float] = typer.Option(
+        None, "--predict-from", help="Also predict every verdict from this fraction of each run's steps (0-1), "
+        "beside the measured ones (a sweep still running is predicted anyway)."),
     fmt: str = typer.Option("md", "--format", help="What to print: md, csv or json (all three are written)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Where report.md/.csv/.json and the PNGs go [SWEEP_DIR]."),
     watch: Optional[float] = typer.Option(
@@ -402,8 +422,12 @@ def report(
         fail(f"--conflict-threshold {conflict_threshold} is not allowed; a cosine lies in [-1, 1]")
     if effect is not None and not effect > 0:
         fail(f"--effect {effect}: the smallest Δ that matters must be > 0")
+    if last_k is not None and (summary or "").lower() != "last_k":
+        fail(f"--last-k {last_k} belongs to --summary last_k (or give --summary last_{last_k})")
+    if predict_from is not None and not 0 < predict_from < 1:
+        fail(f"--predict-from {predict_from} is not allowed; give the fraction of each run's steps, in (0, 1)")
     options = {"metric": metric, "higher_is_better": not lower_is_better, "conflict_threshold": conflict_threshold,
-               "effect": effect}
+               "effect": effect, "summary": parse_summary(summary, last_k), "predict_from": predict_from}
     try:
         options["thresholds"] = rep.parse_thresholds(threshold)
         if wandb_report:

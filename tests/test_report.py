@@ -113,7 +113,7 @@ def test_cli_writes_md_csv_json_and_pngs(tmp_path):
     assert "## Variants" in md and "`drop-b-s1`: metrics.jsonl is empty" in md
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert pngs == ["curve_eval_accuracy.png", "curve_kl.png", "curve_length_mean.png",
-                    "curve_policy_entropy.png", "curve_reward_mean.png", "delta.png"]
+                    "curve_policy_entropy.png", "curve_reward_mean.png", "delta.png", "fits.png"]
     import matplotlib.image
     for name in pngs:
         assert f"]({name})" in md

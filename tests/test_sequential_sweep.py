@@ -192,6 +192,9 @@ def test_bad_budget_durations(text):
     (["sweep", "add-one-in", "--tricks", "batch_norm", "--no-controls", "--seeds", "auto", "--max-seeds", "70"],
      "2 variants x 70 seeds = 140 runs, above the limit of 128"),
     (["doctor", "--seeds", "auto"], "no contrast for --seeds auto"),
+    (["sweep", "add-one-in", "--tricks", "batch_norm", "--summary", "auc"], "belong to --seeds auto"),
+    (["sweep", "add-one-in", "--tricks", "batch_norm", "--seeds", "auto", "--summary", "mean"],
+     "--summary: summary 'mean' is not allowed; allowed: final, auc, best, last_k"),
 ])
 def test_bad_sequential_input_is_one_line_and_leaves_nothing(args, message, tmp_path, cache_dir):
     from test_sweep import cli_here
@@ -230,6 +233,20 @@ def test_dry_run_plans_the_first_look_the_maximum_and_the_time(tmp_path, cache_d
     per_run = float(np.median(walls))
     assert f"expected wall time ({per_run:.0f} s a run, the median of {len(walls)} runs of" in r.stdout
     assert f"look 1 ~{6 * per_run:.0f} s, at most ~{12 * per_run:.0f} s" in r.stdout
+
+
+def test_a_sequential_sweep_looks_at_the_summary_it_was_given(tmp_path, cache_dir):
+    from test_sweep import cli_here
+
+    args = ["sweep", "add-one-in", "--tricks", "batch_norm", "--seeds", "auto", "--summary", "auc",
+            "--no-controls", "--dir", str(tmp_path / "s"), "--launcher", "basic"]
+    r = cli_here(*args, "--dry-run", cwd=tmp_path)
+    assert r.exit_code == 0, r.output
+    assert "decided on the auc of eval/accuracy" in r.stdout and not (tmp_path / "s").exists()
+    req = sweep_seq.launch.SweepRequest(mode="add-one-in", tricks=["batch_norm"], seeds="auto", controls=False)
+    manifest = sweep_seq.plan(req, sweep_seq.options_from({"summary": "last_4"}))
+    assert manifest["sequential"]["summary"] == "last_4"
+    assert sweep_seq.plan(req, sweep_seq.options_from({}))["sequential"]["summary"] == "final"
 
 
 # ----------------------------------------------------------------------------- tiny real sweeps

@@ -4,8 +4,8 @@ Reads only files: the sweep's `manifest.json` and, per run dir, `metrics.jsonl`,
 `samples.jsonl`, `status.json` and `config.yaml`. No torch, no network, no W&B unless asked,
 so it works on a laptop that holds nothing but a copied sweep dir.
 
-Statistics are over seeds: a run's final metric is the last value it logged, a variant's is
-the mean over its *completed* runs with a 95% t-interval; a trick's effect is
+Statistics are over seeds: a run's number is a summary of its curve (`--summary`: the last
+value it logged by default; curves.py), a variant's is the mean over its *completed* runs with a 95% t-interval; a trick's effect is
 Δ = metric(with) − metric(without), paired by seed when both sides have the same seeds,
 otherwise Welch's interval. Diverged runs are not averaged in (their last value predates the
 blow-up); they are counted, flagged, drawn, and decide the *breaks training* verdict.
@@ -13,13 +13,18 @@ Control runs (the untrained base, the SFT control) are rows and reference curves
 variant's Δ against each is given the same way; they take part in no trick verdict.
 
     load.py         the sweep dir: manifest, run dirs, controls, contrasts (Run, Sweep)
-    stats.py        t quantile, mean and Δ with their 95% intervals, a run's final value / AUC
+    stats.py        t quantile, mean and Δ with their 95% intervals, a run's final value
+    curves.py       a run's curve against compute, and its summaries (final, auc, best, last_k)
+    fits.py         ScaleRL's sigmoid fit of one curve: A (ceiling), B (efficiency), poor fits
+    scaling.py      the fits over seeds, the ceiling/efficiency split, predicted verdicts
+    aggregate.py    rliable's IQM and probability of improvement (scipy)
     health.py       health flags of one run and their thresholds
     verdicts.py     the verdict vocabulary; a trick's verdict; a variant against a control
     diagnostics.py  gradient conflicts, pairwise interactions, the conflict check
     build.py        Report: everything above computed once (build_report)
     formatting.py   how numbers and intervals are written
     render.py       report.md, report.csv, report.json, stdout
+    render_curves.py  the curve sections of report.md / report.json
     plots.py        the PNGs
     write.py        write_report: the files, atomically
     live.py         --watch: refresh until every run has finished

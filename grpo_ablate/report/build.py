@@ -11,9 +11,16 @@ from grpo_ablate.errors import ReportError
 from grpo_ablate.report.diagnostics import analyse as analyse_diagnostics
 from grpo_ablate.report.health import HealthThresholds
 from grpo_ablate.report.load import FINISHED, Run, Sweep, load_sweep, nested_value
+from grpo_ablate.report import sequential as seq
+from grpo_ablate.report.aggregate import aggregate_iqm, probability_of_improvement
+from grpo_ablate.report.curves import DEFAULT_K, Summary, curve
 from grpo_ablate.report.power import cost_to_decide, sequential_section
-from grpo_ablate.report.stats import curve_mean, delta_ci, final_value, finite_mean, kl_column, mean_ci
-from grpo_ablate.report.verdicts import UNDECIDED, against_controls, contrast_verdicts
+from grpo_ablate.report.scaling import fit_section, predict_section
+from grpo_ablate.report.stats import delta_ci, final_value, finite_mean, kl_column, mean_ci
+from grpo_ablate.report.verdicts import UNDECIDED, against_controls, contrast_verdicts, decide_by_delta
+
+# The summaries the report compares side by side (its "Run summaries" section), whichever decides
+COMPARED_SUMMARIES = ("final", "auc", "best", "last_k")
 
 
 @dataclass
@@ -27,6 +34,11 @@ class Report:
     against_controls: list = field(default_factory=list)   # one dict per treatment and control
     diagnostics: dict = field(default_factory=dict)        # diagnostics.analyse: conflicts, interactions
     power: dict = field(default_factory=dict)              # power.cost_to_decide, and how verdicts were decided
+    summary: Summary = field(default_factory=Summary)      # how a run's curve became the number compared
+    summaries: list = field(default_factory=list)          # every summary's verdicts, side by side
+    fits: dict = field(default_factory=dict)               # scaling.fit_section: A, B, the split verdicts
+    predictions: dict | None = None                        # scaling.predict_section: predicted verdicts
+    aggregates: dict = field(default_factory=dict)         # rliable's IQM and probability of improvement
 
     @property
     def controls(self) -> dict:
@@ -44,11 +56,15 @@ def normalize_metric(name: str) -> str:
 
 
 def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: HealthThresholds | None = None,
-                 higher_is_better: bool = True, conflict_threshold: float = -0.1, effect: float | None = None) -> Report:
+                 higher_is_better: bool = True, conflict_threshold: float = -0.1, effect: float | None = None,
+                 summary: Summary | str = "final", predict_from: float | None = None) -> Report:
     """Everything the table, verdicts and pictures say, computed once. Raises ReportError
     for a missing dir or a metric that no run logged. `effect`: the smallest Δ that matters
-    (no-effect verdicts, and the seeds needed to detect it)."""
+    (no-effect verdicts, and the seeds needed to detect it). `summary`: how a run's curve
+    becomes the number compared (report/curves.py). `predict_from`: predict every contrast's
+    verdict from this fraction of each run's steps (a sweep still running is predicted anyway)."""
     thresholds = thresholds or HealthThresholds()
+    summary = summary if isinstance(summary, Summary) else Summary.parse(summary)
     sweep = load_sweep(sweep_dir, thresholds)
     metric = normalize_metric(metric)
     logged = set().union(*(r.metrics.columns for r in sweep.runs)) - {"step"} if sweep.runs else set()
@@ -57,24 +73,65 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
                           f"{', '.join(sorted(c for c in logged if c.startswith(('eval/', 'reward/', 'train/'))))}, ...")
 
     runs_of = {v["name"]: [r for r in sweep.runs if r.variant == v["name"]] for v in sweep.variants}
-    finals = {name: {r.key: final_value(r.metrics, metric) for r in runs if r.state == "completed"}
-              for name, runs in runs_of.items()}
-    areas = {name: {r.key: curve_mean(r.metrics, metric) for r in runs if r.state == "completed"}
-             for name, runs in runs_of.items()}
-    rows = [variant_row(sweep, v, runs_of, finals, areas) for v in sweep.variants]
-    sequential, not_sequential = sequential_section(sweep, metric, higher_is_better)
-    against = against_controls(sweep, finals, higher_is_better, sequential)
+    curves = {name: {r.key: curve(r.metrics, metric) for r in runs if r.state == "completed"}
+              for name, runs in runs_of.items()}                        # read once, summarised many ways
+    per_run = lambda how: {name: {key: how.of(c, higher_is_better) for key, c in cs.items()}
+                           for name, cs in curves.items()}
+    finals, areas = per_run(Summary("final")), per_run(Summary("auc"))
+    values = finals if summary.how == "final" else per_run(summary)     # what the verdicts compare
+    rows = [variant_row(sweep, v, runs_of, finals, areas, values, summary) for v in sweep.variants]
+    sequential, not_sequential = sequential_section(sweep, metric, higher_is_better, summary.label)
+    against = against_controls(sweep, values, higher_is_better, sequential)
     for c in against:   # the verdict against each control, as a column of the variant's row
         next(r for r in rows if r["variant"] == c["variant"])[f"beats_{c['role']}"] = c["beats"]
-    verdicts = contrast_verdicts(sweep, finals, areas, higher_is_better, sequential, effect)
+    verdicts = contrast_verdicts(sweep, values, areas, higher_is_better, sequential, effect)
     check_known_answers(sweep, verdicts)
-    report = Report(sweep, metric, higher_is_better, thresholds, rows, verdicts, against)
+    report = Report(sweep, metric, higher_is_better, thresholds, rows, verdicts, against, summary=summary)
     report.diagnostics = analyse_diagnostics(report, conflict_threshold)
     report.power = {**cost_to_decide(verdicts, UNDECIDED, sweep.runs), "sequential": sequential is not None,
                     "effect": effect, "note": not_sequential,
                     **({"looks": len(sequential["looks"]), "max_seeds": sequential["max_seeds"],
                         "stopped": (sequential.get("stopped") or {}).get("reason")} if sequential else {})}
+    if sweep.contrasts:
+        report.summaries = compare_summaries(sweep, per_run, areas, higher_is_better, effect, summary)
+    report.fits = fit_section(sweep, metric, higher_is_better, curves)
+    report.aggregates = aggregates(sweep, values, higher_is_better)
+    report.predictions = predict_section(sweep, metric, summary, higher_is_better, predict_from, decide_by_delta)
+    if report.predictions is not None and report.finished:   # a finished sweep: set beside what it measured
+        measured = {v["trick"]: v["verdict"] for v in verdicts}
+        for p in report.predictions["contrasts"]:
+            p["measured"] = measured.get(p["trick"])
     return report
+
+
+def aggregates(sweep: Sweep, values: dict, higher_is_better: bool) -> dict:
+    """rliable's numbers on the compared summary: each variant's IQM over its seeds, and each
+    contrast's probability that a run with the trick beats one without, with stratified
+    bootstrap intervals. One sweep is one task (stratum)."""
+    task = "this sweep"
+    return {"variants": {name: aggregate_iqm({task: list(v.values())}) for name, v in values.items()},
+            "contrasts": [{"trick": c["trick"], "with": c["with"], "without": c["without"],
+                           "improvement": probability_of_improvement(
+                               {task: list(values.get(c["with"], {}).values())},
+                               {task: list(values.get(c["without"], {}).values())},
+                               higher_is_better=higher_is_better)} for c in sweep.contrasts]}
+
+
+def compare_summaries(sweep: Sweep, per_run, areas: dict, higher_is_better: bool, effect: float | None,
+                      chosen: Summary) -> list[dict]:
+    """Every summary's fixed-95% verdicts on this sweep, with the paired SD and the seeds a
+    fixed design needs for 80% power at its own |Δ̂| (the chosen summary's k for last_k)."""
+    out = []
+    for how in COMPARED_SUMMARIES:
+        s = Summary(how, chosen.k if chosen.how == "last_k" else DEFAULT_K)
+        verdicts = contrast_verdicts(sweep, per_run(s), areas, higher_is_better, None, effect)
+        out.append({"summary": s.label, "chosen": s == chosen or (how == chosen.how == "final"),
+                    "decided": sum(v["verdict"] not in UNDECIDED for v in verdicts),
+                    "contrasts": [{"trick": v["trick"], "verdict": v["verdict"], "delta": v["delta"],
+                                   "sd": v["power"].get("sd"),
+                                   "seeds_needed": seq.seeds_needed(v["delta"].mean or 0.0, v["power"].get("sd") or 0.0)}
+                                  for v in verdicts]})
+    return out
 
 
 def check_known_answers(sweep: Sweep, verdicts: list[dict]) -> None:
@@ -87,9 +144,11 @@ def check_known_answers(sweep: Sweep, verdicts: list[dict]) -> None:
             v["as_expected"] = v["verdict"] in v["expected"]
 
 
-def variant_row(sweep: Sweep, v: dict, runs_of: dict[str, list[Run]], finals: dict, areas: dict) -> dict:
+def variant_row(sweep: Sweep, v: dict, runs_of: dict[str, list[Run]], finals: dict, areas: dict, values: dict,
+                summary: Summary) -> dict:
     """One row of the variants table: its runs' states, the metric's final value and AUC with
-    their CIs, Δ vs its reference and vs each control, the last logged health numbers."""
+    their CIs (and the compared summary's, when it is neither), Δ vs its reference and vs each
+    control on the compared summary, the last logged health numbers."""
     runs = runs_of[v["name"]]
     done = [r for r in runs if r.state == "completed"]
     reference = v.get("reference") if v.get("reference") in runs_of else None
@@ -102,7 +161,8 @@ def variant_row(sweep: Sweep, v: dict, runs_of: dict[str, list[Run]], finals: di
         "running_steps": [r.step for r in runs if r.state == "running"],
         "final": mean_ci(finals[v["name"]].values()),
         "auc": mean_ci(areas[v["name"]].values()),
-        "delta": delta_ci(finals[v["name"]], finals[reference]) if reference else None,
+        **({} if summary.how in ("final", "auc") else {"summary": mean_ci(values[v["name"]].values())}),
+        "delta": delta_ci(values[v["name"]], values[reference]) if reference else None,
         "length": finite_mean([final_value(r.metrics, "length/mean") for r in done]),
         "truncated": finite_mean([final_value(r.metrics, "length/truncated_frac") for r in done]),
         "entropy": finite_mean([final_value(r.metrics, "policy/entropy") for r in done]),
@@ -115,5 +175,5 @@ def variant_row(sweep: Sweep, v: dict, runs_of: dict[str, list[Run]], finals: di
         row["budget"] = next((str(b) for r in runs if (b := nested_value(r.config, "control", "budget"))), None)
     # the controls' columns: only when the sweep has them, so a sweep without is unchanged
     for role, control in sweep.controls.items():
-        row[f"delta_vs_{role}"] = None if control == v["name"] else delta_ci(finals[v["name"]], finals[control])
+        row[f"delta_vs_{role}"] = None if control == v["name"] else delta_ci(values[v["name"]], values[control])
     return row

@@ -106,11 +106,11 @@ def _conflict_lines(section: dict) -> list[str]:
 
 # --------------------------------------------------------------------------- interactions
 def _finals(report) -> dict[str, dict]:
-    """variant -> {seed: final metric} over its completed runs (as the report's table)."""
+    """variant -> {seed: the report's summary of the metric} over its completed runs (as its verdicts)."""
     out = {v["name"]: {} for v in report.sweep.variants}
     for r in report.sweep.runs:
         if r.state == "completed" and r.variant in out:
-            value = final_value(r.metrics, report.metric)
+            value = report.summary(r.metrics, report.metric, report.higher_is_better)
             if value is not None and math.isfinite(value):
                 out[r.variant][r.key] = value
     return out

@@ -35,6 +35,9 @@ def plot_figures(report: Report, out_dir: Path) -> list[tuple[str, str]]:
             figures.append((label, save(fig, out_dir, f"curve_{column.replace('/', '_')}.png")))
     if report.verdicts:
         figures.append(("Δ per trick", save(delta_figure(report), out_dir, "delta.png")))
+    fig = fits_figure(report, colors)
+    if fig is not None:
+        figures.append(("Compute–performance fits", save(fig, out_dir, "fits.png")))
     figures += plot_diagnostics(report, out_dir)   # the interaction heatmap, when the sweep has pairs
     return figures
 
@@ -136,4 +139,31 @@ def delta_figure(report: Report) -> Figure:
     ax.invert_yaxis()
     ax.set(xlabel=f"Δ {report.metric} (with − without)", title="Effect of each trick, 95% CI")
     ax.grid(axis="x", alpha=0.3)
+    return fig
+
+
+def fits_figure(report: Report, colors: dict) -> Figure | None:
+    """Each variant's measured points (every seed) against compute, and its pooled fitted curve
+    (solid when the fit is good, dotted when poor); None when nothing was fitted."""
+    variants = [v for v in report.fits.get("variants", []) if v["curves"]]
+    if not variants:
+        return None
+    fig = Figure(figsize=(7.5, 4.2))
+    ax = fig.add_subplot()
+    for v in variants:
+        color = colors.get(v["variant"], "gray")
+        for points in v["curves"].values():
+            ax.plot(points.compute, points.values, "o", color=color, alpha=0.35, markersize=3)
+        p = v["pooled"]
+        if p.A is not None:
+            grid = np.linspace(0.0, p.c_max, 200)
+            label = f"{v['variant']}: A {p.A:.3f}, B {p.B:.2f}" + ("" if p.ok else " (poor fit)")
+            ax.plot(grid, p.at(grid), "-" if p.ok else ":", color=color, label=label)
+        else:
+            ax.plot([], [], "o", color=color, label=f"{v['variant']}: not fitted")
+    unit = report.fits.get("unit")
+    ax.set_xlabel("compute (sampled + trained completion tokens)" if unit == "tokens" else f"compute ({unit})")
+    ax.set_ylabel(report.metric)
+    ax.set_title("Measured points per seed; pooled sigmoid fit per variant (ScaleRL)")
+    ax.legend(fontsize=7, loc="lower right")
     return fig

@@ -22,16 +22,22 @@ from grpo_ablate.report import sequential as seq
 from grpo_ablate.report.load import Sweep
 
 
-def sequential_section(sweep: Sweep, metric: str, higher_is_better: bool) -> tuple[dict | None, str | None]:
+def sequential_section(sweep: Sweep, metric: str, higher_is_better: bool,
+                       summary: str = "final") -> tuple[dict | None, str | None]:
     """(the manifest's sequential section, None) when its looks decide this report; (None, why
-    not) when the sweep was sequential but on another metric or direction; (None, None) else."""
+    not) when the sweep was sequential but on another metric, summary or direction; (None, None)
+    else. A sweep recorded before summaries existed decided on `final`."""
     section = sweep.sequential
     if not section:
         return None, None
-    if section.get("metric") != metric or bool(section.get("higher_is_better", True)) != higher_is_better:
+    looked = section.get("summary", "final")
+    if (section.get("metric") != metric or looked != summary
+            or bool(section.get("higher_is_better", True)) != higher_is_better):
         direction = "higher" if section.get("higher_is_better", True) else "lower"
-        return None, (f"this sweep decided its looks on `{section.get('metric')}` ({direction} is better); on "
-                      f"`{metric}` the verdicts use fixed 95% intervals, which do not account for those looks")
+        of = lambda label: "" if looked == summary == "final" else f"the {label} of "
+        return None, (f"this sweep decided its looks on {of(looked)}`{section.get('metric')}` ({direction} is "
+                      f"better); on {of(summary)}`{metric}` the verdicts use fixed 95% intervals, which do not "
+                      "account for those looks")
     return section, None
 
 

@@ -11,14 +11,17 @@ import numpy as np
 import pandas as pd
 
 from grpo_ablate.report.build import Report
+from grpo_ablate.report.curves import Summary
 from grpo_ablate.report.diagnostics import markdown_sections as diagnostics_sections
 from grpo_ablate.report.formatting import fmt_delta, fmt_estimate, fmt_num, fmt_sig
 from grpo_ablate.report.health import BREAKING_FLAGS
 from grpo_ablate.report.load import CONTROL_COLUMNS, CONTROL_LABELS
-from grpo_ablate.report.stats import Estimate, curve_mean, final_value
+from grpo_ablate.report.render_curves import json_sections, markdown_sections as curve_sections
+from grpo_ablate.report.stats import Estimate, final_value
 from grpo_ablate.report.verdicts import BEATS, BREAKS_TRAINING, NO_COMPARISON, NOT_SHOWN
 
 STATES = ("completed", "diverged", "failed", "running", "missing")   # a run's states, in table order
+AUC = Summary("auc")
 
 
 def render_stdout(report: Report, fmt: str) -> str:
@@ -50,7 +53,8 @@ def render_markdown(report: Report, figures: list[tuple[str, str]] | None = None
         out += ["", "## Power", ""] + power_lines(report)
     if report.controls:
         out += ["", "## Against the controls", ""] + control_lines(report)
-    out += [""] + diagnostics_sections(report)
+    out += [""] + curve_sections(report)
+    out += diagnostics_sections(report)
     out += health_lines(report)
     out += ["", "## Runs", "", runs_table(report), ""]
     if figures is not None:
@@ -76,8 +80,12 @@ def header_lines(report: Report) -> list[str]:
             "; ".join(f for f in facts if f) + ".", "",
             f"Metric: `{report.metric}` ({direction} is better). Final = the last value a run logged; "
             "a variant's numbers are means over its completed runs, ± the half-width of the 95% "
-            "t-interval over seeds. AUC = the metric averaged over its curve (trapezoid / steps). "
-            "Δ = variant − reference, paired by seed when both have the same seeds, else Welch. "
+            "t-interval over seeds. AUC = the metric averaged over its curve (trapezoid over compute: sampled + "
+            "trained tokens; over steps where a run logged none). "
+            + ("" if report.summary.how == "final" else
+               f"**Compared: each run's {report.summary.label}** ({report.summary.describe()}): Δ, verdicts and "
+               "the controls' comparisons are on it. ")
+            + "Δ = variant − reference, paired by seed when both have the same seeds, else Welch. "
             "length, truncated, entropy, KL = last logged `length/mean`, `length/truncated_frac`, "
             "`policy/entropy`, `kl/k3` (else `kl/k1`); wall s = status.json's wall time."
             + (" Controls: " + ", ".join(f"`{name}` ({CONTROL_LABELS[role]})" for role, name in report.controls.items())
@@ -164,12 +172,17 @@ def verdict_lines(report: Report) -> list[str]:
         d = v["delta"]
         numbers = ""
         if d.mean is not None:
-            numbers = f"Δ {report.metric} ({v['with']} − {v['without']}) = {fmt_num(d.mean, signed=True)}"
+            numbers = f"Δ {compared(report)} ({v['with']} − {v['without']}) = {fmt_num(d.mean, signed=True)}"
             if d.has_ci:
                 numbers += f", 95% CI [{fmt_num(d.low, signed=True)}, {fmt_num(d.high, signed=True)}]"
             numbers += f", {d.basis}; "
         lines.append(f"- **{v['trick']}**: *{v['verdict']}* — {numbers}{v['why']}.")
     return lines
+
+
+def compared(report: Report) -> str:
+    """What a Δ is of: the metric, or the summary of it when that is not the final value."""
+    return report.metric if report.summary.how == "final" else f"{report.summary.label} {report.metric}"
 
 
 def known_answer_lines(checks: list[dict]) -> list[str]:
@@ -188,7 +201,7 @@ def control_lines(report: Report) -> list[str]:
     """The "Against the controls" section: for every treatment, does it beat each control?
     Not beating the SFT control is said plainly: RL is not shown to help here."""
     direction = "above" if report.higher_is_better else "below"
-    lines = [f"Δ = variant − control on the final `{report.metric}`, paired by seed when both have the same "
+    lines = [f"Δ = variant − control on the {report.summary.label} `{report.metric}`, paired by seed when both have the same "
              f"seeds, else Welch. A variant *beats* a control only when the 95% CI of Δ lies entirely {direction} zero.", ""]
     by_variant: dict[str, list] = {}
     for c in report.against_controls:
@@ -234,7 +247,8 @@ def controls_summary(report: Report) -> str | None:
 # --------------------------------------------------------------------------- tables
 def variants_table(report: Report) -> str:
     m = report.metric
-    header = ["variant", "tricks on", "seeds", "status", f"final {m} (95% CI)", f"AUC {m}", "Δ vs reference",
+    extra = [f"{report.summary.label} {m} (compared)"] if any("summary" in row for row in report.rows) else []
+    header = ["variant", "tricks on", "seeds", "status", f"final {m} (95% CI)", f"AUC {m}", *extra, "Δ vs reference",
               *(CONTROL_COLUMNS[role] for role in report.controls),
               "length", "truncated", "entropy", "KL", "wall s", "flags"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -246,7 +260,8 @@ def variants_table(report: Report) -> str:
         versus = ["control" if control == row["variant"] else fmt_estimate(row[f"delta_vs_{role}"], signed=True)
                   for role, control in report.controls.items()]
         cells = [name, tricks_cell(row), ",".join(map(str, row["seeds"])) or "—",
-                 status_cell(row), fmt_estimate(row["final"]), fmt_estimate(row["auc"]), delta, *versus,
+                 status_cell(row), fmt_estimate(row["final"]), fmt_estimate(row["auc"]),
+                 *([fmt_estimate(row.get("summary"))] if extra else []), delta, *versus,
                  fmt_num(row["length"], 1), fmt_num(row["truncated"], 2), fmt_num(row["entropy"]), fmt_sig(row["kl"]),
                  fmt_num(row["wall_time_s"], 1),
                  ", ".join(f"{k}×{n}" for k, n in sorted(row["flags"].items())) or "—"]
@@ -287,7 +302,7 @@ def runs_table(report: Report) -> str:
         flags = ", ".join(f"{f.name}@{f.step}" for f in r.flags) or "—"
         notes = "; ".join(r.notes + ([f"reason: {r.reason}"] if r.reason else [])) or "—"
         cells = [r.name, r.variant, str(r.seed), r.state, str(r.step if r.step is not None else "—"),
-                 fmt_num(final_value(r.metrics, report.metric)), fmt_num(curve_mean(r.metrics, report.metric)),
+                 fmt_num(final_value(r.metrics, report.metric)), fmt_num(AUC(r.metrics, report.metric)),
                  flags, notes]
         lines.append("| " + " | ".join(c.replace("|", "/").replace("\n", " ") for c in cells) + " |")
     return "\n".join(lines)
@@ -303,7 +318,7 @@ def flat_rows(report: Report) -> pd.DataFrame:
         for state in STATES:
             rec[f"n_{state}"] = row["status"].get(state, 0)
         rec["diverged_steps"] = ";".join(map(str, row["diverged_steps"]))
-        for name in ("final", "auc", "delta"):
+        for name in ("final", "auc", *(["summary"] if "summary" in row else []), "delta"):
             est = row[name] or Estimate()
             rec.update({f"{name}_mean": est.mean, f"{name}_ci_low": est.low, f"{name}_ci_high": est.high,
                         f"{name}_n": est.n})
@@ -345,8 +360,9 @@ def report_json(report: Report, figures: list[tuple[str, str]] | None = None) ->
         **({"controls": report.controls, "against_controls": report.against_controls} if report.controls else {}),
         "runs": [{"run_dir": r.name, "variant": r.variant, "seed": r.seed, "state": r.state, "step": r.step,
                   "reason": r.reason, "wall_time_s": r.wall_time_s, "final": final_value(r.metrics, report.metric),
-                  "auc": curve_mean(r.metrics, report.metric), "flags": [asdict(f) for f in r.flags],
+                  "auc": AUC(r.metrics, report.metric), "flags": [asdict(f) for f in r.flags],
                   "notes": r.notes} for r in s.runs],
         "figures": [name for _, name in figures or []],
         "diagnostics": report.diagnostics,
+        **json_sections(report),
     })

@@ -1,6 +1,6 @@
 """Statistics over seeds: means and differences of means with their 95% t-intervals.
 
-A run's number is the last value it logged (`final_value`) or its curve's mean (`curve_mean`);
+A run's number is the last value it logged (`final_value`) or another summary of its curve (curves.py);
 a variant's is the mean over its completed runs (`mean_ci`); a trick's effect is
 Δ = mean(with) − mean(without) (`delta_ci`), paired by seed when both sides have the same
 seeds, otherwise Welch's interval. The Student-t quantile is computed here (incomplete beta
@@ -125,18 +125,6 @@ def final_value(metrics: pd.DataFrame, column: str) -> float | None:
         return None
     values = metrics[column].dropna()
     return float(values.iloc[-1]) if len(values) else None
-
-
-def curve_mean(metrics: pd.DataFrame, column: str) -> float | None:
-    """Area under the curve over its step range (trapezoid), i.e. the metric's mean over
-    training: less noisy than the last point."""
-    if column not in metrics:
-        return None
-    points = metrics[["step", column]].dropna()
-    if len(points) < 2:
-        return float(points[column].iloc[0]) if len(points) else None
-    steps, values = points["step"].to_numpy(float), points[column].to_numpy(float)
-    return float(np.sum((values[1:] + values[:-1]) / 2 * np.diff(steps)) / (steps[-1] - steps[0]))
 
 
 def kl_column(metrics: pd.DataFrame) -> str | None:

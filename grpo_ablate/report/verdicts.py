@@ -137,7 +137,7 @@ def decide(with_runs: list[Run], without_runs: list[Run], delta: Estimate, highe
                         for r in broke_with)
         return BREAKS_TRAINING, (f"{len(broke_with)} of {len(with_done)} runs with it broke ({how}); "
                                  f"0 of {len(without_done)} without it")
-    verdict, why = _decide_by_delta(delta, higher_is_better)
+    verdict, why = decide_by_delta(delta, higher_is_better)
     if broke_without or broke_with:  # the numbers are only part of the story then
         why += (f" (runs that broke: {len(broke_with)} of {len(with_done)} with it, "
                 f"{len(broke_without)} of {len(without_done)} without)")
@@ -172,7 +172,7 @@ def same_metrics(a: Run, b: Run) -> bool:
             and bool((left.astype(object).fillna("nan").values == right.astype(object).fillna("nan").values).all()))
 
 
-def _decide_by_delta(delta: Estimate, higher_is_better: bool) -> tuple[str, str]:
+def decide_by_delta(delta: Estimate, higher_is_better: bool) -> tuple[str, str]:
     if delta.mean is None:
         return NO_VERDICT, "no completed runs on one side to compare"
     if not delta.has_ci:
@@ -238,7 +238,7 @@ def compare_with_control(delta: Estimate, control: dict, higher_is_better: bool)
         if delta.n <= 1 and "Welch" not in delta.basis:
             return NOT_SHOWN, None, "one seed: no comparison is possible beyond the point estimate"
         return NOT_SHOWN, None, f"too few completed runs for an interval ({delta.basis})"
-    if delta.low == delta.high and delta.low != 0.0:   # as in _decide_by_delta: a coarse metric, not certainty
+    if delta.low == delta.high and delta.low != 0.0:   # as in decide_by_delta: a coarse metric, not certainty
         return NOT_SHOWN, False, "every seed gave the same Δ: a zero-width interval says nothing about noise"
     if (delta.low > 0) if higher_is_better else (delta.high < 0):
         return BEATS, True, f"the 95% CI of Δ lies entirely {'above' if higher_is_better else 'below'} zero"

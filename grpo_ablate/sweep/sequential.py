@@ -30,8 +30,9 @@ import yaml
 
 from grpo_ablate.report import sequential as seq
 from grpo_ablate.report.activity import ACTIVITY
+from grpo_ablate.report.curves import DEFAULT_SUMMARY, Summary
 from grpo_ablate.report.health import Flag, HealthThresholds
-from grpo_ablate.report.load import Run, load_run
+from grpo_ablate.report.load import Run, load_run, metrics_frame
 from grpo_ablate.report.stats import Estimate
 from grpo_ablate.report.verdicts import BREAKS_TRAINING, INERT, decide, inertness
 from grpo_ablate.rundir import read_rows, read_status
@@ -49,6 +50,7 @@ class Options:
     budget_s: float | None = None
     effect: float | None = None
     initial_seeds: int = seq.INITIAL_SEEDS
+    summary: str = DEFAULT_SUMMARY      # what each look compares (report/curves.py), as its label
 
 
 def parse_duration(text) -> float:
@@ -76,6 +78,11 @@ def options_from(given: dict) -> Options:
         options.budget_s = parse_duration(given["budget"])
     if given.get("effect") is not None:
         options.effect = float(given["effect"])
+    if given.get("summary") is not None:
+        try:
+            options.summary = Summary.parse(str(given["summary"])).label
+        except ValueError as err:
+            raise SweepError(f"--summary: {err}") from None
     check_options(options)
     return options
 
@@ -117,7 +124,8 @@ def plan(req: launch.SweepRequest, options: Options) -> dict:
                          f"--max-runs {most}, lower --max-seeds or sweep fewer tricks")
     manifest["sequential"] = {
         "initial_seeds": options.initial_seeds, "max_seeds": options.max_seeds, "budget_s": options.budget_s,
-        "effect": options.effect, "metric": METRIC, "higher_is_better": True, "alpha": seq.ALPHA,
+        "effect": options.effect, "metric": METRIC, "summary": options.summary, "higher_is_better": True,
+        "alpha": seq.ALPHA,
         "spending": "obrien-fleming", "elapsed_s": 0.0, "stopped": None,
         "looks": [_look_record(1, None, [r["run_dir"] for r in manifest["runs"]], options.max_seeds)]}
     if not contrasts_of(manifest):
@@ -145,8 +153,10 @@ def contrasts_of(manifest: dict) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------ deciding (reads the dir)
-def read_finals(sweep_dir: Path, manifest: dict, metric: str) -> tuple[dict, dict]:
-    """({variant: {seed: final metric of a completed run}}, {variant: [(seed, run dir, state, status)]})."""
+def read_finals(sweep_dir: Path, manifest: dict, metric: str, summary: str = "final") -> tuple[dict, dict]:
+    """({variant: {seed: the summary of the metric of a completed run}}, {variant: [(seed, run dir,
+    state, status)]}). `summary`: a label of report/curves.py (final when the manifest predates them)."""
+    how = Summary.parse(summary)
     finals, runs = {}, {}
     for entry in manifest["runs"]:
         run_dir = Path(sweep_dir) / entry["run_dir"]
@@ -155,9 +165,9 @@ def read_finals(sweep_dir: Path, manifest: dict, metric: str) -> tuple[dict, dic
         runs.setdefault(entry["variant"], []).append((entry["seed"], run_dir, state, status))
         finals.setdefault(entry["variant"], {})
         if state == "completed":
-            values = [r[metric] for r in read_rows(run_dir / "metrics.jsonl") if r.get(metric) is not None]
-            if values:
-                finals[entry["variant"]][entry["seed"]] = float(values[-1])
+            value = how(metrics_frame(read_rows(run_dir / "metrics.jsonl")), metric)
+            if value is not None:
+                finals[entry["variant"]][entry["seed"]] = float(value)
     return finals, runs
 
 
@@ -167,7 +177,7 @@ def decide_look(sweep_dir: Path, manifest: dict) -> list[dict]:
     section = manifest["sequential"]
     plan = seq.Plan(section["initial_seeds"], section["max_seeds"], section["alpha"], section["spending"],
                     section["effect"])
-    finals, runs = read_finals(sweep_dir, manifest, section["metric"])
+    finals, runs = read_finals(sweep_dir, manifest, section["metric"], section.get("summary", "final"))
     earlier = [look["decisions"] for look in section["looks"][:-1] if look["decisions"]]
     decisions = []
     for contrast in contrasts_of(manifest):
@@ -406,6 +416,12 @@ def _add_time(section: dict, seconds: float) -> None:
     look["wall_s"] = round((look["wall_s"] or 0.0) + seconds, 2)
 
 
+def compared(section: dict) -> str:
+    """What the looks compare: the metric, or its summary when that is not the final value."""
+    summary = section.get("summary", "final")
+    return section["metric"] if summary == "final" else f"the {summary} of {section['metric']}"
+
+
 def _say(console, text: str) -> None:
     console.print(text, markup=False, highlight=False)
 
@@ -457,7 +473,7 @@ def print_decisions(manifest: dict, console) -> None:
     decided = sum(d["outcome"] != UNDECIDED for d in decisions)
     _say(console, f"sequential sweep {manifest['name']}: stopped ({stopped.get('reason')}) after "
                   f"{len(section['looks'])} look(s), max {section['max_seeds']} seeds; {decided} of {len(decisions)} "
-                  f"contrasts decided on {section['metric']}:")
+                  f"contrasts decided on {compared(section)}:")
     for d in decisions:
         _say(console, "  - " + decision_text(d))
 
@@ -482,7 +498,7 @@ def planner_text(manifest: dict, req: launch.SweepRequest) -> str:
     looks = section["max_seeds"] - section["initial_seeds"] + 1
     text = (f"seeds auto: look 1 = {variants} variants x {section['initial_seeds']} seeds = {first} runs; then one "
             f"seed per look to the variants of open contrasts, at most {looks} looks and {most} runs "
-            f"({section['max_seeds']} seeds); decided on {section['metric']} with false helps/hurts <= 5% overall")
+            f"({section['max_seeds']} seeds); decided on {compared(section)} with false helps/hurts <= 5% overall")
     parent = Path(req.sweep_dir).parent if req.sweep_dir else Path("runs") / "sweeps"
     measured = measured_run_seconds(parent) if parent.is_dir() else None
     if measured is None:

@@ -58,6 +58,7 @@ class SampledGroups:
     scores: torch.Tensor     # [rows] the verifier's rewards
     group_index: torch.Tensor  # [rows] row -> group (groups may be ragged)
     rounds: int
+    sampled_tokens: int = 0  # every completion token generated for this batch, kept or not (compute)
 
 
 @dataclass
@@ -163,7 +164,7 @@ class GRPOStep:
         updated = time.perf_counter()
         metrics = {"step": step, "loss": update.loss,                             # 5. metrics
                    **self.metrics(batch, shaped, adv, anchors, update, coef, T), **mismatch, **diag,
-                   **self.timings(started, sampled, scored, rewarded, updated, shaped.mask),
+                   **self.timings(started, sampled, scored, rewarded, updated, shaped.mask, batch.sampled_tokens),
                    "time/elapsed_s": updated - self.started}
         if not update.finite and cfg.on_nonfinite == "stop":
             what = "loss" if not math.isfinite(update.loss) else "grad norm"
@@ -354,14 +355,15 @@ class GRPOStep:
         return out
 
     @staticmethod
-    def timings(started, sampled, scored, rewarded, updated, mask) -> dict:
+    def timings(started, sampled, scored, rewarded, updated, mask, sampled_tokens: int) -> dict:
         tokens = mask.sum().item()
         return {"time/sample_s": sampled - started,     # generation and verifier
                 "time/reference_s": scored - sampled,   # pi_ref (and pi_old) forwards
                 "time/reward_s": rewarded - scored,
                 "time/update_s": updated - rewarded,
                 "time/step_s": updated - started,
-                "perf/completion_tokens": tokens,
+                "perf/completion_tokens": tokens,           # trained
+                "perf/sampled_tokens": sampled_tokens,      # generated (every round): with the trained, the compute axis
                 "perf/tokens_per_s": tokens / max(updated - started, 1e-9)}
 
     def samples(self, batch: SampledGroups, rewards) -> list[dict]:
@@ -427,11 +429,12 @@ def sample_groups(rollouts: Rollouts, task, cfg: DictConfig, step: int, T: float
     """
     B, G = int(cfg.rollout.prompts_per_step), int(cfg.rollout.group_size)
     group_filter, max_rounds = trick(cfg, "sampling"), int(cfg.sampling.max_rounds)
-    rolls, problems, texts, scores, rounds = [], [], [], [], 0
+    rolls, problems, texts, scores, rounds, sampled_tokens = [], [], [], [], 0, 0
     for sampling_round in range(max_rounds):
         round_problems = task.train_batch(B, int(cfg.seed), step, sampling_round)
         graded = rollouts(round_problems, G, T, ("train", step, sampling_round))
         rounds += 1
+        sampled_tokens += int(graded.roll.lengths.sum())   # dropped groups cost compute too
         kept = group_filter(graded.scores.view(B, G)).nonzero().squeeze(1)
         kept = kept[:B - len(problems)]                  # never more than B groups in total
         rows = (kept[:, None] * G + torch.arange(G)).reshape(-1)
@@ -445,7 +448,8 @@ def sample_groups(rollouts: Rollouts, task, cfg: DictConfig, step: int, T: float
         rolls, problems, texts, scores = [graded.roll], round_problems, graded.texts, [graded.scores]
     group_index = torch.arange(len(problems)).repeat_interleave(G)
     return grow_groups(rollouts, cfg, step, T, SampledGroups(concat_rollouts(rolls, rollouts.pad_id), problems,
-                                                             texts, torch.cat(scores), group_index, rounds))
+                                                             texts, torch.cat(scores), group_index, rounds,
+                                                             sampled_tokens))
 
 
 def grow_groups(rollouts: Rollouts, cfg: DictConfig, step: int, T: float, batch: SampledGroups) -> SampledGroups:
@@ -454,7 +458,7 @@ def grow_groups(rollouts: Rollouts, cfg: DictConfig, step: int, T: float, batch:
     g_step = int(cfg.sampling.get("g_step") or 1)
     g_max = int(cfg.sampling.get("g_max") or cfg.rollout.group_size)
     rolls, texts, scores, group_index = [batch.roll], list(batch.texts), [batch.scores], batch.group_index
-    n_groups, growth = len(batch.problems), 0
+    n_groups, growth, sampled_tokens = len(batch.problems), 0, batch.sampled_tokens
     while True:
         _, spread = group_mean_std(torch.cat(scores), group_index)
         sizes = torch.bincount(group_index, minlength=n_groups)
@@ -465,10 +469,11 @@ def grow_groups(rollouts: Rollouts, cfg: DictConfig, step: int, T: float, batch:
         growth += 1
         more = rollouts([batch.problems[g] for g in grow], g_step, T, ("grow", step, growth))
         rolls.append(more.roll)
+        sampled_tokens += int(more.roll.lengths.sum())
         texts += more.texts
         scores.append(more.scores)
         group_index = torch.cat([group_index, torch.tensor(grow).repeat_interleave(g_step)])
     if growth == 0:
         return batch
     return SampledGroups(concat_rollouts(rolls, rollouts.pad_id), batch.problems, texts, torch.cat(scores),
-                         group_index, batch.rounds)
+                         group_index, batch.rounds, sampled_tokens)

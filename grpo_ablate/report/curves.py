@@ -1,0 +1,130 @@
+"""How a run's curve becomes the one number a contrast compares (`report --summary`).
+
+A run logs its eval metric at step 0 (the base), every `eval.every` steps and at the end. The
+report compares one number per run; which one is the *summary*:
+
+    final    the last value logged: the level at the end (the only choice before issue 21)
+    auc      the curve's mean over training, compute-weighted: the trapezoid of the eval points
+             against the compute spent to reach them, divided by the compute spanned. It rewards
+             getting there sooner as well as the level, and averages the eval's noise over
+             the points: on the default sweep its paired SD is several times final's
+    best     the best value logged (max, or min when lower is better): a best-checkpoint rule
+    last_k   the mean of the last k values: the level at the end, averaged over k evals
+
+Compute (the x axis of `auc` and of the fits, report/fits.py): the completion tokens sampled
+(`perf/sampled_tokens`, every sampling round, kept or not) plus those trained
+(`perf/completion_tokens`), summed over the steps up to each eval; step 0 has spent nothing.
+A run that logged neither (older runs, the SFT control) is measured in steps instead, so a
+report of an older sweep is unchanged.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+SUMMARIES = ("final", "auc", "best", "last_k")
+DEFAULT_SUMMARY = "final"
+DEFAULT_K = 3
+COMPUTE_COLUMNS = ("perf/sampled_tokens", "perf/completion_tokens")
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A metric's logged points: steps, the compute spent by each, and the values (finite only)."""
+    steps: np.ndarray
+    compute: np.ndarray
+    values: np.ndarray
+    unit: str = "tokens"     # what `compute` counts: tokens, or steps where no token count was logged
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def upto(self, step: float) -> "Curve":
+        """The points logged at or before `step` (a prefix of the run)."""
+        keep = self.steps <= step
+        return Curve(self.steps[keep], self.compute[keep], self.values[keep], self.unit)
+
+
+def compute_axis(metrics: pd.DataFrame) -> tuple[np.ndarray, str]:
+    """Cumulative compute at the end of each logged row (aligned with the rows), and its unit."""
+    steps = metrics["step"].to_numpy(float)
+    if all(c in metrics for c in COMPUTE_COLUMNS):
+        tokens = metrics[list(COMPUTE_COLUMNS)].to_numpy(float)
+        trained = steps > 0
+        if trained.any() and np.isfinite(tokens[trained]).all():     # every step counted its tokens
+            return np.cumsum(np.where(trained, np.nan_to_num(tokens).sum(axis=1), 0.0)), "tokens"
+    return steps, "steps"
+
+
+def curve(metrics: pd.DataFrame, column: str) -> Curve:
+    """The points where `column` was logged (finite), with their compute."""
+    if column not in metrics or metrics.empty:
+        return Curve(np.zeros(0), np.zeros(0), np.zeros(0))
+    compute, unit = compute_axis(metrics)
+    values = metrics[column].to_numpy(float)
+    keep = np.isfinite(values)
+    return Curve(metrics["step"].to_numpy(float)[keep], compute[keep], values[keep], unit)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One of SUMMARIES (`how`), with `k` for last_k. Called on a run's metrics, it gives the
+    run's number, or None when the run logged no finite value of the metric."""
+    how: str = DEFAULT_SUMMARY
+    k: int = DEFAULT_K
+
+    @classmethod
+    def parse(cls, text: str, k: int | None = None) -> "Summary":
+        """`final`, `auc`, `best`, `last_k` (k from `k`, default 3) or `last_<k>` (e.g. last_3).
+        Raises ValueError with the allowed values."""
+        name = str(text).strip().lower()
+        match = re.fullmatch(r"last_(\d+)", name)
+        if match:
+            name, k = "last_k", int(match.group(1))
+        if name not in SUMMARIES:
+            raise ValueError(f"summary {text!r} is not allowed; allowed: final, auc, best, last_k (or last_<k>, "
+                             "e.g. last_3)")
+        k = DEFAULT_K if k is None else int(k)
+        if k < 1:
+            raise ValueError(f"last_k needs k >= 1 (the number of last evals averaged), got {k}")
+        return cls(name, k)
+
+    @property
+    def label(self) -> str:
+        return f"last_{self.k}" if self.how == "last_k" else self.how
+
+    def describe(self) -> str:
+        return {"final": "the last value a run logged",
+                "auc": "the curve's compute-weighted mean over training (trapezoid over compute / compute spanned)",
+                "best": "the best value a run logged",
+                "last_k": f"the mean of the last {self.k} values a run logged"}[self.how]
+
+    def __call__(self, metrics: pd.DataFrame, column: str, higher_is_better: bool = True) -> float | None:
+        return self.of(curve(metrics, column), higher_is_better)
+
+    def of(self, points: Curve, higher_is_better: bool = True) -> float | None:
+        values = points.values
+        if len(values) == 0:
+            return None
+        if self.how == "final":
+            return float(values[-1])
+        if self.how == "best":
+            return float(values.max() if higher_is_better else values.min())
+        if self.how == "last_k":
+            return float(values[-self.k:].mean())
+        return trapezoid_mean(points.compute, values)
+
+
+def trapezoid_mean(x: np.ndarray, y: np.ndarray) -> float:
+    """The mean of y over x by the trapezoid rule; one point (or no span) gives its value."""
+    if len(y) == 1 or not x[-1] > x[0]:
+        return float(y[-1]) if len(y) == 1 else float(np.mean(y))
+    return float(np.sum((y[1:] + y[:-1]) / 2 * np.diff(x)) / (x[-1] - x[0]))
+
+
+def finite(value) -> bool:
+    return value is not None and math.isfinite(value)

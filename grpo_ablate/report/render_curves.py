@@ -1,0 +1,122 @@
+"""The report's curve sections as markdown and JSON: the run summaries side by side, the
+compute–performance fits with their split verdicts, and the predicted verdicts."""
+from __future__ import annotations
+
+from grpo_ablate.report.build import Report
+from grpo_ablate.report.fits import CEILING_TOLERANCE
+from grpo_ablate.report.formatting import fmt_estimate, fmt_num
+
+
+def markdown_sections(report: Report) -> list[str]:
+    out = []
+    if report.summaries:
+        out += ["## Run summaries", ""] + summary_lines(report) + [""]
+    if report.fits.get("variants") or report.fits.get("why"):
+        out += ["## Compute–performance fits", ""] + fit_lines(report) + [""]
+    if report.predictions is not None:
+        out += ["## Predicted verdicts", ""] + prediction_lines(report) + [""]
+    if report.aggregates.get("contrasts"):
+        out += ["## Aggregates (rliable)", ""] + aggregate_lines(report) + [""]
+    return out
+
+
+def aggregate_lines(report: Report) -> list[str]:
+    """IQM per variant and P(improvement) per contrast, on the compared summary."""
+    a = report.aggregates
+    lines = [f"On each run's {report.summary.label} `{report.metric}`: the interquartile mean over seeds (IQM) "
+             "and the probability that a run with the trick beats a run without it (Mann–Whitney, unpaired; "
+             "0.5 = no difference), with 95% stratified-bootstrap intervals (rliable, Agarwal et al. 2021).", "",
+             "| contrast | P(with > without) (95% CI) | IQM with | IQM without |", "|---|---|---|---|"]
+    for c in a["contrasts"]:
+        p = c["improvement"]
+        cell = fmt_num(p.mean) + (f" [{fmt_num(p.low)}, {fmt_num(p.high)}]" if p.has_ci else "")
+        iqm = lambda name: fmt_num(a["variants"].get(name).mean if a["variants"].get(name) else None)
+        lines.append(f"| {c['trick']} | {cell} | {iqm(c['with'])} | {iqm(c['without'])} |")
+    return lines
+
+
+def summary_lines(report: Report) -> list[str]:
+    """Per contrast and summary: Δ, the paired SD, the fixed-95% verdict and the seeds a fixed
+    design needs for 80% power at that Δ — which summary would have decided what, at what cost."""
+    labels = [s["summary"] for s in report.summaries]
+    chosen = next(s["summary"] for s in report.summaries if s["chosen"]) if any(
+        s["chosen"] for s in report.summaries) else report.summary.label
+    lines = [f"How a run's curve becomes the number compared: *{chosen}* in this report (`--summary`). Each "
+             "summary's fixed 95% verdicts on the same runs, its paired SD over seeds, and about how many seeds a "
+             "fixed 5% design needs for 80% power against the Δ it measured (`seeds 80%`). final: the last eval; "
+             "auc: the compute-weighted mean of the curve; best: the best eval; last_k: the mean of the last k evals.",
+             "", "| contrast | " + " | ".join(f"{label}: Δ / SD / verdict / seeds 80%" for label in labels) + " |",
+             "|---|" + "---|" * len(labels)]
+    for i, v in enumerate(report.verdicts):
+        cells = [v["trick"]]
+        for s in report.summaries:
+            c = s["contrasts"][i]
+            needed = c["seeds_needed"]
+            cells.append(f"{fmt_num(c['delta'].mean, signed=True)} / {fmt_num(c['sd'])} / {c['verdict']} / "
+                         f"{'~' + str(needed) if needed else '—'}")
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    lines.append("| decided | " + " | ".join(f"{s['decided']} of {len(s['contrasts'])}" for s in report.summaries)
+                 + " |")
+    return lines
+
+
+def fit_lines(report: Report) -> list[str]:
+    f = report.fits
+    if not f.get("applicable"):
+        return [f"Not fitted: {f.get('why')}."]
+    unit = {"tokens": "sampled + trained completion tokens", "steps": "optimizer steps"}.get(f["unit"], f["unit"])
+    lines = [f"ScaleRL's curve R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B) per run against compute C ({unit}); "
+             "R0 is the base eval. A: the ceiling, B: the efficiency (steeper with compute), C_mid: compute to half "
+             "the gain. Means ± 95% t-interval over the seeds whose fit is good; a poor fit (a curve that rises "
+             "and falls, a flat or falling one, or one whose midpoint lies beyond the compute measured) gives no "
+             "number. A within ±" + f"{CEILING_TOLERANCE:g}" + " counts as the same ceiling; B is compared after "
+             "refitting both runs of a seed at their mean A (Δ log B).", "",
+             "| variant | good fits | A | B | C_mid (median) | pooled fit | why not |", "|---|---|---|---|---|---|---|"]
+    for v in f["variants"]:
+        p = v["pooled"]
+        pool = (f"A {p.A:.3f}, B {p.B:.2f}" + ("" if p.ok else " (poor)")) if p.A is not None else "—"
+        lines.append(f"| {v['variant']} | {v['ok']} of {v['runs']} | {fmt_estimate(v['A'])} | "
+                     f"{fmt_estimate(v['B'])} | {fmt_num(v['C_mid'], 0) if v['C_mid'] else '—'} | {pool} | "
+                     f"{'; '.join(v['poor']) or '—'} |")
+    if f["contrasts"]:
+        lines += ["", "| contrast | seeds fit on both sides | ΔA (95% CI) | Δ log B at a shared A (95% CI) | "
+                  "ceiling | efficiency | split verdict |", "|---|---|---|---|---|---|---|"]
+        for c in f["contrasts"]:
+            lines.append(f"| {c['trick']} | {c['both_ok']} of {c['pairs']} | {fmt_estimate(c['dA'], signed=True)} | "
+                         f"{fmt_estimate(c['dB'], signed=True)} | {c['ceiling'] or 'undecided'} | "
+                         f"{c['speed'] or 'undecided'} | **{c['split']}** |")
+    return lines
+
+
+def prediction_lines(report: Report) -> list[str]:
+    p = report.predictions
+    when = (f"from the first {p['fraction']:.0%} of every run's steps" if p["fraction"] is not None
+            else f"while {p['running']} run(s) are still running")
+    how = ", ".join(f"{n} {k}" for k, n in sorted(p["how"].items()))
+    lines = [f"**Predictions, not results**: the *{report.summary.label}* of every run predicted {when} ({how}): "
+             "the rest of each curve is its prefix's fit (a prefix that fits poorly is carried flat at the mean "
+             "of its last two evals), and the contrasts are decided on the predicted numbers by the fixed 95% "
+             "rule. The interval is over seeds only; it does not include the extrapolation's error.", ""]
+    measured = any("measured" in c for c in p["contrasts"])
+    lines += ["| contrast | predicted Δ (95% CI) | predicted verdict |" + (" measured verdict | agrees |" if measured else ""),
+              "|---|---|---|" + ("---|---|" if measured else "")]
+    for c in p["contrasts"]:
+        row = f"| {c['trick']} | {fmt_estimate(c['delta'], signed=True)} | *{c['verdict']}* (predicted) |"
+        if measured:
+            row += f" {c.get('measured') or '—'} | {'yes' if c.get('measured') == c['verdict'] else 'no'} |"
+        lines.append(row)
+    if measured:
+        agree = sum(c.get("measured") == c["verdict"] for c in p["contrasts"])
+        lines += ["", f"{agree} of {len(p['contrasts'])} predicted verdicts agree with the measured ones."]
+    return lines
+
+
+def json_sections(report: Report) -> dict:
+    """The same as plain data (no curves or fit objects' methods: their numbers)."""
+    fits = report.fits
+    variants = [{**{k: v for k, v in row.items() if k not in ("fits", "curves", "pooled")},
+                 "pooled": vars(row["pooled"]),
+                 "runs_fit": {str(k): vars(f) for k, f in row["fits"].items()}} for row in fits.get("variants", [])]
+    return {"summary": report.summary.label, "summaries": report.summaries, "aggregates": report.aggregates,
+            "fits": {**{k: v for k, v in fits.items() if k != "variants"}, "variants": variants},
+            "predictions": report.predictions}

@@ -1,0 +1,189 @@
+"""The report's curve sections: the fits over seeds, the ceiling/efficiency split of each
+contrast, and verdicts predicted from a prefix of every run.
+
+- Fits (fits.py) per completed run; per variant A and B as means with 95% t-intervals over
+  the seeds whose fit is good, and a pooled fit (every seed's points) for the picture.
+- Per contrast, over the seeds where both sides fit well: ΔA paired by seed. *raises the
+  ceiling* / *lowers the ceiling* when its 95% CI excludes zero and |ΔA| exceeds ScaleRL's
+  ±0.02 (fits.CEILING_TOLERANCE); *same ceiling* when the CI lies inside ±0.02. Then each seed's
+  pair is refitted with A fixed at the pair's mean and ΔB compared the same way: *learns
+  faster* / *learns slower* when its CI excludes zero. The split verdict names what was
+  decided, or *neither*; *poor fits* when fewer than two seeds fit well on both sides.
+- Predictions: each run's curve beyond its prefix is the fit of the prefix, at the planned eval
+  steps (compute extrapolated at the prefix's tokens per step); a run whose prefix does not fit
+  well is carried flat at the mean of its last two evals. The summary of the completed curve is
+  the run's predicted number, and the contrasts are decided on those numbers by the fixed 95%
+  rule. The interval is over seeds only: it does not carry the extrapolation's own error.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+
+import numpy as np
+
+from grpo_ablate.report.curves import Curve, Summary, curve
+from grpo_ablate.report.fits import CEILING_TOLERANCE, Fit, fit, pooled
+from grpo_ablate.report.load import Run, Sweep, nested_value
+from grpo_ablate.report.stats import Estimate, delta_ci, mean_ci
+
+RAISES, LOWERS, SAME_CEILING = "raises the ceiling", "lowers the ceiling", "same ceiling"
+FASTER, SLOWER = "learns faster", "learns slower"
+NEITHER, POOR_FITS = "neither", "poor fits"
+
+
+def n_eval(run: Run) -> int | None:
+    size = nested_value(run.config, "task", "eval_size")
+    return int(size) if isinstance(size, (int, float)) and size > 0 else None
+
+
+def applicable(sweep: Sweep, metric: str, higher_is_better: bool) -> str | None:
+    """Why the fits do not apply to this metric (None when they do): a success rate in [0, 1]."""
+    if not higher_is_better:
+        return "the fits are of a success rate that rises with compute; this metric is lower-is-better"
+    values = [v for r in sweep.runs if metric in r.metrics for v in r.metrics[metric].dropna()]
+    if values and not all(0.0 <= v <= 1.0 for v in values):
+        return f"the fits are of a success rate in [0, 1]; `{metric}` leaves that range"
+    return None
+
+
+# --------------------------------------------------------------------------- fits over seeds
+def fit_section(sweep: Sweep, metric: str, higher_is_better: bool, curves: dict, skip: float = 0.0) -> dict:
+    """{applicable, why, unit, variants: [...], contrasts: [...]} (see the module docstring);
+    `curves`: variant -> {seed: Curve} of its completed runs."""
+    why = applicable(sweep, metric, higher_is_better)
+    if why:
+        return {"applicable": False, "why": why, "variants": [], "contrasts": []}
+    runs_of = {v["name"]: [r for r in sweep.runs if r.variant == v["name"] and r.state == "completed"]
+               for v in sweep.variants}
+    eval_sizes = {name: {r.key: n_eval(r) for r in runs} for name, runs in runs_of.items()}
+    fits = {name: {k: fit(c, eval_sizes[name][k], skip) for k, c in cs.items()} for name, cs in curves.items()}
+    units = {c.unit for cs in curves.values() for c in cs.values() if len(c)}
+    variants = []
+    for v in sweep.variants:
+        name = v["name"]
+        if v.get("kind") == "control" and v.get("control") == "base":
+            continue      # never trained: nothing to fit
+        good = [f for f in fits[name].values() if f.ok]
+        sizes = [s for s in eval_sizes[name].values() if s]
+        pool = fit(pooled(list(curves[name].values())), sizes[0] if sizes else None, skip) if curves[name] else Fit()
+        variants.append({"variant": name, "runs": len(fits[name]), "ok": len(good),
+                         "A": mean_ci([f.A for f in good]), "B": mean_ci([f.B for f in good]),
+                         "C_mid": statistics.median([f.C_mid for f in good]) if good else None,
+                         "pooled": pool, "poor": sorted({f.why for f in fits[name].values() if not f.ok}),
+                         "fits": fits[name], "curves": curves[name]})
+    contrasts = [contrast_split(c, curves, fits, eval_sizes, skip) for c in sweep.contrasts
+                 if c["with"] in fits and c["without"] in fits]
+    return {"applicable": True, "why": None, "unit": units.pop() if len(units) == 1 else "mixed",
+            "skip": skip, "variants": variants, "contrasts": contrasts}
+
+
+def contrast_split(c: dict, curves: dict, fits: dict, eval_sizes: dict, skip: float) -> dict:
+    """ΔA over the seeds where both sides fit well; ΔB after refitting each pair at a shared A."""
+    with_, without = c["with"], c["without"]
+    keys = sorted(set(fits[with_]) & set(fits[without]), key=str)
+    both = [k for k in keys if fits[with_][k].ok and fits[without][k].ok]
+    out = {"trick": c["trick"], "with": with_, "without": without, "pairs": len(keys), "both_ok": len(both),
+           "dA": Estimate(), "dB": Estimate(), "ceiling": None, "speed": None}
+    if len(both) < 2:
+        out.update(split=POOR_FITS, why=f"{len(both)} of {len(keys)} seeds fit well on both sides (need 2)")
+        return out
+    out["dA"] = delta_ci({k: fits[with_][k].A for k in both}, {k: fits[without][k].A for k in both})
+    B_with, B_without = {}, {}
+    for k in both:   # ScaleRL: compare B with A fixed at the pair's mean
+        shared = (fits[with_][k].A + fits[without][k].A) / 2
+        a = fit(curves[with_][k], eval_sizes[with_][k], skip, A=shared)
+        b = fit(curves[without][k], eval_sizes[without][k], skip, A=shared)
+        if a.B is not None and b.B is not None:
+            B_with[k], B_without[k] = math.log(a.B), math.log(b.B)
+    # B compared on the log scale: a ratio of efficiencies, and its spread is closer to normal
+    out["dB"] = delta_ci(B_with, B_without)
+    out["ceiling"] = ceiling_verdict(out["dA"])
+    out["speed"] = speed_verdict(out["dB"])
+    decided = [x for x in (out["ceiling"], out["speed"]) if x in (RAISES, LOWERS, FASTER, SLOWER)]
+    out["split"] = " and ".join(decided) if decided else NEITHER
+    out["why"] = f"over {len(both)} seeds that fit well on both sides (of {len(keys)})"
+    return out
+
+
+def ceiling_verdict(dA: Estimate, tolerance: float = CEILING_TOLERANCE) -> str | None:
+    if not dA.has_ci or dA.low == dA.high:
+        return None
+    if dA.low > 0 and dA.mean > tolerance:
+        return RAISES
+    if dA.high < 0 and dA.mean < -tolerance:
+        return LOWERS
+    if -tolerance < dA.low and dA.high < tolerance:
+        return SAME_CEILING
+    return None
+
+
+def speed_verdict(dB: Estimate) -> str | None:
+    if not dB.has_ci or dB.low == dB.high:
+        return None
+    return FASTER if dB.low > 0 else SLOWER if dB.high < 0 else None
+
+
+# --------------------------------------------------------------------------- predictions
+def planned_evals(run: Run, points: Curve) -> np.ndarray:
+    """The steps at which the run will have evaluated by its end (config.yaml's steps, eval.every)."""
+    steps = nested_value(run.config, "steps")
+    every = nested_value(run.config, "eval", "every")
+    if not isinstance(steps, (int, float)) or steps <= 0:
+        return points.steps
+    if not isinstance(every, (int, float)) or every <= 0:
+        gaps = np.diff(points.steps)
+        every = float(gaps[0]) if len(gaps) else float(steps)
+    planned = np.arange(0, int(steps) + 1, int(every), dtype=float)
+    return np.union1d(planned, [float(steps)])
+
+
+def predict_run(run: Run, metric: str, summary: Summary, higher_is_better: bool,
+                fraction: float | None) -> tuple[float | None, str]:
+    """(the run's predicted summary, how): `observed` when the run's curve is complete, `fit`
+    or `flat` when part of it was extrapolated; None when nothing was logged."""
+    points = curve(run.metrics, metric)
+    if len(points) == 0:
+        return None, "nothing logged"
+    planned = planned_evals(run, points)
+    if fraction is not None:
+        points = points.upto(fraction * planned[-1])
+    todo = planned[planned > (points.steps[-1] if len(points) else -1)]
+    if len(todo) == 0:
+        return summary.of(points, higher_is_better), "observed"
+    trained = points.steps[-1]
+    per_step = points.compute[-1] / trained if trained > 0 and points.unit == "tokens" else 1.0
+    future_compute = todo * per_step if points.unit == "tokens" else todo
+    f = fit(points, n_eval(run))
+    if f.ok:
+        future, how = f.at(future_compute), "fit"
+    else:
+        future, how = np.full(len(todo), float(points.values[-2:].mean())), "flat"
+    whole = Curve(np.concatenate([points.steps, todo]), np.concatenate([points.compute, future_compute]),
+                  np.concatenate([points.values, future]), points.unit)
+    return summary.of(whole, higher_is_better), how
+
+
+def predict_section(sweep: Sweep, metric: str, summary: Summary, higher_is_better: bool,
+                    fraction: float | None, decide) -> dict | None:
+    """Predicted verdicts: every run's predicted number (completed and running runs), the
+    contrasts decided on them by `decide(delta, higher_is_better)`. None when there is nothing
+    to predict (no fraction asked and no run still running)."""
+    running = [r for r in sweep.runs if r.state == "running"]
+    if fraction is None and not running:
+        return None
+    use = [r for r in sweep.runs if r.state in ("completed", "running")]
+    values, hows = {}, {}
+    for r in use:
+        value, how = predict_run(r, metric, summary, higher_is_better, fraction)
+        if value is not None:
+            values.setdefault(r.variant, {})[r.key] = value
+            hows[how] = hows.get(how, 0) + 1
+    contrasts = []
+    for c in sweep.contrasts:
+        delta = delta_ci(values.get(c["with"], {}), values.get(c["without"], {}))
+        verdict, why = decide(delta, higher_is_better)
+        contrasts.append({"trick": c["trick"], "with": c["with"], "without": c["without"], "delta": delta,
+                          "verdict": verdict, "why": why})
+    return {"fraction": fraction, "running": len(running), "runs": sum(len(v) for v in values.values()), "how": hows,
+            "values": values, "contrasts": contrasts}
