@@ -291,3 +291,35 @@ def test_the_report_carries_the_aggregates(tmp_path):
     a = {c["trick"]: c["improvement"] for c in report.aggregates["contrasts"]}
     assert a["a"].mean == 1.0 and a["c"].mean == 0.0            # every run with a beats every run without
     assert "## Aggregates (rliable)" in render_markdown(report)
+
+
+# --------------------------------------------------------------------------- the CLI
+@pytest.mark.parametrize("args, message", [
+    (["--summary", "mean"], "summary 'mean' is not allowed; allowed: final, auc, best, last_k"),
+    (["--summary", "last_0"], "last_k needs k >= 1"),
+    (["--last-k", "4"], "--last-k 4 belongs to --summary last_k (or give --summary last_4)"),
+    (["--predict-from", "1.5"], "--predict-from 1.5 is not allowed; give the fraction of each run's steps"),
+])
+def test_bad_summary_options_are_one_line_and_write_nothing(args, message, tmp_path):
+    from test_sweep import cli_here
+
+    sweep = make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS)
+    before = sorted(p.name for p in sweep.iterdir())
+    r = cli_here("report", str(sweep), *args, cwd=tmp_path)
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
+    assert sorted(p.name for p in sweep.iterdir()) == before
+
+
+def test_report_cli_compares_the_summary_it_is_given(tmp_path):
+    from test_sweep import cli_here
+
+    sweep = make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS)
+    r = cli_here("report", str(sweep), "--summary", "last_k", "--last-k", "2", "--format", "json", cwd=tmp_path)
+    assert r.exit_code == 0, r.output
+    data = json.loads((sweep / "report.json").read_text())
+    assert data["summary"] == "last_2" and "summary" in data["variants"][0]
+    # the linear fixture curves evaluated at steps 30 and 40: the mean of the last two
+    a = {v["trick"]: v["delta"]["mean"] for v in data["verdicts"]}["a"]
+    assert a == pytest.approx(((0.82 - 0.72) * 0.75 + (0.82 - 0.72)) / 2, abs=1e-9)
