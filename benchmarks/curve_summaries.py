@@ -77,9 +77,9 @@ def main() -> None:
             if every == 5 or every == int(args.every.split(",")[-1]):
                 for s in SUMMARIES:
                     predicted = build_report(sweep, summary=s, predict_from=0.5).predictions
-                    rows = [f"{c['trick']}: {c['verdict']} (Δ {c['delta'].mean:+.3f}) vs {c['measured']}"
+                    rows = [f"{c['trick']}: {c['verdict']} (Δ {c['delta'].mean or 0:+.3f}) vs {c.get('measured')}"
                             for c in predicted["contrasts"]]
-                    agree = sum(c["verdict"] == c["measured"] for c in predicted["contrasts"])
+                    agree = sum(c["verdict"] == c.get("measured") for c in predicted["contrasts"])
                     lines.append(f"- predicted from 50%, {s}, eval every {every}: {agree} of {len(rows)} agree "
                                  f"({predicted['how']}): " + "; ".join(rows))
                 lines.append("")

@@ -150,6 +150,14 @@ def test_poor_fits_say_why():
     assert fit(no_base).why.startswith("no base eval")
 
 
+def test_a_rise_before_the_first_eval_leaves_B_unidentified_but_measures_A():
+    m = frame(sigmoid_rows(0.3, 0.8, 4.0, 600.0, every=4))     # the gain is all in by the first eval (4000)
+    f = fit(curve(m, "eval/accuracy"), N_EVAL)
+    assert f.ok and f.A == pytest.approx(0.8, abs=1e-3)
+    assert not f.B_identified and f.c_first == 4 * TOKENS
+    assert fit(curve(frame(sigmoid_rows(0.3, 0.8, 1.5, 12_000.0)), "eval/accuracy"), N_EVAL).B_identified
+
+
 def test_pooled_curve_takes_every_seed_and_the_mean_base():
     a = curve(frame(sigmoid_rows(0.3, 0.8, 1.5, 12_000.0)), "eval/accuracy")
     b = curve(frame(sigmoid_rows(0.32, 0.8, 1.5, 12_000.0)), "eval/accuracy")
@@ -162,7 +170,7 @@ def test_pooled_curve_takes_every_seed_and_the_mean_base():
 def test_a_higher_ceiling_is_called_raises_the_ceiling(tmp_path):
     sweep = curve_sweep(tmp_path / "s", {"all": (0.85, 1.5, 12_000.0), "drop-t": (0.75, 1.5, 12_000.0)})
     c = build_report(sweep).fits["contrasts"][0]
-    assert c["both_ok"] == 5 and c["dA"].mean == pytest.approx(0.10, abs=0.01)
+    assert c["both_ok"] == 5 and c["B_identified"] == 5 and c["dA"].mean == pytest.approx(0.10, abs=0.01)
     assert c["ceiling"] == RAISES and c["split"].startswith(RAISES)
     flipped = curve_sweep(tmp_path / "f", {"all": (0.75, 1.5, 12_000.0), "drop-t": (0.85, 1.5, 12_000.0)})
     assert build_report(flipped).fits["contrasts"][0]["ceiling"] == LOWERS

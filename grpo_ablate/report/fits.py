@@ -19,7 +19,10 @@ done here:
   fraction of the compute, 0 by default: the embedded default's runs are 30 steps, and the
   base eval anchors R_0 rather than entering the residuals);
 - A within ±0.02 counts as equal (their seed-to-seed spread of A, `CEILING_TOLERANCE`);
-- B is compared by refitting both runs with A fixed at their mean (`fit(..., A=shared)`).
+- B is compared by refitting both runs with A fixed at their mean (`fit(..., A=shared)`), and
+  only where B is identified: a curve whose midpoint lies before its first eval got its whole
+  gain before anyone looked, so any steep enough curve fits it (`Fit.B_identified`); its A
+  still counts. Evaluating more often (`eval.every`) is what identifies B on fast learners.
 
 Differences, and why: the paper's runs are 10^3–10^5 GPU-hours with monotone curves. Here runs
 are short and a curve often rises and falls (the eval peaks mid-run and drifts back). A fit is
@@ -64,6 +67,13 @@ class Fit:
     noise: float | None = None
     ok: bool = False
     why: str | None = None
+    c_first: float | None = None   # the compute of the first eval after the base
+
+    @property
+    def B_identified(self) -> bool:
+        """Whether the data pin B (and C_mid) down: the midpoint lies at or after the first eval.
+        When the whole gain came before it, any steep enough curve fits; A is still measured."""
+        return self.ok and self.C_mid is not None and self.c_first is not None and self.C_mid >= self.c_first
 
     def at(self, compute) -> np.ndarray:
         return sigmoid(np.asarray(compute, float), self.R0, self.A, self.B, self.C_mid)
@@ -103,7 +113,8 @@ def fit(points: Curve, n_eval: int | None = None, skip: float = 0.0, A: float | 
         return base
     A_hat, B_hat, C_mid_hat, sse = _grid(C, R, R0, c_max, A)
     A_hat, B_hat, C_mid_hat, sse = _refine(C, R, R0, c_max, A_hat, B_hat, C_mid_hat, sse, fixed_A=A is not None)
-    result = Fit(R0, A_hat, B_hat, C_mid_hat, math.sqrt(sse / len(R)), len(R), c_max, noise, True, None)
+    result = Fit(R0, A_hat, B_hat, C_mid_hat, math.sqrt(sse / len(R)), len(R), c_max, noise, True, None,
+                 float(C.min()))
     if result.rmse > 2 * noise:
         result.ok, result.why = False, (f"not sigmoid-shaped (rises and falls?): RMSE {result.rmse:.3f} > 2 eval "
                                         f"SEs ({2 * noise:.3f})")

@@ -65,24 +65,27 @@ def fit_lines(report: Report) -> list[str]:
     if not f.get("applicable"):
         return [f"Not fitted: {f.get('why')}."]
     unit = {"tokens": "sampled + trained completion tokens", "steps": "optimizer steps"}.get(f["unit"], f["unit"])
-    lines = [f"ScaleRL's curve R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B) per run against compute C ({unit}); "
+    lines = [f"ScaleRL's curve R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B) per treatment run against compute C ({unit}); "
              "R0 is the base eval. A: the ceiling, B: the efficiency (steeper with compute), C_mid: compute to half "
              "the gain. Means ± 95% t-interval over the seeds whose fit is good; a poor fit (a curve that rises "
              "and falls, a flat or falling one, or one whose midpoint lies beyond the compute measured) gives no "
              "number. A within ±" + f"{CEILING_TOLERANCE:g}" + " counts as the same ceiling; B is compared after "
-             "refitting both runs of a seed at their mean A (Δ log B).", "",
-             "| variant | good fits | A | B | C_mid (median) | pooled fit | why not |", "|---|---|---|---|---|---|---|"]
+             "refitting both runs of a seed at their mean A (Δ log B), over the seeds whose rise came after their "
+             "first eval (before it, any steep curve fits: B is not identified; evaluate more often).", "",
+             "| variant | good fits (B identified) | A | B | C_mid (median) | pooled fit | why not |",
+             "|---|---|---|---|---|---|---|"]
     for v in f["variants"]:
         p = v["pooled"]
         pool = (f"A {p.A:.3f}, B {p.B:.2f}" + ("" if p.ok else " (poor)")) if p.A is not None else "—"
-        lines.append(f"| {v['variant']} | {v['ok']} of {v['runs']} | {fmt_estimate(v['A'])} | "
+        lines.append(f"| {v['variant']} | {v['ok']} of {v['runs']} ({v['B_identified']}) | {fmt_estimate(v['A'])} | "
                      f"{fmt_estimate(v['B'])} | {fmt_num(v['C_mid'], 0) if v['C_mid'] else '—'} | {pool} | "
                      f"{'; '.join(v['poor']) or '—'} |")
     if f["contrasts"]:
-        lines += ["", "| contrast | seeds fit on both sides | ΔA (95% CI) | Δ log B at a shared A (95% CI) | "
-                  "ceiling | efficiency | split verdict |", "|---|---|---|---|---|---|---|"]
+        lines += ["", "| contrast | seeds fit on both sides (B identified) | ΔA (95% CI) | Δ log B at a shared A "
+                  "(95% CI) | ceiling | efficiency | split verdict |", "|---|---|---|---|---|---|---|"]
         for c in f["contrasts"]:
-            lines.append(f"| {c['trick']} | {c['both_ok']} of {c['pairs']} | {fmt_estimate(c['dA'], signed=True)} | "
+            lines.append(f"| {c['trick']} | {c['both_ok']} of {c['pairs']} ({c.get('B_identified', 0)}) | "
+                         f"{fmt_estimate(c['dA'], signed=True)} | "
                          f"{fmt_estimate(c['dB'], signed=True)} | {c['ceiling'] or 'undecided'} | "
                          f"{c['speed'] or 'undecided'} | **{c['split']}** |")
     return lines

@@ -6,8 +6,9 @@ contrast, and verdicts predicted from a prefix of every run.
 - Per contrast, over the seeds where both sides fit well: ΔA paired by seed. *raises the
   ceiling* / *lowers the ceiling* when its 95% CI excludes zero and |ΔA| exceeds ScaleRL's
   ±0.02 (fits.CEILING_TOLERANCE); *same ceiling* when the CI lies inside ±0.02. Then each seed's
-  pair is refitted with A fixed at the pair's mean and ΔB compared the same way: *learns
-  faster* / *learns slower* when its CI excludes zero. The split verdict names what was
+  pair whose B is identified on both sides (fits.Fit.B_identified) is refitted with A fixed at
+  the pair's mean and Δ log B compared the same way: *learns faster* / *learns slower* when its
+  CI excludes zero. The split verdict names what was
   decided, or *neither*; *poor fits* when fewer than two seeds fit well on both sides.
 - Predictions: each run's curve beyond its prefix is the fit of the prefix, at the planned eval
   steps (compute extrapolated at the prefix's tokens per step); a run whose prefix does not fit
@@ -58,18 +59,21 @@ def fit_section(sweep: Sweep, metric: str, higher_is_better: bool, curves: dict,
                for v in sweep.variants}
     eval_sizes = {name: {r.key: n_eval(r) for r in runs} for name, runs in runs_of.items()}
     fits = {name: {k: fit(c, eval_sizes[name][k], skip) for k, c in cs.items()} for name, cs in curves.items()}
-    units = {c.unit for cs in curves.values() for c in cs.values() if len(c)}
+    treatments = {v["name"] for v in sweep.variants if v.get("kind") != "control"}
+    units = {c.unit for name, cs in curves.items() if name in treatments for c in cs.values() if len(c)}
     variants = []
     for v in sweep.variants:
         name = v["name"]
-        if v.get("kind") == "control" and v.get("control") == "base":
-            continue      # never trained: nothing to fit
+        if v.get("kind") == "control":
+            continue      # controls take part in no trick verdict (and the SFT control samples nothing to count)
         good = [f for f in fits[name].values() if f.ok]
         sizes = [s for s in eval_sizes[name].values() if s]
         pool = fit(pooled(list(curves[name].values())), sizes[0] if sizes else None, skip) if curves[name] else Fit()
         variants.append({"variant": name, "runs": len(fits[name]), "ok": len(good),
-                         "A": mean_ci([f.A for f in good]), "B": mean_ci([f.B for f in good]),
-                         "C_mid": statistics.median([f.C_mid for f in good]) if good else None,
+                         "A": mean_ci([f.A for f in good]), "B": mean_ci([f.B for f in good if f.B_identified]),
+                         "B_identified": sum(f.B_identified for f in good),
+                         "C_mid": statistics.median([f.C_mid for f in good if f.B_identified])
+                         if any(f.B_identified for f in good) else None,
                          "pooled": pool, "poor": sorted({f.why for f in fits[name].values() if not f.ok}),
                          "fits": fits[name], "curves": curves[name]})
     contrasts = [contrast_split(c, curves, fits, eval_sizes, skip) for c in sweep.contrasts
@@ -90,7 +94,8 @@ def contrast_split(c: dict, curves: dict, fits: dict, eval_sizes: dict, skip: fl
         return out
     out["dA"] = delta_ci({k: fits[with_][k].A for k in both}, {k: fits[without][k].A for k in both})
     B_with, B_without = {}, {}
-    for k in both:   # ScaleRL: compare B with A fixed at the pair's mean
+    identified = [k for k in both if fits[with_][k].B_identified and fits[without][k].B_identified]
+    for k in identified:   # ScaleRL: compare B with A fixed at the pair's mean
         shared = (fits[with_][k].A + fits[without][k].A) / 2
         a = fit(curves[with_][k], eval_sizes[with_][k], skip, A=shared)
         b = fit(curves[without][k], eval_sizes[without][k], skip, A=shared)
@@ -102,7 +107,9 @@ def contrast_split(c: dict, curves: dict, fits: dict, eval_sizes: dict, skip: fl
     out["speed"] = speed_verdict(out["dB"])
     decided = [x for x in (out["ceiling"], out["speed"]) if x in (RAISES, LOWERS, FASTER, SLOWER)]
     out["split"] = " and ".join(decided) if decided else NEITHER
-    out["why"] = f"over {len(both)} seeds that fit well on both sides (of {len(keys)})"
+    out["B_identified"] = len(identified)
+    out["why"] = (f"A over {len(both)} seeds that fit well on both sides (of {len(keys)}); B over the "
+                  f"{len(identified)} of them whose rise came after their first eval")
     return out
 
 
