@@ -318,7 +318,7 @@ def doctor(
             if dry_run:
                 T = frozenset(req.tricks)
                 for stage in (doc.Stage("all-on", [T]), doc.Stage("leave-one-out", [T - {t} for t in req.tricks])):
-                    print_matrix(plan(doc._sweep_request(req, stage, None)), console)
+                    print_matrix(plan(doc.stage_request(req, stage, None)), console)
                 console.print(f"if the all-on run breaks: leave-one-out, then subsets as needed, at most "
                               f"{req.max_runs} runs in all", markup=False, highlight=False)
                 return

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpo_ablate.errors import ConfigError
 from grpo_ablate.tasks import TASKS
-from grpo_ablate.train.ranks import launched_ranks
+from grpo_ablate.ranks import launched_ranks
 from grpo_ablate.tricks import UnknownOption, families, option, options
 
 

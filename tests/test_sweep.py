@@ -393,7 +393,7 @@ def test_a_run_still_written_by_a_live_process_is_never_resumed_twice(tmp_path):
     """A parallel worker can outlive a killed sweep; resume must not start a second writer."""
     import socket
 
-    from grpo_ablate.sweep.launch import _still_running
+    from grpo_ablate.sweep.launch import still_running
 
     writer = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
                               stdout=subprocess.PIPE, text=True)
@@ -403,13 +403,13 @@ def test_a_run_still_written_by_a_live_process_is_never_resumed_twice(tmp_path):
         run_dir.mkdir()
         status = {"state": "running", "step": 3, "pid": writer.pid, "host": socket.gethostname()}
         (run_dir / "status.json").write_text(json.dumps(status))
-        assert _still_running(run_dir)
+        assert still_running(run_dir)
         (run_dir / "status.json").write_text(json.dumps({**status, "host": "elsewhere"}))
-        assert not _still_running(run_dir)           # another host: cannot tell, trust the user
+        assert not still_running(run_dir)           # another host: cannot tell, trust the user
         (run_dir / "status.json").write_text(json.dumps({**status, "state": "completed"}))
-        assert not _still_running(run_dir)
+        assert not still_running(run_dir)
     finally:
         writer.kill()
         writer.wait()
     (run_dir / "status.json").write_text(json.dumps(status))
-    assert not _still_running(run_dir)               # its writer is gone: resumable
+    assert not still_running(run_dir)               # its writer is gone: resumable
