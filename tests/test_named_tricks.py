@@ -52,7 +52,7 @@ def tiny_default(cache_dir, default_model):
 
 # The tricks of issue 15 ("not in the seed review") run the way they can act: with PPO
 # mini-batches (the ratio moves), and where they need more, with what makes them act here.
-NEW_TRICKS = {p.stem for p in TRICK_FILES if "verdict: not_in_review" in p.read_text()}
+NOT_IN_REVIEW = {p.stem for p in TRICK_FILES if "verdict: not_in_review" in p.read_text()}
 ACTS_WITH = {
     "rollout_token_truncate": ["rollout.dtype=bfloat16"], "rollout_token_mask": ["rollout.dtype=bfloat16"],
     "rollout_sequence_truncate": ["rollout.dtype=bfloat16"], "rollout_sequence_mask": ["rollout.dtype=bfloat16"],
@@ -67,7 +67,7 @@ ACTS_WITH = {
 def test_every_named_trick_trains_two_steps_on_the_tiny_default(tiny_default, tmp_path, name):
     # value_clip needs a critic: alone it is refused (tested below), so pair it with critic_gae
     overrides = tiny_default + ["+trick=[critic_gae,value_clip]" if name == "value_clip" else f"+trick={name}"]
-    if name in NEW_TRICKS:
+    if name in NOT_IN_REVIEW:
         overrides += ["updates=mini_batches", *ACTS_WITH.get(name, [])]
     cfg = compose(overrides)
     family = cfg.tricks[name].family
@@ -80,7 +80,7 @@ def test_every_named_trick_trains_two_steps_on_the_tiny_default(tiny_default, tm
     assert all(metric in r and EXTRA_METRIC.get(name, "loss") in r for r in rows[1:])
     assert f"  {name}:" in (tmp_path / "run" / "config.yaml").read_text()
     activity = ACTIVITY.get((family, cfg.tricks[name].option))
-    if name in NEW_TRICKS and activity is not None:                      # it acted: its own metric says so
+    if name in NOT_IN_REVIEW and activity is not None:                      # it acted: its own metric says so
         metric, kind, threshold = activity
         assert shows_activity([r[metric] for r in rows[1:]], kind, threshold), (metric, [r[metric] for r in rows[1:]])
 
@@ -128,19 +128,19 @@ PRESETS = {
 }
 
 
-NEW_PRESETS = {"gspo", "cispo", "scalerl"}   # ratio-based: trained with mini-batches, where the ratio moves
+RATIO_PRESETS = {"gspo", "cispo", "scalerl"}   # ratio-based: trained with mini-batches, where the ratio moves
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_presets_match_the_table_and_train(tiny_default, tmp_path, preset):
-    overrides = tiny_default + [f"preset={preset}"] + (["updates=mini_batches"] if preset in NEW_PRESETS else [])
+    overrides = tiny_default + [f"preset={preset}"] + (["updates=mini_batches"] if preset in RATIO_PRESETS else [])
     cfg = compose(overrides)
     assert {family: cfg[family].name for family in PRESETS[preset]} == PRESETS[preset]
     assert train(cfg, tmp_path / "run", overrides).state == "completed"
     rows = read_rows(tmp_path / "run" / "metrics.jsonl")
     assert all(v is not None for r in rows for v in r.values())
-    if preset in NEW_PRESETS:
+    if preset in RATIO_PRESETS:
         metric, kind, threshold = ACTIVITY[("clip", cfg.clip.name)]
         assert shows_activity([r[metric] for r in rows[1:]], kind, threshold)
 

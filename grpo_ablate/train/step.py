@@ -1,6 +1,6 @@
 """One GRPO step, as named phases: sample, anchor forwards, rewards and advantages, update, metrics.
 
-`GRPOStep.step` reads top to bottom; every trick enters through the registry (the objects
+`GRPOTrainer.step` reads top to bottom; every trick enters through the registry (the objects
 `LossTerms`, `RewardShaping`, `AdvantageChain` and the controllers were bound from the
 config when the run started), so nothing here branches on a trick's name.
 """
@@ -101,8 +101,8 @@ class LastPass:
             getattr(self, name)[rows] = value.detach()
 
 
-class GRPOStep:
-    """The `Trainer` of a GRPO run: its models, tricks and optimizer, and `step()`."""
+class GRPOTrainer:
+    """The trainer of a GRPO run: its models, tricks and optimizer; `step()` is one GRPO step."""
 
     def __init__(self, cfg: DictConfig, task, encode, policies: Policies, controllers: Controllers,
                  optim: Optimization, rollouts: Rollouts, dp: DataParallel, device: torch.device):
