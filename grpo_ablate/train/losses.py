@@ -41,6 +41,8 @@ class LossInputs:
     returns: torch.Tensor | None = None     # the critic's targets
     sampler_logp: torch.Tensor | None = None  # the sampler's own log-probs (rollout=hf records them; vLLM)
     is_weights: torch.Tensor | None = None  # rollout_correction's weights of the policy loss (None: all 1)
+    token_keep: torch.Tensor | None = None  # token_mask's kept tokens, chosen over more rows than these
+                                            # (the diagnostics' sub-batch takes the update's, over the batch)
 
     def rows(self, index) -> "LossInputs":
         """The same inputs for some rows (a slice or an index tensor)."""
@@ -115,14 +117,22 @@ class LossTerms:
         loss, stats = self.policy_loss(logp, logp.detach() if old_logp is None else old_logp, advantages, mask)
         return (loss if factor is None else loss * factor), stats
 
+    def token_keep(self, entropy, mask, spread=None):
+        """token_mask's kept tokens [N, T] of these rows, the entropy quantile taken over them (and
+        every rank's); None when the option keeps every token. The one source of the mask: the
+        update calls it on each mini-batch, the diagnostics on the whole batch."""
+        if self.token_mask is None:
+            return None
+        return _over_ranks(self.token_mask, spread, entropy.detach(), mask)
+
     def policy_factor(self, logp, entropy, inputs: LossInputs, spread=None):
         """(the per-token factor of the policy loss or None when it is 1, its statistics):
-        token_mask's kept tokens (the entropy quantile over the mini-batch, every rank's),
+        token_mask's kept tokens (inputs.token_keep, else token_keep over these rows),
         off_policy_mask's kept sequences (the sampler's log-probs against this forward's; pi_old's
         without them) and rollout_correction's importance weights, multiplied."""
         factors, stats = [], {}
         if self.token_mask is not None:
-            keep = _over_ranks(self.token_mask, spread, entropy.detach(), inputs.mask)
+            keep = inputs.token_keep if inputs.token_keep is not None else self.token_keep(entropy, inputs.mask, spread)
             stats["token_mask/dropped_frac"] = inputs.mask - keep
             factors.append(keep)
         if self.off_policy_mask is not None:

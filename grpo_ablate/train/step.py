@@ -10,7 +10,7 @@ import contextlib
 import math
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from omegaconf import DictConfig
@@ -289,7 +289,9 @@ class GRPOTrainer:
         """Gradient-conflict diagnostics on a sub-batch (diag.rows completions) and this step's
         weights: the gradient, w.r.t. the last diag.last_layers blocks, of each loss term alone
         and of the policy term driven by each reward component alone (through the same
-        reward_norm -> adv -> adv_clip chain). Logs grad_norm/<term> and grad_cos/<a>__<b>.
+        reward_norm -> adv -> adv_clip chain), the policy term's token factor the update's
+        (token_mask's quantile over the whole batch, not the sub-batch). Logs grad_norm/<term>
+        and grad_cos/<a>__<b>.
         autograd.grad accumulates nothing into .grad and the RNG is restored, so the update is
         exactly the one it is with diagnostics off."""
         started = time.perf_counter()
@@ -307,7 +309,7 @@ class GRPOTrainer:
                                                         entropy_grad=coef.entropy > 0)
         weights = self.weights_of(shaped.mask, int(self.cfg.rollout.max_new_tokens))   # the whole batch's
         w = weights[rows] * (weights.sum() / weights[rows].sum().clamp(min=1e-12))   # the full loss's total
-        sub = inputs.rows(rows)
+        sub = self.whole_batch_token_keep(batch, inputs).rows(rows)
         with self.draws.unchanged() if self.draws is not None else contextlib.nullcontext():
             terms, _ = self.loss_terms(logp, entropy, values, sub, coef)
             terms = {name: aggregate(term, w) for name, term in terms.items()}
@@ -318,6 +320,18 @@ class GRPOTrainer:
         out = diagnostics.conflict_metrics(diagnostics.term_gradients(terms, self.diag_params))
         out["time/diag_s"] = time.perf_counter() - started   # part of time/update_s
         return out
+
+    @torch.no_grad()
+    def whole_batch_token_keep(self, batch: SampledGroups, inputs: LossInputs) -> LossInputs:
+        """`inputs` with token_mask's kept tokens chosen over the whole batch, as the update's
+        (one mini-batch) are, not over the diagnostics' sub-batch: one more forward, only with a
+        token_mask option that selects tokens."""
+        if self.loss_terms.token_mask is None:
+            return inputs
+        policy = self.p.policy
+        with torch.random.fork_rng(devices=[policy.device] if policy.device.type == "cuda" else []):
+            entropy = self.token_logprobs(policy, batch.roll, self.ctl.temperature.current())[1]
+        return replace(inputs, token_keep=self.loss_terms.token_keep(entropy, inputs.mask))
 
     # ------------------------------------------------------------------ metrics, samples, state
     @torch.no_grad()
