@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-slow test-all bench bench-trl clean
+.PHONY: install demo test test-slow test-all bench bench-trl catalogue clean
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -54,6 +54,10 @@ bench: install
 bench-trl: install
 	@$(PY) -m pip install -q -e ".[bench]" 2>&1 | grep -v "^WARNING: Location" || true
 	$(PY) benchmarks/compare_trl.py
+
+## rewrite docs/tricks.md, the README's trick-family table and report/activity_table.py from the trick registry
+catalogue: install
+	$(PY) -m grpo_ablate.catalogue --write
 
 clean:
 	rm -rf $(VENV) runs outputs multirun

@@ -27,7 +27,20 @@ from __future__ import annotations
 
 import torch
 
-from grpo_ablate.tricks.registry import register
+from grpo_ablate.tricks.conditions import ONE_STEP, one_optimizer_step
+from grpo_ablate.tricks.registry import (NON_NEGATIVE, NUMBER, POSITIVE, Activity, Inert, Knob, Trick,
+                                         declare, declare_family, option, register)
+
+declare_family("clip", "the policy loss: PPO ratio clip ε_low/ε_high (`higher` is DAPO clip-higher), or a 2025-26 "
+               "variant (sequence ratio, clipped IS weight, soft gate, geometric mean, covariance masks, plain "
+               "REINFORCE); all but `clip_cov` act only with several optimizer steps per rollout",
+               metric="clip/high_frac",
+               supplied={"dual_clip_c": "dual_clip.c", "generator": "the trainer (seeded, checkpointed)"})
+declare_family("dual_clip", "dual-clip PPO for A < 0, c = 3", metric="clip/dual_frac",
+               settings={"c": Knob(low=1, low_open=True, optional=True,   # handed to the policy loss as dual_clip_c
+                                   note="the loss of a negative-advantage token is capped at -c A")})
+EPS = {"eps_low": POSITIVE, "eps_high": POSITIVE}
+RATIO_MOVES = Activity("ppo/kl")   # equal to PPO-clip's gradient while rho == 1: the ratio must move
 
 LOG_RATIO_LIMIT = 20.0
 GSPO_LOG_RATIO_MAX = 10.0    # verl clamps the sequence log-ratio from above at 10 (GSPO)
@@ -49,8 +62,17 @@ def _clip_fractions(ratio, advantages, low: float, high: float, like) -> dict:
                 "clip/high_frac": _float((ratio > high) & (advantages > 0), like)}
 
 
-@register("clip", "symmetric", off_policy_only=True)
-@register("clip", "higher", off_policy_only=True)
+@register("clip", "symmetric", off_policy_only=True,
+          knobs=EPS,
+          inert=ONE_STEP)
+@register("clip", "higher", off_policy_only=True,
+          knobs=EPS,
+          inert=ONE_STEP,
+          activity=Activity("ppo/ratio_max", "above", 1.2),
+          tricks=(Trick("clip_higher",
+                        what="DAPO clip-higher, eps_high 0.28",
+                        source="verl clip_ratio_high; TRL epsilon_high",
+                        verdict="not_applicable"),))
 def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
                   eps_low: float = 0.2, eps_high: float = 0.2, dual_clip_c: float | None = None):
     """Per-token clipped policy loss and per-token clip indicators (floats, for metrics).
@@ -72,7 +94,14 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
     return loss, stats
 
 
-@register("clip", "gspo", off_policy_only=True)
+@register("clip", "gspo", off_policy_only=True,
+          knobs=EPS,
+          inert=ONE_STEP,
+          activity=RATIO_MOVES,
+          tricks=(Trick("gspo",
+                        what="GSPO: one ratio per sequence (geometric mean), clipped per sequence",
+                        source="verl loss_mode=gspo; TRL importance_sampling_level=sequence (arXiv 2507.18071)",
+                        verdict="not_in_review"),))
 def gspo_loss(logp, old_logp, advantages, mask, *, eps_low: float = 3e-4, eps_high: float = 4e-4):
     """GSPO (arXiv 2507.18071): one importance ratio per sequence, clipped at the sequence level.
 
@@ -97,7 +126,14 @@ def gspo_loss(logp, old_logp, advantages, mask, *, eps_low: float = 3e-4, eps_hi
     return loss, _clip_fractions(s, advantages, 1.0 - eps_low, 1.0 + eps_high, loss)
 
 
-@register("clip", "cispo", off_policy_only=True)
+@register("clip", "cispo", off_policy_only=True,
+          knobs=EPS,
+          inert=ONE_STEP,
+          activity=RATIO_MOVES,
+          tricks=(Trick("cispo",
+                        what="CISPO: -sg(clip(rho)) A log pi, the IS weight clipped, never the gradient",
+                        source="verl loss_mode=cispo (MiniMax-M1, arXiv 2506.13585)",
+                        verdict="not_in_review"),))
 def cispo_loss(logp, old_logp, advantages, mask, *, eps_low: float = 10.0, eps_high: float = 0.2):
     """CISPO, verl form (MiniMax-M1, arXiv 2506.13585): a REINFORCE loss whose importance weight
     is clipped and carries no gradient, so no token ever loses its gradient.
@@ -120,7 +156,14 @@ def cispo_loss(logp, old_logp, advantages, mask, *, eps_low: float = 10.0, eps_h
     return loss, stats
 
 
-@register("clip", "cispo_trl", off_policy_only=True)
+@register("clip", "cispo_trl", off_policy_only=True,
+          knobs={"eps_max": POSITIVE},
+          inert=ONE_STEP,
+          activity=RATIO_MOVES,
+          tricks=(Trick("cispo_trl",
+                        what="CISPO with an absolute cap: -sg(min(rho, 5)) A log pi",
+                        source="TRL loss_type=cispo (ScaleRL, arXiv 2510.13786)",
+                        verdict="not_in_review"),))
 def cispo_trl_loss(logp, old_logp, advantages, mask, *, eps_max: float = 5.0):
     """CISPO, TRL form (ScaleRL, arXiv 2510.13786): the weight is capped absolutely, not around 1.
 
@@ -137,7 +180,15 @@ def cispo_trl_loss(logp, old_logp, advantages, mask, *, eps_max: float = 5.0):
     return loss, {"clip/high_frac": _float(ratio.detach() > eps_max, loss)}
 
 
-@register("clip", "sapo", off_policy_only=True)
+@register("clip", "sapo", off_policy_only=True,
+          knobs={"tau_pos": POSITIVE, "tau_neg": POSITIVE},
+          inert=ONE_STEP,
+          activity=Activity("sapo/grad_weight_dev"),
+          writes=("sapo/grad_weight_dev",),
+          tricks=(Trick("sapo",
+                        what="SAPO: soft sigmoid gate on the ratio instead of the hard clip",
+                        source="verl loss_mode=sapo; TRL loss_type=sapo (arXiv 2511.20347)",
+                        verdict="not_in_review"),))
 def sapo_loss(logp, old_logp, advantages, mask, *, tau_pos: float = 1.0, tau_neg: float = 1.05):
     """SAPO (arXiv 2511.20347): a soft gate instead of the hard clip.
 
@@ -161,7 +212,12 @@ def sapo_loss(logp, old_logp, advantages, mask, *, tau_pos: float = 1.0, tau_neg
     return loss, stats
 
 
-@register("clip", "gmpo", off_policy_only=True)
+@register("clip", "gmpo", off_policy_only=True,
+          knobs=EPS, inert=ONE_STEP, activity=RATIO_MOVES,
+          tricks=(Trick("gmpo",
+                        what="GMPO: geometric mean of the token ratios, clipped per token in log space",
+                        source="verl loss_mode=geo_mean (arXiv 2507.20673)",
+                        verdict="not_in_review"),))
 def gmpo_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.4, eps_high: float = 0.4):
     """GMPO (arXiv 2507.20673): the geometric mean of token ratios, clipped per token in log space.
 
@@ -200,7 +256,14 @@ def _covariance(advantages, logp, mask) -> torch.Tensor:
                 * (logp.detach() - (logp.detach() * mask).sum() / n))
 
 
-@register("clip", "clip_cov")
+@register("clip", "clip_cov",
+          knobs={**EPS, "ratio": Knob(low=0, high=1, low_open=True), "cov_low": NUMBER, "cov_high": NUMBER},
+          activity=Activity("clip_cov/frac"),
+          writes=("clip/high_frac", "clip_cov/frac"),
+          tricks=(Trick("clip_cov",
+                        what="Clip-Cov: a random few high-covariance tokens lose their gradient",
+                        source="verl loss_mode=clip_cov (arXiv 2505.22617)",
+                        verdict="not_in_review"),))
 def clip_cov_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.2, eps_high: float = 0.2,
                   ratio: float = 2e-4, cov_low: float = 1.0, cov_high: float = 5.0,
                   generator: torch.Generator | None = None):
@@ -237,7 +300,15 @@ def clip_cov_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.2, eps
     return loss, stats
 
 
-@register("clip", "kl_cov", off_policy_only=True)
+@register("clip", "kl_cov", off_policy_only=True,
+          knobs={"ratio": Knob(low=0, high=1, low_open=True), "kl_coef": NON_NEGATIVE},
+          inert=ONE_STEP,
+          activity=Activity("kl_cov/penalty"),
+          writes=("kl_cov/frac",),
+          tricks=(Trick("kl_cov",
+                        what="KL-Cov: the top covariance tokens get a |log ratio| penalty, no clip",
+                        source="verl loss_mode=kl_cov (arXiv 2505.22617)",
+                        verdict="not_in_review"),))
 def kl_cov_loss(logp, old_logp, advantages, mask, *, ratio: float = 2e-4, kl_coef: float = 0.1):
     """KL-Cov (arXiv 2505.22617): no clip; the tokens with the largest covariance get a KL penalty.
 
@@ -264,7 +335,14 @@ def kl_cov_loss(logp, old_logp, advantages, mask, *, ratio: float = 2e-4, kl_coe
     return loss, {"kl_cov/frac": chosen * mask, "kl_cov/penalty": penalty.detach()}
 
 
-@register("clip", "gpg", off_policy_only=True)
+@register("clip", "gpg", off_policy_only=True,
+          inert=ONE_STEP,
+          activity=RATIO_MOVES,
+          writes=("loss",),
+          tricks=(Trick("gpg_loss",
+                        what="GPG loss: plain -A log pi, no ratio, no clip (pair with gpg_advantage)",
+                        source="verl loss_mode=gpg (arXiv 2504.02546)",
+                        verdict="not_in_review"),))
 def gpg_loss(logp, old_logp, advantages, mask):
     """GPG (Group Policy Gradient, arXiv 2504.02546): plain REINFORCE, no ratio and no clip.
 
@@ -275,3 +353,22 @@ def gpg_loss(logp, old_logp, advantages, mask):
     ratio, so it differs from PPO only with several optimizer steps per rollout.
     """
     return -advantages * logp, {}
+
+
+# dual_clip: config only; ppo_clip_loss takes dual_clip.c as its supplied knob dual_clip_c
+def _caps_a_ppo_clip_loss(cfg):
+    if "dual_clip_c" in option("clip", cfg.clip.name).knobs:
+        return None
+    return (f"dual_clip={cfg.dual_clip.name} caps the PPO-clip loss, and clip={cfg.clip.name} has no dual clip; "
+            "use clip=symmetric or clip=higher, or dual_clip=none")
+
+
+declare("dual_clip", "none")
+declare("dual_clip", "enabled", off_policy_only=True,   # caps rho A: rho == 1 never hits it
+        activity=Activity("clip/dual_frac"), checks=_caps_a_ppo_clip_loss,
+        inert=Inert(one_optimizer_step, "cannot act with one optimizer step per rollout (ρ ≡ 1 never exceeds c)",
+                    "add updates.mini_batches=4", "several optimizer steps per rollout"),
+        tricks=(Trick("dual_clip",
+                      what="dual-clip PPO, c 3",
+                      source="verl clip_ratio_c",
+                      verdict="not_applicable"),))
