@@ -2,8 +2,10 @@
 
 Each option's rules (`registry.Inert`: a condition of the composed config under which it
 changes nothing, why, and what makes it act) are given where it is registered, in
-grpo_ablate/tricks/. `grpo-ablate train` prints one warning line per inert trick it was asked
-for; `sweep` and `doctor` refuse a plan in which a trick under test is inert (unless --allow-inert);
+grpo_ablate/tricks/. `grpo-ablate train` prints one warning line per inert trick among those
+the run will actually use (its named tricks and every family whose option differs from the
+defaults, however it got there: the command line, a named trick or a preset); `sweep` and
+`doctor` refuse a plan in which a trick under test is inert (unless --allow-inert);
 `grpo-ablate tricks` shows each trick's requirement. What a config cannot tell (an adaptive
 controller whose target the task never reaches, a filter that never fires) the report finds
 afterwards from the option's activity metric (registry.Activity; report/activity.py).
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from grpo_ablate.config import trick_families
+from grpo_ablate.config import default_options, trick_families
 from grpo_ablate.tricks import option
 
 
@@ -48,12 +50,17 @@ def inert_tricks(cfg: DictConfig, tricks: dict) -> list[tuple[str, str]]:
     return out
 
 
-def chosen_tricks(cfg: DictConfig, overrides) -> dict:
-    """The tricks a run was asked for: its named tricks (+trick=...) and the family options
-    given explicitly (clip=higher), as name -> {family, option}."""
+def chosen_tricks(cfg: DictConfig, overrides=()) -> dict:
+    """What the run will do beyond the defaults, as name -> {family, option}: its named tricks
+    (+trick=...), then every family whose option in the composed config is not the default one
+    (from the command line, a preset, anything), named `family=option`, and the family options
+    given explicitly on the command line (clip=symmetric)."""
     chosen = {name: dict(info) for name, info in (cfg.get("tricks") or {}).items()}
-    for override in overrides:
-        key, _, value = override.lstrip("+").partition("=")
-        if key in trick_families() and value and cfg[key].name == value:
-            chosen.setdefault(f"{key}={value}", {"family": key, "option": value})
+    named = {info["family"] for info in chosen.values()}
+    defaults = default_options()
+    explicit = {key for key, _, value in (o.lstrip("+").partition("=") for o in overrides) if value}
+    for family in trick_families():
+        value = cfg[family].name
+        if family not in named and (value != defaults.get(family) or family in explicit):
+            chosen.setdefault(f"{family}={value}", {"family": family, "option": value})
     return chosen

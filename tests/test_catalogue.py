@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from conftest import REPO
 from grpo_ablate import catalogue
 from grpo_ablate.config import ConfigError, compose, validate
-from grpo_ablate.inert import inert_reason, requirement
+from grpo_ablate.inert import chosen_tricks, inert_reason, requirement
 from grpo_ablate.tricks.registry import all_options, declared_families, family_info, unregister
 
 THROWAWAY = '''
@@ -88,6 +88,7 @@ def test_a_throwaway_option_is_checked_catalogued_documented_and_watched(throwaw
     one_step = with_clip([], {"name": "throwaway", "eps": 0.1, "tau": 1.0})
     assert inert_reason(one_step, "clip", "throwaway") == (
         "cannot act with one optimizer step per rollout: add updates.multi")
+    assert "clip=throwaway" in chosen_tricks(one_step)
     assert inert_reason(with_clip(["updates=multi"], {"name": "throwaway", "eps": 0.1, "tau": 1.0}),
                         "clip", "throwaway") is None
     assert requirement("clip", "throwaway") == "several optimizer steps per rollout"

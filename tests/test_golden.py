@@ -34,7 +34,7 @@ PADDED = "model.remove_padding=false"
 # name -> overrides on top of the small test config (3 steps, eval and checkpoint every 2)
 CASES = {
     "vanilla": [],
-    "dapo": ["preset=dapo", "overlong.buffer=4"],
+    "dapo": ["preset=dapo", "overlong.buffer=4", "updates=single"],   # recorded before the preset had mini-batches
     "gae_value_clip": ["+trick=[critic_gae,value_clip]"],
     "kl_two_layer": ["kl=two_layer"],
     "learnable_temperature": ["temperature=learnable"],
