@@ -129,5 +129,6 @@ def test_fsdp_needs_several_processes(small, monkeypatch):
         monkeypatch.delenv(key, raising=False)
     cfg = compose(small + ["model.fsdp=true"])
     validate(cfg)                     # the config is fine: a sweep can plan it anywhere
-    with pytest.raises(ConfigError, match="model.fsdp=true shards the model over several processes, and this run has one"):
+    with pytest.raises(ConfigError,
+                       match="model.fsdp=true shards the model over several processes, and this run has one"):
         check_here(cfg)

@@ -225,7 +225,8 @@ def test_shipped_sweep_files_plan_cleanly(path, tmp_path, cache_dir):
     (["leave-one-out", "--tricks", "clip_higher", "--base", "dapo"], "already on in the base"),
     (["leave-one-out", "--tricks", "clip_higher", "seed=3"], "use --seeds"),
     (["leave-one-out", "--tricks", "clip_higher", "adv=nope"], "adv=nope is not an option"),
-    (["leave-one-out", "--tricks", "clip_higher", "+adv.epz=0.1"], "adv.epz is not a setting of the adv option of any variant; allowed: eps"),
+    (["leave-one-out", "--tricks", "clip_higher", "+adv.epz=0.1"],
+     "adv.epz is not a setting of the adv option of any variant; allowed: eps"),
     (["leave-one-out", "--tricks", "kl_adaptive,length_group", "++temperature.lr=100"],
      "temperature.lr is not a setting of the temperature option of any variant; allowed: value"),
     (["ladder", "--tricks", "clip_higher", "updates.mini_batches=1"],
@@ -233,7 +234,8 @@ def test_shipped_sweep_files_plan_cleanly(path, tmp_path, cache_dir):
     (["add-one-in", "--tricks", "global_reward_norm"], "global_reward_norm is undone by the advantage estimator"),
     (["factorial", "--family", "kl.estimator=k1,k3", "kl=none"], "kl.estimator=k1 only changes a logged metric"),
     (["leave-one-out", "--tricks", "clip_higher", "--launcher", "nope"], "--launcher nope is not allowed"),
-    (["factorial", "--family", "adv", "--family", "task.level", "--seeds", "4"], "runs, above the limit of 128"),   # (options x levels x 4 seeds: grows with the adv family)
+    # (options x levels x 4 seeds: grows with the adv family)
+    (["factorial", "--family", "adv", "--family", "task.level", "--seeds", "4"], "runs, above the limit of 128"),
     (["factorial", "--family", "task.nope"], "not a config group and no known values"),
     (["sideways"], "sweep mode 'sideways' is not allowed"),
     (["file", "missing.yaml"], "does not exist"),

@@ -90,7 +90,8 @@ def test_rollout_correction_weights_multiply_the_policy_loss_only():
 def test_the_off_policy_mask_drops_negative_sequences_far_from_the_sampler():
     logp, inputs = inputs_and_logp()
     inputs.sampler_logp = logp.detach() + torch.tensor([[1.0], [1.0], [0.0], [0.0]], dtype=D)  # rows 0, 1 drift
-    terms, stats = LossTerms(compose(["off_policy_mask=sequence"]))(logp, torch.zeros_like(logp), None, inputs, NO_TERMS)
+    terms, stats = LossTerms(compose(["off_policy_mask=sequence"]))(logp, torch.zeros_like(logp), None, inputs,
+                                                                      NO_TERMS)
     terms["policy"].sum().backward()
     assert logp.grad[1].abs().sum() == 0 and logp.grad[0].abs().sum() > 0 and logp.grad[3].abs().sum() > 0  # A_0 > 0
     assert stats["off_policy_mask/dropped_frac"][1].sum() == 6 and stats["off_policy_mask/dropped_frac"].sum() == 6
@@ -130,3 +131,4 @@ def test_diagnostics_do_not_change_clip_covs_draws(small, tmp_path):
     diagnosed = rows_of(run(args + ["diag.grad_conflict=true", "diag.every=1"], tmp_path / "diag").run_dir)
     assert [r.get("loss") for r in plain] == [r.get("loss") for r in diagnosed]
     assert any("grad_norm/policy" in r for r in diagnosed)
+

@@ -106,7 +106,8 @@ def plan(req: SweepRequest) -> dict:
     for trick in req.tricks:   # dropping a trick the base already has would change nothing
         family = families[trick]
         if base_cfg[family].name == options[trick]:
-            raise SweepError(f"trick {trick} is already on in the base ({'preset=' + req.base if req.base else 'the defaults'} "
+            where = 'preset=' + req.base if req.base else 'the defaults'
+            raise SweepError(f"trick {trick} is already on in the base ({where} "
                              f"sets {family}={options[trick]}), so switching it off would change nothing; "
                              "remove it from --tricks or pick another --base")
     sweep_id = time.strftime("%Y-%m-%d_%H-%M-%S")
@@ -152,8 +153,9 @@ def scope_trick_settings(common: list[str], matrix: Matrix) -> tuple[list[str], 
         variants.append(replace(v, overrides=v.overrides + extra))
     for override, family, setting in scoped:
         if override not in taken:
+            allowed = ", ".join(sorted(family_keys(_compose(rest, "the base"), family))) or "(none)"
             raise SweepError(f"'{override}': {family}.{setting} is not a setting of the {family} option of any "
-                             f"variant; allowed: {', '.join(sorted(family_keys(_compose(rest, 'the base'), family))) or '(none)'}")
+                             f"variant; allowed: {allowed}")
     return rest, Matrix(matrix.mode, variants, matrix.contrasts)
 
 
@@ -530,8 +532,9 @@ def print_matrix(manifest: dict, console) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    seeds = manifest["seeds"]
     table = Table(title=f"sweep {manifest['name']} ({manifest['mode']}): {len(manifest['variants'])} variants x "
-                        f"{len(manifest['seeds'])} seed{'s' if len(manifest['seeds']) > 1 else ''} ({', '.join(map(str, manifest['seeds']))}) = "
+                        f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''} ({', '.join(map(str, seeds))}) = "
                         f"{len(manifest['runs'])} runs; nothing written")
     table.add_column("variant", no_wrap=True)   # names stay whole and copy-pasteable
     table.add_column("tricks on", overflow="fold")

@@ -500,4 +500,6 @@ def planner_text(manifest: dict, req: launch.SweepRequest) -> str:
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+    if seconds >= 5400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"

@@ -9,7 +9,9 @@
 The policy term's tokens are weighed by a factor of three tricks, each 1 when off:
 `token_mask` (the top-entropy tokens only), `off_policy_mask` (A < 0 sequences far from the
 sampler dropped) and `rollout_correction` (importance weights pi_old / pi_sampler), as TRL
-and verl multiply the per-token policy loss (the aggregation weights stay the full mask's).
+and verl multiply the per-token policy loss (the aggregation weights stay the full mask's);
+a per-sequence loss (clip=gmpo) takes the importance weights as their per-sequence geometric
+mean, as verl does (clip.is_weights=token: each token's own).
 
 The update minimizes sum_jt w_jt * (sum of the terms), w the `loss_agg` weights; the
 gradient-conflict diagnostics differentiate each term alone. Both call `LossTerms`, so a
@@ -158,7 +160,8 @@ class LossTerms:
             stats["value/loss"] = self.value_loss(values, inputs.old_values, inputs.returns)
             terms["value"] = coef.value * stats["value/loss"]
         if inputs.ref_logp is not None and coef.kl > 0:
-            terms["kl"] = coef.kl * (self.kl_estimator(logp, inputs.ref_logp, old_logp) * self.kl_weight(inputs.mask, entropy))
+            kl = self.kl_estimator(logp, inputs.ref_logp, old_logp)
+            terms["kl"] = coef.kl * (kl * self.kl_weight(inputs.mask, entropy))
         if inputs.prev_logp is not None and coef.kl_prev > 0:
             terms["kl_prev"] = coef.kl_prev * self.kl_estimator(logp, inputs.prev_logp, old_logp)
         if coef.entropy > 0:   # the entropy carries a gradient only then
