@@ -28,6 +28,7 @@ from omegaconf import DictConfig
 from grpo_ablate.config import trick
 from grpo_ablate.sampling.decode import derived_seed
 from grpo_ablate.tricks import option
+from grpo_ablate.tricks.clip import sequence_is_weights
 
 
 @dataclass
@@ -112,6 +113,10 @@ class LossTerms:
         self.token_mask = trick(cfg, "token_mask") if option("token_mask", cfg.token_mask.name).selects_tokens else None
         self.off_policy_mask = (trick(cfg, "off_policy_mask")
                                 if option("off_policy_mask", cfg.off_policy_mask.name).needs_sampler_logprobs else None)
+        # a per-sequence policy loss (gmpo) takes token-level importance weights per sequence (verl), unless
+        # clip.is_weights=token
+        self.sequence_is_weights = (option("clip", cfg.clip.name).per_sequence_loss
+                                    and cfg.clip.get("is_weights", "geometric") == "geometric")
 
     def policy(self, logp, old_logp, advantages, mask, factor=None):
         """(per-token policy loss, per-token clip statistics); old_logp None: rho = 1. `factor`:
@@ -144,7 +149,8 @@ class LossTerms:
             stats["off_policy_mask/dropped_frac"] = inputs.mask - keep
             factors.append(keep)
         if inputs.is_weights is not None:
-            factors.append(inputs.is_weights)
+            factors.append(sequence_is_weights(inputs.is_weights, inputs.mask) if self.sequence_is_weights
+                           else inputs.is_weights)
         return _product(factors), stats
 
     def __call__(self, logp, entropy, values, inputs: LossInputs, coef: Coefficients, spread=None):

@@ -22,20 +22,25 @@ at -c A, so a token with rho > c and A < 0 gets no gradient. TRL's two-sided `de
 
 Flags: `off_policy_only` -- the option's gradient equals plain PPO-clip's when rho == 1, so
 it can act only with several optimizer steps per rollout or a sampler-trainer mismatch.
+`per_sequence_loss` -- one loss value per sequence (gmpo): token-level importance weights of
+rollout_correction enter per sequence (setting clip.is_weights, see gmpo_loss).
 """
 from __future__ import annotations
 
 import torch
 
 from grpo_ablate.tricks.conditions import ONE_STEP, one_optimizer_step
-from grpo_ablate.tricks.registry import (NON_NEGATIVE, NUMBER, POSITIVE, Activity, Inert, Knob, Trick,
+from grpo_ablate.tricks.registry import (NON_NEGATIVE, NUMBER, POSITIVE, Activity, Inert, Knob, Trick, choice,
                                          declare, declare_family, option, register)
 
 declare_family("clip", "the policy loss: PPO ratio clip ε_low/ε_high (`higher` is DAPO clip-higher), or a 2025-26 "
                "variant (sequence ratio, clipped IS weight, soft gate, geometric mean, covariance masks, plain "
                "REINFORCE); all but `clip_cov` act only with several optimizer steps per rollout",
                metric="clip/high_frac",
-               supplied={"dual_clip_c": "dual_clip.c", "generator": "the trainer (seeded, checkpointed)"})
+               supplied={"dual_clip_c": "dual_clip.c", "generator": "the trainer (seeded, checkpointed)"},
+               # a per-sequence loss (gmpo): token-level rollout IS weights as their per-sequence
+               # geometric mean (verl) or each token's own (token); read by the trainer (train/losses.py)
+               settings={"is_weights": (choice("geometric", "token"), "per_sequence_loss")})
 declare_family("dual_clip", "dual-clip PPO for A < 0, c = 3", metric="clip/dual_frac",
                settings={"c": Knob(low=1, low_open=True, optional=True,   # handed to the policy loss as dual_clip_c
                                    note="the loss of a negative-advantage token is capped at -c A")})
@@ -212,25 +217,34 @@ def sapo_loss(logp, old_logp, advantages, mask, *, tau_pos: float = 1.0, tau_neg
     return loss, stats
 
 
-@register("clip", "gmpo", off_policy_only=True,
-          knobs=EPS, inert=ONE_STEP, activity=RATIO_MOVES,
+@register("clip", "gmpo", off_policy_only=True, per_sequence_loss=True,
+          knobs={**EPS, "mean_over": choice("all", "live")}, inert=ONE_STEP, activity=RATIO_MOVES,
           tricks=(Trick("gmpo",
                         what="GMPO: geometric mean of the token ratios, clipped per token in log space",
                         source="verl loss_mode=geo_mean (arXiv 2507.20673)",
                         verdict="not_in_review"),))
-def gmpo_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.4, eps_high: float = 0.4):
+def gmpo_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.4, eps_high: float = 0.4,
+              mean_over: str = "all"):
     """GMPO (arXiv 2507.20673): the geometric mean of token ratios, clipped per token in log space.
 
         Delta'_t = sgn(A) min(sgn(A) Delta_t, sgn(A) clip(Delta_t, -eps_low, eps_high))
         rho_i = exp(mean_t Delta'_t),  A_i = mean_t A_t
-        loss = mean_i (-A_i rho_i)
+        loss = (1/B) sum_i (-A_i rho_i)
 
-    Reference: verl core_algos `compute_policy_loss_geo_mean` (loss_mode=geo_mean; mean over
-    all sequences, ignoring loss_agg_mode; no log-ratio clamp; defaults 0.4 from verl's
-    examples/gmpo_trainer). Every token of sequence i carries the value -A_i rho_i, so
-    loss_agg=seq_mean_token_mean gives verl's mean over (non-empty) sequences; under any mode
-    the gradient at rho = 1 is plain PPO-clip's. A clipped token has zero gradient; a token
-    counts as clipped (clip/low_frac, clip/high_frac) when the clamp is the active branch.
+    Reference: verl core_algos `compute_policy_loss_geo_mean` (loss_mode=geo_mean; torch.mean
+    over all B sequences of the micro-batch, ignoring loss_agg_mode; no log-ratio clamp;
+    defaults 0.4 from verl's examples/gmpo_trainer). Every token of sequence i carries the
+    value -A_i rho_i (B_live / B): under loss_agg=seq_mean_token_mean, which averages over the
+    B_live sequences with a trained token, that is verl's mean over all B, fully masked rows
+    (the overlong filter makes them) counting as 0 (`mean_over=all`, verl's convention;
+    `mean_over=live` averages over the non-empty rows only, the B / B_live larger loss). B is
+    the rows this call sees (a mini-batch, or this rank's share of it, as verl's micro-batch).
+    Token-level rollout importance weights (rollout_correction token_*) enter as their
+    per-sequence geometric mean exp(mean_t log w_t), as in verl (flag per_sequence_loss; the
+    trainer's setting clip.is_weights=token multiplies each token's loss by its own weight
+    instead: sequence_is_weights below). Under any mode the gradient at rho = 1 is plain
+    PPO-clip's. A clipped token has zero gradient; a token counts as clipped (clip/low_frac,
+    clip/high_frac) when the clamp is the active branch.
     """
     mask = mask.to(logp.dtype)
     log_ratio = logp - old_logp
@@ -241,10 +255,23 @@ def gmpo_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.4, eps_hig
     rho = torch.exp((pessimistic * mask).sum(dim=-1, keepdim=True) / (lengths + 1e-8))
     seq_advantage = (advantages * mask).sum(dim=-1, keepdim=True) / (lengths + 1e-8)
     loss = (-seq_advantage * rho).expand_as(logp)
+    if mean_over == "all" and mask.shape[0]:
+        live = (lengths > 0).sum().clamp(min=1).to(loss.dtype)
+        loss = loss * (live / mask.shape[0])
     with torch.no_grad():
         stats = {"clip/low_frac": _float((log_ratio < -eps_low) & (advantages < 0), loss),
                  "clip/high_frac": _float((log_ratio > eps_high) & (advantages > 0), loss)}
     return loss, stats
+
+
+def sequence_is_weights(weights: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Token-level importance weights [N, T] as one weight per sequence [N, 1], their geometric
+    mean over its trained tokens: exp(sum_t m_t log(w_t + 1e-10) / (sum_t m_t + 1e-8)) (verl
+    compute_policy_loss_geo_mean's seq_is_weights; a weight a mask rule set to 0 pulls its
+    sequence's weight to ~0)."""
+    mask = mask.to(weights.dtype)
+    return torch.exp((torch.log(weights + 1e-10) * mask).sum(dim=-1, keepdim=True)
+                     / (mask.sum(dim=-1, keepdim=True) + 1e-8))
 
 
 def _covariance(advantages, logp, mask) -> torch.Tensor:
