@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -195,7 +196,7 @@ def declare_family(name: str, summary: str, *, metric: str = "loss", settings: d
     if name in _DECLARED:
         raise ValueError(f"trick family {name!r} is declared twice")
     norm = {k: v if isinstance(v, tuple) else (v, None) for k, v in (settings or {}).items()}
-    module = inspect.stack()[1].frame.f_globals.get("__name__", "")
+    module = sys._getframe(1).f_globals.get("__name__", "")   # the declaring module, for the README
     _DECLARED[name] = Family(name, summary, metric, norm, dict(supplied or {}), module)
 
 
