@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-slow test-all bench bench-trl clean
+.PHONY: install demo test lint test-slow test-all bench bench-trl catalogue clean
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,8 +36,12 @@ demo: install
 # Two workers (pytest-xdist, a test file each at a time): the tests are single-threaded.
 PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile
 
-test: install
+test: install lint
 	$(PYTEST) -m "not slow"
+
+## ruff check (pyproject.toml [tool.ruff]: pyflakes, pycodestyle, lines up to 120 characters)
+lint: install
+	$(PY) -m ruff check .
 
 test-slow: install
 	@bash scripts/slurm.sh up || true
@@ -54,6 +58,10 @@ bench: install
 bench-trl: install
 	@$(PY) -m pip install -q -e ".[bench]" 2>&1 | grep -v "^WARNING: Location" || true
 	$(PY) benchmarks/compare_trl.py
+
+## rewrite docs/tricks.md, the README's trick-family table and report/activity_table.py from the trick registry
+catalogue: install
+	$(PY) -m grpo_ablate.catalogue --write
 
 clean:
 	rm -rf $(VENV) runs outputs multirun

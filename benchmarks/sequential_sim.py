@@ -166,13 +166,16 @@ def rows(quick: bool) -> list[tuple]:
     pure("null, max raised 8 -> 12 after look 3 (budget stop)", obf, 0.0, 10, raise_max_to=12, raised_after=5)
     pure("null, max raised 8 -> 12 after the last look (re-planned)", obf, 0.0, 11, raise_max_to=12)
     with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as tmp:
-        for label, effect, seed in (("null, synthetic sweep dirs", 0.0, 12), ("Δ = 1.5 SD, synthetic sweep dirs", 1.5, 13)):
+        for label, effect, seed in (("null, synthetic sweep dirs", 0.0, 12),
+                                    ("Δ = 1.5 SD, synthetic sweep dirs", 1.5, 13)):
             r = sweep_dir_sequences(Path(tmp) / label.split(",")[0].replace(" ", "").replace("=", ""), dirs,
                                     effect, seed)
             # no fixed-design column: their power estimate is too noisy to size one (the pure rows do)
-            out.append((label, dirs, r["helps"], r["hurts"], 0.0, r["decided"], r["mean_seeds"], None, None, effect, 0.0))
+            out.append((label, dirs, r["helps"], r["hurts"], 0.0, r["decided"], r["mean_seeds"], None, None, effect,
+                        0.0))
     for label, (pos, neg) in (("null, a 5% t-test at every look (naive)", naive_every_look(obf, n, 15)),
-                              ("null, significance-level approach (not used)", significance_level_approach(obf, n, 14))):
+                              ("null, significance-level approach (not used)",
+                               significance_level_approach(obf, n, 14))):
         out.append((label, n, pos, neg, 0.0, pos + neg, None, None, None, 0.0, 0.0))
     return out
 

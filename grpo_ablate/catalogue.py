@@ -1,39 +1,115 @@
-"""The trick catalogue as data: every named trick file in conf/trick/, for `grpo-ablate tricks`.
+"""Everything the trick registry says, as the tables other places show: derived, never kept by hand.
 
-The trick files are the single source: each records its family, option, what it changes,
-its reference, the seed review's verdict and the extra compute it costs.
+    load_catalogue()   the named tricks (`grpo-ablate tricks`, docs/tricks.md): name, family,
+                       option, what, source, verdict, cost, claims, requires, activity
+    activity_table()   (family, option) -> (metric, kind, threshold): the report's *inert here*
+                       (written to report/activity_table.py, which the report reads without torch)
+    option_table()     the README's table of trick families and their options
+
+`python -m grpo_ablate.catalogue --write` (`make catalogue`) rewrites docs/tricks.md, the
+README's option table and report/activity_table.py from the registry; tests/test_catalogue.py
+fails while any of them is stale.
 """
 from __future__ import annotations
 
 import json
-from importlib import resources
+import sys
+from pathlib import Path
 
-import yaml
-
+from grpo_ablate.config import default_options
 from grpo_ablate.inert import requirement
+from grpo_ablate.tricks import FAMILIES
+from grpo_ablate.tricks.registry import all_options, family_info, options
 
 COLUMNS = ("name", "family", "option", "what", "source", "verdict", "cost")
+REPO = Path(__file__).resolve().parents[1]
+ACTIVITY_MODULE = Path(__file__).resolve().parent / "report" / "activity_table.py"
+README_BEGIN = "<!-- trick families: generated from the registry by `make catalogue`; do not edit by hand -->"
+README_END = "<!-- end of the generated trick families -->"
 
 
 def load_catalogue() -> list[dict]:
+    """One row per named trick, by name: the facts registered with the option it selects."""
     rows = []
-    for entry in sorted(resources.files("grpo_ablate.conf").joinpath("trick").iterdir(), key=lambda p: p.name):
-        if entry.name.endswith(".yaml"):
-            name = entry.name[: -len(".yaml")]
-            info = yaml.safe_load(entry.read_text())["tricks"][name]
-            row = {"name": name, **{k: str(info[k]) for k in COLUMNS[1:]}}
-            row["requires"] = requirement(row["family"], row["option"]) or "-"   # when it can act at all
-            rows.append(row)
-    return rows
+    for opt in all_options():
+        for t in opt.tricks:
+            rows.append({"name": t.name, "family": opt.family, "option": opt.name, "what": t.what,
+                         "source": t.source, "verdict": t.verdict, "cost": t.cost, "claims": t.claims,
+                         "requires": requirement(opt.family, opt.name) or "-",   # when it can act at all
+                         "activity": describe_activity(opt.activity)})
+    return sorted(rows, key=lambda r: r["name"])
+
+
+def describe_activity(activity) -> str:
+    if activity is None:
+        return "-"
+    if activity.kind == "above":
+        return f"{activity.metric} > {activity.threshold:g}"
+    return f"{activity.metric} ≠ 0" if activity.kind == "nonzero" else f"{activity.metric} changes"
+
+
+def activity_table() -> dict:
+    """(family, option) -> (metric, kind, threshold) for every option with an activity metric."""
+    return {(o.family, o.name): (o.activity.metric, o.activity.kind, o.activity.threshold)
+            for o in all_options() if o.activity is not None}
 
 
 def render(rows: list[dict], fmt: str) -> str:
     """`json` or `md` text (the `table` form is drawn by the CLI with rich)."""
     if fmt == "json":
         return json.dumps(rows, indent=2)
-    head = "| trick | family=option | what it changes | source | seed review | extra compute | acts only with |"
-    lines = [head, "|---|---|---|---|---|---|---|"]
+    head = ("| trick | family=option | what it changes | source | seed review | extra compute | acts only with "
+            "| shows it acted |")
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| `{r['name']}` | `{r['family']}={r['option']}` | {r['what']} | {r['source']} | "
-                     f"{r['verdict'].replace('_', ' ')} | {r['cost']} | {r['requires']} |")
+        what = r["what"] + (f" (claims: {r['claims']})" if r["claims"] else "")
+        lines.append(f"| `{r['name']}` | `{r['family']}={r['option']}` | {what} | {r['source']} | "
+                     f"{r['verdict'].replace('_', ' ')} | {r['cost']} | {r['requires']} | {r['activity']} |")
     return "\n".join(lines)
+
+
+def option_table() -> str:
+    """The README's table of the trick families: each family's options (the default first, then in
+    registration order), its summary and the module that implements it."""
+    lines, defaults = ["| trick family | options now | what it sets |", "|---|---|---|"], default_options()
+    for family in FAMILIES:
+        info = family_info(family)
+        ordered = sorted(options(family), key=lambda name: name != defaults.get(family))   # the default first
+        names = ", ".join(f"`{name}`" for name in ordered)
+        module = info.module.replace(".", "/") + ".py"
+        lines.append(f"| `{family}` | {names} | {info.summary} (`{module.removeprefix('grpo_ablate/')}`) |")
+    return "\n".join(lines)
+
+
+def activity_module() -> str:
+    """The text of report/activity_table.py."""
+    entries = "\n".join(f"    {key!r}: {value!r}," for key, value in sorted(activity_table().items()))
+    return ('"""The activity metric of every option, generated from the trick registry by `make catalogue`:\n'
+            "do not edit (tests/test_catalogue.py fails while it differs from the registry). The report\n"
+            'reads it without importing torch. (family, option) -> (metric, kind, threshold)."""\n'
+            f"ACTIVITY = {{\n{entries}\n}}\n")
+
+
+def readme_with_option_table(text: str) -> str:
+    """The README with the generated block (between its markers) replaced by option_table()."""
+    begin, end = text.index(README_BEGIN) + len(README_BEGIN), text.index(README_END)
+    return text[:begin] + "\n" + option_table() + "\n" + text[end:]
+
+
+def docs_text() -> str:
+    return ("# The named tricks\n\nGenerated from the trick registry (grpo_ablate/tricks/) by `make catalogue`; "
+            "`grpo-ablate tricks --format md` prints the same table.\n\n" + render(load_catalogue(), "md") + "\n")
+
+
+def write() -> None:
+    """Rewrite every derived file from the registry."""
+    (REPO / "docs" / "tricks.md").write_text(docs_text())
+    readme = REPO / "README.md"
+    readme.write_text(readme_with_option_table(readme.read_text()))
+    ACTIVITY_MODULE.write_text(activity_module())
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write"]:
+        sys.exit("usage: python -m grpo_ablate.catalogue --write")
+    write()

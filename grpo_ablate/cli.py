@@ -82,18 +82,22 @@ def sweep(
                                           "no_std)."),
     trick: Optional[str] = typer.Option(None, "--trick", help="conflict: the new trick (any named trick)."),
     reward: Optional[str] = typer.Option(None, "--reward", help="conflict: the new reward term, a named trick "
-                                         "that shapes the reward (length_penalty, length_group, overlong_punish, kl_in_reward)."),
+                                         "that shapes the reward (length_penalty, length_group, overlong_punish, "
+                                         "kl_in_reward)."),
     base: Optional[str] = typer.Option(None, "--base", help="Preset the tricks are added to (grpo, dapo, ...)."),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="5 = seeds 0..4; or a list: 0,5,9; or auto: "
                                         "3, then one more per look until each contrast is decided (default 5)."),
-    max_seeds: Optional[int] = typer.Option(None, "--max-seeds", help="--seeds auto: at most this many seeds (default 8)."),
-    budget: Optional[str] = typer.Option(None, "--budget", help="--seeds auto: start no look past this wall time (90m, 2h)."),
+    max_seeds: Optional[int] = typer.Option(None, "--max-seeds",
+                                            help="--seeds auto: at most this many seeds (default 8)."),
+    budget: Optional[str] = typer.Option(None, "--budget",
+                                         help="--seeds auto: start no look past this wall time (90m, 2h)."),
     effect: Optional[float] = typer.Option(None, "--effect", help="--seeds auto: the smallest Δ that matters; "
-                                           "a contrast whose repeated 95% interval lies inside ±X stops as 'no effect >= X'."),
+                                           "a contrast whose repeated 95% interval lies inside ±X stops as "
+                                           "'no effect >= X'."),
     summary: Optional[str] = typer.Option(None, "--summary", help="--seeds auto: what each look compares: final, "
-                                          "auc, best, last_k or last_<k> (as report --summary) [report's default]."),
-    launcher: Optional[str] = typer.Option(None, "--launcher",
-                                           help="basic | joblib | submitit_local | submitit_slurm | ray (default joblib)."),
+                                          "auc, best, last_k or last_<k> (as report --summary) [final]."),
+    launcher: Optional[str] = typer.Option(None, "--launcher", help="basic | joblib | submitit_local | "
+                                           "submitit_slurm | ray (default joblib)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", help="Runs at a time (default: one per core)."),
     family: Optional[List[str]] = typer.Option(None, "--family", help="factorial over a config group's "
                                                "options (adv) or a key's values (task.level, key=a,b); repeatable."),
@@ -273,7 +277,8 @@ def doctor(
     base: Optional[str] = typer.Option(None, "--base", help="Preset the tricks are added to (grpo, dapo, ...)."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Training steps of every run (default 30: short)."),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="Seeds per set: 1 (default), 2 = 0,1, or 0,5."),
-    launcher: Optional[str] = typer.Option(None, "--launcher", help="basic | joblib | submitit_local | ... (default joblib)."),
+    launcher: Optional[str] = typer.Option(None, "--launcher",
+                                           help="basic | joblib | submitit_local | ... (default joblib)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", help="Runs at a time (default: one per core)."),
     max_runs: Optional[int] = typer.Option(None, "--max-runs", help="Stop the search before more runs (default 32)."),
     threshold: List[str] = typer.Option([], "--threshold", help="Health-flag threshold NAME=VALUE (repeatable)."),
@@ -307,8 +312,8 @@ def doctor(
                      ("--seeds", seeds), ("--max-runs", max_runs), ("--dir", out), ("--threshold", threshold))
                      if value]
             if given or [a for a in args if not a.startswith("hydra.")] or dry_run:
-                fail(f"--resume continues a doctor run exactly as it was planned; drop "
-                     f"{', '.join(given + [a for a in args if not a.startswith('hydra.')] + (['--dry-run'] if dry_run else []))}"
+                dropped = given + [a for a in args if not a.startswith('hydra.')] + (['--dry-run'] if dry_run else [])
+                fail(f"--resume continues a doctor run exactly as it was planned; drop {', '.join(dropped)}"
                      " (only --launcher, --jobs and hydra.* launcher settings may change)")
             req = doc.load_request(resume_dir)
             req.launcher, req.jobs = launcher or req.launcher, jobs if jobs is not None else req.jobs
@@ -331,7 +336,7 @@ def doctor(
             if dry_run:
                 T = frozenset(req.tricks)
                 for stage in (doc.Stage("all-on", [T]), doc.Stage("leave-one-out", [T - {t} for t in req.tricks])):
-                    print_matrix(plan(doc._sweep_request(req, stage, None)), console)
+                    print_matrix(plan(doc.stage_request(req, stage, None)), console)
                 console.print(f"if the all-on run breaks: leave-one-out, then subsets as needed, at most "
                               f"{req.max_runs} runs in all", markup=False, highlight=False)
                 return
@@ -377,11 +382,12 @@ def tricks(fmt: str = typer.Option("table", "--format", help="table, json or md"
     from rich.table import Table
 
     table = Table(title=f"{len(rows)} named tricks (use as +trick=<name>)")
-    for column in ("trick", "family=option", "what it changes", "seed review", "extra compute", "acts only with"):
+    for column in ("trick", "family=option", "what it changes", "seed review", "extra compute", "acts only with",
+                   "shows it acted"):
         table.add_column(column)
     for r in rows:
         table.add_row(r["name"], f"{r['family']}={r['option']}", r["what"],
-                      r["verdict"].replace("_", " "), r["cost"], r["requires"])
+                      r["verdict"].replace("_", " "), r["cost"], r["requires"], r["activity"])
     console.print(table)
 
 

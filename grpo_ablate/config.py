@@ -18,8 +18,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpo_ablate.errors import ConfigError
 from grpo_ablate.tasks import TASKS
-from grpo_ablate.train.ranks import launched_ranks
+from grpo_ablate.ranks import launched_ranks
 from grpo_ablate.tricks import UnknownOption, families, option, options
+from grpo_ablate.tricks.registry import family_info
 
 
 CONFIG_MODULE = "grpo_ablate.conf"
@@ -70,66 +71,49 @@ def check_tricks(cfg: DictConfig) -> None:
                  f"too; drop one of them")
 
 
-# Keys of a trick family's config group that the trainer reads itself, not knobs of the chosen
-# option's function: declared here once, checked with the knobs, read by the trainer. A key
-# mapped to a capability flag is a setting only of the options that have that flag.
-TRAINER_KEYS = {
-    "sampling": {"max_rounds": None, "g_step": None, "g_max": None},   # dynamic sampling rounds, group growth
-    "kl": {"estimator": None},                       # kl.estimator: the per-token KL (k1, k2, k3)
-    "adv": {"value_coef": "uses_values"},            # the critic's loss weight (adv=gae)
-    "dual_clip": {"c": None},                        # handed to the policy loss as dual_clip_c
-    "updates": {"mini_batches": None, "epochs": None, "shuffle": None},   # optimizer steps per rollout
-    "ref_sync": {"every": "syncs_reference"},        # optimizer steps between two reference syncs
-}
-# Knobs of an option's function that the trainer supplies (from another family's config, or
-# itself): the config may not set them.
-SUPPLIED_KNOBS = {"clip": {"dual_clip_c": "dual_clip.c", "generator": "the trainer (seeded, checkpointed)"}}
-# Families that are config only (no function of their own): their allowed option names.
-CONFIG_ONLY_FAMILIES = {"dual_clip": ("none", "enabled"), "updates": ("single", "multi", "mini_batches")}
-# Capability flags of config-only options (registered options carry theirs in the registry).
-CONFIG_ONLY_FLAGS = {("dual_clip", "enabled"): {"off_policy_only": True}}   # caps rho A: rho == 1 never hits it
-
-
 def trick_families() -> list[str]:
-    """Every trick family that is a config group: the registry's families and the config-only ones."""
-    return [f for f in families() if "." not in f] + sorted(CONFIG_ONLY_FAMILIES)
+    """Every trick family that is a config group: the registry's (those with functions first,
+    then the config-only ones, each sorted)."""
+    groups = [f for f in families() if "." not in f]
+    return ([f for f in groups if not _config_only(f)] + [f for f in groups if _config_only(f)])
+
+
+def _config_only(family: str) -> bool:
+    return all(o.impl is None for o in options(family).values())
 
 
 def option_flags(family: str, name: str) -> dict:
-    """The capability flags of any option, registered or config-only (e.g. off_policy_only,
-    needs_sampler_logprobs), for the trainer and the inert-trick rules."""
-    if family in CONFIG_ONLY_FAMILIES:
-        return dict(CONFIG_ONLY_FLAGS.get((family, name), {}))
+    """The capability flags of any option (e.g. off_policy_only, needs_sampler_logprobs), for the
+    trainer and the inert-trick rules."""
     return dict(option(family, name).flags)
 
 
 def family_settings(cfg: DictConfig, family: str) -> dict:
-    """The chosen option's knobs as set by the config (trainer keys and `name` left out)."""
-    return {k: v for k, v in params(cfg[family]).items() if k not in TRAINER_KEYS.get(family, ())}
+    """The chosen option's knobs as set by the config (the family's trainer settings and `name` left out)."""
+    settings = family_info(family).settings
+    return {k: v for k, v in params(cfg[family]).items() if k not in settings}
 
 
 def trick(cfg: DictConfig, family: str, **supplied):
     """The function (or controller class) the config chose for `family`, its knobs bound.
-    `supplied` knobs (SUPPLIED_KNOBS) that the chosen option does not take are left out:
-    validate refuses a config that would need them (dual_clip with clip=gspo)."""
+    `supplied` knobs (the family's `supplied`, registry.declare_family) that the chosen option
+    does not take are left out: validate refuses a config that would need them (dual_clip with
+    clip=gspo)."""
     chosen = option(family, cfg[family].name)
     supplied = {k: v for k, v in supplied.items() if k in chosen.knobs}
     return chosen.bind({**family_settings(cfg, family), **supplied})
 
 
 def family_keys(cfg: DictConfig, family: str) -> list[str]:
-    """The keys the family's chosen option may set: its knobs and the trainer's keys."""
-    name = cfg[family].name
-    trainer_keys = TRAINER_KEYS.get(family, {})
-    if family in CONFIG_ONLY_FAMILIES:
-        _one_of(family, name, CONFIG_ONLY_FAMILIES[family])
-        return list(trainer_keys)
+    """The keys the family's chosen option may set: its knobs and the family's trainer settings
+    (a setting tied to a capability flag only for options that have it)."""
     try:
-        chosen = option(family, name)
+        chosen = option(family, cfg[family].name)
     except UnknownOption as err:
         raise ConfigError(str(err)) from None
-    allowed = [k for k in chosen.knobs if k not in SUPPLIED_KNOBS.get(family, {})]
-    return allowed + [k for k, flag in trainer_keys.items() if flag is None or getattr(chosen, flag)]
+    info = family_info(family)
+    allowed = [k for k in chosen.knobs if k not in info.supplied]
+    return allowed + [k for k, (_, flag) in info.settings.items() if flag is None or getattr(chosen, flag)]
 
 
 def check_family_keys(cfg: DictConfig, family: str) -> None:
@@ -139,10 +123,25 @@ def check_family_keys(cfg: DictConfig, family: str) -> None:
     for key in cfg[family]:
         if key == "name" or key in allowed:
             continue
-        supplied = SUPPLIED_KNOBS.get(family, {}).get(key)
+        supplied = family_info(family).supplied.get(key)
         raise ConfigError(f"{family}.{key} is not a setting of {family}={name}"
                           + (f" (it is set by {supplied})" if supplied else "")
                           + f"; allowed: {', '.join(sorted(allowed)) or '(none)'}")
+
+
+def check_family_values(cfg: DictConfig, family: str) -> None:
+    """Every knob and setting of the family in its declared range (registry.Knob), then the
+    chosen option's own checks across settings (registered with it)."""
+    chosen, info = option(family, cfg[family].name), family_info(family)
+    for key in cfg[family]:
+        if key == "name":
+            continue
+        spec = chosen.ranges.get(key) or info.settings[key][0]
+        value = cfg[family][key]
+        _require(spec.ok(value, cfg), f"{family}.{key}={value!r} is not allowed; {spec.allowed(cfg)}")
+    for check in chosen.checks:
+        problem = check(cfg)
+        _require(problem is None, problem or "")
 
 
 def validate(cfg: DictConfig) -> None:
@@ -153,55 +152,13 @@ def validate(cfg: DictConfig) -> None:
 
 
 def check_trick_settings(cfg: DictConfig) -> None:
-    """The trick families: options that exist, keys that are their settings, values in range."""
+    """The trick families: options that exist, keys that are their settings, values in their
+    declared ranges, the options' own checks (all from the registry), named tricks that agree."""
     for family in trick_families():   # the option exists and every key is one of its settings
         check_family_keys(cfg, family)
     check_tricks(cfg)
-    _require(cfg.value_clip.name == "none" or option("adv", cfg.adv.name).uses_values,
-             f"value_clip={cfg.value_clip.name} needs a critic, and adv={cfg.adv.name} has none: value "
-             "clipping exists only with adv=gae (add +trick=critic_gae)")
-    _positive("temperature.value", cfg.temperature.value)
-    if cfg.temperature.get("t_min") is not None:
-        _positive("temperature.t_min", cfg.temperature.t_min)
-        _require(cfg.temperature.t_min <= cfg.temperature.value <= cfg.temperature.t_max,
-                 f"temperature.value={cfg.temperature.value} is not allowed; it must lie in "
-                 f"[t_min, t_max] = [{cfg.temperature.t_min}, {cfg.temperature.t_max}]")
-    if cfg.adv.get("std_of") is not None:
-        _one_of("adv.std_of", cfg.adv.std_of, ("raw", "centered"))
-    _positive("sampling.max_rounds", cfg.sampling.max_rounds, integer=True)
-    if cfg.sampling.get("g_max") is not None:
-        _positive("sampling.g_step", cfg.sampling.g_step, integer=True)
-        _require(isinstance(cfg.sampling.g_max, int) and cfg.sampling.g_max >= cfg.rollout.group_size,
-                 f"sampling.g_max={cfg.sampling.g_max!r} is not allowed; it must be an integer >= "
-                 f"rollout.group_size ({cfg.rollout.group_size})")
-    _positive("entropy.coef", cfg.entropy.coef, allow_zero=True)
-    _require(cfg.entropy.name != "none" or cfg.entropy.coef == 0,
-             f"entropy.coef={cfg.entropy.coef} with entropy=none would add an entropy term anyway; "
-             "use entropy=bonus (fixed) or entropy=adaptive")
-    for key in ("eps_low", "eps_high", "eps_max", "tau_pos", "tau_neg", "ratio"):   # the chosen option's
-        if cfg.clip.get(key) is not None:
-            _positive(f"clip.{key}", cfg.clip[key])
-    _require(cfg.dual_clip.name == "none" or "dual_clip_c" in option("clip", cfg.clip.name).knobs,
-             f"dual_clip={cfg.dual_clip.name} caps the PPO-clip loss, and clip={cfg.clip.name} has no dual clip; "
-             "use clip=symmetric or clip=higher, or dual_clip=none")
-    _check_new_families(cfg)
-    if cfg.adv_clip.get("c") is not None:
-        _positive("adv_clip.c", cfg.adv_clip.c)
-    if cfg.dual_clip.c is not None:
-        _require(isinstance(cfg.dual_clip.c, (int, float)) and cfg.dual_clip.c > 1,
-                 f"dual_clip.c={cfg.dual_clip.c!r} is not allowed; it must be a number > 1 "
-                 "(the loss of a negative-advantage token is capped at -c A)")
-    if cfg.overlong.get("buffer") is not None:
-        _require(isinstance(cfg.overlong.buffer, int) and 0 < cfg.overlong.buffer <= cfg.rollout.max_new_tokens,
-                 f"overlong.buffer={cfg.overlong.buffer!r} is not allowed; it must be an integer in "
-                 f"1..rollout.max_new_tokens ({cfg.rollout.max_new_tokens})")
-    _one_of("kl.estimator", cfg.kl.estimator, sorted(options("kl.estimator")))
-    if cfg.kl_weight.get("budget") is not None:
-        _positive("kl_weight.budget", cfg.kl_weight.budget, integer=True)
-    _require(cfg.kl_weight.name == "uniform" or cfg.kl.beta > 0,
-             f"kl_weight={cfg.kl_weight.name} weights the KL term, but kl={cfg.kl.name} has none; "
-             "use kl=fixed, adaptive or adaptive_target")
-    _positive("kl.beta", cfg.kl.beta, allow_zero=True)
+    for family in trick_families():
+        check_family_values(cfg, family)
     group = cfg.rollout.group_size
     if option("adv", cfg.adv.name).uses_group_statistic:
         _require(isinstance(group, int) and group >= 2,
@@ -209,6 +166,8 @@ def check_trick_settings(cfg: DictConfig) -> None:
                  "a group statistic needs at least 2 completions per prompt (group_size >= 2)")
     else:
         _positive("rollout.group_size", group, integer=True)
+    if cfg.rollout.get("dtype") is not None:
+        _one_of("rollout.dtype", cfg.rollout.dtype, ("float32", "bfloat16"))
 
 
 def check_run_settings(cfg: DictConfig) -> None:
@@ -230,10 +189,6 @@ def check_run_settings(cfg: DictConfig) -> None:
     _positive("optim.max_grad_norm", cfg.optim.max_grad_norm)
     _positive("rollout.prompts_per_step", cfg.rollout.prompts_per_step, integer=True)
     _positive("rollout.max_new_tokens", cfg.rollout.max_new_tokens, integer=True)
-    _positive("updates.mini_batches", cfg.updates.mini_batches, integer=True)
-    _positive("updates.epochs", cfg.updates.epochs, integer=True)
-    _require(isinstance(cfg.updates.shuffle, bool),
-             f"updates.shuffle={cfg.updates.shuffle!r} is not allowed; allowed: true, false")
     _positive("eval.every", cfg.eval.every, integer=True)
     _positive("checkpoint_every", cfg.checkpoint_every, integer=True)
     _positive("samples_every", cfg.samples_every, integer=True)
@@ -275,35 +230,6 @@ def check_model_and_task(cfg: DictConfig) -> None:
         raise ConfigError(str(err).splitlines()[0]) from None
 
 
-def _check_new_families(cfg: DictConfig) -> None:
-    """token_mask, off_policy_mask, rollout_correction, ref_sync and the sampler's dtype."""
-    if cfg.token_mask.get("quantile") is not None:
-        q = cfg.token_mask.quantile
-        _require(isinstance(q, (int, float)) and not isinstance(q, bool) and 0 <= q <= 1,
-                 f"token_mask.quantile={q!r} is not allowed; it must be a number in [0, 1]")
-    if cfg.off_policy_mask.get("delta") is not None:
-        _positive("off_policy_mask.delta", cfg.off_policy_mask.delta, allow_zero=True)
-    if cfg.rollout_correction.get("high") is not None:
-        _positive("rollout_correction.high", cfg.rollout_correction.high)
-        low = cfg.rollout_correction.get("low")
-        if low is not None:
-            _positive("rollout_correction.low", low)
-            _require(low <= cfg.rollout_correction.high, f"rollout_correction.low={low!r} is not allowed; "
-                     f"it must be <= rollout_correction.high ({cfg.rollout_correction.high})")
-    if cfg.ref_sync.name != "none":
-        _positive("ref_sync.every", cfg.ref_sync.every, integer=True)
-        alpha = cfg.ref_sync.alpha
-        _require(isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and 0 <= alpha <= 1,
-                 f"ref_sync.alpha={alpha!r} is not allowed; it must be a number in [0, 1]")
-        _require(cfg.kl.beta > 0, f"ref_sync={cfg.ref_sync.name} moves the reference policy, but kl={cfg.kl.name} "
-                                  "has none (beta 0): use kl=fixed (or another KL with beta > 0)")
-        lora = cfg.model.get("lora")
-        _require(lora is None or lora.r == 0, f"ref_sync={cfg.ref_sync.name} needs a reference of its own; with "
-                 "LoRA the reference is the base model under the adapters: model.lora.r=0, or ref_sync=none")
-    if cfg.rollout.get("dtype") is not None:
-        _one_of("rollout.dtype", cfg.rollout.dtype, ("float32", "bfloat16"))
-
-
 def _check_model(model: DictConfig) -> None:
     """The model's options (most are model=hf's; the embedded tiny model has fsdp, disable_dropout
     and remove_padding)."""
@@ -331,7 +257,8 @@ def _fsdp_problem(cfg: DictConfig) -> str | None:
     if not cfg.model.get("fsdp"):
         return None
     if cfg.rollout.backend == "vllm":
-        return "does not work with rollout=vllm (its engine is loaded with the whole model in each process); use rollout=hf"
+        return ("does not work with rollout=vllm (its engine is loaded with the whole model in each process); "
+                "use rollout=hf")
     if cfg.model.get("dtype") == "float16":
         return ("does not work with model.dtype=float16 (its loss scaler would see only this process's shard of "
                 "the gradients); use model.dtype=bfloat16")
@@ -402,6 +329,17 @@ def _hub_model_reachable(name: str) -> bool:
 def _looks_local(path: str) -> bool:
     """A hub id is `name` or `org/name`; anything else (absolute, ./, ~, deeper) is local."""
     return os.path.exists(os.path.expanduser(path)) or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", path)
+
+
+def default_options() -> dict[str, str]:
+    """Each config group's option in conf/config.yaml's defaults list (what a run gets unless
+    something, a preset, a named trick or the command line, picks another)."""
+    import yaml
+    from importlib import resources
+
+    text = resources.files(CONFIG_MODULE).joinpath(f"{CONFIG_NAME}.yaml").read_text()
+    return {key: value for entry in yaml.safe_load(text)["defaults"] if isinstance(entry, dict)
+            for key, value in entry.items()}
 
 
 def config_hash(cfg: DictConfig) -> str:

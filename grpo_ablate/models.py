@@ -88,8 +88,8 @@ def supervised_batch(tokenizer, prompts: list, targets: list[str], device="cpu")
     ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
     lab = torch.full((len(rows), width), -100, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (r, l) in enumerate(zip(rows, labels)):
-        ids[i, :len(r)], lab[i, :len(l)], mask[i, :len(r)] = torch.tensor(r), torch.tensor(l), 1
+    for i, (r, lb) in enumerate(zip(rows, labels)):
+        ids[i, :len(r)], lab[i, :len(lb)], mask[i, :len(r)] = torch.tensor(r), torch.tensor(lb), 1
     return ids.to(device), mask.to(device), lab.to(device)
 
 

@@ -112,6 +112,51 @@ def test_tricks_import_only_torch():
                     assert name.startswith("grpo_ablate.tricks"), f"{path.name} imports {name}"
 
 
+def test_the_validation_layer_does_not_reach_into_training():
+    """config.py and inert.py check a config before any run: they import nothing of grpo_ablate.train."""
+    edges, _ = graph()
+    for name in ("grpo_ablate.config", "grpo_ablate.inert"):
+        assert not {t for t in edges[name] if t.startswith("grpo_ablate.train")}, f"{name}: {sorted(edges[name])}"
+
+
+def private_uses(path: Path, known: set[str]):
+    """`from grpo_ablate.x import _name` and `module._name` for a grpo_ablate module bound by an import."""
+    tree = ast.parse(path.read_text())
+    modules_bound = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("grpo_ablate"):
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                if full in known:
+                    modules_bound[alias.asname or alias.name] = full
+                elif alias.name.startswith("_") and not alias.name.startswith("__"):
+                    yield f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("grpo_ablate") and alias.asname:
+                    modules_bound[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules_bound
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            yield f"{modules_bound[node.value.id]}.{node.attr}"
+
+
+def test_no_module_uses_another_modules_private_names():
+    """A name starting with _ is the module's own: what other modules need is public (e.g. the
+    sweep package's launch.run_jobs, check_launcher, cpus, timestamp; doctor.stage_request)."""
+    known = set(modules())
+    found = [f"{name} uses {use}" for name, path in modules().items() for use in private_uses(path, known)
+             if not use.startswith(name + ".")]
+    assert not found, "; ".join(found)
+
+
+def test_the_private_name_detector_finds_one(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("from grpo_ablate.sweep import launch\nfrom grpo_ablate.config import _require\nlaunch._x()\n")
+    assert sorted(private_uses(source, {"grpo_ablate.sweep.launch"})) == ["grpo_ablate.config._require",
+                                                                          "grpo_ablate.sweep.launch._x"]
+
+
 def test_the_detector_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None

@@ -71,7 +71,8 @@ def test_train_end_to_end_with_wandb_offline(small, tmp_path):
 
 
 def test_diverged_run_exits_3(small, tmp_path):
-    out = cli("train", *small, "steps=6", "optim.lr=1e30", "optim.weight_decay=0.5", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    out = cli("train", *small, "steps=6", "optim.lr=1e30", "optim.weight_decay=0.5", f"hydra.run.dir={tmp_path}/run",
+              cwd=tmp_path)
     assert out.returncode == 3, out.stderr[-2000:]
     assert json.loads((tmp_path / "run" / "status.json").read_text())["state"] == "diverged"
 
@@ -134,7 +135,8 @@ def test_tricks_command_lists_the_catalogue(tmp_path):
     md = cli("tricks", "--format", "md").stdout
     assert md.startswith("| trick |") and "`clip_higher`" in md
     bad = cli("tricks", "--format", "xml")
-    assert bad.returncode == 2 and bad.stderr.strip() == "error: --format 'xml' is not allowed; allowed: table, json, md"
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "error: --format 'xml' is not allowed; allowed: table, json, md"
 
 
 def test_docs_catalogue_is_current():

@@ -120,7 +120,8 @@ def test_an_hf_dataset_that_is_not_there_is_one_clear_line():
 
 
 @pytest.mark.parametrize("overrides, needle", [
-    (["task=jsonl", "task.path=/no/such/file.jsonl", "model=hf", "model.path=."], "task.path='/no/such/file.jsonl' does not exist"),
+    (["task=jsonl", "task.path=/no/such/file.jsonl", "model=hf", "model.path=."],
+     "task.path='/no/such/file.jsonl' does not exist"),
     (["task=jsonl", "model=hf", "model.path=."], "task.path is required"),
     (["task=hf", "model=hf", "model.path=."], "task.dataset is required"),
     (["task=jsonl", f"task.path={WORD_PROBLEMS}"], "task=jsonl needs a real model"),
@@ -153,7 +154,8 @@ class FakeTask:
         self.__dict__.update(options)
 
 
-CHAT = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+CHAT = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
 def test_prompt_encoder_chat_template_system_prompt_and_limit():

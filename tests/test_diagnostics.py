@@ -140,6 +140,34 @@ def test_diagnostics_never_change_training(small, tmp_path, tricks, terms):
     assert not any(k.startswith("grad_") for r in off for k in r)
 
 
+def test_the_diagnostics_differentiate_the_token_mask_the_update_trains(small, tmp_path, monkeypatch):
+    """token_mask=high_entropy keeps the top-entropy tokens of the batch: the diagnostics' sub-batch
+    (diag.rows) gets the update's kept tokens (its rows of the whole batch's quantile), not a
+    quantile of its own rows."""
+    from grpo_ablate.train.losses import LossTerms
+
+    factors, picked = [], []
+    real_factor, real_pick = LossTerms.policy_factor, diagnostics_module.pick_rows
+
+    def record_factor(self, logp, entropy, inputs, spread=None):
+        out = real_factor(self, logp, entropy, inputs, spread)
+        factors.append((out[0].detach().clone(), entropy.detach().clone(), inputs.mask))
+        return out
+
+    monkeypatch.setattr(LossTerms, "policy_factor", record_factor)
+    monkeypatch.setattr(diagnostics_module, "pick_rows", lambda *a: picked.append(real_pick(*a)) or picked[-1])
+    run(small + ["steps=1", "token_mask=high_entropy", "token_mask.quantile=0.3", "diag.grad_conflict=true",
+                 "diag.every=1", "diag.rows=4", "kl=none"], tmp_path / "run")
+    # step 1: the diagnostics' terms, then (policy_factor of the component terms) and the update's
+    (rows,) = picked
+    (diagnosed, sub_entropy, sub_mask), updated = factors[0], factors[-1][0]
+    assert len(rows) < len(updated) and diagnosed.shape[0] == len(rows)
+    assert torch.equal(diagnosed, updated[rows])
+    # what the sub-batch's own quantile keeps (the old behaviour) is another set of tokens here
+    own = LossTerms(compose(["token_mask=high_entropy", "token_mask.quantile=0.3"])).token_keep(sub_entropy, sub_mask)
+    assert not torch.equal(own, diagnosed)
+
+
 def test_off_costs_no_extra_work(small, tmp_path, monkeypatch):
     """Off (the default), a step calls no diagnostics function and no extra forward."""
     calls = []

@@ -80,3 +80,31 @@ def test_requirement_is_what_the_catalogue_shows():
 
     rows = {r["name"]: r for r in load_catalogue()}
     assert "several optimizer steps" in rows["clip_higher"]["requires"] and rows["length_group"]["requires"] == "-"
+
+
+def test_a_presets_families_are_read_from_the_composed_config():
+    """preset=dapo set clip=higher and dual_clip=enabled without a warning: only named tricks and
+    the override strings were read. Now every family the composed config moved off its default
+    is checked, whatever moved it."""
+    overrides = ["preset=dapo", "updates=single"]
+    cfg = compose(overrides)
+    chosen = chosen_tricks(cfg, overrides)
+    assert {"clip=higher", "dual_clip=enabled", "loss_agg=token_mean", "sampling=dynamic"} <= set(chosen)
+    assert [name for name, _ in inert_tricks(cfg, chosen)] == ["clip=higher", "dual_clip=enabled"]
+    assert chosen_tricks(compose([]), []) == {}                 # the defaults: nothing chosen
+
+
+def test_the_dapo_preset_takes_several_optimizer_steps_per_rollout_so_its_clip_parts_act():
+    cfg = compose(["preset=dapo"])            # verl's DAPO recipe: a PPO mini-batch smaller than the batch
+    assert cfg.updates.name == "mini_batches" and int(cfg.updates.mini_batches) > 1
+    assert inert_tricks(cfg, chosen_tricks(cfg, ["preset=dapo"])) == []
+
+
+def test_train_warns_about_a_presets_inert_parts(small, tmp_path):
+    from conftest import cli
+
+    out = cli("train", *small, "steps=1", "eval.every=1", "preset=dapo", "updates=single", "overlong.buffer=4",
+              f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    warnings = [line for line in (out.stdout + out.stderr).splitlines() if line.startswith("warning:")]
+    assert [w.split()[1] for w in warnings] == ["clip=higher", "dual_clip=enabled"], warnings

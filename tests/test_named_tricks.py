@@ -7,6 +7,7 @@ import yaml
 from conftest import REPO, cli
 from grpo_ablate.config import ConfigError, compose, validate
 from grpo_ablate.report.activity import ACTIVITY, shows_activity
+from grpo_ablate.tricks.registry import all_options
 from grpo_ablate.rundir import read_rows
 from grpo_ablate.train.grpo import train
 
@@ -14,34 +15,29 @@ TRICK_FILES = sorted((REPO / "conf" / "trick").glob("*.yaml"))
 TRICKS = [p.stem for p in TRICK_FILES]
 
 
+REGISTERED = {t.name: (o, t) for o in all_options() for t in o.tricks}
+
+
 @pytest.mark.parametrize("path", TRICK_FILES, ids=TRICKS)
-def test_trick_file_declares_the_family_it_overrides(path: Path):
+def test_trick_file_selects_the_option_it_is_registered_with(path: Path):
+    """conf/trick/<name>.yaml overrides one family and records only {family, option}; the
+    trick's text (what, source, verdict, cost) is registered with that option."""
     text = path.read_text()
     assert text.startswith("# @package _global_")
     data = yaml.safe_load(text)
     (override,) = data["defaults"]
     (key, option), = override.items()
     info = data["tricks"][path.stem]
+    assert set(info) == {"family", "option"}, "the catalogue text belongs in the registration, not the trick file"
     assert key == f"override /{info['family']}" and option == info["option"]
     assert (REPO / "conf" / info["family"] / f"{option}.yaml").exists()
-    assert info["verdict"] and info["source"]
+    registered, trick = REGISTERED[path.stem]
+    assert (registered.family, registered.name) == (info["family"], info["option"])
+    assert trick.verdict and trick.source and trick.what
 
 
-# the metric each family writes every step (the trick's own metric must appear)
-FAMILY_METRIC = {
-    "adv": "adv/std", "reward_norm": "reward/mean", "adv_clip": "adv/clipped_frac",
-    "clip": "clip/high_frac", "dual_clip": "clip/dual_frac", "loss_agg": "loss", "kl": "kl/beta",
-    "kl_weight": "kl/k3", "entropy": "entropy/coef", "temperature": "temperature/value",
-    "overlong": "overlong/penalty_mean", "length": "length/reward_mean",
-    "sampling": "sampling/kept_group_frac", "value_clip": "value/loss", "updates": "clip/low_frac",
-    "token_mask": "token_mask/dropped_frac", "off_policy_mask": "off_policy_mask/dropped_frac",
-    "rollout_correction": "rollout_corr/is_mean", "ref_sync": "ref_sync/syncs",
-}
-EXTRA_METRIC = {"kl_two_layer": "kl/prev_k3", "critic_gae": "value/explained_variance",
-                "dynamic_group_size": "sampling/mean_group_size", "kl_in_reward": "kl/k1",
-                "clip_cov": "clip_cov/frac"}
-# tricks whose own metric stands in for their family's (a policy loss without a hard clip to count)
-OWN_METRIC = {"sapo": "sapo/grad_weight_dev", "kl_cov": "kl_cov/frac", "gpg_loss": "loss"}
+def test_every_registered_trick_has_its_file():
+    assert sorted(REGISTERED) == TRICKS
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +48,7 @@ def tiny_default(cache_dir, default_model):
 
 # The tricks of issue 15 ("not in the seed review") run the way they can act: with PPO
 # mini-batches (the ratio moves), and where they need more, with what makes them act here.
-NEW_TRICKS = {p.stem for p in TRICK_FILES if "verdict: not_in_review" in p.read_text()}
+NOT_IN_REVIEW = {name for name, (_, trick) in REGISTERED.items() if trick.verdict == "not_in_review"}
 ACTS_WITH = {
     "rollout_token_truncate": ["rollout.dtype=bfloat16"], "rollout_token_mask": ["rollout.dtype=bfloat16"],
     "rollout_sequence_truncate": ["rollout.dtype=bfloat16"], "rollout_sequence_mask": ["rollout.dtype=bfloat16"],
@@ -67,7 +63,7 @@ ACTS_WITH = {
 def test_every_named_trick_trains_two_steps_on_the_tiny_default(tiny_default, tmp_path, name):
     # value_clip needs a critic: alone it is refused (tested below), so pair it with critic_gae
     overrides = tiny_default + ["+trick=[critic_gae,value_clip]" if name == "value_clip" else f"+trick={name}"]
-    if name in NEW_TRICKS:
+    if name in NOT_IN_REVIEW:
         overrides += ["updates=mini_batches", *ACTS_WITH.get(name, [])]
     cfg = compose(overrides)
     family = cfg.tricks[name].family
@@ -76,13 +72,13 @@ def test_every_named_trick_trains_two_steps_on_the_tiny_default(tiny_default, tm
     assert result.state == "completed"
     rows = read_rows(tmp_path / "run" / "metrics.jsonl")
     assert all(v is not None for r in rows for v in r.values())          # finite (NaN is null)
-    metric = OWN_METRIC.get(name, FAMILY_METRIC[family])
-    assert all(metric in r and EXTRA_METRIC.get(name, "loss") in r for r in rows[1:])
+    registered, _ = REGISTERED[name]                                     # the metrics it writes every step
+    assert all(metric in r and "loss" in r for r in rows[1:] for metric in registered.metrics)
     assert f"  {name}:" in (tmp_path / "run" / "config.yaml").read_text()
-    activity = ACTIVITY.get((family, cfg.tricks[name].option))
-    if name in NEW_TRICKS and activity is not None:                      # it acted: its own metric says so
-        metric, kind, threshold = activity
-        assert shows_activity([r[metric] for r in rows[1:]], kind, threshold), (metric, [r[metric] for r in rows[1:]])
+    activity = registered.activity
+    if name in NOT_IN_REVIEW and activity is not None:                   # it acted: its own metric says so
+        values = [r[activity.metric] for r in rows[1:]]
+        assert shows_activity(values, activity.kind, activity.threshold), (activity.metric, values)
 
 
 def test_two_tricks_compose():
@@ -128,19 +124,19 @@ PRESETS = {
 }
 
 
-NEW_PRESETS = {"gspo", "cispo", "scalerl"}   # ratio-based: trained with mini-batches, where the ratio moves
+RATIO_PRESETS = {"gspo", "cispo", "scalerl"}   # ratio-based: trained with mini-batches, where the ratio moves
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_presets_match_the_table_and_train(tiny_default, tmp_path, preset):
-    overrides = tiny_default + [f"preset={preset}"] + (["updates=mini_batches"] if preset in NEW_PRESETS else [])
+    overrides = tiny_default + [f"preset={preset}"] + (["updates=mini_batches"] if preset in RATIO_PRESETS else [])
     cfg = compose(overrides)
     assert {family: cfg[family].name for family in PRESETS[preset]} == PRESETS[preset]
     assert train(cfg, tmp_path / "run", overrides).state == "completed"
     rows = read_rows(tmp_path / "run" / "metrics.jsonl")
     assert all(v is not None for r in rows for v in r.values())
-    if preset in NEW_PRESETS:
+    if preset in RATIO_PRESETS:
         metric, kind, threshold = ACTIVITY[("clip", cfg.clip.name)]
         assert shows_activity([r[metric] for r in rows[1:]], kind, threshold)
 

@@ -81,7 +81,8 @@ def test_kl_drift_flag():
 
 
 def test_flags_reach_the_report(tmp_path):
-    variants = dict(LOO, **{"drop-c": dict(LOO["drop-c"], curves={"policy__entropy": lambda s: 0.8 if s < 20 else 0.01})})
+    entropy = {"policy__entropy": lambda s: 0.8 if s < 20 else 0.01}
+    variants = dict(LOO, **{"drop-c": dict(LOO["drop-c"], curves=entropy)})
     report = build_report(make_sweep(tmp_path / "s", variants, contrasts=LOO_CONTRASTS))
     text = render_markdown(report)
     assert "| drop-c-s0 | entropy_collapse | 20 |" in text

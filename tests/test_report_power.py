@@ -126,7 +126,8 @@ def test_fixed_sweep_power_and_the_cost_of_deciding_the_rest(tmp_path):
     assert first.startswith(f"**2 of 3 contrasts decided** (fixed 95% intervals). Deciding the other 1 would take "
                             f"about {2 * (needed - 3)} more runs (up to {needed - 3} more seeds for 2 variants)")
     table = render_markdown(report).split("## Power")[1]
-    assert f"| b | no evidence | 3 | — | -0.007 | {sd:.3f} | {b['power']['detectable_effect']:.3f} | ~{needed} |" in table
+    detectable = b["power"]["detectable_effect"]
+    assert f"| b | no evidence | 3 | — | -0.007 | {sd:.3f} | {detectable:.3f} | ~{needed} |" in table
     assert json.loads(json.dumps(report_json(report)))["verdicts"][1]["power"]["seeds_needed"] == needed
 
 

@@ -36,7 +36,8 @@ def test_eos_always_gives_length_one_and_no_truncation(lean):
         model.lm_head.bias = torch.nn.Parameter(torch.zeros(len(TOK)))
         model.lm_head.bias[TOK.eos_token_id] = 1e4
     roll = generate(model, PROMPTS, num_samples=2, max_new_tokens=8, temperature=1.0,
-                    eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id, generator=torch.Generator().manual_seed(0), lean=lean)
+                    eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id, generator=torch.Generator().manual_seed(0),
+                    lean=lean)
     assert roll.lengths.tolist() == [1.0] * 6          # the EOS itself is a trained token
     assert not roll.truncated.any()
     assert roll.completion_ids.shape[1] == 1            # decoding stopped once all rows ended
@@ -50,7 +51,8 @@ def test_no_eos_within_budget_is_truncated(lean):
         model.lm_head.bias = torch.nn.Parameter(torch.zeros(len(TOK)))
         model.lm_head.bias[TOK.eos_token_id] = -1e4
     roll = generate(model, PROMPTS, num_samples=1, max_new_tokens=5, temperature=1.0,
-                    eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id, generator=torch.Generator().manual_seed(0), lean=lean)
+                    eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id, generator=torch.Generator().manual_seed(0),
+                    lean=lean)
     assert roll.truncated.all() and roll.lengths.tolist() == [5.0] * 3
 
 
@@ -58,7 +60,8 @@ def test_no_eos_within_budget_is_truncated(lean):
 def test_mask_covers_tokens_up_to_and_including_eos(lean):
     model = tiny_model(3)
     roll = generate(model, PROMPTS, num_samples=4, max_new_tokens=12, temperature=1.0,
-                    eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id, generator=torch.Generator().manual_seed(1), lean=lean)
+                    eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id, generator=torch.Generator().manual_seed(1),
+                    lean=lean)
     for ids, mask, truncated in zip(roll.completion_ids, roll.completion_mask, roll.truncated):
         n = int(mask.sum())
         assert mask[:n].all() and not mask[n:].any()               # a prefix

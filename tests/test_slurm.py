@@ -160,7 +160,8 @@ def test_a_job_step_with_two_tasks_is_one_data_parallel_run(slurm_cluster, small
     assert step.returncode == 0, step.stdout + step.stderr
     assert step.stdout.count("base eval accuracy") == 2, step.stdout    # rank 0 alone speaks: step 0, the end
     strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)} for r in rows]
-    one, two = strip(read_rows(tmp_path / "single" / "metrics.jsonl")), strip(read_rows(tmp_path / "two" / "metrics.jsonl"))
+    one = strip(read_rows(tmp_path / "single" / "metrics.jsonl"))
+    two = strip(read_rows(tmp_path / "two" / "metrics.jsonl"))
     assert [r["step"] for r in two] == [0, 1, 2]                        # written once, by rank 0
     for a, b in zip(one, two):
         assert a.keys() == b.keys()

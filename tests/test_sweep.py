@@ -225,7 +225,8 @@ def test_shipped_sweep_files_plan_cleanly(path, tmp_path, cache_dir):
     (["leave-one-out", "--tricks", "clip_higher", "--base", "dapo"], "already on in the base"),
     (["leave-one-out", "--tricks", "clip_higher", "seed=3"], "use --seeds"),
     (["leave-one-out", "--tricks", "clip_higher", "adv=nope"], "adv=nope is not an option"),
-    (["leave-one-out", "--tricks", "clip_higher", "+adv.epz=0.1"], "adv.epz is not a setting of the adv option of any variant; allowed: eps"),
+    (["leave-one-out", "--tricks", "clip_higher", "+adv.epz=0.1"],
+     "adv.epz is not a setting of the adv option of any variant; allowed: eps"),
     (["leave-one-out", "--tricks", "kl_adaptive,length_group", "++temperature.lr=100"],
      "temperature.lr is not a setting of the temperature option of any variant; allowed: value"),
     (["ladder", "--tricks", "clip_higher", "updates.mini_batches=1"],
@@ -233,7 +234,8 @@ def test_shipped_sweep_files_plan_cleanly(path, tmp_path, cache_dir):
     (["add-one-in", "--tricks", "global_reward_norm"], "global_reward_norm is undone by the advantage estimator"),
     (["factorial", "--family", "kl.estimator=k1,k3", "kl=none"], "kl.estimator=k1 only changes a logged metric"),
     (["leave-one-out", "--tricks", "clip_higher", "--launcher", "nope"], "--launcher nope is not allowed"),
-    (["factorial", "--family", "adv", "--family", "task.level", "--seeds", "4"], "runs, above the limit of 128"),   # (options x levels x 4 seeds: grows with the adv family)
+    # (options x levels x 4 seeds: grows with the adv family)
+    (["factorial", "--family", "adv", "--family", "task.level", "--seeds", "4"], "runs, above the limit of 128"),
     (["factorial", "--family", "task.nope"], "not a config group and no known values"),
     (["sideways"], "sweep mode 'sideways' is not allowed"),
     (["file", "missing.yaml"], "does not exist"),
@@ -393,7 +395,7 @@ def test_a_run_still_written_by_a_live_process_is_never_resumed_twice(tmp_path):
     """A parallel worker can outlive a killed sweep; resume must not start a second writer."""
     import socket
 
-    from grpo_ablate.sweep.launch import _still_running
+    from grpo_ablate.sweep.launch import still_running
 
     writer = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
                               stdout=subprocess.PIPE, text=True)
@@ -403,13 +405,13 @@ def test_a_run_still_written_by_a_live_process_is_never_resumed_twice(tmp_path):
         run_dir.mkdir()
         status = {"state": "running", "step": 3, "pid": writer.pid, "host": socket.gethostname()}
         (run_dir / "status.json").write_text(json.dumps(status))
-        assert _still_running(run_dir)
+        assert still_running(run_dir)
         (run_dir / "status.json").write_text(json.dumps({**status, "host": "elsewhere"}))
-        assert not _still_running(run_dir)           # another host: cannot tell, trust the user
+        assert not still_running(run_dir)           # another host: cannot tell, trust the user
         (run_dir / "status.json").write_text(json.dumps({**status, "state": "completed"}))
-        assert not _still_running(run_dir)
+        assert not still_running(run_dir)
     finally:
         writer.kill()
         writer.wait()
     (run_dir / "status.json").write_text(json.dumps(status))
-    assert not _still_running(run_dir)               # its writer is gone: resumable
+    assert not still_running(run_dir)               # its writer is gone: resumable

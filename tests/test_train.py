@@ -106,7 +106,8 @@ def test_fixed_kl_adds_beta_times_k3(small, tmp_path):
 
 
 def test_policy_moves_so_the_equality_tests_mean_something(small, tmp_path):
-    rows = read_rows(run(small + ["steps=3", "kl=none", "metrics.ref_kl=true"], tmp_path / "run").run_dir / "metrics.jsonl")
+    result = run(small + ["steps=3", "kl=none", "metrics.ref_kl=true"], tmp_path / "run")
+    rows = read_rows(result.run_dir / "metrics.jsonl")
     assert any(r["adv/zero_std_group_frac"] < 1 for r in rows[1:])   # some groups have signal
     assert rows[3]["kl/k1"] != 0 and rows[3]["optim/grad_norm"] > 0
 
@@ -185,7 +186,8 @@ def test_warm_start_cache_is_content_addressed(small, cache_dir, tmp_path):
     assert len(after - entries) == 1                   # a changed warm-up builds a new entry
     assert not [p for p in cache_dir.iterdir() if p.name.startswith(".")]   # no temp leftovers
     entry = cache_dir / sorted(after - entries)[0]
-    assert (entry / "config.json").exists() and json.loads((entry / "warm_start.json").read_text())["warmup"]["steps"] == 41
+    assert (entry / "config.json").exists()
+    assert json.loads((entry / "warm_start.json").read_text())["warmup"]["steps"] == 41
     with torch.no_grad():    # loads through from_pretrained like any model
         AutoModelForCausalLM.from_pretrained(entry)(torch.tensor([[3, 4]]))
 

@@ -18,7 +18,8 @@ def run(overrides, run_dir):
 
 
 def rows_of(run_dir):
-    return [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)} for r in read_rows(run_dir / "metrics.jsonl")]
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)}
+            for r in read_rows(run_dir / "metrics.jsonl")]
 
 
 def test_mini_batches_are_disjoint_whole_groups_seeded_by_their_key():

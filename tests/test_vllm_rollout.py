@@ -31,7 +31,8 @@ def test_vllm_without_a_gpu_is_refused(monkeypatch):
     import importlib.util
 
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real_find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "vllm" else real_find_spec(name, *a))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="rollout=vllm needs a CUDA GPU, and none is available here"):
         check_here(compose(["rollout=vllm", "model=hf", "model.path=."]))
@@ -47,7 +48,8 @@ class FakeLLM:
         self.model = load_model_and_tokenizer(model, attn_implementation="eager")[0].eval()
         self.kwargs, self.pushes = kwargs, 0
         runner = SimpleNamespace(model=self)
-        self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=SimpleNamespace(model_runner=runner)))
+        worker = SimpleNamespace(model_runner=runner)
+        self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=worker))
         FakeLLM.instances.append(self)
 
     def load_weights(self, weights):
@@ -68,8 +70,9 @@ class FakeLLM:
             outputs = []
             for j in range(p.n):
                 ids = roll.completion_ids[j, :int(roll.lengths[j])].tolist()
-                outputs.append(SimpleNamespace(index=j, token_ids=ids, finish_reason="length" if roll.truncated[j] else "stop",
-                                               logprobs=[{t: SimpleNamespace(logprob=float(logp[j, k]))} for k, t in enumerate(ids)]))
+                logprobs = [{t: SimpleNamespace(logprob=float(logp[j, k]))} for k, t in enumerate(ids)]
+                outputs.append(SimpleNamespace(index=j, token_ids=ids, logprobs=logprobs,
+                                               finish_reason="length" if roll.truncated[j] else "stop"))
             requests.append(SimpleNamespace(outputs=outputs[::-1]))   # any order: the engine sorts by index
         return requests
 
@@ -90,7 +93,8 @@ def fake_vllm(monkeypatch):
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_vllm_engine_gets_the_weights_after_every_step(tiny_models, fake_vllm, tmp_path, lora):
-    args = hf_run(tiny_models["qwen2"], *MOVES, "rollout=vllm", "rollout.max_new_tokens=6", "rollout.prompts_per_step=2",
+    args = hf_run(tiny_models["qwen2"], *MOVES, "rollout=vllm", "rollout.max_new_tokens=6",
+                  "rollout.prompts_per_step=2",
                   "rollout.group_size=2", "model.device=cpu", "steps=3", *(["model.lora.r=4"] if lora else []))
     result = train(compose(args), tmp_path / "run", args)
     assert result.state == "completed"

@@ -5,7 +5,8 @@ Reads only files: the sweep's `manifest.json` and, per run dir, `metrics.jsonl`,
 so it works on a laptop that holds nothing but a copied sweep dir.
 
 Statistics are over seeds: a run's number is a summary of its curve (`--summary`: the last
-value it logged by default; curves.py), a variant's is the mean over its *completed* runs with a 95% t-interval; a trick's effect is
+value it logged by default; curves.py), a variant's is the mean over its *completed* runs
+with a 95% t-interval; a trick's effect is
 Δ = metric(with) − metric(without), paired by seed when both sides have the same seeds,
 otherwise Welch's interval. Diverged runs are not averaged in (their last value predates the
 blow-up); they are counted, flagged, drawn, and decide the *breaks training* verdict.

@@ -2,53 +2,22 @@
 
 Some tricks can only be seen to be inert after the runs: an adaptive controller whose target
 the task never reaches never moves its coefficient, a filter that never fires drops nothing.
-Each entry below is a metric that must show activity for the option to have changed the
-run at all (a necessary condition): when it shows none in every run with the trick, the
-contrast is *inert here*, whatever its Δ. The config-level rules (what cannot act before
-anything runs) are in grpo_ablate/inert.py.
+Each option's activity metric (registered with it in grpo_ablate/tricks/) must show activity
+for the option to have changed the run at all (a necessary condition): when it shows none in
+every run with the trick, the contrast is *inert here*, whatever its Δ. The config-level rules
+(what cannot act before anything runs) are registered with the options too (grpo_ablate/inert.py).
 """
 from __future__ import annotations
+
+from grpo_ablate.report import activity_table
 
 NONZERO = "nonzero"       # the metric is nonzero at some step
 CHANGES = "changes"       # the metric takes more than one value over the steps
 ABOVE = "above"           # the metric exceeds a threshold at some step
 
-# (family, option) -> (metric, kind, threshold)
-ACTIVITY = {
-    ("clip", "higher"): ("ppo/ratio_max", ABOVE, 1.2),      # differs from symmetric only past 1 + eps_low
-    ("dual_clip", "enabled"): ("clip/dual_frac", NONZERO, None),
-    ("overlong", "filter"): ("overlong/masked_frac", NONZERO, None),
-    ("overlong", "soft_punish"): ("overlong/penalty_mean", NONZERO, None),
-    ("sampling", "dynamic"): ("sampling/extra_generations", NONZERO, None),
-    ("sampling", "dynamic_group"): ("sampling/extra_generations", NONZERO, None),
-    ("adv_clip", "clip"): ("adv/clipped_frac", NONZERO, None),
-    ("entropy", "bonus"): ("entropy/coef", NONZERO, None),
-    ("entropy", "adaptive"): ("entropy/coef", NONZERO, None),
-    ("kl", "adaptive"): ("kl/beta", CHANGES, None),
-    ("kl", "adaptive_target"): ("kl/beta", CHANGES, None),
-    ("kl", "two_layer"): ("kl/prev_k3", NONZERO, None),
-    ("temperature", "learnable"): ("temperature/value", CHANGES, None),
-    ("length", "penalty"): ("length/reward_mean", NONZERO, None),
-    ("length", "group"): ("length/reward_mean", NONZERO, None),
-    ("updates", "multi"): ("ppo/kl", NONZERO, None),
-    ("updates", "mini_batches"): ("ppo/kl", NONZERO, None),
-    # the 2025-26 policy losses: each equals PPO-clip's gradient while rho == 1, so the ratio must move
-    ("clip", "gspo"): ("ppo/kl", NONZERO, None),
-    ("clip", "cispo"): ("ppo/kl", NONZERO, None),
-    ("clip", "cispo_trl"): ("ppo/kl", NONZERO, None),
-    ("clip", "gmpo"): ("ppo/kl", NONZERO, None),
-    ("clip", "gpg"): ("ppo/kl", NONZERO, None),
-    ("clip", "sapo"): ("sapo/grad_weight_dev", NONZERO, None),    # the gate moved a token's gradient
-    ("clip", "kl_cov"): ("kl_cov/penalty", NONZERO, None),        # 0 on-policy (|Delta| = 0)
-    ("clip", "clip_cov"): ("clip_cov/frac", NONZERO, None),       # tokens whose gradient it removed
-    ("token_mask", "high_entropy"): ("token_mask/dropped_frac", NONZERO, None),
-    ("off_policy_mask", "sequence"): ("off_policy_mask/dropped_frac", NONZERO, None),
-    ("rollout_correction", "token_truncate"): ("rollout_corr/logp_diff_mean", NONZERO, None),   # weights != 1
-    ("rollout_correction", "token_mask"): ("rollout_corr/logp_diff_mean", NONZERO, None),
-    ("rollout_correction", "sequence_truncate"): ("rollout_corr/logp_diff_mean", NONZERO, None),
-    ("rollout_correction", "sequence_mask"): ("rollout_corr/logp_diff_mean", NONZERO, None),
-    ("ref_sync", "mixup"): ("ref_sync/syncs", NONZERO, None),
-}
+# (family, option) -> (metric, kind, threshold): registered with each option (registry.Activity),
+# generated into activity_table.py so that the report never imports torch
+ACTIVITY = activity_table.ACTIVITY
 
 
 def shows_activity(values, kind: str, threshold) -> bool:

@@ -56,8 +56,9 @@ def normalize_metric(name: str) -> str:
 
 
 def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: HealthThresholds | None = None,
-                 higher_is_better: bool = True, conflict_threshold: float = -0.1, effect: float | None = None,
-                 summary: Summary | str = "final", predict_from: float | None = None) -> Report:
+                 higher_is_better: bool = True, conflict_threshold: float = -0.1,
+                 effect: float | None = None, summary: Summary | str = "final",
+                 predict_from: float | None = None) -> Report:
     """Everything the table, verdicts and pictures say, computed once. Raises ReportError
     for a missing dir or a metric that no run logged. `effect`: the smallest Δ that matters
     (no-effect verdicts, and the seeds needed to detect it). `summary`: how a run's curve
@@ -69,8 +70,8 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
     metric = normalize_metric(metric)
     logged = set().union(*(r.metrics.columns for r in sweep.runs)) - {"step"} if sweep.runs else set()
     if logged and metric not in logged:
-        raise ReportError(f"metric {metric!r} is in no run's metrics.jsonl; logged: "
-                          f"{', '.join(sorted(c for c in logged if c.startswith(('eval/', 'reward/', 'train/'))))}, ...")
+        shown = sorted(c for c in logged if c.startswith(('eval/', 'reward/', 'train/')))
+        raise ReportError(f"metric {metric!r} is in no run's metrics.jsonl; logged: {', '.join(shown)}, ...")
 
     runs_of = {v["name"]: [r for r in sweep.runs if r.variant == v["name"]] for v in sweep.variants}
     curves = {name: {r.key: curve(r.metrics, metric) for r in runs if r.state == "completed"}
@@ -129,7 +130,8 @@ def compare_summaries(sweep: Sweep, per_run, areas: dict, higher_is_better: bool
                     "decided": sum(v["verdict"] not in UNDECIDED for v in verdicts),
                     "contrasts": [{"trick": v["trick"], "verdict": v["verdict"], "delta": v["delta"],
                                    "sd": v["power"].get("sd"),
-                                   "seeds_needed": seq.seeds_needed(v["delta"].mean or 0.0, v["power"].get("sd") or 0.0)}
+                                   "seeds_needed": seq.seeds_needed(v["delta"].mean or 0.0,
+                                                                    v["power"].get("sd") or 0.0)}
                                   for v in verdicts]})
     return out
 

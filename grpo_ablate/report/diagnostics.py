@@ -96,7 +96,8 @@ def _conflict_lines(section: dict) -> list[str]:
             lines.append(f"- **{v['variant']}**: conflicting: {listed}.")
         else:
             lines.append(f"- **{v['variant']}**: no conflicting pair among the {len(v['pairs'])} logged.")
-    lines += ["", "| variant | pair | logged steps | median cos | steps below | conflict |", "|---|---|---|---|---|---|"]
+    lines += ["", "| variant | pair | logged steps | median cos | steps below | conflict |",
+              "|---|---|---|---|---|---|"]
     for v in section["variants"]:
         for p in v["pairs"]:
             lines.append(f"| {v['variant']} | {p['a']} × {p['b']} | {p['steps']} | {p['median']:+.3f} | "
@@ -192,7 +193,8 @@ def _interaction_lines(report, pairs: list[dict]) -> list[str]:
              "Positive: *synergy* (the pair does better than its two effects added up); negative: *conflict*"
              + (" (the metric is a cost here: the other way round)" if not report.higher_is_better else "")
              + ". 95% CI paired by seed when the four variants share their completed seeds, else Welch.", "",
-             "| a | b | Δ_a | Δ_b | Δ_ab | interaction I_ab (95% CI) | basis | reading |", "|---|---|---|---|---|---|---|---|"]
+             "| a | b | Δ_a | Δ_b | Δ_ab | interaction I_ab (95% CI) | basis | reading |",
+             "|---|---|---|---|---|---|---|---|"]
     for p in pairs:
         est = p["interaction"]
         ci = (f"{fmt_num(est.mean, signed=True)} [{fmt_num(est.low, signed=True)}, {fmt_num(est.high, signed=True)}]"
@@ -309,7 +311,8 @@ def _check_lines(report, check: dict) -> list[str]:
             lines.append(f"- {g['role']} (`{g['variant']}`): adds no separate loss term or reward component, so "
                          "its gradient is not separable from the policy term's; only the directions above compare it.")
         else:
-            lines.append(f"- {g['role']} (`{g['variant']}`): cos({g['term']}, {g['against']}) median {g['median']:+.2f}, "
+            lines.append(f"- {g['role']} (`{g['variant']}`): cos({g['term']}, {g['against']}) "
+                         f"median {g['median']:+.2f}, "
                          f"below {check['threshold']:g} at {g['below']}/{g['steps']} steps"
                          + (" — **it pushes against it**" if g["conflict"] else "") + ".")
     return lines
@@ -362,7 +365,8 @@ def plot(report, out_dir) -> list[tuple[str, str]]:
     ax.set_yticks(range(len(tricks)), tricks, fontsize=8)
     fig.colorbar(image, ax=ax, label=f"Δ_ab − Δ_a − Δ_b ({report.metric})")
     ax.set_title("Interactions, 95% CI (hatched: CI spans 0)\n"
-                 + ("blue: synergy, red: conflict" if report.higher_is_better else "cost metric: blue synergy, red conflict"),
+                 + ("blue: synergy, red: conflict" if report.higher_is_better
+                    else "cost metric: blue synergy, red conflict"),
                  fontsize=9)
     fig.tight_layout()
     fig.savefig(out_dir / "interactions.png", dpi=110)

@@ -33,7 +33,8 @@ class HealthThresholds:
     truncated_frac: float = 0.5            # or length/truncated_frac above this
     repetition_distinct_frac: float = 0.5  # distinct-2 inside completions below this fraction of its first value
     repetition_same_frac: float = 0.75     # or one completion given for this share of >= 3 different prompts
-    kl_drift_threshold: float = 0.1        # KL above this from some step to the end (patience steps at least), ending higher
+    kl_drift_threshold: float = 0.1        # KL above this from some step to the end (patience steps at least),
+                                           # ending higher
 
 
 @dataclass
@@ -54,7 +55,8 @@ def parse_thresholds(items: list[str]) -> HealthThresholds:
         try:
             setattr(th, name.strip(), types[name.strip()](value))
         except ValueError:
-            raise ReportError(f"--threshold {item!r}: {value!r} is not a{'n integer' if types[name.strip()] is int else ' number'}")
+            kind = "an integer" if types[name.strip()] is int else "a number"
+            raise ReportError(f"--threshold {item!r}: {value!r} is not {kind}")
     return th
 
 

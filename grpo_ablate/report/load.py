@@ -172,7 +172,8 @@ def load_sweep(sweep_dir: Path, thresholds: HealthThresholds | None = None) -> S
             if not isinstance(manifest, dict):
                 raise ValueError("not an object")
         except (OSError, ValueError) as err:
-            manifest, note = None, f"manifest.json is unreadable ({type(err).__name__}): grouped the run dirs found instead"
+            manifest, note = None, (f"manifest.json is unreadable ({type(err).__name__}): grouped the run dirs "
+                                    "found instead")
     else:
         note = "manifest.json is missing: grouped the run dirs found by their config (sweep.variant, else run.job_type)"
     if manifest is None:

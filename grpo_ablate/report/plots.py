@@ -132,7 +132,7 @@ def delta_figure(report: Report) -> Figure:
             edgecolor="black", lw=0.5)
     ax.axvline(0.0, color="black", lw=0.8)
     ax.margins(x=0.15)
-    ax.set_yticks(y, [f"{l}: {v['verdict']}" for l, v in zip(labels, bars)], fontsize=8)
+    ax.set_yticks(y, [f"{label}: {v['verdict']}" for label, v in zip(labels, bars)], fontsize=8)
     for i, v in enumerate(bars):
         if v["delta"].mean is None:
             ax.text(0, i, "  no Δ: no completed runs on one side", va="center", fontsize=8)

@@ -109,7 +109,8 @@ def decided_summary(report: Report) -> str | None:
         return line + note
     if p["runs"]:
         most = max(p["extra_seeds"].values())
-        cost = (f"≈ {fmt_duration(p['seconds'])} at {p['run_seconds']:.3g} s a run (median of this sweep's completed runs)"
+        cost = (f"≈ {fmt_duration(p['seconds'])} at {p['run_seconds']:.3g} s a run "
+                "(median of this sweep's completed runs)"
                 if p["seconds"] is not None else "(no completed run to time)")
         line += (f" Deciding the other {undecided - len(p['unpriced'])} would take about {p['runs']} more runs "
                  f"(up to {most} more seeds for {len(p['extra_seeds'])} variants) {cost}")
@@ -148,7 +149,9 @@ def power_lines(report: Report) -> list[str]:
 
 
 def fmt_duration(seconds: float) -> str:
-    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+    if seconds >= 5400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
 def health_lines(report: Report) -> list[str]:
@@ -201,8 +204,9 @@ def control_lines(report: Report) -> list[str]:
     """The "Against the controls" section: for every treatment, does it beat each control?
     Not beating the SFT control is said plainly: RL is not shown to help here."""
     direction = "above" if report.higher_is_better else "below"
-    lines = [f"Δ = variant − control on the {report.summary.label} `{report.metric}`, paired by seed when both have the same "
-             f"seeds, else Welch. A variant *beats* a control only when the 95% CI of Δ lies entirely {direction} zero.", ""]
+    lines = [f"Δ = variant − control on the {report.summary.label} `{report.metric}`, paired by seed when both "
+             f"have the same seeds, else Welch. A variant *beats* a control only when the 95% CI of Δ lies "
+             f"entirely {direction} zero.", ""]
     by_variant: dict[str, list] = {}
     for c in report.against_controls:
         by_variant.setdefault(c["variant"], []).append(c)
@@ -214,7 +218,8 @@ def control_lines(report: Report) -> list[str]:
             if c["outcome"] == BEATS:
                 parts.append(f"beats {label} ({numbers})")
             elif c["outcome"] == NOT_SHOWN:
-                verb = "not shown to beat the untrained base" if c["role"] == "base" else "does not beat the SFT control"
+                verb = ("not shown to beat the untrained base" if c["role"] == "base"
+                        else "does not beat the SFT control")
                 parts.append(f"{verb} ({numbers + '; ' if numbers else ''}{c['why']})")
                 rl_not_shown |= c["role"] == "sft"
             else:   # the control has nothing to compare with: no claim either way
@@ -225,7 +230,8 @@ def control_lines(report: Report) -> list[str]:
     if base and sft:   # is the supervised budget itself worth anything?
         row = next(r for r in report.rows if r["variant"] == sft)
         numbers = fmt_delta(row["delta_vs_base"])
-        lines.append(f"- The SFT control itself vs the untrained base: {numbers or 'no Δ (no completed runs on a side)'}.")
+        lines.append("- The SFT control itself vs the untrained base: "
+                     f"{numbers or 'no Δ (no completed runs on a side)'}.")
     if report.against_controls and all(c["delta"].n <= 1 and not c["delta"].has_ci for c in report.against_controls):
         lines += ["", "With one seed per variant no comparison with the controls is possible beyond point estimates."]
     return lines

@@ -65,13 +65,14 @@ def fit_lines(report: Report) -> list[str]:
     if not f.get("applicable"):
         return [f"Not fitted: {f.get('why')}."]
     unit = {"tokens": "sampled + trained completion tokens", "steps": "optimizer steps"}.get(f["unit"], f["unit"])
-    lines = [f"ScaleRL's curve R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B) per treatment run against compute C ({unit}); "
-             "R0 is the base eval. A: the ceiling, B: the efficiency (steeper with compute), C_mid: compute to half "
-             "the gain. Means ± 95% t-interval over the seeds whose fit is good; a poor fit (a curve that rises "
-             "and falls, a flat or falling one, or one whose midpoint lies beyond the compute measured) gives no "
-             "number. A within ±" + f"{CEILING_TOLERANCE:g}" + " counts as the same ceiling; B is compared after "
-             "refitting both runs of a seed at their mean A (Δ log B), over the seeds whose rise came after their "
-             "first eval (before it, any steep curve fits: B is not identified; evaluate more often).", "",
+    lines = [f"ScaleRL's curve R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B) per treatment run against compute "
+             f"C ({unit}); R0 is the base eval. A: the ceiling, B: the efficiency (steeper with compute), "
+             "C_mid: compute to half the gain. Means ± 95% t-interval over the seeds whose fit is good; a poor "
+             "fit (a curve that rises and falls, a flat or falling one, or one whose midpoint lies beyond the "
+             f"compute measured) gives no number. A within ±{CEILING_TOLERANCE:g} counts as the same ceiling; B "
+             "is compared after refitting both runs of a seed at their mean A (Δ log B), over the seeds whose "
+             "rise came after their first eval (before it, any steep curve fits: B is not identified; evaluate "
+             "more often).", "",
              "| variant | good fits (B identified) | A | B | C_mid (median) | pooled fit | why not |",
              "|---|---|---|---|---|---|---|"]
     for v in f["variants"]:
@@ -101,7 +102,8 @@ def prediction_lines(report: Report) -> list[str]:
              "of its last two evals), and the contrasts are decided on the predicted numbers by the fixed 95% "
              "rule. The interval is over seeds only; it does not include the extrapolation's error.", ""]
     measured = any("measured" in c for c in p["contrasts"])
-    lines += ["| contrast | predicted Δ (95% CI) | predicted verdict |" + (" measured verdict | agrees |" if measured else ""),
+    lines += ["| contrast | predicted Δ (95% CI) | predicted verdict |"
+              + (" measured verdict | agrees |" if measured else ""),
               "|---|---|---|" + ("---|---|" if measured else "")]
     for c in p["contrasts"]:
         row = f"| {c['trick']} | {fmt_estimate(c['delta'], signed=True)} | *{c['verdict']}* (predicted) |"

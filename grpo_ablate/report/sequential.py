@@ -199,7 +199,8 @@ def t_boundaries(ns: tuple[int, ...], cumulative: tuple[float, ...], two_sided: 
     return tuple(bounds)
 
 
-def boundaries(looks: list[tuple[int, int]], plan: Plan, two_sided: bool = True) -> tuple[list[float], list[float], bool]:
+def boundaries(looks: list[tuple[int, int]], plan: Plan,
+               two_sided: bool = True) -> tuple[list[float], list[float], bool]:
     """(c_k per look, cumulative per-side alpha per look, re-planned?) for (n, max_seeds) looks."""
     cumulative, replanned = spending_schedule(looks, plan.alpha / 2.0, plan.spending)
     ns = tuple(n for n, _ in looks)

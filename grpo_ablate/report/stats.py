@@ -3,8 +3,7 @@
 A run's number is the last value it logged (`final_value`) or another summary of its curve (curves.py);
 a variant's is the mean over its completed runs (`mean_ci`); a trick's effect is
 Δ = mean(with) − mean(without) (`delta_ci`), paired by seed when both sides have the same
-seeds, otherwise Welch's interval. The Student-t quantile is computed here (incomplete beta
-by continued fraction), which saves a scipy dependency.
+seeds, otherwise Welch's interval. The Student-t quantile is scipy's (`t_quantile`).
 """
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 
 @dataclass
@@ -30,48 +30,10 @@ class Estimate:
 
 
 # --------------------------------------------------------------------------- the t distribution
-def incomplete_beta(a: float, b: float, x: float) -> float:
-    """Regularized incomplete beta I_x(a, b), by its continued fraction (Numerical Recipes 6.4)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _beta_continued_fraction(a, b, x) / a
-    return 1.0 - front * _beta_continued_fraction(b, a, 1.0 - x) / b
-
-
-def _beta_continued_fraction(a: float, b: float, x: float) -> float:
-    tiny = 1e-300
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 500):
-        for aa in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                   -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d = 1.0 + aa * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + aa / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return h
-
-
 def t_quantile(p: float, df: float) -> float:
-    """Student-t quantile for p in (0.5, 1) and any df > 0 (Welch's df is fractional), by
-    bisection on P(|T| > t) = I_{df/(df+t²)}(df/2, 1/2)."""
-    tail = 2.0 * (1.0 - p)
-    upper_tail = lambda t: incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
-    lo, hi = 0.0, 1.0
-    while upper_tail(hi) > tail:
-        hi *= 2.0
-    for _ in range(100):
-        mid = (lo + hi) / 2.0
-        lo, hi = (mid, hi) if upper_tail(mid) > tail else (lo, mid)
-    return (lo + hi) / 2.0
+    """Student-t quantile for p in (0, 1) and any df > 0 (Welch's df is fractional): scipy's, the
+    same source report/sequential.py's boundaries and power use."""
+    return float(stats.t.ppf(p, df))
 
 
 # --------------------------------------------------------------------------- intervals

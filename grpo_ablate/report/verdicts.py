@@ -61,7 +61,8 @@ def contrast_verdicts(sweep: Sweep, finals: dict, areas: dict, higher_is_better:
     for c in sweep.contrasts:
         if c["with"] not in runs_of or c["without"] not in runs_of:
             verdicts.append({**c, "verdict": NO_VERDICT, "delta": Estimate(), "auc_delta": Estimate(),
-                             "why": "a variant of this contrast is not in the sweep", "power": power_numbers(None, effect)})
+                             "why": "a variant of this contrast is not in the sweep",
+                             "power": power_numbers(None, effect)})
             continue
         delta = delta_ci(finals[c["with"]], finals[c["without"]])
         verdict, why = decide(runs_of[c["with"]], runs_of[c["without"]], delta, higher_is_better, c["trick"])
@@ -103,8 +104,9 @@ def _sequential_trick(c: dict, section: dict, verdict: str, why: str, effect: fl
     replanned = " (re-planned after its maximum was raised: about 7% false helps/hurts, not 5%)" if d.replanned else ""
     if d.outcome in (seq.POSITIVE, seq.NEGATIVE):
         better = (d.outcome == seq.POSITIVE) == higher_is_better
-        return (HELPS if better else HURTS), (f"crossed the sequential boundary {at}: t = {d.t:+.2f}, boundary "
-                                              f"±{d.boundary:.2f}; false helps/hurts ≤ 5% over all looks{replanned}"), power
+        why = (f"crossed the sequential boundary {at}: t = {d.t:+.2f}, boundary ±{d.boundary:.2f}; "
+               f"false helps/hurts ≤ 5% over all looks{replanned}")
+        return (HELPS if better else HURTS), why, power
     if d.outcome == seq.EQUIVALENT:
         return NO_EFFECT, (f"its repeated 95% interval [{d.rci[0]:+.3f}, {d.rci[1]:+.3f}] {at} lies "
                            f"inside ±{x:g}: no effect ≥ {x:g}{replanned}"), power
@@ -243,5 +245,6 @@ def compare_with_control(delta: Estimate, control: dict, higher_is_better: bool)
     if (delta.low > 0) if higher_is_better else (delta.high < 0):
         return BEATS, True, f"the 95% CI of Δ lies entirely {'above' if higher_is_better else 'below'} zero"
     if (delta.high < 0) if higher_is_better else (delta.low > 0):
-        return NOT_SHOWN, False, f"it is worse: the 95% CI of Δ lies entirely {'below' if higher_is_better else 'above'} zero"
+        side = "below" if higher_is_better else "above"
+        return NOT_SHOWN, False, f"it is worse: the 95% CI of Δ lies entirely {side} zero"
     return NOT_SHOWN, False, "the 95% CI of Δ spans zero"

@@ -84,7 +84,8 @@ def build_wandb_report(report: Report) -> str:
     doc = wr.Report(project=project, title=f"grpo-ablate: {report.sweep.name}"[:128],
                     description=f"Which tricks matter ({report.metric}); made by grpo-ablate report",
                     blocks=[wr.H1(text="Verdicts per trick"), wr.MarkdownBlock(text="\n".join(verdict_lines(report))),
-                            *([wr.H1(text="Against the controls"), wr.MarkdownBlock(text="\n".join(control_lines(report)))]
+                            *([wr.H1(text="Against the controls"),
+                               wr.MarkdownBlock(text="\n".join(control_lines(report)))]
                               if report.controls else []),
                             wr.H1(text="Variants"), wr.MarkdownBlock(text=variants_table(report)),
                             wr.PanelGrid(runsets=[runset], panels=panels)], **kwargs)

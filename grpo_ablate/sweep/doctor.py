@@ -25,7 +25,7 @@ from grpo_ablate import report as rep
 from grpo_ablate.catalogue import load_catalogue
 from grpo_ablate.rundir import atomic_write_text
 from grpo_ablate.sweep import launch
-from grpo_ablate.sweep.launch import SweepRequest, _check_launcher, plan
+from grpo_ablate.sweep.launch import SweepRequest, check_launcher, plan
 from grpo_ablate.sweep.matrix import (Matrix, SweepError, Variant, check_exclusive, check_known, parse_seeds,
                                       trick_overrides)
 
@@ -188,7 +188,8 @@ def stage_matrix(stage: Stage, tricks: list[str]) -> Matrix:
     return Matrix("doctor", variants, [])
 
 
-def _sweep_request(req: DoctorRequest, stage: Stage, stage_dir: Path | None):
+def stage_request(req: DoctorRequest, stage: Stage, stage_dir: Path | None):
+    """The sweep request that runs one stage of the search (the CLI prints its plan too)."""
     return SweepRequest(mode="doctor", tricks=list(req.tricks), base=req.base, seeds=req.seeds,
                         overrides=list(req.overrides), hydra_args=list(req.hydra_args), launcher=req.launcher,
                         jobs=req.jobs, max_runs=10 ** 6, name=f"doctor-{stage.kind}", steps=req.steps,
@@ -209,12 +210,12 @@ def check(req: DoctorRequest) -> None:
     parse_seeds(req.seeds)
     if req.steps < 1:
         raise SweepError(f"--steps {req.steps} is not allowed; it must be >= 1")
-    _check_launcher(req.launcher, req.jobs)
+    check_launcher(req.launcher, req.jobs)
     if req.max_runs < len(parse_seeds(req.seeds)):
         raise SweepError(f"--max-runs {req.max_runs} leaves no room for the all-on run ({req.seeds} seeds)")
     T = frozenset(req.tricks)
     first = Stage("check", list(dict.fromkeys([T, frozenset(), *(T - {t} for t in req.tricks)])))
-    plan(_sweep_request(req, first, None))
+    plan(stage_request(req, first, None))
 
 
 def read_stage(stage_dir: Path, tricks: list[str], thresholds) -> dict:
@@ -266,7 +267,7 @@ def run(req: DoctorRequest, doctor_dir: Path, console, resume: bool = False) -> 
                 break
             console.print(f"doctor stage {len(stages) + 1} ({stage.kind}): "
                           f"{', '.join(sorted(planned))}", markup=False, highlight=False)
-            launch.start(_sweep_request(req, stage, stage_dir), console)
+            launch.start(stage_request(req, stage, stage_dir), console)
         found = read_stage(stage_dir, req.tricks, thresholds)
         used += len(found) * seeds
         outcomes.update(found)

@@ -106,7 +106,8 @@ def plan(req: SweepRequest) -> dict:
     for trick in req.tricks:   # dropping a trick the base already has would change nothing
         family = families[trick]
         if base_cfg[family].name == options[trick]:
-            raise SweepError(f"trick {trick} is already on in the base ({'preset=' + req.base if req.base else 'the defaults'} "
+            where = 'preset=' + req.base if req.base else 'the defaults'
+            raise SweepError(f"trick {trick} is already on in the base ({where} "
                              f"sets {family}={options[trick]}), so switching it off would change nothing; "
                              "remove it from --tricks or pick another --base")
     sweep_id = time.strftime("%Y-%m-%d_%H-%M-%S")
@@ -117,7 +118,7 @@ def plan(req: SweepRequest) -> dict:
     runs = [run_entry(job, cfg_of) for job in expand_jobs(matrix, seeds, common, labels)]
     if not req.allow_inert:
         check_tricks_act(matrix, cfg_of, {t: (families[t], options[t]) for t in families})
-    now = _now()
+    now = timestamp()
     return {
         "version": 1, "sweep_id": sweep_id, "name": name, "mode": matrix.mode, "base": req.base,
         "tricks": list(req.tricks), "axes": {k: v for k, v in req.axes}, "seeds": seeds,
@@ -152,8 +153,9 @@ def scope_trick_settings(common: list[str], matrix: Matrix) -> tuple[list[str], 
         variants.append(replace(v, overrides=v.overrides + extra))
     for override, family, setting in scoped:
         if override not in taken:
+            allowed = ", ".join(sorted(family_keys(_compose(rest, "the base"), family))) or "(none)"
             raise SweepError(f"'{override}': {family}.{setting} is not a setting of the {family} option of any "
-                             f"variant; allowed: {', '.join(sorted(family_keys(_compose(rest, 'the base'), family))) or '(none)'}")
+                             f"variant; allowed: {allowed}")
     return rest, Matrix(matrix.mode, variants, matrix.contrasts)
 
 
@@ -178,7 +180,7 @@ def run_entry(job, configs: dict | None = None) -> dict:
     """One job as the manifest lists it (pending), its config validated and hashed (and kept
     in `configs` by variant, the first seed's, when given)."""
     # a wall-clock SFT control learns its budget from the treatments' runs: checked here with
-    # a stand-in, hashed once the budget is known (launch._run)
+    # a stand-in, hashed once the budget is known (launch.run_jobs)
     deferred = "control.budget=wall" in job.overrides
     cfg = _compose(list(job.overrides) + (["control.wall_s=1"] if deferred else []), f"run {job.run_dir}")
     if configs is not None:
@@ -254,7 +256,7 @@ def read_manifest(sweep_dir: Path) -> dict:
 
 
 def write_manifest(sweep_dir: Path, manifest: dict) -> None:
-    manifest["updated_at"] = _now()
+    manifest["updated_at"] = timestamp()
     atomic_write_text(Path(sweep_dir) / MANIFEST, json.dumps(manifest, indent=2) + "\n")
 
 
@@ -279,7 +281,7 @@ def refresh_statuses(sweep_dir: Path, manifest: dict, outcomes: dict | None = No
 # ------------------------------------------------------------------------------ launching
 def start(req: SweepRequest, console, dry_run: bool = False) -> int:
     """Plan, (dry run: print) create the sweep dir, launch, summarise. Returns the exit code."""
-    _check_launcher(req.launcher, req.jobs)
+    check_launcher(req.launcher, req.jobs)
     manifest = plan(req)
     if dry_run:
         print_matrix(manifest, console)
@@ -288,7 +290,7 @@ def start(req: SweepRequest, console, dry_run: bool = False) -> int:
     console.print(f"sweep {manifest['name']}: {len(manifest['variants'])} variants x "
                   f"{len(manifest['seeds'])} seeds = {len(manifest['runs'])} runs -> {sweep_dir}",
                   markup=False, highlight=False)
-    return _run(sweep_dir, manifest, manifest["runs"], req.launcher, req.jobs, req.hydra_args, console)
+    return run_jobs(sweep_dir, manifest, manifest["runs"], req.launcher, req.jobs, req.hydra_args, console)
 
 
 def create_sweep_dir(req: SweepRequest, manifest: dict) -> Path:
@@ -308,7 +310,7 @@ def resume(sweep_dir: Path, launcher: str | None, jobs: int | None, hydra_args: 
     sweep_dir = Path(sweep_dir)
     manifest = read_manifest(sweep_dir)
     launcher = launcher or manifest.get("launcher", "joblib")
-    _check_launcher(launcher, jobs)
+    check_launcher(launcher, jobs)
     todo, changed = [], []
     for run in manifest["runs"]:
         run_dir = sweep_dir / run["run_dir"]
@@ -319,7 +321,7 @@ def resume(sweep_dir: Path, launcher: str | None, jobs: int | None, hydra_args: 
             continue                                   # a result: never rewritten
         else:
             todo.append(run)
-    alive = [run["run_dir"] for run in todo if _still_running(sweep_dir / run["run_dir"])]
+    alive = [run["run_dir"] for run in todo if still_running(sweep_dir / run["run_dir"])]
     if alive:
         raise SweepError(f"{', '.join(alive[:3])}{', ...' if len(alive) > 3 else ''} is still being trained by "
                          "a live process on this machine (an earlier launch of this sweep); wait for it "
@@ -345,10 +347,10 @@ def resume(sweep_dir: Path, launcher: str | None, jobs: int | None, hydra_args: 
     done = len(manifest["runs"]) - len(todo)
     console.print(f"resuming {sweep_dir}: {done} of {len(manifest['runs'])} runs finished, "
                   f"{len(todo)} to run", markup=False, highlight=False)
-    return _run(sweep_dir, manifest, todo, launcher, jobs, hydra_args, console, resume=True)
+    return run_jobs(sweep_dir, manifest, todo, launcher, jobs, hydra_args, console, resume=True)
 
 
-def _still_running(run_dir: Path) -> bool:
+def still_running(run_dir: Path) -> bool:
     """A run whose status says running and whose writer process is alive on this host (a
     parallel worker can outlive a killed sweep process; two writers must never share a dir)."""
     import socket
@@ -369,8 +371,11 @@ def _config_hash(overrides: list[str]) -> str:
     return config_hash(_compose(list(overrides), "a resumed run"))
 
 
-def _run(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, jobs: int | None,
-         hydra_args: list[str], console, resume: bool = False) -> int:
+def run_jobs(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, jobs: int | None,
+             hydra_args: list[str], console, resume: bool = False) -> int:
+    """Launch `todo` (runs of the manifest) through Hydra, record how each ended, print the summary;
+    0 when every run of the sweep finished (completed or diverged). Shared by start, resume and
+    the sequential sweep's looks."""
     outcomes: dict = {}
     now = [run for run in todo if not run.get("deferred")]
     later = [run for run in todo if run.get("deferred")]
@@ -413,9 +418,9 @@ def _launch(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, jo
             hydra_args: list[str], console, resume: bool) -> dict:
     """One batch of runs through Hydra's launcher; returns how each job ended."""
     local = launcher in ("basic", "joblib", "submitit_local")   # the runs share this machine's cores
-    n_parallel = 1 if launcher == "basic" else max(1, min(jobs or (_cpus() if local else len(todo)), len(todo)))
+    n_parallel = 1 if launcher == "basic" else max(1, min(jobs or (cpus() if local else len(todo)), len(todo)))
     # parallel local runs split the cores, never oversubscribe; on a cluster each job has its own
-    threads = max(1, _cpus() // n_parallel) if local else None
+    threads = max(1, cpus() // n_parallel) if local else None
     launch_dir = sweep_dir / ".launch"
     launch_dir.mkdir(exist_ok=True)
     jobs_file, results_file = launch_dir / "jobs.json", launch_dir / "results.json"
@@ -481,7 +486,8 @@ def _container(node):
     return OmegaConf.to_container(node, resolve=True)
 
 
-def _check_launcher(launcher: str, jobs: int | None) -> None:
+def check_launcher(launcher: str, jobs: int | None) -> None:
+    """SweepError unless `launcher` is known, its plugin installed and `jobs` fits it."""
     if launcher not in LAUNCHERS:
         raise SweepError(f"--launcher {launcher} is not allowed; allowed: {', '.join(LAUNCHERS)}")
     _, module, extra = LAUNCHERS[launcher]
@@ -494,7 +500,8 @@ def _check_launcher(launcher: str, jobs: int | None) -> None:
                          "basic runs one job at a time")
 
 
-def _cpus() -> int:
+def cpus() -> int:
+    """The cores this process may use (local launchers split them among parallel runs)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:
@@ -515,7 +522,8 @@ def _new_sweep_dir(manifest: dict) -> Path:
     return path
 
 
-def _now() -> str:
+def timestamp() -> str:
+    """Local time as the manifests record it."""
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
@@ -524,8 +532,9 @@ def print_matrix(manifest: dict, console) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    seeds = manifest["seeds"]
     table = Table(title=f"sweep {manifest['name']} ({manifest['mode']}): {len(manifest['variants'])} variants x "
-                        f"{len(manifest['seeds'])} seed{'s' if len(manifest['seeds']) > 1 else ''} ({', '.join(map(str, manifest['seeds']))}) = "
+                        f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''} ({', '.join(map(str, seeds))}) = "
                         f"{len(manifest['runs'])} runs; nothing written")
     table.add_column("variant", no_wrap=True)   # names stay whole and copy-pasteable
     table.add_column("tricks on", overflow="fold")

@@ -339,7 +339,7 @@ def add_look(manifest: dict, make_entry=None) -> list[dict]:
 
 # ------------------------------------------------------------------------------ running
 def start(req: launch.SweepRequest, options: Options, console, dry_run: bool = False) -> int:
-    launch._check_launcher(req.launcher, req.jobs)
+    launch.check_launcher(req.launcher, req.jobs)
     manifest = plan(req, options)
     if dry_run:
         launch.print_matrix(manifest, console)
@@ -393,14 +393,14 @@ def run_looks(sweep_dir: Path, manifest: dict, launcher, jobs, hydra_args, conso
                     and r["status"] not in launch.FINISHED + ("failed",)]
             if todo:
                 started = time.monotonic()
-                launch._run(sweep_dir, manifest, todo, launcher, jobs, hydra_args, console)
+                launch.run_jobs(sweep_dir, manifest, todo, launcher, jobs, hydra_args, console)
                 _add_time(section, time.monotonic() - started)
             record_decisions(manifest, decide_look(sweep_dir, manifest))
             launch.write_manifest(sweep_dir, manifest)
             _say(console, look_text(manifest))
         reason = stopping_reason(manifest, len(needed_variants(manifest)))
         if reason:
-            section["stopped"] = {"reason": reason, "at_look": len(section["looks"]), "at": launch._now()}
+            section["stopped"] = {"reason": reason, "at_look": len(section["looks"]), "at": launch.timestamp()}
         else:
             add_look(manifest)
         launch.write_manifest(sweep_dir, manifest)   # the new look's runs are listed before any starts
@@ -505,7 +505,7 @@ def planner_text(manifest: dict, req: launch.SweepRequest) -> str:
         return text + (f"\nexpected wall time: unknown (no finished sweep in {parent} to time a run from; "
                        "each look prints its time)")
     per_run, source = measured
-    parallel = 1 if req.launcher == "basic" else max(1, req.jobs or launch._cpus())
+    parallel = 1 if req.launcher == "basic" else max(1, req.jobs or launch.cpus())
     wall = lambda runs: math.ceil(runs / parallel) * per_run
     later = (looks - 1) * wall(variants)
     text += (f"\nexpected wall time ({per_run:.0f} s a run, {source}; {parallel} at a time): look 1 "
@@ -516,4 +516,6 @@ def planner_text(manifest: dict, req: launch.SweepRequest) -> str:
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+    if seconds >= 5400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"

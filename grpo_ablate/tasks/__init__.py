@@ -8,7 +8,7 @@ The embedded tiny model's warm start also needs (the arithmetic task has them):
     task.warmup_batch(n, rng) -> list[Problem]          # for the supervised warm start
     task.chars -> str                                   # characters the embedded tokenizer needs
 Optional (the data tasks have them): `format_reward` (a bonus, with `formatted(completion)`),
-`chat_template`, `system_prompt`, `max_prompt_tokens` (see grpo_ablate/prompts.py).
+`chat_template`, `system_prompt`, `max_prompt_tokens` (see grpo_ablate/sampling/prompts.py).
 """
 from __future__ import annotations
 

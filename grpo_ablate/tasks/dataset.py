@@ -240,8 +240,8 @@ class ParquetTask(DatasetTask):
         except ImportError:
             raise ConfigError("task=parquet needs pyarrow: pip install 'grpo-ablate[hf]'") from None
         except Exception as err:  # a corrupt or non-parquet file
-            raise ConfigError(f"task.{key}={str(path)!r} is not a readable parquet file: "
-                              f"{str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}") from None
+            why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ConfigError(f"task.{key}={str(path)!r} is not a readable parquet file: {why}") from None
         rows = frame.to_dict(orient="records")
         return f"task.{key}={path}", [(f"row {i}", _plain(row)) for i, row in enumerate(rows, start=1)]
 

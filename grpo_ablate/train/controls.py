@@ -71,7 +71,7 @@ class ControlStep:
         self.rollouts = Rollouts(HFEngine(self.model, bool(cfg.rollout.lean_decoder)), self.tokenizer, self.encode,
                                  self.task, DataParallel(), device, eos_id=stop_token_ids(self.model, self.tokenizer),
                                  max_new_tokens=int(cfg.rollout.max_new_tokens), seed=int(cfg.seed), rng="stream",
-                                 stream=self.optim.sampler)
+                                 stream=self.optim.rng)
         self.eval_problems = self.task.eval_set()
         self.trained_s = 0.0      # seconds of supervised training so far (the wall budget)
         self.started = time.perf_counter()

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from grpo_ablate.train import fsdp
-from grpo_ablate.train.ranks import launched_ranks
+from grpo_ablate.ranks import launched_ranks
 
 
 class DataParallel:
@@ -146,7 +146,8 @@ class DataParallel:
 
         device = next(model.parameters()).device
         # buffers (rotary tables) are equal on every rank: no need to sync them at every forward
-        quiet = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+        quiet = ("forward_sync_buffers"
+                 if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
                  else "broadcast_buffers")
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                        **{quiet: False})

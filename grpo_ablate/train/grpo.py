@@ -2,8 +2,8 @@
 
     train()          validate, join the processes (torchrun), open the run dir, build, run
     build_grpo()     the task, the policy and its anchors, the tricks' controllers, the
-                     optimizer and the sampler: a `GRPOStep` (train/step.py) ready to step
-Read `GRPOStep.step` for what one step does. Every trick enters through the registry by the
+                     optimizer and the sampler: a `GRPOTrainer` (train/step.py) ready to step
+Read `GRPOTrainer.step` for what one step does. Every trick enters through the registry by the
 name its config group chose; nothing here branches on a trick's name.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from grpo_ablate.tasks import build_task
 from grpo_ablate.train.distributed import DataParallel
 from grpo_ablate.train.run import (Optimization, RunResult, already_finished, attention_implementation,
                                    finished_result, open_run_dir, prepare_process, run_steps)
-from grpo_ablate.train.step import Controllers, GRPOStep, Policies, snapshot
+from grpo_ablate.train.step import Controllers, GRPOTrainer, Policies, snapshot
 from grpo_ablate.tricks import option
 
 
@@ -59,7 +59,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
 
 
 def build_grpo(cfg: DictConfig, device: torch.device, dp: DataParallel, checkpoint: Path | None, say):
-    """(the GRPOStep of this run, metrics for step 0's row). With a checkpoint, the weights
+    """(the GRPOTrainer of this run, metrics for step 0's row). With a checkpoint, the weights
     come from it; the rest of its state is loaded by the run skeleton."""
     task = build_task(cfg.task)
     model_path = cfg.model.path or dp.main_first(lambda: ensure_warm_started(cfg.model, task, log=say))
@@ -82,8 +82,8 @@ def build_grpo(cfg: DictConfig, device: torch.device, dp: DataParallel, checkpoi
     rollouts = Rollouts(engine, policies.tokenizer, encode, task, dp, device,
                         eos_id=stop_token_ids(policies.policy, policies.tokenizer),
                         max_new_tokens=int(cfg.rollout.max_new_tokens), seed=int(cfg.seed), rng=rng_mode(cfg, dp),
-                        stream=optim.sampler)
-    return GRPOStep(cfg, task, encode, policies, controllers, optim, rollouts, dp, device), prompt_counts
+                        stream=optim.rng)
+    return GRPOTrainer(cfg, task, encode, policies, controllers, optim, rollouts, dp, device), prompt_counts
 
 
 def load_policies(cfg: DictConfig, model_path, kl_control, device: torch.device, checkpoint: Path | None,

@@ -9,7 +9,9 @@
 The policy term's tokens are weighed by a factor of three tricks, each 1 when off:
 `token_mask` (the top-entropy tokens only), `off_policy_mask` (A < 0 sequences far from the
 sampler dropped) and `rollout_correction` (importance weights pi_old / pi_sampler), as TRL
-and verl multiply the per-token policy loss (the aggregation weights stay the full mask's).
+and verl multiply the per-token policy loss (the aggregation weights stay the full mask's);
+a per-sequence loss (clip=gmpo) takes the importance weights as their per-sequence geometric
+mean, as verl does (clip.is_weights=token: each token's own).
 
 The update minimizes sum_jt w_jt * (sum of the terms), w the `loss_agg` weights; the
 gradient-conflict diagnostics differentiate each term alone. Both call `LossTerms`, so a
@@ -26,6 +28,7 @@ from omegaconf import DictConfig
 from grpo_ablate.config import trick
 from grpo_ablate.sampling.decode import derived_seed
 from grpo_ablate.tricks import option
+from grpo_ablate.tricks.clip import sequence_is_weights
 
 
 @dataclass
@@ -41,6 +44,8 @@ class LossInputs:
     returns: torch.Tensor | None = None     # the critic's targets
     sampler_logp: torch.Tensor | None = None  # the sampler's own log-probs (rollout=hf records them; vLLM)
     is_weights: torch.Tensor | None = None  # rollout_correction's weights of the policy loss (None: all 1)
+    token_keep: torch.Tensor | None = None  # token_mask's kept tokens, chosen over more rows than these
+                                            # (the diagnostics' sub-batch takes the update's, over the batch)
 
     def rows(self, index) -> "LossInputs":
         """The same inputs for some rows (a slice or an index tensor)."""
@@ -108,6 +113,10 @@ class LossTerms:
         self.token_mask = trick(cfg, "token_mask") if option("token_mask", cfg.token_mask.name).selects_tokens else None
         self.off_policy_mask = (trick(cfg, "off_policy_mask")
                                 if option("off_policy_mask", cfg.off_policy_mask.name).needs_sampler_logprobs else None)
+        # a per-sequence policy loss (gmpo) takes token-level importance weights per sequence (verl), unless
+        # clip.is_weights=token
+        self.sequence_is_weights = (option("clip", cfg.clip.name).per_sequence_loss
+                                    and cfg.clip.get("is_weights", "geometric") == "geometric")
 
     def policy(self, logp, old_logp, advantages, mask, factor=None):
         """(per-token policy loss, per-token clip statistics); old_logp None: rho = 1. `factor`:
@@ -115,14 +124,22 @@ class LossTerms:
         loss, stats = self.policy_loss(logp, logp.detach() if old_logp is None else old_logp, advantages, mask)
         return (loss if factor is None else loss * factor), stats
 
+    def token_keep(self, entropy, mask, spread=None):
+        """token_mask's kept tokens [N, T] of these rows, the entropy quantile taken over them (and
+        every rank's); None when the option keeps every token. The one source of the mask: the
+        update calls it on each mini-batch, the diagnostics on the whole batch."""
+        if self.token_mask is None:
+            return None
+        return _over_ranks(self.token_mask, spread, entropy.detach(), mask)
+
     def policy_factor(self, logp, entropy, inputs: LossInputs, spread=None):
         """(the per-token factor of the policy loss or None when it is 1, its statistics):
-        token_mask's kept tokens (the entropy quantile over the mini-batch, every rank's),
+        token_mask's kept tokens (inputs.token_keep, else token_keep over these rows),
         off_policy_mask's kept sequences (the sampler's log-probs against this forward's; pi_old's
         without them) and rollout_correction's importance weights, multiplied."""
         factors, stats = [], {}
         if self.token_mask is not None:
-            keep = _over_ranks(self.token_mask, spread, entropy.detach(), inputs.mask)
+            keep = inputs.token_keep if inputs.token_keep is not None else self.token_keep(entropy, inputs.mask, spread)
             stats["token_mask/dropped_frac"] = inputs.mask - keep
             factors.append(keep)
         if self.off_policy_mask is not None:
@@ -132,7 +149,8 @@ class LossTerms:
             stats["off_policy_mask/dropped_frac"] = inputs.mask - keep
             factors.append(keep)
         if inputs.is_weights is not None:
-            factors.append(inputs.is_weights)
+            factors.append(sequence_is_weights(inputs.is_weights, inputs.mask) if self.sequence_is_weights
+                           else inputs.is_weights)
         return _product(factors), stats
 
     def __call__(self, logp, entropy, values, inputs: LossInputs, coef: Coefficients, spread=None):
@@ -148,7 +166,8 @@ class LossTerms:
             stats["value/loss"] = self.value_loss(values, inputs.old_values, inputs.returns)
             terms["value"] = coef.value * stats["value/loss"]
         if inputs.ref_logp is not None and coef.kl > 0:
-            terms["kl"] = coef.kl * (self.kl_estimator(logp, inputs.ref_logp, old_logp) * self.kl_weight(inputs.mask, entropy))
+            kl = self.kl_estimator(logp, inputs.ref_logp, old_logp)
+            terms["kl"] = coef.kl * (kl * self.kl_weight(inputs.mask, entropy))
         if inputs.prev_logp is not None and coef.kl_prev > 0:
             terms["kl_prev"] = coef.kl_prev * self.kl_estimator(logp, inputs.prev_logp, old_logp)
         if coef.entropy > 0:   # the entropy carries a gradient only then

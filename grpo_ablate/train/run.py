@@ -5,7 +5,7 @@ around the step: the run dir (fresh or resumed, only with the config it was star
 the base evaluation at step 0, the eval / samples / checkpoint schedule, status.json on
 success, divergence and failure, and the progress shown on the console.
 
-    state = trainer.state_dict()             optimizer, schedule, sampler and the trainer's own
+    state = trainer.state_dict()             optimizer, schedule, rng and the trainer's own
     weights = trainer.checkpoint_weights()   the model's full weights (None: its own state_dict)
     result = trainer.step(step)              StepResult: metrics, or the reason it diverged
 Under torchrun every process calls state_dict and checkpoint_weights (model.fsdp=true gathers
@@ -83,24 +83,25 @@ def attention_implementation(cfg: DictConfig, device: torch.device) -> str | Non
 
 
 class Optimization:
-    """AdamW with the linear warm-up every kind of run uses, and the run's sampling stream:
-    everything a checkpoint needs besides the weights and the trainer's own state."""
+    """AdamW with the linear warm-up every kind of run uses, and the run's random stream (`rng`:
+    sampling, shuffles, seeded draws): everything a checkpoint needs besides the weights and the
+    trainer's own state."""
 
     def __init__(self, param_groups: list, cfg: DictConfig):
         self.optimizer = torch.optim.AdamW(param_groups, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
                                            weight_decay=cfg.optim.weight_decay)
         warmup = max(1, int(cfg.optim.warmup_steps))
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
-        self.sampler = torch.Generator().manual_seed(int(cfg.seed))   # the only randomness of a step
+        self.rng = torch.Generator().manual_seed(int(cfg.seed))   # the only randomness of a step
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict(),
-                "sampler": self.sampler.get_state()}
+                "sampler": self.rng.get_state()}   # the key older checkpoints were written with
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
-        self.sampler.set_state(state["sampler"])
+        self.rng.set_state(state["sampler"])
 
 
 def open_run_dir(cfg: DictConfig, run_dir: Path) -> tuple[dict | None, Path | None]:

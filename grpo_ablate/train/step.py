@@ -1,6 +1,6 @@
 """One GRPO step, as named phases: sample, anchor forwards, rewards and advantages, update, metrics.
 
-`GRPOStep.step` reads top to bottom; every trick enters through the registry (the objects
+`GRPOTrainer.step` reads top to bottom; every trick enters through the registry (the objects
 `LossTerms`, `RewardShaping`, `AdvantageChain` and the controllers were bound from the
 config when the run started), so nothing here branches on a trick's name.
 """
@@ -10,7 +10,7 @@ import contextlib
 import math
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from omegaconf import DictConfig
@@ -102,8 +102,8 @@ class LastPass:
             getattr(self, name)[rows] = value.detach()
 
 
-class GRPOStep:
-    """The `Trainer` of a GRPO run: its models, tricks and optimizer, and `step()`."""
+class GRPOTrainer:
+    """The trainer of a GRPO run: its models, tricks and optimizer; `step()` is one GRPO step."""
 
     def __init__(self, cfg: DictConfig, task, encode, policies: Policies, controllers: Controllers,
                  optim: Optimization, rollouts: Rollouts, dp: DataParallel, device: torch.device):
@@ -290,7 +290,9 @@ class GRPOStep:
         """Gradient-conflict diagnostics on a sub-batch (diag.rows completions) and this step's
         weights: the gradient, w.r.t. the last diag.last_layers blocks, of each loss term alone
         and of the policy term driven by each reward component alone (through the same
-        reward_norm -> adv -> adv_clip chain). Logs grad_norm/<term> and grad_cos/<a>__<b>.
+        reward_norm -> adv -> adv_clip chain), the policy term's token factor the update's
+        (token_mask's quantile over the whole batch, not the sub-batch). Logs grad_norm/<term>
+        and grad_cos/<a>__<b>.
         autograd.grad accumulates nothing into .grad and the RNG is restored, so the update is
         exactly the one it is with diagnostics off."""
         started = time.perf_counter()
@@ -308,7 +310,7 @@ class GRPOStep:
                                                         entropy_grad=coef.entropy > 0)
         weights = self.weights_of(shaped.mask, int(self.cfg.rollout.max_new_tokens))   # the whole batch's
         w = weights[rows] * (weights.sum() / weights[rows].sum().clamp(min=1e-12))   # the full loss's total
-        sub = inputs.rows(rows)
+        sub = self.whole_batch_token_keep(batch, inputs).rows(rows)
         with self.draws.unchanged() if self.draws is not None else contextlib.nullcontext():
             terms, _ = self.loss_terms(logp, entropy, values, sub, coef)
             terms = {name: aggregate(term, w) for name, term in terms.items()}
@@ -319,6 +321,18 @@ class GRPOStep:
         out = diagnostics.conflict_metrics(diagnostics.term_gradients(terms, self.diag_params))
         out["time/diag_s"] = time.perf_counter() - started   # part of time/update_s
         return out
+
+    @torch.no_grad()
+    def whole_batch_token_keep(self, batch: SampledGroups, inputs: LossInputs) -> LossInputs:
+        """`inputs` with token_mask's kept tokens chosen over the whole batch, as the update's
+        (one mini-batch) are, not over the diagnostics' sub-batch: one more forward, only with a
+        token_mask option that selects tokens."""
+        if self.loss_terms.token_mask is None:
+            return inputs
+        policy = self.p.policy
+        with torch.random.fork_rng(devices=[policy.device] if policy.device.type == "cuda" else []):
+            entropy = self.token_logprobs(policy, batch.roll, self.ctl.temperature.current())[1]
+        return replace(inputs, token_keep=self.loss_terms.token_keep(entropy, inputs.mask))
 
     # ------------------------------------------------------------------ metrics, samples, state
     @torch.no_grad()
@@ -363,7 +377,7 @@ class GRPOStep:
                 "time/update_s": updated - rewarded,
                 "time/step_s": updated - started,
                 "perf/completion_tokens": tokens,           # trained
-                "perf/sampled_tokens": sampled_tokens,      # generated (every round): with the trained, the compute axis
+                "perf/sampled_tokens": sampled_tokens,      # generated, every round: + trained = the compute axis
                 "perf/tokens_per_s": tokens / max(updated - started, 1e-9)}
 
     def samples(self, batch: SampledGroups, rewards) -> list[dict]:

@@ -1,17 +1,27 @@
 """The trick catalogue: pure tensor functions registered by name, one module per family.
 
-This package imports only torch. Each family module registers its options in
-`registry.py` (`register(family, option)`); the trainer asks the registry for the option its
-config chose (`option("adv", cfg.adv.name)`) and never branches on a name itself, so adding
-a trick is one registered function, one YAML file and one test. Importing the package
-registers every family.
+This package imports only torch. Each family module declares its family and registers its
+options in `registry.py` (`register(family, option, knobs=..., activity=..., inert=...,
+tricks=...)`): the implementation and every fact about it (knob ranges, the metric that
+shows it acted, when it cannot act, the named tricks with their catalogue text). The trainer
+asks the registry for the option its config chose (`option("adv", cfg.adv.name)`) and never
+branches on a name itself; config checks, inert warnings, the report's activity table, the
+catalogue, docs/tricks.md and the README's option table are all read from the registry
+(grpo_ablate/catalogue.py). Adding an option is one registered function, its
+`conf/<family>/<option>.yaml` and its `conf/trick/<name>.yaml`; adding a family is those,
+one entry in FAMILIES below and its call site in the loss or reward chain.
 """
-from grpo_ablate.tricks import (adv, adv_clip, clip, entropy, kl, kl_weight, length, loss_agg, off_policy_mask,
-                                overlong, ref_sync, reward_norm, rollout_correction, sampling, temperature,
-                                token_mask, value)
+import importlib
+import pkgutil
+
 from grpo_ablate.tricks.registry import Option, UnknownOption, families, option, options
 
-# imported for their registrations
-FAMILY_MODULES = (adv, adv_clip, clip, entropy, kl, kl_weight, length, loss_agg, off_policy_mask, overlong,
-                  ref_sync, reward_norm, rollout_correction, sampling, temperature, token_mask, value)
-__all__ = ["FAMILY_MODULES", "Option", "UnknownOption", "families", "option", "options"]
+# Every family, in the order the README's option table shows them (the trainer's order:
+# sampling and reward shaping, the advantage chain, the policy loss and its terms).
+FAMILIES = ("overlong", "length", "reward_norm", "sampling", "adv", "value_clip", "adv_clip", "clip", "dual_clip",
+            "loss_agg", "kl", "kl_weight", "entropy", "token_mask", "off_policy_mask", "rollout_correction",
+            "ref_sync", "temperature", "updates")
+# every module of the package, imported for its declarations and registrations
+FAMILY_MODULES = tuple(importlib.import_module(f"{__name__}.{m.name}") for m in pkgutil.iter_modules(__path__)
+                       if m.name not in ("registry", "conditions"))
+__all__ = ["FAMILIES", "FAMILY_MODULES", "Option", "UnknownOption", "families", "option", "options"]

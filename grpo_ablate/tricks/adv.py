@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from grpo_ablate.tricks.registry import register
+from grpo_ablate.tricks.registry import (FLAG, FRACTION, NON_NEGATIVE, POSITIVE, Knob, Trick, choice, declare_family,
+                                         register)
+
+declare_family("adv", "advantage estimator; `gae` adds a critic (value head) and per-token advantages; `gdpo` "
+               "normalizes each reward part (task, format, length, overlong, KL) in its group", metric="adv/std",
+               settings={"value_coef": (NON_NEGATIVE, "uses_values")})   # the critic's loss weight (adv=gae)
 
 # Every estimator takes (rewards [N], group_index [N], mask [N, T], values [N, T] or None,
 # components: dict name -> [N], the reward's parts (task, format, length, overlong, kl), each
@@ -17,6 +22,7 @@ from grpo_ablate.tricks.registry import register
 # or [N, T] per token for an estimator with a critic. Flags:
 #   uses_group_statistic  needs G >= 2 completions per prompt to mean anything
 #   uses_values           needs a critic: per-token values in, per-token advantages out
+#   undoes_affine_maps    A of a*r + b (a > 0) is A of r, up to eps: a reward normalization before it changes nothing
 
 
 def group_mean_std(values: torch.Tensor, group_index: torch.Tensor):
@@ -31,7 +37,8 @@ def group_mean_std(values: torch.Tensor, group_index: torch.Tensor):
     return mean, std
 
 
-@register("adv", "grpo", uses_group_statistic=True)
+@register("adv", "grpo", uses_group_statistic=True, undoes_affine_maps=True,
+          knobs={"eps": POSITIVE})
 def grpo_advantage(rewards, group_index, mask, values, components, *, eps: float = 1e-6):
     """A_j = (r_j - mean_g r) / (std_g r + eps).
 
@@ -48,7 +55,11 @@ def batch_std(values: torch.Tensor) -> torch.Tensor:
     return values.std() if values.numel() > 1 else torch.zeros((), dtype=values.dtype, device=values.device)
 
 
-@register("adv", "dr_grpo", uses_group_statistic=True)
+@register("adv", "dr_grpo", uses_group_statistic=True,
+          tricks=(Trick("no_std",
+                        what="advantages without dividing by the group std (Dr. GRPO)",
+                        source="TRL scale_rewards=none; verl norm_adv_by_std_in_grpo=False",
+                        verdict="not_applicable"),))
 def dr_grpo_advantage(rewards, group_index, mask, values, components):
     """A_j = r_j - mean_g r (no division by the group std).
 
@@ -59,7 +70,12 @@ def dr_grpo_advantage(rewards, group_index, mask, values, components):
     return rewards - mean
 
 
-@register("adv", "lite", uses_group_statistic=True)
+@register("adv", "lite", uses_group_statistic=True, undoes_affine_maps=True,
+          knobs={"eps": POSITIVE, "std_of": choice("raw", "centered")},
+          tricks=(Trick("lite_norm",
+                        what="group mean, batch std (Lite PPO)",
+                        source="ROLL norm_mean_type=group norm_std_type=batch; TRL scale_rewards=batch",
+                        verdict="not_applicable"),))
 def lite_advantage(rewards, group_index, mask, values, components, *, eps: float = 1e-6, std_of: str = "raw"):
     """Lite PPO: A_j = (r_j - mean_g r) / (std_B + eps): group mean, batch std.
 
@@ -75,7 +91,12 @@ def lite_advantage(rewards, group_index, mask, values, components, *, eps: float
     return centred / (batch_std(rewards if std_of == "raw" else centred) + eps)
 
 
-@register("adv", "batch", uses_group_statistic=True)
+@register("adv", "batch", uses_group_statistic=True, undoes_affine_maps=True,
+          knobs={"eps": POSITIVE},
+          tricks=(Trick("batch_norm",
+                        what="batch mean and batch std",
+                        source="ROLL norm_mean_type=batch norm_std_type=batch",
+                        verdict="not_applicable"),))
 def batch_advantage(rewards, group_index, mask, values, components, *, eps: float = 1e-6):
     """Global normalization: A_j = (r_j - mean_B r) / (std_B r + eps).
 
@@ -84,7 +105,11 @@ def batch_advantage(rewards, group_index, mask, values, components, *, eps: floa
     return (rewards - rewards.mean()) / (batch_std(rewards) + eps)
 
 
-@register("adv", "rloo", uses_group_statistic=True)
+@register("adv", "rloo", uses_group_statistic=True,
+          tricks=(Trick("rloo",
+                        what="leave-one-out baseline",
+                        source="verl adv_estimator=rloo",
+                        verdict="not_applicable"),))
 def rloo_advantage(rewards, group_index, mask, values, components):
     """RLOO: A_j = r_j - (sum_{k != j} r_k) / (G - 1), the leave-one-out group mean.
 
@@ -96,7 +121,12 @@ def rloo_advantage(rewards, group_index, mask, values, components):
     return (rewards - mean) * count / (count - 1).clamp(min=1)
 
 
-@register("adv", "rpp_baseline", uses_group_statistic=True)
+@register("adv", "rpp_baseline", uses_group_statistic=True, undoes_affine_maps=True,
+          knobs={"eps": POSITIVE},
+          tricks=(Trick("rpp_baseline",
+                        what="REINFORCE++-baseline: group-centred, token-whitened",
+                        source="verl adv_estimator=reinforce_plus_plus_baseline",
+                        verdict="not_applicable"),))
 def rpp_baseline_advantage(rewards, group_index, mask, values, components, *, eps: float = 1e-8):
     """REINFORCE++-baseline: c_j = r_j - mean_g r, then whitened over all completion tokens
     of the batch: (c - mean_tok c) / sqrt(var_tok c + eps).
@@ -143,7 +173,14 @@ def gae(token_reward: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, ga
     return advantages, (advantages + values) * mask
 
 
-@register("adv", "gae", uses_group_statistic=False, uses_values=True)
+@register("adv", "gae", uses_group_statistic=False, uses_values=True,
+          knobs={"gamma": FRACTION, "lam": FRACTION, "whiten": FLAG},
+          writes=("adv/std", "value/explained_variance"),
+          tricks=(Trick("critic_gae",
+                        what="PPO with a critic: value head, GAE advantages per token",
+                        source="verl adv_estimator=gae",
+                        verdict="not_applicable",
+                        cost="a value head and its loss; pi_old forward each step for V_old"),))
 def gae_advantage(rewards, group_index, mask, values, components, *, gamma: float = 1.0, lam: float = 1.0,
                   whiten: bool = True):
     """PPO with a critic: GAE over token rewards (the outcome reward on the last token), then
@@ -170,7 +207,12 @@ def _weighted_parts(rewards: torch.Tensor, components: dict, weights: dict | Non
     return [(float(weights.get(name, 1.0)), part.to(rewards.dtype)) for name, part in parts.items()]
 
 
-@register("adv", "gdpo", uses_group_statistic=True)
+@register("adv", "gdpo", uses_group_statistic=True,
+          knobs={"eps": POSITIVE, "weights": Knob("numbers", optional=True)},
+          tricks=(Trick("gdpo",
+                        what="GDPO: each reward part normalized in its group, summed, token-whitened",
+                        source="verl adv_estimator=gdpo (arXiv 2601.05242)",
+                        verdict="not_in_review"),))
 def gdpo_advantage(rewards, group_index, mask, values, components, *, eps: float = 1e-6,
                    weights: dict | None = None):
     """GDPO (arXiv 2601.05242), verl form: each reward component normalized within its group,
@@ -198,7 +240,12 @@ def gdpo_advantage(rewards, group_index, mask, values, components, *, eps: float
     return (total - token_mean) * torch.rsqrt(token_var + 1e-8)
 
 
-@register("adv", "gdpo_trl", uses_group_statistic=True)
+@register("adv", "gdpo_trl", uses_group_statistic=True,
+          knobs={"eps": POSITIVE, "weights": Knob("numbers", optional=True)},
+          tricks=(Trick("gdpo_trl",
+                        what="GDPO, TRL form: parts normalized in their group, summed, whitened per completion",
+                        source="TRL multi_objective_aggregation=normalize_then_sum",
+                        verdict="not_in_review"),))
 def gdpo_trl_advantage(rewards, group_index, mask, values, components, *, eps: float = 1e-4,
                        weights: dict | None = None):
     """GDPO, TRL form: multi_objective_aggregation="normalize_then_sum".
@@ -217,7 +264,11 @@ def gdpo_trl_advantage(rewards, group_index, mask, values, components, *, eps: f
     return (total - total.mean()) / (batch_std(total) + eps)
 
 
-@register("adv", "opo", uses_group_statistic=True)
+@register("adv", "opo", uses_group_statistic=True,
+          tricks=(Trick("opo",
+                        what="OPO: length-weighted group baseline",
+                        source="verl adv_estimator=opo (arXiv 2505.23585)",
+                        verdict="not_in_review"),))
 def opo_advantage(rewards, group_index, mask, values, components):
     """OPO (arXiv 2505.23585): the group baseline weighted by completion length.
 
@@ -237,7 +288,12 @@ def opo_advantage(rewards, group_index, mask, values, components):
     return rewards - baseline[group_index]
 
 
-@register("adv", "passk", uses_group_statistic=True)
+@register("adv", "passk", uses_group_statistic=True,
+          knobs={"eps": POSITIVE, "norm_by_std": FLAG},
+          tricks=(Trick("passk",
+                        what="pass@k advantage: only the best completion of a group learns",
+                        source="verl adv_estimator=grpo_passk (arXiv 2503.19595)",
+                        verdict="not_in_review"),))
 def passk_advantage(rewards, group_index, mask, values, components, *, eps: float = 1e-6,
                     norm_by_std: bool = True):
     """Pass@k advantage (arXiv 2503.19595): only the best completion of each group learns.
@@ -263,7 +319,12 @@ def passk_advantage(rewards, group_index, mask, values, components, *, eps: floa
     return torch.zeros_like(rewards).index_put_((best,), gap)
 
 
-@register("adv", "gpg", uses_group_statistic=True)
+@register("adv", "gpg", uses_group_statistic=True,
+          knobs={"f_norm": POSITIVE},
+          tricks=(Trick("gpg_advantage",
+                        what="GPG advantage: group-centred reward scaled by B / #nonzero rewards",
+                        source="verl adv_estimator=gpg (arXiv 2504.02546)",
+                        verdict="not_in_review"),))
 def gpg_advantage(rewards, group_index, mask, values, components, *, f_norm: float = 1.0):
     """GPG (Group Policy Gradient, arXiv 2504.02546): A_j = alpha (r_j - mean_g r) / f_norm.
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from grpo_ablate.tricks.registry import register
+from grpo_ablate.tricks.conditions import grpo_cannot_reach
+from grpo_ablate.tricks.registry import POSITIVE, Activity, Inert, Trick, declare_family, register
+
+declare_family("adv_clip", "clamp advantages to ±c", metric="adv/clipped_frac")
 
 
 @register("adv_clip", "none")
@@ -15,7 +18,17 @@ def no_adv_clip(advantages: torch.Tensor):
     return advantages, torch.zeros((), dtype=advantages.dtype, device=advantages.device)
 
 
-@register("adv_clip", "clip")
+@register("adv_clip", "clip",
+          knobs={"c": POSITIVE},
+          activity=Activity("adv/clipped_frac"),
+          inert=Inert(grpo_cannot_reach, "cannot act: with adv=grpo on unshaped 0/1 rewards no |A| exceeds "
+                      "(G-1)/sqrt(G), below adv_clip.c",
+                      "lower adv_clip.c, raise rollout.group_size, or shape the reward",
+                      "advantages beyond adv_clip.c"),
+          tricks=(Trick("adv_clip",
+                        what="clamp advantages to +-2",
+                        source="ROLL advantage_clip",
+                        verdict="not_applicable"),))
 def clip_advantages(advantages: torch.Tensor, *, c: float = 2.0):
     """Clamped advantages and the fraction of completions that were clamped."""
     clipped = advantages.clamp(-c, c)

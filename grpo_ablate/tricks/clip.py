@@ -22,12 +22,30 @@ at -c A, so a token with rho > c and A < 0 gets no gradient. TRL's two-sided `de
 
 Flags: `off_policy_only` -- the option's gradient equals plain PPO-clip's when rho == 1, so
 it can act only with several optimizer steps per rollout or a sampler-trainer mismatch.
+`per_sequence_loss` -- one loss value per sequence (gmpo): token-level importance weights of
+rollout_correction enter per sequence (setting clip.is_weights, see gmpo_loss).
 """
 from __future__ import annotations
 
 import torch
 
-from grpo_ablate.tricks.registry import register
+from grpo_ablate.tricks.conditions import ONE_STEP, one_optimizer_step
+from grpo_ablate.tricks.registry import (NON_NEGATIVE, NUMBER, POSITIVE, Activity, Inert, Knob, Trick, choice,
+                                         declare, declare_family, option, register)
+
+declare_family("clip", "the policy loss: PPO ratio clip ε_low/ε_high (`higher` is DAPO clip-higher), or a 2025-26 "
+               "variant (sequence ratio, clipped IS weight, soft gate, geometric mean, covariance masks, plain "
+               "REINFORCE); all but `clip_cov` act only with several optimizer steps per rollout",
+               metric="clip/high_frac",
+               supplied={"dual_clip_c": "dual_clip.c", "generator": "the trainer (seeded, checkpointed)"},
+               # a per-sequence loss (gmpo): token-level rollout IS weights as their per-sequence
+               # geometric mean (verl) or each token's own (token); read by the trainer (train/losses.py)
+               settings={"is_weights": (choice("geometric", "token"), "per_sequence_loss")})
+declare_family("dual_clip", "dual-clip PPO for A < 0, c = 3", metric="clip/dual_frac",
+               settings={"c": Knob(low=1, low_open=True, optional=True,   # handed to the policy loss as dual_clip_c
+                                   note="the loss of a negative-advantage token is capped at -c A")})
+EPS = {"eps_low": POSITIVE, "eps_high": POSITIVE}
+RATIO_MOVES = Activity("ppo/kl")   # equal to PPO-clip's gradient while rho == 1: the ratio must move
 
 LOG_RATIO_LIMIT = 20.0
 GSPO_LOG_RATIO_MAX = 10.0    # verl clamps the sequence log-ratio from above at 10 (GSPO)
@@ -49,8 +67,17 @@ def _clip_fractions(ratio, advantages, low: float, high: float, like) -> dict:
                 "clip/high_frac": _float((ratio > high) & (advantages > 0), like)}
 
 
-@register("clip", "symmetric", off_policy_only=True)
-@register("clip", "higher", off_policy_only=True)
+@register("clip", "symmetric", off_policy_only=True,
+          knobs=EPS,
+          inert=ONE_STEP)
+@register("clip", "higher", off_policy_only=True,
+          knobs=EPS,
+          inert=ONE_STEP,
+          activity=Activity("ppo/ratio_max", "above", 1.2),
+          tricks=(Trick("clip_higher",
+                        what="DAPO clip-higher, eps_high 0.28",
+                        source="verl clip_ratio_high; TRL epsilon_high",
+                        verdict="not_applicable"),))
 def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
                   eps_low: float = 0.2, eps_high: float = 0.2, dual_clip_c: float | None = None):
     """Per-token clipped policy loss and per-token clip indicators (floats, for metrics).
@@ -72,7 +99,14 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
     return loss, stats
 
 
-@register("clip", "gspo", off_policy_only=True)
+@register("clip", "gspo", off_policy_only=True,
+          knobs=EPS,
+          inert=ONE_STEP,
+          activity=RATIO_MOVES,
+          tricks=(Trick("gspo",
+                        what="GSPO: one ratio per sequence (geometric mean), clipped per sequence",
+                        source="verl loss_mode=gspo; TRL importance_sampling_level=sequence (arXiv 2507.18071)",
+                        verdict="not_in_review"),))
 def gspo_loss(logp, old_logp, advantages, mask, *, eps_low: float = 3e-4, eps_high: float = 4e-4):
     """GSPO (arXiv 2507.18071): one importance ratio per sequence, clipped at the sequence level.
 
@@ -97,7 +131,14 @@ def gspo_loss(logp, old_logp, advantages, mask, *, eps_low: float = 3e-4, eps_hi
     return loss, _clip_fractions(s, advantages, 1.0 - eps_low, 1.0 + eps_high, loss)
 
 
-@register("clip", "cispo", off_policy_only=True)
+@register("clip", "cispo", off_policy_only=True,
+          knobs=EPS,
+          inert=ONE_STEP,
+          activity=RATIO_MOVES,
+          tricks=(Trick("cispo",
+                        what="CISPO: -sg(clip(rho)) A log pi, the IS weight clipped, never the gradient",
+                        source="verl loss_mode=cispo (MiniMax-M1, arXiv 2506.13585)",
+                        verdict="not_in_review"),))
 def cispo_loss(logp, old_logp, advantages, mask, *, eps_low: float = 10.0, eps_high: float = 0.2):
     """CISPO, verl form (MiniMax-M1, arXiv 2506.13585): a REINFORCE loss whose importance weight
     is clipped and carries no gradient, so no token ever loses its gradient.
@@ -120,7 +161,14 @@ def cispo_loss(logp, old_logp, advantages, mask, *, eps_low: float = 10.0, eps_h
     return loss, stats
 
 
-@register("clip", "cispo_trl", off_policy_only=True)
+@register("clip", "cispo_trl", off_policy_only=True,
+          knobs={"eps_max": POSITIVE},
+          inert=ONE_STEP,
+          activity=RATIO_MOVES,
+          tricks=(Trick("cispo_trl",
+                        what="CISPO with an absolute cap: -sg(min(rho, 5)) A log pi",
+                        source="TRL loss_type=cispo (ScaleRL, arXiv 2510.13786)",
+                        verdict="not_in_review"),))
 def cispo_trl_loss(logp, old_logp, advantages, mask, *, eps_max: float = 5.0):
     """CISPO, TRL form (ScaleRL, arXiv 2510.13786): the weight is capped absolutely, not around 1.
 
@@ -137,7 +185,15 @@ def cispo_trl_loss(logp, old_logp, advantages, mask, *, eps_max: float = 5.0):
     return loss, {"clip/high_frac": _float(ratio.detach() > eps_max, loss)}
 
 
-@register("clip", "sapo", off_policy_only=True)
+@register("clip", "sapo", off_policy_only=True,
+          knobs={"tau_pos": POSITIVE, "tau_neg": POSITIVE},
+          inert=ONE_STEP,
+          activity=Activity("sapo/grad_weight_dev"),
+          writes=("sapo/grad_weight_dev",),
+          tricks=(Trick("sapo",
+                        what="SAPO: soft sigmoid gate on the ratio instead of the hard clip",
+                        source="verl loss_mode=sapo; TRL loss_type=sapo (arXiv 2511.20347)",
+                        verdict="not_in_review"),))
 def sapo_loss(logp, old_logp, advantages, mask, *, tau_pos: float = 1.0, tau_neg: float = 1.05):
     """SAPO (arXiv 2511.20347): a soft gate instead of the hard clip.
 
@@ -161,20 +217,34 @@ def sapo_loss(logp, old_logp, advantages, mask, *, tau_pos: float = 1.0, tau_neg
     return loss, stats
 
 
-@register("clip", "gmpo", off_policy_only=True)
-def gmpo_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.4, eps_high: float = 0.4):
+@register("clip", "gmpo", off_policy_only=True, per_sequence_loss=True,
+          knobs={**EPS, "mean_over": choice("all", "live")}, inert=ONE_STEP, activity=RATIO_MOVES,
+          tricks=(Trick("gmpo",
+                        what="GMPO: geometric mean of the token ratios, clipped per token in log space",
+                        source="verl loss_mode=geo_mean (arXiv 2507.20673)",
+                        verdict="not_in_review"),))
+def gmpo_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.4, eps_high: float = 0.4,
+              mean_over: str = "all"):
     """GMPO (arXiv 2507.20673): the geometric mean of token ratios, clipped per token in log space.
 
         Delta'_t = sgn(A) min(sgn(A) Delta_t, sgn(A) clip(Delta_t, -eps_low, eps_high))
         rho_i = exp(mean_t Delta'_t),  A_i = mean_t A_t
-        loss = mean_i (-A_i rho_i)
+        loss = (1/B) sum_i (-A_i rho_i)
 
-    Reference: verl core_algos `compute_policy_loss_geo_mean` (loss_mode=geo_mean; mean over
-    all sequences, ignoring loss_agg_mode; no log-ratio clamp; defaults 0.4 from verl's
-    examples/gmpo_trainer). Every token of sequence i carries the value -A_i rho_i, so
-    loss_agg=seq_mean_token_mean gives verl's mean over (non-empty) sequences; under any mode
-    the gradient at rho = 1 is plain PPO-clip's. A clipped token has zero gradient; a token
-    counts as clipped (clip/low_frac, clip/high_frac) when the clamp is the active branch.
+    Reference: verl core_algos `compute_policy_loss_geo_mean` (loss_mode=geo_mean; torch.mean
+    over all B sequences of the micro-batch, ignoring loss_agg_mode; no log-ratio clamp;
+    defaults 0.4 from verl's examples/gmpo_trainer). Every token of sequence i carries the
+    value -A_i rho_i (B_live / B): under loss_agg=seq_mean_token_mean, which averages over the
+    B_live sequences with a trained token, that is verl's mean over all B, fully masked rows
+    (the overlong filter makes them) counting as 0 (`mean_over=all`, verl's convention;
+    `mean_over=live` averages over the non-empty rows only, the B / B_live larger loss). B is
+    the rows this call sees (a mini-batch, or this rank's share of it, as verl's micro-batch).
+    Token-level rollout importance weights (rollout_correction token_*) enter as their
+    per-sequence geometric mean exp(mean_t log w_t), as in verl (flag per_sequence_loss; the
+    trainer's setting clip.is_weights=token multiplies each token's loss by its own weight
+    instead: sequence_is_weights below). Under any mode the gradient at rho = 1 is plain
+    PPO-clip's. A clipped token has zero gradient; a token counts as clipped (clip/low_frac,
+    clip/high_frac) when the clamp is the active branch.
     """
     mask = mask.to(logp.dtype)
     log_ratio = logp - old_logp
@@ -185,10 +255,23 @@ def gmpo_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.4, eps_hig
     rho = torch.exp((pessimistic * mask).sum(dim=-1, keepdim=True) / (lengths + 1e-8))
     seq_advantage = (advantages * mask).sum(dim=-1, keepdim=True) / (lengths + 1e-8)
     loss = (-seq_advantage * rho).expand_as(logp)
+    if mean_over == "all" and mask.shape[0]:
+        live = (lengths > 0).sum().clamp(min=1).to(loss.dtype)
+        loss = loss * (live / mask.shape[0])
     with torch.no_grad():
         stats = {"clip/low_frac": _float((log_ratio < -eps_low) & (advantages < 0), loss),
                  "clip/high_frac": _float((log_ratio > eps_high) & (advantages > 0), loss)}
     return loss, stats
+
+
+def sequence_is_weights(weights: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Token-level importance weights [N, T] as one weight per sequence [N, 1], their geometric
+    mean over its trained tokens: exp(sum_t m_t log(w_t + 1e-10) / (sum_t m_t + 1e-8)) (verl
+    compute_policy_loss_geo_mean's seq_is_weights; a weight a mask rule set to 0 pulls its
+    sequence's weight to ~0)."""
+    mask = mask.to(weights.dtype)
+    return torch.exp((torch.log(weights + 1e-10) * mask).sum(dim=-1, keepdim=True)
+                     / (mask.sum(dim=-1, keepdim=True) + 1e-8))
 
 
 def _covariance(advantages, logp, mask) -> torch.Tensor:
@@ -200,7 +283,14 @@ def _covariance(advantages, logp, mask) -> torch.Tensor:
                 * (logp.detach() - (logp.detach() * mask).sum() / n))
 
 
-@register("clip", "clip_cov")
+@register("clip", "clip_cov",
+          knobs={**EPS, "ratio": Knob(low=0, high=1, low_open=True), "cov_low": NUMBER, "cov_high": NUMBER},
+          activity=Activity("clip_cov/frac"),
+          writes=("clip/high_frac", "clip_cov/frac"),
+          tricks=(Trick("clip_cov",
+                        what="Clip-Cov: a random few high-covariance tokens lose their gradient",
+                        source="verl loss_mode=clip_cov (arXiv 2505.22617)",
+                        verdict="not_in_review"),))
 def clip_cov_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.2, eps_high: float = 0.2,
                   ratio: float = 2e-4, cov_low: float = 1.0, cov_high: float = 5.0,
                   generator: torch.Generator | None = None):
@@ -237,7 +327,15 @@ def clip_cov_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.2, eps
     return loss, stats
 
 
-@register("clip", "kl_cov", off_policy_only=True)
+@register("clip", "kl_cov", off_policy_only=True,
+          knobs={"ratio": Knob(low=0, high=1, low_open=True), "kl_coef": NON_NEGATIVE},
+          inert=ONE_STEP,
+          activity=Activity("kl_cov/penalty"),
+          writes=("kl_cov/frac",),
+          tricks=(Trick("kl_cov",
+                        what="KL-Cov: the top covariance tokens get a |log ratio| penalty, no clip",
+                        source="verl loss_mode=kl_cov (arXiv 2505.22617)",
+                        verdict="not_in_review"),))
 def kl_cov_loss(logp, old_logp, advantages, mask, *, ratio: float = 2e-4, kl_coef: float = 0.1):
     """KL-Cov (arXiv 2505.22617): no clip; the tokens with the largest covariance get a KL penalty.
 
@@ -264,7 +362,14 @@ def kl_cov_loss(logp, old_logp, advantages, mask, *, ratio: float = 2e-4, kl_coe
     return loss, {"kl_cov/frac": chosen * mask, "kl_cov/penalty": penalty.detach()}
 
 
-@register("clip", "gpg", off_policy_only=True)
+@register("clip", "gpg", off_policy_only=True,
+          inert=ONE_STEP,
+          activity=RATIO_MOVES,
+          writes=("loss",),
+          tricks=(Trick("gpg_loss",
+                        what="GPG loss: plain -A log pi, no ratio, no clip (pair with gpg_advantage)",
+                        source="verl loss_mode=gpg (arXiv 2504.02546)",
+                        verdict="not_in_review"),))
 def gpg_loss(logp, old_logp, advantages, mask):
     """GPG (Group Policy Gradient, arXiv 2504.02546): plain REINFORCE, no ratio and no clip.
 
@@ -275,3 +380,22 @@ def gpg_loss(logp, old_logp, advantages, mask):
     ratio, so it differs from PPO only with several optimizer steps per rollout.
     """
     return -advantages * logp, {}
+
+
+# dual_clip: config only; ppo_clip_loss takes dual_clip.c as its supplied knob dual_clip_c
+def _caps_a_ppo_clip_loss(cfg):
+    if "dual_clip_c" in option("clip", cfg.clip.name).knobs:
+        return None
+    return (f"dual_clip={cfg.dual_clip.name} caps the PPO-clip loss, and clip={cfg.clip.name} has no dual clip; "
+            "use clip=symmetric or clip=higher, or dual_clip=none")
+
+
+declare("dual_clip", "none")
+declare("dual_clip", "enabled", off_policy_only=True,   # caps rho A: rho == 1 never hits it
+        activity=Activity("clip/dual_frac"), checks=_caps_a_ppo_clip_loss,
+        inert=Inert(one_optimizer_step, "cannot act with one optimizer step per rollout (ρ ≡ 1 never exceeds c)",
+                    "add updates.mini_batches=4", "several optimizer steps per rollout"),
+        tricks=(Trick("dual_clip",
+                      what="dual-clip PPO, c 3",
+                      source="verl clip_ratio_c",
+                      verdict="not_applicable"),))

@@ -9,11 +9,26 @@ default for LLM vocabularies; a character-level model sits far lower, so pick it
 """
 from __future__ import annotations
 
-from grpo_ablate.tricks.registry import register
+from grpo_ablate.tricks.registry import NON_NEGATIVE, POSITIVE, Activity, Inert, Trick, declare_family, register
+
+declare_family("entropy", "entropy bonus, fixed or Skywork-OR1 adaptive coefficient", metric="entropy/coef")
 
 
-@register("entropy", "none")
-@register("entropy", "bonus")
+@register("entropy", "none",
+          knobs={"coef": NON_NEGATIVE},
+          checks=lambda cfg: None if cfg.entropy.coef == 0 else (
+              f"entropy.coef={cfg.entropy.coef} with entropy=none would add an entropy term anyway; "
+              "use entropy=bonus (fixed) or entropy=adaptive"))
+@register("entropy", "bonus",
+          knobs={"coef": NON_NEGATIVE},
+          activity=Activity("entropy/coef"),
+          inert=Inert(lambda cfg: float(cfg.entropy.coef) == 0, "cannot act with entropy.coef=0",
+                      "set entropy.coef > 0", "entropy.coef > 0"),
+          tricks=(Trick("entropy_bonus",
+                        what="fixed entropy bonus 0.001",
+                        source="verl entropy_coeff",
+                        verdict="not_applicable",
+                        cost="entropy gradient through the full-vocabulary softmax"),))
 class FixedEntropyBonus:
     """c stays where the config put it (`entropy=none` is c = 0: no entropy gradient at all)."""
 
@@ -30,7 +45,18 @@ class FixedEntropyBonus:
         self.coef = float(state["coef"])
 
 
-@register("entropy", "adaptive")
+@register("entropy", "adaptive",
+          knobs={"coef": NON_NEGATIVE, "target": NON_NEGATIVE, "delta": POSITIVE, "coef_min": NON_NEGATIVE,
+                 "coef_max": NON_NEGATIVE},
+          activity=Activity("entropy/coef"),
+          inert=Inert(lambda cfg: float(cfg.entropy.coef_max) == 0,
+                      "cannot act with entropy.coef_max=0 (the coefficient never rises above 0)",
+                      "set entropy.coef_max > 0", "entropy.coef_max > 0 and H below entropy.target"),
+          tricks=(Trick("entropy_adaptive",
+                        what="adaptive entropy coefficient",
+                        source="TRL use_adaptive_entropy (Skywork-OR1)",
+                        verdict="recommended",
+                        cost="entropy gradient through the full-vocabulary softmax while active"),))
 class AdaptiveEntropyBonus:
     def __init__(self, *, coef: float = 0.0, target: float = 0.2, delta: float = 0.005,
                  coef_min: float = 0.0, coef_max: float = 1.0):

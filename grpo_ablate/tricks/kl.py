@@ -21,7 +21,24 @@ from __future__ import annotations
 
 import torch
 
-from grpo_ablate.tricks.registry import register
+from grpo_ablate.tricks.conditions import no_kl_term
+from grpo_ablate.tricks.registry import NON_NEGATIVE, POSITIVE, Activity, Inert, Knob, Trick, declare_family, register
+
+declare_family("kl", "KL to the frozen start; `none` has no reference model at all, `adaptive` a threshold, "
+               "`adaptive_target` Ziegler/verl's controller, `in_reward` charges the reward (verl), `two_layer` "
+               "adds a KL to the policy of `prev_lag` steps ago; `kl.estimator=k1|k2|k3|abs|k1_st|k3_st|k3_iw` "
+               "(straight-through and importance-weighted too)", metric="kl/beta",
+               settings={"estimator": Knob("choice", options_of="kl.estimator")})   # the per-token KL
+
+# the rules of a KL term's options and estimators
+NO_KL = Inert(no_kl_term, "cannot act with kl.beta=0", "set kl.beta > 0", "kl.beta > 0")
+ESTIMATOR_WITHOUT_KL = Inert(no_kl_term, "only changes a logged metric: with kl.beta=0 there is no KL term or penalty",
+                             "set kl.beta > 0", "a KL term or penalty (kl.beta > 0)")
+GRADIENT_ONLY = Inert(lambda cfg: cfg.kl.name == "in_reward",
+                      "changes only the KL's gradient, and a penalty in the reward has none (in the reward k1_st "
+                      "is k1, k3_st and k3_iw are k3)",
+                      "use a KL term in the loss (kl=fixed), or kl.estimator=k1|k3 in the reward",
+                      "a KL term in the loss (not kl=in_reward)")
 
 LOG_RATIO_LIMIT = 20.0
 
@@ -29,23 +46,27 @@ LOG_RATIO_LIMIT = 20.0
 # Option family `kl.estimator` (the key kl.estimator of every kl option):
 # (logp, ref_logp, old_logp) -> per token. old_logp (the rollout-time policy, no gradient) is
 # read only by k3_iw; the trainer passes logp.detach() when it has no separate pi_old.
-@register("kl.estimator", "k1")
+@register("kl.estimator", "k1",
+          inert=ESTIMATOR_WITHOUT_KL)
 def k1(logp, ref_logp, old_logp=None):
     return logp - ref_logp
 
 
-@register("kl.estimator", "k2")
+@register("kl.estimator", "k2",
+          inert=ESTIMATOR_WITHOUT_KL)
 def k2(logp, ref_logp, old_logp=None):
     return 0.5 * (ref_logp - logp) ** 2
 
 
-@register("kl.estimator", "k3")
+@register("kl.estimator", "k3",
+          inert=ESTIMATOR_WITHOUT_KL)
 def k3(logp, ref_logp, old_logp=None):
     log_r = (ref_logp - logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     return torch.exp(log_r) - 1.0 - log_r
 
 
-@register("kl.estimator", "abs")
+@register("kl.estimator", "abs",
+          inert=ESTIMATOR_WITHOUT_KL)
 def abs_kl(logp, ref_logp, old_logp=None):
     """|log pi - log pi_ref| (verl kl_loss_type "abs"); its gradient is sign(log pi - log pi_ref)."""
     return (logp - ref_logp).abs()
@@ -57,19 +78,22 @@ def _straight_through(value: torch.Tensor, logp, ref_logp) -> torch.Tensor:
     return gradient_carrier - gradient_carrier.detach() + value.detach()
 
 
-@register("kl.estimator", "k1_st")
+@register("kl.estimator", "k1_st",
+          inert=(ESTIMATOR_WITHOUT_KL, GRADIENT_ONLY))
 def k1_st(logp, ref_logp, old_logp=None):
     """Straight-through k1 (verl "k1+"): k1's value (unbiased), k2's gradient (the reverse KL's)."""
     return _straight_through(k1(logp, ref_logp), logp, ref_logp)
 
 
-@register("kl.estimator", "k3_st")
+@register("kl.estimator", "k3_st",
+          inert=(ESTIMATOR_WITHOUT_KL, GRADIENT_ONLY))
 def k3_st(logp, ref_logp, old_logp=None):
     """Straight-through k3 (verl "k3+", "low_var_kl+"): k3's value, k2's gradient."""
     return _straight_through(k3(logp, ref_logp), logp, ref_logp)
 
 
-@register("kl.estimator", "k3_iw")
+@register("kl.estimator", "k3_iw",
+          inert=(ESTIMATOR_WITHOUT_KL, GRADIENT_ONLY))
 def k3_iw(logp, ref_logp, old_logp=None):
     """Importance-weighted k3 (TRL `use_bias_correction_kl`, default True): k3_t * rho_t with
     rho_t = exp(log pi_t - log pi_old_t), the gradient flowing through rho too. On-policy
@@ -82,8 +106,26 @@ def k3_iw(logp, ref_logp, old_logp=None):
     return k3(logp, ref_logp) * rho
 
 
-@register("kl", "none")
-@register("kl", "fixed")
+@register("kl", "none",
+          knobs={"beta": NON_NEGATIVE})
+@register("kl", "fixed",
+          knobs={"beta": NON_NEGATIVE},
+          inert=NO_KL,
+          tricks=(Trick("kl_fixed",
+                        what="fixed KL penalty, beta 0.04, k3",
+                        source="TRL beta; verl use_kl_loss",
+                        verdict="baseline",
+                        cost="a frozen reference model: +1 forward per step, +1 model in memory"),
+                  Trick("kl_importance_weighted",
+                        what="k3 KL multiplied by the importance ratio (gradient through it)",
+                        source="TRL use_bias_correction_kl (its default; DeepSeek-V3.2)",
+                        verdict="not_in_review",
+                        cost="a frozen reference model: +1 forward per step, +1 model in memory"),
+                  Trick("kl_straight_through",
+                        what="k3 KL value with the k2 gradient (straight-through)",
+                        source="verl kl_loss_type=k3+ (low_var_kl+)",
+                        verdict="not_in_review",
+                        cost="a frozen reference model: +1 forward per step, +1 model in memory"),))
 class FixedKL:
     """beta stays where the config put it (GRPO: 0.04; `kl=none` is beta 0, no reference).
 
@@ -115,7 +157,16 @@ class FixedKL:
         self.beta = float(state["beta"])
 
 
-@register("kl", "adaptive")
+@register("kl", "adaptive",
+          knobs={"beta": NON_NEGATIVE, "threshold": POSITIVE, "growth": POSITIVE, "beta_max": POSITIVE,
+                 "decay": NON_NEGATIVE},
+          activity=Activity("kl/beta", "changes"),
+          inert=NO_KL,
+          tricks=(Trick("kl_adaptive",
+                        what="beta grows while KL exceeds a threshold",
+                        source="seed review",
+                        verdict="recommended",
+                        cost="a frozen reference model: +1 forward per step, +1 model in memory"),))
 class ThresholdKL(FixedKL):
     """`adaptive` (seed review: threshold-triggered): beta rises only while the measured KL is
     above the threshold, beta <- min(beta (1 + growth), beta_max); otherwise it stays, or decays
@@ -134,7 +185,15 @@ class ThresholdKL(FixedKL):
             self.beta = max(self.start, self.beta * (1 - self.decay))
 
 
-@register("kl", "adaptive_target")
+@register("kl", "adaptive_target",
+          knobs={"beta": NON_NEGATIVE, "target": POSITIVE, "horizon": POSITIVE},
+          activity=Activity("kl/beta", "changes"),
+          inert=NO_KL,
+          tricks=(Trick("kl_adaptive_target",
+                        what="proportional control of beta toward a target KL",
+                        source="verl AdaptiveKLController",
+                        verdict="not_applicable",
+                        cost="a frozen reference model: +1 forward per step, +1 model in memory"),))
 class TargetKL(FixedKL):
     """`adaptive_target` (Ziegler et al.; verl `AdaptiveKLController`): proportional control
     toward a target KL, e = clip(KL / target - 1, -0.2, 0.2), beta <- beta (1 + e n / horizon),
@@ -149,7 +208,15 @@ class TargetKL(FixedKL):
         self.beta *= 1.0 + error * num_sequences / self.horizon
 
 
-@register("kl", "in_reward")
+@register("kl", "in_reward",
+          knobs={"beta": NON_NEGATIVE},
+          inert=NO_KL,
+          writes=("kl/beta", "kl/k1"),
+          tricks=(Trick("kl_in_reward",
+                        what="KL penalty in the reward instead of the loss",
+                        source="verl algorithm.use_kl_in_reward",
+                        verdict="not_applicable",
+                        cost="a frozen reference model and a pi_old forward: +2 forwards per step"),))
 class InRewardKL(FixedKL):
     """`in_reward` (verl `use_kl_in_reward`): r_j <- r_j - beta * sum_t KL_t, with KL_t from the
     sampling policy's log-probs (no gradient), before the advantage; no KL term in the loss.
@@ -158,7 +225,17 @@ class InRewardKL(FixedKL):
     in_reward = True
 
 
-@register("kl", "two_layer")
+@register("kl", "two_layer",
+          knobs={"beta": NON_NEGATIVE, "beta_prev": NON_NEGATIVE, "prev_lag": Knob("integer", low=1)},
+          activity=Activity("kl/prev_k3"),
+          inert=NO_KL,
+          writes=("kl/beta", "kl/prev_k3"),
+          tricks=(Trick("kl_two_layer",
+                        what="KL to the reference and to the policy of a few steps ago",
+                        source="seed review, paper 3 (no framework has it)",
+                        verdict="use_with_care",
+                        cost="two frozen models: +2 forwards per step, +2 models and prev_lag weight snapshots in "
+                             "memory"),))
 class TwoLayerKL(FixedKL):
     """`two_layer` (seed review, paper 3): loss += beta KL(pi || pi_ref) + beta_prev KL(pi || pi_prev),
     pi_prev = the policy as it was `prev_lag` optimizer steps before the current weights, a

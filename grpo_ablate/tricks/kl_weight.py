@@ -12,7 +12,16 @@ from __future__ import annotations
 
 import torch
 
-from grpo_ablate.tricks.registry import register
+from grpo_ablate.tricks.registry import NON_NEGATIVE, POSITIVE, POSITIVE_INT, Inert, Trick, declare_family, register
+
+declare_family("kl_weight", "per-token weights on the KL term", metric="kl/k3")
+
+
+def _needs_kl_term(cfg):
+    if cfg.kl.beta > 0:
+        return None
+    return (f"kl_weight={cfg.kl_weight.name} weights the KL term, but kl={cfg.kl.name} has none; "
+            "use kl=fixed, adaptive or adaptive_target")
 
 
 @register("kl_weight", "uniform")
@@ -20,13 +29,26 @@ def uniform_kl_weight(mask: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor
     return torch.ones_like(mask)
 
 
-@register("kl_weight", "length_budget")
+@register("kl_weight", "length_budget",
+          knobs={"budget": POSITIVE_INT, "alpha": NON_NEGATIVE},
+          checks=_needs_kl_term,
+          inert=Inert(lambda cfg: int(cfg.kl_weight.budget) >= int(cfg.rollout.max_new_tokens) - 1,
+                      "cannot act: no completion is longer than kl_weight.budget",
+                      "set kl_weight.budget below rollout.max_new_tokens", "completions longer than kl_weight.budget"),
+          tricks=(Trick("token_weighted_kl",
+                        what="KL weighted up for tokens past a length budget (needs a KL term: kl=fixed or "
+                             "adaptive)",
+                        source="seed review, paper 3 (model-free form; no framework has it)",
+                        verdict="use_with_care",
+                        cost="none beyond the KL term's reference forward"),))
 def length_budget_kl_weight(mask, entropy, *, budget: int = 16, alpha: float = 1.0):
     position = torch.arange(mask.shape[1], dtype=mask.dtype, device=mask.device)
     return (1 + alpha * (position - budget).clamp(min=0) / budget).expand_as(mask)
 
 
-@register("kl_weight", "entropy")
+@register("kl_weight", "entropy",
+          knobs={"eps": POSITIVE},
+          checks=_needs_kl_term)
 def entropy_kl_weight(mask, entropy, *, eps: float = 1e-8):
     h = entropy.detach().to(mask.dtype) * mask
     return h / (h.sum() / mask.sum().clamp(min=1) + eps)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from grpo_ablate.tricks.registry import register
+from grpo_ablate.tricks.registry import NUMBER, Activity, Trick, declare_family, register
+
+declare_family("length", "length terms in the reward; `group` is Kimi k1.5's", metric="length/reward_mean")
 
 
 @register("length", "none")
@@ -20,18 +22,31 @@ def no_length(rewards, lengths, group_index, correct, max_len):
     return rewards, torch.zeros_like(rewards)
 
 
-@register("length", "penalty")
+@register("length", "penalty",
+          knobs={"lam": NUMBER},
+          activity=Activity("length/reward_mean"),
+          tricks=(Trick("length_penalty",
+                        what="reward minus 0.1 * length / budget",
+                        source="seed review: length normalization",
+                        verdict="strongly_recommended"),))
 def length_penalty(rewards, lengths, group_index, correct, max_len, *, lam: float = 0.1):
     bonus = -lam * lengths.to(rewards.dtype) / max_len
     return rewards + bonus, bonus
 
 
-@register("length", "group")
+@register("length", "group",
+          knobs={"weight": NUMBER},
+          activity=Activity("length/reward_mean"),
+          tricks=(Trick("length_group",
+                        what="Kimi k1.5 group length reward",
+                        source="Kimi k1.5",
+                        verdict="strongly_recommended"),))
 def group_length_reward(rewards, lengths, group_index, correct, max_len, *, weight: float = 1.0):
     lengths = lengths.to(rewards.dtype)
     n_groups = int(group_index.max()) + 1
-    lo = torch.full((n_groups,), float("inf"), dtype=rewards.dtype, device=rewards.device).scatter_reduce(0, group_index, lengths, "amin")
-    hi = torch.full((n_groups,), float("-inf"), dtype=rewards.dtype, device=rewards.device).scatter_reduce(0, group_index, lengths, "amax")
+    full = lambda value: torch.full((n_groups,), value, dtype=rewards.dtype, device=rewards.device)
+    lo = full(float("inf")).scatter_reduce(0, group_index, lengths, "amin")
+    hi = full(float("-inf")).scatter_reduce(0, group_index, lengths, "amax")
     lo, hi = lo[group_index], hi[group_index]
     spread = hi - lo
     lam = torch.where(spread > 0, 0.5 - (lengths - lo) / spread.clamp(min=1e-12), torch.zeros_like(lengths))

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from grpo_ablate.tricks.registry import register
+from grpo_ablate.tricks.registry import Trick, declare_family, register
+
+declare_family("loss_agg", "per-token loss weights", metric="loss")
 
 def _as_float(mask: torch.Tensor) -> torch.Tensor:
     return mask.to(torch.get_default_dtype() if not mask.is_floating_point() else mask.dtype)
@@ -32,7 +34,11 @@ def _live_sequences(mask: torch.Tensor) -> torch.Tensor:
 
 
 # Every mode: (mask [B, T], max_len) -> weights w [B, T] such that the loss is (w * l).sum().
-@register("loss_agg", "token_mean")
+@register("loss_agg", "token_mean",
+          tricks=(Trick("token_mean",
+                        what="one mean over all tokens of the step (DAPO)",
+                        source="TRL loss_type=dapo; verl loss_agg_mode=token-mean",
+                        verdict="not_applicable"),))
 def token_mean_weights(mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
     mask = _as_float(mask)
     return mask / mask.sum().clamp(min=1)
@@ -44,13 +50,21 @@ def seq_mean_token_mean_weights(mask: torch.Tensor, max_len: int | None) -> torc
     return mask / mask.sum(dim=1, keepdim=True).clamp(min=1) / _live_sequences(mask)
 
 
-@register("loss_agg", "seq_mean_token_sum")
+@register("loss_agg", "seq_mean_token_sum",
+          tricks=(Trick("seq_token_sum",
+                        what="sum over tokens, mean over sequences",
+                        source="verl loss_agg_mode=seq-mean-token-sum",
+                        verdict="not_applicable"),))
 def seq_mean_token_sum_weights(mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
     mask = _as_float(mask)
     return mask / _live_sequences(mask)
 
 
-@register("loss_agg", "constant")
+@register("loss_agg", "constant",
+          tricks=(Trick("dr_grpo_norm",
+                        what="sum over tokens / (B * max_new_tokens) (Dr. GRPO)",
+                        source="TRL loss_type=dr_grpo",
+                        verdict="not_applicable"),))
 def constant_weights(mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
     """Dr. GRPO's constant normalizer: B * L_max, L_max the generation budget."""
     if not max_len or max_len <= 0:
@@ -59,7 +73,11 @@ def constant_weights(mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
     return mask / (mask.shape[0] * max_len)
 
 
-@register("loss_agg", "token_sum")
+@register("loss_agg", "token_sum",
+          tricks=(Trick("token_sum",
+                        what="plain sum of every token's loss (no normalizer)",
+                        source="verl loss_agg_mode=token-sum",
+                        verdict="not_in_review"),))
 def token_sum_weights(mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
     """No normalizer at all: the loss grows with the batch's token count (verl loss_agg_mode=
     token-sum, which scales each rank's sum by dp_size so the averaged gradient is the global

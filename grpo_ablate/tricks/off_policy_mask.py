@@ -18,7 +18,11 @@ from __future__ import annotations
 
 import torch
 
-from grpo_ablate.tricks.registry import register
+from grpo_ablate.tricks.conditions import policy_never_leaves_sampler
+from grpo_ablate.tricks.registry import NON_NEGATIVE, Activity, Inert, Trick, declare_family, register
+
+declare_family("off_policy_mask", "drop A < 0 sequences whose sampler log-ratio exceeds δ (DeepSeek-V3.2)",
+               metric="off_policy_mask/dropped_frac")
 
 
 @register("off_policy_mask", "none")
@@ -26,7 +30,18 @@ def keep_all_sequences(logp, sampler_logp, advantages, mask):
     return mask
 
 
-@register("off_policy_mask", "sequence", off_policy_only=True, needs_sampler_logprobs=True)
+@register("off_policy_mask", "sequence", off_policy_only=True, needs_sampler_logprobs=True,
+          knobs={"delta": NON_NEGATIVE},
+          activity=Activity("off_policy_mask/dropped_frac"),
+          inert=Inert(policy_never_leaves_sampler, "cannot act: with one optimizer step and the sampler the trainer "
+                      "itself, log pi_sampler - log pi ≡ 0",
+                      "add updates.mini_batches=4, or sample with rollout.dtype=bfloat16 (rollout=vllm on a GPU)",
+                      "several optimizer steps per rollout or a sampler that differs from the trainer"),
+          tricks=(Trick("off_policy_mask",
+                        what="drop sequences with A < 0 whose sampler log-ratio exceeds delta",
+                        source="TRL off_policy_mask_threshold (DeepSeek-V3.2, arXiv 2512.02556)",
+                        verdict="not_in_review",
+                        cost="a pi_old forward per step (the sampler's log-probs are recorded while sampling)"),))
 def off_policy_sequence_mask(logp, sampler_logp, advantages, mask, *, delta: float = 0.5):
     """Keep [N, T]: 0 on every token of a sequence with A < 0 and mean log-ratio above delta."""
     with torch.no_grad():

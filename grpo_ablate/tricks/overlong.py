@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from grpo_ablate.tricks.registry import register
+from grpo_ablate.tricks.registry import NON_NEGATIVE, Activity, Knob, Trick, declare_family, register
+
+declare_family("overlong", "truncated completions: masked out, or a DAPO length penalty",
+               metric="overlong/penalty_mean")
 
 
 def soft_overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: float = 1.0):
@@ -33,12 +36,23 @@ def no_overlong(rewards, lengths, truncated, max_len):
     return rewards, torch.ones_like(truncated, dtype=torch.bool), torch.zeros_like(rewards)
 
 
-@register("overlong", "filter")
+@register("overlong", "filter",
+          activity=Activity("overlong/masked_frac"),
+          tricks=(Trick("overlong_filter",
+                        what="mask truncated completions out of the loss",
+                        source="TRL mask_truncated_completions",
+                        verdict="not_applicable"),))
 def overlong_filter(rewards, lengths, truncated, max_len):
     return rewards, ~truncated, torch.zeros_like(rewards)
 
 
-@register("overlong", "soft_punish")
+@register("overlong", "soft_punish",
+          knobs={"buffer": Knob("integer", low=1, high="rollout.max_new_tokens"), "factor": NON_NEGATIVE},
+          activity=Activity("overlong/penalty_mean"),
+          tricks=(Trick("overlong_punish",
+                        what="DAPO soft overlong punishment",
+                        source="verl DAPO reward manager; TRL get_soft_overlong_punishment",
+                        verdict="not_applicable"),))
 def overlong_soft_punish(rewards, lengths, truncated, max_len, *, buffer: int = 4096, factor: float = 1.0):
     if not 0 < buffer <= max_len:
         raise ValueError(f"overlong.buffer={buffer} is not allowed; it must be in 1..max_new_tokens ({max_len})")

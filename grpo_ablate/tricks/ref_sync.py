@@ -15,7 +15,27 @@ from __future__ import annotations
 
 import torch
 
-from grpo_ablate.tricks.registry import register
+from grpo_ablate.tricks.conditions import total_optimizer_steps
+from grpo_ablate.tricks.registry import FRACTION, POSITIVE_INT, Activity, Inert, Trick, declare_family, register
+
+declare_family("ref_sync", "every `ref_sync.every` optimizer steps π_ref ← α π + (1-α) π_ref (TR-DPO; needs "
+               "kl.beta > 0)", metric="ref_sync/syncs",
+               settings={"every": (POSITIVE_INT, "syncs_reference")})   # optimizer steps between two syncs
+
+
+def reference_never_syncs(cfg) -> bool:
+    return int(cfg.ref_sync.every) > total_optimizer_steps(cfg) or float(cfg.ref_sync.alpha) == 0
+
+
+def _needs_a_reference_of_its_own(cfg):
+    if cfg.kl.beta <= 0:
+        return (f"ref_sync={cfg.ref_sync.name} moves the reference policy, but kl={cfg.kl.name} has none (beta 0): "
+                "use kl=fixed (or another KL with beta > 0)")
+    lora = cfg.model.get("lora")
+    if lora is not None and lora.r != 0:
+        return (f"ref_sync={cfg.ref_sync.name} needs a reference of its own; with LoRA the reference is the base "
+                "model under the adapters: model.lora.r=0, or ref_sync=none")
+    return None
 
 
 @register("ref_sync", "none")
@@ -23,7 +43,20 @@ def keep_reference(reference, policy) -> None:
     """The reference stays the starting model."""
 
 
-@register("ref_sync", "mixup", syncs_reference=True)
+@register("ref_sync", "mixup", syncs_reference=True,
+          knobs={"alpha": FRACTION},
+          activity=Activity("ref_sync/syncs"),
+          checks=_needs_a_reference_of_its_own,
+          inert=Inert(reference_never_syncs, "never moves the reference: ref_sync.every is beyond the run's optimizer "
+                      "steps (or alpha is 0)",
+                      "set ref_sync.every <= steps x updates.mini_batches x updates.epochs (and alpha > 0)",
+                      "a KL term (kl.beta > 0) and ref_sync.every <= the run's optimizer steps"),
+          tricks=(Trick("ref_sync",
+                        what="reference moved toward the policy, pi_ref <- 0.6 pi + 0.4 pi_ref every 10 optimizer "
+                             "steps",
+                        source="TRL sync_ref_model (TR-DPO, arXiv 2404.09656)",
+                        verdict="not_in_review",
+                        cost="a parameter copy every sync (needs a KL term)"),))
 def mixup_reference(reference, policy, *, alpha: float = 0.6) -> None:
     """reference <- alpha policy + (1 - alpha) reference, in place."""
     if not 0.0 <= alpha <= 1.0:

@@ -1,4 +1,4 @@
-"""One registry for every trick family: (family, option) -> the function or class that implements it.
+"""One registry for every trick family: (family, option) -> the implementation and the facts about it.
 
 A family is a config group (`conf/<family>/`); an option is one file in it, whose `name`
 is the key it is registered under. Every implementation takes the family's data arguments
@@ -8,30 +8,224 @@ lets the config be checked before a run starts: a key in `conf/<family>/<option>
 the command line that is not a knob of the chosen option (a typo: `+adv.epz=0.1`) is an
 error that names the knobs the option has, never a silently ignored setting.
 
+Everything else that is known about an option is given where it is registered, and every
+other place reads it from here: the range and type of each knob (`Knob`: config.py checks
+them; an option whose knob has none is refused at registration), its activity metric (what
+shows in a run that it acted: the report's *inert here*), the conditions under which it
+cannot act (`Inert`: train warns, sweep and doctor refuse), checks that involve other settings,
+and the named tricks that select it (`Trick`: the catalogue text, source, cost, and the
+claims of the literature, shown by `grpo-ablate tricks`, docs/tricks.md and the README).
 Capabilities that the trainer or the config checks must know (an estimator needs a critic,
 a statistic needs G >= 2) are flags given at registration and read as attributes.
 
-    @register("adv", "grpo", uses_group_statistic=True)
+    @register("adv", "grpo", uses_group_statistic=True, knobs={"eps": POSITIVE})
     def grpo_advantage(rewards, group_index, mask, values, *, eps=1e-6): ...
 
     option("adv", "grpo").bind({"eps": 1e-4})(rewards, group_index, mask, values)
+
+A family is declared once (`declare_family`: its one-line summary, the settings of its
+config group that the trainer reads itself, the knobs the trainer supplies); a family whose
+options have no function of their own (dual_clip, updates) registers them with `declare`.
+This module imports nothing outside the standard library.
 """
 from __future__ import annotations
 
 import functools
 import inspect
+import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 _FAMILIES: dict[str, dict[str, "Option"]] = {}
+_DECLARED: dict[str, "Family"] = {}
+
+
+# ------------------------------------------------------------------------------ the facts
+@dataclass(frozen=True)
+class Knob:
+    """What a knob may be set to. `low`/`high` are numbers or config keys (`rollout.max_new_tokens`,
+    read from the composed config); `optional`: null is allowed too; `note`: why, for the message."""
+    kind: str = "number"                 # number | integer | bool | choice | numbers (a list of numbers)
+    low: float | str | None = None
+    high: float | str | None = None
+    low_open: bool = False               # low < value (else low <= value)
+    high_open: bool = False
+    choices: tuple = ()                  # kind choice: the allowed values
+    options_of: str | None = None        # kind choice: the allowed values are this registry family's options
+    optional: bool = False
+    note: str = ""
+
+    def allowed(self, cfg=None) -> str:
+        """What the value must be, in words: 'it must be a number > 0', 'allowed: raw, centered'."""
+        if self.kind == "bool":
+            return "allowed: true, false"
+        if self.kind == "choice":
+            return "allowed: " + ", ".join(map(str, self._choices()))
+        what = {"number": "a number", "integer": "an integer", "numbers": "a list of numbers"}[self.kind]
+        low, high = _bound(self.low, cfg), _bound(self.high, cfg)
+        if self.low is not None and self.high is not None and self.kind == "integer" and not (
+                self.low_open or self.high_open):
+            what += f" in {_show(self.low, low)}..{_show(self.high, high)}"
+        elif self.low is not None and self.high is not None:
+            what += (f" in {'(' if self.low_open else '['}{_show(self.low, low)}, "
+                     f"{_show(self.high, high)}{')' if self.high_open else ']'}")
+        elif self.low is not None:
+            what += f" {'>' if self.low_open else '>='} {_show(self.low, low)}"
+        elif self.high is not None:
+            what += f" {'<' if self.high_open else '<='} {_show(self.high, high)}"
+        return f"it must be {what}" + (f" ({self.note})" if self.note else "")
+
+    def ok(self, value, cfg=None) -> bool:
+        """Whether `value` is allowed (bounds given as config keys are read from `cfg`)."""
+        if value is None:
+            return self.optional
+        if self.kind == "bool":
+            return isinstance(value, bool)
+        if self.kind == "choice":
+            return value in self._choices()
+        if self.kind == "numbers":
+            return (isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig") and all(
+                _finite_number(v) for v in value)
+        if not _finite_number(value) or (self.kind == "integer" and not float(value).is_integer()):
+            return False
+        low, high = _bound(self.low, cfg), _bound(self.high, cfg)
+        if low is not None and (value <= low if self.low_open else value < low):
+            return False
+        return high is None or not (value >= high if self.high_open else value > high)
+
+    def _choices(self) -> tuple:
+        return tuple(sorted(_FAMILIES.get(self.options_of, {}))) if self.options_of else self.choices
+
+
+def _finite_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _bound(bound, cfg):
+    """A bound's value: a number, or the value of a config key in `cfg` (None without a cfg)."""
+    if isinstance(bound, str):
+        if cfg is None:
+            return None
+        node = cfg
+        for part in bound.split("."):
+            node = node[part]
+        return node
+    return bound
+
+
+def _show(bound, value) -> str:
+    if isinstance(bound, str):
+        return bound if value is None else f"{bound} ({value})"
+    return f"{bound:g}"
+
+
+# the ranges most knobs have
+NUMBER = Knob()
+POSITIVE = Knob(low=0, low_open=True)
+NON_NEGATIVE = Knob(low=0)
+FRACTION = Knob(low=0, high=1)
+POSITIVE_INT = Knob("integer", low=0, low_open=True)
+FLAG = Knob("bool")
+
+
+def choice(*values) -> Knob:
+    return Knob("choice", choices=tuple(values))
+
+
+@dataclass(frozen=True)
+class Activity:
+    """The metric that shows an option acted in a run (a necessary condition): `nonzero` at some
+    step, `changes` (more than one value over the steps) or `above` a threshold at some step."""
+    metric: str
+    kind: str = "nonzero"
+    threshold: float | None = None
+
+    def __post_init__(self):
+        if self.kind not in ("nonzero", "changes", "above") or (self.kind == "above") != (self.threshold is not None):
+            raise ValueError(f"Activity({self.metric!r}): kind nonzero | changes | above (with a threshold only)")
+
+
+@dataclass(frozen=True)
+class Inert:
+    """A condition of a composed config under which the option changes nothing: why, the fix,
+    and the requirement as `grpo-ablate tricks` shows it. `when(cfg)` reads the config by
+    attribute and key only (no import: this package imports only torch)."""
+    when: Callable[[Any], bool]
+    why: str
+    fix: str
+    requires: str
+
+
+@dataclass(frozen=True)
+class Trick:
+    """A named trick (`+trick=<name>`, `conf/trick/<name>.yaml`) that selects the option it is
+    registered with: the catalogue's text for it. `verdict`: the seed review's; `claims`: what
+    the literature reports about it, in a sentence (optional)."""
+    name: str
+    what: str
+    source: str
+    verdict: str
+    cost: str = "none"
+    claims: str = ""
+
+    VERDICTS = ("baseline", "strongly_recommended", "recommended", "use_with_care", "not_recommended",
+                "completely_unnecessary", "not_applicable", "not_in_review")
+
+    def __post_init__(self):
+        if self.verdict not in self.VERDICTS:
+            raise ValueError(f"trick {self.name}: verdict {self.verdict!r}; allowed: {', '.join(self.VERDICTS)}")
+
+
+@dataclass(frozen=True)
+class Family:
+    """A trick family: its summary (the README's option table), the settings of its config group
+    that the trainer reads itself (name -> (Knob, the capability flag an option needs to have
+    the setting, or None)), and the knobs of its options that the trainer supplies (name -> by what)."""
+    name: str
+    summary: str
+    metric: str = "loss"                  # a metric every option of the family writes at every step
+    settings: dict = field(default_factory=dict)
+    supplied: dict = field(default_factory=dict)
+    module: str = ""                      # where it is declared (the README points there)
+
+
+def declare_family(name: str, summary: str, *, metric: str = "loss", settings: dict | None = None,
+                   supplied: dict | None = None) -> None:
+    """Declare a family once, in its module. settings: {key: Knob or (Knob, flag)}."""
+    if name in _DECLARED:
+        raise ValueError(f"trick family {name!r} is declared twice")
+    norm = {k: v if isinstance(v, tuple) else (v, None) for k, v in (settings or {}).items()}
+    module = sys._getframe(1).f_globals.get("__name__", "")   # the declaring module, for the README
+    _DECLARED[name] = Family(name, summary, metric, norm, dict(supplied or {}), module)
+
+
+def declared_families() -> list[Family]:
+    return list(_DECLARED.values())
+
+
+def family_info(name: str) -> Family:
+    """The declared family (a family without a declaration has no settings of its own)."""
+    return _DECLARED.get(name) or Family(name, "")
 
 
 @dataclass(frozen=True)
 class Option:
     family: str
     name: str
-    impl: Callable[..., Any]
+    impl: Callable[..., Any] | None      # None: a config-only option (declare), the trainer reads its settings
     flags: dict = field(default_factory=dict)
+    ranges: dict = field(default_factory=dict)      # knob -> Knob
+    activity: Activity | None = None
+    inert: tuple = ()                               # Inert rules
+    checks: tuple = ()                              # cfg -> a message (the config is refused) or None
+    tricks: tuple = ()                              # the named tricks (Trick) that select this option
+    writes: tuple = ()                              # metrics it writes every step (default: its family's)
+
+    @property
+    def metrics(self) -> tuple:
+        """The metrics a run with this option writes at every step."""
+        return self.writes or (family_info(self.family).metric,)
 
     def __getattr__(self, flag: str):
         """A capability flag given at registration (False when not given)."""
@@ -42,9 +236,7 @@ class Option:
     @property
     def knobs(self) -> dict[str, Any]:
         """The option's keyword-only arguments and their defaults: the keys its config may set."""
-        target = self.impl.__init__ if inspect.isclass(self.impl) else self.impl
-        return {p.name: p.default for p in inspect.signature(target).parameters.values()
-                if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        return _knobs(self.impl)
 
     def unknown_keys(self, keys) -> list[str]:
         """The keys among `keys` that are not knobs of this option."""
@@ -61,21 +253,63 @@ class Option:
         return functools.partial(self.impl, **config) if config else self.impl
 
 
-def register(family: str, name: str, **flags):
-    """Register the decorated function or class as option `name` of `family`."""
+def register(family: str, name: str, *, knobs: dict | None = None, activity: Activity | None = None,
+             inert=(), checks=(), tricks=(), writes=(), **flags):
+    """Register the decorated function or class as option `name` of `family`, with its facts:
+    knobs {knob: Knob} (every keyword-only argument that the trainer does not supply), activity,
+    inert (an Inert or several), checks (cfg -> message or None), tricks (the named Tricks),
+    writes (the metrics it writes every step, when not its family's)."""
     def wrap(impl):
-        options = _FAMILIES.setdefault(family, {})
-        if name in options:
-            raise ValueError(f"{family}={name} is registered twice ({options[name].impl.__qualname__} "
-                             f"and {impl.__qualname__})")
-        new = Option(family, name, impl, dict(flags))
-        first = next(iter(options.values()), None)
-        if first is not None and _data_args(first) != _data_args(new):   # one calling convention a family
-            raise TypeError(f"{family}={name} takes ({', '.join(_data_args(new))}), but the family's options "
-                            f"take ({', '.join(_data_args(first))})")
-        options[name] = new
+        _add(Option(family, name, impl, dict(flags), dict(knobs or {}), activity, _tuple(inert), _tuple(checks),
+                    _tuple(tricks), tuple(writes)))
         return impl
     return wrap
+
+
+def declare(family: str, name: str, *, activity: Activity | None = None, inert=(), checks=(), tricks=(),
+            writes=(), **flags) -> None:
+    """Register a config-only option (no function: the trainer reads its family's settings)."""
+    _add(Option(family, name, None, dict(flags), {}, activity, _tuple(inert), _tuple(checks), _tuple(tricks),
+                tuple(writes)))
+
+
+def _tuple(value) -> tuple:
+    return tuple(value) if isinstance(value, (list, tuple)) else (value,)
+
+
+def _add(new: Option) -> None:
+    family, name = new.family, new.name
+    options = _FAMILIES.setdefault(family, {})
+    if name in options:
+        raise ValueError(f"{family}={name} is registered twice")
+    first = next(iter(options.values()), None)
+    if first is not None and (first.impl is None) != (new.impl is None):
+        raise TypeError(f"{family}={name}: a family's options all have functions, or none has (declare)")
+    if first is not None and new.impl is not None and _data_args(first) != _data_args(new):
+        raise TypeError(f"{family}={name} takes ({', '.join(_data_args(new))}), but the family's options "
+                        f"take ({', '.join(_data_args(first))})")   # one calling convention a family
+    supplied = family_info(family).supplied
+    missing = [k for k in new.knobs if k not in new.ranges and k not in supplied]
+    if missing:
+        raise TypeError(f"{family}={name}: knob {', '.join(missing)} has no declared range: "
+                        f"register(..., knobs={{{missing[0]!r}: Knob(...)}})")
+    extra = [k for k in new.ranges if k not in new.knobs]
+    if extra:
+        raise TypeError(f"{family}={name}: knobs={{{', '.join(map(repr, extra))}: ...}} is not a keyword-only "
+                        f"argument of {new.impl.__qualname__ if new.impl else 'a config-only option'}")
+    taken = {t.name: (o.family, o.name) for f in _FAMILIES.values() for o in f.values() for t in o.tricks}
+    for trick in new.tricks:
+        if trick.name in taken:
+            raise ValueError(f"trick {trick.name} is registered twice "
+                             f"({'='.join(taken[trick.name])} and {family}={name})")
+    options[name] = new
+
+
+def unregister(family: str, name: str) -> None:
+    """Remove an option (tests register throwaway options; the trainer never calls this)."""
+    _FAMILIES.get(family, {}).pop(name, None)
+    if family in _FAMILIES and not _FAMILIES[family]:
+        del _FAMILIES[family]
 
 
 class UnknownOption(LookupError):
@@ -99,6 +333,14 @@ def _data_args(opt: Option) -> list[str]:
             if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and p.name != "self"]
 
 
+def _knobs(impl) -> dict[str, Any]:
+    if impl is None:
+        return {}
+    target = impl.__init__ if inspect.isclass(impl) else impl
+    return {p.name: p.default for p in inspect.signature(target).parameters.values()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
 def options(family: str) -> dict[str, Option]:
     """Every option of a family, by name."""
     return dict(_FAMILIES.get(family, {}))
@@ -106,3 +348,8 @@ def options(family: str) -> dict[str, Option]:
 
 def families() -> list[str]:
     return sorted(_FAMILIES)
+
+
+def all_options() -> list[Option]:
+    """Every registered option, family by family (sorted), in registration order within a family."""
+    return [o for family in sorted(_FAMILIES) for o in _FAMILIES[family].values()]

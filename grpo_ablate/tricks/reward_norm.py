@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from grpo_ablate.tricks.registry import register
+from grpo_ablate.tricks.registry import POSITIVE, Inert, Trick, declare_family, option, register
+
+declare_family("reward_norm", "global reward normalization before the advantage", metric="reward/mean")
 
 
 @register("reward_norm", "none")
@@ -18,7 +20,16 @@ def no_reward_norm(rewards: torch.Tensor) -> torch.Tensor:
     return rewards
 
 
-@register("reward_norm", "batch")
+@register("reward_norm", "batch",
+          knobs={"eps": POSITIVE},
+          inert=Inert(lambda cfg: option("adv", cfg.adv.name).undoes_affine_maps,
+                      "is undone by the advantage estimator, which normalizes again (an affine map of the rewards "
+                      "gives the same advantages)", "use adv=dr_grpo or adv=rloo (no division by a std)",
+                      "an estimator that does not divide by a std (adv=dr_grpo, rloo, gae)"),
+          tricks=(Trick("global_reward_norm",
+                        what="normalize rewards over the batch before the advantage",
+                        source="seed review (no framework toggle)",
+                        verdict="not_recommended"),))
 def batch_reward_norm(rewards: torch.Tensor, *, eps: float = 1e-6) -> torch.Tensor:
     std = rewards.std() if rewards.numel() > 1 else torch.zeros((), dtype=rewards.dtype, device=rewards.device)
     return (rewards - rewards.mean()) / (std + eps)

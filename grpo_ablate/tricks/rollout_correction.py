@@ -28,7 +28,11 @@ from __future__ import annotations
 
 import torch
 
-from grpo_ablate.tricks.registry import register
+from grpo_ablate.tricks.conditions import same_sampler_and_trainer
+from grpo_ablate.tricks.registry import FLAG, POSITIVE, Activity, Inert, Knob, Trick, declare_family, register
+
+declare_family("rollout_correction", "importance weights π_old / π_sampler on the policy loss, with verl's mismatch "
+               "metrics `rollout_corr/*`; acts with `rollout.dtype=bfloat16` or vLLM", metric="rollout_corr/is_mean")
 
 LOG_RATIO_LIMIT = 20.0
 
@@ -112,7 +116,32 @@ def _option(level: str, rule: str, default_high: float, default_low):
 
 # Defaults: verl's TIS threshold 2.0 for the truncations; TRL's default mode and bound (3.0, no
 # lower bound) for sequence_mask; verl's IcePop example bounds 0.5_5.0 for token_mask.
+KNOBS = {"high": POSITIVE, "low": Knob(low=0, low_open=True, high="rollout_correction.high", optional=True),
+         "renormalize": FLAG}
+SAMPLER_IS_TRAINER = Inert(same_sampler_and_trainer, "cannot act when the sampler is the trainer itself (same model, "
+                           "same dtype): pi_old / pi_sampler ≡ 1",
+                           "sample with rollout.dtype=bfloat16 (or rollout=vllm on a GPU)",
+                           "a sampler that differs from the trainer")
+NAMED = {   # the named trick of each option
+    "token_truncate": Trick("rollout_token_truncate",
+                            what="per-token importance weights pi_old / pi_sampler, truncated at 2 (TIS)",
+                            source="verl rollout_correction rollout_is=token; TRL "
+                                   "vllm_importance_sampling_mode=token_truncate",
+                            verdict="not_in_review", cost="a pi_old forward per step"),
+    "token_mask": Trick("rollout_token_mask", what="per-token importance weights, 0 outside [0.5, 5] (IcePop)",
+                        source="verl rollout_is_threshold=lower_upper; TRL token_mask",
+                        verdict="not_in_review", cost="a pi_old forward per step"),
+    "sequence_truncate": Trick("rollout_sequence_truncate",
+                               what="per-sequence importance weight (product of token ratios), truncated at 2",
+                               source="verl rollout_is=sequence; TRL sequence_truncate",
+                               verdict="not_in_review", cost="a pi_old forward per step"),
+    "sequence_mask": Trick("rollout_sequence_mask",
+                           what="per-sequence importance weight, sequences above 3 masked out",
+                           source="TRL vllm_importance_sampling_mode=sequence_mask (its default)",
+                           verdict="not_in_review", cost="a pi_old forward per step"),
+}
 for _level, _rule, _high, _low in (("token", "truncate", 2.0, None), ("token", "mask", 5.0, 0.5),
                                    ("sequence", "truncate", 2.0, None), ("sequence", "mask", 3.0, None)):
-    register("rollout_correction", f"{_level}_{_rule}", needs_sampler_logprobs=True)(
-        _option(_level, _rule, _high, _low))
+    register("rollout_correction", f"{_level}_{_rule}", needs_sampler_logprobs=True, knobs=KNOBS,
+             activity=Activity("rollout_corr/logp_diff_mean"),   # the weights differ from 1
+             inert=SAMPLER_IS_TRAINER, tricks=NAMED[f"{_level}_{_rule}"])(_option(_level, _rule, _high, _low))

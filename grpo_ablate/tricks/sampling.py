@@ -17,16 +17,35 @@ from __future__ import annotations
 
 import torch
 
-from grpo_ablate.tricks.registry import register
+from grpo_ablate.tricks.registry import POSITIVE_INT, Activity, Knob, Trick, declare_family, register
+
+declare_family("sampling", "which groups form the batch; `dynamic` is DAPO's, refilling up to `max_rounds`; "
+               "`dynamic_group` grows flat groups up to `g_max`", metric="sampling/kept_group_frac",
+               settings={"max_rounds": POSITIVE_INT,   # sampling rounds (dynamic), group growth (dynamic_group)
+                         "g_step": Knob("integer", low=0, low_open=True, optional=True),
+                         "g_max": Knob("integer", low="rollout.group_size", optional=True)})
 
 
 @register("sampling", "static")
-@register("sampling", "dynamic_group")
+@register("sampling", "dynamic_group",
+          activity=Activity("sampling/extra_generations"),
+          writes=("sampling/kept_group_frac", "sampling/mean_group_size"),
+          tricks=(Trick("dynamic_group_size",
+                        what="grow groups without reward variance by g_step completions, up to g_max",
+                        source="seed review (no framework has it)",
+                        verdict="not_recommended",
+                        cost="extra generations for groups without reward variance"),))
 def keep_all_groups(scores: torch.Tensor) -> torch.Tensor:
     return torch.ones(scores.shape[0], dtype=torch.bool)
 
 
-@register("sampling", "dynamic")
+@register("sampling", "dynamic",
+          activity=Activity("sampling/extra_generations"),
+          tricks=(Trick("dynamic_sampling",
+                        what="DAPO dynamic sampling: drop zero-variance groups, refill with fresh prompts",
+                        source="verl algorithm.filter_groups (DAPO recipe)",
+                        verdict="not_applicable",
+                        cost="up to max_rounds extra generation rounds per step"),))
 def keep_varied_groups(scores: torch.Tensor) -> torch.Tensor:
     return scores.amax(dim=1) > scores.amin(dim=1)
 

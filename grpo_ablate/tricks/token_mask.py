@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import torch
 
-from grpo_ablate.tricks.registry import register
+from grpo_ablate.tricks.registry import FRACTION, Activity, Inert, Trick, declare_family, register
+
+declare_family("token_mask", "the policy loss on the top-quantile-entropy tokens only",
+               metric="token_mask/dropped_frac")
 
 
 @register("token_mask", "none")
@@ -35,7 +38,17 @@ def linear_quantile(values: torch.Tensor, q: float) -> torch.Tensor:
     return ordered[low] + (position - low) * (ordered[high] - ordered[low])
 
 
-@register("token_mask", "high_entropy", selects_tokens=True)
+@register("token_mask", "high_entropy", selects_tokens=True,
+          knobs={"quantile": FRACTION},
+          activity=Activity("token_mask/dropped_frac"),
+          inert=Inert(lambda cfg: float(cfg.token_mask.quantile) >= 1,
+                      "cannot act with token_mask.quantile=1 (every token is kept)",
+                      "set token_mask.quantile below 1 (0.2)", "token_mask.quantile < 1"),
+          tricks=(Trick("high_entropy_mask",
+                        what="train only the top-20% entropy tokens of the batch",
+                        source="TRL top_entropy_quantile (Beyond the 80/20 Rule, arXiv 2506.01939)",
+                        verdict="not_in_review",
+                        cost="none (the entropy is computed anyway)"),))
 def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, *, quantile: float = 0.2) -> torch.Tensor:
     """Keep the top `quantile` of trained tokens by entropy (1.0 keeps all, 0.0 only the maximum)."""
     if not 0.0 <= quantile <= 1.0:

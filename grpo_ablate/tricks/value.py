@@ -10,7 +10,17 @@ from __future__ import annotations
 
 import torch
 
-from grpo_ablate.tricks.registry import register
+from grpo_ablate.tricks.conditions import one_optimizer_step
+from grpo_ablate.tricks.registry import POSITIVE, Inert, Trick, declare_family, option, register
+
+declare_family("value_clip", "the critic's loss, PPO value clipping; only with `adv=gae`", metric="value/loss")
+
+
+def _needs_a_critic(cfg):
+    if option("adv", cfg.adv.name).uses_values:
+        return None
+    return (f"value_clip={cfg.value_clip.name} needs a critic, and adv={cfg.adv.name} has none: value clipping "
+            "exists only with adv=gae (add +trick=critic_gae)")
 
 
 @register("value_clip", "none")
@@ -18,7 +28,17 @@ def plain_value_loss(values, old_values, returns):
     return 0.5 * (values - returns) ** 2
 
 
-@register("value_clip", "clip")
+@register("value_clip", "clip",
+          knobs={"eps": POSITIVE},
+          checks=_needs_a_critic,
+          inert=Inert(one_optimizer_step, "cannot act with one optimizer step per rollout (V never moves away from "
+                      "V_old)", "add updates.mini_batches=4",
+                      "a critic (adv=gae) and several optimizer steps per rollout"),
+          tricks=(Trick("value_clip",
+                        what="PPO value clipping (needs critic_gae)",
+                        source="verl critic cliprange_value",
+                        verdict="completely_unnecessary",
+                        cost="none beyond the critic"),))
 def clipped_value_loss(values, old_values, returns, *, eps: float = 0.2):
     clipped = old_values + (values - old_values).clamp(-eps, eps)
     return 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)

@@ -12,6 +12,7 @@ from grpo_ablate.train.losses import Coefficients, LossInputs, LossTerms, Seeded
 from grpo_ablate.train.rewards import AdvantageChain, RewardShaping
 from grpo_ablate.tricks.adv import gdpo_advantage
 from grpo_ablate.tricks.kl import k3
+from grpo_ablate.tricks.loss_agg import aggregate, seq_mean_token_mean_weights
 from grpo_ablate.tricks.rollout_correction import _option
 
 D = torch.float64
@@ -90,7 +91,8 @@ def test_rollout_correction_weights_multiply_the_policy_loss_only():
 def test_the_off_policy_mask_drops_negative_sequences_far_from_the_sampler():
     logp, inputs = inputs_and_logp()
     inputs.sampler_logp = logp.detach() + torch.tensor([[1.0], [1.0], [0.0], [0.0]], dtype=D)  # rows 0, 1 drift
-    terms, stats = LossTerms(compose(["off_policy_mask=sequence"]))(logp, torch.zeros_like(logp), None, inputs, NO_TERMS)
+    terms, stats = LossTerms(compose(["off_policy_mask=sequence"]))(logp, torch.zeros_like(logp), None, inputs,
+                                                                      NO_TERMS)
     terms["policy"].sum().backward()
     assert logp.grad[1].abs().sum() == 0 and logp.grad[0].abs().sum() > 0 and logp.grad[3].abs().sum() > 0  # A_0 > 0
     assert stats["off_policy_mask/dropped_frac"][1].sum() == 6 and stats["off_policy_mask/dropped_frac"].sum() == 6
@@ -130,3 +132,71 @@ def test_diagnostics_do_not_change_clip_covs_draws(small, tmp_path):
     diagnosed = rows_of(run(args + ["diag.grad_conflict=true", "diag.every=1"], tmp_path / "diag").run_dir)
     assert [r.get("loss") for r in plain] == [r.get("loss") for r in diagnosed]
     assert any("grad_norm/policy" in r for r in diagnosed)
+
+
+# ------------------------------------------------------------------ GMPO against verl's conventions
+def verl_geo_mean(logp, old, adv, mask, eps_low=0.4, eps_high=0.4, is_weights=None, mean="geometric"):
+    """verl 0.9.1 core_algos.compute_policy_loss_geo_mean, written out sequence by sequence with
+    float64 torch ops (so that it has a gradient): torch.mean over ALL B rows of -A_i rho_i, times
+    the per-sequence geometric mean exp(mean_t log(w_t + 1e-10)) of token-level IS weights
+    (mean="arithmetic": their plain mean over the sequence's tokens, the other convention)."""
+    rows = []
+    for i in range(logp.shape[0]):
+        m, d, a = mask[i], logp[i] - old[i], adv[i].expand_as(logp[i])
+        n = m.sum()
+        s = torch.sign(a)
+        pessimistic = s * torch.minimum(s * d, s * d.clamp(-eps_low, eps_high))
+        loss = -((a * m).sum() / (n + 1e-8)) * torch.exp((pessimistic * m).sum() / (n + 1e-8))
+        if is_weights is not None and mean == "geometric":
+            loss = loss * torch.exp((torch.log(is_weights[i] + 1e-10) * m).sum() / (n + 1e-8))
+        elif is_weights is not None:
+            loss = loss * (is_weights[i] * m).sum() / n.clamp(min=1)
+        rows.append(loss)
+    return torch.stack(rows).mean()
+
+
+def gmpo_case(seed=0, n=6, t=5):
+    g = torch.Generator().manual_seed(seed)
+    mask = (torch.rand(n, t, generator=g, dtype=D) < 0.8).to(D)
+    mask[2] = 0.0                                                    # a fully masked row (overlong filter)
+    mask[:, 0] = torch.where(torch.arange(n) == 2, 0.0, 1.0).to(D)    # every other row has a token
+    old = -torch.rand(n, t, generator=g, dtype=D) * 3
+    logp = (old + 0.3 * torch.randn(n, t, generator=g, dtype=D)).requires_grad_()
+    adv = torch.randn(n, 1, generator=g, dtype=D)
+    weights = torch.exp(0.4 * torch.randn(n, t, generator=g, dtype=D)) * mask
+    return logp, old, adv, mask, weights
+
+
+def ours(overrides, logp, old, adv, mask, weights=None):
+    """The update's policy term for clip=gmpo, aggregated by loss_agg=seq_mean_token_mean."""
+    terms, _ = LossTerms(compose(["clip=gmpo", *overrides]))(
+        logp, torch.zeros_like(logp), None, LossInputs(mask, adv, old_logp=old, is_weights=weights), NO_TERMS)
+    return aggregate(terms["policy"], seq_mean_token_mean_weights(mask, None))
+
+
+def value_and_grad(loss, logp):
+    (grad,) = torch.autograd.grad(loss, logp)
+    return loss.detach(), grad
+
+
+def test_gmpo_with_a_fully_masked_row_averages_over_all_rows_as_verl_does():
+    logp, old, adv, mask, _ = gmpo_case()
+    reference = value_and_grad(verl_geo_mean(logp, old, adv, mask), logp)
+    got = value_and_grad(ours([], logp, old, adv, mask), logp)                  # mean_over=all (default)
+    torch.testing.assert_close(got, reference, rtol=1e-12, atol=1e-14)
+    # the documented alternative, mean_over=live: over the 5 non-empty rows, B / B_live = 6/5 larger
+    live = value_and_grad(ours(["clip.mean_over=live"], logp, old, adv, mask), logp)
+    torch.testing.assert_close(live, tuple(x * 6 / 5 for x in reference), rtol=1e-12, atol=1e-14)
+
+
+def test_gmpo_takes_token_level_is_weights_as_their_geometric_mean_as_verl_does():
+    logp, old, adv, mask, weights = gmpo_case(seed=1)
+    reference = value_and_grad(verl_geo_mean(logp, old, adv, mask, is_weights=weights), logp)
+    got = value_and_grad(ours([], logp, old, adv, mask, weights), logp)          # is_weights=geometric
+    torch.testing.assert_close(got, reference, rtol=1e-12, atol=1e-14)
+    # the documented alternative, is_weights=token: each token's loss times its own weight, i.e.
+    # the sequence's loss times the arithmetic mean of its weights
+    as_tokens = value_and_grad(ours(["clip.is_weights=token"], logp, old, adv, mask, weights), logp)
+    arithmetic = value_and_grad(verl_geo_mean(logp, old, adv, mask, is_weights=weights, mean="arithmetic"), logp)
+    torch.testing.assert_close(as_tokens, arithmetic, rtol=1e-12, atol=1e-14)
+    assert not torch.allclose(as_tokens[0], reference[0])         # the two conventions differ here

@@ -1,7 +1,7 @@
 """How many processes this run is, from torchrun's environment or a SLURM job step's.
 
-Apart from distributed.py (which needs torch and FSDP) so that config validation can ask it
-without importing either.
+Outside the training package (train/distributed.py, which needs torch's distributed stack,
+asks it too) so that config validation can ask it without reaching into training.
 """
 from __future__ import annotations
 

@@ -1,0 +1,49 @@
+"""Conditions of a composed config that the options' inert rules share (registry.Inert).
+
+Each reads the config by attribute only (a DictConfig, or any object with the same keys), so
+this package still imports nothing but torch. The rules themselves are given where each option
+is registered; grpo_ablate/inert.py reads them from the registry.
+"""
+from __future__ import annotations
+
+import math
+
+from grpo_ablate.tricks.registry import Inert
+
+
+def one_optimizer_step(cfg) -> bool:
+    return int(cfg.updates.mini_batches) * int(cfg.updates.epochs) == 1
+
+
+def same_sampler_and_trainer(cfg) -> bool:
+    return cfg.rollout.backend == "hf" and str(cfg.rollout.get("dtype") or "float32") == "float32"
+
+
+def policy_never_leaves_sampler(cfg) -> bool:
+    """pi_theta == pi_old == the sampler: one optimizer step and no sampler-trainer mismatch."""
+    return one_optimizer_step(cfg) and same_sampler_and_trainer(cfg)
+
+
+def total_optimizer_steps(cfg) -> int:
+    """The run's optimizer steps (mini-batches are capped at the rollout's groups)."""
+    mini_batches = min(int(cfg.updates.mini_batches), int(cfg.rollout.prompts_per_step))
+    return int(cfg.steps) * mini_batches * int(cfg.updates.epochs)
+
+
+def no_kl_term(cfg) -> bool:
+    return float(cfg.kl.beta) == 0 and float(cfg.kl.get("beta_prev") or 0) == 0
+
+
+# the rule every ratio-based option shares (registered with off_policy_only=True)
+ONE_STEP = Inert(one_optimizer_step, "cannot act with one optimizer step per rollout (ρ ≡ 1)",
+                 "add updates.mini_batches=4",
+                 "several optimizer steps per rollout (updates.mini_batches > 1 or updates.epochs > 1)")
+
+
+def grpo_cannot_reach(cfg) -> bool:
+    """adv=grpo on unshaped binary rewards: the largest |A| is a lone success's, (G-1)/sqrt(G)."""
+    shaped = (cfg.length.name != "none" or cfg.overlong.name == "soft_punish" or cfg.reward_norm.name != "none"
+              or cfg.kl.name == "in_reward" or float(cfg.task.get("format_reward") or 0) != 0)
+    group = int(cfg.rollout.group_size)
+    return (cfg.adv.name == "grpo" and not shaped and cfg.sampling.get("g_max") is None
+            and float(cfg.adv_clip.c) >= (group - 1) / math.sqrt(group))
