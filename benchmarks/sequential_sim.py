@@ -206,6 +206,10 @@ alpha spending of the O'Brien–Fleming type, boundaries on the exact joint null
 t-statistics (`grpo_ablate/report/sequential.py` has the formulas and references). This table is
 `python benchmarks/sequential_sim.py` ({seconds:.0f} s); regenerate it after changing the rule.
 
+The looks decide on one number per run: the final `eval/accuracy` unless the sweep was started
+with `--summary auc|best|last_k` (kept as `sequential.summary` in manifest.json); the rule is the
+same whatever the number.
+
 Units: a variant's final metric has SD 1 over seeds (the seed SD); Δ is in those units; the two
 sides of a seed are independent unless said (then the paired SD is √2 seed SDs). "decided" is
 the share of sequences stopped with any decision, ± its Monte-Carlo standard error; "mean seeds"
