@@ -331,3 +331,17 @@ def test_report_cli_compares_the_summary_it_is_given(tmp_path):
     # the linear fixture curves evaluated at steps 30 and 40: the mean of the last two
     a = {v["trick"]: v["delta"]["mean"] for v in data["verdicts"]}["a"]
     assert a == pytest.approx(((0.82 - 0.72) * 0.75 + (0.82 - 0.72)) / 2, abs=1e-9)
+
+
+def test_a_run_that_logged_a_nan_metric_is_left_out_and_said(tmp_path):
+    sweep = make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS)
+    path = sweep / "all-s0" / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[-1]["eval/accuracy"] = float("nan")            # json.dumps writes NaN, as the trainer would
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = build_report(sweep)
+    row = next(r for r in report.rows if r["variant"] == "all")
+    assert row["final"].n == 2                           # seeds 1 and 2 only, not an earlier eval of seed 0
+    assert report.verdicts[0]["delta"].n == 2
+    text = render_markdown(report)
+    assert "`eval/accuracy` is not finite at step 40: this run is left out of every statistic" in text

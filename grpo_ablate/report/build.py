@@ -74,7 +74,12 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
         raise ReportError(f"metric {metric!r} is in no run's metrics.jsonl; logged: {', '.join(shown)}, ...")
 
     runs_of = {v["name"]: [r for r in sweep.runs if r.variant == v["name"]] for v in sweep.variants}
-    curves = {name: {r.key: curve(r.metrics, metric) for r in runs if r.state == "completed"}
+    for r in sweep.runs:   # a NaN or Inf where the metric should be is not a number to average: said, left out
+        if r.state == "completed" and metric in r.nonfinite:
+            r.notes.append(f"`{metric}` is not finite at step {r.nonfinite[metric]}: this run is left out of "
+                           "every statistic (re-run it, or look at why its eval failed)")
+    usable = lambda r: r.state == "completed" and metric not in r.nonfinite
+    curves = {name: {r.key: curve(r.metrics, metric) for r in runs if usable(r)}
               for name, runs in runs_of.items()}                        # read once, summarised many ways
     per_run = lambda how: {name: {key: how.of(c, higher_is_better) for key, c in cs.items()}
                            for name, cs in curves.items()}

@@ -9,6 +9,7 @@ by their config, and the contrasts are inferred from the tricks each variant has
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,7 @@ class Run:
     samples: list = field(default_factory=list)
     config: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)   # what is missing or odd, in words
+    nonfinite: dict = field(default_factory=dict)   # column -> the first step that logged NaN or Inf in it
     flags: list = field(default_factory=list)
 
     @property
@@ -85,6 +87,17 @@ def metrics_frame(rows: list[dict]) -> pd.DataFrame:
     df = df.apply(lambda col: pd.to_numeric(col, errors="coerce"))
     df["step"] = df["step"].astype("int64")
     return df.drop_duplicates("step", keep="last").sort_values("step").reset_index(drop=True)
+
+
+def nonfinite_steps(rows: list[dict]) -> dict:
+    """column -> the first step whose logged value is NaN or ±Inf (a missing key is not one):
+    in the frame both read as NaN, so this is read from the rows themselves."""
+    found: dict = {}
+    for r in rows:
+        for key, value in r.items():
+            if isinstance(value, float) and not math.isfinite(value) and key not in found:
+                found[key] = r.get("step")
+    return found
 
 
 def nested_value(data: dict, *keys):
@@ -138,6 +151,7 @@ def load_run(run_dir: Path, variant: str, seed: int | None, thresholds: HealthTh
         rows, problems = read_jsonl(run.run_dir / "metrics.jsonl")
         run.notes += [f"metrics.jsonl: {p}" for p in problems]
         run.metrics = metrics_frame(rows)
+        run.nonfinite = nonfinite_steps(rows)
         if run.metrics.empty:
             run.notes.append("metrics.jsonl is empty")
     elif status is None or status.get("state") != "running":

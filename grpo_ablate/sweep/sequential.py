@@ -32,7 +32,7 @@ from grpo_ablate.report import sequential as seq
 from grpo_ablate.report.activity import ACTIVITY
 from grpo_ablate.report.curves import DEFAULT_SUMMARY, Summary
 from grpo_ablate.report.health import Flag, HealthThresholds
-from grpo_ablate.report.load import Run, load_run, metrics_frame
+from grpo_ablate.report.load import Run, load_run, metrics_frame, nonfinite_steps
 from grpo_ablate.report.stats import Estimate
 from grpo_ablate.report.verdicts import BREAKS_TRAINING, INERT, decide, inertness
 from grpo_ablate.rundir import read_rows, read_status
@@ -165,7 +165,8 @@ def read_finals(sweep_dir: Path, manifest: dict, metric: str, summary: str = "fi
         runs.setdefault(entry["variant"], []).append((entry["seed"], run_dir, state, status))
         finals.setdefault(entry["variant"], {})
         if state == "completed":
-            value = how(metrics_frame(read_rows(run_dir / "metrics.jsonl")), metric)
+            rows = read_rows(run_dir / "metrics.jsonl")
+            value = None if metric in nonfinite_steps(rows) else how(metrics_frame(rows), metric)   # NaN: no number
             if value is not None:
                 finals[entry["variant"]][entry["seed"]] = float(value)
     return finals, runs
