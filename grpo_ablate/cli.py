@@ -399,6 +399,8 @@ def report(
         None, "--summary", help="How a run's curve becomes the number compared: final, auc (compute-weighted "
         "mean over training), best, last_k (mean of the last k evals; or last_<k>) [final]."),
     last_k: Optional[int] = typer.Option(None, "--last-k", help="k of --summary last_k [3]."),
+    compute: str = typer.Option("tokens", "--compute", help="The x axis of auc and the fits: tokens (sampled + "
+                                "trained) or wall (seconds of the training steps)."),
     predict_from: Optional[float] = typer.Option(
         None, "--predict-from", help="Also predict every verdict from this fraction of each run's steps (0-1), "
         "beside the measured ones (a sweep still running is predicted anyway)."),
@@ -430,10 +432,13 @@ def report(
         fail(f"--effect {effect}: the smallest Δ that matters must be > 0")
     if last_k is not None and (summary or "").lower() != "last_k":
         fail(f"--last-k {last_k} belongs to --summary last_k (or give --summary last_{last_k})")
+    if compute not in ("tokens", "wall"):
+        fail(f"--compute {compute!r} is not allowed; allowed: tokens, wall")
     if predict_from is not None and not 0 < predict_from < 1:
         fail(f"--predict-from {predict_from} is not allowed; give the fraction of each run's steps, in (0, 1)")
     options = {"metric": metric, "higher_is_better": not lower_is_better, "conflict_threshold": conflict_threshold,
-               "effect": effect, "summary": parse_summary(summary, last_k), "predict_from": predict_from}
+               "effect": effect, "summary": parse_summary(summary, last_k), "predict_from": predict_from,
+               "compute": compute}
     try:
         options["thresholds"] = rep.parse_thresholds(threshold)
         if wandb_report:

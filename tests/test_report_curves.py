@@ -95,6 +95,11 @@ def test_summaries_by_hand_on_a_compute_axis():
     assert curve(old, "eval/accuracy").unit == "steps"
     assert Summary("auc")(old, "eval/accuracy") == pytest.approx(((0.2 + 0.6) / 2 * 2 + (0.6 + 0.5) / 2 * 2) / 4)
     assert Summary("final")(old, "nothing") is None
+    # --compute wall: the seconds the training steps took (time/step_s), step 3 the slow one again
+    timed = frame([{**r, **({"time/step_s": 3.0 if r["step"] == 3 else 1.0} if r["step"] else {})} for r in rows])
+    wall = curve(timed, "eval/accuracy", "wall")
+    assert wall.unit == "seconds" and wall.compute.tolist() == [0, 2, 6]
+    assert Summary("auc").of(wall) == pytest.approx((0.8 / 2 * 2 + 1.1 / 2 * 4) / 6)
 
 
 # --------------------------------------------------------------------------- fits
@@ -307,6 +312,7 @@ def test_the_report_carries_the_aggregates(tmp_path):
     (["--summary", "last_0"], "last_k needs k >= 1"),
     (["--last-k", "4"], "--last-k 4 belongs to --summary last_k (or give --summary last_4)"),
     (["--predict-from", "1.5"], "--predict-from 1.5 is not allowed; give the fraction of each run's steps"),
+    (["--compute", "flops"], "--compute 'flops' is not allowed; allowed: tokens, wall"),
 ])
 def test_bad_summary_options_are_one_line_and_write_nothing(args, message, tmp_path):
     from test_sweep import cli_here

@@ -58,12 +58,13 @@ def normalize_metric(name: str) -> str:
 def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: HealthThresholds | None = None,
                  higher_is_better: bool = True, conflict_threshold: float = -0.1,
                  effect: float | None = None, summary: Summary | str = "final",
-                 predict_from: float | None = None) -> Report:
+                 predict_from: float | None = None, compute: str = "tokens") -> Report:
     """Everything the table, verdicts and pictures say, computed once. Raises ReportError
     for a missing dir or a metric that no run logged. `effect`: the smallest Δ that matters
     (no-effect verdicts, and the seeds needed to detect it). `summary`: how a run's curve
     becomes the number compared (report/curves.py). `predict_from`: predict every contrast's
-    verdict from this fraction of each run's steps (a sweep still running is predicted anyway)."""
+    verdict from this fraction of each run's steps (a sweep still running is predicted anyway).
+    `compute`: the x axis of auc and the fits, tokens or wall (report/curves.py)."""
     thresholds = thresholds or HealthThresholds()
     summary = summary if isinstance(summary, Summary) else Summary.parse(summary)
     sweep = load_sweep(sweep_dir, thresholds)
@@ -79,7 +80,7 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
             r.notes.append(f"`{metric}` is not finite at step {r.nonfinite[metric]}: this run is left out of "
                            "every statistic (re-run it, or look at why its eval failed)")
     usable = lambda r: r.state == "completed" and metric not in r.nonfinite
-    curves = {name: {r.key: curve(r.metrics, metric) for r in runs if usable(r)}
+    curves = {name: {r.key: curve(r.metrics, metric, compute) for r in runs if usable(r)}
               for name, runs in runs_of.items()}                        # read once, summarised many ways
     per_run = lambda how: {name: {key: how.of(c, higher_is_better) for key, c in cs.items()}
                            for name, cs in curves.items()}
@@ -102,7 +103,8 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
         report.summaries = compare_summaries(sweep, per_run, areas, higher_is_better, effect, summary)
     report.fits = fit_section(sweep, metric, higher_is_better, curves)
     report.aggregates = aggregates(sweep, values, higher_is_better)
-    report.predictions = predict_section(sweep, metric, summary, higher_is_better, predict_from, decide_by_delta)
+    report.predictions = predict_section(sweep, metric, summary, higher_is_better, predict_from, decide_by_delta,
+                                         compute)
     if report.predictions is not None and report.finished:   # a finished sweep: set beside what it measured
         measured = {v["trick"]: v["verdict"] for v in verdicts}
         for p in report.predictions["contrasts"]:

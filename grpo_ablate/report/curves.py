@@ -15,7 +15,8 @@ Compute (the x axis of `auc` and of the fits, report/fits.py): the completion to
 (`perf/sampled_tokens`, every sampling round, kept or not) plus those trained
 (`perf/completion_tokens`), summed over the steps up to each eval; step 0 has spent nothing.
 A run that logged neither (older runs, the SFT control) is measured in steps instead, so a
-report of an older sweep is unchanged.
+report of an older sweep is unchanged. `report --compute wall` measures it in the seconds the
+training steps took instead (`time/step_s`).
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ SUMMARIES = ("final", "auc", "best", "last_k")
 DEFAULT_SUMMARY = "final"
 DEFAULT_K = 3
 COMPUTE_COLUMNS = ("perf/sampled_tokens", "perf/completion_tokens")
+WALL_COLUMN = "time/step_s"
+AXES = ("tokens", "wall")
 
 
 @dataclass(frozen=True)
@@ -49,22 +52,26 @@ class Curve:
         return Curve(self.steps[keep], self.compute[keep], self.values[keep], self.unit)
 
 
-def compute_axis(metrics: pd.DataFrame) -> tuple[np.ndarray, str]:
-    """Cumulative compute at the end of each logged row (aligned with the rows), and its unit."""
+def compute_axis(metrics: pd.DataFrame, axis: str = "tokens") -> tuple[np.ndarray, str]:
+    """Cumulative compute at the end of each logged row (aligned with the rows), and its unit.
+    `axis`: tokens (sampled + trained), or wall (the training steps' seconds, `time/step_s`:
+    what a machine-bound user pays; noisy on a shared machine). Steps where it was not logged."""
     steps = metrics["step"].to_numpy(float)
-    if all(c in metrics for c in COMPUTE_COLUMNS):
-        tokens = metrics[list(COMPUTE_COLUMNS)].to_numpy(float)
+    columns = {"tokens": COMPUTE_COLUMNS, "wall": (WALL_COLUMN,)}[axis]
+    if all(c in metrics for c in columns):
+        spent = metrics[list(columns)].to_numpy(float)
         trained = steps > 0
-        if trained.any() and np.isfinite(tokens[trained]).all():     # every step counted its tokens
-            return np.cumsum(np.where(trained, np.nan_to_num(tokens).sum(axis=1), 0.0)), "tokens"
+        if trained.any() and np.isfinite(spent[trained]).all():     # every step counted what it spent
+            unit = "tokens" if axis == "tokens" else "seconds"
+            return np.cumsum(np.where(trained, np.nan_to_num(spent).sum(axis=1), 0.0)), unit
     return steps, "steps"
 
 
-def curve(metrics: pd.DataFrame, column: str) -> Curve:
+def curve(metrics: pd.DataFrame, column: str, axis: str = "tokens") -> Curve:
     """The points where `column` was logged (finite), with their compute."""
     if column not in metrics or metrics.empty:
         return Curve(np.zeros(0), np.zeros(0), np.zeros(0))
-    compute, unit = compute_axis(metrics)
+    compute, unit = compute_axis(metrics, axis)
     values = metrics[column].to_numpy(float)
     keep = np.isfinite(values)
     return Curve(metrics["step"].to_numpy(float)[keep], compute[keep], values[keep], unit)

@@ -162,7 +162,8 @@ def fits_figure(report: Report, colors: dict) -> Figure | None:
         else:
             ax.plot([], [], "o", color=color, label=f"{v['variant']}: not fitted")
     unit = report.fits.get("unit")
-    ax.set_xlabel("compute (sampled + trained completion tokens)" if unit == "tokens" else f"compute ({unit})")
+    ax.set_xlabel({"tokens": "compute (sampled + trained completion tokens)",
+                   "seconds": "training wall time (s)"}.get(unit, f"compute ({unit})"))
     ax.set_ylabel(report.metric)
     ax.set_title("Measured points per seed; pooled sigmoid fit per variant (ScaleRL)")
     ax.legend(fontsize=7, loc="lower right")

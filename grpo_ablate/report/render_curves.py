@@ -64,7 +64,8 @@ def fit_lines(report: Report) -> list[str]:
     f = report.fits
     if not f.get("applicable"):
         return [f"Not fitted: {f.get('why')}."]
-    unit = {"tokens": "sampled + trained completion tokens", "steps": "optimizer steps"}.get(f["unit"], f["unit"])
+    unit = {"tokens": "sampled + trained completion tokens", "steps": "optimizer steps",
+            "seconds": "seconds of training steps"}.get(f["unit"], f["unit"])
     lines = [f"ScaleRL's curve R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B) per treatment run against compute "
              f"C ({unit}); R0 is the base eval. A: the ceiling, B: the efficiency (steeper with compute), "
              "C_mid: compute to half the gain. Means ± 95% t-interval over the seeds whose fit is good; a poor "

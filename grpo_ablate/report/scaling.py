@@ -146,10 +146,10 @@ def planned_evals(run: Run, points: Curve) -> np.ndarray:
 
 
 def predict_run(run: Run, metric: str, summary: Summary, higher_is_better: bool,
-                fraction: float | None) -> tuple[float | None, str]:
+                fraction: float | None, axis: str = "tokens") -> tuple[float | None, str]:
     """(the run's predicted summary, how): `observed` when the run's curve is complete, `fit`
     or `flat` when part of it was extrapolated; None when nothing was logged."""
-    points = curve(run.metrics, metric)
+    points = curve(run.metrics, metric, axis)
     if len(points) == 0:
         return None, "nothing logged"
     planned = planned_evals(run, points)
@@ -159,8 +159,8 @@ def predict_run(run: Run, metric: str, summary: Summary, higher_is_better: bool,
     if len(todo) == 0:
         return summary.of(points, higher_is_better), "observed"
     trained = points.steps[-1]
-    per_step = points.compute[-1] / trained if trained > 0 and points.unit == "tokens" else 1.0
-    future_compute = todo * per_step if points.unit == "tokens" else todo
+    per_step = points.compute[-1] / trained if trained > 0 and points.unit != "steps" else 1.0
+    future_compute = todo * per_step
     f = fit(points, n_eval(run))
     if f.ok:
         future, how = f.at(future_compute), "fit"
@@ -172,7 +172,7 @@ def predict_run(run: Run, metric: str, summary: Summary, higher_is_better: bool,
 
 
 def predict_section(sweep: Sweep, metric: str, summary: Summary, higher_is_better: bool,
-                    fraction: float | None, decide) -> dict | None:
+                    fraction: float | None, decide, axis: str = "tokens") -> dict | None:
     """Predicted verdicts: every run's predicted number (completed and running runs), the
     contrasts decided on them by `decide(delta, higher_is_better)`. None when there is nothing
     to predict (no fraction asked and no run still running)."""
@@ -182,7 +182,7 @@ def predict_section(sweep: Sweep, metric: str, summary: Summary, higher_is_bette
     use = [r for r in sweep.runs if r.state in ("completed", "running")]
     values, hows = {}, {}
     for r in use:
-        value, how = predict_run(r, metric, summary, higher_is_better, fraction)
+        value, how = predict_run(r, metric, summary, higher_is_better, fraction, axis)
         if value is not None:
             values.setdefault(r.variant, {})[r.key] = value
             hows[how] = hows.get(how, 0) + 1
