@@ -157,7 +157,8 @@ def fits_figure(report: Report, colors: dict) -> Figure | None:
         p = v["pooled"]
         if p.A is not None:
             grid = np.linspace(0.0, p.c_max, 200)
-            label = f"{v['variant']}: A {p.A:.3f}, B {p.B:.2f}" + ("" if p.ok else " (poor fit)")
+            label = f"{v['variant']}: A {p.A:.3f}, " + (f"B {p.B:.2f}" if p.B_identified else "B not identified") + (
+                "" if p.ok else " (poor fit)")
             ax.plot(grid, p.at(grid), "-" if p.ok else ":", color=color, label=label)
         else:
             ax.plot([], [], "o", color=color, label=f"{v['variant']}: not fitted")

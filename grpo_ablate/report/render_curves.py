@@ -78,7 +78,8 @@ def fit_lines(report: Report) -> list[str]:
              "|---|---|---|---|---|---|---|"]
     for v in f["variants"]:
         p = v["pooled"]
-        pool = (f"A {p.A:.3f}, B {p.B:.2f}" + ("" if p.ok else " (poor)")) if p.A is not None else "—"
+        pool = (f"A {p.A:.3f}, " + (f"B {p.B:.2f}" if p.B_identified else "B not identified")
+                + ("" if p.ok else " (poor)")) if p.A is not None else "—"
         lines.append(f"| {v['variant']} | {v['ok']} of {v['runs']} ({v['B_identified']}) | {fmt_estimate(v['A'])} | "
                      f"{fmt_estimate(v['B'])} | {fmt_num(v['C_mid'], 0) if v['C_mid'] else '—'} | {pool} | "
                      f"{'; '.join(v['poor']) or '—'} |")
