@@ -179,7 +179,7 @@ def predict_section(sweep: Sweep, metric: str, summary: Summary, higher_is_bette
     running = [r for r in sweep.runs if r.state == "running"]
     if fraction is None and not running:
         return None
-    use = [r for r in sweep.runs if r.state in ("completed", "running")]
+    use = [r for r in sweep.runs if r.state in ("completed", "running") and metric not in r.nonfinite]
     values, hows = {}, {}
     for r in use:
         value, how = predict_run(r, metric, summary, higher_is_better, fraction, axis)
