@@ -140,14 +140,8 @@ def sweep(
                 tricks_ = _conflict_tricks(mode, tricks_, trick, reward)
             request = _sweep_request(mode, args, tricks_, base, seeds, launcher, jobs, family, max_runs,
                                      steps, name, out)
-            request.controls = controls if controls is not None else request.controls
-            request.allow_inert = allow_inert
-            if control_budget is not None:
-                if control_budget not in ("tokens", "wall"):
-                    fail(f"--control-budget {control_budget} is not allowed; allowed: tokens, wall")
-                request.control_budget = control_budget
-            request.sequential.update({k: v for k, v in (("max_seeds", max_seeds), ("budget", budget),
-                                                         ("effect", effect), ("summary", summary)) if v is not None})
+            _given_options(request, controls, control_budget, allow_inert,
+                           {"max_seeds": max_seeds, "budget": budget, "effect": effect, "summary": summary})
             if str(request.seeds) == "auto":
                 options = sequential.options_from(request.sequential)
                 code = sequential.start(request, options, console, dry_run=dry_run)
@@ -159,6 +153,17 @@ def sweep(
     except (SweepError, ConfigError) as err:
         fail(str(err))
     raise typer.Exit(code)
+
+
+def _given_options(request, controls, control_budget, allow_inert, sequential_given: dict) -> None:
+    """The command line's controls, --allow-inert and --seeds auto options, over the sweep file's."""
+    request.controls = controls if controls is not None else request.controls
+    request.allow_inert = allow_inert
+    if control_budget is not None:
+        if control_budget not in ("tokens", "wall"):
+            fail(f"--control-budget {control_budget} is not allowed; allowed: tokens, wall")
+        request.control_budget = control_budget
+    request.sequential.update({k: v for k, v in sequential_given.items() if v is not None})
 
 
 def _resume_sweep(resume_dir: Path, given: list[str], args: list[str], launcher, jobs, sequential_limits) -> int:

@@ -20,7 +20,6 @@ training steps took instead (`time/step_s`).
 """
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
@@ -132,6 +131,3 @@ def trapezoid_mean(x: np.ndarray, y: np.ndarray) -> float:
         return float(y[-1]) if len(y) == 1 else float(np.mean(y))
     return float(np.sum((y[1:] + y[:-1]) / 2 * np.diff(x)) / (x[-1] - x[0]))
 
-
-def finite(value) -> bool:
-    return value is not None and math.isfinite(value)

@@ -49,7 +49,7 @@ def applicable(sweep: Sweep, metric: str, higher_is_better: bool) -> str | None:
 
 
 # --------------------------------------------------------------------------- fits over seeds
-def fit_section(sweep: Sweep, metric: str, higher_is_better: bool, curves: dict, skip: float = 0.0) -> dict:
+def fit_section(sweep: Sweep, metric: str, higher_is_better: bool, curves: dict) -> dict:
     """{applicable, why, unit, variants: [...], contrasts: [...]} (see the module docstring);
     `curves`: variant -> {seed: Curve} of its completed runs."""
     why = applicable(sweep, metric, higher_is_better)
@@ -58,7 +58,7 @@ def fit_section(sweep: Sweep, metric: str, higher_is_better: bool, curves: dict,
     runs_of = {v["name"]: [r for r in sweep.runs if r.variant == v["name"] and r.state == "completed"]
                for v in sweep.variants}
     eval_sizes = {name: {r.key: n_eval(r) for r in runs} for name, runs in runs_of.items()}
-    fits = {name: {k: fit(c, eval_sizes[name][k], skip) for k, c in cs.items()} for name, cs in curves.items()}
+    fits = {name: {k: fit(c, eval_sizes[name][k]) for k, c in cs.items()} for name, cs in curves.items()}
     treatments = {v["name"] for v in sweep.variants if v.get("kind") != "control"}
     units = {c.unit for name, cs in curves.items() if name in treatments for c in cs.values() if len(c)}
     variants = []
@@ -68,7 +68,7 @@ def fit_section(sweep: Sweep, metric: str, higher_is_better: bool, curves: dict,
             continue      # controls take part in no trick verdict (and the SFT control samples nothing to count)
         good = [f for f in fits[name].values() if f.ok]
         sizes = [s for s in eval_sizes[name].values() if s]
-        pool = fit(pooled(list(curves[name].values())), sizes[0] if sizes else None, skip) if curves[name] else Fit()
+        pool = fit(pooled(list(curves[name].values())), sizes[0] if sizes else None) if curves[name] else Fit()
         variants.append({"variant": name, "runs": len(fits[name]), "ok": len(good),
                          "A": mean_ci([f.A for f in good]), "B": mean_ci([f.B for f in good if f.B_identified]),
                          "B_identified": sum(f.B_identified for f in good),
@@ -76,13 +76,13 @@ def fit_section(sweep: Sweep, metric: str, higher_is_better: bool, curves: dict,
                          if any(f.B_identified for f in good) else None,
                          "pooled": pool, "poor": sorted({f.why for f in fits[name].values() if not f.ok}),
                          "fits": fits[name], "curves": curves[name]})
-    contrasts = [contrast_split(c, curves, fits, eval_sizes, skip) for c in sweep.contrasts
+    contrasts = [contrast_split(c, curves, fits, eval_sizes) for c in sweep.contrasts
                  if c["with"] in fits and c["without"] in fits]
     return {"applicable": True, "why": None, "unit": units.pop() if len(units) == 1 else "mixed",
-            "skip": skip, "variants": variants, "contrasts": contrasts}
+            "variants": variants, "contrasts": contrasts}
 
 
-def contrast_split(c: dict, curves: dict, fits: dict, eval_sizes: dict, skip: float) -> dict:
+def contrast_split(c: dict, curves: dict, fits: dict, eval_sizes: dict) -> dict:
     """ΔA over the seeds where both sides fit well; ΔB after refitting each pair at a shared A."""
     with_, without = c["with"], c["without"]
     keys = sorted(set(fits[with_]) & set(fits[without]), key=str)
@@ -97,8 +97,8 @@ def contrast_split(c: dict, curves: dict, fits: dict, eval_sizes: dict, skip: fl
     identified = [k for k in both if fits[with_][k].B_identified and fits[without][k].B_identified]
     for k in identified:   # ScaleRL: compare B with A fixed at the pair's mean
         shared = (fits[with_][k].A + fits[without][k].A) / 2
-        a = fit(curves[with_][k], eval_sizes[with_][k], skip, A=shared)
-        b = fit(curves[without][k], eval_sizes[without][k], skip, A=shared)
+        a = fit(curves[with_][k], eval_sizes[with_][k], A=shared)
+        b = fit(curves[without][k], eval_sizes[without][k], A=shared)
         if a.B is not None and b.B is not None:
             B_with[k], B_without[k] = math.log(a.B), math.log(b.B)
     # B compared on the log scale: a ratio of efficiencies, and its spread is closer to normal
