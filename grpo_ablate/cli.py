@@ -50,26 +50,79 @@ def train(
     ctx: typer.Context,
     resume: Optional[Path] = typer.Option(
         None, "--resume", help="Continue the run in this run dir from its last checkpoint."),
+    restart: bool = typer.Option(False, "--restart", help="With --resume: start the run over from step 0 (one "
+                                 "that stopped before its first checkpoint, or whose checkpoint is damaged); "
+                                 "a finished run is never restarted."),
 ) -> None:
     """Train one GRPO run. Arguments are Hydra overrides: adv=dr_grpo kl=none seed=1 ..."""
     from grpo_ablate.config import ConfigError, check_here, compose, validate
 
+    if restart and resume is None:
+        fail("--restart belongs to --resume RUN_DIR (it starts that run over)")
     args: List[str] = list(ctx.args)
     if resume is not None:
-        args = _last_wins(_resume_args(resume) + args)
+        args = _last_wins(_resume_args(resume, restart) + args)
     overrides = [a for a in args if not a.startswith("-")]
     single_run = not any(a in _HYDRA_NON_RUN_FLAGS + _HYDRA_MULTIRUN_FLAGS
                          or a.startswith(("--cfg=", "--info=")) for a in args)
+    held = None
     if single_run:
         try:
             cfg = compose([o for o in overrides if not o.startswith("hydra")])
             validate(cfg)
-            check_here(cfg)   # this machine can run it: packages, a GPU, the hub, torchrun
+            check_here(cfg)   # this machine can run it: packages, a GPU, the hub, torchrun, the model cache
         except ConfigError as err:
             fail(str(err))
+        held = _hold_run_dir(cfg, args)   # before Hydra writes anything there
     from grpo_ablate import entrypoint   # the training stack (transformers, ...): only once the input is good
-    code = entrypoint.run_hydra(args)
+    try:
+        code = entrypoint.run_hydra(args)
+    finally:
+        if held is not None:
+            held[0].release()
+            if held[1]:   # a run dir made here for a run that never started: not left behind
+                entrypoint.remove_if_unused(held[0].directory)
     raise typer.Exit(code)
+
+
+def _hold_run_dir(cfg, args: List[str]):
+    """The run dir of a single run, locked against a second process and checked (resume rules,
+    damaged files) before Hydra writes its config there; (lock, made here) or None when Hydra
+    picks a new dir. A refusal leaves the dir as it was; a resume with nothing to do ends here."""
+    import shutil
+
+    from grpo_ablate.config import ConfigError
+    from grpo_ablate.rundir import DirLock, writable_problem
+    from grpo_ablate.train.run import already_finished, open_run_dir
+
+    given = [a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")]
+    if not given:
+        problem = writable_problem(Path("runs"))
+        if problem:
+            fail(f"cannot write runs/ in the working directory {Path.cwd()}: {problem}; run from a writable "
+                 "directory or give hydra.run.dir=<a writable path>")
+        return None
+    run_dir = Path(given[-1])
+    problem = writable_problem(run_dir)
+    if problem:
+        fail(f"cannot write the run dir {run_dir}: {problem}; give hydra.run.dir=<a writable path>")
+    made = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = DirLock(run_dir, "run dir", say=lambda text: err_console.print(text, markup=False, highlight=False))
+    try:
+        lock.acquire()
+        status, _ = open_run_dir(cfg, run_dir, restart_without_checkpoint=False)
+    except ConfigError as err:
+        lock.release()
+        if made:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        fail(str(err))
+    if already_finished(status, cfg):   # nothing to do: nothing is written, not even Hydra's .hydra/
+        lock.release()
+        console.print(f"{run_dir} is already {status['state']} at step {status['step']}; nothing to do",
+                      markup=False, highlight=False)
+        raise typer.Exit(3 if status["state"] == "diverged" else 0)
+    return lock, made
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -114,18 +167,24 @@ def sweep(
     allow_inert: bool = typer.Option(False, "--allow-inert", help="Run tricks under test that cannot act "
                                      "with these settings (refused by default; see `grpo-ablate tricks`)."),
     resume_dir: Optional[Path] = typer.Option(None, "--resume", help="Continue this sweep dir."),
+    rerun: Optional[str] = typer.Option(None, "--rerun", help="--resume: start these runs over, comma separated "
+                                        "(e.g. all-s0; their old dirs are kept aside)."),
 ) -> None:
     """Run an ablation sweep: every variant x seed is one ordinary training run.
 
     Extra arguments are Hydra overrides for every run (rollout.group_size=16, task.level=medium)
     or for the launcher (hydra.launcher.partition=gpu).
     """
-    from grpo_ablate.config import ConfigError
+    args = list(ctx.args)
+    if resume_dir is not None and mode is not None and "=" in mode:   # `--resume DIR steps=5`: an override
+        mode, args = None, [mode, *args]
+    _check_options(jobs=jobs, steps=steps, max_runs=max_runs, max_seeds=max_seeds, effect=effect)
+    from grpo_ablate.config import ConfigError   # the training stack: only once the options are good
     from grpo_ablate.sweep import sequential
     from grpo_ablate.sweep.launch import start
     from grpo_ablate.sweep.matrix import SweepError
+    from grpo_ablate.values import ValueProblem
 
-    args = list(ctx.args)
     try:
         if resume_dir is not None:
             planned = (("MODE", mode), ("--tricks", tricks_), ("--trick", trick), ("--reward", reward),
@@ -134,8 +193,11 @@ def sweep(
                        ("--controls", controls is not None), ("--control-budget", control_budget),
                        ("--effect", effect), ("--summary", summary), ("--dry-run", dry_run))
             code = _resume_sweep(resume_dir, [opt for opt, value in planned if value], args, launcher, jobs,
-                                 {"max_seeds": max_seeds, "budget": budget})
+                                 {"max_seeds": max_seeds, "budget": budget},
+                                 tuple(r.strip() for r in (rerun or "").split(",") if r.strip()))
         else:
+            if rerun:
+                fail("--rerun belongs to --resume SWEEP_DIR")
             if mode == "conflict" or trick or reward:
                 tricks_ = _conflict_tricks(mode, tricks_, trick, reward)
             request = _sweep_request(mode, args, tricks_, base, seeds, launcher, jobs, family, max_runs,
@@ -150,9 +212,19 @@ def sweep(
                      "belong to --seeds auto (seeds until decided)")
             else:
                 code = start(request, console, dry_run=dry_run)
-    except (SweepError, ConfigError) as err:
+    except (SweepError, ConfigError, ValueProblem) as err:
         fail(str(err))
     raise typer.Exit(code)
+
+
+def _check_options(**given) -> None:
+    """Options that count or size something, checked before anything heavy is imported."""
+    from grpo_ablate.values import ValueProblem, check_options
+
+    try:
+        check_options(**given)
+    except ValueProblem as err:
+        fail(str(err))
 
 
 def _given_options(request, controls, control_budget, allow_inert, sequential_given: dict) -> None:
@@ -166,7 +238,8 @@ def _given_options(request, controls, control_budget, allow_inert, sequential_gi
     request.sequential.update({k: v for k, v in sequential_given.items() if v is not None})
 
 
-def _resume_sweep(resume_dir: Path, given: list[str], args: list[str], launcher, jobs, sequential_limits) -> int:
+def _resume_sweep(resume_dir: Path, given: list[str], args: list[str], launcher, jobs, sequential_limits,
+                  rerun: tuple = ()) -> int:
     """`sweep --resume DIR`: the plan is the manifest's; only how and where runs run may change."""
     from grpo_ablate.sweep import sequential
 
@@ -176,7 +249,7 @@ def _resume_sweep(resume_dir: Path, given: list[str], args: list[str], launcher,
              "(only --launcher, --jobs, hydra.* launcher settings and, for --seeds auto, "
              "--max-seeds and --budget may change)")
     return sequential.resume_any(resume_dir, launcher, jobs, [a for a in args if a.startswith("hydra.")],
-                                 console, sequential_limits)
+                                 console, sequential_limits, rerun)
 
 
 def _conflict_tricks(mode, tricks_, trick, reward) -> str:
@@ -238,35 +311,25 @@ def _sweep_request(mode, args, tricks_, base, seeds, launcher, jobs, family, max
         sequential={k: spec[k] for k in ("max_seeds", "budget", "effect", "summary") if k in spec})
 
 
-_SWEEP_FILE_KEYS = ("name", "mode", "base", "tricks", "seeds", "overrides", "steps", "families",
-                    "launcher", "max_runs", "controls", "description", "max_seeds", "budget", "effect",
-                    "summary", "variants")
-
-
 def _load_sweep_file(path: Path) -> dict:
     import yaml
 
     from grpo_ablate.sweep.matrix import SweepError
+    from grpo_ablate.values import check_sweep_file, load_yaml
 
     if not path.exists():
         raise SweepError(f"sweep file {path} does not exist (the shipped ones are in sweeps/)")
     try:
-        spec = yaml.safe_load(path.read_text()) or {}
+        spec = load_yaml(path.read_text())
     except yaml.YAMLError as err:
         raise SweepError(f"sweep file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
-    if not isinstance(spec, dict):
-        raise SweepError(f"sweep file {path} must be a mapping of {', '.join(_SWEEP_FILE_KEYS)}")
-    unknown = sorted(set(spec) - set(_SWEEP_FILE_KEYS))
-    if unknown:
-        raise SweepError(f"sweep file {path}: unknown key {', '.join(unknown)}; allowed: {', '.join(_SWEEP_FILE_KEYS)}")
+    except (OSError, UnicodeDecodeError) as err:
+        raise SweepError(f"sweep file {path} cannot be read: {err}") from None
+    check_sweep_file(path, {} if spec is None else spec)   # every field of its kind and in its range
+    spec = {key: value for key, value in (spec or {}).items() if value is not None}   # null: the default
     if "mode" not in spec:
         raise SweepError(f"sweep file {path} has no mode; allowed: leave-one-out, add-one-in, ladder, factorial, "
                          "pairwise, variants")
-    for key in ("tricks", "overrides"):
-        if not isinstance(spec.get(key, []), list):
-            raise SweepError(f"sweep file {path}: {key} must be a list")
-    if spec.get("families") is not None and not isinstance(spec["families"], dict):
-        raise SweepError(f"sweep file {path}: families must map a config group or key to its values (or null)")
     if (spec["mode"] == "variants") != ("variants" in spec) or (spec["mode"] == "variants" and "tricks" in spec):
         raise SweepError(f"sweep file {path}: `variants` (name -> overrides) goes with mode: variants, "
                          "and a variants file lists no tricks")
@@ -301,6 +364,7 @@ def doctor(
     """
     import time
 
+    _check_options(jobs=jobs, steps=steps, max_runs=max_runs)   # before the training stack is imported
     from grpo_ablate.sweep import doctor as doc
     from grpo_ablate.config import ConfigError
     from grpo_ablate.sweep.launch import DEFAULT_BASE, DEFAULT_TRICKS, plan, print_matrix
@@ -433,8 +497,14 @@ def report(
     out_dir = out or sweep_dir
     if not -1.0 <= conflict_threshold <= 1.0:
         fail(f"--conflict-threshold {conflict_threshold} is not allowed; a cosine lies in [-1, 1]")
-    if effect is not None and not effect > 0:
-        fail(f"--effect {effect}: the smallest Δ that matters must be > 0")
+    if effect is not None:
+        from grpo_ablate.values import ACCURACY_EFFECT, Allowed
+
+        allowed = ACCURACY_EFFECT if "accuracy" in metric else Allowed("number", low=0, low_open=True)
+        if not allowed.ok(effect):
+            fail(f"--effect {effect} is not allowed for {metric}; {allowed.words()}")
+    if last_k is not None and last_k < 1:
+        fail(f"--last-k {last_k} is not allowed; it must be an integer >= 1")
     if last_k is not None and (summary or "").lower() != "last_k":
         fail(f"--last-k {last_k} belongs to --summary last_k (or give --summary last_{last_k})")
     if compute not in ("tokens", "wall"):
@@ -471,16 +541,21 @@ def report(
         fail(f"cannot write the report to {out_dir}: {err}")
 
 
-def _resume_args(run_dir: Path) -> List[str]:
+def _resume_args(run_dir: Path, restart: bool = False) -> List[str]:
     """The run's own overrides, pointed back at its directory."""
-    from omegaconf import OmegaConf
+    from grpo_ablate.errors import DamagedFile
+    from grpo_ablate.rundir import read_overrides
 
-    saved = run_dir / "overrides.yaml"
-    if not saved.exists():
+    try:
+        saved = read_overrides(run_dir)
+    except DamagedFile as err:
+        copy = run_dir / ".hydra" / "overrides.yaml"
+        fail(f"--resume {run_dir}: {err.path.name} {err.problem}; "
+             + (f"restore it from {copy} (the same list)" if copy.exists() else "start a new run"))
+    if saved is None:
         fail(f"--resume {run_dir}: not a grpo-ablate run dir (no overrides.yaml there)")
-    previous = [o for o in OmegaConf.to_container(OmegaConf.load(saved))
-                if not o.startswith(("resume=", "hydra.run.dir="))]
-    return previous + [f"hydra.run.dir={run_dir}", "resume=true"]
+    previous = [o for o in saved if not o.startswith(("resume=", "hydra.run.dir="))]
+    return previous + [f"hydra.run.dir={run_dir}", "resume=restart" if restart else "resume=true"]
 
 
 def _last_wins(args: List[str]) -> List[str]:

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import json
 import math
 import os
 import re
+from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_ablate.errors import ConfigError
+from grpo_ablate.rundir import writable_problem
 from grpo_ablate.tasks import TASKS
 from grpo_ablate.ranks import launched_ranks
 from grpo_ablate.tricks import UnknownOption, families, option, options
@@ -224,8 +227,13 @@ def check_model_and_task(cfg: DictConfig) -> None:
     _require(hasattr(TASKS[cfg.task.name], "warmup_batch") or cfg.model.get("path") is not None,
              f"task={cfg.task.name} needs a real model (the embedded one only knows arithmetic): "
              "model=hf model.path=<a model directory or hub name>")
+    task_class = TASKS[cfg.task.name]
+    settings = [p for p in inspect.signature(task_class.__init__).parameters if p != "self"]
+    unknown = [k for k in params(cfg.task) if k not in settings]
+    _require(not unknown, f"task.{unknown[0] if unknown else ''} is not a setting of task={cfg.task.name}; "
+                          f"allowed: {', '.join(settings)}")
     try:
-        TASKS[cfg.task.name](**params(cfg.task))
+        task_class(**params(cfg.task))
     except (TypeError, ValueError) as err:
         raise ConfigError(str(err).splitlines()[0]) from None
 
@@ -285,6 +293,8 @@ def check_here(cfg: DictConfig) -> None:
                  f"model.path={path!r} is not a local directory and not in the Hugging Face cache, and "
                  "the hub is offline (HF_HUB_OFFLINE=1); download it where there is network, or give a "
                  "directory with a saved transformers model")
+    problem = cache_problem(cfg.model)   # an unwritable home or GRPO_ABLATE_CACHE: one line, not a traceback
+    _require(problem is None, problem or "")
     device = str(cfg.model.get("device") or "cpu")
     _require(not device.startswith("cuda") or torch.cuda.is_available(),
              f"model.device={device} but no CUDA GPU is available here; use model.device=auto or cpu")
@@ -305,6 +315,23 @@ def check_here(cfg: DictConfig) -> None:
         _require((cfg.rollout.get("rng") or "auto") != "stream",
                  "rollout.rng=stream is one random stream for one process; with several processes use "
                  "per_row (or auto)")
+
+
+def cache_message(cache_root: Path, problem: str) -> str:
+    return (f"cannot write the model cache {cache_root}: {problem}; set GRPO_ABLATE_CACHE (or model.cache_dir) to a "
+            "writable directory")
+
+
+def cache_problem(model_cfg: DictConfig) -> str | None:
+    """Why the embedded model could not be warm-started into its cache (None: it can, or a
+    model is cached there already: a read-only shared cache works)."""
+    if model_cfg.get("path") is not None:
+        return None
+    cache_root = Path(os.path.expanduser(str(model_cfg.cache_dir)))
+    if cache_root.is_dir() and any(cache_root.glob("tiny-*/config.json")):
+        return None
+    problem = writable_problem(cache_root)
+    return cache_message(cache_root, problem) if problem else None
 
 
 def _vllm_problem(cfg: DictConfig) -> str | None:
@@ -358,7 +385,7 @@ def compose(overrides: list[str]) -> DictConfig:
     from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 
     try:
-        return _hydra_compose(overrides)
+        cfg = _hydra_compose(overrides)
     except MissingConfigException as err:
         message = _missing_option_message(err)
     except OverrideParseException as err:
@@ -367,7 +394,75 @@ def compose(overrides: list[str]) -> DictConfig:
     except HydraException as err:
         text = str(err).strip() or str(err.__cause__ or err.__context__ or type(err).__name__)
         message = _composition_message(text, overrides)
+    else:
+        check_added_keys(overrides)
+        return cfg
     raise ConfigError(message)
+
+
+# Keys the code reads (with a default) that not every config has, so `+key=value` may add them.
+# A trick family's keys are checked against the registry and a task's against its constructor;
+# any other key that a `+` adds would be read by nothing, and is refused.
+ADDABLE_KEYS = ("model.dtype", "model.device", "model.lora", "model.gradient_checkpointing")
+
+
+def check_added_keys(overrides: list[str]) -> None:
+    """Refuse `+key=value` for a key that nothing reads (`+rollout.temperature=0` would be kept
+    and ignored: the run would sample at temperature 1), naming the keys that exist nearby."""
+    added = [o for o in overrides if o.startswith("+") and "=" in o and not _is_group(_key_of(o))]
+    if not added:
+        return
+    families = set(trick_families()) | {"task"}
+    base = None
+    for override in added:
+        key = _key_of(override)
+        if key.split(".")[0] in families or key in ADDABLE_KEYS or key.startswith(
+                tuple(k + "." for k in ADDABLE_KEYS)):
+            continue
+        if base is None:   # the config without the additions: what exists
+            base = _hydra_compose([o for o in overrides if o not in added])
+        if OmegaConf.select(base, key, default=_ABSENT) is not _ABSENT:
+            continue       # `++key=value` on a key that exists: an ordinary override
+        raise ConfigError(f"{override}: no setting {key} exists, and nothing would read it{_nearby(base, key)}")
+
+
+_ABSENT = object()
+
+
+def _key_of(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def _is_group(key: str) -> bool:
+    """Whether `key` names a config group (`trick`, `preset`): `+group=option` adds a config."""
+    from importlib import resources
+
+    return resources.files(CONFIG_MODULE).joinpath(*key.split("/")).is_dir()
+
+
+def _nearby(base: DictConfig, key: str) -> str:
+    """'; did you mean X' and the keys that exist where `key` was meant to go."""
+    import difflib
+
+    parent, _, leaf = key.rpartition(".")
+    groups = [g for g in trick_families() if g == leaf]
+    hint = f"; {leaf} is a trick family: choose its option with {leaf}=<option>" if groups else ""
+    everything = _leaf_keys(base)
+    close = difflib.get_close_matches(key, everything, n=3, cutoff=0.75)
+    if close:
+        hint += f"; did you mean {' or '.join(close)}"
+    node = OmegaConf.select(base, parent) if parent else base
+    if isinstance(node, DictConfig):
+        hint += f"; keys of {repr(parent) if parent else 'the top level'}: {', '.join(sorted(node.keys()))}"
+    return hint
+
+
+def _leaf_keys(node: DictConfig, prefix: str = "") -> list[str]:
+    keys = []
+    for k in node.keys():
+        child = node._get_node(k)
+        keys += _leaf_keys(child, f"{prefix}{k}.") if isinstance(child, DictConfig) else [f"{prefix}{k}"]
+    return keys
 
 
 def _hydra_compose(overrides: list[str]) -> DictConfig:
@@ -394,22 +489,16 @@ def _missing_option_message(err) -> str:
 
 
 def _composition_message(text: str, overrides: list[str]) -> str:
-    match = re.search(r"Could not override '([^']+)'", text) or re.search(
-        r"Could not append to config\. An item is already at '([^']+)'", text)
+    exists = re.search(r"Could not append to config\. An item is already at '([^']+)'", text)
+    if exists:
+        return f"{exists.group(1)} exists already; set it without the +: {exists.group(1)}=..."
+    match = re.search(r"Could not override '([^']+)'", text)
     if match and "Key '" in text or (match and "No match in the defaults list" not in text):
         key = match.group(1)
-        parent, _, leaf = key.rpartition(".")
-        known = _known_keys(parent)
-        where = f"known keys of '{parent}'" if parent else "known top-level keys"
-        hint = f"; {where}: {', '.join(known)}" if known else ""
-        return f"unknown config key '{key}' (add a new one with +{key}=...){hint}"
+        addable = key in ADDABLE_KEYS or key.startswith(tuple(k + "." for k in ADDABLE_KEYS))
+        return (f"unknown config key '{key}'" + (f" (this config has none; add it with +{key}=...)" if addable else "")
+                + _nearby(_hydra_compose([]), key))
     if match:
         return (f"'{match.group(1)}' is not a config group of the defaults list; "
                 f"to add one use +{match.group(1)}=<option>")
     return text.strip().splitlines()[0] if text.strip() else "invalid overrides: " + " ".join(overrides)
-
-
-def _known_keys(parent: str) -> list[str]:
-    base = _hydra_compose([])
-    node = OmegaConf.select(base, parent) if parent else base
-    return sorted(node.keys()) if isinstance(node, DictConfig) else []

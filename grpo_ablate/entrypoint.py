@@ -20,6 +20,7 @@ from rich.console import Console
 
 from grpo_ablate.config import ConfigError
 from grpo_ablate.models import ModelPathError
+from grpo_ablate.rundir import find_checkpoint
 from grpo_ablate.stopping import RunInterrupted, stop_on_signals
 from grpo_ablate.train.controls import run_control
 from grpo_ablate.train.grpo import train
@@ -43,14 +44,14 @@ def hydra_train(cfg: DictConfig) -> int:
             result = run(cfg, run_dir, overrides=overrides, console=None if in_sweep else console)
     except RunInterrupted as stop:
         if os.environ.get("RANK", "0") == "0":
-            console.print(f"{prefix}interrupted: {stop.reason}; `grpo-ablate train --resume {run_dir}` continues "
-                          "it from its last checkpoint", markup=False, highlight=False)
+            console.print(f"{prefix}interrupted: {stop.reason}; {_how_to_continue(run_dir, overrides)}",
+                          markup=False, highlight=False)
         _last_exit_code = 128 + stop.signum
         stop.resend()
         return _last_exit_code
     except (ConfigError, ModelPathError) as err:
         Console(stderr=True).print(f"{prefix}error: {err}", markup=False, highlight=False, soft_wrap=True)
-        _remove_if_unused(run_dir)
+        remove_if_unused(run_dir)
         _last_exit_code = EXIT_BAD_INPUT
         return _last_exit_code
     except Exception:
@@ -70,9 +71,23 @@ def hydra_train(cfg: DictConfig) -> int:
     return _last_exit_code
 
 
-def _remove_if_unused(run_dir: Path) -> None:
-    """Bad input found after Hydra made the dir: remove it unless a run already lives there."""
-    if run_dir.exists() and not (run_dir / "status.json").exists():
+def _how_to_continue(run_dir: Path, overrides: list[str]) -> str:
+    """What continues an interrupted run: --resume from a checkpoint, --restart without one, or,
+    stopped before the run started (e.g. during the warm start), the same command again."""
+    if find_checkpoint(run_dir) is not None:
+        return f"`grpo-ablate train --resume {run_dir}` continues it from its last checkpoint"
+    if (run_dir / "status.json").exists():
+        return f"it has no checkpoint yet: `grpo-ablate train --resume {run_dir} --restart` starts it over"
+    remove_if_unused(run_dir)
+    given = " ".join(o for o in overrides if not o.startswith("hydra."))
+    return f"it had not started, nothing was kept: run `grpo-ablate train {given}` again".replace("  ", " ")
+
+
+def remove_if_unused(run_dir: Path) -> None:
+    """Bad input found after Hydra made the dir: remove it if it holds only what Hydra wrote
+    there (another process may hold it: then its lock is there too)."""
+    hydra_only = {".hydra", "train.log"}
+    if run_dir.exists() and all(p.name in hydra_only for p in run_dir.iterdir()):
         shutil.rmtree(run_dir, ignore_errors=True)
 
 

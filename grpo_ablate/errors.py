@@ -8,3 +8,12 @@ class ConfigError(ValueError):
 
 class ReportError(Exception):
     """A sweep dir, a metric or a report option that cannot be reported on."""
+
+
+class DamagedFile(ConfigError):
+    """A file the tool reads back (manifest, status, overrides, checkpoint) that cannot be used.
+    `path` and `problem` let the caller add what to do about it, which depends on the command."""
+
+    def __init__(self, path, problem: str):
+        self.path, self.problem = path, problem
+        super().__init__(f"{path} {problem}")

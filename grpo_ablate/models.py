@@ -23,6 +23,8 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, PreTrainedTokeniz
                           Qwen2Config, Qwen2ForCausalLM)
 from transformers.utils import logging as hf_logging
 
+from grpo_ablate.rundir import writable_problem
+
 # Loading and saving tiny checkpoints many times a run: no per-file progress bars.
 hf_logging.disable_progress_bar()
 
@@ -134,6 +136,11 @@ def ensure_warm_started(model_cfg, task, log=print) -> Path:
     target = cache_root / f"tiny-{key}"
     if (target / "config.json").exists():
         return target
+    problem = writable_problem(cache_root)
+    if problem:   # config.check_here refuses this before a run; a model not cached yet in a read-only cache
+        from grpo_ablate.config import cache_message
+
+        raise ModelPathError(cache_message(cache_root, problem))
     cache_root.mkdir(parents=True, exist_ok=True)
     log(f"warm-starting the embedded tiny model (cached as {target})")
     started = time.perf_counter()

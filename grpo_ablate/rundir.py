@@ -17,9 +17,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import tempfile
+import time
+import zipfile
 from pathlib import Path
 
+from grpo_ablate.errors import ConfigError, DamagedFile
+
+STATES = ("running", "completed", "diverged", "failed", "interrupted")
 TIMING_PREFIXES = ("time/", "perf/")  # the only fields that may differ between identical runs
 CHECKPOINT, CHECKPOINT_TMP, CHECKPOINT_OLD = "checkpoint", "checkpoint.tmp", "checkpoint.old"
 
@@ -79,9 +85,62 @@ def truncate_jsonl(path: Path, last_step: int) -> None:
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
+def read_json(path: Path, what: str):
+    """A JSON file the tool wrote, or DamagedFile saying what is wrong with it (empty, cut short,
+    not JSON, unreadable) instead of a traceback."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise DamagedFile(path, f"cannot be read ({err.strerror or err})") from None
+    if not text.strip():
+        raise DamagedFile(path, f"is empty (a {what} cut off mid-write)")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        cut = not text.rstrip().endswith(("}", "]"))   # what the tool writes ends so: the write was cut short
+        problem = "is truncated" if cut else f"is not valid JSON ({err.msg}, line {err.lineno})"
+        raise DamagedFile(path, problem) from None
+
+
 def read_status(run_dir: Path) -> dict | None:
+    """status.json (None when there is none), or DamagedFile."""
     path = Path(run_dir) / "status.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    status = read_json(path, "status")
+    if not isinstance(status, dict) or status.get("state") not in STATES or not isinstance(status.get("step"), int):
+        raise DamagedFile(path, "is not a run status (a state and a step)")
+    return status
+
+
+def read_overrides(run_dir: Path) -> list[str] | None:
+    """overrides.yaml: the run's command-line overrides (None when there is none), or DamagedFile."""
+    import yaml
+
+    path = Path(run_dir) / "overrides.yaml"
+    if not path.exists():
+        return None
+    try:
+        overrides = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise DamagedFile(path, f"cannot be read as YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        raise DamagedFile(path, "is not a YAML list of overrides")
+    return overrides
+
+
+def checkpoint_problem(checkpoint: Path) -> str | None:
+    """What is wrong with a checkpoint dir, cheaply (None: it looks whole). trainer_state.pt is a
+    zip archive whose directory sits at its end, so a file cut short fails to open."""
+    state = Path(checkpoint) / "trainer_state.pt"
+    try:
+        with zipfile.ZipFile(state) as archive:
+            archive.namelist()
+    except (OSError, zipfile.BadZipFile) as err:
+        return f"{state.name} is damaged ({err})"
+    if not any(Path(checkpoint).glob("*.safetensors")) and not any(Path(checkpoint).glob("*.bin")):
+        return "holds no model weights"
+    return None
 
 
 def find_checkpoint(run_dir: Path) -> Path | None:
@@ -90,4 +149,106 @@ def find_checkpoint(run_dir: Path) -> Path | None:
         path = Path(run_dir) / name
         if (path / "trainer_state.pt").exists():
             return path
+    return None
+
+
+# ------------------------------------------------------------------------------ one writer a dir
+LOCK = ".lock"
+_HELD: dict[str, int] = {}   # lock path -> how often this process holds it (the CLI, then its trainer)
+
+
+class DirLock:
+    """A run dir or sweep dir is written by one process at a time: `.lock` holds the writer's pid
+    and host while it works and is removed when it ends. A lock left by a process that is gone
+    (killed) is taken over with a message; one held by a live process, or by another host, is
+    refused in one line. Re-entrant within a process."""
+
+    def __init__(self, directory: Path, what: str, say=None):
+        self.directory, self.what, self.say = Path(directory), what, say or (lambda text: None)
+        self.path = self.directory / LOCK
+        self.me = {"pid": os.getpid(), "host": socket.gethostname()}
+
+    def acquire(self) -> "DirLock":
+        key = str(self.path.resolve())
+        if _HELD.get(key):
+            _HELD[key] += 1
+            return self
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                self._take_over_if_stale()
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps({**self.me, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+            _HELD[key] = 1
+            return self
+        raise ConfigError(f"could not lock {self.what} {self.directory}: {self.path} keeps changing hands")
+
+    def _take_over_if_stale(self) -> None:
+        try:
+            holder = json.loads(self.path.read_text())
+            pid, host = int(holder["pid"]), str(holder["host"])
+        except FileNotFoundError:
+            return                                   # released meanwhile: try again
+        except (OSError, ValueError, KeyError, TypeError):
+            if time.time() - self._mtime() < 10:     # being written this moment
+                raise ConfigError(f"{self.what} {self.directory} is being opened by another process "
+                                  f"({self.path}); wait for it") from None
+            pid, host = None, None                   # an unreadable lock nobody is writing: stale
+        if host is not None and host != self.me["host"]:
+            raise ConfigError(f"{self.what} {self.directory} is in use by process {pid} on {host} ({self.path}); "
+                              "wait for it, or delete that file if that process is gone")
+        if pid is not None and _alive(pid):
+            raise ConfigError(f"{self.what} {self.directory} is in use by process {pid} on this machine "
+                              f"({self.path}); wait for it to finish or stop it")
+        self.say(f"{self.path}: its process {pid} is gone; taking the {self.what} over")
+        try:
+            os.replace(self.path, self.path.with_name(f"{LOCK}.stale-{os.getpid()}"))
+            self.path.with_name(f"{LOCK}.stale-{os.getpid()}").unlink()
+        except FileNotFoundError:
+            pass                                     # another process took it over first
+
+    def _mtime(self) -> float:
+        try:
+            return self.path.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    def release(self) -> None:
+        key = str(self.path.resolve())
+        if not _HELD.get(key):
+            return
+        _HELD[key] -= 1
+        if _HELD[key] == 0:
+            del _HELD[key]
+            self.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> "DirLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def writable_problem(path: Path) -> str | None:
+    """Why a directory cannot be made or written at `path` (None: it can): the first part of the
+    path that exists is a file, or is not writable (a read-only file system, permissions)."""
+    probe = Path(os.path.abspath(os.path.expanduser(str(path))))
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is a file, not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable"
     return None

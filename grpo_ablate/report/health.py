@@ -18,6 +18,7 @@ import pandas as pd
 
 from grpo_ablate.errors import ReportError
 from grpo_ablate.report.stats import kl_column
+from grpo_ablate.values import COUNT, Allowed
 
 # Flags that mean training broke. kl_drift is a warning only: a policy may legitimately move
 # far from its start, and a variant without a KL term is free to.
@@ -37,6 +38,13 @@ class HealthThresholds:
                                            # ending higher
 
 
+# what each threshold may be (a fraction of a first value or of the length cap, a count of steps, a KL)
+FRACTION = Allowed("number", low=0, high=1, low_open=True)
+THRESHOLD_RANGES = {"entropy_collapse_frac": FRACTION, "patience": COUNT, "length_cap_frac": FRACTION,
+                    "truncated_frac": FRACTION, "repetition_distinct_frac": FRACTION,
+                    "repetition_same_frac": FRACTION, "kl_drift_threshold": Allowed("number", low=0, low_open=True)}
+
+
 @dataclass
 class Flag:
     name: str      # diverged | entropy_collapse | length_blowup | repetition | kl_drift
@@ -53,10 +61,13 @@ def parse_thresholds(items: list[str]) -> HealthThresholds:
         if not sep or name.strip() not in types:
             raise ReportError(f"--threshold {item!r}: expected name=value with name one of {', '.join(types)}")
         try:
-            setattr(th, name.strip(), types[name.strip()](value))
+            number = types[name.strip()](value)
         except ValueError:
-            kind = "an integer" if types[name.strip()] is int else "a number"
-            raise ReportError(f"--threshold {item!r}: {value!r} is not {kind}")
+            number = None
+        allowed = THRESHOLD_RANGES[name.strip()]
+        if number is None or not allowed.ok(number):
+            raise ReportError(f"--threshold {item} is not allowed; {allowed.words()}")
+        setattr(th, name.strip(), number)
     return th
 
 

@@ -90,12 +90,14 @@ def metrics_frame(rows: list[dict]) -> pd.DataFrame:
 
 
 def nonfinite_steps(rows: list[dict]) -> dict:
-    """column -> the first step whose logged value is NaN or ±Inf (a missing key is not one):
-    in the frame both read as NaN, so this is read from the rows themselves."""
+    """column -> the first step whose logged value is NaN or ±Inf, or null, which is how the trainer
+    writes them (rundir.finite_or_none); a missing key is not one: in the frame all read as NaN,
+    so this is read from the rows themselves."""
     found: dict = {}
     for r in rows:
         for key, value in r.items():
-            if isinstance(value, float) and not math.isfinite(value) and key not in found:
+            bad = value is None or isinstance(value, float) and not math.isfinite(value)
+            if bad and key not in found:
                 found[key] = r.get("step")
     return found
 

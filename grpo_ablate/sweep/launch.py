@@ -20,7 +20,8 @@ from grpo_ablate.catalogue import load_catalogue
 from grpo_ablate.config import ConfigError, compose, config_hash, family_keys, trick_families, validate
 from grpo_ablate.inert import inert_reason
 from grpo_ablate.models import ensure_warm_started
-from grpo_ablate.rundir import atomic_write_text, read_rows, read_status
+from grpo_ablate.errors import DamagedFile
+from grpo_ablate.rundir import DirLock, atomic_write_text, read_json, read_rows, read_status, writable_problem
 from grpo_ablate.stopping import INTERRUPTED
 from grpo_ablate.sweep.matrix import (CONTROLS, DEFAULT_MAX_RUNS, Matrix, SweepError, add_controls, build_matrix,
                                       check_size, expand_jobs, parse_seeds)
@@ -245,14 +246,42 @@ def _typed(text: str):
 
 
 # ------------------------------------------------------------------------------ the sweep dir
+# what every run of a manifest holds (what resume and the looks read), by type
+_MANIFEST_RUN = {"run_dir": str, "variant": str, "seed": int, "overrides": list, "config_hash": str}
+
+
 def read_manifest(sweep_dir: Path) -> dict:
+    """manifest.json, checked for what resume reads; damage is one line naming the file."""
     path = Path(sweep_dir) / MANIFEST
     if not path.exists():
         raise SweepError(f"{sweep_dir} is not a sweep dir (no {MANIFEST} there)")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise SweepError(f"{path} is not valid JSON ({err.msg} at line {err.lineno})") from None
+        manifest = read_json(path, "manifest")
+    except DamagedFile as err:
+        raise SweepError(f"{err}; the sweep cannot be resumed from it: restore it or start a new sweep "
+                         "(its finished run dirs can still be reported on)") from None
+    problem = _manifest_problem(manifest)
+    if problem:
+        raise SweepError(f"{path} is damaged ({problem}); the sweep cannot be resumed from it: restore it or "
+                         "start a new sweep (its finished run dirs can still be reported on)")
+    return manifest
+
+
+def _manifest_problem(manifest) -> str | None:
+    if not isinstance(manifest, dict):
+        return "not a JSON object"
+    for key, kind in (("runs", list), ("variants", list), ("seeds", list), ("overrides", list)):
+        if not isinstance(manifest.get(key), kind):
+            return f"no list of {key}"
+    if not manifest["runs"]:
+        return "no runs"
+    for i, run in enumerate(manifest["runs"]):
+        if not isinstance(run, dict):
+            return f"run {i + 1} is not an object"
+        missing = [key for key, kind in _MANIFEST_RUN.items() if not isinstance(run.get(key), kind)]
+        if missing:
+            return f"run {run.get('run_dir', i + 1)} has no valid {', '.join(missing)}"
+    return None
 
 
 def write_manifest(sweep_dir: Path, manifest: dict) -> None:
@@ -290,7 +319,8 @@ def start(req: SweepRequest, console, dry_run: bool = False) -> int:
     console.print(f"sweep {manifest['name']}: {len(manifest['variants'])} variants x "
                   f"{len(manifest['seeds'])} seeds = {len(manifest['runs'])} runs -> {sweep_dir}",
                   markup=False, highlight=False)
-    return run_jobs(sweep_dir, manifest, manifest["runs"], req.launcher, req.jobs, req.hydra_args, console)
+    with DirLock(sweep_dir, "sweep dir"):
+        return run_jobs(sweep_dir, manifest, manifest["runs"], req.launcher, req.jobs, req.hydra_args, console)
 
 
 def create_sweep_dir(req: SweepRequest, manifest: dict) -> Path:
@@ -300,21 +330,38 @@ def create_sweep_dir(req: SweepRequest, manifest: dict) -> Path:
     if sweep_dir.exists() and any(sweep_dir.iterdir()):
         raise SweepError(f"{sweep_dir} already exists and is not empty; continue it with "
                          f"`grpo-ablate sweep --resume {sweep_dir}` or pick another --dir")
+    problem = writable_problem(sweep_dir)
+    if problem:
+        raise SweepError(f"cannot write the sweep dir {sweep_dir}: {problem}; give --dir <a writable path>"
+                         + ("" if req.sweep_dir else " or run from a writable directory"))
     sweep_dir.mkdir(parents=True, exist_ok=True)
     write_manifest(sweep_dir, manifest)
     return sweep_dir
 
 
-def resume(sweep_dir: Path, launcher: str | None, jobs: int | None, hydra_args: list[str], console) -> int:
-    """Skip finished runs, continue killed ones from their checkpoints, rerun failed ones."""
+def resume(sweep_dir: Path, launcher: str | None, jobs: int | None, hydra_args: list[str], console,
+           rerun: tuple = ()) -> int:
+    """Skip finished runs, continue killed ones from their checkpoints, rerun failed ones (and
+    those named in `rerun`, e.g. one whose status.json was damaged). With nothing to do it
+    writes nothing."""
     sweep_dir = Path(sweep_dir)
     manifest = read_manifest(sweep_dir)
     launcher = launcher or manifest.get("launcher", "joblib")
     check_launcher(launcher, jobs)
-    todo, changed = [], []
+    names = [run["run_dir"] for run in manifest["runs"]]
+    unknown = [name for name in rerun if name not in names]
+    if unknown:
+        raise SweepError(f"--rerun {', '.join(unknown)}: not a run of {sweep_dir}; its runs: "
+                         f"{', '.join(names[:6])}{', ...' if len(names) > 6 else ''}")
+    todo, changed, statuses = [], [], {}
     for run in manifest["runs"]:
         run_dir = sweep_dir / run["run_dir"]
-        status = read_status(run_dir) if run_dir.exists() else None
+        try:
+            status = None if run["run_dir"] in rerun or not run_dir.exists() else read_status(run_dir)
+        except DamagedFile as err:
+            raise SweepError(f"run {run['run_dir']}: {err.path.name} {err.problem}; re-run it with "
+                             f"`grpo-ablate sweep --resume {sweep_dir} --rerun {run['run_dir']}`") from None
+        statuses[run["run_dir"]] = status
         if status is not None and status.get("config_hash") != run["config_hash"]:
             changed.append(run["run_dir"])
         elif status is not None and status["state"] in FINISHED:
@@ -335,15 +382,22 @@ def resume(sweep_dir: Path, launcher: str | None, jobs: int | None, hydra_args: 
     if stale:
         raise SweepError(f"the config of {', '.join(stale[:3])} composes differently now than when the sweep "
                          "started (the code or conf/ changed); start a new sweep")
+    if not todo:   # nothing to do: nothing is written
+        console.print(f"{sweep_dir}: all {len(names)} runs finished; nothing to do", markup=False, highlight=False)
+        refresh_statuses(sweep_dir, manifest)   # in memory, for the summary
+        print_summary(manifest, console, sweep_dir)
+        return 0 if all(run["status"] in FINISHED for run in manifest["runs"]) else 1
     for run in todo:   # a failed run starts over; its dir is kept aside, never deleted
-        run_dir = sweep_dir / run["run_dir"]
-        status = read_status(run_dir) if run_dir.exists() else None
-        if status is not None and status["state"] == "failed":
-            aside = sweep_dir / ".failed" / f"{run['run_dir']}.{time.strftime('%Y%m%d-%H%M%S')}"
+        run_dir, status = sweep_dir / run["run_dir"], statuses[run["run_dir"]]
+        asked = run["run_dir"] in rerun and run_dir.exists()
+        if asked or status is not None and status["state"] == "failed":
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            aside = sweep_dir / (".rerun" if asked else ".failed") / f"{run['run_dir']}.{stamp}"
             aside.parent.mkdir(exist_ok=True)
             os.rename(run_dir, aside)
-            console.print(f"{run['run_dir']} had failed ({status.get('reason')}); rerunning it "
-                          f"(old run kept in {aside})", markup=False, highlight=False)
+            why = "rerun as asked" if asked else f"had failed ({status.get('reason')})"
+            console.print(f"{run['run_dir']} {why}; rerunning it (old run kept in {aside})",
+                          markup=False, highlight=False)
     done = len(manifest["runs"]) - len(todo)
     console.print(f"resuming {sweep_dir}: {done} of {len(manifest['runs'])} runs finished, "
                   f"{len(todo)} to run", markup=False, highlight=False)

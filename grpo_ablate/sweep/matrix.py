@@ -251,6 +251,9 @@ def _parse_variant(name: str, spec, names: list) -> tuple:
     """(name, overrides, against, expect) of one entry of a variants file, checked."""
     if not re.fullmatch(r"[A-Za-z0-9_.+-]+", name):
         raise SweepError(f"variant name {name!r} is not allowed; use letters, digits and _ . + -")
+    if name.startswith("control-"):   # add_controls' names: two plans would write one run dir
+        raise SweepError(f"variant name {name} is not allowed; names starting with control- are the no-RL "
+                         "controls' (--controls adds them)")
     spec = {"overrides": spec} if isinstance(spec, list) or spec is None else spec
     if not isinstance(spec, dict) or set(spec) - {"overrides", "against", "expect"}:
         raise SweepError(f"variant {name}: give a list of overrides or a mapping of overrides, against, expect")
@@ -270,8 +273,8 @@ def _parse_variant(name: str, spec, names: list) -> tuple:
                          f"variants: {', '.join(map(str, names))}")
     expect = spec.get("expect") or []
     expect = [expect] if isinstance(expect, str) else expect
-    bad = [e for e in expect if e not in EXPECTABLE]
-    if not isinstance(expect, list) or bad:
+    bad = [e for e in expect if e not in EXPECTABLE] if isinstance(expect, list) else [expect]
+    if bad:
         raise SweepError(f"variant {name}: expect {', '.join(map(str, bad or [expect]))} is not a verdict; "
                          f"allowed: {', '.join(EXPECTABLE)}")
     return name, tuple(overrides), against, tuple(expect)

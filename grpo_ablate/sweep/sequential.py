@@ -35,7 +35,7 @@ from grpo_ablate.report.health import Flag, HealthThresholds
 from grpo_ablate.report.load import Run, load_run, metrics_frame, nonfinite_steps
 from grpo_ablate.report.stats import Estimate
 from grpo_ablate.report.verdicts import BREAKS_TRAINING, INERT, decide, inertness
-from grpo_ablate.rundir import read_rows, read_status
+from grpo_ablate.rundir import DirLock, read_rows, read_status
 from grpo_ablate.sweep import launch
 from grpo_ablate.sweep.matrix import Matrix, SweepError, Variant, expand_jobs
 
@@ -87,17 +87,26 @@ def options_from(given: dict) -> Options:
     return options
 
 
-def resume_any(sweep_dir: Path, launcher, jobs, hydra_args, console, given: dict) -> int:
+def resume_any(sweep_dir: Path, launcher, jobs, hydra_args, console, given: dict, rerun: tuple = ()) -> int:
     """`sweep --resume`: a sequential sweep goes on looking (with a new --max-seeds or --budget
-    if given); a fixed one is resumed as before."""
+    if given); a fixed one is resumed as before. `rerun`: runs started over (their dirs kept aside)."""
     manifest = launch.read_manifest(sweep_dir)
+    with DirLock(sweep_dir, "sweep dir", lambda text: _say(console, text)):   # one process a sweep dir
+        return _resume_any(sweep_dir, manifest, launcher, jobs, hydra_args, console, given, rerun)
+
+
+def _resume_any(sweep_dir: Path, manifest: dict, launcher, jobs, hydra_args, console, given: dict,
+                rerun: tuple) -> int:
     if "sequential" not in manifest:
         if any(v is not None for v in given.values()):
             raise SweepError(f"--max-seeds and --budget continue a sequential sweep (--seeds auto); {sweep_dir} "
                              "ran a fixed set of seeds")
-        return launch.resume(sweep_dir, launcher, jobs, hydra_args, console)
+        return launch.resume(sweep_dir, launcher, jobs, hydra_args, console, rerun)
+    if not isinstance(manifest["sequential"], dict) or not isinstance(manifest["sequential"].get("looks"), list):
+        raise SweepError(f"{Path(sweep_dir) / launch.MANIFEST} is damaged (its sequential section has no looks); "
+                         "the sweep cannot be resumed from it: restore it or start a new sweep")
     budget = parse_duration(given["budget"]) if given.get("budget") is not None else None
-    return resume(sweep_dir, launcher, jobs, hydra_args, console, given.get("max_seeds"), budget)
+    return resume(sweep_dir, launcher, jobs, hydra_args, console, given.get("max_seeds"), budget, rerun)
 
 
 def check_options(options: Options) -> seq.Plan:
@@ -350,16 +359,24 @@ def start(req: launch.SweepRequest, options: Options, console, dry_run: bool = F
     _say(console, f"sequential sweep {manifest['name']}: look 1 = {len(manifest['variants'])} variants x "
                   f"{options.initial_seeds} seeds = {len(manifest['runs'])} runs, then one seed per look for "
                   f"the contrasts still open, up to {options.max_seeds} seeds -> {sweep_dir}")
-    return run_looks(sweep_dir, manifest, req.launcher, req.jobs, req.hydra_args, console)
+    with DirLock(sweep_dir, "sweep dir"):
+        return run_looks(sweep_dir, manifest, req.launcher, req.jobs, req.hydra_args, console)
 
 
 def resume(sweep_dir: Path, launcher, jobs, hydra_args, console, max_seeds: int | None = None,
-           budget_s: float | None = None) -> int:
+           budget_s: float | None = None, rerun: tuple = ()) -> int:
     """Finish the current look (finished runs are kept), then go on; a larger --max-seeds or a
-    new --budget continues a sweep that had stopped at its cap."""
+    new --budget continues a sweep that had stopped at its cap. A stopped sweep with nothing
+    new to do is only printed: nothing is written."""
     sweep_dir = Path(sweep_dir)
     manifest = launch.read_manifest(sweep_dir)
     section = manifest["sequential"]
+    unfinished = [r for r in manifest["runs"] if r["status"] not in launch.FINISHED or r["run_dir"] in rerun]
+    if section.get("stopped") and max_seeds is None and budget_s is None and not unfinished:
+        _say(console, f"{sweep_dir} stopped at look {section['stopped'].get('at_look')} "
+                      f"({section['stopped'].get('reason')}); nothing to do")
+        print_decisions(manifest, console)
+        return 0
     if max_seeds is not None:
         most = max(len(s) for s in seeds_of(manifest).values())
         if max_seeds < most:
@@ -373,10 +390,9 @@ def resume(sweep_dir: Path, launcher, jobs, hydra_args, console, max_seeds: int 
         section["stopped"] = None                      # a new cap: look again
     launch.write_manifest(sweep_dir, manifest)
     launcher = launcher or manifest.get("launcher", "joblib")
-    unfinished = [r for r in manifest["runs"] if r["status"] not in launch.FINISHED]
     if unfinished:
         started = time.monotonic()
-        launch.resume(sweep_dir, launcher, jobs, hydra_args, console)
+        launch.resume(sweep_dir, launcher, jobs, hydra_args, console, rerun)
         manifest = launch.read_manifest(sweep_dir)
         _add_time(manifest["sequential"], time.monotonic() - started)
         launch.write_manifest(sweep_dir, manifest)

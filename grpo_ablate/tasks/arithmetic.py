@@ -72,6 +72,13 @@ class ArithmeticTask:
                  operand_min: int | None = None, operand_max: int | None = None):
         if level not in LEVELS:
             raise ValueError(f"task.level={level!r} is not one of {', '.join(LEVELS)}")
+        if not isinstance(trace, bool):
+            raise ValueError(f"task.trace={trace!r} is not allowed; allowed: true, false")
+        if isinstance(eval_size, bool) or not isinstance(eval_size, int) or eval_size < 1:
+            raise ValueError(f"task.eval_size={eval_size!r} is not allowed; it must be an integer >= 1")
+        for key, bound in (("operand_min", operand_min), ("operand_max", operand_max)):
+            if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 0):
+                raise ValueError(f"task.{key}={bound!r} is not allowed; it must be an integer >= 0 (or null)")
         self.level, self.trace, self.eval_size = level, trace, eval_size
         lo_digits, hi_digits = LEVELS[level]
         # explicit operand bounds (e.g. W1's 10..99) replace the level's digit counts

@@ -33,6 +33,7 @@ from grpo_ablate.tasks import build_task
 from grpo_ablate.train.distributed import DataParallel
 from grpo_ablate.train.run import (Optimization, RunResult, StepResult, already_finished, attention_implementation,
                                    evaluate, finished_result, open_run_dir, prepare_process, run_steps)
+from grpo_ablate.rundir import DirLock
 from grpo_ablate.train.step import sample_groups
 
 
@@ -43,11 +44,13 @@ def run_control(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (),
     if DataParallel().world > 1:
         raise ConfigError("control runs train in one process; launch control=base|sft without torchrun")
     prepare_process(cfg)
-    status, checkpoint = open_run_dir(cfg, run_dir)   # the same resume rules as a GRPO run
-    if already_finished(status, cfg):
-        return finished_result(status, run_dir, say)
-    control = ControlStep(cfg, model_device(cfg.model), checkpoint, say)
-    return run_steps(cfg, run_dir, overrides, control, checkpoint, console)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with DirLock(run_dir, "run dir", say):   # one writer a run dir, as a GRPO run
+        status, checkpoint = open_run_dir(cfg, run_dir)   # the same resume rules as a GRPO run
+        if already_finished(status, cfg):
+            return finished_result(status, run_dir, say)
+        control = ControlStep(cfg, model_device(cfg.model), checkpoint, say)
+        return run_steps(cfg, run_dir, overrides, control, checkpoint, console)
 
 
 class ControlStep:

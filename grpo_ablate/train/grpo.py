@@ -23,6 +23,7 @@ from grpo_ablate.models import (AdapterDisabled, add_lora, autocast_forward, dis
 from grpo_ablate.sampling.engines import Rollouts, build_engine, rng_mode
 from grpo_ablate.sampling.prompts import PromptEncoder
 from grpo_ablate.tasks import build_task
+from grpo_ablate.rundir import DirLock
 from grpo_ablate.train.distributed import DataParallel
 from grpo_ablate.train.run import (Optimization, RunResult, already_finished, attention_implementation,
                                    finished_result, open_run_dir, prepare_process, run_steps)
@@ -45,15 +46,22 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
         for name, reason in inert_tricks(cfg, chosen_tricks(cfg, overrides)):   # compute it would waste
             say(f"[yellow]warning[/]: {name} {reason}", markup=True, highlight=False)
         prepare_process(cfg)
-        status, checkpoint = open_run_dir(cfg, run_dir)
-        if already_finished(status, cfg):
-            return finished_result(status, run_dir, say)
-        grpo, first_row = build_grpo(cfg, device, dp, checkpoint, say)
+        if dp.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        lock = DirLock(run_dir, "run dir", say).acquire() if dp.is_main else None   # one writer a run dir
         try:
-            return run_steps(cfg, run_dir, overrides, grpo, checkpoint, console, writes=dp.is_main,
-                             first_row=first_row)
+            status, checkpoint = open_run_dir(cfg, run_dir)
+            if already_finished(status, cfg):
+                return finished_result(status, run_dir, say)
+            grpo, first_row = build_grpo(cfg, device, dp, checkpoint, say)
+            try:
+                return run_steps(cfg, run_dir, overrides, grpo, checkpoint, console, writes=dp.is_main,
+                                 first_row=first_row)
+            finally:
+                del grpo.train_model   # (torchrun) DDP lets go of the process group before it is destroyed
         finally:
-            del grpo.train_model   # (torchrun) DDP lets go of the process group before it is destroyed
+            if lock is not None:
+                lock.release()
     finally:
         dp.stop()
 

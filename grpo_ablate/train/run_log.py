@@ -30,9 +30,11 @@ class RunLog:
         self.wall_before = float(previous.get("wall_time_s", 0.0)) if resume_step is not None else 0.0
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.samples_path = self.run_dir / "samples.jsonl"
-        if resume_step is None:  # a fresh start (also a resume killed before its first checkpoint)
+        if resume_step is None:  # a fresh start (also a resume killed before its first checkpoint, or --restart)
             for path in (self.metrics_path, self.samples_path):
                 path.unlink(missing_ok=True)
+            for name in (CHECKPOINT, CHECKPOINT_OLD, CHECKPOINT_TMP):   # another history's: never resumed from
+                shutil.rmtree(self.run_dir / name, ignore_errors=True)
         else:
             truncate_jsonl(self.metrics_path, resume_step)
             truncate_jsonl(self.samples_path, resume_step)

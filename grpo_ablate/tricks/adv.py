@@ -196,6 +196,12 @@ def gae_advantage(rewards, group_index, mask, values, components, *, gamma: floa
 
 
 # ---------------------------------------------------------------- 2025-26 estimators
+# adv.weights: {reward part: weight}; the parts are the trainer's (train/rewards.py; format and
+# kl only when those terms are on)
+REWARD_WEIGHTS = Knob("weights", choices=("task_reward", "overlong_reward", "length_reward", "format_reward",
+                                          "kl_reward"), optional=True)
+
+
 def _weighted_parts(rewards: torch.Tensor, components: dict, weights: dict | None) -> list:
     """(weight, component) pairs; a reward without parts ({}) is one part, the reward itself."""
     parts = dict(components) or {"reward": rewards}
@@ -208,7 +214,7 @@ def _weighted_parts(rewards: torch.Tensor, components: dict, weights: dict | Non
 
 
 @register("adv", "gdpo", uses_group_statistic=True,
-          knobs={"eps": POSITIVE, "weights": Knob("numbers", optional=True)},
+          knobs={"eps": POSITIVE, "weights": REWARD_WEIGHTS},
           tricks=(Trick("gdpo",
                         what="GDPO: each reward part normalized in its group, summed, token-whitened",
                         source="verl adv_estimator=gdpo (arXiv 2601.05242)",
@@ -241,7 +247,7 @@ def gdpo_advantage(rewards, group_index, mask, values, components, *, eps: float
 
 
 @register("adv", "gdpo_trl", uses_group_statistic=True,
-          knobs={"eps": POSITIVE, "weights": Knob("numbers", optional=True)},
+          knobs={"eps": POSITIVE, "weights": REWARD_WEIGHTS},
           tricks=(Trick("gdpo_trl",
                         what="GDPO, TRL form: parts normalized in their group, summed, whitened per completion",
                         source="TRL multi_objective_aggregation=normalize_then_sum",

@@ -285,6 +285,9 @@ def _covariance(advantages, logp, mask) -> torch.Tensor:
 
 @register("clip", "clip_cov",
           knobs={**EPS, "ratio": Knob(low=0, high=1, low_open=True), "cov_low": NUMBER, "cov_high": NUMBER},
+          checks=lambda cfg: None if cfg.clip.cov_low < cfg.clip.cov_high else (
+              f"clip.cov_low={cfg.clip.cov_low} and clip.cov_high={cfg.clip.cov_high} leave an empty band; "
+              "cov_low must be < cov_high"),
           activity=Activity("clip_cov/frac"),
           writes=("clip/high_frac", "clip_cov/frac"),
           tricks=(Trick("clip_cov",

@@ -47,6 +47,7 @@ class Knob:
     """What a knob may be set to. `low`/`high` are numbers or config keys (`rollout.max_new_tokens`,
     read from the composed config); `optional`: null is allowed too; `note`: why, for the message."""
     kind: str = "number"                 # number | integer | bool | choice | numbers (a list of numbers)
+                                         # | weights (name -> number; choices: the names)
     low: float | str | None = None
     high: float | str | None = None
     low_open: bool = False               # low < value (else low <= value)
@@ -62,6 +63,8 @@ class Knob:
             return "allowed: true, false"
         if self.kind == "choice":
             return "allowed: " + ", ".join(map(str, self._choices()))
+        if self.kind == "weights":
+            return f"it must map names to numbers ({{{self.choices[0]}: 2}}); names: {', '.join(self.choices)}"
         what = {"number": "a number", "integer": "an integer", "numbers": "a list of numbers"}[self.kind]
         low, high = _bound(self.low, cfg), _bound(self.high, cfg)
         if self.low is not None and self.high is not None and self.kind == "integer" and not (
@@ -84,6 +87,8 @@ class Knob:
             return isinstance(value, bool)
         if self.kind == "choice":
             return value in self._choices()
+        if self.kind == "weights":   # a dict, or omegaconf's DictConfig (not imported here)
+            return hasattr(value, "items") and all(k in self.choices and _finite_number(v) for k, v in value.items())
         if self.kind == "numbers":
             return (isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig") and all(
                 _finite_number(v) for v in value)
