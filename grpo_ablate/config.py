@@ -19,7 +19,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_ablate.errors import ConfigError
-from grpo_ablate.rundir import writable_problem
+from grpo_ablate.rundir import cache_message, writable_problem
 from grpo_ablate.tasks import TASKS
 from grpo_ablate.ranks import launched_ranks
 from grpo_ablate.tricks import UnknownOption, families, option, options
@@ -315,11 +315,6 @@ def check_here(cfg: DictConfig) -> None:
         _require((cfg.rollout.get("rng") or "auto") != "stream",
                  "rollout.rng=stream is one random stream for one process; with several processes use "
                  "per_row (or auto)")
-
-
-def cache_message(cache_root: Path, problem: str) -> str:
-    return (f"cannot write the model cache {cache_root}: {problem}; set GRPO_ABLATE_CACHE (or model.cache_dir) to a "
-            "writable directory")
 
 
 def cache_problem(model_cfg: DictConfig) -> str | None:

@@ -23,7 +23,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, PreTrainedTokeniz
                           Qwen2Config, Qwen2ForCausalLM)
 from transformers.utils import logging as hf_logging
 
-from grpo_ablate.rundir import writable_problem
+from grpo_ablate.rundir import cache_message, writable_problem
 
 # Loading and saving tiny checkpoints many times a run: no per-file progress bars.
 hf_logging.disable_progress_bar()
@@ -137,9 +137,7 @@ def ensure_warm_started(model_cfg, task, log=print) -> Path:
     if (target / "config.json").exists():
         return target
     problem = writable_problem(cache_root)
-    if problem:   # config.check_here refuses this before a run; a model not cached yet in a read-only cache
-        from grpo_ablate.config import cache_message
-
+    if problem:   # config.check_here refuses this before a run; here: a model not cached yet in a read-only cache
         raise ModelPathError(cache_message(cache_root, problem))
     cache_root.mkdir(parents=True, exist_ok=True)
     log(f"warm-starting the embedded tiny model (cached as {target})")

@@ -252,3 +252,9 @@ def writable_problem(path: Path) -> str | None:
     if not os.access(probe, os.W_OK | os.X_OK):
         return f"{probe} is not writable"
     return None
+
+
+def cache_message(cache_root: Path, problem: str) -> str:
+    """The embedded model's cache cannot be written: where, why, and the setting that moves it."""
+    return (f"cannot write the model cache {cache_root}: {problem}; set GRPO_ABLATE_CACHE (or model.cache_dir) to a "
+            "writable directory")

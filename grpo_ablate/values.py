@@ -18,7 +18,8 @@ class ValueProblem(ValueError):
 
 @dataclass(frozen=True)
 class Allowed:
-    """What a value may be. kind: integer | number | text | bool | list | mapping | seeds | any;
+    """What a value may be. kind: integer | number | text | bool | texts (a list of texts) | mapping |
+    families (a mapping of a config group or key to a list of values or null) | seeds | any;
     `low`/`high` bound numbers (`low_open`: low < value); null is always allowed (= the default)."""
     kind: str
     low: float | None = None
@@ -39,7 +40,12 @@ class Allowed:
             if self.low is not None and (value <= self.low if self.low_open else value < self.low):
                 return False
             return self.high is None or value <= self.high
-        return isinstance(value, {"text": str, "bool": bool, "list": list, "mapping": dict}[self.kind])
+        if self.kind == "texts":
+            return isinstance(value, list) and all(isinstance(v, str) for v in value)
+        if self.kind == "families":
+            return isinstance(value, dict) and all(isinstance(k, str) and (v is None or isinstance(v, list))
+                                                   for k, v in value.items())
+        return isinstance(value, {"text": str, "bool": bool, "mapping": dict}[self.kind])
 
     def words(self) -> str:
         """What the value must be, in words."""
@@ -50,7 +56,8 @@ class Allowed:
             elif self.low is not None:
                 what += f" {'>' if self.low_open else '>='} {self.low:g}"
         else:
-            what = {"text": "a text", "bool": "true or false", "list": "a list", "mapping": "a mapping",
+            what = {"text": "a text", "bool": "true or false", "texts": "a list of texts", "mapping": "a mapping",
+                    "families": "a mapping of config groups or keys to a list of values (or null)",
                     "seeds": "a seed count, auto or a list of seeds"}[self.kind]
         return f"it must be {what}" + (f" ({self.note})" if self.note else "")
 
@@ -63,8 +70,8 @@ ACCURACY_EFFECT = Allowed("number", low=0, high=1, low_open=True, note="a differ
 # same name (`--max-runs` for max_runs) is checked against the same entry.
 SWEEP_FILE_FIELDS = {
     "name": Allowed("text"), "description": Allowed("any"), "mode": Allowed("text"), "base": Allowed("text"),
-    "tricks": Allowed("list"), "seeds": Allowed("seeds"), "overrides": Allowed("list"), "steps": COUNT,
-    "families": Allowed("mapping"), "launcher": Allowed("text"), "max_runs": COUNT, "controls": Allowed("bool"),
+    "tricks": Allowed("texts"), "seeds": Allowed("seeds"), "overrides": Allowed("texts"), "steps": COUNT,
+    "families": Allowed("families"), "launcher": Allowed("text"), "max_runs": COUNT, "controls": Allowed("bool"),
     "max_seeds": COUNT, "budget": Allowed("text"), "effect": ACCURACY_EFFECT, "summary": Allowed("text"),
     "variants": Allowed("mapping"),
 }

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -113,7 +114,9 @@ def test_a_key_the_code_reads_may_still_be_added(run_cli):
     ("mode: leave-one-out\nsteps: 0\n", "steps: 0 is not allowed"),
     ("mode: leave-one-out\nmax_runs: -1\n", "max_runs: -1 is not allowed"),
     ("mode: leave-one-out\ncontrols: maybe\n", "controls: 'maybe' is not allowed; it must be true or false"),
-    ("mode: leave-one-out\ntricks: clip_higher\n", "tricks: 'clip_higher' is not allowed; it must be a list"),
+    ("mode: leave-one-out\ntricks: clip_higher\n", "tricks: 'clip_higher' is not allowed; it must be a list of texts"),
+    ("mode: leave-one-out\noverrides: [5]\n", "overrides: [5] is not allowed; it must be a list of texts"),
+    ("mode: factorial\nfamilies: {adv: 5}\n", "families: {'adv': 5} is not allowed"),
     ("mode: leave-one-out\nsteps: 5\nsteps: 6\n", "key steps is given twice"),
     ("mode: variants\nvariants:\n  a: []\n  b: {overrides: [], expect: 5}\n", "expect 5 is not a verdict"),
     ("mode: variants\nvariants:\n  a: []\n  b: [optim.lr=1e-3]\n  b: [optim.lr=1e-5]\n", "key b is given twice"),
@@ -334,3 +337,42 @@ def test_a_run_stopped_before_its_first_checkpoint_restarts_only_when_asked(run_
 def test_restart_belongs_to_resume(run_cli, tmp_path):
     refused(run_cli("train", "--restart"), "--restart belongs to --resume RUN_DIR")
     assert not any(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------------------ two processes at once
+@pytest.mark.slow
+def test_two_trains_into_one_run_dir_one_wins_and_its_metrics_hold_each_step_once(small, tmp_path):
+    """Started at the same moment: exactly one trains; the other exits non-zero with one line."""
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "grpo_ablate.cli", "train", *small, "steps=6", f"hydra.run.dir={run_dir}"]
+    both = [subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    ends = [(p.returncode, out, err) for p, (out, err) in ((p, p.communicate(timeout=600)) for p in both)]
+    won = [e for e in ends if e[0] == 0]
+    lost = [e for e in ends if e[0] != 0]
+    assert len(won) == 1 and len(lost) == 1, ends
+    code, out, err = lost[0]
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in out + err, err
+    assert lines[0].startswith("error: run dir") and ("is in use by process" in lines[0]
+                                                     or "is being opened by another process" in lines[0])
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(7))
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "completed"
+    assert not (run_dir / ".lock").exists()
+
+
+@pytest.mark.slow
+def test_a_second_train_while_one_runs_is_refused_and_the_first_completes(small, tmp_path):
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "grpo_ablate.cli", "train", *small, "steps=8", f"hydra.run.dir={run_dir}"]
+    first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not (run_dir / "status.json").exists() and time.time() < deadline:   # it is training
+        time.sleep(0.05)
+    second = cli("train", "--resume", run_dir, cwd=tmp_path)
+    refused(second, f"run dir {run_dir} is in use by process {first.pid} on this machine")
+    out, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err[-2000:]
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(9))
