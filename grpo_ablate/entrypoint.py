@@ -20,7 +20,7 @@ from rich.console import Console
 
 from grpo_ablate.config import ConfigError
 from grpo_ablate.models import ModelPathError
-from grpo_ablate.rundir import find_checkpoint
+from grpo_ablate.rundir import find_checkpoint, release_all_locks
 from grpo_ablate.stopping import RunInterrupted, stop_on_signals
 from grpo_ablate.train.controls import run_control
 from grpo_ablate.train.grpo import train
@@ -43,6 +43,7 @@ def hydra_train(cfg: DictConfig) -> int:
         with stop_on_signals():   # SIGTERM (SLURM's time limit, scancel): the run records `interrupted`
             result = run(cfg, run_dir, overrides=overrides, console=None if in_sweep else console)
     except RunInterrupted as stop:
+        release_all_locks()   # the signal is resent below: this process ends past the CLI's `finally`
         if os.environ.get("RANK", "0") == "0":
             console.print(f"{prefix}interrupted: {stop.reason}; {_how_to_continue(run_dir, overrides)}",
                           markup=False, highlight=False)

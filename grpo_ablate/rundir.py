@@ -231,6 +231,13 @@ class DirLock:
         self.release()
 
 
+def release_all_locks() -> None:
+    """Remove every lock this process holds: it is about to end by a signal, past any `finally`."""
+    for key in list(_HELD):
+        Path(key).unlink(missing_ok=True)
+        del _HELD[key]
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

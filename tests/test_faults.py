@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -376,3 +377,27 @@ def test_a_second_train_while_one_runs_is_refused_and_the_first_completes(small,
     assert first.returncode == 0, err[-2000:]
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(9))
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_warm_start_leaves_no_run_dir_and_says_how_to_start_again(tmp_path):
+    """Stopped before the run began (building the model cache): no --resume to offer, nothing kept."""
+    from conftest import SMALL
+
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "GRPO_ABLATE_CACHE": str(tmp_path / "fresh-cache")}   # the warm start takes a while
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_ablate.cli", "train", *SMALL, f"hydra.run.dir={run_dir}"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:
+            if "warm-starting" in line:
+                break
+        time.sleep(1)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGTERM, output
+    assert "interrupted: SIGTERM; it had not started, nothing was kept: run `grpo-ablate train" in output, output
+    assert "--resume" not in output
+    assert not run_dir.exists()
