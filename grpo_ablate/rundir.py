@@ -140,7 +140,23 @@ def checkpoint_problem(checkpoint: Path) -> str | None:
         return f"{state.name} is damaged ({err})"
     if not any(Path(checkpoint).glob("*.safetensors")) and not any(Path(checkpoint).glob("*.bin")):
         return "holds no model weights"
+    for weights in Path(checkpoint).glob("*.safetensors"):
+        if not _safetensors_whole(weights):
+            return f"{weights.name} is cut short"
     return None
+
+
+def _safetensors_whole(path: Path) -> bool:
+    """A safetensors file is an 8-byte header length, a JSON header and the tensors' bytes: it is
+    whole when the header parses and the last tensor ends where the file does."""
+    try:
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+        ends = [t["data_offsets"][1] for name, t in header.items() if name != "__metadata__"]
+        return path.stat().st_size == 8 + size + max(ends, default=0)
+    except (OSError, ValueError, KeyError, TypeError, IndexError, MemoryError):
+        return False
 
 
 def find_checkpoint(run_dir: Path) -> Path | None:

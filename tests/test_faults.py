@@ -294,6 +294,8 @@ def _truncate(path, keep=100):
      "restarted"),
     (lambda d: _truncate(d / "checkpoint" / "trainer_state.pt"), ["steps=6"],
      "checkpoint/ trainer_state.pt is damaged"),
+    (lambda d: _truncate(d / "checkpoint" / "model.safetensors", 2000), ["steps=6"],
+     "checkpoint/ model.safetensors is cut short"),
     (lambda d: _truncate(d / "status.json", 30), [], "status.json is truncated; start it over with "
                                                      "`grpo-ablate train --resume"),
     (lambda d: (d / "status.json").write_text("[]"), [], "status.json is not a run status"),
