@@ -247,7 +247,7 @@ def _typed(text: str):
 
 # ------------------------------------------------------------------------------ the sweep dir
 # what every run of a manifest holds (what resume and the looks read), by type
-_MANIFEST_RUN = {"run_dir": str, "variant": str, "seed": int, "overrides": list, "config_hash": str}
+_MANIFEST_RUN = {"run_dir": str, "variant": str, "seed": int, "overrides": list, "config_hash": str, "status": str}
 
 
 def read_manifest(sweep_dir: Path) -> dict:
