@@ -440,10 +440,8 @@ def _nearby(base: DictConfig, key: str) -> str:
     import difflib
 
     parent, _, leaf = key.rpartition(".")
-    groups = [g for g in trick_families() if g == leaf]
-    hint = f"; {leaf} is a trick family: choose its option with {leaf}=<option>" if groups else ""
-    everything = _leaf_keys(base)
-    close = difflib.get_close_matches(key, everything, n=3, cutoff=0.75)
+    hint = f"; {leaf} is a trick family: choose its option with {leaf}=<option>" if leaf in trick_families() else ""
+    close = difflib.get_close_matches(key, _leaf_keys(OmegaConf.to_container(base)), n=3, cutoff=0.75)
     if close:
         hint += f"; did you mean {' or '.join(close)}"
     node = OmegaConf.select(base, parent) if parent else base
@@ -452,11 +450,11 @@ def _nearby(base: DictConfig, key: str) -> str:
     return hint
 
 
-def _leaf_keys(node: DictConfig, prefix: str = "") -> list[str]:
+def _leaf_keys(node: dict, prefix: str = "") -> list[str]:
+    """Every dotted key of a config (as a plain dict) that holds a value."""
     keys = []
-    for k in node.keys():
-        child = node._get_node(k)
-        keys += _leaf_keys(child, f"{prefix}{k}.") if isinstance(child, DictConfig) else [f"{prefix}{k}"]
+    for k, child in node.items():
+        keys += _leaf_keys(child, f"{prefix}{k}.") if isinstance(child, dict) else [f"{prefix}{k}"]
     return keys
 
 

@@ -368,7 +368,8 @@ def test_two_trains_into_one_run_dir_one_wins_and_its_metrics_hold_each_step_onc
 @pytest.mark.slow
 def test_a_second_train_while_one_runs_is_refused_and_the_first_completes(small, tmp_path):
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "grpo_ablate.cli", "train", *small, "steps=8", f"hydra.run.dir={run_dir}"]
+    long = ["steps=300", "eval.every=100", "checkpoint_every=100", "samples_every=100"]   # outlives the second
+    command = [sys.executable, "-m", "grpo_ablate.cli", "train", *small, *long, f"hydra.run.dir={run_dir}"]
     first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while not (run_dir / "status.json").exists() and time.time() < deadline:   # it is training
@@ -378,7 +379,7 @@ def test_a_second_train_while_one_runs_is_refused_and_the_first_completes(small,
     out, err = first.communicate(timeout=600)
     assert first.returncode == 0, err[-2000:]
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(9))
+    assert steps == list(range(301))
 
 
 @pytest.mark.slow
