@@ -313,6 +313,15 @@ def test_resume_of_a_damaged_or_finished_run_is_refused_and_changes_nothing(run_
     assert snapshot(run_copy) == before          # not even Hydra's .hydra/
 
 
+def test_a_new_run_into_a_dir_that_holds_one_is_refused_before_hydra_writes_there(run_cli, run_copy):
+    from conftest import SMALL
+
+    before = snapshot(run_copy)
+    refused(run_cli("train", *SMALL, f"hydra.run.dir={run_copy}"), f"run dir {run_copy} already holds a run "
+                                                                   "(completed); continue it with")
+    assert snapshot(run_copy) == before
+
+
 def test_a_resume_with_nothing_to_do_changes_nothing(run_cli, run_copy):
     before = snapshot(run_copy)
     out = run_cli("train", "--resume", run_copy)
