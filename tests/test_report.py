@@ -86,7 +86,7 @@ def test_cli_missing_dir_and_bad_input(tmp_path):
     make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS)
     for args, message in [(["report", str(tmp_path / "empty")], "no manifest.json and no run dirs"),
                           (["report", str(tmp_path / "s"), "--metric", "eval/nope"], "metric 'eval/nope'"),
-                          (["report", str(tmp_path / "s"), "--threshold", "patience=x"], "not an integer"),
+                          (["report", str(tmp_path / "s"), "--threshold", "patience=x"], "it must be an integer >= 1"),
                           (["report", str(tmp_path / "s"), "--threshold", "bogus=1"], "entropy_collapse_frac"),
                           (["report", str(tmp_path / "s"), "--format", "html"], "--format 'html'")]:
         result = cli(*args)
