@@ -127,6 +127,22 @@ def test_the_files_derived_from_the_registry_are_current():
     readme = (REPO / "README.md").read_text()
     assert readme == catalogue.readme_with_option_table(readme), "run `make catalogue`"
     assert catalogue.ACTIVITY_MODULE.read_text() == catalogue.activity_module(), "run `make catalogue`"
+    assert catalogue.CLAIMS_MODULE.read_text() == catalogue.claims_module(), "run `make catalogue`"
+
+
+def test_claims_are_data_the_report_can_check():
+    from grpo_ablate.tricks.registry import Claim
+
+    rows = {r["name"]: r for r in catalogue.load_catalogue()}
+    # the papers' questions, each with the context it was asked in
+    assert {(c["effect"], c["where"]) for c in rows["clip_higher"]["claims"]} >= {("helps", "model=aligned"),
+                                                                                   ("does not help", "model=base")}
+    assert ("hurts", "reward=0/1") in {(c["effect"], c["where"]) for c in rows["batch_norm"]["claims"]}
+    assert ("helps", "data=easy") in {(c["effect"], c["where"]) for c in rows["no_std"]["claims"]}
+    with pytest.raises(ValueError, match="effect 'great'"):
+        Claim("great", "", "x", "y")
+    with pytest.raises(ValueError, match="where model=chat"):
+        Claim("helps", "model=chat", "x", "y")
 
 
 def test_every_family_is_declared_and_in_the_family_order():

@@ -22,8 +22,9 @@ from grpo_ablate.inert import inert_reason
 from grpo_ablate.models import ensure_warm_started
 from grpo_ablate.rundir import atomic_write_text, read_rows, read_status
 from grpo_ablate.stopping import INTERRUPTED
-from grpo_ablate.sweep.matrix import (CONTROLS, DEFAULT_MAX_RUNS, Matrix, SweepError, add_controls, build_matrix,
-                                      check_size, expand_jobs, parse_seeds)
+from grpo_ablate.sweep.matrix import (CONTROLS, DEFAULT_MAX_RUNS, Context, Matrix, SweepError, add_controls,
+                                      build_matrix, check_contexts, check_size, expand_jobs, parse_seeds,
+                                      with_contexts)
 from grpo_ablate.sweep.slurm import watch_jobs_without_sacct
 from grpo_ablate.tasks import TASKS, build_task
 
@@ -79,6 +80,7 @@ class SweepRequest:
     matrix: Matrix | None = None        # a matrix built by the caller (doctor) instead of `mode`
     group: str | None = None            # W&B group shared with other sweeps (doctor's stages)
     sequential: dict = field(default_factory=dict)   # seeds=auto: max_seeds, budget, effect (sweep/sequential.py)
+    contexts: list[Context] = field(default_factory=list)   # --across / a file's contexts: the matrix in each
 
 
 # ------------------------------------------------------------------------------ planning
@@ -92,13 +94,21 @@ def plan(req: SweepRequest) -> dict:
     common = ([f"preset={req.base}"] if req.base else []) + list(req.overrides)
     if req.steps is not None:
         common.append(f"steps={req.steps}")
+    if req.contexts:   # the matrix repeated in every context
+        check_contexts(req.contexts, matrix, families, common)
+        matrix = with_contexts(matrix, req.contexts)
     common, matrix = scope_trick_settings(common, matrix)
     base_cfg = _compose(common, "the base")
     # on by default for the embedded model; off for a model.path model (each control costs a
-    # run), for --family sweeps, whose variants may differ in task or model (one control would
-    # not match them all), and for doctor's stages and the conflict check (diagnoses, not ablations)
+    # run), for --family sweeps and sweeps across contexts, whose variants differ in task or
+    # model (one control would not match them all), and for doctor's stages and the conflict
+    # check (diagnoses, not ablations)
+    if req.controls and req.contexts:
+        raise SweepError("--controls does not go with contexts yet: each context would need its own controls; "
+                         "drop --controls (the trick verdicts need none)")
     controls = req.controls if req.controls is not None else not (
-        base_cfg.model.get("path") or req.axes or req.matrix is not None or req.mode == "conflict")
+        base_cfg.model.get("path") or req.axes or req.matrix is not None or req.mode == "conflict"
+        or req.contexts)
     if controls:   # the supervised control only where the task has reference solutions
         matrix = add_controls(matrix, ("base", "sft") if _has_solutions(base_cfg) else ("base",),
                               sft_budget=req.control_budget)
@@ -124,6 +134,7 @@ def plan(req: SweepRequest) -> dict:
         "tricks": list(req.tricks), "axes": {k: v for k, v in req.axes}, "seeds": seeds,
         "overrides": common, "launcher": req.launcher, "wandb_group": group,
         "created_at": now, "updated_at": now,
+        **({"contexts": [c.to_json() for c in req.contexts]} if req.contexts else {}),
         "variants": [v.to_json() for v in matrix.variants],
         "contrasts": [c.to_json() for c in matrix.contrasts],
         "controls": {k: name for k, name in CONTROLS.items() if any(v.name == name for v in matrix.variants)},
@@ -163,7 +174,7 @@ def check_tricks_act(matrix: Matrix, cfg_of: dict, tricks: dict) -> None:
     """Refuse a plan in which a trick under test cannot act (inert.py): for each contrast, the
     trick on the side that has it; without contrasts (doctor), every trick where all are on;
     for a factorial over config groups, every variant's options. `tricks`: name -> (family, option)."""
-    checks = [(c.trick, *tricks[c.trick], c.with_) for c in matrix.contrasts if c.trick in tricks]
+    checks = [(c.tested, *tricks[c.tested], c.with_) for c in matrix.contrasts if c.tested in tricks]
     if not matrix.contrasts and matrix.variants:
         widest = max(matrix.variants, key=lambda v: len(v.tricks_on))
         checks += [(t, *tricks[t], widest.name) for t in widest.tricks_on]
@@ -285,6 +296,8 @@ def start(req: SweepRequest, console, dry_run: bool = False) -> int:
     manifest = plan(req)
     if dry_run:
         print_matrix(manifest, console)
+        if manifest.get("contexts"):
+            console.print(contexts_text(manifest, req), markup=False, highlight=False)
         return 0
     sweep_dir = create_sweep_dir(req, manifest)
     console.print(f"sweep {manifest['name']}: {len(manifest['variants'])} variants x "
@@ -544,6 +557,22 @@ def print_matrix(manifest: dict, console) -> None:
         table.add_row(v["name"], ", ".join(v["tricks_on"]) or "-",   # Text: "[a,b]" is not markup
                       Text(" ".join(filter(None, [common, *v["overrides"]])) or "(the defaults)"))
     console.print(table)
+
+
+def contexts_text(manifest: dict, req: SweepRequest, wall: bool = True) -> str:
+    """--dry-run across contexts: the runs in each context, and (`wall`) what the grid costs."""
+    from grpo_ablate.sweep.sequential import expected_wall
+
+    lines = []
+    for c in manifest["contexts"]:
+        variants = [v for v in manifest["variants"] if v.get("context") == c["name"]]
+        runs = [r for r in manifest["runs"] if r["variant"] in {v["name"] for v in variants}]
+        lines.append(f"  {c['name']}: {len(variants)} variants, {len(runs)} runs "
+                     f"({' '.join(c['overrides']) or 'no overrides'})")
+    contrasts = len(manifest["contrasts"])
+    head = (f"across {len(manifest['contexts'])} contexts: {len(manifest['runs'])} runs, "
+            f"{contrasts} contrasts (each trick in each context)")
+    return "\n".join([head, *lines, *([expected_wall(len(manifest["runs"]), req)] if wall else [])])
 
 
 def print_summary(manifest: dict, console, sweep_dir: Path) -> None:
