@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from scipy import stats
 
 from grpo_ablate.report import sequential as seq
+from grpo_ablate.report.aggregate import probability_of_improvement
+from grpo_ablate.report.claims_table import CLAIMS
 from grpo_ablate.report.load import nested_value
 from grpo_ablate.report.stats import Estimate
 from grpo_ablate.report.verdicts import BREAKS_TRAINING, HELPS, HURTS, INERT, NO_EFFECT
@@ -240,9 +242,6 @@ def transfer_section(sweep, verdicts: list[dict], values: dict, higher_is_better
     """The report's section across contexts (None for a sweep in one context): the contexts and
     their tags, a transfer verdict per trick with its trick × context cells and its probability of
     improvement stratified by context (rliable), and the claims beside the measurements."""
-    from grpo_ablate.report.aggregate import probability_of_improvement
-    from grpo_ablate.report.claims_table import CLAIMS
-
     if not sweep.contexts:
         return None
     cells: dict[str, list[Cell]] = {}
@@ -278,8 +277,6 @@ def transfer_section(sweep, verdicts: list[dict], values: dict, higher_is_better
 def _named_trick(trick: str, sides: list[tuple], sweep) -> str | None:
     """The named trick a contrast measures: its own name, or the one trick its `with` side's runs
     have on and its `without` side's do not (a variants file names its variants freely)."""
-    from grpo_ablate.report.claims_table import CLAIMS
-
     if trick in CLAIMS:
         return trick
     on = lambda variant: {name for r in sweep.runs if r.variant == variant
