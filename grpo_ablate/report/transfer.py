@@ -170,9 +170,10 @@ def to_decide(cs: list[Cell], pairs: list[dict], tests: int, alpha: float) -> st
     """What would decide an undecided trick: seeds per context for its open verdicts, and for
     the largest observed difference between contexts at the grid's Bonferroni level."""
     parts = [f"{c.context}: ~{c.seeds_needed} seeds" for c in cs if c.seeds_needed and c.verdict not in DIRECTION]
-    open_ = [(p, a, b) for p in pairs for a in cs for b in cs
-             if a.context == p["a"] and b.context == p["b"] and p["difference"] and len(a.diffs) > 1
-             and len(b.diffs) > 1 and _var(a.diffs) + _var(b.diffs) > 0]
+    by = {c.context: c for c in cs}
+    open_ = [(p, by[p["a"]], by[p["b"]]) for p in pairs
+             if p["difference"] and len(by[p["a"]].diffs) > 1 and len(by[p["b"]].diffs) > 1
+             and _var(by[p["a"]].diffs) + _var(by[p["b"]].diffs) > 0]
     if open_:
         p, a, b = max(open_, key=lambda x: abs(x[0]["difference"]))
         sd = math.sqrt(_var(a.diffs) + _var(b.diffs))
