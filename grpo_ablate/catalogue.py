@@ -24,6 +24,7 @@ from grpo_ablate.tricks.registry import all_options, family_info, options
 COLUMNS = ("name", "family", "option", "what", "source", "verdict", "cost")
 REPO = Path(__file__).resolve().parents[1]
 ACTIVITY_MODULE = Path(__file__).resolve().parent / "report" / "activity_table.py"
+CLAIMS_MODULE = Path(__file__).resolve().parent / "report" / "claims_table.py"
 README_BEGIN = "<!-- trick families: generated from the registry by `make catalogue`; do not edit by hand -->"
 README_END = "<!-- end of the generated trick families -->"
 
@@ -34,10 +35,15 @@ def load_catalogue() -> list[dict]:
     for opt in all_options():
         for t in opt.tricks:
             rows.append({"name": t.name, "family": opt.family, "option": opt.name, "what": t.what,
-                         "source": t.source, "verdict": t.verdict, "cost": t.cost, "claims": t.claims,
+                         "source": t.source, "verdict": t.verdict, "cost": t.cost,
+                         "claims": [claim_row(c) for c in t.claims],
                          "requires": requirement(opt.family, opt.name) or "-",   # when it can act at all
                          "activity": describe_activity(opt.activity)})
     return sorted(rows, key=lambda r: r["name"])
+
+
+def claim_row(claim) -> dict:
+    return {"effect": claim.effect, "where": claim.where, "source": claim.source, "says": claim.says}
 
 
 def describe_activity(activity) -> str:
@@ -62,9 +68,17 @@ def render(rows: list[dict], fmt: str) -> str:
             "| shows it acted |")
     lines = [head, "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        what = r["what"] + (f" (claims: {r['claims']})" if r["claims"] else "")
-        lines.append(f"| `{r['name']}` | `{r['family']}={r['option']}` | {what} | {r['source']} | "
+        lines.append(f"| `{r['name']}` | `{r['family']}={r['option']}` | {r['what']} | {r['source']} | "
                      f"{r['verdict'].replace('_', ' ')} | {r['cost']} | {r['requires']} | {r['activity']} |")
+    claimed = [r for r in rows if r["claims"]]
+    if claimed:
+        lines += ["", "## What the seed documents claim", "",
+                  "A sweep across contexts sets its measurements beside these (the report's *Claims* section: "
+                  "agrees, contradicts, undecided here, not tested here). *where*: the context the claim was made "
+                  "in (model base|aligned, data easy|medium|hard, reward 0/1|-1/1); blank: in general.", "",
+                  "| trick | claim | where | source |", "|---|---|---|---|"]
+        lines += [f"| `{r['name']}` | *{c['effect']}*: {c['says']} | {c['where'] or '-'} | {c['source']} |"
+                  for r in claimed for c in r["claims"]]
     return "\n".join(lines)
 
 
@@ -90,6 +104,17 @@ def activity_module() -> str:
             f"ACTIVITY = {{\n{entries}\n}}\n")
 
 
+def claims_module() -> str:
+    """The text of report/claims_table.py."""
+    import pprint
+
+    claims = {r["name"]: r["claims"] for r in load_catalogue() if r["claims"]}
+    return ('"""What the seed documents claim about each named trick, generated from the trick registry by\n'
+            "`make catalogue`: do not edit (tests/test_catalogue.py fails while it differs from the registry).\n"
+            'The report (report/transfer.py) reads it without importing torch. trick -> its claims."""\n'
+            f"CLAIMS = {pprint.pformat(claims, width=110, sort_dicts=False)}\n")
+
+
 def readme_with_option_table(text: str) -> str:
     """The README with the generated block (between its markers) replaced by option_table()."""
     begin, end = text.index(README_BEGIN) + len(README_BEGIN), text.index(README_END)
@@ -107,6 +132,7 @@ def write() -> None:
     readme = REPO / "README.md"
     readme.write_text(readme_with_option_table(readme.read_text()))
     ACTIVITY_MODULE.write_text(activity_module())
+    CLAIMS_MODULE.write_text(claims_module())
 
 
 if __name__ == "__main__":

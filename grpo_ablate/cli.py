@@ -154,6 +154,9 @@ def sweep(
     jobs: Optional[int] = typer.Option(None, "--jobs", help="Runs at a time (default: one per core)."),
     family: Optional[List[str]] = typer.Option(None, "--family", help="factorial over a config group's "
                                                "options (adv) or a key's values (task.level, key=a,b); repeatable."),
+    across: Optional[List[str]] = typer.Option(None, "--across", help="Repeat the whole matrix in contexts: "
+                                               "KEY=v1,v2 (task.level=easy,hard, reward.wrong=0,-1, "
+                                               "model=tiny,tiny_aligned); repeatable: every combination."),
     max_runs: Optional[int] = typer.Option(None, "--max-runs", help="Refuse sweeps with more runs (default 128)."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Training steps of every run."),
     name: Optional[str] = typer.Option(None, "--name", help="Sweep name (W&B group prefix, dir name)."),
@@ -191,7 +194,7 @@ def sweep(
                        ("--base", base), ("--seeds", seeds), ("--family", family), ("--steps", steps),
                        ("--name", name), ("--dir", out), ("--max-runs", max_runs),
                        ("--controls", controls is not None), ("--control-budget", control_budget),
-                       ("--effect", effect), ("--summary", summary), ("--dry-run", dry_run))
+                       ("--effect", effect), ("--summary", summary), ("--dry-run", dry_run), ("--across", across))
             code = _resume_sweep(resume_dir, [opt for opt, value in planned if value], args, launcher, jobs,
                                  {"max_seeds": max_seeds, "budget": budget},
                                  tuple(r.strip() for r in (rerun or "").split(",") if r.strip()))
@@ -201,7 +204,7 @@ def sweep(
             if mode == "conflict" or trick or reward:
                 tricks_ = _conflict_tricks(mode, tricks_, trick, reward)
             request = _sweep_request(mode, args, tricks_, base, seeds, launcher, jobs, family, max_runs,
-                                     steps, name, out)
+                                     steps, name, out, across)
             _given_options(request, controls, control_budget, allow_inert,
                            {"max_seeds": max_seeds, "budget": budget, "effect": effect, "summary": summary})
             if str(request.seeds) == "auto":
@@ -268,9 +271,11 @@ def _conflict_tricks(mode, tricks_, trick, reward) -> str:
     return f"{trick},{reward}"
 
 
-def _sweep_request(mode, args, tricks_, base, seeds, launcher, jobs, family, max_runs, steps, name, out):
+def _sweep_request(mode, args, tricks_, base, seeds, launcher, jobs, family, max_runs, steps, name, out,
+                   across=None):
     from grpo_ablate.sweep.launch import (DEFAULT_BASE, DEFAULT_SEEDS, DEFAULT_TRICKS, SweepRequest, axis_values)
-    from grpo_ablate.sweep.matrix import DEFAULT_MAX_RUNS, MODES, SweepError, variants_matrix
+    from grpo_ablate.sweep.matrix import (DEFAULT_MAX_RUNS, MODES, SweepError, across_contexts, file_contexts,
+                                          variants_matrix)
 
     if mode is None:
         fail(f"give a sweep mode: {', '.join(MODES)}, or file PATH (or --resume SWEEP_DIR)")
@@ -308,6 +313,7 @@ def _sweep_request(mode, args, tricks_, base, seeds, launcher, jobs, family, max
         max_runs=max_runs or spec.get("max_runs", DEFAULT_MAX_RUNS), axes=axes,
         name=name or spec.get("name"), steps=steps or spec.get("steps"), sweep_dir=out,
         controls=spec.get("controls"),
+        contexts=across_contexts(across) if across else file_contexts(spec["contexts"]) if "contexts" in spec else [],
         sequential={k: spec[k] for k in ("max_seeds", "budget", "effect", "summary") if k in spec})
 
 

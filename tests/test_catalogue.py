@@ -23,7 +23,7 @@ THROWAWAY = '''
 import torch
 
 from grpo_ablate.tricks.conditions import one_optimizer_step
-from grpo_ablate.tricks.registry import POSITIVE, Activity, Inert, Knob, Trick, register
+from grpo_ablate.tricks.registry import POSITIVE, Activity, Claim, Inert, Knob, Trick, register
 
 
 @register("clip", "throwaway", off_policy_only=True,
@@ -32,7 +32,8 @@ from grpo_ablate.tricks.registry import POSITIVE, Activity, Inert, Knob, Trick, 
           inert=Inert(one_optimizer_step, "cannot act with one optimizer step per rollout", "add updates.multi",
                       "several optimizer steps per rollout"),
           tricks=(Trick("throwaway_trick", what="a throwaway policy loss", source="tests/test_catalogue.py",
-                        verdict="not_in_review", claims="none: it is a test"),))
+                        verdict="not_in_review",
+                        claims=(Claim("helps", "model=base", "a test", "none: it is a test"),)),))
 def throwaway_loss(logp, old_logp, advantages, mask, *, eps: float = 0.1, tau: float = 1.0):
     return -advantages * torch.exp(logp - old_logp), {}
 '''
@@ -78,8 +79,11 @@ def test_a_throwaway_option_is_checked_catalogued_documented_and_watched(throwaw
     (row,) = [r for r in catalogue.load_catalogue() if r["name"] == "throwaway_trick"]
     assert (row["family"], row["option"], row["verdict"]) == ("clip", "throwaway", "not_in_review")
     assert row["requires"] == "several optimizer steps per rollout" and row["activity"] == "clip/throwaway_frac ≠ 0"
-    assert "`throwaway_trick` | `clip=throwaway` | a throwaway policy loss (claims: none: it is a test)" in \
-        catalogue.docs_text()
+    docs = catalogue.docs_text()
+    assert "`throwaway_trick` | `clip=throwaway` | a throwaway policy loss |" in docs
+    assert "| `throwaway_trick` | *helps*: none: it is a test | model=base | a test |" in docs   # its claim
+    assert {"effect": "helps", "where": "model=base", "source": "a test", "says": "none: it is a test"} \
+        in eval(catalogue.claims_module().split("CLAIMS = ", 1)[1])["throwaway_trick"]
     assert "`throwaway`" in catalogue.option_table().split("| `clip` |")[1].splitlines()[0]
     # an activity metric for the report's *inert here* (report/activity_table.py once regenerated)
     assert catalogue.activity_table()[("clip", "throwaway")] == ("clip/throwaway_frac", "nonzero", None)
@@ -127,6 +131,22 @@ def test_the_files_derived_from_the_registry_are_current():
     readme = (REPO / "README.md").read_text()
     assert readme == catalogue.readme_with_option_table(readme), "run `make catalogue`"
     assert catalogue.ACTIVITY_MODULE.read_text() == catalogue.activity_module(), "run `make catalogue`"
+    assert catalogue.CLAIMS_MODULE.read_text() == catalogue.claims_module(), "run `make catalogue`"
+
+
+def test_claims_are_data_the_report_can_check():
+    from grpo_ablate.tricks.registry import Claim
+
+    rows = {r["name"]: r for r in catalogue.load_catalogue()}
+    # the papers' questions, each with the context it was asked in
+    assert {(c["effect"], c["where"]) for c in rows["clip_higher"]["claims"]} >= {("helps", "model=aligned"),
+                                                                                   ("does not help", "model=base")}
+    assert ("hurts", "reward=0/1") in {(c["effect"], c["where"]) for c in rows["batch_norm"]["claims"]}
+    assert ("helps", "data=easy") in {(c["effect"], c["where"]) for c in rows["no_std"]["claims"]}
+    with pytest.raises(ValueError, match="effect 'great'"):
+        Claim("great", "", "x", "y")
+    with pytest.raises(ValueError, match="where model=chat"):
+        Claim("helps", "model=chat", "x", "y")
 
 
 def test_every_family_is_declared_and_in_the_family_order():

@@ -17,6 +17,7 @@ from grpo_ablate.report.curves import DEFAULT_K, Summary, curve
 from grpo_ablate.report.power import cost_to_decide, sequential_section
 from grpo_ablate.report.scaling import fit_section, predict_section
 from grpo_ablate.report.stats import delta_ci, final_value, finite_mean, kl_column, mean_ci
+from grpo_ablate.report.transfer import transfer_section
 from grpo_ablate.report.verdicts import UNDECIDED, against_controls, contrast_verdicts, decide_by_delta
 
 # The summaries the report compares side by side (its "Run summaries" section), whichever decides
@@ -39,6 +40,7 @@ class Report:
     fits: dict = field(default_factory=dict)               # scaling.fit_section: A, B, the split verdicts
     predictions: dict | None = None                        # scaling.predict_section: predicted verdicts
     aggregates: dict = field(default_factory=dict)         # rliable's IQM and probability of improvement
+    transfer: dict | None = None                           # transfer.transfer_section: across contexts
 
     @property
     def controls(self) -> dict:
@@ -103,6 +105,7 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
         report.summaries = compare_summaries(sweep, per_run, areas, higher_is_better, effect, summary)
     report.fits = fit_section(sweep, metric, higher_is_better, curves)
     report.aggregates = aggregates(sweep, values, higher_is_better)
+    report.transfer = transfer_section(sweep, verdicts, values, higher_is_better)
     report.predictions = predict_section(sweep, metric, summary, higher_is_better, predict_from, decide_by_delta,
                                          compute)
     if report.predictions is not None and report.finished:   # a finished sweep: set beside what it measured

@@ -75,6 +75,7 @@ class Sweep:
     notes: list = field(default_factory=list)
     controls: dict = field(default_factory=dict)    # role (base | sft) -> control variant name
     sequential: dict | None = None                  # a --seeds auto sweep's looks (manifest `sequential`)
+    contexts: list = field(default_factory=list)    # a sweep across contexts: {name, overrides} (report/transfer.py)
 
 
 # --------------------------------------------------------------------------- one run dir
@@ -213,7 +214,9 @@ def _sweep_from_manifest(sweep_dir: Path, manifest: dict, thresholds: HealthThre
                                    "reference": v.get("reference"), "kind": v.get("kind") or "treatment",
                                    "overrides": [str(o) for o in v.get("overrides") or []],
                                    # a `variants` file's known answer: the verdicts a correct report gives it
-                                   "expect": [str(e) for e in v.get("expect") or []]})
+                                   "expect": [str(e) for e in v.get("expect") or []],
+                                   **({"context": str(v["context"])} if v.get("context") else {})})
+    sweep.contexts = [c for c in manifest.get("contexts") or [] if isinstance(c, dict) and c.get("name")]
     sweep.contrasts = [c for c in manifest.get("contrasts") or []
                        if isinstance(c, dict) and {"trick", "with", "without"} <= c.keys()]
     entries = manifest.get("runs")

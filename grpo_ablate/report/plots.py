@@ -17,6 +17,7 @@ from matplotlib.lines import Line2D
 
 from grpo_ablate.report.build import Report
 from grpo_ablate.report.diagnostics import plot as plot_diagnostics
+from grpo_ablate.report.render_transfer import transfer_figure
 from grpo_ablate.report.stats import kl_column
 from grpo_ablate.report.verdicts import VERDICT_COLORS
 
@@ -35,6 +36,9 @@ def plot_figures(report: Report, out_dir: Path) -> list[tuple[str, str]]:
             figures.append((label, save(fig, out_dir, f"curve_{column.replace('/', '_')}.png")))
     if report.verdicts:
         figures.append(("Δ per trick", save(delta_figure(report), out_dir, "delta.png")))
+    fig = transfer_figure(report)
+    if fig is not None:
+        figures.append(("Each trick across contexts", save(fig, out_dir, "transfer.png")))
     fig = fits_figure(report, colors)
     if fig is not None:
         figures.append(("Compute–performance fits", save(fig, out_dir, "fits.png")))

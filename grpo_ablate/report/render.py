@@ -17,6 +17,7 @@ from grpo_ablate.report.formatting import fmt_delta, fmt_estimate, fmt_num, fmt_
 from grpo_ablate.report.health import BREAKING_FLAGS
 from grpo_ablate.report.load import CONTROL_COLUMNS, CONTROL_LABELS
 from grpo_ablate.report.render_curves import json_sections, markdown_sections as curve_sections
+from grpo_ablate.report.render_transfer import markdown_section as transfer_section
 from grpo_ablate.report.stats import Estimate, final_value
 from grpo_ablate.report.verdicts import BEATS, BREAKS_TRAINING, NO_COMPARISON, NOT_SHOWN
 
@@ -44,6 +45,8 @@ def render_markdown(report: Report, figures: list[tuple[str, str]] | None = None
         out.append("")
     out += ["## Variants", "", variants_table(report), "", "## Verdicts per trick", ""]
     out += verdict_lines(report)
+    if report.transfer:
+        out += [""] + transfer_section(report)
     checks = [v for v in report.verdicts if "expected" in v]
     if checks:
         out += ["", "## Known answers", ""] + known_answer_lines(checks)
@@ -370,5 +373,6 @@ def report_json(report: Report, figures: list[tuple[str, str]] | None = None) ->
                   "notes": r.notes} for r in s.runs],
         "figures": [name for _, name in figures or []],
         "diagnostics": report.diagnostics,
+        **({"transfer": report.transfer} if report.transfer else {}),
         **json_sections(report),
     })

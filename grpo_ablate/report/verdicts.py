@@ -65,7 +65,8 @@ def contrast_verdicts(sweep: Sweep, finals: dict, areas: dict, higher_is_better:
                              "power": power_numbers(None, effect)})
             continue
         delta = delta_ci(finals[c["with"]], finals[c["without"]])
-        verdict, why = decide(runs_of[c["with"]], runs_of[c["without"]], delta, higher_is_better, c["trick"])
+        verdict, why = decide(runs_of[c["with"]], runs_of[c["without"]], delta, higher_is_better,
+                              c.get("tests", c["trick"]))
         if sequential is not None and verdict != INERT:   # an inert trick: more seeds decide nothing
             verdict, why, power = _sequential_trick(c, sequential, verdict, why, effect, higher_is_better)
         else:

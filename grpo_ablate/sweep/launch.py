@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
+import statistics
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,8 +25,9 @@ from grpo_ablate.models import ensure_warm_started
 from grpo_ablate.errors import DamagedFile
 from grpo_ablate.rundir import DirLock, atomic_write_text, read_json, read_rows, read_status, writable_problem
 from grpo_ablate.stopping import INTERRUPTED
-from grpo_ablate.sweep.matrix import (CONTROLS, DEFAULT_MAX_RUNS, Matrix, SweepError, add_controls, build_matrix,
-                                      check_size, expand_jobs, parse_seeds)
+from grpo_ablate.sweep.matrix import (CONTROLS, DEFAULT_MAX_RUNS, Context, Matrix, SweepError, add_controls,
+                                      build_matrix, check_contexts, check_size, expand_jobs, parse_seeds,
+                                      with_contexts)
 from grpo_ablate.sweep.slurm import watch_jobs_without_sacct
 from grpo_ablate.tasks import TASKS, build_task
 
@@ -80,6 +83,7 @@ class SweepRequest:
     matrix: Matrix | None = None        # a matrix built by the caller (doctor) instead of `mode`
     group: str | None = None            # W&B group shared with other sweeps (doctor's stages)
     sequential: dict = field(default_factory=dict)   # seeds=auto: max_seeds, budget, effect (sweep/sequential.py)
+    contexts: list[Context] = field(default_factory=list)   # --across / a file's contexts: the matrix in each
 
 
 # ------------------------------------------------------------------------------ planning
@@ -93,13 +97,21 @@ def plan(req: SweepRequest) -> dict:
     common = ([f"preset={req.base}"] if req.base else []) + list(req.overrides)
     if req.steps is not None:
         common.append(f"steps={req.steps}")
+    if req.contexts:   # the matrix repeated in every context
+        check_contexts(req.contexts, matrix, families, common)
+        matrix = with_contexts(matrix, req.contexts)
     common, matrix = scope_trick_settings(common, matrix)
     base_cfg = _compose(common, "the base")
     # on by default for the embedded model; off for a model.path model (each control costs a
-    # run), for --family sweeps, whose variants may differ in task or model (one control would
-    # not match them all), and for doctor's stages and the conflict check (diagnoses, not ablations)
+    # run), for --family sweeps and sweeps across contexts, whose variants differ in task or
+    # model (one control would not match them all), and for doctor's stages and the conflict
+    # check (diagnoses, not ablations)
+    if req.controls and req.contexts:
+        raise SweepError("--controls does not go with contexts yet: each context would need its own controls; "
+                         "drop --controls (the trick verdicts need none)")
     controls = req.controls if req.controls is not None else not (
-        base_cfg.model.get("path") or req.axes or req.matrix is not None or req.mode == "conflict")
+        base_cfg.model.get("path") or req.axes or req.matrix is not None or req.mode == "conflict"
+        or req.contexts)
     if controls:   # the supervised control only where the task has reference solutions
         matrix = add_controls(matrix, ("base", "sft") if _has_solutions(base_cfg) else ("base",),
                               sft_budget=req.control_budget)
@@ -125,6 +137,7 @@ def plan(req: SweepRequest) -> dict:
         "tricks": list(req.tricks), "axes": {k: v for k, v in req.axes}, "seeds": seeds,
         "overrides": common, "launcher": req.launcher, "wandb_group": group,
         "created_at": now, "updated_at": now,
+        **({"contexts": [c.to_json() for c in req.contexts]} if req.contexts else {}),
         "variants": [v.to_json() for v in matrix.variants],
         "contrasts": [c.to_json() for c in matrix.contrasts],
         "controls": {k: name for k, name in CONTROLS.items() if any(v.name == name for v in matrix.variants)},
@@ -164,7 +177,7 @@ def check_tricks_act(matrix: Matrix, cfg_of: dict, tricks: dict) -> None:
     """Refuse a plan in which a trick under test cannot act (inert.py): for each contrast, the
     trick on the side that has it; without contrasts (doctor), every trick where all are on;
     for a factorial over config groups, every variant's options. `tricks`: name -> (family, option)."""
-    checks = [(c.trick, *tricks[c.trick], c.with_) for c in matrix.contrasts if c.trick in tricks]
+    checks = [(c.tested, *tricks[c.tested], c.with_) for c in matrix.contrasts if c.tested in tricks]
     if not matrix.contrasts and matrix.variants:
         widest = max(matrix.variants, key=lambda v: len(v.tricks_on))
         checks += [(t, *tricks[t], widest.name) for t in widest.tricks_on]
@@ -314,6 +327,8 @@ def start(req: SweepRequest, console, dry_run: bool = False) -> int:
     manifest = plan(req)
     if dry_run:
         print_matrix(manifest, console)
+        if manifest.get("contexts"):
+            console.print(contexts_text(manifest, req), markup=False, highlight=False)
         return 0
     sweep_dir = create_sweep_dir(req, manifest)
     console.print(f"sweep {manifest['name']}: {len(manifest['variants'])} variants x "
@@ -460,8 +475,6 @@ def run_jobs(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, j
 
 def treatment_train_seconds(sweep_dir: Path, manifest: dict) -> float | None:
     """Median training time (the sum of time/step_s: eval excluded) of the completed treatment runs."""
-    import statistics
-
     treatments = {v["name"] for v in manifest["variants"] if v.get("kind", "treatment") == "treatment"}
     seconds = [sum(r.get("time/step_s") or 0.0 for r in read_rows(Path(sweep_dir) / run["run_dir"] / "metrics.jsonl"))
                for run in manifest["runs"] if run["variant"] in treatments and run["status"] == "completed"]
@@ -600,6 +613,20 @@ def print_matrix(manifest: dict, console) -> None:
     console.print(table)
 
 
+def contexts_text(manifest: dict, req: SweepRequest, wall: bool = True) -> str:
+    """--dry-run across contexts: the runs in each context, and (`wall`) what the grid costs."""
+    lines = []
+    for c in manifest["contexts"]:
+        variants = [v for v in manifest["variants"] if v.get("context") == c["name"]]
+        runs = [r for r in manifest["runs"] if r["variant"] in {v["name"] for v in variants}]
+        lines.append(f"  {c['name']}: {len(variants)} variants, {len(runs)} runs "
+                     f"({' '.join(c['overrides']) or 'no overrides'})")
+    contrasts = len(manifest["contrasts"])
+    head = (f"across {len(manifest['contexts'])} contexts: {len(manifest['runs'])} runs, "
+            f"{contrasts} contrasts (each trick in each context)")
+    return "\n".join([head, *lines, *([expected_wall(len(manifest["runs"]), req)] if wall else [])])
+
+
 def print_summary(manifest: dict, console, sweep_dir: Path) -> None:
     """Variant x seed -> status and final eval accuracy."""
     from rich.table import Table
@@ -635,3 +662,44 @@ def print_summary(manifest: dict, console, sweep_dir: Path) -> None:
         elif run["status"] == INTERRUPTED:   # stopped from outside (a time limit): --resume continues it
             console.print(f"  {run['run_dir']} interrupted at step {run['step']}: {run['reason']}; "
                           f"`grpo-ablate sweep --resume {sweep_dir}` continues it", markup=False, highlight=False)
+
+
+# ------------------------------------------------------------------------------ timing
+def measured_run_seconds(parent: Path) -> tuple[float, str] | None:
+    """The median wall time of the completed runs of the newest sweep in `parent`, and which."""
+    manifests = sorted(Path(parent).glob("*/manifest.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in manifests:
+        seconds = [s["wall_time_s"] for s in (read_status(d) for d in path.parent.iterdir() if d.is_dir()
+                                              and (d / "status.json").exists())
+                   if s and s.get("state") == "completed" and s.get("wall_time_s")]
+        if seconds:
+            return statistics.median(seconds), f"the median of {len(seconds)} runs of {path.parent}"
+    return None
+
+
+def run_timing(req: SweepRequest) -> tuple[float, str, int] | None:
+    """(seconds a run, where that figure comes from, runs at a time), or None when no finished
+    sweep beside this one has timed a run."""
+    parent = Path(req.sweep_dir).parent if req.sweep_dir else Path("runs") / "sweeps"
+    measured = measured_run_seconds(parent) if parent.is_dir() else None
+    if measured is None:
+        return None
+    parallel = 1 if req.launcher == "basic" else max(1, req.jobs or cpus())
+    return (*measured, parallel)
+
+
+def expected_wall(runs: int, req: SweepRequest) -> str:
+    """What `runs` runs cost in wall time, from the runs of the newest finished sweep beside this one."""
+    measured = run_timing(req)
+    if measured is None:
+        parent = Path(req.sweep_dir).parent if req.sweep_dir else Path("runs") / "sweeps"
+        return f"expected wall time: unknown (no finished sweep in {parent} to time a run from)"
+    per_run, source, parallel = measured
+    return (f"expected wall time of {runs} runs: ~{duration(math.ceil(runs / parallel) * per_run)} "
+            f"({per_run:.0f} s a run, {source}; {parallel} at a time)")
+
+
+def duration(seconds: float) -> str:
+    if seconds >= 5400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"

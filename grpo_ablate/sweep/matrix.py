@@ -19,18 +19,25 @@ Modes (the tables of the papers):
     variants        (a sweep file only) named variants, each defined by its own overrides and
                     measured against a reference variant (`variants_matrix`): known-answer
                     checks such as sweeps/sanity.yaml
+
+Contexts (`--across KEY=a,b`, a sweep file's `contexts:`): the same matrix in every context
+(a name and the overrides that make it: an aligned-like model, hard data, rewards {-1,1}).
+`with_contexts` copies each variant into each context as `<variant>@<context>` and each
+contrast as `<trick>@<context>`, so every later stage (seeds, looks, verdicts) works per
+context unchanged; the report's transfer section (report/transfer.py) reads across them.
 """
 from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 MODES = ("leave-one-out", "add-one-in", "ladder", "factorial", "pairwise", "conflict")
 FILE_MODES = ("variants",)   # modes only a sweep file can give (their variants are written out there)
 # What a `variants` sweep file may expect of a contrast: the report's verdicts (report/verdicts.py;
 # tests/test_sweep.py checks that the two lists agree)
 EXPECTABLE = ("helps", "hurts", "breaks training", "no evidence", "inert here", "no verdict")
+NAME_PATTERN = r"[A-Za-z0-9_.+-]+"        # variant and context names: they become run dir names
 # keys a variant's overrides may not set: the sweep sets them for every run
 _VARIANT_RESERVED = ("seed", "resume", "run", "sweep")
 # (family, option) of the named tricks that add a term to the reward: what `sweep conflict
@@ -57,22 +64,44 @@ class Variant:
     kind: str = "treatment"             # treatment | control
     axes: dict = field(default_factory=dict)   # factorial over families: key -> value
     expect: tuple[str, ...] = ()        # `variants` files: the verdicts a correct report gives it
+    context: str | None = None          # the context it runs in (a sweep with contexts)
+    contexts: tuple[str, ...] = ()      # `variants` files: the only contexts it runs in (none: all)
 
     def to_json(self) -> dict:
         return {"name": self.name, "tricks_on": list(self.tricks_on), "overrides": list(self.overrides),
                 "reference": self.reference, "kind": self.kind, **({"axes": self.axes} if self.axes else {}),
-                **({"expect": list(self.expect)} if self.expect else {})}
+                **({"expect": list(self.expect)} if self.expect else {}),
+                **({"context": self.context} if self.context else {})}
 
 
 @dataclass(frozen=True)
 class Contrast:
-    """The effect of `trick` = metric(variant `with_`) - metric(variant `without`)."""
+    """The effect of `trick` = metric(variant `with_`) - metric(variant `without`). In a sweep
+    with contexts, `trick` names the contrast (`<trick>@<context>`), `tests` the trick itself."""
     trick: str
     with_: str
     without: str
+    context: str | None = None
+    tests: str | None = None
+
+    @property
+    def tested(self) -> str:
+        """The trick (or variant) this contrast measures, whatever context it is in."""
+        return self.tests or self.trick
 
     def to_json(self) -> dict:
-        return {"trick": self.trick, "with": self.with_, "without": self.without}
+        return {"trick": self.trick, "with": self.with_, "without": self.without,
+                **({"context": self.context, "tests": self.tested} if self.context else {})}
+
+
+@dataclass(frozen=True)
+class Context:
+    """One setting the whole matrix is repeated in: a name and the overrides that make it."""
+    name: str
+    overrides: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "overrides": list(self.overrides)}
 
 
 @dataclass
@@ -235,28 +264,32 @@ def variants_matrix(variants: dict) -> Matrix:
     parsed = [_parse_variant(str(name), spec, names) for name, spec in variants.items()]
     first = names[0]
     built, contrasts = [], []
-    for i, (name, overrides, against, expect) in enumerate(parsed):
+    for i, (name, overrides, against, expect, contexts) in enumerate(parsed):
         if i == 0 and (against is not None or expect):
             raise SweepError(f"variant {name} is the reference (the first listed): it takes no against or expect")
         reference = None if i == 0 else (against or first)
         if reference == name:
             raise SweepError(f"variant {name} is measured against itself; name another variant in its against")
-        built.append(Variant(name, (), overrides, reference, expect=expect))
+        built.append(Variant(name, (), overrides, reference, expect=expect, contexts=contexts))
         if reference is not None:
             contrasts.append(Contrast(name, name, reference))
     return Matrix("variants", built, contrasts)
 
 
 def _parse_variant(name: str, spec, names: list) -> tuple:
-    """(name, overrides, against, expect) of one entry of a variants file, checked."""
-    if not re.fullmatch(r"[A-Za-z0-9_.+-]+", name):
+    """(name, overrides, against, expect, contexts) of one entry of a variants file, checked."""
+    if not re.fullmatch(NAME_PATTERN, name):
         raise SweepError(f"variant name {name!r} is not allowed; use letters, digits and _ . + -")
     if name.startswith("control-"):   # add_controls' names: two plans would write one run dir
         raise SweepError(f"variant name {name} is not allowed; names starting with control- are the no-RL "
                          "controls' (--controls adds them)")
     spec = {"overrides": spec} if isinstance(spec, list) or spec is None else spec
-    if not isinstance(spec, dict) or set(spec) - {"overrides", "against", "expect"}:
-        raise SweepError(f"variant {name}: give a list of overrides or a mapping of overrides, against, expect")
+    if not isinstance(spec, dict) or set(spec) - {"overrides", "against", "expect", "contexts"}:
+        raise SweepError(f"variant {name}: give a list of overrides or a mapping of overrides, against, expect, "
+                         "contexts")
+    contexts = spec.get("contexts") or []
+    if not isinstance(contexts, list) or not all(isinstance(c, str) for c in contexts):
+        raise SweepError(f"variant {name}: contexts must be a list of context names (the file's `contexts`)")
     overrides = spec.get("overrides") or []
     if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
         raise SweepError(f"variant {name}: overrides must be a list of key=value overrides")
@@ -277,7 +310,121 @@ def _parse_variant(name: str, spec, names: list) -> tuple:
     if bad:
         raise SweepError(f"variant {name}: expect {', '.join(map(str, bad or [expect]))} is not a verdict; "
                          f"allowed: {', '.join(EXPECTABLE)}")
-    return name, tuple(overrides), against, tuple(expect)
+    return name, tuple(overrides), against, tuple(expect), tuple(contexts)
+
+
+# ------------------------------------------------------------------------------- contexts
+# what a context may not set: the sweep sets these for every run (seeds, labels, which tricks)
+_CONTEXT_RESERVED = ("seed", "resume", "run", "sweep", "trick", "preset", "control", "steps")
+
+
+def across_contexts(specs: list[str]) -> list[Context]:
+    """`--across KEY=a,b` (repeatable) as contexts: every combination of the keys' values,
+    named by their labels (`level-hard`, `wrong-1`, a group's option as itself)."""
+    axes = []
+    for spec in specs:
+        key, sep, values = spec.partition("=")
+        items = [v.strip() for v in values.split(",")] if sep else []
+        if not key.strip() or not items or "" in items:
+            raise SweepError(f"--across {spec!r} is not allowed; give KEY=v1,v2 (e.g. --across task.level=easy,hard)")
+        if len(set(items)) != len(items):
+            raise SweepError(f"--across {spec}: a value is listed twice")
+        axes.append((key.strip(), items))
+    keys = [k for k, _ in axes]
+    if len(set(keys)) != len(keys):
+        raise SweepError(f"--across {', '.join(sorted({k for k in keys if keys.count(k) > 1}))} is given twice; "
+                         "list its values once: --across KEY=a,b,c")
+    return [Context(".".join(_label(k, v) for k, v in zip(keys, combo)),
+                    tuple(f"{k}={v}" for k, v in zip(keys, combo)))
+            for combo in itertools.product(*(values for _, values in axes))]
+
+
+def file_contexts(spec) -> list[Context]:
+    """A sweep file's `contexts`: a list of {name, overrides} (or a mapping name -> overrides)."""
+    items = list(spec.items()) if isinstance(spec, dict) else None
+    if items is None:
+        if not isinstance(spec, list) or not all(isinstance(c, dict) and set(c) <= {"name", "overrides"}
+                                                 and "name" in c for c in spec):
+            raise SweepError("contexts must be a list of {name: NAME, overrides: [key=value, ...]} "
+                             "(or a mapping of name -> overrides)")
+        items = [(c["name"], c.get("overrides")) for c in spec]
+    contexts = []
+    for name, overrides in items:
+        overrides = overrides or []
+        if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
+            raise SweepError(f"context {name}: overrides must be a list of key=value overrides")
+        contexts.append(Context(str(name), tuple(overrides)))
+    return contexts
+
+
+def check_contexts(contexts: list[Context], matrix: Matrix, families: dict[str, str], common=()) -> None:
+    """Names that can be run dirs, once each; at least two (one context is just overrides);
+    no key the sweep sets itself, nor one that `common` (every run's overrides) sets already;
+    nothing that changes what a variant changes: a context that set the family of a trick under
+    test would change the trick, not the setting it is tried in."""
+    names = [c.name for c in contexts]
+    for c in contexts:
+        if not re.fullmatch(NAME_PATTERN, c.name):
+            raise SweepError(f"context name {c.name!r} is not allowed; use letters, digits and _ . + -")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise SweepError(f"context {', '.join(twice)} is listed twice; give each context its own name")
+    if len(contexts) < 2:
+        raise SweepError("a sweep across contexts needs at least two (one context is just overrides: give them "
+                         "as overrides of every run)")
+    touched = {}      # a config group or top-level key -> the variant that changes it
+    for v in matrix.variants:
+        for o in v.overrides:
+            key = o.split("=", 1)[0].lstrip("+~")
+            tops = ([families.get(t, t) for t in _listed(o.split("=", 1)[1])] if key == "trick"
+                    else [key.split(".")[0]])
+            touched.update({top: v.name for top in tops if top not in touched})
+        touched.update({key.split(".")[0]: v.name for key in v.axes if key.split(".")[0] not in touched})
+    given = {o.split("=", 1)[0].lstrip("+~"): o for o in common}
+    for c in contexts:
+        for o in c.overrides:
+            key = o.split("=", 1)[0].lstrip("+~")
+            top = key.split(".")[0]
+            if key in given:
+                raise SweepError(f"context {c.name}: '{o}' sets {key}, which '{given[key]}' sets for every run; "
+                                 "give it in one place")
+            if top in _CONTEXT_RESERVED:
+                raise SweepError(f"context {c.name}: '{o}' sets {key}, which the sweep sets for every run; "
+                                 "contexts set the model, the task, the reward, ...")
+            if top in touched:
+                raise SweepError(f"context {c.name}: '{o}' changes {top}, which variant {touched[top]} changes "
+                                 f"(a trick under test); a context may only set what no variant changes")
+
+
+def with_contexts(matrix: Matrix, contexts: list[Context]) -> Matrix:
+    """Every variant in every context it runs in (a variants file may name a subset; its
+    reference runs wherever it is needed), every contrast in every context that has both sides."""
+    names = [c.name for c in contexts]
+    runs_in = {v.name: set(v.contexts or names) for v in matrix.variants}
+    for v in matrix.variants:
+        unknown = [c for c in v.contexts if c not in names]
+        if unknown:
+            raise SweepError(f"variant {v.name}: context {', '.join(unknown)} is not one of this sweep's; "
+                             f"contexts: {', '.join(names)}")
+    for v in matrix.variants:       # a reference runs where its variants are measured against it
+        if v.reference and not runs_in[v.name] <= runs_in[v.reference]:
+            missing = sorted(runs_in[v.name] - runs_in[v.reference], key=names.index)
+            raise SweepError(f"variant {v.name} runs in {', '.join(missing)}, where its reference {v.reference} "
+                             f"does not; add those contexts to {v.reference}'s")
+    at = lambda name, ctx: f"{name}@{ctx}"
+    variants = [replace(v, name=at(v.name, c.name), overrides=c.overrides + v.overrides,
+                        reference=at(v.reference, c.name) if v.reference else None, context=c.name, contexts=())
+                for c in contexts for v in matrix.variants if c.name in runs_in[v.name]]
+    contrasts = [Contrast(at(k.trick, c.name), at(k.with_, c.name), at(k.without, c.name), context=c.name,
+                          tests=k.trick)
+                 for k in matrix.contrasts for c in contexts
+                 if c.name in runs_in[k.with_] and c.name in runs_in[k.without]]
+    return Matrix(matrix.mode, variants, contrasts)
+
+
+def _listed(value: str) -> list[str]:
+    """`[a,b]` or `a` as a list of names."""
+    return [t.strip() for t in value.strip().strip("[]").split(",") if t.strip()]
 
 
 def _label(key: str, value) -> str:
@@ -339,6 +486,7 @@ def expand_jobs(matrix: Matrix, seeds: list[int], common: list[str], labels: dic
                 f"run.tags=[{','.join(v.tricks_on)}]",
                 f"sweep.name={labels['name']}", f"sweep.id={labels['id']}", f"sweep.mode={matrix.mode}",
                 f"sweep.variant={v.name}", f"sweep.tricks=[{','.join(labels['tricks'])}]",
+                *([f"sweep.context={v.context}"] if v.context else []),
             ]
             jobs.append(Job(v.name, seed, name, (*common, *v.overrides, f"seed={seed}", *job_labels)))
     return jobs

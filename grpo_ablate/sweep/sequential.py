@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import re
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,7 +149,8 @@ def _look_record(number: int, seed, runs: list[str], max_seeds: int) -> dict:
 
 def contrasts_of(manifest: dict) -> list[dict]:
     """Trick contrasts (two-sided) and every treatment against every control (one-sided)."""
-    out = [{"name": c["trick"], "kind": "trick", "with": c["with"], "without": c["without"]}
+    out = [{"name": c["trick"], "kind": "trick", "with": c["with"], "without": c["without"],
+            **({"context": c["context"], "tests": c["tests"]} if c.get("context") else {})}
            for c in manifest.get("contrasts") or []]
     controls = manifest.get("controls") or {}
     for v in manifest["variants"]:
@@ -212,7 +212,8 @@ def _decide_contrast(contrast, past, finals, runs, plan, section) -> dict:
     if broke:
         return {**record, "outcome": BREAKS_TRAINING, "decided_at_look": look_number, "why": broke}
     # at its first look only: sides that differ at a seed differ for good, activity once seen stays seen
-    inert = (_inert(runs.get(with_, []), runs.get(without, []), with_, without, contrast["name"], finals)
+    inert = (_inert(runs.get(with_, []), runs.get(without, []), with_, without, contrast.get("tests", contrast["name"]),
+                    finals)
              if two_sided and not past else None)
     if inert:     # more seeds cannot decide a trick that changed nothing
         return {**record, "outcome": INERT, "decided_at_look": look_number, "why": inert}
@@ -335,7 +336,8 @@ def add_look(manifest: dict, make_entry=None) -> list[dict]:
     labels = {"name": manifest["name"], "id": manifest["sweep_id"], "group": manifest["wandb_group"],
               "tricks": list(manifest.get("tricks") or [])}
     matrix = Matrix(manifest["mode"], [Variant(v["name"], tuple(v["tricks_on"]), tuple(v.get("overrides") or []),
-                                               v.get("reference"), v.get("kind", "treatment"))
+                                               v.get("reference"), v.get("kind", "treatment"),
+                                               context=v.get("context"))
                                        for v in manifest["variants"] if v["name"] in variants], [])
     entries = [(make_entry or launch.run_entry)(job)
                for job in expand_jobs(matrix, [seed], list(manifest["overrides"]), labels)]
@@ -354,6 +356,8 @@ def start(req: launch.SweepRequest, options: Options, console, dry_run: bool = F
     if dry_run:
         launch.print_matrix(manifest, console)
         _say(console, planner_text(manifest, req))
+        if manifest.get("contexts"):
+            _say(console, launch.contexts_text(manifest, req, wall=False))   # look 1's runs per context
         return 0
     sweep_dir = launch.create_sweep_dir(req, manifest)
     _say(console, f"sequential sweep {manifest['name']}: look 1 = {len(manifest['variants'])} variants x "
@@ -495,18 +499,6 @@ def print_decisions(manifest: dict, console) -> None:
         _say(console, "  - " + decision_text(d))
 
 
-def measured_run_seconds(parent: Path) -> tuple[float, str] | None:
-    """The median wall time of the completed runs of the newest sweep in `parent`, and which."""
-    manifests = sorted(Path(parent).glob("*/manifest.json"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for path in manifests:
-        seconds = [s["wall_time_s"] for s in (read_status(d) for d in path.parent.iterdir() if d.is_dir()
-                                              and (d / "status.json").exists())
-                   if s and s.get("state") == "completed" and s.get("wall_time_s")]
-        if seconds:
-            return statistics.median(seconds), f"the median of {len(seconds)} runs of {path.parent}"
-    return None
-
-
 def planner_text(manifest: dict, req: launch.SweepRequest) -> str:
     """--dry-run: the first look, the most it can grow to, and what that costs in wall time."""
     section = manifest["sequential"]
@@ -516,23 +508,14 @@ def planner_text(manifest: dict, req: launch.SweepRequest) -> str:
     text = (f"seeds auto: look 1 = {variants} variants x {section['initial_seeds']} seeds = {first} runs; then one "
             f"seed per look to the variants of open contrasts, at most {looks} looks and {most} runs "
             f"({section['max_seeds']} seeds); decided on {compared(section)} with false helps/hurts <= 5% overall")
-    parent = Path(req.sweep_dir).parent if req.sweep_dir else Path("runs") / "sweeps"
-    measured = measured_run_seconds(parent) if parent.is_dir() else None
+    measured = launch.run_timing(req)
     if measured is None:
-        return text + (f"\nexpected wall time: unknown (no finished sweep in {parent} to time a run from; "
-                       "each look prints its time)")
-    per_run, source = measured
-    parallel = 1 if req.launcher == "basic" else max(1, req.jobs or launch.cpus())
+        return text + "\n" + launch.expected_wall(first, req) + "; each look prints its time"
+    per_run, source, parallel = measured
     wall = lambda runs: math.ceil(runs / parallel) * per_run
     later = (looks - 1) * wall(variants)
     text += (f"\nexpected wall time ({per_run:.0f} s a run, {source}; {parallel} at a time): look 1 "
-             f"~{_duration(wall(first))}, at most ~{_duration(wall(first) + later)}")
+             f"~{launch.duration(wall(first))}, at most ~{launch.duration(wall(first) + later)}")
     if section.get("budget_s"):
-        text += f"; --budget {_duration(section['budget_s'])} stops it earlier"
+        text += f"; --budget {launch.duration(section['budget_s'])} stops it earlier"
     return text
-
-
-def _duration(seconds: float) -> str:
-    if seconds >= 5400:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"

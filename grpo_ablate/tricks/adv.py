@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from grpo_ablate.tricks.registry import (FLAG, FRACTION, NON_NEGATIVE, POSITIVE, Knob, Trick, choice, declare_family,
-                                         register)
+from grpo_ablate.tricks.registry import (FLAG, FRACTION, NON_NEGATIVE, POSITIVE, TRICKS_OR_TRAPS, Claim, Knob, Trick,
+                                         choice, declare_family, register)
 
 declare_family("adv", "advantage estimator; `gae` adds a critic (value head) and per-token advantages; `gdpo` "
                "normalizes each reward part (task, format, length, overlong, KL) in its group", metric="adv/std",
@@ -59,7 +59,11 @@ def batch_std(values: torch.Tensor) -> torch.Tensor:
           tricks=(Trick("no_std",
                         what="advantages without dividing by the group std (Dr. GRPO)",
                         source="TRL scale_rewards=none; verl norm_adv_by_std_in_grpo=False",
-                        verdict="not_applicable"),))
+                        verdict="not_applicable",
+                        claims=(
+                            Claim("helps", "data=easy", TRICKS_OR_TRAPS,
+                                  "on easy data, dropping the std (mean-centring only) trains more stably: "
+                                  "near-uniform group rewards have a tiny std that blows up the advantages"),)),))
 def dr_grpo_advantage(rewards, group_index, mask, values, components):
     """A_j = r_j - mean_g r (no division by the group std).
 
@@ -75,7 +79,11 @@ def dr_grpo_advantage(rewards, group_index, mask, values, components):
           tricks=(Trick("lite_norm",
                         what="group mean, batch std (Lite PPO)",
                         source="ROLL norm_mean_type=group norm_std_type=batch; TRL scale_rewards=batch",
-                        verdict="not_applicable"),))
+                        verdict="not_applicable",
+                        claims=(
+                            Claim("helps", "", TRICKS_OR_TRAPS,
+                                  "group mean with batch std is the robust combination "
+                                  "(Lite PPO's normalization)"),)),))
 def lite_advantage(rewards, group_index, mask, values, components, *, eps: float = 1e-6, std_of: str = "raw"):
     """Lite PPO: A_j = (r_j - mean_g r) / (std_B + eps): group mean, batch std.
 
@@ -96,7 +104,13 @@ def lite_advantage(rewards, group_index, mask, values, components, *, eps: float
           tricks=(Trick("batch_norm",
                         what="batch mean and batch std",
                         source="ROLL norm_mean_type=batch norm_std_type=batch",
-                        verdict="not_applicable"),))
+                        verdict="not_applicable",
+                        claims=(
+                            Claim("hurts", "reward=0/1", TRICKS_OR_TRAPS,
+                                  "batch-level normalization collapses when the rewards are {0,1} (a skewed "
+                                  "distribution); group-level is steadier"),
+                            Claim("does not hurt", "reward=-1/1", TRICKS_OR_TRAPS,
+                                  "batch-level normalization recovers when the rewards are {-1,1}"),)),))
 def batch_advantage(rewards, group_index, mask, values, components, *, eps: float = 1e-6):
     """Global normalization: A_j = (r_j - mean_B r) / (std_B r + eps).
 

@@ -30,8 +30,8 @@ from __future__ import annotations
 import torch
 
 from grpo_ablate.tricks.conditions import ONE_STEP, one_optimizer_step
-from grpo_ablate.tricks.registry import (NON_NEGATIVE, NUMBER, POSITIVE, Activity, Inert, Knob, Trick, choice,
-                                         declare, declare_family, option, register)
+from grpo_ablate.tricks.registry import (DAPO, NON_NEGATIVE, NUMBER, POSITIVE, TRICKS_OR_TRAPS, Activity, Claim, Inert,
+                                         Knob, Trick, choice, declare, declare_family, option, register)
 
 declare_family("clip", "the policy loss: PPO ratio clip ε_low/ε_high (`higher` is DAPO clip-higher), or a 2025-26 "
                "variant (sequence ratio, clipped IS weight, soft gate, geometric mean, covariance masks, plain "
@@ -77,7 +77,16 @@ def _clip_fractions(ratio, advantages, low: float, high: float, like) -> dict:
           tricks=(Trick("clip_higher",
                         what="DAPO clip-higher, eps_high 0.28",
                         source="verl clip_ratio_high; TRL epsilon_high",
-                        verdict="not_applicable"),))
+                        verdict="not_applicable",
+                        claims=(
+                            Claim("helps", "model=aligned", TRICKS_OR_TRAPS,
+                                  "raising the upper clip bound (0.2 -> 0.28) helps aligned models explore (less "
+                                  "entropy collapse)"),
+                            Claim("does not help", "model=base", TRICKS_OR_TRAPS,
+                                  "on base models raising the upper clip bound does little or harms"),
+                            Claim("helps", "model=base", DAPO,
+                                  "clip-higher keeps the entropy from collapsing: one of DAPO's four techniques "
+                                  "(Qwen2.5-32B base)"),)),))
 def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
                   eps_low: float = 0.2, eps_high: float = 0.2, dual_clip_c: float | None = None):
     """Per-token clipped policy loss and per-token clip indicators (floats, for metrics).

@@ -9,7 +9,8 @@ default for LLM vocabularies; a character-level model sits far lower, so pick it
 """
 from __future__ import annotations
 
-from grpo_ablate.tricks.registry import NON_NEGATIVE, POSITIVE, Activity, Inert, Trick, declare_family, register
+from grpo_ablate.tricks.registry import (NON_NEGATIVE, POSITIVE, SEED_REVIEW, Activity, Claim, Inert, Trick,
+                                         declare_family, register)
 
 declare_family("entropy", "entropy bonus, fixed or Skywork-OR1 adaptive coefficient", metric="entropy/coef")
 
@@ -56,7 +57,10 @@ class FixedEntropyBonus:
                         what="adaptive entropy coefficient",
                         source="TRL use_adaptive_entropy (Skywork-OR1)",
                         verdict="recommended",
-                        cost="entropy gradient through the full-vocabulary softmax while active"),))
+                        cost="entropy gradient through the full-vocabulary softmax while active",
+                        claims=(
+                            Claim("does not hurt", "", SEED_REVIEW,
+                                  "an adaptive entropy coefficient: low gain, high stability (recommended)"),)),))
 class AdaptiveEntropyBonus:
     def __init__(self, *, coef: float = 0.0, target: float = 0.2, delta: float = 0.005,
                  coef_min: float = 0.0, coef_max: float = 1.0):

@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 
 from grpo_ablate.tricks.conditions import no_kl_term
-from grpo_ablate.tricks.registry import NON_NEGATIVE, POSITIVE, Activity, Inert, Knob, Trick, declare_family, register
+from grpo_ablate.tricks.registry import (NON_NEGATIVE, POSITIVE, SEED_REVIEW, Activity, Claim, Inert, Knob, Trick,
+                                         declare_family, register)
 
 declare_family("kl", "KL to the frozen start; `none` has no reference model at all, `adaptive` a threshold, "
                "`adaptive_target` Ziegler/verl's controller, `in_reward` charges the reward (verl), `two_layer` "
@@ -166,7 +167,10 @@ class FixedKL:
                         what="beta grows while KL exceeds a threshold",
                         source="seed review",
                         verdict="recommended",
-                        cost="a frozen reference model: +1 forward per step, +1 model in memory"),))
+                        cost="a frozen reference model: +1 forward per step, +1 model in memory",
+                        claims=(
+                            Claim("helps", "", SEED_REVIEW,
+                                  "adaptive (threshold) KL: medium gain, high stability (recommended)"),)),))
 class ThresholdKL(FixedKL):
     """`adaptive` (seed review: threshold-triggered): beta rises only while the measured KL is
     above the threshold, beta <- min(beta (1 + growth), beta_max); otherwise it stays, or decays
@@ -235,7 +239,10 @@ class InRewardKL(FixedKL):
                         source="seed review, paper 3 (no framework has it)",
                         verdict="use_with_care",
                         cost="two frozen models: +2 forwards per step, +2 models and prev_lag weight snapshots in "
-                             "memory"),))
+                             "memory",
+                        claims=(
+                            Claim("does not hurt", "", SEED_REVIEW,
+                                  "two-layer KL: low gain, high stability, hard to get right (use with care)"),)),))
 class TwoLayerKL(FixedKL):
     """`two_layer` (seed review, paper 3): loss += beta KL(pi || pi_ref) + beta_prev KL(pi || pi_prev),
     pi_prev = the policy as it was `prev_lag` optimizer steps before the current weights, a

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo_ablate.tricks.registry import NUMBER, Activity, Trick, declare_family, register
+from grpo_ablate.tricks.registry import (NUMBER, SEED_REVIEW, Activity, Claim, Trick, declare_family, register)
 
 declare_family("length", "length terms in the reward; `group` is Kimi k1.5's", metric="length/reward_mean")
 
@@ -28,7 +28,11 @@ def no_length(rewards, lengths, group_index, correct, max_len):
           tricks=(Trick("length_penalty",
                         what="reward minus 0.1 * length / budget",
                         source="seed review: length normalization",
-                        verdict="strongly_recommended"),))
+                        verdict="strongly_recommended",
+                        claims=(
+                            Claim("helps", "", SEED_REVIEW,
+                                  "length normalization: high gain, high stability (strongly recommended; essentially"
+                                  " required for math and code)"),)),))
 def length_penalty(rewards, lengths, group_index, correct, max_len, *, lam: float = 0.1):
     bonus = -lam * lengths.to(rewards.dtype) / max_len
     return rewards + bonus, bonus
@@ -40,7 +44,11 @@ def length_penalty(rewards, lengths, group_index, correct, max_len, *, lam: floa
           tricks=(Trick("length_group",
                         what="Kimi k1.5 group length reward",
                         source="Kimi k1.5",
-                        verdict="strongly_recommended"),))
+                        verdict="strongly_recommended",
+                        claims=(
+                            Claim("helps", "", SEED_REVIEW,
+                                  "length normalization: high gain, high stability (strongly recommended; essentially"
+                                  " required for math and code)"),)),))
 def group_length_reward(rewards, lengths, group_index, correct, max_len, *, weight: float = 1.0):
     lengths = lengths.to(rewards.dtype)
     n_groups = int(group_index.max()) + 1

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo_ablate.tricks.registry import Trick, declare_family, register
+from grpo_ablate.tricks.registry import (DAPO, TRICKS_OR_TRAPS, Claim, Trick, declare_family, register)
 
 declare_family("loss_agg", "per-token loss weights", metric="loss")
 
@@ -38,7 +38,15 @@ def _live_sequences(mask: torch.Tensor) -> torch.Tensor:
           tricks=(Trick("token_mean",
                         what="one mean over all tokens of the step (DAPO)",
                         source="TRL loss_type=dapo; verl loss_agg_mode=token-mean",
-                        verdict="not_applicable"),))
+                        verdict="not_applicable",
+                        claims=(
+                            Claim("helps", "model=base", TRICKS_OR_TRAPS,
+                                  "token-level loss aggregation suits base models: every token teaches"),
+                            Claim("hurts", "model=aligned", TRICKS_OR_TRAPS,
+                                  "sequence-level aggregation suits aligned models better than token-level"),
+                            Claim("helps", "model=base", DAPO,
+                                  "the token-level policy-gradient loss: one of DAPO's four techniques (long chains "
+                                  "of thought)"),)),))
 def token_mean_weights(mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
     mask = _as_float(mask)
     return mask / mask.sum().clamp(min=1)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo_ablate.tricks.registry import NON_NEGATIVE, Activity, Knob, Trick, declare_family, register
+from grpo_ablate.tricks.registry import (DAPO, NON_NEGATIVE, Activity, Claim, Knob, Trick, declare_family, register)
 
 declare_family("overlong", "truncated completions: masked out, or a DAPO length penalty",
                metric="overlong/penalty_mean")
@@ -41,7 +41,10 @@ def no_overlong(rewards, lengths, truncated, max_len):
           tricks=(Trick("overlong_filter",
                         what="mask truncated completions out of the loss",
                         source="TRL mask_truncated_completions",
-                        verdict="not_applicable"),))
+                        verdict="not_applicable",
+                        claims=(
+                            Claim("helps", "model=base", DAPO,
+                                  "masking truncated completions (overlong filtering) steadies training"),)),))
 def overlong_filter(rewards, lengths, truncated, max_len):
     return rewards, ~truncated, torch.zeros_like(rewards)
 
@@ -52,7 +55,11 @@ def overlong_filter(rewards, lengths, truncated, max_len):
           tricks=(Trick("overlong_punish",
                         what="DAPO soft overlong punishment",
                         source="verl DAPO reward manager; TRL get_soft_overlong_punishment",
-                        verdict="not_applicable"),))
+                        verdict="not_applicable",
+                        claims=(
+                            Claim("helps", "model=base", DAPO,
+                                  "soft overlong punishment reduces reward noise from truncation and steadies "
+                                  "training: one of DAPO's four techniques"),)),))
 def overlong_soft_punish(rewards, lengths, truncated, max_len, *, buffer: int = 4096, factor: float = 1.0):
     if not 0 < buffer <= max_len:
         raise ValueError(f"overlong.buffer={buffer} is not allowed; it must be in 1..max_new_tokens ({max_len})")

@@ -163,16 +163,48 @@ class Inert:
 
 
 @dataclass(frozen=True)
+class Claim:
+    """What a seed document claims about a trick, as data the report checks (report/transfer.py):
+    its `effect` against the option the trick replaces, `where` the context it was made in (axis=value
+    pairs, comma separated: model=base|aligned, data=easy|medium|hard, reward=0/1|-1/1; "" = in
+    general), its `source` and the claim in a sentence (`says`)."""
+    effect: str
+    where: str
+    source: str
+    says: str
+
+    EFFECTS = ("helps", "hurts", "does not help", "does not hurt", "no effect")
+    AXES = {"model": ("base", "aligned"), "data": ("easy", "medium", "hard"), "reward": ("0/1", "-1/1")}
+
+    def __post_init__(self):
+        if self.effect not in self.EFFECTS:
+            raise ValueError(f"claim {self.says!r}: effect {self.effect!r}; allowed: {', '.join(self.EFFECTS)}")
+        for axis, value in self.where_tags.items():
+            if value not in self.AXES.get(axis, ()):
+                raise ValueError(f"claim {self.says!r}: where {axis}={value}; allowed: "
+                                 + "; ".join(f"{a}={'|'.join(v)}" for a, v in self.AXES.items()))
+
+    @property
+    def where_tags(self) -> dict:
+        return dict(part.strip().split("=", 1) for part in self.where.split(",") if part.strip())
+
+
+TRICKS_OR_TRAPS = "Tricks or Traps (Liu et al. 2025; seeds/003)"
+DAPO = "DAPO (Yu et al. 2025; seeds/003)"
+SEED_REVIEW = "the seed review's table (seeds/000)"
+
+
+@dataclass(frozen=True)
 class Trick:
     """A named trick (`+trick=<name>`, `conf/trick/<name>.yaml`) that selects the option it is
     registered with: the catalogue's text for it. `verdict`: the seed review's; `claims`: what
-    the literature reports about it, in a sentence (optional)."""
+    the seed documents claim about it (`Claim`s: the report sets its measurements beside them)."""
     name: str
     what: str
     source: str
     verdict: str
     cost: str = "none"
-    claims: str = ""
+    claims: tuple = ()
 
     VERDICTS = ("baseline", "strongly_recommended", "recommended", "use_with_care", "not_recommended",
                 "completely_unnecessary", "not_applicable", "not_in_review")

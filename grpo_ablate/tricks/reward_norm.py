@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo_ablate.tricks.registry import POSITIVE, Inert, Trick, declare_family, option, register
+from grpo_ablate.tricks.registry import (POSITIVE, SEED_REVIEW, Claim, Inert, Trick, declare_family, option, register)
 
 declare_family("reward_norm", "global reward normalization before the advantage", metric="reward/mean")
 
@@ -29,7 +29,10 @@ def no_reward_norm(rewards: torch.Tensor) -> torch.Tensor:
           tricks=(Trick("global_reward_norm",
                         what="normalize rewards over the batch before the advantage",
                         source="seed review (no framework toggle)",
-                        verdict="not_recommended"),))
+                        verdict="not_recommended",
+                        claims=(
+                            Claim("does not help", "", SEED_REVIEW,
+                                  "global reward normalization: no gain, low stability (not recommended)"),)),))
 def batch_reward_norm(rewards: torch.Tensor, *, eps: float = 1e-6) -> torch.Tensor:
     std = rewards.std() if rewards.numel() > 1 else torch.zeros((), dtype=rewards.dtype, device=rewards.device)
     return (rewards - rewards.mean()) / (std + eps)

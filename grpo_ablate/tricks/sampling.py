@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from grpo_ablate.tricks.registry import POSITIVE_INT, Activity, Knob, Trick, declare_family, register
+from grpo_ablate.tricks.registry import (DAPO, POSITIVE_INT, SEED_REVIEW, Activity, Claim, Knob, Trick, declare_family,
+                                         register)
 
 declare_family("sampling", "which groups form the batch; `dynamic` is DAPO's, refilling up to `max_rounds`; "
                "`dynamic_group` grows flat groups up to `g_max`", metric="sampling/kept_group_frac",
@@ -34,7 +35,11 @@ declare_family("sampling", "which groups form the batch; `dynamic` is DAPO's, re
                         what="grow groups without reward variance by g_step completions, up to g_max",
                         source="seed review (no framework has it)",
                         verdict="not_recommended",
-                        cost="extra generations for groups without reward variance"),))
+                        cost="extra generations for groups without reward variance",
+                        claims=(
+                            Claim("helps", "", SEED_REVIEW,
+                                  "dynamic group size: medium gain, at a high engineering cost (not recommended for "
+                                  "that cost)"),)),))
 def keep_all_groups(scores: torch.Tensor) -> torch.Tensor:
     return torch.ones(scores.shape[0], dtype=torch.bool)
 
@@ -45,7 +50,11 @@ def keep_all_groups(scores: torch.Tensor) -> torch.Tensor:
                         what="DAPO dynamic sampling: drop zero-variance groups, refill with fresh prompts",
                         source="verl algorithm.filter_groups (DAPO recipe)",
                         verdict="not_applicable",
-                        cost="up to max_rounds extra generation rounds per step"),))
+                        cost="up to max_rounds extra generation rounds per step",
+                        claims=(
+                            Claim("helps", "model=base", DAPO,
+                                  "dynamic sampling (groups whose rewards are all equal are replaced) keeps every "
+                                  "gradient useful: one of DAPO's four techniques"),)),))
 def keep_varied_groups(scores: torch.Tensor) -> torch.Tensor:
     return scores.amax(dim=1) > scores.amin(dim=1)
 

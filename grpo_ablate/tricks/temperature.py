@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from grpo_ablate.tricks.registry import POSITIVE, Activity, Trick, declare_family, register
+from grpo_ablate.tricks.registry import (POSITIVE, SEED_REVIEW, Activity, Claim, Trick, declare_family, register)
 
 declare_family("temperature", "sampling temperature; training log-probs use logits / T; `learnable` trains "
                "T = exp(s)", metric="temperature/value")
@@ -53,7 +53,11 @@ class FixedTemperature:
                         what="differentiable sampling temperature, trained through the policy loss",
                         source="seed review (no framework has it)",
                         verdict="recommended",
-                        cost="one scalar in the optimizer (the review claims +15-20% compute)"),))
+                        cost="one scalar in the optimizer (the review claims +15-20% compute)",
+                        claims=(
+                            Claim("helps", "", SEED_REVIEW,
+                                  "a differentiable temperature: medium gain (recommended), "
+                                  "at 15-20% more compute"),)),))
 class LearnableTemperature:
     def __init__(self, *, value: float = 1.0, lr: float = 1e-2, t_min: float = 0.5, t_max: float = 2.0):
         self.log_t = torch.nn.Parameter(torch.tensor(math.log(value)))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from grpo_ablate.tricks.conditions import one_optimizer_step
-from grpo_ablate.tricks.registry import POSITIVE, Inert, Trick, declare_family, option, register
+from grpo_ablate.tricks.registry import (POSITIVE, SEED_REVIEW, Claim, Inert, Trick, declare_family, option, register)
 
 declare_family("value_clip", "the critic's loss, PPO value clipping; only with `adv=gae`", metric="value/loss")
 
@@ -38,7 +38,10 @@ def plain_value_loss(values, old_values, returns):
                         what="PPO value clipping (needs critic_gae)",
                         source="verl critic cliprange_value",
                         verdict="completely_unnecessary",
-                        cost="none beyond the critic"),))
+                        cost="none beyond the critic",
+                        claims=(
+                            Claim("does not help", "", SEED_REVIEW,
+                                  "value clipping: no gain, no stability (completely unnecessary)"),)),))
 def clipped_value_loss(values, old_values, returns, *, eps: float = 0.2):
     clipped = old_values + (values - old_values).clamp(-eps, eps)
     return 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)

@@ -1,0 +1,289 @@
+"""Verdicts that travel: one trick across the contexts a sweep ran it in.
+
+A sweep across contexts (`sweep --across KEY=a,b`, a sweep file's `contexts:`) has each
+trick's contrast once per context (`<trick>@<context>`), each decided as any contrast is
+(report/verdicts.py: helps / hurts / breaks training / inert here / no effect / no evidence).
+This module reads across them and gives each trick a **transfer verdict**:
+
+- *sign flips*: it helps in one context and hurts (or breaks training) in another, and the
+  difference between the two is decided (below);
+- *holds across the contexts tested*: the same decided direction in every context (helps
+  everywhere, hurts everywhere, no effect or inert everywhere);
+- *context-dependent*: the trick × context interaction is decided: its effect differs
+  between two contexts (where it helps, where not);
+- *undecided*: none of these, with what would decide it (seeds per context, from the power
+  analysis).
+
+The interaction. For two contexts a and b, the per-seed paired effects Δ_a,s (with − without
+at seed s in a) and Δ_b,s are two independent samples (different runs); Welch's t-test on
+mean(Δ_a) − mean(Δ_b) gives a p-value. Every pair of contexts of every trick of the report is
+one test, and **Holm's step-down procedure over the whole grid** (all tricks × all pairs)
+decides which differences are real: the chance of calling any trick of the report
+context-dependent (or a sign flip) when its effect is the same everywhere is ≤ 5%
+(tests/test_transfer.py simulates it). Two decided verdicts of different kinds need no test:
+*inert here* (the runs were identical) against a decided effect elsewhere, or *breaks
+training* against *helps*. A sequential sweep's seeds were chosen by the per-context
+looks, not by this test; the test reads the seeds the looks left, at its fixed level.
+
+Claims. Each named trick carries what the seed documents claim about it (tricks/registry.py
+`Claim`: an effect, the context it was made in, a source). A context's tags (model: base |
+aligned from `model.stage`, data: the task level, reward: 0/1 or -1/1 from `reward.wrong`)
+say which claims it tests: per claim and context, *agrees*, *contradicts*, *undecided here*
+(tested, no decision) or *not tested here* (no context of this sweep is the claim's).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+from scipy import stats
+
+from grpo_ablate.report import sequential as seq
+from grpo_ablate.report.aggregate import probability_of_improvement
+from grpo_ablate.report.claims_table import CLAIMS
+from grpo_ablate.report.load import nested_value
+from grpo_ablate.report.stats import Estimate
+from grpo_ablate.report.verdicts import BREAKS_TRAINING, HELPS, HURTS, INERT, NO_EFFECT
+
+ALPHA = 0.05           # family-wise over the grid: every pair of contexts of every trick
+HOLDS = "holds across the contexts tested"
+CONTEXT_DEPENDENT = "context-dependent"
+SIGN_FLIPS = "sign flips"
+UNDECIDED = "undecided"
+TRANSFER_VERDICTS = (HOLDS, CONTEXT_DEPENDENT, SIGN_FLIPS, UNDECIDED)
+# a decided per-context verdict as a direction: +1 better, -1 worse, 0 decided nothing to gain
+DIRECTION = {HELPS: 1, HURTS: -1, BREAKS_TRAINING: -1, INERT: 0, NO_EFFECT: 0}
+CERTAIN = (INERT, BREAKS_TRAINING)   # decided by a rule on the runs, not by an interval
+
+AGREES, CONTRADICTS, UNDECIDED_HERE, NOT_TESTED = "agrees", "contradicts", "undecided here", "not tested here"
+# claim effect -> (measured verdicts that agree, measured verdicts that contradict)
+CLAIM_RULES = {
+    "helps": ({HELPS}, {HURTS, BREAKS_TRAINING, NO_EFFECT}),
+    "hurts": ({HURTS, BREAKS_TRAINING}, {HELPS, NO_EFFECT}),
+    "does not help": ({HURTS, BREAKS_TRAINING, NO_EFFECT}, {HELPS}),
+    "does not hurt": ({HELPS, NO_EFFECT}, {HURTS, BREAKS_TRAINING}),
+    "no effect": ({NO_EFFECT}, {HELPS, HURTS, BREAKS_TRAINING}),
+}
+
+
+@dataclass
+class Cell:
+    """One trick in one context: its verdict, Δ and the per-seed paired Δs the interaction reads."""
+    context: str
+    verdict: str
+    delta: Estimate
+    diffs: list = field(default_factory=list)
+    seeds_needed: int | None = None      # for an open verdict: seeds a fixed design needs (power.py)
+
+
+# --------------------------------------------------------------------------- the interaction
+def welch_p(a: list[float], b: list[float]) -> float | None:
+    """Two-sided p-value of Welch's t-test on mean(a) − mean(b); None without a test (n < 2,
+    or no spread on either side)."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    va, vb = _var(a) / len(a), _var(b) / len(b)
+    if not va + vb > 0:
+        return None
+    t = (sum(a) / len(a) - sum(b) / len(b)) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    return float(2 * stats.t.sf(abs(t), df))
+
+
+def holm(pvalues: list[float], alpha: float = ALPHA) -> list[bool]:
+    """Holm's step-down: which of the hypotheses are rejected, family-wise error ≤ alpha."""
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    rejected = [False] * len(pvalues)
+    for rank, i in enumerate(order):
+        if pvalues[i] > alpha / (len(pvalues) - rank):
+            break
+        rejected[i] = True
+    return rejected
+
+
+def _certain_pair(a: Cell, b: Cell) -> bool:
+    """Two verdicts that differ for certain: inert (identical runs) against a decided effect,
+    or breaks training against helps."""
+    da, db = DIRECTION.get(a.verdict), DIRECTION.get(b.verdict)
+    if da is None or db is None or da == db:
+        return False
+    return (a.verdict == INERT and db != 0) or (b.verdict == INERT and da != 0) or \
+        {a.verdict, b.verdict} == {BREAKS_TRAINING, HELPS}
+
+
+def transfer_verdicts(cells: dict[str, list[Cell]], alpha: float = ALPHA, plan: bool = True) -> list[dict]:
+    """A transfer verdict per trick from its cells (one per context), the interaction decided
+    by Holm over every pair of contexts of every trick; `plan`: say what would decide an
+    undecided one (a power calculation: the simulations leave it out)."""
+    pairs = [(trick, a, b) for trick, cs in cells.items() for a, b in itertools.combinations(cs, 2)]
+    pvalues = [welch_p(a.diffs, b.diffs) for _, a, b in pairs]
+    tested = [i for i, p in enumerate(pvalues) if p is not None]
+    rejected = dict(zip(tested, holm([pvalues[i] for i in tested], alpha)))
+    out = []
+    for trick, cs in cells.items():
+        mine = [(i, a, b) for i, (t, a, b) in enumerate(pairs) if t == trick]
+        pair_rows = [{"a": a.context, "b": b.context, "difference": _mean(a.diffs) - _mean(b.diffs)
+                      if a.diffs and b.diffs else None, "p": pvalues[i],
+                      "decided": bool(rejected.get(i)) or _certain_pair(a, b),
+                      "how": "certain" if _certain_pair(a, b) else "Welch + Holm"} for i, a, b in mine]
+        verdict, why = classify(cs, pair_rows)
+        out.append({"trick": trick, "transfer": verdict, "why": why, "tests": len(tested), "alpha": alpha,
+                    "cells": [{"context": c.context, "verdict": c.verdict, "delta": c.delta, "n": len(c.diffs)}
+                              for c in cs], "pairs": pair_rows,
+                    "to_decide": to_decide(cs, pair_rows, len(tested), alpha) if plan and verdict == UNDECIDED
+                    else None})
+    return out
+
+
+def classify(cs: list[Cell], pairs: list[dict]) -> tuple[str, str]:
+    """The transfer verdict of one trick and why, in words."""
+    direction = {c.context: DIRECTION.get(c.verdict) for c in cs}
+    decided = [p for p in pairs if p["decided"]]
+    where = "; ".join(f"*{c.verdict}* in {c.context}" for c in cs)
+    if len(cs) < 2:
+        return UNDECIDED, f"tested in one context only ({where})"
+    flips = [p for p in decided if direction[p["a"]] and direction[p["b"]]
+             and direction[p["a"]] == -direction[p["b"]]]
+    if flips:
+        p = flips[0]
+        return SIGN_FLIPS, f"{where}; the difference between {p['a']} and {p['b']} is decided"
+    values = set(direction.values())
+    if None not in values and len(values) == 1:
+        same = ", ".join(sorted({c.verdict for c in cs}))
+        size = ("; its size differs: " + ", ".join(_pair_text(p) for p in decided)) if decided else ""
+        return HOLDS, f"*{same}* in every context ({len(cs)}){size}"
+    if decided:
+        return CONTEXT_DEPENDENT, f"{where}; decided differences: " + ", ".join(_pair_text(p) for p in decided)
+    opposite = {d for d in values if d} == {1, -1}
+    return UNDECIDED, where + ("; opposite decided directions, but their difference is not decided "
+                               "over the grid" if opposite else "; no difference between contexts decided")
+
+
+def _pair_text(p: dict) -> str:
+    if p["how"] == "certain" or p["difference"] is None:
+        return f"{p['a']} vs {p['b']} (decided by the verdicts themselves)"
+    return f"{p['a']} − {p['b']} = {p['difference']:+.3f} (p = {p['p']:.3g})"
+
+
+def to_decide(cs: list[Cell], pairs: list[dict], tests: int, alpha: float) -> str:
+    """What would decide an undecided trick: seeds per context for its open verdicts, and for
+    the largest observed difference between contexts at the grid's Bonferroni level."""
+    parts = [f"{c.context}: ~{c.seeds_needed} seeds" for c in cs if c.seeds_needed and c.verdict not in DIRECTION]
+    by = {c.context: c for c in cs}
+    open_ = [(p, by[p["a"]], by[p["b"]]) for p in pairs
+             if p["difference"] and len(by[p["a"]].diffs) > 1 and len(by[p["b"]].diffs) > 1
+             and _var(by[p["a"]].diffs) + _var(by[p["b"]].diffs) > 0]
+    if open_:
+        p, a, b = max(open_, key=lambda x: abs(x[0]["difference"]))
+        sd = math.sqrt(_var(a.diffs) + _var(b.diffs))
+        n = seq.seeds_needed(p["difference"], sd, level=alpha / max(tests, 1))
+        parts.append(f"the difference {p['a']} − {p['b']} ({p['difference']:+.3f}): "
+                     + (f"~{n} seeds per context" if n else f"more than {seq.SEEDS_NEEDED_LIMIT} seeds per context"))
+    return "; ".join(parts) if parts else "no spread to plan from: more seeds, or name --effect"
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def _var(xs: list[float]) -> float:
+    """The sample variance (n - 1), in plain floats: the simulations call it a million times."""
+    m = _mean(xs)
+    return sum((x - m) ** 2 for x in xs) / (len(xs) - 1)
+
+
+# --------------------------------------------------------------------------- claims
+def context_tags(config: dict | None) -> dict:
+    """The papers' axes of a run's config: model (base | aligned, `model.stage`), data (the
+    task's level), reward (0/1 or -1/1, `reward.wrong`)."""
+    tags = {}
+    stage = nested_value(config, "model", "stage")
+    if stage:
+        tags["model"] = str(stage)
+    level = nested_value(config, "task", "level")
+    if level:
+        tags["data"] = str(level)
+    wrong = nested_value(config, "reward", "wrong")
+    if wrong is not None:
+        tags["reward"] = f"{float(wrong):g}/{float(nested_value(config, 'reward', 'correct') or 1.0):g}"
+    return tags
+
+
+def claim_matches(where: str, tags: dict) -> bool:
+    """A claim made in `where` ("model=aligned,data=easy"; empty: in general) is tested by a
+    context with these tags."""
+    pairs = [part.strip().split("=", 1) for part in where.split(",") if part.strip()]
+    return all(tags.get(axis) == value for axis, value in pairs)
+
+
+def judge(effect: str, verdict: str) -> str:
+    """What one measured verdict says of one claimed effect."""
+    if verdict == INERT:
+        return NOT_TESTED      # the trick could not act here: nothing was measured
+    agree, contradict = CLAIM_RULES[effect]
+    return AGREES if verdict in agree else CONTRADICTS if verdict in contradict else UNDECIDED_HERE
+
+
+def claims_rows(trick_claims: dict[str, list], cells: dict[str, list[Cell]], tags: dict[str, dict]) -> list[dict]:
+    """Per claim of each trick the sweep measured: per context, agrees / contradicts / undecided
+    here / not tested here. `trick_claims`: a trick of the report -> its claims (report/claims_table.py:
+    effect, where, source, says); `tags`: context -> its tags."""
+    rows = []
+    for trick, claims in trick_claims.items():
+        for claim in claims:
+            by_context = {c.context: judge(claim["effect"], c.verdict) if claim_matches(claim["where"], tags[c.context])
+                          else NOT_TESTED for c in cells.get(trick, [])}
+            rows.append({"trick": trick, **claim, "contexts": by_context})
+    return rows
+
+
+# --------------------------------------------------------------------------- from a sweep
+def transfer_section(sweep, verdicts: list[dict], values: dict, higher_is_better: bool) -> dict | None:
+    """The report's section across contexts (None for a sweep in one context): the contexts and
+    their tags, a transfer verdict per trick with its trick × context cells and its probability of
+    improvement stratified by context (rliable), and the claims beside the measurements."""
+    if not sweep.contexts:
+        return None
+    cells: dict[str, list[Cell]] = {}
+    sides: dict[str, list[tuple]] = {}
+    for v in verdicts:
+        if not v.get("context"):
+            continue
+        with_, without = values.get(v["with"], {}), values.get(v["without"], {})
+        diffs = [with_[s] - without[s] for s in sorted(set(with_) & set(without), key=str)]
+        cells.setdefault(v["tests"], []).append(Cell(v["context"], v["verdict"], v["delta"], diffs,
+                                                     v["power"].get("seeds_needed")))
+        sides.setdefault(v["tests"], []).append((v["context"], v["with"], v["without"]))
+    tricks = transfer_verdicts(cells)
+    for t in tricks:        # P(a run with the trick beats one without), each context one task
+        pairs = sides[t["trick"]]
+        t["improvement"] = probability_of_improvement(
+            {ctx: list(values.get(w, {}).values()) for ctx, w, _ in pairs},
+            {ctx: list(values.get(wo, {}).values()) for ctx, _, wo in pairs}, higher_is_better=higher_is_better)
+    config_of = {}
+    for r in sweep.runs:
+        context = next((v.get("context") for v in sweep.variants if v["name"] == r.variant), None)
+        if context and r.config and context not in config_of:
+            config_of[context] = r.config
+    tags = {c["name"]: context_tags(config_of.get(c["name"])) for c in sweep.contexts}
+    named = {trick: _named_trick(trick, sides[trick], sweep) for trick in cells}
+    claimed = {trick: CLAIMS[name] for trick, name in named.items() if name in CLAIMS}
+    return {"contexts": [{"name": c["name"], "overrides": list(c.get("overrides") or []), "tags": tags[c["name"]]}
+                         for c in sweep.contexts],
+            "tricks": tricks, "alpha": ALPHA, "tests": tricks[0]["tests"] if tricks else 0,
+            "named": named, "claims": claims_rows(claimed, cells, tags)}
+
+
+def _named_trick(trick: str, sides: list[tuple], sweep) -> str | None:
+    """The named trick a contrast measures: its own name, or the one trick its `with` side's runs
+    have on and its `without` side's do not (a variants file names its variants freely)."""
+    if trick in CLAIMS:
+        return trick
+    on = lambda variant: {name for r in sweep.runs if r.variant == variant
+                          for name in (nested_value(r.config, "tricks") or {})}
+    for _, with_, without in sides:
+        extra = on(with_) - on(without)
+        if len(extra) == 1:
+            return next(iter(extra))
+    return None

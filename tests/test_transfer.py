@@ -1,0 +1,319 @@
+"""Verdicts across contexts: the matrix in every context, the transfer verdicts, their error
+rate, the claims table, and the sweep command's context input."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import cli
+from grpo_ablate.report.build import build_report
+from grpo_ablate.report.render import render_markdown
+from grpo_ablate.report.stats import delta_ci
+from grpo_ablate.report.transfer import (AGREES, CONTEXT_DEPENDENT, CONTRADICTS, HOLDS, NOT_TESTED, SIGN_FLIPS,
+                                         UNDECIDED, UNDECIDED_HERE, Cell, context_tags, holm, judge,
+                                         transfer_verdicts, welch_p)
+from grpo_ablate.report.verdicts import HELPS, HURTS, INERT, NO_EVIDENCE, decide_by_delta
+from grpo_ablate.sweep.matrix import (Context, SweepError, across_contexts, build_matrix, check_contexts,
+                                      file_contexts, variants_matrix, with_contexts)
+from report_fixtures import make_sweep
+
+FAMILIES = {"no_std": "adv", "token_mean": "loss_agg", "clip_higher": "clip", "batch_norm": "adv"}
+
+
+# ------------------------------------------------------------------------------ the matrix in contexts
+def test_across_is_every_combination_of_the_keys_values():
+    contexts = across_contexts(["task.level=easy,hard", "reward.wrong=0,-1"])
+    assert [c.name for c in contexts] == ["level-easy.wrong-0", "level-easy.wrong-1", "level-hard.wrong-0",
+                                          "level-hard.wrong-1"]
+    assert contexts[1].overrides == ("task.level=easy", "reward.wrong=-1")
+    assert [c.name for c in across_contexts(["model=tiny,tiny_aligned"])] == ["tiny", "tiny_aligned"]
+    for bad, says in [("task.level", "give KEY=v1,v2"), ("task.level=easy,,hard", "give KEY=v1,v2"),
+                      ("task.level=easy,easy", "listed twice")]:
+        with pytest.raises(SweepError, match=says):
+            across_contexts([bad])
+    with pytest.raises(SweepError, match="given twice"):
+        across_contexts(["task.level=easy,hard", "task.level=medium,hard"])
+
+
+def test_every_variant_and_contrast_is_repeated_in_every_context():
+    matrix = build_matrix("leave-one-out", ["no_std", "token_mean"], FAMILIES)
+    contexts = [Context("easy", ("task.level=easy",)), Context("hard", ("task.level=hard",))]
+    check_contexts(contexts, matrix, FAMILIES)
+    m = with_contexts(matrix, contexts)
+    assert [v.name for v in m.variants] == ["all@easy", "drop-no_std@easy", "drop-token_mean@easy",
+                                            "all@hard", "drop-no_std@hard", "drop-token_mean@hard"]
+    assert m.variants[4].overrides == ("task.level=hard", "+trick=[token_mean]")
+    assert m.variants[4].reference == "all@hard" and m.variants[4].context == "hard"
+    assert [(c.trick, c.with_, c.without, c.tested) for c in m.contrasts][:2] == [
+        ("no_std@easy", "all@easy", "drop-no_std@easy", "no_std"),
+        ("no_std@hard", "all@hard", "drop-no_std@hard", "no_std")]
+    assert m.contrasts[0].to_json() == {"trick": "no_std@easy", "with": "all@easy", "without": "drop-no_std@easy",
+                                        "context": "easy", "tests": "no_std"}
+
+
+def test_a_variants_file_may_run_a_variant_in_some_contexts_only():
+    matrix = variants_matrix({"grpo": [], "batch": {"overrides": ["adv=batch"], "contexts": ["r01", "r11"]},
+                              "no-std": {"overrides": ["adv=dr_grpo"], "contexts": ["easy"]}})
+    contexts = file_contexts({"r01": ["reward.wrong=0"], "r11": ["reward.wrong=-1"], "easy": ["task.level=easy"]})
+    m = with_contexts(matrix, contexts)
+    assert [v.name for v in m.variants] == ["grpo@r01", "batch@r01", "grpo@r11", "batch@r11", "grpo@easy",
+                                            "no-std@easy"]
+    assert [c.trick for c in m.contrasts] == ["batch@r01", "batch@r11", "no-std@easy"]
+    with pytest.raises(SweepError, match="context hard is not one of this sweep's"):
+        with_contexts(variants_matrix({"grpo": [], "b": {"overrides": ["adv=batch"], "contexts": ["hard"]}}),
+                      contexts)
+    with pytest.raises(SweepError, match="where its reference grpo does not"):
+        with_contexts(variants_matrix({"grpo": {"overrides": [], "contexts": ["r01"]},
+                                       "b": {"overrides": ["adv=batch"], "contexts": ["r11"]}}), contexts)
+
+
+@pytest.mark.parametrize("contexts, says", [
+    ([Context("a", ("task.level=easy",)), Context("a", ("task.level=hard",))], "context a is listed twice"),
+    ([Context("a", ("task.level=easy",))], "at least two"),
+    ([Context("a b", ()), Context("c", ())], "context name 'a b' is not allowed"),
+    ([Context("a", ("seed=3",)), Context("b", ())], "sets seed, which the sweep sets"),
+    ([Context("a", ("+trick=[kl_adaptive]",)), Context("b", ())], "which the sweep sets"),
+    ([Context("a", ("adv.eps=0.1",)), Context("b", ())], "changes adv, which variant all changes"),
+    ([Context("a", ("loss_agg=token_sum",)), Context("b", ())], "changes loss_agg"),
+    ([Context("a", ("task.level=hard",)), Context("b", ())], "which 'task.level=medium' sets for every run"),
+])
+def test_bad_contexts_are_refused_with_what_is_allowed(contexts, says):
+    with pytest.raises(SweepError, match=says):
+        check_contexts(contexts, build_matrix("leave-one-out", ["no_std", "token_mean"], FAMILIES), FAMILIES,
+                       common=["preset=grpo", "task.level=medium"])
+
+
+def test_file_contexts_take_a_list_or_a_mapping():
+    expected = [Context("hard", ("task.level=hard",))]
+    assert file_contexts([{"name": "hard", "overrides": ["task.level=hard"]}]) == expected
+    for bad in ["hard", [{"overrides": []}], [{"name": "a", "overrides": "task.level=hard"}]]:
+        with pytest.raises(SweepError):
+            file_contexts(bad)
+
+
+# ------------------------------------------------------------------------------ transfer verdicts
+def cell(context, diffs, verdict=None):
+    """A trick in one context from its per-seed paired Δs (the verdict: the fixed 95% rule)."""
+    with_ = {s: 0.7 + d for s, d in enumerate(diffs)}
+    without = {s: 0.7 for s in range(len(diffs))}
+    delta = delta_ci(with_, without)
+    return Cell(context, verdict or decide_by_delta(delta, True)[0], delta, list(diffs))
+
+
+def one(cells):
+    return transfer_verdicts({"t": cells})[0]
+
+
+def test_the_same_decided_direction_everywhere_holds():
+    t = one([cell("a", [0.10, 0.12, 0.11, 0.09]), cell("b", [0.11, 0.10, 0.13, 0.12])])
+    assert [c["verdict"] for c in t["cells"]] == [HELPS, HELPS]
+    assert t["transfer"] == HOLDS and "*helps* in every context (2)" in t["why"]
+
+
+def test_a_decided_difference_is_context_dependent_and_says_where():
+    t = one([cell("easy", [0.15, 0.16, 0.14, 0.15]), cell("hard", [0.01, -0.02, 0.00, 0.02])])
+    assert [c["verdict"] for c in t["cells"]] == [HELPS, NO_EVIDENCE]
+    assert t["transfer"] == CONTEXT_DEPENDENT
+    assert "*helps* in easy; *no evidence* in hard" in t["why"] and "easy − hard = +0.14" in t["why"]
+
+
+def test_opposite_decided_directions_with_a_decided_difference_flip_the_sign():
+    t = one([cell("base", [0.10, 0.12, 0.11]), cell("aligned", [-0.10, -0.12, -0.09])])
+    assert [c["verdict"] for c in t["cells"]] == [HELPS, HURTS]
+    assert t["transfer"] == SIGN_FLIPS
+
+
+def test_nothing_decided_is_undecided_with_the_seeds_that_would_decide_it():
+    t = one([cell("a", [0.05, -0.03, 0.08]), cell("b", [0.00, 0.04, -0.06])])
+    assert t["transfer"] == UNDECIDED and "no difference between contexts decided" in t["why"]
+    assert "seeds per context" in t["to_decide"]
+
+
+def test_inert_in_one_context_and_an_effect_in_another_differ_without_a_test():
+    t = one([cell("single", [0.0, 0.0, 0.0], verdict=INERT), cell("multi", [0.10, 0.12, 0.11])])
+    assert t["transfer"] == CONTEXT_DEPENDENT and t["pairs"][0]["how"] == "certain"
+
+
+def test_holm_controls_the_whole_grid():
+    assert holm([0.01, 0.04, 0.03]) == [True, False, False]     # 0.01 <= 0.05/3; 0.03 > 0.05/2
+    assert holm([0.01, 0.02, 0.03]) == [True, True, True]
+    assert welch_p([0.1, 0.1], [0.0, 0.0]) is None              # no spread: no test
+    from scipy import stats    # the reference: scipy's Welch test
+
+    a, b = [0.1, 0.2, 0.15], [0.0, 0.05, -0.05]
+    assert welch_p(a, b) == pytest.approx(stats.ttest_ind(a, b, equal_var=False).pvalue, rel=1e-12)
+
+
+def simulate(rng, effects, sds, interaction=0.0, seeds=5):
+    """One synthetic sweep: per trick its (equal, unless `interaction`) effect in every context,
+    per context its own noise; each cell decided by the report's fixed rule."""
+    cells = {}
+    for t, effect in enumerate(effects):
+        row = []
+        for k, sd in enumerate(sds):
+            without = 0.7 + 0.05 * rng.standard_normal(seeds)
+            with_ = without + effect + (interaction if k == 0 else 0.0) + sd * rng.standard_normal(seeds)
+            row.append(cell(f"c{k}", list(with_ - without)))
+        cells[f"t{t}"] = row
+    return transfer_verdicts(cells, plan=False)
+
+
+def test_equal_effects_everywhere_are_called_context_dependent_in_at_most_5_percent_of_sweeps():
+    """The issue's check: 1,200 synthetic sweeps (3 tricks x 3 contexts x 5 seeds, effects 0,
+    0.03 and 0.1 the same in every context, noise SDs 0.02 / 0.04 / 0.06 per context)."""
+    rng = np.random.default_rng(20261201)
+    false = 0
+    sweeps = 1200
+    for _ in range(sweeps):
+        verdicts = simulate(rng, effects=(0.0, 0.03, 0.1), sds=(0.02, 0.04, 0.06))
+        false += any(v["transfer"] in (CONTEXT_DEPENDENT, SIGN_FLIPS) for v in verdicts)
+    assert false / sweeps <= 0.05, false / sweeps
+    # and the test has power: a real difference of 0.1 between contexts is found most of the time
+    found = sum(simulate(rng, effects=(0.0,), sds=(0.03, 0.03), interaction=0.1)[0]["transfer"]
+                in (CONTEXT_DEPENDENT, SIGN_FLIPS) for _ in range(200))
+    assert found / 200 > 0.8, found / 200
+
+
+# ------------------------------------------------------------------------------ claims
+def test_a_claim_is_judged_only_in_the_context_it_was_made_in():
+    assert judge("helps", HELPS) == AGREES and judge("helps", HURTS) == CONTRADICTS
+    assert judge("does not help", HURTS) == AGREES and judge("does not help", HELPS) == CONTRADICTS
+    assert judge("helps", NO_EVIDENCE) == UNDECIDED_HERE and judge("helps", INERT) == NOT_TESTED
+    assert context_tags({"model": {"stage": "aligned"}, "task": {"level": "hard"},
+                         "reward": {"wrong": -1.0, "correct": 1.0}}) == {"model": "aligned", "data": "hard",
+                                                                         "reward": "-1/1"}
+
+
+def context_sweep(tmp_path):
+    """A synthetic leave-one-out of no_std and clip_higher in a base-like and an aligned-like
+    context: no_std hurts in both, clip_higher helps on aligned and hurts on base."""
+    finals = {
+        "base": {"all": [0.80, 0.84, 0.82, 0.81], "drop-no_std": [0.90, 0.93, 0.91, 0.92],
+                 "drop-clip_higher": [0.90, 0.95, 0.92, 0.90]},
+        "aligned": {"all": [0.90, 0.91, 0.93, 0.92], "drop-no_std": [0.97, 0.99, 0.98, 0.99],
+                    "drop-clip_higher": [0.80, 0.82, 0.84, 0.81]},
+    }
+    tricks = {"all": ["no_std", "clip_higher"], "drop-no_std": ["clip_higher"], "drop-clip_higher": ["no_std"]}
+    variants = {f"{v}@{ctx}": {"tricks": tricks[v], "reference": None if v == "all" else f"all@{ctx}",
+                               "final": dict(enumerate(vals))}
+                for ctx, by in finals.items() for v, vals in by.items()}
+    contrasts = [{"trick": f"{t}@{ctx}", "with": f"all@{ctx}", "without": f"drop-{t}@{ctx}", "context": ctx,
+                  "tests": t} for t in ("no_std", "clip_higher") for ctx in finals]
+    path = make_sweep(tmp_path / "ctx", variants, seeds=(0, 1, 2, 3), contrasts=contrasts)
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["contexts"] = [{"name": "base", "overrides": ["model=tiny"]},
+                            {"name": "aligned", "overrides": ["model=tiny_aligned"]}]
+    for v in manifest["variants"]:
+        v["context"] = v["name"].split("@")[1]
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    for run in path.glob("*@*-s*"):
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        stage = run.name.split("@")[1].split("-s")[0]
+        config.update(model={"stage": stage}, task={"level": "easy"}, reward={"wrong": 0.0, "correct": 1.0})
+        config["tricks"] = {t: {"family": FAMILIES[t], "option": t} for t in config["tricks"]}
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_the_report_reads_across_contexts(tmp_path):
+    report = build_report(context_sweep(tmp_path))
+    t = {x["trick"]: x for x in report.transfer["tricks"]}
+    assert t["no_std"]["transfer"] == HOLDS and t["clip_higher"]["transfer"] == SIGN_FLIPS
+    assert report.transfer["tests"] == 2
+    claims = {(r["trick"], r["where"], r["source"][:4]): r["contexts"] for r in report.transfer["claims"]}
+    assert claims[("clip_higher", "model=aligned", "Tric")] == {"base": NOT_TESTED, "aligned": AGREES}
+    assert claims[("clip_higher", "model=base", "Tric")] == {"base": AGREES, "aligned": NOT_TESTED}  # does not help
+    assert claims[("clip_higher", "model=base", "DAPO")] == {"base": CONTRADICTS, "aligned": NOT_TESTED}   # helps
+    assert claims[("no_std", "data=easy", "Tric")] == {"base": CONTRADICTS, "aligned": CONTRADICTS}
+    text = render_markdown(report)
+    assert "## Across contexts" in text and "| clip_higher | " in text and "**sign flips**" in text
+    assert "### The papers' claims beside the measurements" in text
+
+
+def test_a_sweep_in_one_context_has_no_transfer_section(tmp_path):
+    from report_fixtures import LOO, LOO_CONTRASTS
+
+    report = build_report(make_sweep(tmp_path / "loo", LOO, contrasts=LOO_CONTRASTS))
+    assert report.transfer is None and "Across contexts" not in render_markdown(report)
+
+
+# ------------------------------------------------------------------------------ through the CLI
+def listing(path):
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+def test_dry_run_counts_the_runs_of_every_context(tmp_path, small):
+    r = cli("sweep", "add-one-in", "--tricks", "no_std", "--across", "task.level=easy,hard",
+            "--across", "reward.wrong=0,-1", "--seeds", "2", "--dry-run", *small, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "across 4 contexts: 16 runs, 4 contrasts" in r.stdout
+    assert "  level-hard.wrong-1: 2 variants, 4 runs (task.level=hard reward.wrong=-1)" in r.stdout
+    assert "expected wall time" in r.stdout and listing(tmp_path) == []
+
+
+@pytest.mark.parametrize("args, says", [   # the other refusals: test_bad_contexts_are_refused_...
+    (["--across", "task.bogus=1,2"], "task.bogus"),
+    (["--across", "adv=grpo,rloo"], "changes adv, which variant add-no_std changes"),
+    (["--across", "task.level=easy,hard", "--controls"], "--controls does not go with contexts"),
+])
+def test_bad_contexts_exit_2_with_one_line_and_leave_nothing(tmp_path, small, args, says):
+    r = cli("sweep", "add-one-in", "--tricks", "no_std", "--seeds", "2", *args, *small, cwd=tmp_path)
+    assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "Traceback" not in r.stderr and listing(tmp_path) == []
+
+
+def test_a_sweep_file_with_two_contexts_of_one_name_is_refused(tmp_path, small):
+    spec = {"mode": "add-one-in", "tricks": ["no_std"], "contexts": [{"name": "x", "overrides": ["task.level=easy"]},
+                                                                     {"name": "x", "overrides": ["task.level=hard"]}]}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+    before = listing(tmp_path)
+    r = cli("sweep", "file", "s.yaml", *small, cwd=tmp_path)
+    assert r.returncode == 2 and "context x is listed twice" in r.stderr and "Traceback" not in r.stderr
+    assert listing(tmp_path) == before
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_across_contexts_resumes_to_the_same_results(tmp_path, small):
+    """SIGKILL mid-sweep, resume: every run completes, and its metrics equal those of the same
+    sweep run without interruption (timings aside)."""
+    args = ["sweep", "add-one-in", "--tricks", "no_std", "--across", "reward.wrong=0,-1", "--seeds", "1",
+            "--launcher", "basic", *[o for o in small if not o.startswith(("steps=", "checkpoint_every="))],
+            "steps=8", "checkpoint_every=2"]
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_ablate.cli", *args, "--dir", str(killed)], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline, victim = time.time() + 900, None
+    while time.time() < deadline and victim is None and proc.poll() is None:
+        time.sleep(0.2)
+        for d in killed.glob("*-s*"):
+            try:
+                status = json.loads((d / "status.json").read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+            if status["state"] == "running" and status["step"] >= 4 and any(
+                    (e / "status.json").exists() and "completed" in (e / "status.json").read_text()
+                    for e in killed.glob("*-s*")):
+                victim = d.name
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert victim is not None, "the sweep never reached a finished run and a checkpointed one"
+    r = cli("sweep", "--resume", str(killed), cwd=tmp_path, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = cli(*args, "--dir", str(whole), cwd=tmp_path, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+    def metrics(sweep):
+        return {d.name: [{k: v for k, v in row.items() if not k.startswith(("time/", "perf/"))}
+                         for row in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())]
+                for d in sweep.glob("*-s*")}
+    assert sorted(metrics(killed)) == ["add-no_std@wrong-0-s0", "add-no_std@wrong-1-s0", "base@wrong-0-s0",
+                                       "base@wrong-1-s0"]
+    assert metrics(killed) == metrics(whole)
+    assert os.path.exists(killed / "manifest.json")
+
