@@ -337,3 +337,25 @@ def gpg_advantage(rewards, group_index, mask, values, components, *, f_norm: flo
     alpha = rewards.numel() / torch.count_nonzero(rewards).clamp(min=1).to(rewards.dtype)
     mean, _ = group_mean_std(rewards, group_index)
     return alpha * (rewards - mean) / f_norm
+
+
+@register("adv", "maxrl", uses_group_statistic=True,
+          knobs={"eps": POSITIVE},
+          tricks=(Trick("maxrl",
+                        what="MaxRL: A = (r - mean_g r) / mean_g r, the group mean as the scale",
+                        source="SkyRL advantage_estimator=maxrl (skyrl_train/utils/ppo_utils.py); prime-rl "
+                               "algo.type=max_rl (arXiv 2602.02710)",
+                        verdict="not_in_review"),))
+def maxrl_advantage(rewards, group_index, mask, values, components, *, eps: float = 1e-6):
+    """MaxRL (arXiv 2602.02710): the advantage scaled by the group's mean reward instead of its
+    std, so a hard prompt's rare success weighs 1/p (the maximum-likelihood gradient of pass@k).
+
+        A_j = (r_j - mean_g r) / (mean_g r + eps);   a group of one: A_j = r_j
+
+    Reference: SkyRL `compute_maxrl_advantage` (advantage_estimator=maxrl, epsilon 1e-6; a group
+    of one gets r - 0). An all-zero group gets 0 / eps = 0. Meant for rewards in [0, 1] (a group
+    mean near 0 from mixed signs would blow up, as it would there).
+    """
+    mean, _ = group_mean_std(rewards, group_index)
+    alone = torch.bincount(group_index)[group_index] == 1
+    return torch.where(alone, rewards, (rewards - mean) / (mean + eps))
