@@ -151,3 +151,12 @@ def test_prompt_mean_weights_are_skyrls():
     mask[2:] = 0
     w = option("loss_agg", "prompt_mean").impl(mask, 4, torch.tensor([0, 0, 1, 1]))
     assert w.sum().item() == pytest.approx(1.0) and w[2:].abs().sum() == 0
+
+
+def test_remax_subtracts_the_greedy_reward_as_verl():
+    # verl compute_remax_outcome_advantage: reward-to-go of the outcome reward (r on every token) - baseline
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=D)
+    greedy = torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=D)        # per row: its prompt's greedy reward
+    got = option("adv", "remax").impl(rewards, torch.tensor([0, 0, 1, 1]), None, greedy, {})
+    assert got.tolist() == [0.0, -1.0, 1.0, 0.0]
+    assert option("adv", "remax").greedy_baseline

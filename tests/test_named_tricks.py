@@ -59,7 +59,7 @@ ACTS_WITH = {
     "proximal_behaviour": ["staleness=fixed"],
     "m2po": ["staleness=fixed", "rollout_correction.threshold=1e-8"],   # two steps drift far below 0.04
     "mixed_staleness": ["staleness.stale_frac=1.0"],
-    "fp32_lm_head": ["model.dtype=bfloat16"],
+    "fp32_lm_head": ["+model.dtype=bfloat16"],
 }
 
 

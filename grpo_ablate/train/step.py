@@ -125,6 +125,7 @@ class GRPOTrainer:
         self.history = PolicyHistory(int(cfg.staleness.k) + 1) if stale else None
         self.choose_ages = trick(cfg, "staleness")
         self.proximal = trick(cfg, "proximal")     # pi_prox from pi_old and the sampler's log-probs
+        self.greedy_baseline = option("adv", cfg.adv.name).greedy_baseline   # adv=remax: one greedy completion a prompt
         critic = list(policies.value_head.parameters()) if policies.value_head is not None else []
         self.trained = [p for p in policies.policy.parameters() if p.requires_grad] + critic   # LoRA: adapters
         # trained tensors outside the policy, whose gradients DDP does not average (torchrun)
@@ -162,7 +163,7 @@ class GRPOTrainer:
         sampled = time.perf_counter()
         anchors = self.anchor_logprobs(part, T)                                   # 2. frozen forwards
         scored = time.perf_counter()
-        shaped, adv, inputs, mismatch = self.rewards_and_advantages(batch, anchors)   # 3. rewards -> advantages
+        shaped, adv, inputs, mismatch = self.rewards_and_advantages(batch, anchors, step)   # 3. rewards -> advantages
         rewarded = time.perf_counter()
         coef = self.coefficients()
         diag = self.diagnose(batch, shaped, adv, inputs, coef) if self.diag_due(step) else {}
@@ -204,7 +205,7 @@ class GRPOTrainer:
             out.prev = dp.gather_rows(self.token_logprobs(p.previous, part, T)[0])
         return out
 
-    def rewards_and_advantages(self, batch: SampledGroups, anchors: Anchors):
+    def rewards_and_advantages(self, batch: SampledGroups, anchors: Anchors, step: int):
         """Shaped rewards, their advantages (reward_norm -> adv -> adv_clip; the reward's parts
         for an estimator that reads them), the loss's inputs and the sampler-mismatch metrics of
         rollout_correction, whose weights are computed once on the whole batch (as verl does).
@@ -216,7 +217,8 @@ class GRPOTrainer:
         if batch.roll.kept is not None:
             kept = batch.roll.kept.to(self.device)
             shaped = replace(shaped, keep=shaped.keep & kept, mask=shaped.mask * kept[:, None])
-        adv = self.advantages(shaped.rewards, group_index, shaped.mask, anchors.old_values, shaped.components)
+        values = self.greedy_rewards(batch, step) if self.greedy_baseline else anchors.old_values
+        adv = self.advantages(shaped.rewards, group_index, shaped.mask, values, shaped.components)
         returns = (self.advantages.critic_returns(adv.rewards, shaped.mask, anchors.old_values)
                    if self.p.value_head is not None else None)
         sampler = batch.roll.sampler_logprobs
@@ -232,6 +234,13 @@ class GRPOTrainer:
         inputs = LossInputs(shaped.mask, adv.per_token, old, anchors.ref, anchors.prev,
                             anchors.old_values, returns, sampler, weights)
         return shaped, adv, inputs, mismatch
+
+    @torch.no_grad()
+    def greedy_rewards(self, batch: SampledGroups, step: int) -> torch.Tensor:
+        """[rows] the reward of the policy's greedy completion of each row's prompt (ReMax's baseline)."""
+        greedy = self.rollouts(batch.problems, 1, 0.0, ("greedy", step))
+        wrong, correct = float(self.cfg.reward.wrong), float(self.cfg.reward.correct)
+        return (wrong + (correct - wrong) * greedy.scores).to(self.device)[batch.group_index.to(self.device)]
 
     def coefficients(self) -> Coefficients:
         kl = self.ctl.kl

@@ -359,3 +359,35 @@ def maxrl_advantage(rewards, group_index, mask, values, components, *, eps: floa
     mean, _ = group_mean_std(rewards, group_index)
     alone = torch.bincount(group_index)[group_index] == 1
     return torch.where(alone, rewards, (rewards - mean) / (mean + eps))
+
+
+def _remax_cannot_take(cfg):
+    """The greedy baseline is on the task's reward scale, given only to the whole batch's chain."""
+    if cfg.reward_norm.name != "none":
+        return "adv=remax subtracts the greedy completion's raw reward: use reward_norm=none"
+    if cfg.diag.grad_conflict:
+        return "adv=remax needs its greedy baseline, which the gradient diagnostics' components have not"
+    return None
+
+
+@register("adv", "remax", greedy_baseline=True, checks=_remax_cannot_take,
+          tricks=(Trick("remax",
+                        what="ReMax: A = r - r(greedy completion of the same prompt), no std",
+                        source="verl adv_estimator=remax (core_algos compute_remax_outcome_advantage; arXiv "
+                               "2310.10505)",
+                        verdict="not_in_review", cost="one greedy generation per prompt per step"),))
+def remax_advantage(rewards, group_index, mask, values, components):
+    """ReMax (Li et al. 2023, arXiv 2310.10505): REINFORCE with the reward of the policy's own
+    greedy completion of the prompt as the baseline.
+
+        A_j = r_j - b_p(j),   b_p = reward(greedy completion of prompt p)
+
+    `values` carries b per row ([N]: the trainer samples one greedy completion per prompt for an
+    estimator with the `greedy_baseline` flag, and maps its verifier score to the reward scale).
+    Reference: verl `compute_remax_outcome_advantage` (adv_estimator=remax: the reward-to-go of
+    the token-level rewards minus `reward_baselines`, which for an outcome reward is r - b on
+    every token; its trainer generates the baseline with do_sample=False and scores it with the
+    same reward function). Difference: the baseline here is the verifier's score only (the shaping
+    tricks -- length, overlong, format -- are not applied to it).
+    """
+    return rewards - values.to(rewards.dtype)

@@ -40,7 +40,8 @@ def head_in_compute_dtype(model):
 
 @register("lm_head", "fp32",
           inert=Inert(_full_precision_model, "cannot act with model.dtype=float32: the head is float32 already",
-                      "train with model.dtype=bfloat16", "model.dtype=bfloat16 or float16"),
+                      "train with model.dtype=bfloat16 (+model.dtype=bfloat16 on the tiny default)",
+                      "model.dtype=bfloat16 or float16"),
           tricks=(Trick("fp32_lm_head",
                         what="the LM head and logits in float32 under bf16 training",
                         source="TRL cast_lm_head_to_fp32; prime-rl enable_fp32_lm_head; ROLL logits_in_fp32 "
