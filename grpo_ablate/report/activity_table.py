@@ -40,6 +40,7 @@ ACTIVITY = {
     ('rollout_correction', 'token_truncate'): ('rollout_corr/logp_diff_mean', 'nonzero', None),
     ('sampling', 'dynamic'): ('sampling/extra_generations', 'nonzero', None),
     ('sampling', 'dynamic_group'): ('sampling/extra_generations', 'nonzero', None),
+    ('sampling', 'replay'): ('sampling/replayed_groups', 'nonzero', None),
     ('staleness', 'fixed'): ('staleness/mean_age', 'nonzero', None),
     ('staleness', 'mixed'): ('staleness/stale_frac', 'nonzero', None),
     ('staleness', 'spread'): ('staleness/mean_age', 'nonzero', None),

@@ -90,6 +90,7 @@ class StaleRollouts:
 def staleness_metrics(ages, kept, old_logp, sampler_logp, mask) -> dict:
     """How stale the step's rows were and how far their sampler was from pi_old (the proximal
     policy before this update): KL(mu || pi_old) per token on mu's samples, k1 and k3."""
+    kept = torch.ones_like(ages, dtype=torch.bool) if kept is None else kept     # (replayed rows: all kept)
     kept_f = kept.to(mask.dtype)
     trained = ages[kept]
     out = {"staleness/mean_age": trained.float().mean().item() if trained.numel() else 0.0,

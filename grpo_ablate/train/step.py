@@ -25,6 +25,7 @@ from grpo_ablate.train.forward import token_logprobs
 from grpo_ablate.train.losses import Coefficients, LossInputs, LossTerms, loss_draws, total
 from grpo_ablate.train.reference_sync import reference_sync
 from grpo_ablate.train.rewards import AdvantageChain, Advantages, RewardShaping, ShapedRewards
+from grpo_ablate.train.replay import ReplayBuffer
 from grpo_ablate.train.run import Optimization, StepResult, evaluate
 from grpo_ablate.train.staleness import PolicyHistory, StaleRollouts, staleness_metrics
 from grpo_ablate.tricks import option
@@ -60,6 +61,7 @@ class SampledGroups:
     group_index: torch.Tensor  # [rows] row -> group (groups may be ragged)
     rounds: int
     sampled_tokens: int = 0  # every completion token generated for this batch, kept or not (compute)
+    replayed: int = 0        # groups replaced from the replay buffer (sampling=replay)
 
 
 @dataclass
@@ -126,6 +128,9 @@ class GRPOTrainer:
         self.choose_ages = trick(cfg, "staleness")
         self.proximal = trick(cfg, "proximal")     # pi_prox from pi_old and the sampler's log-probs
         self.greedy_baseline = option("adv", cfg.adv.name).greedy_baseline   # adv=remax: one greedy completion a prompt
+        # sampling=replay: zero-variance groups refilled from a buffer of informative ones (TRL; else None)
+        self.replay = (ReplayBuffer(int(cfg.sampling.size), int(cfg.seed))
+                       if option("sampling", cfg.sampling.name).replays else None)
         critic = list(policies.value_head.parameters()) if policies.value_head is not None else []
         self.trained = [p for p in policies.policy.parameters() if p.requires_grad] + critic   # LoRA: adapters
         # trained tensors outside the policy, whose gradients DDP does not average (torchrun)
@@ -156,7 +161,7 @@ class GRPOTrainer:
         self.model.train()
         T = ctl.temperature.value                                   # this step's sampling temperature
         try:
-            batch = sample_groups(self.sampler(), self.task, cfg, step, T)         # 1. sample and score
+            batch = self.sample(step, T)                                           # 1. sample and score
         except NonFiniteLogits as err:
             return StepResult(None, diverged=f"{err} at step {step}")
         part = select_rows(batch.roll, self.dp.share(len(batch.texts)))          # this rank's rows
@@ -179,6 +184,12 @@ class GRPOTrainer:
         return StepResult(metrics, samples=self.samples(batch, adv.rewards))
 
     # ------------------------------------------------------------------ phases
+    def sample(self, step: int, T: float) -> SampledGroups:
+        """The step's groups (`sampling_groups`), sampled by `sampler()`; then, with a replay
+        buffer, the groups without reward variance replaced from it."""
+        batch = sample_groups(self.sampler(), self.task, self.cfg, step, T)
+        return batch if self.replay is None else self.replay(batch, step, self.rollouts.pad_id)
+
     def sampler(self):
         """This step's sampler: the policy itself, or (staleness) each group by the policy of its age."""
         if self.history is None:
@@ -396,6 +407,8 @@ class GRPOTrainer:
                                              update.logp if anchors.old is None else anchors.old, mask))
         if self.reference_sync is not None:
             out.update(self.reference_sync.metrics())
+        if self.replay is not None:
+            out["sampling/replayed_groups"] = batch.replayed
         if batch.roll.ages is not None:
             sampler = batch.roll.sampler_logprobs
             out.update(staleness_metrics(batch.roll.ages, batch.roll.kept, anchors.old,
@@ -433,7 +446,8 @@ class GRPOTrainer:
                 **({"loss_draws": self.draws} if self.draws is not None else {}),
                 **({"reference_sync": self.reference_sync} if self.reference_sync is not None else {}),
                 **({"grad_scaler": self.scaler} if self.scaler.is_enabled() else {}),
-                **({"policy_history": self.history} if self.history is not None else {})}
+                **({"policy_history": self.history} if self.history is not None else {}),
+                **({"replay_buffer": self.replay} if self.replay is not None else {})}
 
     def checkpoint_weights(self) -> dict | None:
         return self.dp.full_weights(self.model)     # FSDP: gathered to rank 0; else None (whole already)

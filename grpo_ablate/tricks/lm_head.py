@@ -25,7 +25,7 @@ import torch
 
 from grpo_ablate.tricks.registry import Inert, Trick, declare_family, register
 
-declare_family("lm_head", "the LM head's precision under model.dtype=bfloat16|float16: `fp32` computes the head "
+declare_family("lm_head", "the LM head's precision under model.dtype=bfloat16 or float16: `fp32` computes the head "
                "and the logits in float32 (TRL cast_lm_head_to_fp32, prime-rl, ROLL logits_in_fp32)")
 
 
