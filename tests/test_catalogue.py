@@ -23,7 +23,7 @@ THROWAWAY = '''
 import torch
 
 from grpo_ablate.tricks.conditions import one_optimizer_step
-from grpo_ablate.tricks.registry import POSITIVE, Activity, Inert, Knob, Trick, register
+from grpo_ablate.tricks.registry import POSITIVE, Activity, Claim, Inert, Knob, Trick, register
 
 
 @register("clip", "throwaway", off_policy_only=True,
@@ -32,7 +32,8 @@ from grpo_ablate.tricks.registry import POSITIVE, Activity, Inert, Knob, Trick, 
           inert=Inert(one_optimizer_step, "cannot act with one optimizer step per rollout", "add updates.multi",
                       "several optimizer steps per rollout"),
           tricks=(Trick("throwaway_trick", what="a throwaway policy loss", source="tests/test_catalogue.py",
-                        verdict="not_in_review", claims="none: it is a test"),))
+                        verdict="not_in_review",
+                        claims=(Claim("helps", "model=base", "a test", "none: it is a test"),)),))
 def throwaway_loss(logp, old_logp, advantages, mask, *, eps: float = 0.1, tau: float = 1.0):
     return -advantages * torch.exp(logp - old_logp), {}
 '''
@@ -78,8 +79,11 @@ def test_a_throwaway_option_is_checked_catalogued_documented_and_watched(throwaw
     (row,) = [r for r in catalogue.load_catalogue() if r["name"] == "throwaway_trick"]
     assert (row["family"], row["option"], row["verdict"]) == ("clip", "throwaway", "not_in_review")
     assert row["requires"] == "several optimizer steps per rollout" and row["activity"] == "clip/throwaway_frac ≠ 0"
-    assert "`throwaway_trick` | `clip=throwaway` | a throwaway policy loss (claims: none: it is a test)" in \
-        catalogue.docs_text()
+    docs = catalogue.docs_text()
+    assert "`throwaway_trick` | `clip=throwaway` | a throwaway policy loss |" in docs
+    assert "| `throwaway_trick` | *helps*: none: it is a test | model=base | a test |" in docs   # its claim
+    assert {"effect": "helps", "where": "model=base", "source": "a test", "says": "none: it is a test"} \
+        in eval(catalogue.claims_module().split("CLAIMS = ", 1)[1])["throwaway_trick"]
     assert "`throwaway`" in catalogue.option_table().split("| `clip` |")[1].splitlines()[0]
     # an activity metric for the report's *inert here* (report/activity_table.py once regenerated)
     assert catalogue.activity_table()[("clip", "throwaway")] == ("clip/throwaway_frac", "nonzero", None)

@@ -204,7 +204,10 @@ def test_watch_follows_a_running_sweep_and_stops_on_ctrl_c(tmp_path):
 
     # Ctrl-C: exit 0, one line, no traceback; the text files hold the last refresh
     status.write_text(json.dumps(dict(json.loads(status.read_text()), state="running")))
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # Ctrl-C reaches it even where this test runs with SIGINT ignored (a background job in a
+    # non-interactive shell: the child would inherit the ignore, and Python install no handler)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert "1/2 runs finished" in first_refresh(proc)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=300)

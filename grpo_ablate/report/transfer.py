@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from scipy import stats
 
 from grpo_ablate.report import sequential as seq
+from grpo_ablate.report.aggregate import probability_of_improvement
+from grpo_ablate.report.claims_table import CLAIMS
 from grpo_ablate.report.load import nested_value
 from grpo_ablate.report.stats import Estimate
 from grpo_ablate.report.verdicts import BREAKS_TRAINING, HELPS, HURTS, INERT, NO_EFFECT
@@ -168,9 +170,10 @@ def to_decide(cs: list[Cell], pairs: list[dict], tests: int, alpha: float) -> st
     """What would decide an undecided trick: seeds per context for its open verdicts, and for
     the largest observed difference between contexts at the grid's Bonferroni level."""
     parts = [f"{c.context}: ~{c.seeds_needed} seeds" for c in cs if c.seeds_needed and c.verdict not in DIRECTION]
-    open_ = [(p, a, b) for p in pairs for a in cs for b in cs
-             if a.context == p["a"] and b.context == p["b"] and p["difference"] and len(a.diffs) > 1
-             and len(b.diffs) > 1 and _var(a.diffs) + _var(b.diffs) > 0]
+    by = {c.context: c for c in cs}
+    open_ = [(p, by[p["a"]], by[p["b"]]) for p in pairs
+             if p["difference"] and len(by[p["a"]].diffs) > 1 and len(by[p["b"]].diffs) > 1
+             and _var(by[p["a"]].diffs) + _var(by[p["b"]].diffs) > 0]
     if open_:
         p, a, b = max(open_, key=lambda x: abs(x[0]["difference"]))
         sd = math.sqrt(_var(a.diffs) + _var(b.diffs))
@@ -240,9 +243,6 @@ def transfer_section(sweep, verdicts: list[dict], values: dict, higher_is_better
     """The report's section across contexts (None for a sweep in one context): the contexts and
     their tags, a transfer verdict per trick with its trick × context cells and its probability of
     improvement stratified by context (rliable), and the claims beside the measurements."""
-    from grpo_ablate.report.aggregate import probability_of_improvement
-    from grpo_ablate.report.claims_table import CLAIMS
-
     if not sweep.contexts:
         return None
     cells: dict[str, list[Cell]] = {}
@@ -278,8 +278,6 @@ def transfer_section(sweep, verdicts: list[dict], values: dict, higher_is_better
 def _named_trick(trick: str, sides: list[tuple], sweep) -> str | None:
     """The named trick a contrast measures: its own name, or the one trick its `with` side's runs
     have on and its `without` side's do not (a variants file names its variants freely)."""
-    from grpo_ablate.report.claims_table import CLAIMS
-
     if trick in CLAIMS:
         return trick
     on = lambda variant: {name for r in sweep.runs if r.variant == variant

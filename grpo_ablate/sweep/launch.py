@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
+import statistics
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -419,8 +421,6 @@ def run_jobs(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, j
 
 def treatment_train_seconds(sweep_dir: Path, manifest: dict) -> float | None:
     """Median training time (the sum of time/step_s: eval excluded) of the completed treatment runs."""
-    import statistics
-
     treatments = {v["name"] for v in manifest["variants"] if v.get("kind", "treatment") == "treatment"}
     seconds = [sum(r.get("time/step_s") or 0.0 for r in read_rows(Path(sweep_dir) / run["run_dir"] / "metrics.jsonl"))
                for run in manifest["runs"] if run["variant"] in treatments and run["status"] == "completed"]
@@ -561,8 +561,6 @@ def print_matrix(manifest: dict, console) -> None:
 
 def contexts_text(manifest: dict, req: SweepRequest, wall: bool = True) -> str:
     """--dry-run across contexts: the runs in each context, and (`wall`) what the grid costs."""
-    from grpo_ablate.sweep.sequential import expected_wall
-
     lines = []
     for c in manifest["contexts"]:
         variants = [v for v in manifest["variants"] if v.get("context") == c["name"]]
@@ -610,3 +608,44 @@ def print_summary(manifest: dict, console, sweep_dir: Path) -> None:
         elif run["status"] == INTERRUPTED:   # stopped from outside (a time limit): --resume continues it
             console.print(f"  {run['run_dir']} interrupted at step {run['step']}: {run['reason']}; "
                           f"`grpo-ablate sweep --resume {sweep_dir}` continues it", markup=False, highlight=False)
+
+
+# ------------------------------------------------------------------------------ timing
+def measured_run_seconds(parent: Path) -> tuple[float, str] | None:
+    """The median wall time of the completed runs of the newest sweep in `parent`, and which."""
+    manifests = sorted(Path(parent).glob("*/manifest.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in manifests:
+        seconds = [s["wall_time_s"] for s in (read_status(d) for d in path.parent.iterdir() if d.is_dir()
+                                              and (d / "status.json").exists())
+                   if s and s.get("state") == "completed" and s.get("wall_time_s")]
+        if seconds:
+            return statistics.median(seconds), f"the median of {len(seconds)} runs of {path.parent}"
+    return None
+
+
+def run_timing(req: SweepRequest) -> tuple[float, str, int] | None:
+    """(seconds a run, where that figure comes from, runs at a time), or None when no finished
+    sweep beside this one has timed a run."""
+    parent = Path(req.sweep_dir).parent if req.sweep_dir else Path("runs") / "sweeps"
+    measured = measured_run_seconds(parent) if parent.is_dir() else None
+    if measured is None:
+        return None
+    parallel = 1 if req.launcher == "basic" else max(1, req.jobs or cpus())
+    return (*measured, parallel)
+
+
+def expected_wall(runs: int, req: SweepRequest) -> str:
+    """What `runs` runs cost in wall time, from the runs of the newest finished sweep beside this one."""
+    measured = run_timing(req)
+    if measured is None:
+        parent = Path(req.sweep_dir).parent if req.sweep_dir else Path("runs") / "sweeps"
+        return f"expected wall time: unknown (no finished sweep in {parent} to time a run from)"
+    per_run, source, parallel = measured
+    return (f"expected wall time of {runs} runs: ~{duration(math.ceil(runs / parallel) * per_run)} "
+            f"({per_run:.0f} s a run, {source}; {parallel} at a time)")
+
+
+def duration(seconds: float) -> str:
+    if seconds >= 5400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import re
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -484,18 +483,6 @@ def print_decisions(manifest: dict, console) -> None:
         _say(console, "  - " + decision_text(d))
 
 
-def measured_run_seconds(parent: Path) -> tuple[float, str] | None:
-    """The median wall time of the completed runs of the newest sweep in `parent`, and which."""
-    manifests = sorted(Path(parent).glob("*/manifest.json"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for path in manifests:
-        seconds = [s["wall_time_s"] for s in (read_status(d) for d in path.parent.iterdir() if d.is_dir()
-                                              and (d / "status.json").exists())
-                   if s and s.get("state") == "completed" and s.get("wall_time_s")]
-        if seconds:
-            return statistics.median(seconds), f"the median of {len(seconds)} runs of {path.parent}"
-    return None
-
-
 def planner_text(manifest: dict, req: launch.SweepRequest) -> str:
     """--dry-run: the first look, the most it can grow to, and what that costs in wall time."""
     section = manifest["sequential"]
@@ -505,42 +492,14 @@ def planner_text(manifest: dict, req: launch.SweepRequest) -> str:
     text = (f"seeds auto: look 1 = {variants} variants x {section['initial_seeds']} seeds = {first} runs; then one "
             f"seed per look to the variants of open contrasts, at most {looks} looks and {most} runs "
             f"({section['max_seeds']} seeds); decided on {compared(section)} with false helps/hurts <= 5% overall")
-    measured = _run_timing(req)
+    measured = launch.run_timing(req)
     if measured is None:
-        return text + "\n" + expected_wall(first, req) + "; each look prints its time"
+        return text + "\n" + launch.expected_wall(first, req) + "; each look prints its time"
     per_run, source, parallel = measured
     wall = lambda runs: math.ceil(runs / parallel) * per_run
     later = (looks - 1) * wall(variants)
     text += (f"\nexpected wall time ({per_run:.0f} s a run, {source}; {parallel} at a time): look 1 "
-             f"~{_duration(wall(first))}, at most ~{_duration(wall(first) + later)}")
+             f"~{launch.duration(wall(first))}, at most ~{launch.duration(wall(first) + later)}")
     if section.get("budget_s"):
-        text += f"; --budget {_duration(section['budget_s'])} stops it earlier"
+        text += f"; --budget {launch.duration(section['budget_s'])} stops it earlier"
     return text
-
-
-def _run_timing(req: launch.SweepRequest) -> tuple[float, str, int] | None:
-    """(seconds a run, where that figure comes from, runs at a time), or None when no finished
-    sweep beside this one has timed a run."""
-    parent = Path(req.sweep_dir).parent if req.sweep_dir else Path("runs") / "sweeps"
-    measured = measured_run_seconds(parent) if parent.is_dir() else None
-    if measured is None:
-        return None
-    parallel = 1 if req.launcher == "basic" else max(1, req.jobs or launch.cpus())
-    return (*measured, parallel)
-
-
-def expected_wall(runs: int, req: launch.SweepRequest) -> str:
-    """What `runs` runs cost in wall time, from the runs of the newest finished sweep beside this one."""
-    measured = _run_timing(req)
-    if measured is None:
-        parent = Path(req.sweep_dir).parent if req.sweep_dir else Path("runs") / "sweeps"
-        return f"expected wall time: unknown (no finished sweep in {parent} to time a run from)"
-    per_run, source, parallel = measured
-    return (f"expected wall time of {runs} runs: ~{_duration(math.ceil(runs / parallel) * per_run)} "
-            f"({per_run:.0f} s a run, {source}; {parallel} at a time)")
-
-
-def _duration(seconds: float) -> str:
-    if seconds >= 5400:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
