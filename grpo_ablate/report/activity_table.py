@@ -29,6 +29,8 @@ ACTIVITY = {
     ('off_policy_mask', 'sequence'): ('off_policy_mask/dropped_frac', 'nonzero', None),
     ('overlong', 'filter'): ('overlong/masked_frac', 'nonzero', None),
     ('overlong', 'soft_punish'): ('overlong/penalty_mean', 'nonzero', None),
+    ('prompt_pool', 'difficulty'): ('pool/sorted', 'nonzero', None),
+    ('prompt_pool', 'no_positive_resampling'): ('pool/retired', 'nonzero', None),
     ('proximal', 'behaviour'): ('proximal/gap', 'nonzero', None),
     ('proximal', 'loglinear'): ('proximal/gap', 'nonzero', None),
     ('ref_sync', 'mixup'): ('ref_sync/syncs', 'nonzero', None),

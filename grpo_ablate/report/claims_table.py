@@ -81,6 +81,12 @@ CLAIMS = {'batch_norm': [{'effect': 'hurts',
            'where': '',
            'source': 'M2PO (arXiv 2510.01161)',
            'says': 'stable training on data 256 updates stale, matching on-policy accuracy'}],
+ 'no_positive_resampling': [{'effect': 'helps',
+                             'where': '',
+                             'source': 'ScaleRL (Khatri et al. 2025, arXiv 2510.13786)',
+                             'says': 'no-positive-resampling (prompts of pass rate >= 0.9 removed from later '
+                                     'epochs) is part of the ScaleRL recipe; the data curriculum moves '
+                                     'compute efficiency, not the asymptote'}],
  'no_std': [{'effect': 'helps',
              'where': 'data=easy',
              'source': 'Tricks or Traps (Liu et al. 2025; seeds/003)',

@@ -25,6 +25,7 @@ from grpo_ablate.train.forward import token_logprobs
 from grpo_ablate.train.losses import Coefficients, LossInputs, LossTerms, loss_draws, total
 from grpo_ablate.train.reference_sync import reference_sync
 from grpo_ablate.train.rewards import AdvantageChain, Advantages, RewardShaping, ShapedRewards
+from grpo_ablate.train.prompt_pool import PromptPool
 from grpo_ablate.train.replay import ReplayBuffer
 from grpo_ablate.train.run import Optimization, StepResult, evaluate
 from grpo_ablate.train.staleness import PolicyHistory, StaleRollouts, staleness_metrics
@@ -131,6 +132,9 @@ class GRPOTrainer:
         # sampling=replay: zero-variance groups refilled from a buffer of informative ones (TRL; else None)
         self.replay = (ReplayBuffer(int(cfg.sampling.size), int(cfg.seed))
                        if option("sampling", cfg.sampling.name).replays else None)
+        # prompt_pool: a finite pool of prompts drawn by what the run observed of them (else None: the task's order)
+        self.pool = (PromptPool(cfg, task, trick(cfg, "prompt_pool"))
+                     if option("prompt_pool", cfg.prompt_pool.name).pooled else None)
         critic = list(policies.value_head.parameters()) if policies.value_head is not None else []
         self.trained = [p for p in policies.policy.parameters() if p.requires_grad] + critic   # LoRA: adapters
         # trained tensors outside the policy, whose gradients DDP does not average (torchrun)
@@ -187,7 +191,7 @@ class GRPOTrainer:
     def sample(self, step: int, T: float) -> SampledGroups:
         """The step's groups (`sampling_groups`), sampled by `sampler()`; then, with a replay
         buffer, the groups without reward variance replaced from it."""
-        batch = sample_groups(self.sampler(), self.task, self.cfg, step, T)
+        batch = sample_groups(self.sampler(), self.task, self.cfg, step, T, self.pool)
         return batch if self.replay is None else self.replay(batch, step, self.rollouts.pad_id)
 
     def sampler(self):
@@ -409,6 +413,8 @@ class GRPOTrainer:
             out.update(self.reference_sync.metrics())
         if self.replay is not None:
             out["sampling/replayed_groups"] = batch.replayed
+        if self.pool is not None:
+            out.update(self.pool.metrics())
         if batch.roll.ages is not None:
             sampler = batch.roll.sampler_logprobs
             out.update(staleness_metrics(batch.roll.ages, batch.roll.kept, anchors.old,
@@ -447,7 +453,8 @@ class GRPOTrainer:
                 **({"reference_sync": self.reference_sync} if self.reference_sync is not None else {}),
                 **({"grad_scaler": self.scaler} if self.scaler.is_enabled() else {}),
                 **({"policy_history": self.history} if self.history is not None else {}),
-                **({"replay_buffer": self.replay} if self.replay is not None else {})}
+                **({"replay_buffer": self.replay} if self.replay is not None else {}),
+                **({"prompt_pool": self.pool} if self.pool is not None else {})}
 
     def checkpoint_weights(self) -> dict | None:
         return self.dp.full_weights(self.model)     # FSDP: gathered to rank 0; else None (whole already)
@@ -484,21 +491,29 @@ def snapshot(model) -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def sample_groups(rollouts: Rollouts, task, cfg: DictConfig, step: int, T: float) -> SampledGroups:
+def sample_groups(rollouts: Rollouts, task, cfg: DictConfig, step: int, T: float,
+                  pool: PromptPool | None = None) -> SampledGroups:
     """The batch of groups for one optimizer step, per the `sampling` family.
 
     Round r draws B fresh prompts x G completions; the family's filter keeps groups (static:
     all; dynamic: those with reward variance) until B are kept or max_rounds is reached, and
     then trains on what was kept (all of the last round if nothing was). Groups whose rewards
     are all equal then grow by g_step completions up to g_max (dynamic_group; otherwise
-    g_max = G and nothing grows). Raises NonFiniteLogits if the policy has diverged.
+    g_max = G and nothing grows). With a prompt pool (prompt_pool family) the prompts come from
+    it and every round's groups, kept or not, update its pass rates. Raises NonFiniteLogits if
+    the policy has diverged.
     """
     B, G = int(cfg.rollout.prompts_per_step), int(cfg.rollout.group_size)
     group_filter, max_rounds = trick(cfg, "sampling"), int(cfg.sampling.max_rounds)
     rolls, problems, texts, scores, rounds, sampled_tokens = [], [], [], [], 0, 0
     for sampling_round in range(max_rounds):
-        round_problems = task.train_batch(B, int(cfg.seed), step, sampling_round)
+        if pool is None:
+            round_problems = task.train_batch(B, int(cfg.seed), step, sampling_round)
+        else:
+            round_problems, indices = pool.draw(B, step, sampling_round)
         graded = rollouts(round_problems, G, T, ("train", step, sampling_round))
+        if pool is not None:
+            pool.observe(indices, graded.scores.view(B, G))
         rounds += 1
         sampled_tokens += int(graded.roll.lengths.sum())   # dropped groups cost compute too
         kept = group_filter(graded.scores.view(B, G)).nonzero().squeeze(1)
