@@ -158,7 +158,8 @@ def test_bad_async_settings_are_one_line_exit_2_and_no_run_dir(tmp_path, overrid
 NEW_PRESETS = {
     "prime_rl": {"adv": "dr_grpo", "clip": "dppo", "loss_agg": "token_mean", "kl": "none", "staleness": "fixed",
                  "proximal": "behaviour"},
-    "scalerl_bf16": {"adv": "lite", "clip": "cispo_trl", "loss_agg": "prompt_mean", "kl": "none", "lm_head": "fp32"},
+    "scalerl_bf16": {"adv": "lite", "clip": "cispo_trl", "loss_agg": "prompt_mean", "kl": "none", "lm_head": "fp32",
+                     "prompt_pool": "no_positive_resampling"},
 }
 
 
