@@ -60,6 +60,7 @@ ACTS_WITH = {
     "m2po": ["staleness=fixed", "rollout_correction.threshold=1e-8"],   # two steps drift far below 0.04
     "mixed_staleness": ["staleness.stale_frac=1.0"],
     "fp32_lm_head": ["+model.dtype=bfloat16"],
+    "no_positive_resampling": ["prompt_pool.size=8"],     # step 2 starts a second epoch: retirement acts
 }
 
 

@@ -564,7 +564,8 @@ NOT_IN_REVIEW = {t.name: (o.family, o.name) for o in all_options() for t in o.tr
 # issue 25's tricks are not in the review either (tests/test_async.py, tests/test_losses_2026.py)
 ISSUE_25 = {"stale_rollouts", "mixed_staleness", "spread_staleness", "proximal_loglinear", "proximal_behaviour",
             "decoupled_ppo", "m2po", "dppo", "prime_rl_loss", "vespo", "luspo", "topr", "kimi15", "clamped_reinforce",
-            "maxrl", "prompt_mean", "fp32_lm_head", "zero_variance_filter", "remax", "replay_buffer"}
+            "maxrl", "prompt_mean", "fp32_lm_head", "zero_variance_filter", "remax", "replay_buffer",
+            "no_positive_resampling", "difficulty_curriculum"}
 
 
 def test_the_tricks_of_issue_15_are_registered_as_not_in_the_review():
