@@ -54,6 +54,13 @@ ACTS_WITH = {
     "rollout_sequence_truncate": ["rollout.dtype=bfloat16"], "rollout_sequence_mask": ["rollout.dtype=bfloat16"],
     "off_policy_mask": ["off_policy_mask.delta=0.0"],    # a 2-step run never drifts by 0.5 nats a token
     "ref_sync": ["ref_sync.every=2"],
+    # issue 25: the corrections of stale rollouts act once a stale policy samples (step 2 of 2)
+    "decoupled_ppo": ["staleness=fixed"], "proximal_loglinear": ["staleness=fixed"],
+    "proximal_behaviour": ["staleness=fixed"],
+    "m2po": ["staleness=fixed", "rollout_correction.threshold=1e-8"],   # two steps drift far below 0.04
+    "mixed_staleness": ["staleness.stale_frac=1.0"],
+    "fp32_lm_head": ["+model.dtype=bfloat16"],
+    "no_positive_resampling": ["prompt_pool.size=8"],     # step 2 starts a second epoch: retirement acts
 }
 
 

@@ -33,11 +33,14 @@ class Rollout:
     truncated: torch.Tensor        # [N] bool: no EOS within max_new_tokens (TRL's test)
     sampler_logprobs: torch.Tensor | None = None  # [N, T] the sampler's own log-prob of each sampled token
     # (log_softmax(logits / T) at it, 0 after EOS): vLLM's, or rollout=hf's when it samples (T > 0)
+    ages: torch.Tensor | None = None   # [N] long: policy versions between the sampler and the trained policy
+    kept: torch.Tensor | None = None   # [N] bool: False for a row dropped as too stale (None: stale rollouts off)
 
     def to(self, device) -> "Rollout":
         move = lambda t: None if t is None else t.to(device)
         return Rollout(move(self.sequences), move(self.attention_mask), self.prompt_len,
-                       move(self.completion_mask), move(self.truncated), move(self.sampler_logprobs))
+                       move(self.completion_mask), move(self.truncated), move(self.sampler_logprobs),
+                       move(self.ages), move(self.kept))
 
     @property
     def completion_ids(self) -> torch.Tensor:
@@ -228,9 +231,10 @@ def _decode(step, ids, mask, *, max_new_tokens, temperature, eos_id, pad_id, gen
 
 
 def select_rows(roll: Rollout, rows: torch.Tensor) -> Rollout:
+    pick = lambda t: None if t is None else t[rows]
     return Rollout(roll.sequences[rows], roll.attention_mask[rows], roll.prompt_len,
-                   roll.completion_mask[rows], roll.truncated[rows],
-                   None if roll.sampler_logprobs is None else roll.sampler_logprobs[rows])
+                   roll.completion_mask[rows], roll.truncated[rows], pick(roll.sampler_logprobs),
+                   pick(roll.ages), pick(roll.kept))
 
 
 def concat_rollouts(rolls: list[Rollout], pad_id: int) -> Rollout:
@@ -250,7 +254,18 @@ def concat_rollouts(rolls: list[Rollout], pad_id: int) -> Rollout:
             sampler_logps.append(torch.nn.functional.pad(r.sampler_logprobs, (0, right), value=0.0))
     return Rollout(torch.cat(seqs), torch.cat(masks), prompt_len, torch.cat(cmasks),
                    torch.cat([r.truncated for r in rolls]),
-                   torch.cat(sampler_logps) if len(sampler_logps) == len(rolls) else None)
+                   torch.cat(sampler_logps) if len(sampler_logps) == len(rolls) else None,
+                   _concat_rows([r.ages for r in rolls], [len(r.truncated) for r in rolls], 0),
+                   _concat_rows([r.kept for r in rolls], [len(r.truncated) for r in rolls], True))
+
+
+def _concat_rows(parts: list, sizes: list[int], fill):
+    """Per-row tensors stacked; a part without one (None) filled with `fill`; None if none has one."""
+    like = next((p for p in parts if p is not None), None)
+    if like is None:
+        return None
+    return torch.cat([p if p is not None else torch.full((n,), fill, dtype=like.dtype, device=like.device)
+                      for p, n in zip(parts, sizes)])
 
 
 def decode_completions(tokenizer, rollout: Rollout) -> list[str]:

@@ -7,6 +7,7 @@ The trainer needs only this protocol:
 The embedded tiny model's warm start also needs (the arithmetic task has them):
     task.warmup_batch(n, rng) -> list[Problem]          # for the supervised warm start
     task.chars -> str                                   # characters the embedded tokenizer needs
+For the prompt_pool family: task.prompt_pool(size, seed) -> list[Problem], a finite pool.
 Optional (the data tasks have them): `format_reward` (a bonus, with `formatted(completion)`),
 `chat_template`, `system_prompt`, `max_prompt_tokens` (see grpo_ablate/sampling/prompts.py).
 """

@@ -116,6 +116,13 @@ class ArithmeticTask:
         key = f"train/{seed}/{step}" + (f"/{round}" if round else "")
         return self._draw(random.Random(key), n, self._eval_keys)
 
+    def prompt_pool(self, size: int | None, seed: int) -> list[Problem]:
+        """A finite pool of `size` training problems (prompt_pool family), a pure function of
+        (size, seed), held out of the eval split like every training draw."""
+        if size is None:
+            raise ValueError("the arithmetic task generates its problems: prompt_pool.size must be set")
+        return self._draw(random.Random(f"pool/{seed}"), size, self._eval_keys)
+
     def warmup_batch(self, n: int, rng: random.Random) -> list[Problem]:
         return self._draw(rng, n, self._eval_keys)
 

@@ -141,6 +141,14 @@ class DatasetTask:
         return [self.train[self._epoch(seed, (start + i) // len(self.train))[(start + i) % len(self.train)]]
                 for i in range(n)]
 
+    def prompt_pool(self, size: int | None, seed: int) -> list[MathProblem]:
+        """The training set (size None), or the first `size` problems of a seeded shuffle of it."""
+        if size is None or size >= len(self.train):
+            return list(self.train)
+        order = list(range(len(self.train)))
+        random.Random(f"pool/{seed}").shuffle(order)
+        return [self.train[i] for i in order[:size]]
+
     def _epoch(self, seed: int, epoch: int) -> list[int]:
         """The order of the training problems in one epoch (a seeded shuffle)."""
         if (seed, epoch) not in self._epochs:

@@ -102,9 +102,11 @@ def load_policies(cfg: DictConfig, model_path, kl_control, device: torch.device,
     dtype = cfg.model.get("dtype", "float32")     # compute dtype; weights stay float32
     lora = lora_enabled(cfg.model)                 # model.lora.r > 0: train LoRA adapters only
 
+    head_precision = trick(cfg, "lm_head")         # lm_head=fp32: the head and logits in float32
+
     def load(path):   # on the device; with model.dtype != float32 the forward runs under autocast
         model, tok = load_model_and_tokenizer(path, attn_implementation=attn)
-        return autocast_forward(model.to(device), dtype), tok
+        return head_precision(autocast_forward(model.to(device), dtype)), tok
 
     # With LoRA the base comes from model.path and the adapters from the checkpoint (on resume).
     policy, tokenizer = load(model_path if lora else checkpoint or model_path)

@@ -25,7 +25,10 @@ from grpo_ablate.train.forward import token_logprobs
 from grpo_ablate.train.losses import Coefficients, LossInputs, LossTerms, loss_draws, total
 from grpo_ablate.train.reference_sync import reference_sync
 from grpo_ablate.train.rewards import AdvantageChain, Advantages, RewardShaping, ShapedRewards
+from grpo_ablate.train.prompt_pool import PromptPool
+from grpo_ablate.train.replay import ReplayBuffer
 from grpo_ablate.train.run import Optimization, StepResult, evaluate
+from grpo_ablate.train.staleness import PolicyHistory, StaleRollouts, staleness_metrics
 from grpo_ablate.tricks import option
 from grpo_ablate.tricks.adv import group_mean_std
 from grpo_ablate.tricks.loss_agg import aggregate, masked_mean
@@ -59,6 +62,7 @@ class SampledGroups:
     group_index: torch.Tensor  # [rows] row -> group (groups may be ragged)
     rounds: int
     sampled_tokens: int = 0  # every completion token generated for this batch, kept or not (compute)
+    replayed: int = 0        # groups replaced from the replay buffer (sampling=replay)
 
 
 @dataclass
@@ -118,7 +122,19 @@ class GRPOTrainer:
         # rollout_correction: importance weights pi_old / pi_sampler of the policy loss (None: all 1)
         corrects = option("rollout_correction", cfg.rollout_correction.name).needs_sampler_logprobs
         self.rollout_correction = trick(cfg, "rollout_correction") if corrects else None
-        self.weights_of = option("loss_agg", cfg.loss_agg.name).impl   # (mask, max_len) -> w
+        self.weights_of = option("loss_agg", cfg.loss_agg.name).impl   # (mask, max_len, group_index) -> w
+        # staleness: groups sampled by the policy of k steps ago, from a history of k + 1 weights (else None)
+        stale = option("staleness", cfg.staleness.name).stale
+        self.history = PolicyHistory(int(cfg.staleness.k) + 1) if stale else None
+        self.choose_ages = trick(cfg, "staleness")
+        self.proximal = trick(cfg, "proximal")     # pi_prox from pi_old and the sampler's log-probs
+        self.greedy_baseline = option("adv", cfg.adv.name).greedy_baseline   # adv=remax: one greedy completion a prompt
+        # sampling=replay: zero-variance groups refilled from a buffer of informative ones (TRL; else None)
+        self.replay = (ReplayBuffer(int(cfg.sampling.size), int(cfg.seed))
+                       if option("sampling", cfg.sampling.name).replays else None)
+        # prompt_pool: a finite pool of prompts drawn by what the run observed of them (else None: the task's order)
+        self.pool = (PromptPool(cfg, task, trick(cfg, "prompt_pool"))
+                     if option("prompt_pool", cfg.prompt_pool.name).pooled else None)
         critic = list(policies.value_head.parameters()) if policies.value_head is not None else []
         self.trained = [p for p in policies.policy.parameters() if p.requires_grad] + critic   # LoRA: adapters
         # trained tensors outside the policy, whose gradients DDP does not average (torchrun)
@@ -128,9 +144,9 @@ class GRPOTrainer:
         self.scaler = torch.amp.GradScaler(device.type, enabled=cfg.model.get("dtype", "float32") == "float16")
         # pi_old by a separate forward only when the rollout feeds more than one optimizer step
         # (mini-batches, epochs), is charged to the reward (kl=in_reward), valued by a critic or
-        # compared with the sampler (rollout_correction, off_policy_mask); otherwise pi_old is the
-        # policy itself and the ratio is exactly 1 (nothing clips: expected)
-        self.needs_old = (int(cfg.updates.mini_batches) * int(cfg.updates.epochs) > 1
+        # compared with the sampler (rollout_correction, off_policy_mask) or sampled by an older
+        # policy (staleness); otherwise pi_old is the policy itself and the ratio is exactly 1
+        self.needs_old = (int(cfg.updates.mini_batches) * int(cfg.updates.epochs) > 1 or stale
                           or controllers.kl.reward_beta > 0 or policies.value_head is not None
                           or corrects or option("off_policy_mask", cfg.off_policy_mask.name).needs_sampler_logprobs)
         # gradient-conflict diagnostics (diag.grad_conflict=true) every diag.every steps; off: 0
@@ -149,14 +165,14 @@ class GRPOTrainer:
         self.model.train()
         T = ctl.temperature.value                                   # this step's sampling temperature
         try:
-            batch = sample_groups(self.rollouts, self.task, cfg, step, T)          # 1. sample and score
+            batch = self.sample(step, T)                                           # 1. sample and score
         except NonFiniteLogits as err:
             return StepResult(None, diverged=f"{err} at step {step}")
         part = select_rows(batch.roll, self.dp.share(len(batch.texts)))          # this rank's rows
         sampled = time.perf_counter()
         anchors = self.anchor_logprobs(part, T)                                   # 2. frozen forwards
         scored = time.perf_counter()
-        shaped, adv, inputs, mismatch = self.rewards_and_advantages(batch, anchors)   # 3. rewards -> advantages
+        shaped, adv, inputs, mismatch = self.rewards_and_advantages(batch, anchors, step)   # 3. rewards -> advantages
         rewarded = time.perf_counter()
         coef = self.coefficients()
         diag = self.diagnose(batch, shaped, adv, inputs, coef) if self.diag_due(step) else {}
@@ -172,6 +188,19 @@ class GRPOTrainer:
         return StepResult(metrics, samples=self.samples(batch, adv.rewards))
 
     # ------------------------------------------------------------------ phases
+    def sample(self, step: int, T: float) -> SampledGroups:
+        """The step's groups (`sampling_groups`), sampled by `sampler()`; then, with a replay
+        buffer, the groups without reward variance replaced from it."""
+        batch = sample_groups(self.sampler(), self.task, self.cfg, step, T, self.pool)
+        return batch if self.replay is None else self.replay(batch, step, self.rollouts.pad_id)
+
+    def sampler(self):
+        """This step's sampler: the policy itself, or (staleness) each group by the policy of its age."""
+        if self.history is None:
+            return self.rollouts
+        self.history.push(self.model)      # the weights this step starts from: age 0
+        return StaleRollouts(self.rollouts, self.model, self.history, self.choose_ages, int(self.cfg.seed))
+
     def token_logprobs(self, model, roll: Rollout, T, value_head=None, entropy_grad: bool = False):
         """(log-probs, entropy, values) of a rollout under `model` (train/forward.py)."""
         return token_logprobs(model, roll, T, value_head, entropy_grad, remove_padding=self.remove_padding)
@@ -191,24 +220,42 @@ class GRPOTrainer:
             out.prev = dp.gather_rows(self.token_logprobs(p.previous, part, T)[0])
         return out
 
-    def rewards_and_advantages(self, batch: SampledGroups, anchors: Anchors):
+    def rewards_and_advantages(self, batch: SampledGroups, anchors: Anchors, step: int):
         """Shaped rewards, their advantages (reward_norm -> adv -> adv_clip; the reward's parts
         for an estimator that reads them), the loss's inputs and the sampler-mismatch metrics of
-        rollout_correction, whose weights are computed once on the whole batch (as verl does)."""
+        rollout_correction, whose weights are computed once on the whole batch (as verl does).
+        Stale rollouts: rows dropped as too old are masked out, and pi_old becomes the `proximal`
+        family's pi_prox (recompute: pi_old itself) before the loss and the weights read it."""
         group_index = batch.group_index.to(self.device)
         shaped = self.shaping(batch.scores.to(self.device), batch.texts, batch.roll, group_index,
                               anchors.old, anchors.ref)
-        adv = self.advantages(shaped.rewards, group_index, shaped.mask, anchors.old_values, shaped.components)
+        if batch.roll.kept is not None:
+            kept = batch.roll.kept.to(self.device)
+            shaped = replace(shaped, keep=shaped.keep & kept, mask=shaped.mask * kept[:, None])
+        values = self.greedy_rewards(batch, step) if self.greedy_baseline else anchors.old_values
+        adv = self.advantages(shaped.rewards, group_index, shaped.mask, values, shaped.components)
         returns = (self.advantages.critic_returns(adv.rewards, shaped.mask, anchors.old_values)
                    if self.p.value_head is not None else None)
         sampler = batch.roll.sampler_logprobs
         sampler = sampler.to(self.device) if sampler is not None else None
-        weights, mismatch = None, {}
+        old, mismatch = anchors.old, {}
+        if old is not None and sampler is not None:
+            ages = batch.roll.ages if batch.roll.ages is not None else torch.zeros(len(batch.texts), dtype=torch.long)
+            old, mismatch = self.proximal(old, sampler, ages.to(self.device)[:, None], shaped.mask)
+        weights = None
         if self.rollout_correction is not None and sampler is not None:
-            weights, mismatch = self.rollout_correction(anchors.old, sampler, shaped.mask)
-        inputs = LossInputs(shaped.mask, adv.per_token, anchors.old, anchors.ref, anchors.prev,
+            weights, corrected = self.rollout_correction(old, sampler, shaped.mask)
+            mismatch = {**mismatch, **corrected}
+        inputs = LossInputs(shaped.mask, adv.per_token, old, anchors.ref, anchors.prev,
                             anchors.old_values, returns, sampler, weights)
         return shaped, adv, inputs, mismatch
+
+    @torch.no_grad()
+    def greedy_rewards(self, batch: SampledGroups, step: int) -> torch.Tensor:
+        """[rows] the reward of the policy's greedy completion of each row's prompt (ReMax's baseline)."""
+        greedy = self.rollouts(batch.problems, 1, 0.0, ("greedy", step))
+        wrong, correct = float(self.cfg.reward.wrong), float(self.cfg.reward.correct)
+        return (wrong + (correct - wrong) * greedy.scores).to(self.device)[batch.group_index.to(self.device)]
 
     def coefficients(self) -> Coefficients:
         kl = self.ctl.kl
@@ -235,7 +282,8 @@ class GRPOTrainer:
                 logp, entropy, values = self.token_logprobs(self.train_model, roll, self.ctl.temperature.current(),
                                                             self.p.value_head, entropy_grad=coef.entropy > 0)
                 terms, stats = self.loss_terms(logp, entropy, values, mb.rows(dp.share(len(mb.mask))), coef, dp)
-                weights = self.weights_of(mb.mask, max_new)
+                weights = self.weights_of(mb.mask, max_new, batch.group_index if rows is None else
+                                          batch.group_index[rows.cpu()])
                 loss, grad_norm, ok = self.optimizer_step(aggregate(total(terms), dp.part(weights)), step)
                 if self.reference_sync is not None:
                     self.reference_sync.after_optimizer_step()   # ref_sync: every N optimizer steps
@@ -308,7 +356,7 @@ class GRPOTrainer:
             logp, entropy, values = self.token_logprobs(policy, select_rows(batch.roll, rows),
                                                         self.ctl.temperature.current(), self.p.value_head,
                                                         entropy_grad=coef.entropy > 0)
-        weights = self.weights_of(shaped.mask, int(self.cfg.rollout.max_new_tokens))   # the whole batch's
+        weights = self.weights_of(shaped.mask, int(self.cfg.rollout.max_new_tokens), batch.group_index)   # the batch's
         w = weights[rows] * (weights.sum() / weights[rows].sum().clamp(min=1e-12))   # the full loss's total
         sub = self.whole_batch_token_keep(batch, inputs).rows(rows)
         with self.draws.unchanged() if self.draws is not None else contextlib.nullcontext():
@@ -363,6 +411,14 @@ class GRPOTrainer:
                                              update.logp if anchors.old is None else anchors.old, mask))
         if self.reference_sync is not None:
             out.update(self.reference_sync.metrics())
+        if self.replay is not None:
+            out["sampling/replayed_groups"] = batch.replayed
+        if self.pool is not None:
+            out.update(self.pool.metrics())
+        if batch.roll.ages is not None:
+            sampler = batch.roll.sampler_logprobs
+            out.update(staleness_metrics(batch.roll.ages, batch.roll.kept, anchors.old,
+                                         None if sampler is None else sampler.to(self.device), mask))
         if "kl/k3" in out:
             self.ctl.kl.update(out["kl/k3"], num_sequences=adv.rewards.numel())
         self.ctl.entropy.update(out["policy/entropy"])
@@ -395,7 +451,10 @@ class GRPOTrainer:
                 **({"value_head": self.p.value_head} if self.p.value_head is not None else {}),
                 **({"loss_draws": self.draws} if self.draws is not None else {}),
                 **({"reference_sync": self.reference_sync} if self.reference_sync is not None else {}),
-                **({"grad_scaler": self.scaler} if self.scaler.is_enabled() else {})}
+                **({"grad_scaler": self.scaler} if self.scaler.is_enabled() else {}),
+                **({"policy_history": self.history} if self.history is not None else {}),
+                **({"replay_buffer": self.replay} if self.replay is not None else {}),
+                **({"prompt_pool": self.pool} if self.pool is not None else {})}
 
     def checkpoint_weights(self) -> dict | None:
         return self.dp.full_weights(self.model)     # FSDP: gathered to rank 0; else None (whole already)
@@ -432,21 +491,29 @@ def snapshot(model) -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def sample_groups(rollouts: Rollouts, task, cfg: DictConfig, step: int, T: float) -> SampledGroups:
+def sample_groups(rollouts: Rollouts, task, cfg: DictConfig, step: int, T: float,
+                  pool: PromptPool | None = None) -> SampledGroups:
     """The batch of groups for one optimizer step, per the `sampling` family.
 
     Round r draws B fresh prompts x G completions; the family's filter keeps groups (static:
     all; dynamic: those with reward variance) until B are kept or max_rounds is reached, and
     then trains on what was kept (all of the last round if nothing was). Groups whose rewards
     are all equal then grow by g_step completions up to g_max (dynamic_group; otherwise
-    g_max = G and nothing grows). Raises NonFiniteLogits if the policy has diverged.
+    g_max = G and nothing grows). With a prompt pool (prompt_pool family) the prompts come from
+    it and every round's groups, kept or not, update its pass rates. Raises NonFiniteLogits if
+    the policy has diverged.
     """
     B, G = int(cfg.rollout.prompts_per_step), int(cfg.rollout.group_size)
     group_filter, max_rounds = trick(cfg, "sampling"), int(cfg.sampling.max_rounds)
     rolls, problems, texts, scores, rounds, sampled_tokens = [], [], [], [], 0, 0
     for sampling_round in range(max_rounds):
-        round_problems = task.train_batch(B, int(cfg.seed), step, sampling_round)
+        if pool is None:
+            round_problems = task.train_batch(B, int(cfg.seed), step, sampling_round)
+        else:
+            round_problems, indices = pool.draw(B, step, sampling_round)
         graded = rollouts(round_problems, G, T, ("train", step, sampling_round))
+        if pool is not None:
+            pool.observe(indices, graded.scores.view(B, G))
         rounds += 1
         sampled_tokens += int(graded.roll.lengths.sum())   # dropped groups cost compute too
         kept = group_filter(graded.scores.view(B, G)).nonzero().squeeze(1)

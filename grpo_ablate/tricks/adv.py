@@ -357,3 +357,57 @@ def gpg_advantage(rewards, group_index, mask, values, components, *, f_norm: flo
     alpha = rewards.numel() / torch.count_nonzero(rewards).clamp(min=1).to(rewards.dtype)
     mean, _ = group_mean_std(rewards, group_index)
     return alpha * (rewards - mean) / f_norm
+
+
+@register("adv", "maxrl", uses_group_statistic=True,
+          knobs={"eps": POSITIVE},
+          tricks=(Trick("maxrl",
+                        what="MaxRL: A = (r - mean_g r) / mean_g r, the group mean as the scale",
+                        source="SkyRL advantage_estimator=maxrl (skyrl_train/utils/ppo_utils.py); prime-rl "
+                               "algo.type=max_rl (arXiv 2602.02710)",
+                        verdict="not_in_review"),))
+def maxrl_advantage(rewards, group_index, mask, values, components, *, eps: float = 1e-6):
+    """MaxRL (arXiv 2602.02710): the advantage scaled by the group's mean reward instead of its
+    std, so a hard prompt's rare success weighs 1/p (the maximum-likelihood gradient of pass@k).
+
+        A_j = (r_j - mean_g r) / (mean_g r + eps);   a group of one: A_j = r_j
+
+    Reference: SkyRL `compute_maxrl_advantage` (advantage_estimator=maxrl, epsilon 1e-6; a group
+    of one gets r - 0). An all-zero group gets 0 / eps = 0. Meant for rewards in [0, 1] (a group
+    mean near 0 from mixed signs would blow up, as it would there).
+    """
+    mean, _ = group_mean_std(rewards, group_index)
+    alone = torch.bincount(group_index)[group_index] == 1
+    return torch.where(alone, rewards, (rewards - mean) / (mean + eps))
+
+
+def _remax_cannot_take(cfg):
+    """The greedy baseline is on the task's reward scale, given only to the whole batch's chain."""
+    if cfg.reward_norm.name != "none":
+        return "adv=remax subtracts the greedy completion's raw reward: use reward_norm=none"
+    if cfg.diag.grad_conflict:
+        return "adv=remax needs its greedy baseline, which the gradient diagnostics' components have not"
+    return None
+
+
+@register("adv", "remax", greedy_baseline=True, checks=_remax_cannot_take,
+          tricks=(Trick("remax",
+                        what="ReMax: A = r - r(greedy completion of the same prompt), no std",
+                        source="verl adv_estimator=remax (core_algos compute_remax_outcome_advantage; arXiv "
+                               "2310.10505)",
+                        verdict="not_in_review", cost="one greedy generation per prompt per step"),))
+def remax_advantage(rewards, group_index, mask, values, components):
+    """ReMax (Li et al. 2023, arXiv 2310.10505): REINFORCE with the reward of the policy's own
+    greedy completion of the prompt as the baseline.
+
+        A_j = r_j - b_p(j),   b_p = reward(greedy completion of prompt p)
+
+    `values` carries b per row ([N]: the trainer samples one greedy completion per prompt for an
+    estimator with the `greedy_baseline` flag, and maps its verifier score to the reward scale).
+    Reference: verl `compute_remax_outcome_advantage` (adv_estimator=remax: the reward-to-go of
+    the token-level rewards minus `reward_baselines`, which for an outcome reward is r - b on
+    every token; its trainer generates the baseline with do_sample=False and scores it with the
+    same reward function). Difference: the baseline here is the verifier's score only (the shaping
+    tricks -- length, overlong, format -- are not applied to it).
+    """
+    return rewards - values.to(rewards.dtype)

@@ -16,7 +16,10 @@ def one_optimizer_step(cfg) -> bool:
 
 
 def same_sampler_and_trainer(cfg) -> bool:
-    return cfg.rollout.backend == "hf" and str(cfg.rollout.get("dtype") or "float32") == "float32"
+    """The current policy samples in the trainer's dtype: no mismatch, no staleness (k = 0)."""
+    staleness = cfg.get("staleness")
+    return (cfg.rollout.backend == "hf" and str(cfg.rollout.get("dtype") or "float32") == "float32"
+            and (staleness is None or staleness.name == "none"))
 
 
 def policy_never_leaves_sampler(cfg) -> bool:
@@ -34,8 +37,16 @@ def no_kl_term(cfg) -> bool:
     return float(cfg.kl.beta) == 0 and float(cfg.kl.get("beta_prev") or 0) == 0
 
 
+def ratio_is_one(cfg) -> bool:
+    """One optimizer step and the ratio's denominator pi_old itself (proximal=recompute), or the
+    sampler's log-probs when they equal pi_old's: rho == 1."""
+    proximal = cfg.get("proximal")
+    return one_optimizer_step(cfg) and (proximal is None or proximal.name == "recompute"
+                                        or same_sampler_and_trainer(cfg))
+
+
 # the rule every ratio-based option shares (registered with off_policy_only=True)
-ONE_STEP = Inert(one_optimizer_step, "cannot act with one optimizer step per rollout (ρ ≡ 1)",
+ONE_STEP = Inert(ratio_is_one, "cannot act with one optimizer step per rollout (ρ ≡ 1)",
                  "add updates.mini_batches=4",
                  "several optimizer steps per rollout (updates.mini_batches > 1 or updates.epochs > 1)")
 

@@ -11,6 +11,7 @@ counts tokens over the whole step, not per micro-batch).
 | seq_mean_token_sum   | (1/B) sum_j sum_t l               | 1/B                                 |
 | constant             | sum_jt l / (B L_max)              | 1/(B L_max) (Dr. GRPO; TRL `dr_grpo`) |
 | token_sum            | sum_jt l                          | 1           (verl `token-sum`)      |
+| prompt_mean          | (1/P) sum_p (sum_{j in p} sum_t l) / n_p | 1/(P n_p) (SkyRL `prompt_mean`) |
 
 Reference: verl core_algos `agg_loss`; ROLL functionals `agg_loss`. Fully masked sequences are
 left out of B in the seq_* modes (verl); an all-masked batch gives all-zero weights, so the
@@ -33,7 +34,8 @@ def _live_sequences(mask: torch.Tensor) -> torch.Tensor:
     return (mask.sum(dim=1, keepdim=True) > 0).to(mask.dtype).sum().clamp(min=1)
 
 
-# Every mode: (mask [B, T], max_len) -> weights w [B, T] such that the loss is (w * l).sum().
+# Every mode: (mask [B, T], max_len, group_index [B] or None) -> weights w [B, T] such that the loss is
+# (w * l).sum(); group_index (row -> its prompt) is read by prompt_mean only.
 @register("loss_agg", "token_mean",
           tricks=(Trick("token_mean",
                         what="one mean over all tokens of the step (DAPO)",
@@ -47,13 +49,15 @@ def _live_sequences(mask: torch.Tensor) -> torch.Tensor:
                             Claim("helps", "model=base", DAPO,
                                   "the token-level policy-gradient loss: one of DAPO's four techniques (long chains "
                                   "of thought)"),)),))
-def token_mean_weights(mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
+def token_mean_weights(mask: torch.Tensor, max_len: int | None,
+                       group_index: torch.Tensor | None = None) -> torch.Tensor:
     mask = _as_float(mask)
     return mask / mask.sum().clamp(min=1)
 
 
 @register("loss_agg", "seq_mean_token_mean")
-def seq_mean_token_mean_weights(mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
+def seq_mean_token_mean_weights(mask: torch.Tensor, max_len: int | None,
+                                group_index: torch.Tensor | None = None) -> torch.Tensor:
     mask = _as_float(mask)
     return mask / mask.sum(dim=1, keepdim=True).clamp(min=1) / _live_sequences(mask)
 
@@ -63,7 +67,8 @@ def seq_mean_token_mean_weights(mask: torch.Tensor, max_len: int | None) -> torc
                         what="sum over tokens, mean over sequences",
                         source="verl loss_agg_mode=seq-mean-token-sum",
                         verdict="not_applicable"),))
-def seq_mean_token_sum_weights(mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
+def seq_mean_token_sum_weights(mask: torch.Tensor, max_len: int | None,
+                               group_index: torch.Tensor | None = None) -> torch.Tensor:
     mask = _as_float(mask)
     return mask / _live_sequences(mask)
 
@@ -73,7 +78,8 @@ def seq_mean_token_sum_weights(mask: torch.Tensor, max_len: int | None) -> torch
                         what="sum over tokens / (B * max_new_tokens) (Dr. GRPO)",
                         source="TRL loss_type=dr_grpo",
                         verdict="not_applicable"),))
-def constant_weights(mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
+def constant_weights(mask: torch.Tensor, max_len: int | None,
+                     group_index: torch.Tensor | None = None) -> torch.Tensor:
     """Dr. GRPO's constant normalizer: B * L_max, L_max the generation budget."""
     if not max_len or max_len <= 0:
         raise ValueError("loss_agg mode 'constant' needs max_len > 0 (the generation budget)")
@@ -86,11 +92,43 @@ def constant_weights(mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
                         what="plain sum of every token's loss (no normalizer)",
                         source="verl loss_agg_mode=token-sum",
                         verdict="not_in_review"),))
-def token_sum_weights(mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
+def token_sum_weights(mask: torch.Tensor, max_len: int | None,
+                      group_index: torch.Tensor | None = None) -> torch.Tensor:
     """No normalizer at all: the loss grows with the batch's token count (verl loss_agg_mode=
     token-sum, which scales each rank's sum by dp_size so the averaged gradient is the global
     sum). The learning rate must absorb the scale."""
     return _as_float(mask).clone()
+
+
+@register("loss_agg", "prompt_mean",
+          tricks=(Trick("prompt_mean",
+                        what="token mean within each prompt's group, then the mean over prompts (ScaleRL)",
+                        source="SkyRL loss_reduction=prompt_mean (skyrl_train/utils/ppo_utils.py); ScaleRL "
+                               "(arXiv 2510.13786)",
+                        verdict="not_in_review"),))
+def prompt_mean_weights(mask: torch.Tensor, max_len: int | None,
+                        group_index: torch.Tensor | None = None) -> torch.Tensor:
+    """Prompt-level mean (ScaleRL's aggregation): each prompt's group weighs the same, its tokens
+    share that weight equally, so a group of long completions weighs no more than one of short.
+
+        w[j, t] = 1 / (P n_p),  n_p the trained tokens of the group of prompt p = group(j),
+                                P the prompts with at least one trained token
+
+    Reference: SkyRL `normalize_advantages_for_loss_reduction` (loss_reduction=prompt_mean: 1 /
+    (num_prompts * tokens_in_prompt)). Difference: SkyRL counts every prompt of the mini-batch
+    in P; here a prompt whose tokens are all masked is left out (as the seq_* modes leave out
+    such sequences, verl). With equal group sizes it differs from token_mean only through the
+    groups' token counts (TRL trl#5375: its `grpo` loss equals it for equal groups only when
+    lengths are equal too). Without group_index every row is its own prompt (seq_mean_token_mean).
+    """
+    mask = _as_float(mask)
+    if group_index is None:
+        return seq_mean_token_mean_weights(mask, max_len)
+    groups = torch.unique(group_index, return_inverse=True)[1].to(mask.device)
+    count = int(groups.max()) + 1 if groups.numel() else 0
+    tokens = torch.zeros(count, dtype=mask.dtype, device=mask.device).index_add_(0, groups, mask.sum(dim=1))
+    prompts = (tokens > 0).to(mask.dtype).sum().clamp(min=1)
+    return mask / tokens.clamp(min=1)[groups][:, None] / prompts
 
 
 def aggregate(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

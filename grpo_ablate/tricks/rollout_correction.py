@@ -29,10 +29,11 @@ from __future__ import annotations
 import torch
 
 from grpo_ablate.tricks.conditions import same_sampler_and_trainer
-from grpo_ablate.tricks.registry import FLAG, POSITIVE, Activity, Inert, Knob, Trick, declare_family, register
+from grpo_ablate.tricks.registry import FLAG, POSITIVE, Activity, Claim, Inert, Knob, Trick, declare_family, register
 
 declare_family("rollout_correction", "importance weights π_old / π_sampler on the policy loss, with verl's mismatch "
-               "metrics `rollout_corr/*`; acts with `rollout.dtype=bfloat16` or vLLM", metric="rollout_corr/is_mean")
+               "metrics `rollout_corr/*`; AReaL's `decoupled` PPO and `m2po` mask; acts with stale rollouts "
+               "(`staleness`), `rollout.dtype=bfloat16` or vLLM", metric="rollout_corr/is_mean")
 
 LOG_RATIO_LIMIT = 20.0
 
@@ -119,9 +120,9 @@ def _option(level: str, rule: str, default_high: float, default_low):
 KNOBS = {"high": POSITIVE, "low": Knob(low=0, low_open=True, high="rollout_correction.high", optional=True),
          "renormalize": FLAG}
 SAMPLER_IS_TRAINER = Inert(same_sampler_and_trainer, "cannot act when the sampler is the trainer itself (same model, "
-                           "same dtype): pi_old / pi_sampler ≡ 1",
-                           "sample with rollout.dtype=bfloat16 (or rollout=vllm on a GPU)",
-                           "a sampler that differs from the trainer")
+                           "same dtype, no staleness): pi_old / pi_sampler ≡ 1",
+                           "sample with staleness=fixed or rollout.dtype=bfloat16 (or rollout=vllm on a GPU)",
+                           "a sampler that differs from the trainer (stale rollouts, bf16, vLLM)")
 NAMED = {   # the named trick of each option
     "token_truncate": Trick("rollout_token_truncate",
                             what="per-token importance weights pi_old / pi_sampler, truncated at 2 (TIS)",
@@ -139,9 +140,75 @@ NAMED = {   # the named trick of each option
                            what="per-sequence importance weight, sequences above 3 masked out",
                            source="TRL vllm_importance_sampling_mode=sequence_mask (its default)",
                            verdict="not_in_review", cost="a pi_old forward per step"),
+    # AReaL's decoupled PPO (areal/utils/functional/functional.py `ppo_actor_loss_fn` with
+    # `apply_rejection_sampling`, as examples/math/gsm8k_grpo.yaml sets it: use_decoupled_loss, level
+    # token, action mask, metric ratio, upper 5): the loss (pi_prox / mu) PPOclip(pi_theta / pi_prox),
+    # tokens whose weight exceeds 5 masked out. The ratio against pi_prox is the trainer's (pi_old).
+    # Difference: AReaL keeps the unmasked token count as the denominator, and so does loss_agg here.
+    "decoupled": Trick("decoupled_ppo",
+                       what="AReaL's decoupled PPO: the loss weighted by pi_prox / mu, tokens above 5 masked",
+                       source="AReaL actor.use_decoupled_loss + rejection_sampling (mask, ratio, upper 5)",
+                       verdict="not_in_review", cost="a pi_old (proximal) forward per step",
+                       claims=(Claim("helps", "", "AReaL (arXiv 2505.24298)",
+                                     "keeps accuracy under staleness 4-8 where plain PPO degrades"),)),
 }
-for _level, _rule, _high, _low in (("token", "truncate", 2.0, None), ("token", "mask", 5.0, 0.5),
-                                   ("sequence", "truncate", 2.0, None), ("sequence", "mask", 3.0, None)):
-    register("rollout_correction", f"{_level}_{_rule}", needs_sampler_logprobs=True, knobs=KNOBS,
+for _name, _level, _rule, _high, _low in (("token_truncate", "token", "truncate", 2.0, None),
+                                          ("token_mask", "token", "mask", 5.0, 0.5),
+                                          ("sequence_truncate", "sequence", "truncate", 2.0, None),
+                                          ("sequence_mask", "sequence", "mask", 3.0, None),
+                                          ("decoupled", "token", "mask", 5.0, None)):
+    register("rollout_correction", _name, needs_sampler_logprobs=True, knobs=KNOBS,
              activity=Activity("rollout_corr/logp_diff_mean"),   # the weights differ from 1
-             inert=SAMPLER_IS_TRAINER, tricks=NAMED[f"{_level}_{_rule}"])(_option(_level, _rule, _high, _low))
+             inert=SAMPLER_IS_TRAINER, tricks=NAMED[_name])(_option(_level, _rule, _high, _low))
+
+
+def _m2po_keep(m2: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Keep [n] bool: drop the largest second moments until the mean of the rest is below threshold
+    (at least one kept). AReaL `_get_m2po_loss_mask`: sort descending, the first suffix whose mean
+    is < threshold is kept."""
+    order = torch.argsort(m2, descending=True, stable=True)
+    ordered = m2[order]
+    counts = torch.arange(len(m2), 0, -1, dtype=m2.dtype, device=m2.device)
+    suffix_means = ordered.flip(0).cumsum(0).flip(0) / counts
+    below = (suffix_means < threshold).nonzero()
+    dropped = int(below[0]) if len(below) else len(m2) - 1
+    keep = torch.ones_like(m2, dtype=torch.bool)
+    keep[order[:dropped]] = False
+    return keep
+
+
+@register("rollout_correction", "m2po", needs_sampler_logprobs=True, knobs={"threshold": POSITIVE},
+          activity=Activity("rollout_corr/masked_frac"), inert=SAMPLER_IS_TRAINER,
+          tricks=Trick("m2po", what="M2PO: mask the tokens of largest (log pi_prox - log mu)^2 until their mean "
+                       "second moment is below 0.04",
+                       source="AReaL actor.m2_threshold (areal/trainer/ppo/actor.py _apply_m2po_masking; "
+                              "arXiv 2510.01161)",
+                       verdict="not_in_review", cost="a pi_old (proximal) forward per step",
+                       claims=(Claim("helps", "", "M2PO (arXiv 2510.01161)",
+                                     "stable training on data 256 updates stale, matching on-policy accuracy"),)))
+def m2po_weights(old_logp, sampler_logp, mask, *, threshold: float = 0.04):
+    """M2PO (Zheng et al. 2025, arXiv 2510.01161; AReaL `_apply_m2po_masking`, docs m2po.md):
+
+        M2_t = (log mu_t - log pi_prox_t)^2 over the batch's trained tokens
+        sort descending; mask the largest until mean(M2 of the rest) < threshold (keep >= 1 token)
+
+    Weights are the 0/1 mask (the paper's objective: sum M_t rho_t A_t over the masked tokens,
+    the ratio against pi_prox). Differences: AReaL masks per micro-batch of its loss call and, in
+    its example config, also multiplies the decoupled weights pi_prox / mu; here the mask is taken
+    once over the whole batch (as rollout_correction's weights are, verl's convention) and alone
+    (rollout_correction=decoupled is the other); loss_agg keeps the masked tokens in its
+    denominator, as AReaL does (`loss_mask_count` before the rejection)."""
+    with torch.no_grad():
+        trained = mask > 0
+        m2 = torch.nan_to_num(sampler_logp - old_logp, nan=0.0).pow(2)
+        keep = torch.zeros_like(trained)
+        if trained.any():
+            keep[trained] = _m2po_keep(m2[trained], float(threshold))
+        weights = keep.to(old_logp.dtype)
+        mask_f = mask.to(old_logp.dtype)
+        metrics = {"rollout_corr/masked_frac": _masked_mean((trained & ~keep).to(old_logp.dtype), mask_f).item(),
+                   "rollout_corr/m2": _masked_mean(m2, mask_f).item(),
+                   "rollout_corr/m2_kept": _masked_mean(m2, weights).item(),
+                   "rollout_corr/is_mean": _masked_mean(weights, mask_f).item()}
+        metrics.update(mismatch_metrics(old_logp, sampler_logp, mask_f))
+        return weights, metrics

@@ -8,6 +8,8 @@ plus `max_rounds` in its config: the trainer samples fresh prompts round after r
 `static`: every group is kept, one round.
 `dynamic` (DAPO dynamic sampling; verl `filter_groups`, metric=acc): groups whose rewards are
 all equal carry no group-relative signal and are dropped.
+`zero_variance`: the same filter in one round (max_rounds 1; SkyRL `zero_variance_filter`, which
+loss-masks them): dropped without a refill, the step trains on fewer groups.
 `dynamic_group` (seed review "dynamic group size"; no reference): every group is kept, and a
 group whose rewards are all equal gets `g_step` more completions at a time, up to `g_max`
 (the trainer does this for any option that sets g_max > group_size); advantages are then
@@ -55,6 +57,27 @@ def keep_all_groups(scores: torch.Tensor) -> torch.Tensor:
                             Claim("helps", "model=base", DAPO,
                                   "dynamic sampling (groups whose rewards are all equal are replaced) keeps every "
                                   "gradient useful: one of DAPO's four techniques"),)),))
+# the same filter in one round (conf/sampling/zero_variance.yaml: max_rounds 1): dropped, never refilled;
+# it shows as sampling/kept_group_frac < 1 (no activity rule: how many it drops varies by step)
+@register("sampling", "zero_variance",
+          tricks=(Trick("zero_variance_filter",
+                        what="drop zero-variance groups without resampling (the batch shrinks)",
+                        source="SkyRL algorithm.zero_variance_filter (skyrl/train/utils/trainer_utils.py); ScaleRL "
+                               "(arXiv 2510.13786)",
+                        verdict="not_in_review"),))
 def keep_varied_groups(scores: torch.Tensor) -> torch.Tensor:
     return scores.amax(dim=1) > scores.amin(dim=1)
 
+
+
+@register("sampling", "replay", replays=True, knobs={"size": POSITIVE_INT},
+          activity=Activity("sampling/replayed_groups"),
+          tricks=(Trick("replay_buffer",
+                        what="refill zero-variance groups with informative groups replayed from a buffer",
+                        source="TRL experimental GRPOWithReplayBuffer (replay_buffer_size 64)",
+                        verdict="not_in_review", cost="the buffer's groups in memory; no extra generation"),))
+def keep_all_groups_for_replay(scores: torch.Tensor, *, size: int = 64) -> torch.Tensor:
+    """Every group kept, one round; the trainer then replaces those whose rewards are all equal
+    by groups drawn from a buffer of the `size` best-scored informative ones seen so far
+    (train/replay.py: TRL's GRPOWithReplayBufferTrainer, score sum |A| * std, drawn in proportion)."""
+    return torch.ones(scores.shape[0], dtype=torch.bool)

@@ -1,0 +1,85 @@
+"""Family `proximal`: the policy the PPO ratio is taken against when rollouts are stale.
+
+With stale rollouts three policies meet in the loss (AReaL's terms): the behaviour policy mu
+that sampled (`sampler_logp`), the proximal policy pi_prox the ratio pi_theta / pi_prox is
+clipped around, and pi_theta being trained. Every option takes (old_logp, sampler_logp, ages,
+mask) -- pi_old, the trained policy's log-probs before this rollout's update [N, T] (the
+trainer's anchor forward), mu's [N, T], each row's age [N, 1] (policy versions behind pi_old,
+family `staleness`) and the trained-token mask -- and returns the proximal log-probs [N, T]
+(no gradient), which the policy loss and `rollout_correction` then read as pi_old.
+
+    recompute   pi_prox = pi_old, recomputed by a forward (AReaL `prox_logp_method=recompute`,
+                its default; verl `use_rollout_log_probs=false`). The trainer's path without
+                this family: the tensor is handed on untouched.
+    loglinear   log pi_prox ~ log mu + alpha (log pi_theta - log mu), alpha = (v_prox - v_mu) /
+                (v_theta - v_mu) per token, clamped to [0, 1] (AReaL `prox_logp_method=loglinear`,
+                areal/trainer/ppo/actor.py `compute_prox_logp_approximations`; docs
+                prox_approx). AReaL takes v_prox = v_theta - 1 and v_mu = v_prox - age, so
+                alpha = age / (age + 1): a fresh row (age 0) gets pi_prox = mu.
+    behaviour   pi_prox = mu: the ratio against the sampler's log-probs directly (verl
+                `use_rollout_log_probs=true` / one-step-off's bypass, prime-rl, TRL AsyncGRPO).
+
+Convention difference (loglinear): AReaL evaluates the interpolation in every mini-batch with
+that forward's pi_theta; here pi_theta's log-probs are the anchor forward's (pi_theta at the
+rollout's first optimizer step, which is every step with updates.mini_batches=1, AReaL's
+setting too), so the forward AReaL skips is still run: this ablates what the approximation does
+to the objective, not its speed.
+"""
+from __future__ import annotations
+
+import torch
+
+from grpo_ablate.tricks.registry import Activity, Inert, Trick, declare_family, register
+
+declare_family("proximal", "the PPO ratio's denominator under stale rollouts: `recompute` π_old (AReaL's default), "
+               "AReaL's `loglinear` approximation, or the `behaviour` policy's own log-probs",
+               metric="proximal/gap")
+
+
+def _no_staleness(cfg) -> bool:
+    return cfg.staleness.name == "none"
+
+
+WITHOUT_STALENESS = Inert(_no_staleness, "changes little without stale rollouts: the sampler is the current policy",
+                          "add staleness=fixed", "staleness other than none")
+
+
+def _gap(proximal, old_logp, mask) -> dict:
+    """How far the proximal log-probs used are from pi_old's (0 for recompute)."""
+    mask = mask.to(old_logp.dtype)
+    gap = ((proximal - old_logp).abs() * mask).sum() / mask.sum().clamp(min=1)
+    return {"proximal/gap": gap.item()}
+
+
+@register("proximal", "recompute")
+def recomputed_proximal(old_logp, sampler_logp, ages, mask):
+    """pi_prox = pi_old, as it is (no metrics: the trainer's path without the family)."""
+    return old_logp, {}
+
+
+@register("proximal", "loglinear", activity=Activity("proximal/gap"), inert=WITHOUT_STALENESS,
+          tricks=(Trick("proximal_loglinear",
+                        what="AReaL's log-linear approximation of the proximal policy, alpha = age / (age + 1)",
+                        source="AReaL actor.prox_logp_method=loglinear (areal/trainer/ppo/actor.py)",
+                        verdict="not_in_review", cost="none (AReaL: saves a forward; here it is still run)"),))
+def loglinear_proximal(old_logp, sampler_logp, ages, mask):
+    """log mu + alpha (log pi_theta - log mu), alpha = age / (age + 1); pi_theta's from the anchor forward."""
+    with torch.no_grad():
+        ages = ages.to(old_logp.dtype)
+        alpha = (ages / (ages + 1.0)).clamp(0.0, 1.0)
+        behaviour = torch.nan_to_num(sampler_logp, nan=0.0)
+        proximal = torch.where(mask > 0, behaviour + alpha * (old_logp - behaviour), old_logp)
+        return proximal, _gap(proximal, old_logp, mask)
+
+
+@register("proximal", "behaviour", activity=Activity("proximal/gap"), inert=WITHOUT_STALENESS,
+          tricks=(Trick("proximal_behaviour",
+                        what="the PPO ratio against the behaviour policy's own log-probs (no recomputed pi_old)",
+                        source="verl actor.use_rollout_log_probs; prime-rl; TRL AsyncGRPO",
+                        verdict="not_in_review"),))
+def behaviour_proximal(old_logp, sampler_logp, ages, mask):
+    """pi_prox = mu on trained tokens (a NaN sampler log-prob falls back to pi_old's)."""
+    with torch.no_grad():
+        keep = (mask > 0) & ~torch.isnan(sampler_logp)
+        proximal = torch.where(keep, sampler_logp, old_logp)
+        return proximal, _gap(proximal, old_logp, mask)
