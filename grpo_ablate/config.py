@@ -228,7 +228,7 @@ def check_model_and_task(cfg: DictConfig) -> None:
              f"task={cfg.task.name} needs a real model (the embedded one only knows arithmetic): "
              "model=hf model.path=<a model directory or hub name>")
     task_class = TASKS[cfg.task.name]
-    settings = [p for p in inspect.signature(task_class.__init__).parameters if p != "self"]
+    settings = task_settings(task_class)
     unknown = [k for k in params(cfg.task) if k not in settings]
     _require(not unknown, f"task.{unknown[0] if unknown else ''} is not a setting of task={cfg.task.name}; "
                           f"allowed: {', '.join(settings)}")
@@ -315,6 +315,21 @@ def check_here(cfg: DictConfig) -> None:
         _require((cfg.rollout.get("rng") or "auto") != "stream",
                  "rollout.rng=stream is one random stream for one process; with several processes use "
                  "per_row (or auto)")
+
+
+def task_settings(task_class) -> list[str]:
+    """The settings a task's constructor takes, with those its `**options` pass on to a base class
+    (task=jsonl takes path and eval_path, and DatasetTask's eval_size, prompt_template, ...)."""
+    settings = []
+    for klass in task_class.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        parameters = inspect.signature(klass.__init__).parameters.values()
+        settings += [p.name for p in parameters if p.name != "self" and p.name not in settings
+                     and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+        if not any(p.kind == p.VAR_KEYWORD for p in parameters):
+            break
+    return settings
 
 
 def cache_problem(model_cfg: DictConfig) -> str | None:

@@ -19,7 +19,8 @@ def test_help_lists_every_command_with_one_line():
 
 
 @pytest.mark.parametrize("override, needle", [
-    ("adv=nope", "allowed: batch, dr_grpo, gae, gdpo, gdpo_trl, gpg, grpo, lite, opo, passk, rloo, rpp_baseline"),
+    ("adv=nope", "allowed: batch, dr_grpo, gae, gdpo, gdpo_trl, gpg, grpo, lite, maxrl, opo, passk, remax, rloo, "
+                 "rpp_baseline"),
     ("optim.lrr=1", "unknown config key 'optim.lrr'"),
     ("optim.lr=-1", "optim.lr=-1"),
     ("optim.lr=0", "must be a number > 0"),

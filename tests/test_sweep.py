@@ -211,6 +211,25 @@ def test_a_trick_setting_for_the_whole_sweep_goes_to_the_variants_that_have_the_
     assert all("optim.lr=3e-4" in o for o in runs.values()) and "++temperature.lr=100" not in manifest["overrides"]
 
 
+def test_the_other_seeds_of_a_variant_hash_as_if_composed(cache_dir):
+    """A plan composes each variant once and gives its other seeds the first's config with their
+    seed and run name (launch.other_seed): every run's hash is the one composing its own
+    overrides gives, and the one its run checks when it starts."""
+    from grpo_ablate.config import compose, config_hash
+    from grpo_ablate.sweep.launch import SweepRequest, other_seed, plan
+
+    manifest = plan(SweepRequest(mode="leave-one-out", tricks=["kl_adaptive", "token_mean"],
+                                 seeds="2", controls=True))
+    assert len(manifest["runs"]) == len(manifest["variants"]) * 2
+    for run in manifest["runs"]:
+        assert run["config_hash"] is None or run["config_hash"] == config_hash(compose(run["overrides"])), run
+    hashes = {(run["variant"], run["seed"]): run["config_hash"] for run in manifest["runs"]}
+    assert hashes["all", 0] != hashes["all", 1]   # the seed is part of what a run computes
+    first = compose(["seed=0", "run.name=a-s0"])
+    assert other_seed(["seed=0", "run.name=a-s0"], first, ["seed=1", "optim.lr=1"]) is None   # not only a seed
+    assert other_seed(["seed=0"], first, ["seed=0", "steps=3"]) is None
+
+
 @pytest.mark.parametrize("path", sorted((REPO / "sweeps").glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_sweep_files_plan_cleanly(path, tmp_path, cache_dir):
     r = cli_here("sweep", "file", str(path), "--dry-run", cwd=tmp_path)
