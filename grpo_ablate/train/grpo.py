@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from grpo_ablate.config import check_here, trick, validate
 from grpo_ablate.inert import chosen_tricks, inert_tricks
 from grpo_ablate.models import (AdapterDisabled, add_lora, autocast_forward, disable_dropout,
-                                enable_activation_checkpointing, ensure_warm_started, load_model_and_tokenizer,
+                                enable_activation_checkpointing, load_model_and_tokenizer, model_dir,
                                 lora_enabled, model_device, stop_token_ids)
 from grpo_ablate.sampling.engines import Rollouts, build_engine, rng_mode
 from grpo_ablate.sampling.prompts import PromptEncoder
@@ -62,7 +62,7 @@ def build_grpo(cfg: DictConfig, device: torch.device, dp: DataParallel, checkpoi
     """(the GRPOTrainer of this run, metrics for step 0's row). With a checkpoint, the weights
     come from it; the rest of its state is loaded by the run skeleton."""
     task = build_task(cfg.task)
-    model_path = cfg.model.path or dp.main_first(lambda: ensure_warm_started(cfg.model, task, log=say))
+    model_path = dp.main_first(lambda: model_dir(cfg.model, task, log=say))   # GGUF: converted once, cached
     kl_control = trick(cfg, "kl")()
     policies = load_policies(cfg, model_path, kl_control, device, checkpoint, shard=dp.shard)
     if (sharding := dp.sharding(policies.policy)) is not None:   # model.fsdp=true: how it is split
