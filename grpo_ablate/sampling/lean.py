@@ -18,13 +18,31 @@ SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "mistral")
 
 
 def supports(model) -> bool:
+    return unsupported(model) is None
+
+
+def unsupported(model) -> str | None:
+    """What of `model` LeanDecoder does not implement, in words (None: it runs this model)."""
+    if hasattr(model, "peft_config"):
+        return "LoRA adapters (it reads the base weights only)"
     cfg = model.config
     rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    return (cfg.model_type in SUPPORTED_MODEL_TYPES
-            and rope.get("rope_type", rope.get("type", "default")) == "default"
-            and not getattr(cfg, "use_sliding_window", False)
-            and getattr(cfg, "hidden_act", "silu") == "silu"
-            and hasattr(model, "model") and hasattr(model.model, "rotary_emb"))
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if cfg.model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {cfg.model_type!r} (it knows {', '.join(SUPPORTED_MODEL_TYPES)})"
+    if rope_type != "default":
+        return f"rope_type {rope_type!r} (only the default rope)"
+    if getattr(cfg, "use_sliding_window", False):
+        return "sliding-window attention"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r} (only silu)"
+    if not (hasattr(model, "model") and hasattr(model.model, "rotary_emb")):
+        return "a model without model.rotary_emb"
+    layer = model.model.layers[0]
+    mlp = (layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
+    if layer.self_attn.o_proj.bias is not None or any(p.bias is not None for p in mlp):
+        return "biases on the attention output or the MLP (attention_bias / mlp_bias of a Llama config)"
+    return None
 
 
 class LeanDecoder:

@@ -20,7 +20,8 @@ from grpo_ablate.inert import chosen_tricks, inert_tricks
 from grpo_ablate.models import (AdapterDisabled, add_lora, autocast_forward, disable_dropout,
                                 enable_activation_checkpointing, load_model_and_tokenizer, model_dir,
                                 lora_enabled, model_device, stop_token_ids)
-from grpo_ablate.sampling.engines import Rollouts, build_engine, rng_mode
+from grpo_ablate.sampling.engines import HFEngine, Rollouts, build_engine, rng_mode
+from grpo_ablate.sampling.lean import unsupported as lean_unsupported
 from grpo_ablate.sampling.prompts import PromptEncoder
 from grpo_ablate.tasks import build_task
 from grpo_ablate.train.distributed import DataParallel
@@ -79,6 +80,9 @@ def build_grpo(cfg: DictConfig, device: torch.device, dp: DataParallel, checkpoi
     dp.checkpoint_full_optimizer_state(optim.optimizer)   # FSDP: checkpoints hold the full AdamW state
     # Sampling (rollout.backend: the policy itself, or vLLM), decoding, scoring: the whole batch.
     engine = build_engine(cfg, policies.policy, policies.tokenizer, dp)
+    if isinstance(engine, HFEngine) and engine.lean and device.type == "cpu":   # said once, here
+        if (reason := lean_unsupported(getattr(policies.policy, "module", policies.policy))) is not None:
+            say(f"rollout: LeanDecoder does not support {reason}; sampling with the model's own forward")
     rollouts = Rollouts(engine, policies.tokenizer, encode, task, dp, device,
                         eos_id=stop_token_ids(policies.policy, policies.tokenizer),
                         max_new_tokens=int(cfg.rollout.max_new_tokens), seed=int(cfg.seed), rng=rng_mode(cfg, dp),
