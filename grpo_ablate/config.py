@@ -17,6 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_ablate.errors import ConfigError
+from grpo_ablate.model_source import PACKAGE_PREFIX, ModelPathError, gguf_source, local_path
 from grpo_ablate.tasks import TASKS
 from grpo_ablate.ranks import launched_ranks
 from grpo_ablate.tricks import UnknownOption, families, option, options
@@ -210,8 +211,6 @@ def check_model_and_task(cfg: DictConfig) -> None:
     _require(not OmegaConf.is_missing(cfg.model, "path") or cfg.model.get("gguf_file"),
              f"model.path is required with model={cfg.model.name}: give a local directory "
              "with a saved transformers model, a .gguf file (or a hub name when online)")
-    from grpo_ablate.models import PACKAGE_PREFIX, ModelPathError, gguf_source, local_path
-
     path = cfg.model.get("path")
     try:
         gguf = gguf_source(cfg.model)   # model.path=<file>.gguf, model.gguf_file: that file must exist
@@ -292,8 +291,6 @@ def check_here(cfg: DictConfig) -> None:
     runs: by `grpo-ablate train` before Hydra makes a run dir, and by the trainer (so a sweep
     can be planned on a machine without the run's GPU)."""
     path = cfg.model.get("path")
-    from grpo_ablate.models import PACKAGE_PREFIX
-
     _require(not cfg.model.get("gguf_file") and not str(path or "").endswith(".gguf")
              or importlib.util.find_spec("gguf") is not None,
              "a GGUF model needs the `gguf` package, which is not installed: pip install 'grpo-ablate[hf]'")

