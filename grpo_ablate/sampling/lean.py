@@ -18,13 +18,67 @@ SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "mistral")
 
 
 def supports(model) -> bool:
+    return unsupported(model) is None
+
+
+def unsupported(model) -> str | None:
+    """What of `model` LeanDecoder does not implement, in words (None: it runs this model)."""
+    if hasattr(model, "peft_config"):
+        if (problem := _adapter_problem(model)) is not None:
+            return problem
+        model = model.get_base_model()
     cfg = model.config
     rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    return (cfg.model_type in SUPPORTED_MODEL_TYPES
-            and rope.get("rope_type", rope.get("type", "default")) == "default"
-            and not getattr(cfg, "use_sliding_window", False)
-            and getattr(cfg, "hidden_act", "silu") == "silu"
-            and hasattr(model, "model") and hasattr(model.model, "rotary_emb"))
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if cfg.model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {cfg.model_type!r} (it knows {', '.join(SUPPORTED_MODEL_TYPES)})"
+    if rope_type != "default":
+        return f"rope_type {rope_type!r} (only the default rope)"
+    if getattr(cfg, "use_sliding_window", False):
+        return "sliding-window attention"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r} (only silu)"
+    if not (hasattr(model, "model") and hasattr(model.model, "rotary_emb")):
+        return "a model without model.rotary_emb"
+    layer = model.model.layers[0]
+    mlp = (layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
+    if _bias(layer.self_attn.o_proj) is not None or any(_bias(p) is not None for p in mlp):
+        return "biases on the attention output or the MLP (attention_bias / mlp_bias of a Llama config)"
+    return None
+
+
+def _adapter_problem(peft_model) -> str | None:
+    """What of a peft model's adapters LeanDecoder cannot merge into its weight snapshot."""
+    from peft.tuners.lora.layer import Linear as LoraLinear
+
+    if any(str(getattr(c, "peft_type", "")).split(".")[-1] != "LORA" for c in peft_model.peft_config.values()):
+        return "adapters other than LoRA"
+    for module in peft_model.modules():
+        if hasattr(module, "lora_A"):
+            if not isinstance(module, LoraLinear) or getattr(module, "fan_in_fan_out", False):
+                return f"LoRA on a {type(module).__name__} (it merges LoRA on Linear layers only)"
+            if any(getattr(module, "use_dora", {}).values()):
+                return "DoRA adapters"
+    return None
+
+
+def _weight(linear):
+    """A Linear's weight with its active LoRA adapters added (a new tensor; the model is
+    untouched): W + B A * scale, the same map the adapter computes as W x + B (A x) * scale
+    (LoRA's dropout is off in eval mode, where the sampler runs)."""
+    base = getattr(linear, "base_layer", None)
+    if base is None:
+        return linear.weight
+    weight = base.weight
+    if not linear.disable_adapters and not linear.merged:
+        for name in linear.active_adapters:
+            if name in linear.lora_A:
+                weight = weight + linear.get_delta_weight(name)
+    return weight
+
+
+def _bias(linear):
+    return getattr(linear, "base_layer", linear).bias
 
 
 class LeanDecoder:
@@ -33,6 +87,8 @@ class LeanDecoder:
     sampler runs in that precision while the model keeps its own."""
 
     def __init__(self, model, dtype: torch.dtype | None = None):
+        if hasattr(model, "peft_config"):   # LoRA: each adapter merged into its weight's snapshot
+            model = model.get_base_model()
         cfg = model.config
         core = model.model
         self.num_heads = cfg.num_attention_heads
@@ -46,19 +102,19 @@ class LeanDecoder:
         for layer in core.layers:
             att, mlp = layer.self_attn, layer.mlp
             projections = (att.q_proj, att.k_proj, att.v_proj)
-            bias = (torch.cat([p.bias for p in projections]) if att.q_proj.bias is not None else None)
+            bias = (torch.cat([_bias(p) for p in projections]) if _bias(att.q_proj) is not None else None)
             self.layers.append((
                 layer.input_layernorm.weight,
-                torch.cat([p.weight for p in projections]).detach(),
+                torch.cat([_weight(p) for p in projections]).detach(),
                 None if bias is None else bias.detach(),
-                att.o_proj.weight.detach(),
+                _weight(att.o_proj).detach(),
                 layer.post_attention_layernorm.weight,
-                torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
-                mlp.down_proj.weight.detach(),
+                torch.cat([_weight(mlp.gate_proj), _weight(mlp.up_proj)]).detach(),
+                _weight(mlp.down_proj).detach(),
             ))
         self.final_norm = core.norm.weight
-        self.lm_head = model.lm_head.weight.detach()
-        self.lm_head_bias = None if model.lm_head.bias is None else model.lm_head.bias.detach()
+        self.lm_head = _weight(model.lm_head).detach()
+        self.lm_head_bias = None if _bias(model.lm_head) is None else _bias(model.lm_head).detach()
         if dtype is not None:
             cast = lambda t: None if t is None else t.detach().to(dtype)
             self.embed, self.final_norm = cast(self.embed), cast(self.final_norm)

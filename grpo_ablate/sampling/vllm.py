@@ -27,6 +27,7 @@ import socket
 
 import torch
 
+from grpo_ablate.models import model_dir
 from grpo_ablate.sampling.decode import Rollout, derived_seed
 
 
@@ -48,8 +49,9 @@ class VLLMEngine:
 
         rollout = cfg.rollout
         self.device = next(policy.parameters()).device
+        source = str(model_dir(cfg.model))   # a GGUF file: the same converted folder the trainer loaded
         self.llm = LLM(
-            model=str(cfg.model.path), tokenizer=str(cfg.model.path),
+            model=source, tokenizer=source,
             dtype=str(cfg.model.dtype), seed=int(cfg.seed) + dp.rank,
             gpu_memory_utilization=float(rollout.gpu_memory_utilization),
             max_model_len=rollout.max_model_len, enforce_eager=bool(rollout.enforce_eager),

@@ -24,7 +24,7 @@ from grpo_ablate import entrypoint
 from grpo_ablate.catalogue import load_catalogue
 from grpo_ablate.config import ConfigError, compose, config_hash, family_keys, trick_families, validate
 from grpo_ablate.inert import inert_reason
-from grpo_ablate.models import ensure_warm_started
+from grpo_ablate.models import ensure_warm_started, gguf_source, model_dir
 from grpo_ablate.errors import DamagedFile
 from grpo_ablate.rundir import DirLock, atomic_write_text, read_json, read_rows, read_status, writable_problem
 from grpo_ablate.stopping import INTERRUPTED
@@ -566,10 +566,14 @@ def _with_threads(overrides: list[str], threads: int | None) -> list[str]:
 
 
 def _warm_start(todo: list[dict], console) -> None:
-    """Build each distinct embedded model once, here, before parallel runs would race to."""
+    """Build each distinct embedded model (and convert each GGUF file) once, here, before parallel runs
+    would race to."""
     seen = set()
     for run in todo:
         cfg = _compose(list(run["overrides"]), f"run {run['run_dir']}")
+        if gguf_source(cfg.model) is not None:   # a GGUF model: converted once (cached by its bytes)
+            model_dir(cfg.model, log=lambda m: console.print(m, markup=False, highlight=False))
+            continue
         if cfg.model.get("path"):
             continue
         key = json.dumps([_container(cfg.model), _container(cfg.task)], sort_keys=True, default=str)

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from grpo_ablate.tasks.arithmetic import ArithmeticTask, Problem
 from grpo_ablate.tasks.dataset import HFDatasetTask, JsonlTask, MathProblem, ParquetTask
+from grpo_ablate.tasks.quiz import QuizProblem, QuizTask
 
-TASKS = {"arithmetic": ArithmeticTask, "jsonl": JsonlTask, "parquet": ParquetTask, "hf": HFDatasetTask}
+TASKS = {"arithmetic": ArithmeticTask, "jsonl": JsonlTask, "parquet": ParquetTask, "hf": HFDatasetTask,
+         "quiz": QuizTask}
 
 
 def build_task(cfg):
@@ -30,4 +32,4 @@ def build_task(cfg):
 
 
 __all__ = ["TASKS", "ArithmeticTask", "HFDatasetTask", "JsonlTask", "MathProblem", "ParquetTask", "Problem",
-           "build_task"]
+           "QuizProblem", "QuizTask", "build_task"]

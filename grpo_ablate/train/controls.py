@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 
 from grpo_ablate.config import validate
 from grpo_ablate.errors import ConfigError
-from grpo_ablate.models import (disable_dropout, ensure_warm_started, load_model_and_tokenizer, model_device,
+from grpo_ablate.models import (disable_dropout, load_model_and_tokenizer, model_device, model_dir,
                                 stop_token_ids, supervised_batch)
 from grpo_ablate.sampling.engines import HFEngine, Rollouts
 from grpo_ablate.sampling.prompts import PromptEncoder
@@ -63,7 +63,7 @@ class ControlStep:
         if self.kind == "sft" and not getattr(self.task.train_batch(1, 0, 0)[0], "solution", None):
             raise ConfigError(f"control=sft trains on the task's reference solutions, and task={cfg.task.name} "
                               "has none; use control=base")
-        model_path = cfg.model.path or ensure_warm_started(cfg.model, self.task, log=say)
+        model_path = model_dir(cfg.model, self.task, log=say)
         self.model, self.tokenizer = load_model_and_tokenizer(checkpoint or model_path,
                                                               attn_implementation=attention_implementation(cfg, device))
         if cfg.model.get("disable_dropout", True):   # as the GRPO runs it is compared with

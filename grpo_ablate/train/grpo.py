@@ -18,9 +18,10 @@ from omegaconf import DictConfig
 from grpo_ablate.config import check_here, trick, validate
 from grpo_ablate.inert import chosen_tricks, inert_tricks
 from grpo_ablate.models import (AdapterDisabled, add_lora, autocast_forward, disable_dropout,
-                                enable_activation_checkpointing, ensure_warm_started, load_model_and_tokenizer,
+                                enable_activation_checkpointing, load_model_and_tokenizer, model_dir,
                                 lora_enabled, model_device, stop_token_ids)
-from grpo_ablate.sampling.engines import Rollouts, build_engine, rng_mode
+from grpo_ablate.sampling.engines import HFEngine, Rollouts, build_engine, rng_mode
+from grpo_ablate.sampling.lean import unsupported as lean_unsupported
 from grpo_ablate.sampling.prompts import PromptEncoder
 from grpo_ablate.tasks import build_task
 from grpo_ablate.rundir import DirLock
@@ -70,7 +71,7 @@ def build_grpo(cfg: DictConfig, device: torch.device, dp: DataParallel, checkpoi
     """(the GRPOTrainer of this run, metrics for step 0's row). With a checkpoint, the weights
     come from it; the rest of its state is loaded by the run skeleton."""
     task = build_task(cfg.task)
-    model_path = cfg.model.path or dp.main_first(lambda: ensure_warm_started(cfg.model, task, log=say))
+    model_path = dp.main_first(lambda: model_dir(cfg.model, task, log=say))   # GGUF: converted once, cached
     kl_control = trick(cfg, "kl")()
     policies = load_policies(cfg, model_path, kl_control, device, checkpoint, shard=dp.shard)
     if (sharding := dp.sharding(policies.policy)) is not None:   # model.fsdp=true: how it is split
@@ -87,6 +88,9 @@ def build_grpo(cfg: DictConfig, device: torch.device, dp: DataParallel, checkpoi
     dp.checkpoint_full_optimizer_state(optim.optimizer)   # FSDP: checkpoints hold the full AdamW state
     # Sampling (rollout.backend: the policy itself, or vLLM), decoding, scoring: the whole batch.
     engine = build_engine(cfg, policies.policy, policies.tokenizer, dp)
+    if isinstance(engine, HFEngine) and engine.lean and device.type == "cpu":   # said once, here
+        if (reason := lean_unsupported(getattr(policies.policy, "module", policies.policy))) is not None:
+            say(f"rollout: LeanDecoder does not support {reason}; sampling with the model's own forward")
     rollouts = Rollouts(engine, policies.tokenizer, encode, task, dp, device,
                         eos_id=stop_token_ids(policies.policy, policies.tokenizer),
                         max_new_tokens=int(cfg.rollout.max_new_tokens), seed=int(cfg.seed), rng=rng_mode(cfg, dp),

@@ -1,0 +1,90 @@
+"""Short chat questions with a number for an answer, for a real (small) chat model: task=quiz.
+
+    kind=add      "What is 3 + 5? Answer with the number only."                       -> 8
+    kind=larger   "Which is larger, 47 or 62? Answer with the number only."           -> 62
+    kind=count    "How many times does the letter 'r' appear in the word 'cherry'? ..." -> 2
+
+The prompt is the user turn of the model's chat template (task.chat_template=auto). The
+reward is 1 when the last integer of the reply is the answer: a chat model tends to restate
+the question first ("3 + 5 = 8"), so the first integer would score the question, not the
+answer (SmolLM2-135M-Instruct, greedy: 0.06 with the first, 0.60 with the last on `add`,
+README "A real model"). Problems are generated from (seed, step), so a resumed run sees
+the prompts an uninterrupted one would, and the eval split is held out of training.
+"""
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+KINDS = ("add", "larger", "count")
+WORDS = ("apple", "banana", "cherry", "strawberry", "raspberry", "blueberry", "pineapple", "orange", "mango",
+         "papaya", "coconut", "watermelon", "lemon", "grapefruit", "kiwi", "peach", "apricot", "tomato",
+         "avocado", "blackberry", "cranberry", "gooseberry", "mulberry", "persimmon", "pomegranate", "tangerine")
+_INTEGER = re.compile(r"-?\d+")
+
+
+@dataclass(frozen=True)
+class QuizProblem:
+    prompt: str
+    answer: int
+
+
+def last_integer(text: str) -> int | None:
+    """The last integer in `text` (None: there is none)."""
+    found = _INTEGER.findall(text)
+    return int(found[-1]) if found else None
+
+
+class QuizTask:
+    CHOICES = {"kind": KINDS}   # what `sweep --family task.X` crosses
+
+    def __init__(self, kind: str = "add", eval_size: int = 64, chat_template: str = "auto",
+                 system_prompt: str | None = None, max_prompt_tokens: int | None = None):
+        if kind not in KINDS:
+            raise ValueError(f"task.kind={kind!r} is not allowed; allowed: {', '.join(KINDS)}")
+        if not isinstance(eval_size, int) or eval_size < 1:
+            raise ValueError(f"task.eval_size={eval_size!r} is not allowed; it must be an integer >= 1")
+        if chat_template not in ("auto", "none"):
+            raise ValueError(f"task.chat_template={chat_template!r} is not allowed; allowed: auto, none")
+        self.kind, self.eval_size = kind, eval_size
+        self.chat_template, self.system_prompt, self.max_prompt_tokens = chat_template, system_prompt, max_prompt_tokens
+        universe = self._universe()
+        if eval_size >= len(universe):
+            raise ValueError(f"task.eval_size={eval_size} leaves no training problems: task.kind={kind} has "
+                             f"{len(universe)} distinct problems")
+        random.Random(f"quiz/eval/{kind}").shuffle(universe)
+        self.eval, self.train = universe[:eval_size], universe[eval_size:]
+
+    def _universe(self) -> list[QuizProblem]:
+        """Every distinct problem of the kind, in a fixed order (100, 8010 and a few hundred)."""
+        tail = " Answer with the number only."
+        if self.kind == "add":
+            return [QuizProblem(f"What is {a} + {b}?{tail}", a + b) for a in range(10) for b in range(10)]
+        if self.kind == "larger":
+            return [QuizProblem(f"Which is larger, {a} or {b}?{tail}", max(a, b))
+                    for a in range(10, 100) for b in range(10, 100) if a != b]
+        return [QuizProblem(f"How many times does the letter '{c}' appear in the word '{w}'?{tail}", w.count(c))
+                for w in WORDS for c in sorted(set(w))]
+
+    # -- the task protocol --------------------------------------------------------------
+    def train_batch(self, n: int, seed: int, step: int, round: int = 0) -> list[QuizProblem]:
+        """Prompts of optimizer step `step` (sampling round `round`): a pure function of them."""
+        rng = random.Random(f"quiz/train/{self.kind}/{seed}/{step}" + (f"/{round}" if round else ""))
+        return [self.train[rng.randrange(len(self.train))] for _ in range(n)]
+
+    def eval_set(self) -> list[QuizProblem]:
+        return self.eval
+
+    def reward(self, completion: str, problem: QuizProblem) -> float:
+        return 1.0 if last_integer(completion) == problem.answer else 0.0
+
+    def drop_prompts(self, too_long) -> tuple[int, int]:
+        """task.max_prompt_tokens: remove the problems `too_long` says are (counts: train, eval)."""
+        before = len(self.train), len(self.eval)
+        self.train = [p for p in self.train if not too_long(p)]
+        self.eval = [p for p in self.eval if not too_long(p)]
+        return before[0] - len(self.train), before[1] - len(self.eval)
+
+    def describe(self) -> dict:
+        return {"name": "quiz", "kind": self.kind, "train": len(self.train), "eval": len(self.eval)}
