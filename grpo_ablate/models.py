@@ -144,13 +144,20 @@ def ensure_warm_started(model_cfg, task, log=print) -> Path:
     warm_start(model, tokenizer, task, steps=int(warmup["steps"]),
                batch_size=int(warmup["batch_size"]), lr=float(warmup["lr"]),
                seed=int(warmup["seed"]), slip_prob=float(warmup.get("slip_prob", 0.0)), log=log)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tiny-{key}-", dir=cache_root))
+    return save_cache_entry(model, tokenizer, target, "warm_start.json",
+                            {"key": key, "arch": arch, "warmup": warmup, "task": task.describe(),
+                             "seconds": round(time.perf_counter() - started, 1)})
+
+
+def save_cache_entry(model, tokenizer, target: Path, about_file: str, about: dict) -> Path:
+    """Save a model and its tokenizer as the cache entry `target` (with `about` as JSON beside
+    them): written to a temporary folder and renamed into place, so a killed build leaves no
+    half-written entry and parallel builders never collide."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / "warm_start.json").write_text(json.dumps(
-            {"key": key, "arch": arch, "warmup": warmup, "task": task.describe(),
-             "seconds": round(time.perf_counter() - started, 1)}, indent=2))
+        (tmp / about_file).write_text(json.dumps(about, indent=2))
         os.rename(tmp, target)
     except OSError:
         if not (target / "config.json").exists():
@@ -166,6 +173,8 @@ def ensure_warm_started(model_cfg, task, log=print) -> Path:
 # ---------------------------------------------------------------------------------------
 # Bump when the conversion changes, so old cache entries are never reused.
 GGUF_VERSION = 1
+
+
 def _file_digest(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -188,6 +197,9 @@ def ensure_gguf_converted(file: Path, cache_dir, log=print) -> Path:
     target = cache_root / f"gguf-{file.stem}-{key}"
     if (target / "config.json").exists():
         return target
+    problem = writable_problem(cache_root)
+    if problem:   # a read-only cache (or GRPO_ABLATE_CACHE a file): one line, not a traceback after the load
+        raise ModelPathError(cache_message(cache_root, problem))
     cache_root.mkdir(parents=True, exist_ok=True)
     log(f"converting {file.name} to a transformers model, once (cached as {target})")
     started = time.perf_counter()
@@ -208,20 +220,9 @@ def ensure_gguf_converted(file: Path, cache_dir, log=print) -> Path:
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
     del loaded
-    tmp = Path(tempfile.mkdtemp(prefix=f".gguf-{key}-", dir=cache_root))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "gguf_source.json").write_text(json.dumps(
-            {"key": key, "file": str(file), "transformers": transformers.__version__,
-             "seconds": round(time.perf_counter() - started, 1)}, indent=2))
-        os.rename(tmp, target)
-    except OSError:
-        if not (target / "config.json").exists():
-            raise
-        # another process finished the same entry first: theirs is identical, keep it
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    save_cache_entry(model, tokenizer, target, "gguf_source.json",
+                     {"key": key, "file": str(file), "transformers": transformers.__version__,
+                      "seconds": round(time.perf_counter() - started, 1)})
     log(f"converted in {time.perf_counter() - started:.0f} s")
     return target
 

@@ -127,3 +127,15 @@ def test_lean_decoder_samples_a_lora_model_as_its_own_forward():
     greedy = [generate(model, prompts, num_samples=1, temperature=0.0, lean=lean, **common) for lean in (True, False)]
     assert torch.equal(greedy[0].sequences, greedy[1].sequences)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_a_gguf_file_into_a_cache_that_cannot_be_written_is_one_line(tmp_path):
+    """The conversion is refused before the ~1 min load when its cache cannot be written (here
+    GRPO_ABLATE_CACHE names a file), naming the path and the setting that moves it."""
+    from grpo_ablate.models import ModelPathError, ensure_gguf_converted
+
+    (tmp_path / "model.gguf").write_bytes(b"GGUF not a real model")
+    (tmp_path / "cache").write_text("a file, not a folder")
+    with pytest.raises(ModelPathError, match=r"cannot write the model cache .*cache: .*set GRPO_ABLATE_CACHE"):
+        ensure_gguf_converted(tmp_path / "model.gguf", tmp_path / "cache", log=lambda *_: None)
+    assert (tmp_path / "cache").read_text() == "a file, not a folder"
