@@ -494,6 +494,8 @@ def report(
     wandb_report: bool = typer.Option(False, "--wandb-report", help="Also build a W&B Report (online only)."),
 ) -> None:
     """Which tricks matter: table, verdicts, health flags and PNG curves for a sweep dir."""
+    if not sweep_dir.is_dir():   # before the report's imports (pandas, scipy, matplotlib: seconds)
+        fail(f"{sweep_dir}: no such directory")
     from grpo_ablate import report as rep
 
     if fmt not in ("md", "csv", "json"):

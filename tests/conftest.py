@@ -96,6 +96,22 @@ def cli(*args, cwd=None, timeout=300, env=None):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def cli_here(*args, cwd):
+    """`grpo-ablate ...` in this process through typer's runner, from `cwd`: the same code as
+    `cli`, without a process's 3-4 s of imports (for checks that refuse or plan; runs that
+    train use `cli`). The result has exit_code, stdout and stderr."""
+    from typer.testing import CliRunner
+
+    from grpo_ablate.cli import app
+
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        return CliRunner().invoke(app, [str(a) for a in args])
+    finally:
+        os.chdir(old)
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """Tiny random Llama, Qwen2 (with a chat template) and GPT-2 checkpoints: arch -> dir."""

@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from typer.testing import CliRunner
-
-from conftest import REPO, cli
+from conftest import REPO, cli, cli_here
 from grpo_ablate.sweep.matrix import (EXPECTABLE, SweepError, build_matrix, check_size, expand_jobs, parse_seeds,
                                       variants_matrix)
 
@@ -174,18 +172,6 @@ def test_jobs_are_seed_major_with_their_overrides_and_labels():
 
 
 # ------------------------------------------------------------------------------ the CLI's checks
-def cli_here(*args, cwd):
-    """The CLI in this process (the planning checks need no subprocess; real sweeps use one)."""
-    from grpo_ablate.cli import app
-
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        return CliRunner().invoke(app, list(args))
-    finally:
-        os.chdir(old)
-
-
 def test_dry_run_prints_the_matrix_and_writes_nothing(tmp_path, cache_dir):
     r = cli_here("sweep", "leave-one-out", "--dry-run", cwd=tmp_path)
     assert r.exit_code == 0, r.output
