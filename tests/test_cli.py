@@ -8,10 +8,8 @@ import sys
 import time
 
 import pytest
-from typer.testing import CliRunner
 
-from conftest import cli
-from grpo_ablate.cli import app
+from conftest import cli, cli_here
 from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
 
 
@@ -48,13 +46,12 @@ def test_help_lists_every_command_with_one_line():
     ("+clip.dual_clip_c=3", "(it is set by dual_clip.c)"),
     ("+updates.epochz=2", "updates.epochz is not a setting of updates=single"),
 ])
-def test_bad_input_is_one_line_exit_2_and_no_run_dir(tmp_path, monkeypatch, override, needle):
+def test_bad_input_is_one_line_exit_2_and_no_run_dir(tmp_path, override, needle):
     if override in IN_A_PROCESS:
         out = cli("train", *override.split(), cwd=tmp_path)
         code, stdout, stderr = out.returncode, out.stdout, out.stderr
     else:   # the same command in this process (typer's runner): no 3-4 s of imports per case
-        monkeypatch.chdir(tmp_path)
-        result = CliRunner().invoke(app, ["train", *override.split()])
+        result = cli_here("train", *override.split(), cwd=tmp_path)
         assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
         code, stdout, stderr = result.exit_code, result.stdout, result.stderr
     assert code == 2, stderr
