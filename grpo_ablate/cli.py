@@ -56,6 +56,7 @@ def train(
 ) -> None:
     """Train one GRPO run. Arguments are Hydra overrides: adv=dr_grpo kl=none seed=1 ..."""
     from grpo_ablate.config import ConfigError, check_here, compose, validate
+    from grpo_ablate.ranks import this_rank
 
     if restart and resume is None:
         fail("--restart belongs to --resume RUN_DIR (it starts that run over)")
@@ -73,7 +74,9 @@ def train(
             check_here(cfg)   # this machine can run it: packages, a GPU, the hub, torchrun, the model cache
         except ConfigError as err:
             fail(str(err))
-        held = _hold_run_dir(cfg, args)   # before Hydra writes anything there
+        # before Hydra writes anything there; under torchrun rank 0 holds the run's dir for all its
+        # ranks (the others would find it held by rank 0 and refuse)
+        held = _hold_run_dir(cfg, args) if this_rank() == 0 else None
     from grpo_ablate import entrypoint   # the training stack (transformers, ...): only once the input is good
     try:
         code = entrypoint.run_hydra(args)

@@ -15,6 +15,12 @@ def launched_ranks() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def this_rank() -> int:
+    """This process's rank among them (0 outside torchrun and SLURM job steps)."""
+    slurm_as_torchrun()
+    return int(os.environ.get("RANK", "0"))
+
+
 def slurm_as_torchrun() -> None:
     """A SLURM job step with several tasks (e.g. Hydra's submitit_slurm launcher with
     hydra.launcher.tasks_per_node=N and one GPU per task) is one run over its tasks: SLURM's
