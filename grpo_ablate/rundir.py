@@ -4,6 +4,7 @@
     overrides.yaml   the command-line overrides            (atomic)
     metrics.jsonl    one flat JSON object per step; the source of truth for reports
     samples.jsonl    a few completions every `samples_every` steps
+    evals.jsonl      each eval's per-problem scores, packed (`pack_scores`): the report's eval-noise term
     status.json      running | completed | diverged | failed | interrupted, step, reason, wall time (atomic)
     checkpoint/      latest weights + optimizer + RNG state, replaced atomically
     traceback.txt    the whole story of a crash (status.json has its one-line reason)
@@ -28,6 +29,36 @@ from grpo_ablate.errors import ConfigError, DamagedFile
 STATES = ("running", "completed", "diverged", "failed", "interrupted")
 TIMING_PREFIXES = ("time/", "perf/")  # the only fields that may differ between identical runs
 CHECKPOINT, CHECKPOINT_TMP, CHECKPOINT_OLD = "checkpoint", "checkpoint.tmp", "checkpoint.old"
+EVALS = "evals.jsonl"
+EVAL_SCORES = "eval_scores"   # the key under which an eval hands its per-problem scores to the run log
+
+
+def pack_scores(scores) -> dict:
+    """One eval's per-problem scores, compactly: 0/1 scores (a verifier's pass/fail) as the hex of
+    their bits, 50 characters for 200 problems; anything else as a list of floats."""
+    scores = [float(x) for x in scores]
+    if all(x in (0.0, 1.0) for x in scores):
+        bits = "".join("1" if x else "0" for x in scores)
+        padded = bits + "0" * (-len(bits) % 4)
+        return {"n": len(scores), "bits": "".join(f"{int(padded[i:i + 4], 2):x}" for i in range(0, len(padded), 4))}
+    return {"n": len(scores), "scores": [round(x, 9) for x in scores]}
+
+
+def unpack_scores(row: dict) -> list[float] | None:
+    """The per-problem scores of one `evals.jsonl` row, None when the row is not one."""
+    n = row.get("n")
+    if not isinstance(n, int) or n <= 0:
+        return None
+    if isinstance(row.get("scores"), list) and len(row["scores"]) == n:
+        return [float(x) for x in row["scores"]]
+    bits = row.get("bits")
+    if not isinstance(bits, str) or len(bits) != (n + 3) // 4:
+        return None
+    try:
+        flat = "".join(f"{int(ch, 16):04b}" for ch in bits)
+    except ValueError:
+        return None
+    return [float(ch == "1") for ch in flat[:n]]
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -169,11 +169,46 @@ def test_golden_report(name, tmp_path):
     assert done.returncode == 0, done.stderr
     stored = GOLDEN / "reports" / name
     assert (sweep / "report.md").read_text() == (stored / "report.md").read_text()
-    for suffix in ("csv", "json"):   # full-precision floats: equal up to the t quantile's last bits
-        got, want = (sweep / f"report.{suffix}").read_text(), (stored / f"report.{suffix}").read_text()
-        assert NUMBER.sub("#", got) == NUMBER.sub("#", want), f"report.{suffix}: the text around the numbers changed"
-        for mine, theirs in zip(NUMBER.findall(got), NUMBER.findall(want), strict=True):
-            assert float(mine) == pytest.approx(float(theirs), rel=T_QUANTILE_REL, abs=1e-15), (suffix, mine, theirs)
+    got, want = (sweep / "report.csv").read_text(), (stored / "report.csv").read_text()
+    assert NUMBER.sub("#", got) == NUMBER.sub("#", want), "report.csv: the text around the numbers changed"
+    for mine, theirs in zip(NUMBER.findall(got), NUMBER.findall(want), strict=True):
+        assert float(mine) == pytest.approx(float(theirs), rel=T_QUANTILE_REL, abs=1e-15), ("csv", mine, theirs)
+    same_json(json.loads((sweep / "report.json").read_text()), json.loads((stored / "report.json").read_text()))
+
+
+def same_json(mine, theirs, path=()):
+    """The report's JSON equal to the stored one: text exactly, numbers at T_QUANTILE_REL, except
+    what an iterative fit computed (the `fits` and `predictions` sections), at FIT_TOL."""
+    where = "/".join(map(str, path))
+    if isinstance(theirs, dict):
+        assert isinstance(mine, dict) and mine.keys() == theirs.keys(), (where, sorted(set(mine) ^ set(theirs)))
+        for key in theirs:
+            same_json(mine[key], theirs[key], (*path, key))
+    elif isinstance(theirs, list):
+        assert isinstance(mine, list) and len(mine) == len(theirs), where
+        for i, (a, b) in enumerate(zip(mine, theirs)):
+            same_json(a, b, (*path, i))
+    elif isinstance(theirs, float) and not isinstance(theirs, bool) and isinstance(mine, (int, float)):
+        fitted = bool(path) and path[0] in FITTED
+        assert mine == pytest.approx(theirs, rel=FIT_TOL if fitted else T_QUANTILE_REL,
+                                     abs=FIT_TOL if fitted else 1e-15), (where, mine, theirs)
+    elif isinstance(theirs, str):
+        assert NUMBER.sub("#", mine) == NUMBER.sub("#", theirs), (where, mine, theirs)
+        for a, b in zip(NUMBER.findall(mine), NUMBER.findall(theirs), strict=True):
+            fitted = bool(path) and path[0] in FITTED
+            assert float(a) == pytest.approx(float(b), rel=FIT_TOL if fitted else T_QUANTILE_REL,
+                                             abs=FIT_TOL if fitted else 1e-15), (where, a, b)
+    else:
+        assert mine == theirs, (where, mine, theirs)
+
+
+# An iterative fit (scipy's least_squares, report/fits.py) stops when a step changes the parameters
+# by less than its xtol (1e-8 relative); the path it takes goes through BLAS kernels chosen by the
+# CPU (OpenBLAS: AVX2 vs AVX-512), so two CPUs stop at points that agree to about xtol times the
+# problem's conditioning, not to the last bit: issue 32 saw 7.6e-6 relative on an A of 2e-5
+# (1.7e-10 absolute) and 1e-11 relative on 0.289. The fitted sections are compared at 1e-6.
+FITTED = ("fits", "predictions")
+FIT_TOL = 1e-6
 
 
 # The stored reports were written with a hand-written Student-t quantile (bisection on an

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from grpo_ablate.report.build import build_report
-from grpo_ablate.report.stats import t_quantile
+from grpo_ablate.report.stats import delta_ci, t_quantile
 from report_fixtures import make_sweep
 
 
@@ -18,17 +18,28 @@ def test_t_quantile_matches_tables():
 
 
 
-def test_welch_when_seeds_differ(tmp_path):
+def test_one_missing_run_pairs_on_the_shared_seeds(tmp_path):
+    # issue 31: a missing (or NaN) run used to switch the whole contrast to Welch over unpaired seeds;
+    # the interval is now the paired one on the seeds both sides have, and the dropped seed is said
     variants = {"base": {"tricks": [], "reference": None, "final": {0: 0.60, 1: 0.64, 2: 0.62}},
                 "+x": {"tricks": ["x"], "reference": "base", "final": {0: 0.75, 1: 0.80}}}
     report = build_report(make_sweep(tmp_path / "s", variants, mode="add-one-in",
-                                         contrasts=[{"trick": "x", "with": "+x", "without": "base"}]))
+                                     contrasts=[{"trick": "x", "with": "+x", "without": "base"}]))
     d = report.verdicts[0]["delta"]
+    diffs = np.array([0.75 - 0.60, 0.80 - 0.64])
+    half = t_quantile(0.975, 1) * diffs.std(ddof=1) / math.sqrt(2)
+    assert (d.mean, d.low, d.high) == pytest.approx((diffs.mean(), diffs.mean() - half, diffs.mean() + half),
+                                                    abs=1e-9)
+    assert d.n == 2 and "paired over seeds 0, 1" in d.basis and "seed 2 no number on the treated side" in d.basis
+    assert d.dropped == {2: "no number on the treated side"}
+
+
+def test_welch_only_when_the_sides_share_no_seed():
+    d = delta_ci({0: 0.75, 1: 0.80}, {2: 0.60, 3: 0.64, 4: 0.62})
     a, b = np.array([0.75, 0.80]), np.array([0.60, 0.64, 0.62])
     va, vb = a.var(ddof=1) / 2, b.var(ddof=1) / 3
     df = (va + vb) ** 2 / (va ** 2 / 1 + vb ** 2 / 2)
     half = t_quantile(0.975, df) * math.sqrt(va + vb)
     assert "Welch" in d.basis
     assert (d.mean, d.low, d.high) == pytest.approx((0.155, 0.155 - half, 0.155 + half), abs=1e-9)
-    assert report.verdicts[0]["verdict"] == "no evidence"   # n=2 on one side: a wide interval
 

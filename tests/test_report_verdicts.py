@@ -98,27 +98,31 @@ def test_a_trick_whose_activity_metric_stayed_zero_is_inert_here(tmp_path):
 
 
 def test_breaks_training(tmp_path):
-    # every run with x diverges at step 12; none without it does
+    # every run with x diverges at step 12; none without it does: 4 of 4 vs 0 of 4 is Boschloo's
+    # one-sided p = 0.0039, the family's only test (y is inert)
+    seeds = (0, 1, 2, 3)
+    broken = {"final": {}, "state": {s: "diverged" for s in seeds}, "diverge_at": {s: 12 for s in seeds}}
     variants = {
-        "all": {"tricks": ["x", "y"], "reference": None, "final": {}, "state": {0: "diverged", 1: "diverged"},
-                "diverge_at": {0: 12, 1: 12}},
-        "drop-x": {"tricks": ["y"], "reference": "all", "final": {0: 0.8, 1: 0.82}},
-        "drop-y": {"tricks": ["x"], "reference": "all", "final": {}, "state": {0: "diverged", 1: "diverged"},
-                   "diverge_at": {0: 12, 1: 12}},
+        "all": {"tricks": ["x", "y"], "reference": None, **broken},
+        "drop-x": {"tricks": ["y"], "reference": "all", "final": {0: 0.8, 1: 0.82, 2: 0.8, 3: 0.81}},
+        "drop-y": {"tricks": ["x"], "reference": "all", **broken},
     }
     contrasts = [{"trick": t, "with": "all", "without": f"drop-{t}"} for t in "xy"]
-    report = build_report(make_sweep(tmp_path / "s", variants, seeds=(0, 1), contrasts=contrasts))
+    report = build_report(make_sweep(tmp_path / "s", variants, seeds=seeds, contrasts=contrasts))
     verdicts = {v["trick"]: v for v in report.verdicts}
     assert verdicts["x"]["verdict"] == "breaks training"
-    assert "2 of 2 runs with it broke" in verdicts["x"]["why"] and "diverged@12" in verdicts["x"]["why"]
+    assert "4 of 4 with it, 0 of 4 without" in verdicts["x"]["why"] and "diverged@12" in verdicts["x"]["why"]
+    assert verdicts["x"]["broke"]["p"] == pytest.approx(0.00390625)
     # broken with and without y, identically at every seed: y changed nothing
     assert verdicts["y"]["verdict"] == "inert here"
     text = render_markdown(report)
-    assert "2 diverged@12,12" in text and "*breaks training*" in text
+    assert "4 diverged@12,12,12,12" in text and "*breaks training*" in text
     assert "| all-s0 | all | 0 | diverged | 12 |" in text
 
 
-def test_one_seed_gives_no_verdict_but_breaks_training(tmp_path):
+def test_one_seed_gives_no_verdict_not_even_breaks_training(tmp_path):
+    # one run that broke against one that did not is no evidence that the trick breaks training
+    # (the exact test's smallest p at 1 vs 1 is 0.25): counted and said, not decided
     variants = {
         "all": {"tricks": ["a", "z"], "reference": None, "final": {0: 0.80}},
         "drop-a": {"tricks": ["z"], "reference": "all", "final": {0: 0.60}},
@@ -131,7 +135,8 @@ def test_one_seed_gives_no_verdict_but_breaks_training(tmp_path):
                  {"trick": "w", "with": "+z", "without": "all"}]
     report = build_report(make_sweep(tmp_path / "s", variants, seeds=(0,), contrasts=contrasts))
     verdicts = {v["trick"]: v["verdict"] for v in report.verdicts}
-    assert verdicts == {"a": "no verdict", "z": "no verdict", "w": "breaks training"}
+    assert verdicts == {"a": "no verdict", "z": "no verdict", "w": "no verdict"}
+    assert "runs that broke: 1 of 1 with it, 0 of 1 without" in report.verdicts[2]["why"]
     text = render_markdown(report)
     verdict_section = text.split("## Verdicts per trick")[1].split("## Health flags")[0]
     for word in ("*helps*", "*hurts*", "*no evidence*"):
@@ -198,7 +203,7 @@ def test_against_the_controls_verdicts(tmp_path):
         ("drop-a", "base"): "beats", ("drop-a", "sft"): "not shown",       # below the SFT control
         ("drop-b", "base"): "beats", ("drop-b", "sft"): "not shown",
         ("drop-c", "base"): "beats", ("drop-c", "sft"): "beats"}           # clearly above both
-    assert "worse" in vs["drop-a", "sft"]["why"] and "spans zero" in vs["all", "sft"]["why"]
+    assert "worse" in vs["drop-a", "sft"]["why"] and "≥ 0.05 (8 tests, Holm, 5%)" in vs["all", "sft"]["why"]
     assert not any(c["variant"].startswith("control") for c in report.against_controls)
     text = render_markdown(report)
     lines = {line.split("**")[1]: line for line in section(text, "Against the controls").splitlines()
@@ -217,8 +222,8 @@ def test_against_the_controls_verdicts(tmp_path):
     strong = {"base": {"final": {0: 0.71, 1: 0.71, 2: 0.71}}, "sft": {"final": {0: 0.95, 1: 0.96, 2: 0.95}}}
     report = build_report(make_sweep(tmp_path / "strong", LOO, contrasts=LOO_CONTRASTS, controls=strong))
     text = render_markdown(report)
-    assert text.splitlines()[2] == ("**No variant beats the SFT control (`control-sft`) on `eval/accuracy`: "
-                                    "RL not shown to help here.**")
+    assert text.splitlines()[2].startswith("**No variant beats the SFT control (`control-sft`) on `eval/accuracy`: "
+                                               "RL not shown to help here**")
     lines = {line.split("**")[1]: line for line in section(text, "Against the controls").splitlines()
              if line.startswith("- **")}
     assert all("RL not shown to help here" in lines[v] for v in LOO)
@@ -226,10 +231,14 @@ def test_against_the_controls_verdicts(tmp_path):
     drop_a = against(report)["drop-a", "base"]
     assert drop_a["delta"].mean > 0 and drop_a["delta"].low < 0 and drop_a["outcome"] == "not shown"
     assert "not shown to beat the untrained base" in lines["drop-a"]
-    assert "not shown to beat the untrained base" not in lines["all"]                # +0.09, +0.13, +0.11
+    # all − base = +0.09, +0.13, +0.11: one-sided p = 0.0095, but one of 8 comparisons (Holm): not shown;
+    # without error control the 95% CI lies above zero and it would be called
+    assert against(report)["all", "base"]["outcome"] == "not shown" and "8 tests, Holm" in lines["all"]
+    alone = against(build_report(tmp_path / "strong", error_control="none"))["all", "base"]
+    assert alone["outcome"] == "beats" and alone["delta"].low > 0
     # a cost metric flips the direction: below the control is better
     flipped = against(build_report(tmp_path / "strong", higher_is_better=False))
-    assert flipped["drop-a", "sft"]["outcome"] == "beats" and "below zero" in flipped["drop-a", "sft"]["why"]
+    assert flipped["drop-a", "sft"]["outcome"] == "beats" and flipped["drop-a", "sft"]["delta"].high < 0
 
 
 def test_controls_with_one_seed_give_point_estimates_only(tmp_path):
@@ -242,7 +251,7 @@ def test_controls_with_one_seed_give_point_estimates_only(tmp_path):
     assert "one seed: no comparison is possible beyond the point estimate" in part
     assert "Δ = +0.300" in part                                                        # drop-c − sft, 0.90 − 0.60
     assert "With one seed per variant no comparison with the controls is possible beyond point estimates." in part
-    assert "RL not shown to help here.** (One seed: point estimates only" in text.splitlines()[2]
+    assert "RL not shown to help here**" in text.splitlines()[2] and "(One seed: point estimates only" in text.splitlines()[2]
     assert "0.300 (n=1, no CI)" in variants_table(report)
 
 

@@ -146,12 +146,12 @@ def test_a_decided_contrast_keeps_its_decision_and_breaking_training_decides(tmp
     for entry in manifest["runs"]:
         run_dir = tmp_path / entry["run_dir"]
         run_dir.mkdir()
-        state = "diverged" if entry["variant"] == "add-x" and entry["seed"] < 2 else "completed"
+        state = "diverged" if entry["variant"] == "add-x" else "completed"   # 3 of 3 vs 0 of 3: p 0.016
         (run_dir / "status.json").write_text(json.dumps({"state": state, "step": 1}))
         (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 1, "eval/accuracy": 0.5}) + "\n")
     sweep_seq.record_decisions(manifest, sweep_seq.decide_look(tmp_path, manifest))
     [decision] = manifest["sequential"]["looks"][-1]["decisions"]
-    assert decision["outcome"] == "breaks training" and "2 of 3 runs with it broke" in decision["why"]
+    assert decision["outcome"] == "breaks training" and "3 of 3 with it, 0 of 3 without" in decision["why"]
     assert sweep_seq.stopping_reason(manifest, len(sweep_seq.needed_variants(manifest))) == "all decided"
     manifest["sequential"]["looks"].append({**manifest["sequential"]["looks"][0], "look": 2, "decisions": None})
     assert sweep_seq.decide_look(tmp_path, manifest)[0]["decided_at_look"] == 1      # kept, not re-tested

@@ -16,7 +16,8 @@ from grpo_ablate.report.aggregate import aggregate_iqm, probability_of_improveme
 from grpo_ablate.report.curves import DEFAULT_K, Summary, curve
 from grpo_ablate.report.power import cost_to_decide, sequential_section
 from grpo_ablate.report.scaling import fit_section, predict_section
-from grpo_ablate.report.stats import delta_ci, final_value, finite_mean, kl_column, mean_ci
+from grpo_ablate.report.evidence import Evidence, gather
+from grpo_ablate.report.stats import ALPHA, final_value, finite_mean, kl_column, mean_ci
 from grpo_ablate.report.transfer import transfer_section
 from grpo_ablate.report.verdicts import UNDECIDED, against_controls, contrast_verdicts, decide_by_delta
 
@@ -41,6 +42,7 @@ class Report:
     predictions: dict | None = None                        # scaling.predict_section: predicted verdicts
     aggregates: dict = field(default_factory=dict)         # rliable's IQM and probability of improvement
     transfer: dict | None = None                           # transfer.transfer_section: across contexts
+    evidence: Evidence | None = None                       # what the tests ran on, and their error control
 
     @property
     def controls(self) -> dict:
@@ -60,13 +62,15 @@ def normalize_metric(name: str) -> str:
 def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: HealthThresholds | None = None,
                  higher_is_better: bool = True, conflict_threshold: float = -0.1,
                  effect: float | None = None, summary: Summary | str = "final",
-                 predict_from: float | None = None, compute: str = "tokens") -> Report:
+                 predict_from: float | None = None, compute: str = "tokens", error_control: str = "holm",
+                 alpha: float = ALPHA) -> Report:
     """Everything the table, verdicts and pictures say, computed once. Raises ReportError
     for a missing dir or a metric that no run logged. `effect`: the smallest Δ that matters
     (no-effect verdicts, and the seeds needed to detect it). `summary`: how a run's curve
     becomes the number compared (report/curves.py). `predict_from`: predict every contrast's
     verdict from this fraction of each run's steps (a sweep still running is predicted anyway).
-    `compute`: the x axis of auc and the fits, tokens or wall (report/curves.py)."""
+    `compute`: the x axis of auc and the fits, tokens or wall (report/curves.py). `error_control`
+    (holm | bh | none) and `alpha`: how the report's family of tests is adjusted (report/stats.py)."""
     thresholds = thresholds or HealthThresholds()
     summary = summary if isinstance(summary, Summary) else Summary.parse(summary)
     sweep = load_sweep(sweep_dir, thresholds)
@@ -88,21 +92,24 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
                            for name, cs in curves.items()}
     finals, areas = per_run(Summary("final")), per_run(Summary("auc"))
     values = finals if summary.how == "final" else per_run(summary)     # what the verdicts compare
-    rows = [variant_row(sweep, v, runs_of, finals, areas, values, summary) for v in sweep.variants]
     sequential, not_sequential = sequential_section(sweep, metric, higher_is_better, summary.label)
-    against = against_controls(sweep, values, higher_is_better, sequential)
+    evidence = gather(values, runs_of, curves, metric, summary, error_control, alpha)
+    rows = [variant_row(sweep, v, runs_of, finals, areas, values, summary, evidence) for v in sweep.variants]
+    against = against_controls(sweep, evidence, higher_is_better, sequential)
     for c in against:   # the verdict against each control, as a column of the variant's row
         next(r for r in rows if r["variant"] == c["variant"])[f"beats_{c['role']}"] = c["beats"]
-    verdicts = contrast_verdicts(sweep, values, areas, higher_is_better, sequential, effect)
+    verdicts = contrast_verdicts(sweep, evidence, areas, higher_is_better, sequential, effect)
     check_known_answers(sweep, verdicts)
-    report = Report(sweep, metric, higher_is_better, thresholds, rows, verdicts, against, summary=summary)
+    report = Report(sweep, metric, higher_is_better, thresholds, rows, verdicts, against, summary=summary,
+                    evidence=evidence)
     report.diagnostics = analyse_diagnostics(report, conflict_threshold)
     report.power = {**cost_to_decide(verdicts, UNDECIDED, sweep.runs), "sequential": sequential is not None,
                     "effect": effect, "note": not_sequential,
                     **({"looks": len(sequential["looks"]), "max_seeds": sequential["max_seeds"],
                         "stopped": (sequential.get("stopped") or {}).get("reason")} if sequential else {})}
     if sweep.contrasts:
-        report.summaries = compare_summaries(sweep, per_run, areas, higher_is_better, effect, summary)
+        report.summaries = compare_summaries(sweep, per_run, runs_of, curves, metric, areas, higher_is_better, effect,
+                                             summary, evidence)
     report.fits = fit_section(sweep, metric, higher_is_better, curves)
     report.aggregates = aggregates(sweep, values, higher_is_better)
     report.transfer = transfer_section(sweep, verdicts, values, higher_is_better)
@@ -128,14 +135,16 @@ def aggregates(sweep: Sweep, values: dict, higher_is_better: bool) -> dict:
                                higher_is_better=higher_is_better)} for c in sweep.contrasts]}
 
 
-def compare_summaries(sweep: Sweep, per_run, areas: dict, higher_is_better: bool, effect: float | None,
-                      chosen: Summary) -> list[dict]:
-    """Every summary's fixed-95% verdicts on this sweep, with the paired SD and the seeds a
-    fixed design needs for 80% power at its own |Δ̂| (the chosen summary's k for last_k)."""
+def compare_summaries(sweep: Sweep, per_run, runs_of: dict, curves: dict, metric: str, areas: dict,
+                      higher_is_better: bool, effect: float | None, chosen: Summary, evidence: Evidence) -> list[dict]:
+    """Every summary's verdicts on this sweep (fixed design, the report's error control), with the
+    paired SD and the seeds a fixed design needs for 80% power at its own |Δ̂| (the chosen
+    summary's k for last_k). Only the chosen one decides; the others are exploratory."""
     out = []
     for how in COMPARED_SUMMARIES:
         s = Summary(how, chosen.k if chosen.how == "last_k" else DEFAULT_K)
-        verdicts = contrast_verdicts(sweep, per_run(s), areas, higher_is_better, None, effect)
+        other = gather(per_run(s), runs_of, curves, metric, s, evidence.method, evidence.alpha)
+        verdicts = contrast_verdicts(sweep, other, areas, higher_is_better, None, effect)
         out.append({"summary": s.label, "chosen": s == chosen or (how == chosen.how == "final"),
                     "decided": sum(v["verdict"] not in UNDECIDED for v in verdicts),
                     "contrasts": [{"trick": v["trick"], "verdict": v["verdict"], "delta": v["delta"],
@@ -157,7 +166,7 @@ def check_known_answers(sweep: Sweep, verdicts: list[dict]) -> None:
 
 
 def variant_row(sweep: Sweep, v: dict, runs_of: dict[str, list[Run]], finals: dict, areas: dict, values: dict,
-                summary: Summary) -> dict:
+                summary: Summary, evidence: Evidence) -> dict:
     """One row of the variants table: its runs' states, the metric's final value and AUC with
     their CIs (and the compared summary's, when it is neither), Δ vs its reference and vs each
     control on the compared summary, the last logged health numbers."""
@@ -174,7 +183,7 @@ def variant_row(sweep: Sweep, v: dict, runs_of: dict[str, list[Run]], finals: di
         "final": mean_ci(finals[v["name"]].values()),
         "auc": mean_ci(areas[v["name"]].values()),
         **({} if summary.how in ("final", "auc") else {"summary": mean_ci(values[v["name"]].values())}),
-        "delta": delta_ci(values[v["name"]], values[reference]) if reference else None,
+        "delta": evidence.delta(v["name"], reference) if reference else None,
         "length": finite_mean([final_value(r.metrics, "length/mean") for r in done]),
         "truncated": finite_mean([final_value(r.metrics, "length/truncated_frac") for r in done]),
         "entropy": finite_mean([final_value(r.metrics, "policy/entropy") for r in done]),
@@ -187,5 +196,5 @@ def variant_row(sweep: Sweep, v: dict, runs_of: dict[str, list[Run]], finals: di
         row["budget"] = next((str(b) for r in runs if (b := nested_value(r.config, "control", "budget"))), None)
     # the controls' columns: only when the sweep has them, so a sweep without is unchanged
     for role, control in sweep.controls.items():
-        row[f"delta_vs_{role}"] = None if control == v["name"] else delta_ci(values[v["name"]], values[control])
+        row[f"delta_vs_{role}"] = None if control == v["name"] else evidence.delta(v["name"], control)
     return row

@@ -1,10 +1,11 @@
 """Reading a sweep dir: its manifest, its run dirs, which variants are controls, which pairs are contrasts.
 
 Reads only files (the run-dir contract of `grpo_ablate/rundir.py`): the sweep's
-`manifest.json` and, per run dir, `metrics.jsonl`, `samples.jsonl`, `status.json` and
-`config.yaml`. Nothing here raises for a missing or damaged run: what is missing or odd is
-said in the run's (or the sweep's) `notes`. Without a manifest the run dirs found are grouped
-by their config, and the contrasts are inferred from the tricks each variant has on.
+`manifest.json` and, per run dir, `metrics.jsonl`, `samples.jsonl`, `evals.jsonl` (each eval's
+per-problem scores), `status.json` and `config.yaml`. Nothing here raises for a missing or
+damaged run: what is missing or odd is said in the run's (or the sweep's) `notes`. Without a
+manifest the run dirs found are grouped by their config, and the contrasts are inferred from
+the tricks each variant has on.
 """
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import yaml
 
 from grpo_ablate.errors import ReportError
 from grpo_ablate.report.health import BREAKING_FLAGS, HealthThresholds, health_flags
-from grpo_ablate.rundir import read_jsonl, read_status
+from grpo_ablate.rundir import EVALS, read_jsonl, read_status, unpack_scores
 
 FINISHED = ("completed", "diverged", "failed", "interrupted")   # interrupted: waits for --resume
 # Control runs (issue 8): `base` is the starting policy never trained, `sft` the same budget
@@ -44,6 +46,7 @@ class Run:
     notes: list = field(default_factory=list)   # what is missing or odd, in words
     nonfinite: dict = field(default_factory=dict)   # column -> the first step that logged NaN or Inf in it
     flags: list = field(default_factory=list)
+    evals: dict = field(default_factory=dict)   # step -> (eval set fingerprint, per-problem scores) (evals.jsonl)
 
     @property
     def name(self) -> str:
@@ -161,6 +164,11 @@ def load_run(run_dir: Path, variant: str, seed: int | None, thresholds: HealthTh
         run.notes.append("no metrics.jsonl")
     if (run.run_dir / "samples.jsonl").exists():
         run.samples, _ = read_jsonl(run.run_dir / "samples.jsonl")
+    if (run.run_dir / EVALS).exists():   # older runs have none: the report then counts seeds only
+        for row in read_jsonl(run.run_dir / EVALS)[0]:
+            scores = unpack_scores(row)
+            if scores is not None and isinstance(row.get("step"), int):
+                run.evals[row["step"]] = (str(row.get("set")), np.asarray(scores, float))
 
     if status is not None:
         run.state = str(status.get("state") or "missing")

@@ -51,9 +51,12 @@ def render_markdown(report: Report, figures: list[tuple[str, str]] | None = None
     if checks:
         out += ["", "## Known answers", ""] + known_answer_lines(checks)
     if report.verdicts and all(v["delta"].n <= 1 for v in report.verdicts):
-        out += ["", f"With one seed per variant no verdict is possible beyond *{BREAKS_TRAINING}*."]
+        out += ["", "With one seed per variant no verdict is possible: a run that broke is counted, not tested."]
     if report.verdicts:
         out += ["", "## Power", ""] + power_lines(report)
+        noise = eval_noise_lines(report)
+        if noise:
+            out += ["", "## Eval noise", ""] + noise
     if report.controls:
         out += ["", "## Against the controls", ""] + control_lines(report)
     out += [""] + curve_sections(report)
@@ -102,8 +105,16 @@ def decided_summary(report: Report) -> str | None:
     p = report.power
     if not p.get("contrasts"):
         return None
+    family = next((v["family"] for v in report.verdicts if v.get("family")), None)
     how = (f"sequential: {p['looks']} look(s) up to {p['max_seeds']} seeds, stopped: {p.get('stopped') or 'not yet'}; "
-           "false helps/hurts ≤ 5% over all looks" if p["sequential"] else "fixed 95% intervals")
+           "false helps/hurts ≤ 5% over all looks, per contrast" if p["sequential"] else
+           f"{p['contrasts']} contrasts, {family['label']}" + (": the chance of any false *helps*, *hurts* or "
+                                                               "*breaks training* in this report" if
+                                                               family["method"] == "holm" else
+                                                               ": the expected share of false calls among "
+                                                               "those made" if family["method"] == "bh" else
+                                                               ": each contrast at its own level, none for the "
+                                                               "report") if family else "fixed 95% intervals")
     undecided = p["contrasts"] - p["decided"]
     line = (f"**{'All ' + str(p['contrasts']) if not undecided else str(p['decided']) + ' of ' + str(p['contrasts'])} "
             f"contrasts decided** ({how}).")
@@ -135,8 +146,9 @@ def power_lines(report: Report) -> list[str]:
         "an effect the size of the current estimate"
     lines = [f"Seeds: paired seeds with both sides completed. For an open contrast, *detectable*: the smallest "
              f"|Δ| these seeds detect with 80% power at {level}, from the observed paired SD; *seeds needed*: about "
-             f"how many seeds a fixed 5% design needs for 80% power against {target}. An SD from a few seeds is "
-             "itself uncertain: read both as about.", "",
+             f"how many seeds a fixed 5% design needs for 80% power against {target}. Both rest on an SD from "
+             "a few seeds and, without --effect, on the observed Δ (post-hoc power): read them as an order of "
+             "magnitude, not a plan.", "",
              "| contrast | verdict | seeds | decided at look | Δ | paired SD | detectable (80%) | seeds needed |",
              "|---|---|---|---|---|---|---|---|"]
     for v in report.verdicts:
@@ -148,6 +160,25 @@ def power_lines(report: Report) -> list[str]:
                  fmt_num(w.get("detectable_effect")) if open_ else "—",
                  ("—" if not open_ else f"~{needed}" if needed else "—")]
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    return lines
+
+
+def eval_noise_lines(report: Report) -> list[str]:
+    """How much of each contrast's uncertainty is the eval set's (report/stats.py, EvalNoise)."""
+    rows = [(v, v["delta"].eval_noise) for v in report.verdicts if v["delta"].eval_noise is not None]
+    if not rows:
+        return []
+    problems = rows[0][1].problems
+    lines = [f"Every run is scored on the same {problems} problems. *eval share*: the part of the seed-to-seed "
+             "variance of Δ that is one greedy decode's luck on each problem (not the seed's training); *SE, "
+             "seeds only*: what the paired t-test over seeds alone sees, the inference about these problems; "
+             "*SE*: with the variance of which problems were drawn added, the inference about the task (the "
+             f"intervals above); *SE at 2× / 4×*: the same seeds on a {2 * problems}- / {4 * problems}-problem "
+             "eval set (`task.eval_size`).", "",
+             "| contrast | eval share | SE, seeds only | SE | SE at 2× | SE at 4× |", "|---|---|---|---|---|---|"]
+    for v, e in rows:
+        lines.append(f"| {v['trick']} | {100 * e.share:.0f}% | {e.se_seeds:.4f} | {e.se:.4f} | {e.se_at[2]:.4f} | "
+                     f"{e.se_at[4]:.4f} |")
     return lines
 
 
@@ -207,9 +238,14 @@ def control_lines(report: Report) -> list[str]:
     """The "Against the controls" section: for every treatment, does it beat each control?
     Not beating the SFT control is said plainly: RL is not shown to help here."""
     direction = "above" if report.higher_is_better else "below"
-    lines = [f"Δ = variant − control on the {report.summary.label} `{report.metric}`, paired by seed when both "
-             f"have the same seeds, else Welch. A variant *beats* a control only when the 95% CI of Δ lies "
-             f"entirely {direction} zero.", ""]
+    family = next((c["family"] for c in report.against_controls if c.get("family")), None)
+    rule = (f"the one-sided test of Δ {direction} zero rejects at 2.5% after adjustment over the "
+            f"{family['label']} of these comparisons (a family of its own, apart from the trick contrasts)"
+            if family and family["method"] != "none" else f"the 95% CI of Δ lies entirely {direction} zero")
+    lines = [f"Δ = variant − control on the {report.summary.label} `{report.metric}`, paired on the seeds both "
+             f"completed. A variant *beats* a control only when {rule}. The SFT control trains on the task's "
+             "gold solutions: not beating it says RL did no better than imitation with those, not that RL "
+             "fails.", ""]
     by_variant: dict[str, list] = {}
     for c in report.against_controls:
         by_variant.setdefault(c["variant"], []).append(c)
@@ -249,7 +285,8 @@ def controls_summary(report: Report) -> str | None:
     if all(c["outcome"] == NO_COMPARISON for c in versus_sft):
         return None   # the control itself has nothing to compare with: "Against the controls" says why
     one_seed = all(not c["delta"].has_ci for c in versus_sft)
-    return (f"**No variant beats the SFT control (`{sft}`) on `{report.metric}`: RL not shown to help here.**"
+    return (f"**No variant beats the SFT control (`{sft}`) on `{report.metric}`: RL not shown to help here** "
+            "(the SFT control imitates the task's gold solutions for the same budget)."
             + (" (One seed: point estimates only, no comparison is possible.)" if one_seed else ""))
 
 

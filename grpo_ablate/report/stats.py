@@ -1,32 +1,96 @@
-"""Statistics over seeds: means and differences of means with their 95% t-intervals.
+"""Statistics over seeds (and eval problems): means, differences of means, their 95% intervals
+and p-values, and the error control across a report's family of tests.
 
 A run's number is the last value it logged (`final_value`) or another summary of its curve (curves.py);
 a variant's is the mean over its completed runs (`mean_ci`); a trick's effect is
-Δ = mean(with) − mean(without) (`delta_ci`), paired by seed when both sides have the same
-seeds, otherwise Welch's interval. The Student-t quantile is scipy's (`t_quantile`).
+Δ = mean(with) − mean(without) (`delta_ci`), **paired on the seeds both sides completed** (the
+seeds dropped, and why, are in the basis); Welch's interval only when the two sides share no
+seed at all. The Student-t quantile is scipy's (`t_quantile`).
+
+Exact arithmetic. Accuracies are counts over the eval set (k / N), and the same Δ in problems at
+two seeds often differs in the last bit as floats. Each paired difference is snapped to the
+eval's grid (`granularity`: 1/N for a final value, 1/(N k) for the mean of the last k evals), so
+equal Δs are equal numbers and their spread is exactly zero however they round; without a grid
+a spread below 1e-12 of the scale is zero.
+
+Eval noise (crossed seeds × problems). Every run is scored on the same P problems, so with the
+per-problem scores (evals.jsonl) the paired differences form an n × P table d_sp = μ + a_s +
+b_p + e_sp: a seed effect, a problem effect shared by every seed (which problems the trick
+helps), and the residual (one greedy decode's luck). The seed-only t-test estimates
+σ_a²/n + σ_e²/(nP) and never sees σ_b²/P: its inference is about these P problems. With the
+two-way ANOVA's mean squares (method of moments, Searle, Casella & McCulloch 1992, ch. 4)
+    Var(Δ̄) = σ_a²/n + σ_b²/P + σ_e²/(nP) = (MS_seed + MS_problem − MS_resid) / (nP),
+and the problem term is added only where it is positive (never narrower than the seed-only
+interval); the t quantile keeps n − 1 degrees of freedom (conservative: the added term is
+estimated from P − 1 ≫ n − 1). The eval-noise share σ̂_e²/P of the seed-to-seed variance of Δ,
+and the SE a larger eval set would give, are reported beside it (`EvalNoise`).
+
+Error control (`adjust`). A report tests a family of hypotheses (one per contrast); each
+p-value is adjusted over the family by Holm's step-down (family-wise error ≤ alpha, the default)
+or Benjamini–Hochberg (false discovery rate ≤ alpha), statsmodels' `multipletests`.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
+ALPHA = 0.05
+ERROR_CONTROL = {"holm": "Holm", "bh": "Benjamini–Hochberg", "none": "no error control"}
+_MULTIPLETESTS = {"holm": "holm", "bh": "fdr_bh"}
+ZERO_SPREAD = 1e-12        # without a grid: a spread below this (relative to the scale) is float noise
+
+
+@dataclass
+class EvalNoise:
+    """How much of a paired Δ's uncertainty is the eval set's (see the module docstring):
+    `share`: σ̂_e²/P over the seed-to-seed variance of Δ (one decode's luck on P problems);
+    `problem_var`: σ̂_b²/P, added to Var(Δ̄) for the choice of problems; `se_seeds` / `se`: Δ̄'s
+    standard error without / with it; `se_at`: the SE at 2× and 4× the eval set (same seeds)."""
+    problems: int
+    share: float
+    problem_var: float
+    se_seeds: float
+    se: float
+    se_at: dict
+
 
 @dataclass
 class Estimate:
-    """A mean (or a difference of means) with its 95% interval; low/high None without one."""
+    """A mean (or a difference of means) with its 95% interval; low/high None without one.
+    `p`: the two-sided p-value of "the mean is zero" (None without a test); `p_adjusted`: after the
+    report's error control over its family; `dropped`: seeds left out of a paired Δ, and why."""
     mean: float | None = None
     low: float | None = None
     high: float | None = None
     n: int = 0
     basis: str = "no data"
+    p: float | None = None
+    p_adjusted: float | None = None
+    se: float | None = None
+    df: float | None = None
+    granularity: float | None = None
+    eval_noise: EvalNoise | None = None
+    dropped: dict = field(default_factory=dict)
 
     @property
     def has_ci(self) -> bool:
         return self.low is not None and self.high is not None
+
+    @property
+    def zero_spread(self) -> bool:
+        """An interval of zero width from every seed giving the same Δ: no test is possible."""
+        return self.has_ci and self.se == 0.0
+
+    def interval(self, level: float) -> tuple[float, float] | None:
+        """The two-sided interval at another level (e.g. Bonferroni's 1 − alpha/m), None without one."""
+        if not self.has_ci or self.se is None or self.df is None:
+            return None
+        half = t_quantile(0.5 + level / 2, self.df) * self.se
+        return self.mean - half, self.mean + half
 
 
 # --------------------------------------------------------------------------- the t distribution
@@ -48,30 +112,135 @@ def mean_ci(values, level: float = 0.95) -> Estimate:
     return Estimate(float(x.mean()), float(x.mean() - half), float(x.mean() + half), len(x), f"t-interval, n={len(x)}")
 
 
-def delta_ci(treated: dict, reference: dict, level: float = 0.95) -> Estimate:
-    """Δ = mean(treated) − mean(reference), values keyed by seed: paired over seeds when both
-    sides have the same seeds, otherwise Welch's interval (each side needs n >= 2)."""
+def snap(value: float, granularity: float | None) -> float:
+    """A difference of two grid values, as the exact multiple of the grid it is (float noise off)."""
+    if granularity is None or not granularity > 0:
+        return value
+    units = round(value / granularity)
+    return units * granularity if abs(value / granularity - units) < 1e-6 else value
+
+
+def delta_ci(treated: dict, reference: dict, level: float = 0.95, granularity: float | None = None,
+             problems: dict | None = None) -> Estimate:
+    """Δ = mean(treated) − mean(reference), values keyed by seed: paired over the seeds both
+    sides have (a seed missing on one side is dropped and said); Welch's interval only when they
+    share none (each side needs n >= 2). `granularity`: the grid of the values (module docstring);
+    `problems`: seed -> (treated, reference) per-problem scores whose means are the values, for
+    the eval-noise term (module docstring)."""
     treated = {k: v for k, v in treated.items() if v is not None and math.isfinite(v)}
     reference = {k: v for k, v in reference.items() if v is not None and math.isfinite(v)}
     if not treated or not reference:
         return Estimate()
-    if treated.keys() == reference.keys():
-        seeds = sorted(treated, key=str)
-        est = mean_ci([treated[s] - reference[s] for s in seeds], level)
-        est.basis = f"paired over seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+    shared = sorted(set(treated) & set(reference), key=str)
+    if shared:
+        dropped = {s: "no number on the reference side" for s in treated if s not in reference}
+        dropped.update({s: "no number on the treated side" for s in reference if s not in treated})
+        return paired_ci({s: snap(treated[s] - reference[s], granularity) for s in shared}, level, granularity,
+                         problems, dropped)
+    return welch_ci(np.array(list(treated.values())), np.array(list(reference.values())), level)
+
+
+def paired_ci(diffs: dict, level: float = 0.95, granularity: float | None = None, problems: dict | None = None,
+              dropped: dict | None = None) -> Estimate:
+    """The paired t-interval and two-sided p-value of seed -> Δ (already snapped), widened by the
+    eval set's problem-sampling term when `problems` covers every seed."""
+    seeds = sorted(diffs, key=str)
+    d = np.array([diffs[s] for s in seeds], dtype=float)
+    n = len(d)
+    basis = f"paired over seed{'s' if n > 1 else ''} {', '.join(map(str, seeds))}"
+    if dropped:
+        basis += f" ({len(dropped)} dropped: " + "; ".join(f"seed {s} {why}" for s, why in sorted(
+            dropped.items(), key=lambda kv: str(kv[0]))) + ")"
+    mean = float(d.mean())
+    est = Estimate(mean, None, None, n, basis, granularity=granularity, dropped=dict(dropped or {}))
+    if n < 2:
+        est.basis += ", no CI"
         return est
-    a, b = np.array(list(treated.values())), np.array(list(reference.values()))
+    sd = float(d.std(ddof=1))
+    if granularity is None and sd <= ZERO_SPREAD * max(1.0, float(np.abs(d).max())):
+        sd = 0.0
+    se = sd / math.sqrt(n)
+    noise = eval_noise(problems, seeds, se) if problems else None
+    if noise is not None:
+        se = noise.se
+        est.basis += f", seeds × {noise.problems} problems"
+    est.se, est.df, est.eval_noise = se, float(n - 1), noise
+    half = t_quantile(0.5 + level / 2, n - 1) * se
+    est.low, est.high = mean - half, mean + half
+    est.p = None if se == 0.0 else float(2.0 * stats.t.sf(abs(mean) / se, n - 1))
+    return est
+
+
+def welch_ci(a: np.ndarray, b: np.ndarray, level: float = 0.95) -> Estimate:
+    """Welch's interval and p-value for two sides that share no seed."""
     diff = float(a.mean() - b.mean())
-    basis = f"Welch, n={len(a)} vs {len(b)} (seeds differ)"
+    basis = f"Welch, n={len(a)} vs {len(b)} (no seed on both sides)"
     if len(a) < 2 or len(b) < 2:
         return Estimate(diff, None, None, min(len(a), len(b)), basis + ", no CI")
     va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
     se = math.sqrt(va + vb)
     if se == 0.0:
-        return Estimate(diff, diff, diff, min(len(a), len(b)), basis)
+        return Estimate(diff, diff, diff, min(len(a), len(b)), basis, se=0.0, df=1.0)
     df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
     half = t_quantile(0.5 + level / 2, df) * se
-    return Estimate(diff, diff - half, diff + half, min(len(a), len(b)), basis)
+    return Estimate(diff, diff - half, diff + half, min(len(a), len(b)), basis,
+                    p=float(2.0 * stats.t.sf(abs(diff) / se, df)), se=se, df=df)
+
+
+def eval_noise(problems: dict, seeds: list, se_seeds: float) -> EvalNoise | None:
+    """The crossed seeds × problems variance components of a paired Δ (module docstring), from
+    seed -> (treated scores, reference scores) on the same P problems; None unless every seed
+    has both, of one length P >= 2."""
+    rows = [problems.get(s) for s in seeds]
+    if any(r is None for r in rows):
+        return None
+    table = [np.asarray(a, float) - np.asarray(b, float) for a, b in rows]
+    P = len(table[0])
+    if P < 2 or any(len(t) != P for t in table) or len(table) < 2:
+        return None
+    d = np.vstack(table)
+    n = d.shape[0]
+    grand, by_seed, by_problem = d.mean(), d.mean(axis=1), d.mean(axis=0)
+    ms_seed = P * float(((by_seed - grand) ** 2).sum()) / (n - 1)
+    ms_problem = n * float(((by_problem - grand) ** 2).sum()) / (P - 1)
+    resid = d - by_seed[:, None] - by_problem[None, :] + grand
+    ms_resid = float((resid ** 2).sum()) / ((n - 1) * (P - 1))
+    problem_var = max(0.0, ms_problem - ms_resid) / (n * P)          # σ̂_b² / P
+    seed_var = max(0.0, ms_seed - ms_resid) / P                      # σ̂_a²
+    se = math.sqrt(se_seeds ** 2 + problem_var)
+    share = min(1.0, ms_resid / ms_seed) if ms_seed > 0 else (1.0 if ms_resid > 0 else 0.0)
+    se_at = {}
+    for factor in (2, 4):        # the same seeds on an eval set `factor` times larger
+        bigger = factor * P
+        se_at[factor] = math.sqrt(seed_var / n + problem_var * P / bigger + ms_resid / (n * bigger))
+    return EvalNoise(P, share, problem_var, se_seeds, se, se_at)
+
+
+# --------------------------------------------------------------------------- error control
+def adjust(pvalues: list, method: str = "holm", alpha: float = ALPHA) -> list:
+    """Each p-value adjusted over the family of the non-None ones (None stays None): Holm's
+    step-down (family-wise error) or Benjamini–Hochberg (false discovery rate); `none` leaves them."""
+    if method not in ERROR_CONTROL:
+        raise ValueError(f"error control {method!r}: allowed {', '.join(ERROR_CONTROL)}")
+    tested = [i for i, p in enumerate(pvalues) if p is not None]
+    out = list(pvalues)
+    if method == "none" or not tested:
+        return out
+    from statsmodels.stats.multitest import multipletests   # imported here: statsmodels costs ~1 s
+
+    adjusted = multipletests([pvalues[i] for i in tested], alpha=alpha, method=_MULTIPLETESTS[method])[1]
+    for i, p in zip(tested, adjusted):
+        out[i] = float(p)
+    return out
+
+
+def breaking_p(broke_with: int, done_with: int, broke_without: int, done_without: int) -> float | None:
+    """One-sided exact p-value that runs break more often with the trick than without (Boschloo's
+    test, uniformly more powerful than Fisher's); None when nothing broke or a side ran nothing."""
+    if not done_with or not done_without or broke_with + broke_without == 0:
+        return None
+    table = [[broke_with, broke_without], [done_with - broke_with, done_without - broke_without]]
+    return float(stats.boschloo_exact(table, alternative="greater").pvalue)
 
 
 def finite_mean(values) -> float | None:

@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import math
 
+from scipy import stats
+
 from grpo_ablate.report import sequential as seq
 from grpo_ablate.report.activity import ACTIVITY, describe, shows_activity
 from grpo_ablate.report.health import BREAKING_FLAGS
 from grpo_ablate.report.load import Run, Sweep, nested_value
 from grpo_ablate.report.power import power_numbers, sequential_decision
-from grpo_ablate.report.stats import Estimate, delta_ci
+from grpo_ablate.report.evidence import Evidence
+from grpo_ablate.report.stats import ERROR_CONTROL, Estimate, adjust, breaking_p, delta_ci
 from grpo_ablate.rundir import TIMING_PREFIXES
 
 # --------------------------------------------------------------------------- the vocabulary
@@ -51,39 +54,148 @@ NO_COMPARISON = "no comparison"
 
 
 # --------------------------------------------------------------------------- tricks
-def contrast_verdicts(sweep: Sweep, finals: dict, areas: dict, higher_is_better: bool,
+def contrast_verdicts(sweep: Sweep, evidence: Evidence, areas: dict, higher_is_better: bool,
                       sequential: dict | None = None, effect: float | None = None) -> list[dict]:
-    """One verdict per contrast: {trick, with, without, verdict, delta, auc_delta, why, power}.
-    `finals` / `areas`: variant -> {seed: final value / curve mean} of its completed runs;
-    `sequential`: the manifest's looks when they decide this report (power.sequential_section)."""
+    """One verdict per contrast: {trick, with, without, verdict, delta, auc_delta, why, power, broke}.
+    `evidence`: each variant's numbers by seed and how they are tested (report/evidence.py);
+    `areas`: variant -> {seed: curve mean}; `sequential`: the manifest's looks when they decide
+    this report (power.sequential_section). A fixed sweep's tests form one family, adjusted by the
+    evidence's error control: Δ = 0 for every contrast that is not inert, and "breaks no more often
+    with it" for every contrast in which a run broke."""
     runs_of = {v["name"]: [r for r in sweep.runs if r.variant == v["name"]] for v in sweep.variants}
     verdicts = []
     for c in sweep.contrasts:
         if c["with"] not in runs_of or c["without"] not in runs_of:
             verdicts.append({**c, "verdict": NO_VERDICT, "delta": Estimate(), "auc_delta": Estimate(),
-                             "why": "a variant of this contrast is not in the sweep",
+                             "why": "a variant of this contrast is not in the sweep", "broke": None,
                              "power": power_numbers(None, effect)})
             continue
-        delta = delta_ci(finals[c["with"]], finals[c["without"]])
-        verdict, why = decide(runs_of[c["with"]], runs_of[c["without"]], delta, higher_is_better,
-                              c.get("tests", c["trick"]))
-        if sequential is not None and verdict != INERT:   # an inert trick: more seeds decide nothing
-            verdict, why, power = _sequential_trick(c, sequential, verdict, why, effect, higher_is_better)
-        else:
-            verdict, why = _no_effect(verdict, why, delta, effect)
-            look = seq.paired_look(finals[c["with"]], finals[c["without"]], 0)
-            power = {**power_numbers(look, effect), "look": 1 if verdict not in UNDECIDED else None,
-                     "sequential": False}
-        verdicts.append({**c, "verdict": verdict, "delta": delta,
-                         "auc_delta": delta_ci(areas[c["with"]], areas[c["without"]]), "why": why, "power": power})
+        delta = evidence.delta(c["with"], c["without"])
+        inert = inertness(runs_of[c["with"]], runs_of[c["without"]], c.get("tests", c["trick"]))
+        verdicts.append({**c, "verdict": INERT if inert else None, "why": inert, "delta": delta,
+                         "auc_delta": delta_ci(areas[c["with"]], areas[c["without"]]),
+                         "broke": None if inert else broken_counts(runs_of[c["with"]], runs_of[c["without"]])})
+    if sequential is not None:
+        for v in verdicts:
+            if v["verdict"] is None:
+                v["verdict"], v["why"] = _breaks_training_rule(v["broke"]) or decide_by_delta(v["delta"],
+                                                                                               higher_is_better)
+            if v["verdict"] != INERT and "power" not in v:   # an inert trick: more seeds decide nothing
+                v["verdict"], v["why"], v["power"] = _sequential_trick(v, sequential, v["verdict"], v["why"], effect,
+                                                                      higher_is_better)
+            v.setdefault("power", power_numbers(None, effect))
+        return verdicts
+    family = settle_family(verdicts, evidence, higher_is_better, effect)
+    for v in verdicts:
+        v["family"] = family
     return verdicts
 
 
-def _no_effect(verdict: str, why: str, delta: Estimate, effect: float | None) -> tuple[str, str]:
-    """With --effect X a fixed sweep's CI inside ±X says no effect ≥ X (two one-sided tests)."""
-    if verdict == NO_EVIDENCE and effect is not None and delta.has_ci and -effect < delta.low and delta.high < effect:
-        return NO_EFFECT, f"the 95% CI of Δ lies inside ±{effect:g}: no effect ≥ {effect:g}"
-    return verdict, why
+def broken_counts(with_runs: list[Run], without_runs: list[Run]) -> dict:
+    """Finished runs and those that broke (diverged, or a breaking health flag) on each side: a
+    broken run is an outcome of its variant, counted and tested, never silently dropped."""
+    done = lambda runs: [r for r in runs if r.state in ("completed", "diverged")]
+    with_done, without_done = done(with_runs), done(without_runs)
+    broke_with, broke_without = [r for r in with_done if r.broken], [r for r in without_done if r.broken]
+    return {"with": len(broke_with), "with_done": len(with_done), "without": len(broke_without),
+            "without_done": len(without_done),
+            "how": "; ".join(f"{r.name}: " + ", ".join(f"{f.name}@{f.step}" for f in r.flags
+                                                       if f.name in BREAKING_FLAGS) for r in broke_with),
+            "p": breaking_p(len(broke_with), len(with_done), len(broke_without), len(without_done))}
+
+
+def settle_family(verdicts: list[dict], evidence: Evidence, higher_is_better: bool, effect: float | None) -> dict:
+    """Adjust the family's p-values together (Holm or Benjamini–Hochberg at evidence.alpha) and
+    give each contrast still open its verdict; returns the family's description."""
+    tests = []     # (verdict, kind, p): kind "break" or "delta"
+    for v in verdicts:
+        if v["verdict"] is not None:
+            continue
+        if v["broke"] and v["broke"]["p"] is not None:
+            tests.append((v, "break", v["broke"]["p"]))
+        if v["delta"].p is not None:
+            tests.append((v, "delta", v["delta"].p))
+    adjusted = adjust([p for _, _, p in tests], evidence.method, evidence.alpha)
+    for (v, kind, _), p in zip(tests, adjusted):
+        if kind == "break":
+            v["broke"]["p_adjusted"] = p
+        else:
+            v["delta"].p_adjusted = p
+    m = len(tests)
+    family = {"tests": m, "contrasts": len(verdicts), "method": evidence.method, "alpha": evidence.alpha,
+              "label": family_label(m, evidence.method, evidence.alpha)}
+    for v in verdicts:
+        if v["verdict"] is None:
+            v["verdict"], v["why"] = settle(v, evidence, higher_is_better, effect, family)
+        look = seq.Look(v["delta"].n, 0, v["delta"].mean, v["delta"].se * math.sqrt(v["delta"].n)) \
+            if v["delta"].se is not None and v["delta"].n >= 2 else None
+        v["power"] = {**power_numbers(look, effect), "look": 1 if v["verdict"] not in UNDECIDED else None,
+                      "sequential": False}
+    return family
+
+
+def family_label(tests: int, method: str, alpha: float) -> str:
+    """"6 tests, Holm, 5%": what the headline says the error control was."""
+    return f"{tests} test{'s' if tests != 1 else ''}, {ERROR_CONTROL[method]}, {100 * alpha:g}%"
+
+
+def _pfmt(p: float | None) -> str:
+    return "—" if p is None else f"{p:.2g}" if p >= 0.001 else f"{p:.1e}"
+
+
+def settle(v: dict, evidence: Evidence, higher_is_better: bool, effect: float | None, family: dict) -> tuple[str, str]:
+    """A contrast's verdict once its family's p-values are adjusted: *breaks training* when its runs
+    broke more often with the trick (exact test, adjusted); else *helps* / *hurts* when Δ's adjusted
+    p is below alpha; *no verdict* without a test, or when the seeds agree within one eval problem."""
+    broke, delta, alpha = v["broke"], v["delta"], evidence.alpha
+    adjusted = evidence.method != "none"
+    counts = (f"runs that broke: {broke['with']} of {broke['with_done']} with it, {broke['without']} of "
+              f"{broke['without_done']} without" if broke and broke["with"] + broke["without"] else "")
+    if broke and broke.get("p_adjusted") is not None and broke["p_adjusted"] < alpha:
+        return BREAKS_TRAINING, (f"{counts} ({broke['how']}): exact test p = {_pfmt(broke['p'])}"
+                                 + (f", adjusted {_pfmt(broke['p_adjusted'])}" if adjusted else "")
+                                 + f" < {alpha:g} ({family['label']})")
+    with_counts = f" ({counts})" if counts else ""
+    if delta.mean is None:
+        return NO_VERDICT, "no completed runs on one side to compare" + with_counts
+    if not delta.has_ci:
+        if delta.n <= 1 and "Welch" not in delta.basis:
+            return NO_VERDICT, f"one seed: no interval, no test{with_counts}"
+        return NO_VERDICT, f"too few completed runs for an interval ({delta.basis}){with_counts}"
+    if delta.zero_spread:
+        return NO_VERDICT, ("every seed gave the same Δ, so the interval has zero width: no spread to test "
+                            f"against (a coarse metric? more eval problems or seeds){with_counts}")
+    g = evidence.granularity
+    if g is not None and delta.high - delta.low < g * (1 - 1e-9):
+        return NO_VERDICT, (f"the interval is narrower than one eval problem ({g:.3g}): the seeds agree to "
+                            f"within the eval's granularity, which is not a measure of noise{with_counts}")
+    p_used = delta.p_adjusted if delta.p_adjusted is not None else delta.p
+    ps = f"p = {_pfmt(delta.p)}" + (f", adjusted {_pfmt(delta.p_adjusted)}" if adjusted else "")
+    if p_used < alpha:
+        better = (delta.mean > 0) == higher_is_better
+        return (HELPS if better else HURTS), f"{ps} < {alpha:g} ({family['label']}){with_counts}"
+    excludes = not (delta.low <= 0.0 <= delta.high)
+    why = (f"{ps} ≥ {alpha:g} ({family['label']})"
+           + ("; the unadjusted 95% CI excludes zero, but one of several tests is expected to by chance"
+              if excludes and adjusted else ""))
+    if effect is not None:   # no effect ≥ X: the Bonferroni interval of the family inside ±X (two one-sided tests)
+        m = max(1, family["tests"])
+        wide = delta.interval(1 - alpha / m) if adjusted else delta.interval(1 - alpha)
+        if wide is not None and -effect < wide[0] and wide[1] < effect:
+            level = 100 * (1 - alpha / m) if adjusted else 100 * (1 - alpha)
+            return NO_EFFECT, (f"its {level:.4g}% CI (Bonferroni over the family) [{wide[0]:+.3f}, {wide[1]:+.3f}] "
+                               f"lies inside ±{effect:g}: no effect ≥ {effect:g}{with_counts}")
+    return NO_EVIDENCE, why + with_counts
+
+
+def _breaks_training_rule(broke: dict | None) -> tuple[str, str] | None:
+    """A sequential sweep's *breaks training*: the exact test at the sweep's level, unadjusted
+    (the sequential looks spend the alpha of the Δ tests)."""
+    if broke and broke["p"] is not None and broke["p"] < seq.ALPHA:
+        return BREAKS_TRAINING, (f"runs that broke: {broke['with']} of {broke['with_done']} with it, "
+                                 f"{broke['without']} of {broke['without_done']} without ({broke['how']}): "
+                                 f"exact test p = {_pfmt(broke['p'])}")
+    return None
 
 
 def _sequential_trick(c: dict, section: dict, verdict: str, why: str, effect: float | None,
@@ -123,28 +235,15 @@ def _sequential_trick(c: dict, section: dict, verdict: str, why: str, effect: fl
 
 def decide(with_runs: list[Run], without_runs: list[Run], delta: Estimate, higher_is_better: bool,
            trick: str | None = None) -> tuple[str, str]:
-    """The verdict on one trick and why. *inert here*: the trick changed nothing (see
-    `inertness`), whatever the numbers say. *breaks training*: at least half of the finished
-    runs with it broke (diverged or a breaking health flag) and none without it did. Else
-    the CI of Δ decides; a CI that touches zero is *no evidence*, never a difference, and a
-    zero-width CI (every seed gave the same Δ) decides nothing."""
+    """One trick's verdict on its own, without a family (the sequential launcher's check of each
+    contrast as its runs land): *inert here* when the trick changed nothing (`inertness`);
+    *breaks training* when its runs broke more often than those without it (exact test at 5%);
+    else the CI of Δ (`decide_by_delta`)."""
     reason = inertness(with_runs, without_runs, trick)
     if reason is not None:
         return INERT, reason
-    with_done = [r for r in with_runs if r.state in ("completed", "diverged")]
-    without_done = [r for r in without_runs if r.state in ("completed", "diverged")]
-    broke_with = [r for r in with_done if r.broken]
-    broke_without = [r for r in without_done if r.broken]
-    if broke_with and without_done and not broke_without and 2 * len(broke_with) >= len(with_done):
-        how = "; ".join(f"{r.name}: " + ", ".join(f"{f.name}@{f.step}" for f in r.flags if f.name in BREAKING_FLAGS)
-                        for r in broke_with)
-        return BREAKS_TRAINING, (f"{len(broke_with)} of {len(with_done)} runs with it broke ({how}); "
-                                 f"0 of {len(without_done)} without it")
-    verdict, why = decide_by_delta(delta, higher_is_better)
-    if broke_without or broke_with:  # the numbers are only part of the story then
-        why += (f" (runs that broke: {len(broke_with)} of {len(with_done)} with it, "
-                f"{len(broke_without)} of {len(without_done)} without)")
-    return verdict, why
+    broke = broken_counts(with_runs, without_runs)
+    return _breaks_training_rule(broke) or decide_by_delta(delta, higher_is_better)
 
 
 def inertness(with_runs: list[Run], without_runs: list[Run], trick: str | None) -> str | None:
@@ -184,7 +283,7 @@ def decide_by_delta(delta: Estimate, higher_is_better: bool) -> tuple[str, str]:
         return NO_VERDICT, f"too few completed runs for an interval ({delta.basis})"
     if delta.low <= 0.0 <= delta.high:
         return NO_EVIDENCE, "the 95% CI of Δ spans zero"
-    if delta.low == delta.high:  # every seed gave the same Δ: a coarse metric, not certainty
+    if delta.low == delta.high or delta.zero_spread:  # every seed gave the same Δ: a coarse metric, not certainty
         return NO_VERDICT, ("every seed gave the same nonzero Δ, so the interval has zero width and says "
                             "nothing about noise (a coarse metric? more eval problems or seeds)")
     better = (delta.low > 0) == higher_is_better
@@ -192,20 +291,34 @@ def decide_by_delta(delta: Estimate, higher_is_better: bool) -> tuple[str, str]:
 
 
 # --------------------------------------------------------------------------- controls
-def against_controls(sweep: Sweep, finals: dict, higher_is_better: bool, sequential: dict | None = None) -> list[dict]:
+def against_controls(sweep: Sweep, evidence: Evidence, higher_is_better: bool,
+                     sequential: dict | None = None) -> list[dict]:
     """Every treatment against every control the sweep has: {variant, control, role, delta,
-    outcome, beats, why}; a sequential sweep's looks decide (one-sided)."""
+    outcome, beats, why, family}; a sequential sweep's looks decide (one-sided). A fixed sweep's
+    comparisons are a family of their own (one-sided tests of *beats*, adjusted together by the
+    evidence's error control), apart from the trick contrasts: the report says so."""
     against = []
     for v in sweep.variants:
         if v["kind"] == "control":
             continue
         for role, control in sweep.controls.items():
-            delta = delta_ci(finals[v["name"]], finals[control])
-            outcome, beats, why = compare_with_control(delta, finals[control], higher_is_better)
-            if sequential is not None and outcome != NO_COMPARISON:
-                outcome, beats, why = _sequential_control(sequential, f"{v['name']} vs {control}", higher_is_better)
-            against.append({"variant": v["name"], "control": control, "role": role, "delta": delta,
-                            "outcome": outcome, "beats": beats, "why": why})
+            delta = evidence.delta(v["name"], control)
+            against.append({"variant": v["name"], "control": control, "role": role, "delta": delta})
+    sign = 1.0 if higher_is_better else -1.0
+    one_sided = [None if c["delta"].p is None or not c["delta"].se else
+                 float(2.0 * stats.t.sf(sign * c["delta"].mean / c["delta"].se, c["delta"].df)) for c in against]
+    adjusted = adjust([None if p is None else min(1.0, p) for p in one_sided], evidence.method, evidence.alpha)
+    tested = sum(p is not None for p in one_sided)
+    family = {"tests": tested, "method": evidence.method, "alpha": evidence.alpha,
+              "label": family_label(tested, evidence.method, evidence.alpha)}
+    for c, p, p_adj in zip(against, one_sided, adjusted):
+        c["p_beats"], c["p_beats_adjusted"], c["family"] = p, p_adj, family
+        outcome, beats, why = compare_with_control(c["delta"], evidence.values.get(c["control"], {}),
+                                                   higher_is_better, p_adj, family)
+        if sequential is not None and outcome != NO_COMPARISON:
+            outcome, beats, why = _sequential_control(sequential, f"{c['variant']} vs {c['control']}",
+                                                      higher_is_better)
+        c.update(outcome=outcome, beats=beats, why=why)
     return against
 
 
@@ -224,14 +337,16 @@ def _sequential_control(section: dict, name: str, higher_is_better: bool) -> tup
     return NOT_SHOWN, False, f"undecided after {d.n} seeds (sequential): t = {d.t:+.2f} below {d.boundary:.2f}"
 
 
-def compare_with_control(delta: Estimate, control: dict, higher_is_better: bool) -> tuple[str, bool | None, str]:
+def compare_with_control(delta: Estimate, control: dict, higher_is_better: bool, p_adjusted: float | None = None,
+                         family: dict | None = None) -> tuple[str, bool | None, str]:
     """Whether a variant beats a control (Δ = variant − control; `control` is the control's
-    final values keyed by seed): (outcome, beats, why).
-    outcome: *beats* only when the 95% CI of Δ lies entirely on the better side of zero;
-    *not shown* when it does not, or when no interval is possible (one seed, too few runs, no
-    completed run of the variant): it has not shown that it beats the control; *no comparison*
-    when the control itself has nothing to compare with (then no claim is made either way).
-    beats: True / False when an interval decided, None when none could."""
+    values keyed by seed): (outcome, beats, why).
+    outcome: *beats* only when the one-sided test of "better" rejects at alpha / 2 after the
+    family's adjustment (`p_adjusted`, the one-sided p doubled; without a family: the 95% CI of Δ
+    lies entirely on the better side of zero); *not shown* when it does not, or when no test is
+    possible (one seed, too few runs, no completed run of the variant); *no comparison* when the
+    control itself has nothing to compare with (then no claim is made either way).
+    beats: True / False when a test decided, None when none could."""
     if not any(v is not None for v in control.values()):
         return NO_COMPARISON, None, ("the control has no completed run" if not control
                                      else "the control's runs did not log this metric")
@@ -241,8 +356,19 @@ def compare_with_control(delta: Estimate, control: dict, higher_is_better: bool)
         if delta.n <= 1 and "Welch" not in delta.basis:
             return NOT_SHOWN, None, "one seed: no comparison is possible beyond the point estimate"
         return NOT_SHOWN, None, f"too few completed runs for an interval ({delta.basis})"
-    if delta.low == delta.high and delta.low != 0.0:   # as in decide_by_delta: a coarse metric, not certainty
+    if (delta.low == delta.high or delta.zero_spread) and delta.mean != 0.0:   # a coarse metric, not certainty
         return NOT_SHOWN, False, "every seed gave the same Δ: a zero-width interval says nothing about noise"
+    better_side = (delta.mean > 0) == higher_is_better
+    if family is not None and p_adjusted is not None:
+        ps = f"one-sided p = {_pfmt(p_adjusted / 2 if family['method'] == 'none' else p_adjusted)}"
+        if family["method"] != "none":
+            ps = f"one-sided p ×2, adjusted = {_pfmt(p_adjusted)}"
+        if better_side and p_adjusted < family["alpha"]:
+            return BEATS, True, f"{ps} < {family['alpha']:g} ({family['label']})"
+        if (delta.high < 0) if higher_is_better else (delta.low > 0):
+            side = "below" if higher_is_better else "above"
+            return NOT_SHOWN, False, f"it is worse: the unadjusted 95% CI of Δ lies entirely {side} zero"
+        return NOT_SHOWN, False, f"{ps} ≥ {family['alpha']:g} ({family['label']})"
     if (delta.low > 0) if higher_is_better else (delta.high < 0):
         return BEATS, True, f"the 95% CI of Δ lies entirely {'above' if higher_is_better else 'below'} zero"
     if (delta.high < 0) if higher_is_better else (delta.low > 0):

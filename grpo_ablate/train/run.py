@@ -13,6 +13,8 @@ shards: a collective); rank 0 alone writes them.
 """
 from __future__ import annotations
 
+import hashlib
+
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from grpo_ablate.config import config_hash
 from grpo_ablate.errors import ConfigError
 from grpo_ablate.errors import DamagedFile
-from grpo_ablate.rundir import checkpoint_problem, find_checkpoint, read_status
+from grpo_ablate.rundir import EVAL_SCORES, checkpoint_problem, find_checkpoint, read_status
 from grpo_ablate.sampling.engines import Rollouts
 from grpo_ablate.stopping import how_it_ended
 from grpo_ablate.train.run_log import RunLog, save_checkpoint
@@ -166,7 +168,11 @@ def evaluate(policy, rollouts: Rollouts, problems, max_new_tokens: int) -> dict:
     """Greedy decoding on the held-out split (GRPO runs and control runs share it)."""
     policy.eval()
     graded = rollouts(problems, 1, 0.0, ("eval",), max_new_tokens=max_new_tokens)
-    return {"eval/accuracy": sum(graded.scores.tolist()) / len(graded.scores),
+    scores = graded.scores.tolist()
+    # the per-problem scores go to evals.jsonl (RunLog.log): the report needs them to count the eval
+    # set's own sampling noise, which the mean alone hides; `set` says which problems they are
+    fingerprint = hashlib.sha1("\x00".join(p.prompt for p in problems).encode()).hexdigest()[:12]
+    return {"eval/accuracy": sum(scores) / len(scores), EVAL_SCORES: {"scores": scores, "set": fingerprint},
             "eval/length_mean": graded.roll.lengths.float().mean().item(),
             "eval/truncated_frac": graded.roll.truncated.float().mean().item()}
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from grpo_ablate.rundir import (CHECKPOINT, CHECKPOINT_OLD, CHECKPOINT_TMP, atomic_write_text, finite_or_none,
-                                read_status, truncate_jsonl)
+from grpo_ablate.rundir import (CHECKPOINT, CHECKPOINT_OLD, CHECKPOINT_TMP, EVAL_SCORES, EVALS, atomic_write_text,
+                                finite_or_none, pack_scores, read_status, truncate_jsonl)
 from grpo_ablate.wandb_auth import resolve_mode
 
 
@@ -30,14 +30,16 @@ class RunLog:
         self.wall_before = float(previous.get("wall_time_s", 0.0)) if resume_step is not None else 0.0
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.samples_path = self.run_dir / "samples.jsonl"
+        self.evals_path = self.run_dir / EVALS
         if resume_step is None:  # a fresh start (also a resume killed before its first checkpoint, or --restart)
-            for path in (self.metrics_path, self.samples_path):
+            for path in (self.metrics_path, self.samples_path, self.evals_path):
                 path.unlink(missing_ok=True)
             for name in (CHECKPOINT, CHECKPOINT_OLD, CHECKPOINT_TMP):   # another history's: never resumed from
                 shutil.rmtree(self.run_dir / name, ignore_errors=True)
         else:
             truncate_jsonl(self.metrics_path, resume_step)
             truncate_jsonl(self.samples_path, resume_step)
+            truncate_jsonl(self.evals_path, resume_step)
         atomic_write_text(self.run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         atomic_write_text(self.run_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
         self.wandb = WandbSink(cfg, self.run_dir, previous.get("wandb_id"))
@@ -52,6 +54,13 @@ class RunLog:
         atomic_write_text(self.run_dir / "status.json", json.dumps(data, indent=2) + "\n")
 
     def log(self, metrics: dict) -> None:
+        """One step's metrics; an eval's per-problem scores (under EVAL_SCORES) go to evals.jsonl."""
+        metrics = dict(metrics)
+        scores = metrics.pop(EVAL_SCORES, None)
+        if scores is not None:
+            with open(self.evals_path, "a") as f:
+                f.write(json.dumps({"step": metrics["step"], "set": scores["set"], **pack_scores(scores["scores"])})
+                        + "\n")
         row = {k: finite_or_none(v) for k, v in metrics.items()}
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(row) + "\n")

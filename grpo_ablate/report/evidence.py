@@ -1,0 +1,102 @@
+"""What a report's tests are run on: each run's number (its summary of the metric), the grid
+those numbers lie on, and the per-problem scores behind them, gathered once so that every
+contrast, control comparison and summary is tested the same way (report/stats.py).
+
+- The grid: `eval/accuracy` is a count over the eval set, k / N; its final value lies on 1/N and
+  the mean of the last k evals on 1/(N k). Other metrics and summaries have none.
+- The per-problem scores: evals.jsonl holds every eval's scores; a run's scores for the compared
+  summary are those of its last eval (final) or their mean over its last k evals (last_k), the
+  same evals its number came from. Other summaries (auc, best) are not a fixed average of evals
+  (best picks one by its own value): there the test counts seeds only, and the report says so.
+  Runs are paired on problems only when every one of them was scored on the same eval set
+  (the fingerprint of its prompts).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from grpo_ablate.report.curves import Curve, Summary
+from grpo_ablate.report.load import nested_value
+from grpo_ablate.report.stats import ALPHA, Estimate, delta_ci
+
+ACCURACY = "eval/accuracy"     # the metric evals.jsonl breaks down by problem
+
+
+@dataclass
+class Evidence:
+    """variant -> {seed: number}, the grid of the numbers, variant -> {seed: per-problem scores},
+    and the error control of the report (method, alpha)."""
+    values: dict
+    granularity: float | None = None
+    scores: dict = field(default_factory=dict)
+    method: str = "holm"
+    alpha: float = ALPHA
+    why_no_scores: str | None = None     # why the eval set's noise is not in the intervals, when it is not
+
+    def delta(self, with_: str, without: str) -> Estimate:
+        """Δ = with − without, paired on seeds, on the grid, with the eval-noise term where both sides
+        have the per-problem scores of every shared seed."""
+        a, b = self.values.get(with_, {}), self.values.get(without, {})
+        sa, sb = self.scores.get(with_, {}), self.scores.get(without, {})
+        shared = set(a) & set(b)
+        problems = {s: (sa[s], sb[s]) for s in shared if s in sa and s in sb}
+        return delta_ci(a, b, granularity=self.granularity,
+                        problems=problems if problems and len(problems) == len(shared) else None)
+
+
+def gather(values: dict, runs_of: dict, curves: dict, metric: str, summary: Summary, method: str = "holm",
+           alpha: float = ALPHA) -> Evidence:
+    """The Evidence of a report: `values` variant -> {seed: number}; `runs_of` variant -> runs;
+    `curves` variant -> {seed: Curve} of the runs the numbers came from."""
+    evidence = Evidence(values, method=method, alpha=alpha)
+    if metric != ACCURACY:
+        evidence.why_no_scores = f"`{metric}` is not broken down by problem (only {ACCURACY} is)"
+        return evidence
+    if summary.how not in ("final", "last_k"):
+        evidence.why_no_scores = (f"the {summary.label} of a curve is not a fixed average of its evals: the "
+                                  "intervals count seeds only")
+    scores, sets, sizes = {}, set(), set()
+    for name, points in curves.items():
+        by_seed = {r.key: r for r in runs_of.get(name, [])}
+        for seed, c in points.items():
+            run = by_seed.get(seed)
+            row = _summary_scores(run.evals, c, summary) if run is not None else None
+            if row is None:
+                continue
+            fingerprint, s = row
+            sets.add(fingerprint)
+            sizes.add(len(s))
+            scores.setdefault(name, {})[seed] = s
+    if not sizes:   # runs from before evals.jsonl: the configured eval size gives the grid
+        sizes = {nested_value(r.config, "task", "eval_size") for runs in runs_of.values() for r in runs
+                 if r.state == "completed"}
+    if len(sizes) == 1 and summary.how in ("final", "last_k"):
+        n = sizes.pop()
+        if isinstance(n, int) and n > 0:
+            evidence.granularity = 1.0 / (n * (summary.k if summary.how == "last_k" else 1))
+    if evidence.why_no_scores is None:
+        if len(sets) > 1:
+            evidence.why_no_scores = "the runs were scored on different eval sets: the intervals count seeds only"
+        elif not scores:
+            evidence.why_no_scores = "no run logged per-problem scores (evals.jsonl): the intervals count seeds only"
+        else:
+            evidence.scores = scores
+    return evidence
+
+
+def _summary_scores(evals: dict, points: Curve, summary: Summary) -> tuple[str, np.ndarray] | None:
+    """(eval set, per-problem scores) whose mean is the run's summary, None where evals.jsonl
+    lacks one of the evals it averages."""
+    if not len(points) or summary.how not in ("final", "last_k"):
+        return None
+    steps = points.steps[-1:] if summary.how == "final" else points.steps[-summary.k:]
+    rows = [evals.get(int(s)) for s in steps]
+    if any(r is None for r in rows) or len({r[0] for r in rows}) != 1 or len({len(r[1]) for r in rows}) != 1:
+        return None
+    scores = np.mean([r[1] for r in rows], axis=0)
+    value = points.values[-1] if summary.how == "final" else points.values[-summary.k:].mean()
+    if abs(float(scores.mean()) - float(value)) > 1e-6:    # not the scores of this number (another metric?)
+        return None
+    return rows[0][0], scores
