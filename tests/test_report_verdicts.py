@@ -251,7 +251,8 @@ def test_controls_with_one_seed_give_point_estimates_only(tmp_path):
     assert "one seed: no comparison is possible beyond the point estimate" in part
     assert "Δ = +0.300" in part                                                        # drop-c − sft, 0.90 − 0.60
     assert "With one seed per variant no comparison with the controls is possible beyond point estimates." in part
-    assert "RL not shown to help here**" in text.splitlines()[2] and "(One seed: point estimates only" in text.splitlines()[2]
+    top = text.splitlines()[2]
+    assert "RL not shown to help here**" in top and "(One seed: point estimates only" in top
     assert "0.300 (n=1, no CI)" in variants_table(report)
 
 
