@@ -491,8 +491,15 @@ def report(
     lower_is_better: bool = typer.Option(False, "--lower-is-better", help="The metric is a cost (e.g. a length)."),
     effect: Optional[float] = typer.Option(None, "--effect", help="The smallest Δ that matters: a CI inside ±X is "
                                            "'no effect', and the power section sizes seeds for it."),
+    error_control: str = typer.Option(
+        "holm", "--error-control", help="How the report's tests are adjusted together: holm (the chance of any false "
+        "helps/hurts/breaks-training in the report ≤ alpha), bh (Benjamini–Hochberg: false discovery rate ≤ alpha) "
+        "or none (each contrast at alpha on its own)."),
+    alpha: float = typer.Option(0.05, "--alpha", help="The report's error level (family-wise for holm, FDR for bh)."),
     conflict_threshold: float = typer.Option(
         -0.1, "--conflict-threshold", help="Gradient cosine below which two terms conflict (at > half the steps)."),
+    figures: bool = typer.Option(True, "--figures/--no-figures", help="Draw the PNG figures (the slow part of a "
+                                 "report: ~2 s); --no-figures writes the text files only."),
     use_wandb: bool = typer.Option(False, "--wandb", help="Also log table and figures to a W&B summary run."),
     wandb_report: bool = typer.Option(False, "--wandb-report", help="Also build a W&B Report (online only)."),
 ) -> None:
@@ -520,11 +527,15 @@ def report(
         fail(f"--last-k {last_k} belongs to --summary last_k (or give --summary last_{last_k})")
     if compute not in ("tokens", "wall"):
         fail(f"--compute {compute!r} is not allowed; allowed: tokens, wall")
+    if error_control not in ("holm", "bh", "none"):
+        fail(f"--error-control {error_control!r} is not allowed; allowed: holm, bh, none")
+    if not 0 < alpha < 0.5:
+        fail(f"--alpha {alpha} is not allowed; it must lie in (0, 0.5)")
     if predict_from is not None and not 0 < predict_from < 1:
         fail(f"--predict-from {predict_from} is not allowed; give the fraction of each run's steps, in (0, 1)")
     options = {"metric": metric, "higher_is_better": not lower_is_better, "conflict_threshold": conflict_threshold,
                "effect": effect, "summary": parse_summary(summary, last_k), "predict_from": predict_from,
-               "compute": compute}
+               "compute": compute, "error_control": error_control, "alpha": alpha}
     try:
         options["thresholds"] = rep.parse_thresholds(threshold)
         if wandb_report:
@@ -537,7 +548,7 @@ def report(
                 raise typer.Exit(0)
         else:
             result = rep.build_report(sweep_dir, **options)
-        paths = rep.write_report(result, out_dir, figures=True)
+        paths = rep.write_report(result, out_dir, figures=figures)
         if watch is None:
             print(rep.render_stdout(result, fmt))
         err_console.print(f"wrote {out_dir}/report.md, report.csv, report.json and "

@@ -70,7 +70,7 @@ def test_a_sequential_sweep_is_decided_by_its_boundaries_not_the_fixed_interval(
     assert (recorded["a"], recorded["c"]) == ("undecided", "hurts")                # the sweep agreed
     text = render_markdown(report)
     assert text.splitlines()[2].startswith("**1 of 3 contrasts decided** (sequential: 2 look(s) up to 8 seeds, "
-                                           "stopped: budget; false helps/hurts ≤ 5% over all looks)")
+                                           "stopped: budget; false helps/hurts ≤ 5% over all looks")
 
 
 def test_a_contrast_decided_at_a_look_says_which(tmp_path):
@@ -123,8 +123,9 @@ def test_fixed_sweep_power_and_the_cost_of_deciding_the_rest(tmp_path):
     assert p["extra_seeds"] == {"all": needed - 3, "drop-b": needed - 3} and p["runs"] == 2 * (needed - 3)
     assert p["seconds"] == pytest.approx(p["runs"] * statistics.median(walls))
     first = render_markdown(report).splitlines()[2]
-    assert first.startswith(f"**2 of 3 contrasts decided** (fixed 95% intervals). Deciding the other 1 would take "
-                            f"about {2 * (needed - 3)} more runs (up to {needed - 3} more seeds for 2 variants)")
+    assert first.startswith("**2 of 3 contrasts decided** (3 contrasts, 3 tests, Holm, 5%: the chance of any false "
+                            "*helps*, *hurts* or *breaks training* in this report ≤ 5%). Deciding the other 1 would "
+                            f"take about {2 * (needed - 3)} more runs (up to {needed - 3} more seeds for 2 variants)")
     table = render_markdown(report).split("## Power")[1]
     detectable = b["power"]["detectable_effect"]
     assert f"| b | no evidence | 3 | — | -0.007 | {sd:.3f} | {detectable:.3f} | ~{needed} |" in table

@@ -41,8 +41,28 @@ def sequential_section(sweep: Sweep, metric: str, higher_is_better: bool,
     return section, None
 
 
-def plan_of(section: dict, effect: float | None) -> seq.Plan:
-    return seq.Plan(section["initial_seeds"], section["max_seeds"], section.get("alpha", seq.ALPHA),
+def contrast_alpha(section: dict, kind: str) -> float:
+    """The alpha one contrast of `kind` (trick | control) spends over its looks: the sweep's level
+    split evenly over its family (Bonferroni: the whole sweep's chance of any false call ≤ alpha
+    whatever the contrasts' dependence). A sweep recorded before the split (no `families`) spent
+    the whole level on each contrast."""
+    alpha = float(section.get("alpha", seq.ALPHA))
+    families = section.get("families")
+    return alpha / max(1, int(families.get(kind) or 1)) if isinstance(families, dict) else alpha
+
+
+def sequential_guarantee(section: dict) -> str:
+    """What the sweep's looks guarantee, in words."""
+    families = section.get("families")
+    level = f"{100 * float(section.get('alpha', seq.ALPHA)):g}%"
+    if isinstance(families, dict) and families.get("trick"):
+        return (f"false helps/hurts ≤ {level} over all looks and all {families['trick']} trick contrasts "
+                f"(Bonferroni: {100 * contrast_alpha(section, 'trick'):.3g}% each)")
+    return f"false helps/hurts ≤ {level} over all looks, per contrast (a sweep recorded before the split)"
+
+
+def plan_of(section: dict, effect: float | None, kind: str = "trick") -> seq.Plan:
+    return seq.Plan(section["initial_seeds"], section["max_seeds"], contrast_alpha(section, kind),
                     section.get("spending", "obrien-fleming"), effect if effect is not None else section.get("effect"))
 
 
@@ -64,7 +84,7 @@ def sequential_decision(section: dict, name: str, effect: float | None, two_side
     looks = recorded_looks(section, name, sign)
     if not looks:
         return None
-    return seq.decide(looks, plan_of(section, effect), two_sided), looks[-1]
+    return seq.decide(looks, plan_of(section, effect, "trick" if two_sided else "control"), two_sided), looks[-1]
 
 
 def power_numbers(look: seq.Look | None, effect: float | None, critical: float | None = None) -> dict:

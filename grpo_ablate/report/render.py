@@ -19,6 +19,7 @@ from grpo_ablate.report.load import CONTROL_COLUMNS, CONTROL_LABELS
 from grpo_ablate.report.render_curves import json_sections, markdown_sections as curve_sections
 from grpo_ablate.report.render_transfer import markdown_section as transfer_section
 from grpo_ablate.report.stats import Estimate, final_value
+from grpo_ablate.report.power import sequential_guarantee
 from grpo_ablate.report.verdicts import BEATS, BREAKS_TRAINING, NO_COMPARISON, NOT_SHOWN
 
 STATES = ("completed", "diverged", "failed", "running", "missing")   # a run's states, in table order
@@ -106,15 +107,17 @@ def decided_summary(report: Report) -> str | None:
     if not p.get("contrasts"):
         return None
     family = next((v["family"] for v in report.verdicts if v.get("family")), None)
-    how = (f"sequential: {p['looks']} look(s) up to {p['max_seeds']} seeds, stopped: {p.get('stopped') or 'not yet'}; "
-           "false helps/hurts ≤ 5% over all looks, per contrast" if p["sequential"] else
-           f"{p['contrasts']} contrasts, {family['label']}" + (": the chance of any false *helps*, *hurts* or "
-                                                               "*breaks training* in this report" if
-                                                               family["method"] == "holm" else
-                                                               ": the expected share of false calls among "
-                                                               "those made" if family["method"] == "bh" else
-                                                               ": each contrast at its own level, none for the "
-                                                               "report") if family else "fixed 95% intervals")
+    if p["sequential"]:
+        how = (f"sequential: {p['looks']} look(s) up to {p['max_seeds']} seeds, stopped: "
+               f"{p.get('stopped') or 'not yet'}; " + sequential_guarantee(report.sweep.sequential))
+    elif family:
+        level = f"{100 * family['alpha']:g}%"
+        how = f"{p['contrasts']} contrasts, {family['label']}: " + {
+            "holm": f"the chance of any false *helps*, *hurts* or *breaks training* in this report ≤ {level}",
+            "bh": f"false calls ≤ {level} of those made, on average",
+            "none": f"each contrast at {level} on its own; none for the report as a whole"}[family["method"]]
+    else:
+        how = "fixed 95% intervals"
     undecided = p["contrasts"] - p["decided"]
     line = (f"**{'All ' + str(p['contrasts']) if not undecided else str(p['decided']) + ' of ' + str(p['contrasts'])} "
             f"contrasts decided** ({how}).")

@@ -31,7 +31,7 @@ from grpo_ablate.report import sequential as seq
 from grpo_ablate.report.activity import ACTIVITY, describe, shows_activity
 from grpo_ablate.report.health import BREAKING_FLAGS
 from grpo_ablate.report.load import Run, Sweep, nested_value
-from grpo_ablate.report.power import power_numbers, sequential_decision
+from grpo_ablate.report.power import contrast_alpha, power_numbers, sequential_decision, sequential_guarantee
 from grpo_ablate.report.evidence import Evidence
 from grpo_ablate.report.stats import ERROR_CONTROL, Estimate, adjust, breaking_p, delta_ci
 from grpo_ablate.rundir import TIMING_PREFIXES
@@ -78,8 +78,8 @@ def contrast_verdicts(sweep: Sweep, evidence: Evidence, areas: dict, higher_is_b
     if sequential is not None:
         for v in verdicts:
             if v["verdict"] is None:
-                v["verdict"], v["why"] = _breaks_training_rule(v["broke"]) or decide_by_delta(v["delta"],
-                                                                                               higher_is_better)
+                v["verdict"], v["why"] = (_breaks_training_rule(v["broke"], contrast_alpha(sequential, "trick"))
+                                          or decide_by_delta(v["delta"], higher_is_better))
             if v["verdict"] != INERT and "power" not in v:   # an inert trick: more seeds decide nothing
                 v["verdict"], v["why"], v["power"] = _sequential_trick(v, sequential, v["verdict"], v["why"], effect,
                                                                       higher_is_better)
@@ -188,10 +188,10 @@ def settle(v: dict, evidence: Evidence, higher_is_better: bool, effect: float | 
     return NO_EVIDENCE, why + with_counts
 
 
-def _breaks_training_rule(broke: dict | None) -> tuple[str, str] | None:
-    """A sequential sweep's *breaks training*: the exact test at the sweep's level, unadjusted
-    (the sequential looks spend the alpha of the Δ tests)."""
-    if broke and broke["p"] is not None and broke["p"] < seq.ALPHA:
+def _breaks_training_rule(broke: dict | None, alpha: float = seq.ALPHA) -> tuple[str, str] | None:
+    """*breaks training* outside a fixed report's family: the exact test at `alpha` (a sequential
+    sweep's per-contrast share of its level)."""
+    if broke and broke["p"] is not None and broke["p"] < alpha:
         return BREAKS_TRAINING, (f"runs that broke: {broke['with']} of {broke['with_done']} with it, "
                                  f"{broke['without']} of {broke['without_done']} without ({broke['how']}): "
                                  f"exact test p = {_pfmt(broke['p'])}")
@@ -218,7 +218,7 @@ def _sequential_trick(c: dict, section: dict, verdict: str, why: str, effect: fl
     if d.outcome in (seq.POSITIVE, seq.NEGATIVE):
         better = (d.outcome == seq.POSITIVE) == higher_is_better
         why = (f"crossed the sequential boundary {at}: t = {d.t:+.2f}, boundary ±{d.boundary:.2f}; "
-               f"false helps/hurts ≤ 5% over all looks{replanned}")
+               f"{sequential_guarantee(section)}{replanned}")
         return (HELPS if better else HURTS), why, power
     if d.outcome == seq.EQUIVALENT:
         return NO_EFFECT, (f"its repeated 95% interval [{d.rci[0]:+.3f}, {d.rci[1]:+.3f}] {at} lies "

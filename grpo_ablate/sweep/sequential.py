@@ -2,7 +2,8 @@
 
 Look 1 runs every variant at the initial seeds (3). After each look every contrast is
 decided by the group-sequential rule of `grpo_ablate/report/sequential.py` (false helps/hurts
-≤ 5% over all looks); then the next seed goes to both sides of every contrast still open — a
+≤ 5% over all looks and all contrasts: each family's level is split evenly over its contrasts);
+then the next seed goes to both sides of every contrast still open — a
 variant needed by any open contrast gets it, a control when a "beats the control" contrast is
 open — one look at a time, until everything is decided or a cap is reached (--max-seeds,
 --budget). Contrasts: the sweep's trick contrasts (two-sided: helps / hurts), and every
@@ -32,6 +33,7 @@ from grpo_ablate.report.activity import ACTIVITY
 from grpo_ablate.report.curves import DEFAULT_SUMMARY, Summary
 from grpo_ablate.report.health import Flag, HealthThresholds
 from grpo_ablate.report.load import Run, load_run, metrics_frame, nonfinite_steps
+from grpo_ablate.report.power import plan_of
 from grpo_ablate.report.stats import Estimate
 from grpo_ablate.report.verdicts import BREAKS_TRAINING, INERT, decide, inertness
 from grpo_ablate.rundir import DirLock, read_rows, read_status
@@ -136,9 +138,13 @@ def plan(req: launch.SweepRequest, options: Options) -> dict:
         "alpha": seq.ALPHA,
         "spending": "obrien-fleming", "elapsed_s": 0.0, "stopped": None,
         "looks": [_look_record(1, None, [r["run_dir"] for r in manifest["runs"]], options.max_seeds)]}
-    if not contrasts_of(manifest):
+    contrasts = contrasts_of(manifest)
+    if not contrasts:
         raise SweepError("--seeds auto decides contrasts, and this sweep has none (no pair of variants that "
                          "differ by one trick, no control); give a seed count instead")
+    # the sweep's alpha is split over each family before the first run (report/power.contrast_alpha)
+    manifest["sequential"]["families"] = {kind: sum(c["kind"] == kind for c in contrasts)
+                                          for kind in ("trick", "control")}
     return manifest
 
 
@@ -185,8 +191,7 @@ def decide_look(sweep_dir: Path, manifest: dict) -> list[dict]:
     """Every contrast's decision at the manifest's last look, from the run dirs. A contrast
     decided at an earlier look keeps that decision."""
     section = manifest["sequential"]
-    plan = seq.Plan(section["initial_seeds"], section["max_seeds"], section["alpha"], section["spending"],
-                    section["effect"])
+    plans = {kind: plan_of(section, section["effect"], kind) for kind in ("trick", "control")}
     finals, runs = read_finals(sweep_dir, manifest, section["metric"], section.get("summary", "final"))
     earlier = [look["decisions"] for look in section["looks"][:-1] if look["decisions"]]
     decisions = []
@@ -195,7 +200,7 @@ def decide_look(sweep_dir: Path, manifest: dict) -> list[dict]:
         if past and past[-1]["outcome"] != UNDECIDED:
             decisions.append(dict(past[-1]))
             continue
-        decisions.append(_decide_contrast(contrast, past, finals, runs, plan, section))
+        decisions.append(_decide_contrast(contrast, past, finals, runs, plans[contrast["kind"]], section))
     return decisions
 
 

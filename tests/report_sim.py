@@ -1,0 +1,121 @@
+"""Synthetic sweeps whose truth is known, written as the trainer and the sweep command write them
+(metrics.jsonl, evals.jsonl, status.json, config.yaml, manifest.json), for simulations of the
+report's error rates through its real path (`grpo-ablate report`).
+
+The generative model is the one the report's statistics assume, with the eval set made explicit:
+run (variant v, seed s) answers problem j correctly with probability
+    sigmoid(θ_j + u_s + w_vs + δ_v + β_vj)
+θ_j: the problem's difficulty (fixed: every run is scored on the same problems); u_s: the seed's
+luck, shared by every variant at that seed (what pairing removes); w_vs: the run's own training
+noise; δ_v: the variant's true effect (0 under the null); β_vj: the variant's effect on problem j,
+sd `problem_sd` (a trick that helps some problems and hurts others: the problem-sampling term).
+Its final eval/accuracy is the mean of its P Bernoulli draws, so it lies on the 1/P grid.
+"""
+import json
+
+import numpy as np
+import yaml
+
+from grpo_ablate.rundir import pack_scores
+
+STEPS = 30
+EVAL_EVERY = 10
+
+
+def logistic(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def simulate(rng, tricks=6, seeds=5, problems=200, effects=None, seed_sd=0.25, run_sd=0.25, problem_sd=0.0,
+             base_logit=1.5, difficulty_sd=1.5):
+    """(variants, scores): variants name -> (tricks on, reference, true δ); scores name -> {seed:
+    {eval step: per-problem 0/1 scores}} of a leave-one-out sweep (module docstring). `effects`:
+    trick -> its true δ on the logit scale (dropping it moves the logit by −δ)."""
+    names = [f"t{i}" for i in range(tricks)]
+    effects = effects or {}
+    theta = base_logit + difficulty_sd * rng.standard_normal(problems)
+    u = seed_sd * rng.standard_normal(seeds)
+    variants = {"all": (names, None, 0.0)}
+    for t in names:
+        variants[f"drop-{t}"] = ([x for x in names if x != t], "all", -effects.get(t, 0.0))
+    scores = {}
+    for v, (_, _, delta) in variants.items():
+        beta = problem_sd * rng.standard_normal(problems) if v != "all" else np.zeros(problems)
+        for s in range(seeds):
+            p = logistic(theta + u[s] + run_sd * rng.standard_normal() + delta + beta)
+            scores.setdefault(v, {})[s] = {step: (rng.random(problems) < p).astype(float)
+                                           for step in range(0, STEPS + 1, EVAL_EVERY)}
+    return variants, scores
+
+
+def fast_verdicts(scores, method="holm", alpha=0.05, summary="final", seeds_only=False):
+    """The report's verdicts on simulated scores through its own functions (evidence, settle_family),
+    without the run dirs: what `grpo-ablate report` decides on the same numbers (tested to agree)."""
+    from grpo_ablate.report.evidence import Evidence
+    from grpo_ablate.report.verdicts import settle_family
+
+    steps = sorted(next(iter(next(iter(scores.values())).values())))
+    k = 1 if summary == "final" else int(summary.split("_")[1])      # final or last_<k>
+    of = lambda e: np.mean([e[step] for step in steps[-k:]], axis=0)
+    problems = len(next(iter(next(iter(scores.values())).values()))[steps[-1]])
+    values = {v: {s: float(of(e).mean()) for s, e in by_seed.items()} for v, by_seed in scores.items()}
+    evidence = Evidence(values, 1.0 / (problems * k), {} if seeds_only else
+                        {v: {s: of(e) for s, e in by_seed.items()} for v, by_seed in scores.items()},
+                        method, alpha)
+    verdicts = [{"trick": v[len("drop-"):], "with": "all", "without": v, "verdict": None, "broke": None,
+                 "delta": evidence.delta("all", v)} for v in scores if v != "all"]
+    settle_family(verdicts, evidence, True, None)
+    return {v["trick"]: v for v in verdicts}
+
+
+def write_sweep(path, rng, drop_run=None, broken=None, **options):
+    """A leave-one-out sweep dir of `simulate(rng, **options)`; returns (path, scores). `drop_run`:
+    (variant, seed) left without a run dir; `broken`: {(variant, seed)} that diverged."""
+    path.mkdir(parents=True)
+    variants, scores = simulate(rng, **options)
+    runs = []
+    for v, (on, _, _) in variants.items():
+        for s, evals in scores[v].items():
+            name = f"{v}-s{s}"
+            runs.append({"variant": v, "seed": s, "run_dir": name, "config_hash": "x", "status": "completed",
+                         "step": STEPS, "reason": None, "final_accuracy": None, "overrides": []})
+            if drop_run == (v, s):
+                continue
+            state = "diverged" if broken and (v, s) in broken else "completed"
+            write_run(path / name, v, s, on, evals, state, len(evals[STEPS]))
+    names = variants["all"][0]
+    seeds = sorted(scores["all"])
+    manifest = {"version": 1, "sweep_id": "sim", "name": "sim", "mode": "leave-one-out", "base": "grpo",
+                "tricks": names, "seeds": seeds, "overrides": [], "launcher": "joblib",
+                "wandb_group": "sim", "created_at": "x", "updated_at": "x",
+                "variants": [{"name": v, "tricks_on": on, "overrides": [], "reference": ref, "kind": "treatment"}
+                             for v, (on, ref, _) in variants.items()],
+                "contrasts": [{"trick": t, "with": "all", "without": f"drop-{t}"} for t in names], "runs": runs}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    return path, scores
+
+
+def write_run(run_dir, variant, seed, tricks, evals, state, problems):
+    run_dir.mkdir()
+    last = max(evals) if state == "completed" else STEPS // 2
+    rows, eval_rows = [], []
+    for step in range(0, last + 1):
+        row = {"step": step}
+        if step:
+            row.update({"loss": 0.1 if state == "completed" or step < last else None, "reward/mean": 0.5,
+                        "length/mean": 12.0, "length/truncated_frac": 0.0, "policy/entropy": 0.5,
+                        "kl/k3": 0.01, "optim/grad_norm": 0.5, "time/step_s": 0.1})
+        if step in evals and (state == "completed" or step < last):
+            row["eval/accuracy"] = float(evals[step].mean())
+            eval_rows.append({"step": step, "set": "sim", **pack_scores(evals[step])})
+        rows.append(row)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run_dir / "evals.jsonl").write_text("".join(json.dumps(r) + "\n" for r in eval_rows))
+    (run_dir / "status.json").write_text(json.dumps({
+        "state": state, "step": last, "reason": "non-finite loss" if state == "diverged" else None,
+        "wall_time_s": 10.0, "config_hash": "x", "wandb_id": None, "updated_at": "x"}))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({
+        "seed": seed, "steps": STEPS, "task": {"name": "arithmetic", "eval_size": problems},
+        "rollout": {"max_new_tokens": 32}, "tricks": {t: {"family": "x", "option": t} for t in tricks},
+        "run": {"name": f"{variant}-s{seed}", "group": "g", "job_type": variant},
+        "sweep": {"name": "sim", "id": "1", "mode": "leave-one-out", "variant": variant, "tricks": []}}))
