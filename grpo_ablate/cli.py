@@ -33,6 +33,8 @@ def parse_summary(text: Optional[str], k: Optional[int]):
     """report --summary / --last-k as a Summary (None: the default); a bad one is one line and exit 2."""
     from grpo_ablate.report.curves import DEFAULT_SUMMARY, Summary
 
+    if text is None and k is None:
+        return None            # the summary the sweep fixed in its manifest (final when it fixed none)
     try:
         return Summary.parse(text or DEFAULT_SUMMARY, k)
     except ValueError as err:
@@ -150,8 +152,9 @@ def sweep(
     effect: Optional[float] = typer.Option(None, "--effect", help="--seeds auto: the smallest Δ that matters; "
                                            "a contrast whose repeated 95% interval lies inside ±X stops as "
                                            "'no effect >= X'."),
-    summary: Optional[str] = typer.Option(None, "--summary", help="--seeds auto: what each look compares: final, "
-                                          "auc, best, last_k or last_<k> (as report --summary) [final]."),
+    summary: Optional[str] = typer.Option(None, "--summary", help="What the sweep decides on, fixed in its manifest "
+                                          "before the first run (and what --seeds auto looks at): final, auc, best, "
+                                          "last_k or last_<k>, as report --summary [final]."),
     launcher: Optional[str] = typer.Option(None, "--launcher", help="basic | joblib | submitit_local | "
                                            "submitit_slurm | ray (default joblib)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", help="Runs at a time (default: one per core)."),
@@ -212,11 +215,14 @@ def sweep(
                            {"max_seeds": max_seeds, "budget": budget, "effect": effect, "summary": summary})
             if str(request.seeds) == "auto":
                 options = sequential.options_from(request.sequential)
+                request.summary = options.summary
                 code = sequential.start(request, options, console, dry_run=dry_run)
-            elif request.sequential:
+            elif set(request.sequential) - {"summary"}:
                 fail(f"{', '.join('--' + k.replace('_', '-') for k in request.sequential)} "
                      "belong to --seeds auto (seeds until decided)")
-            else:
+            else:    # a fixed sweep fixes what it decides on too (a sweep file's `summary:` or --summary)
+                given = request.sequential.pop("summary", None)
+                request.summary = parse_summary(str(given), None).label if given is not None else None
                 code = start(request, console, dry_run=dry_run)
     except (SweepError, ConfigError, ValueProblem) as err:
         fail(str(err))

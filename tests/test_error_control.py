@@ -191,3 +191,19 @@ def test_a_sequential_sweep_splits_its_alpha_over_its_contrasts():
     per_contrast, se = sim.positive + sim.negative, sim.standard_error(0.05 / 6)
     assert abs(per_contrast - 0.05 / 6) <= 3 * se
     assert 6 * (per_contrast - 2 * se) <= 0.05
+
+
+def test_the_summary_fixed_before_the_first_run_decides_and_another_is_exploratory(tmp_path):
+    from grpo_ablate.report.build import build_report
+
+    path, _ = write_sweep(tmp_path / "s", np.random.default_rng(6), tricks=2, seeds=3)
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["decides_on"] = {"metric": "eval/accuracy", "summary": "last_3"}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    fixed = build_report(path)
+    assert fixed.summary.label == "last_3" and fixed.exploratory is None
+    other = build_report(path, summary="final")
+    assert "exploratory" in other.exploratory and "fixed `last_3`" in other.exploratory
+    from grpo_ablate.report.render import render_markdown
+
+    assert "contrasts decided, exploratory**" in render_markdown(other)

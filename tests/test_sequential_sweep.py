@@ -205,7 +205,7 @@ def test_bad_budget_durations(text):
     (["sweep", "add-one-in", "--tricks", "batch_norm", "--no-controls", "--seeds", "auto", "--max-seeds", "70"],
      "2 variants x 70 seeds = 140 runs, above the limit of 128"),
     (["doctor", "--seeds", "auto"], "no contrast for --seeds auto"),
-    (["sweep", "add-one-in", "--tricks", "batch_norm", "--summary", "auc"], "belong to --seeds auto"),
+    (["sweep", "add-one-in", "--tricks", "batch_norm", "--summary", "nope"], "summary 'nope' is not allowed"),
     (["sweep", "add-one-in", "--tricks", "batch_norm", "--seeds", "auto", "--summary", "mean"],
      "--summary: summary 'mean' is not allowed; allowed: final, auc, best, last_k"),
 ])

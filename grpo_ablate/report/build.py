@@ -43,6 +43,7 @@ class Report:
     aggregates: dict = field(default_factory=dict)         # rliable's IQM and probability of improvement
     transfer: dict | None = None                           # transfer.transfer_section: across contexts
     evidence: Evidence | None = None                       # what the tests ran on, and their error control
+    exploratory: str | None = None                         # why these verdicts are not the sweep's fixed test
 
     @property
     def controls(self) -> dict:
@@ -61,7 +62,7 @@ def normalize_metric(name: str) -> str:
 
 def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: HealthThresholds | None = None,
                  higher_is_better: bool = True, conflict_threshold: float = -0.1,
-                 effect: float | None = None, summary: Summary | str = "final",
+                 effect: float | None = None, summary: Summary | str | None = None,
                  predict_from: float | None = None, compute: str = "tokens", error_control: str = "holm",
                  alpha: float = ALPHA) -> Report:
     """Everything the table, verdicts and pictures say, computed once. Raises ReportError
@@ -72,9 +73,12 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
     `compute`: the x axis of auc and the fits, tokens or wall (report/curves.py). `error_control`
     (holm | bh | none) and `alpha`: how the report's family of tests is adjusted (report/stats.py)."""
     thresholds = thresholds or HealthThresholds()
-    summary = summary if isinstance(summary, Summary) else Summary.parse(summary)
     sweep = load_sweep(sweep_dir, thresholds)
     metric = normalize_metric(metric)
+    fixed = sweep.decides_on or {}
+    if summary is None:   # what the sweep fixed before its first run (final for sweeps that fixed none)
+        summary = fixed.get("summary") if fixed.get("metric", metric) == metric and fixed.get("summary") else "final"
+    summary = summary if isinstance(summary, Summary) else Summary.parse(summary)
     logged = set().union(*(r.metrics.columns for r in sweep.runs)) - {"step"} if sweep.runs else set()
     if logged and metric not in logged:
         shown = sorted(c for c in logged if c.startswith(('eval/', 'reward/', 'train/')))
@@ -101,7 +105,7 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
     verdicts = contrast_verdicts(sweep, evidence, areas, higher_is_better, sequential, effect)
     check_known_answers(sweep, verdicts)
     report = Report(sweep, metric, higher_is_better, thresholds, rows, verdicts, against, summary=summary,
-                    evidence=evidence)
+                    evidence=evidence, exploratory=exploratory(fixed, metric, summary))
     report.diagnostics = analyse_diagnostics(report, conflict_threshold)
     report.power = {**cost_to_decide(verdicts, UNDECIDED, sweep.runs), "sequential": sequential is not None,
                     "effect": effect, "note": not_sequential,
@@ -120,6 +124,18 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
         for p in report.predictions["contrasts"]:
             p["measured"] = measured.get(p["trick"])
     return report
+
+
+def exploratory(fixed: dict, metric: str, summary: Summary) -> str | None:
+    """Why the verdicts are exploratory: the sweep fixed another metric or summary before its first
+    run (a choice made after seeing the curves is not covered by the error control); None when not."""
+    if not fixed:
+        return None
+    if fixed.get("metric") != metric or fixed.get("summary", "final") != summary.label:
+        return (f"this sweep fixed `{fixed.get('summary', 'final')}` of `{fixed.get('metric')}` before its first run; "
+                f"verdicts on the {summary.label} of `{metric}` are exploratory (a summary chosen after seeing the "
+                "curves is not covered by the error control)")
+    return None
 
 
 def aggregates(sweep: Sweep, values: dict, higher_is_better: bool) -> dict:

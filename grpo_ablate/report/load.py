@@ -79,6 +79,7 @@ class Sweep:
     controls: dict = field(default_factory=dict)    # role (base | sft) -> control variant name
     sequential: dict | None = None                  # a --seeds auto sweep's looks (manifest `sequential`)
     contexts: list = field(default_factory=list)    # a sweep across contexts: {name, overrides} (report/transfer.py)
+    decides_on: dict | None = None                  # {metric, summary} fixed in the manifest before the first run
 
 
 # --------------------------------------------------------------------------- one run dir
@@ -213,7 +214,8 @@ def _sweep_from_manifest(sweep_dir: Path, manifest: dict, thresholds: HealthThre
     sweep = Sweep(dir=sweep_dir, name=str(manifest.get("name") or sweep_dir.name),
                   sweep_id=manifest.get("sweep_id"), mode=manifest.get("mode"), base=manifest.get("base"),
                   seeds=list(manifest.get("seeds") or []), wandb_group=manifest.get("wandb_group"),
-                  sequential=manifest["sequential"] if isinstance(manifest.get("sequential"), dict) else None)
+                  sequential=manifest["sequential"] if isinstance(manifest.get("sequential"), dict) else None,
+                  decides_on=manifest["decides_on"] if isinstance(manifest.get("decides_on"), dict) else None)
     if manifest.get("version", 1) != 1:
         sweep.notes.append(f"manifest version {manifest.get('version')!r}; read as version 1")
     for v in manifest.get("variants") or []:

@@ -121,7 +121,11 @@ def decided_summary(report: Report) -> str | None:
     undecided = p["contrasts"] - p["decided"]
     line = (f"**{'All ' + str(p['contrasts']) if not undecided else str(p['decided']) + ' of ' + str(p['contrasts'])} "
             f"contrasts decided** ({how}).")
+    if report.exploratory:
+        line = line.replace("contrasts decided**", "contrasts decided, exploratory**", 1)
     note = f" Note: {p['note']}." if p.get("note") else ""
+    if report.exploratory:
+        note += f" **Exploratory**: {report.exploratory}."
     if not undecided:
         return line + note
     if p["runs"]:

@@ -42,7 +42,10 @@ def markdown_section(report: Report) -> list[str]:
             "and their difference is decided; *undecided*: none of these. Differences between contexts: Welch's "
             "t-test on the per-seed paired Δs of two contexts, every pair of contexts of every trick one test "
             f"({t['tests']} here), Holm over all of them: the chance of calling any trick of this report "
-            f"context-dependent (or a sign flip) when its effect is the same everywhere is ≤ {t['alpha']:.0%}. "
+            f"context-dependent (or a sign flip) when its effect is the same everywhere is ≤ {t['alpha']:.0%}"
+            + (" on a fixed set of seeds; after a sequential sweep's looks chose the seeds it holds about 6–7% "
+               "(simulated: the looks stop a contrast where its Δs happen to agree). " if report.sweep.sequential
+               else ". ") +
             "*inert here* against a decided effect elsewhere, and *breaks training* against *helps*, differ "
             "without a test. P(with > without): rliable's probability of improvement, each context one task "
             "(stratified bootstrap)."]

@@ -87,9 +87,13 @@ class SweepRequest:
     group: str | None = None            # W&B group shared with other sweeps (doctor's stages)
     sequential: dict = field(default_factory=dict)   # seeds=auto: max_seeds, budget, effect (sweep/sequential.py)
     contexts: list[Context] = field(default_factory=list)   # --across / a file's contexts: the matrix in each
+    summary: str | None = None       # what the sweep decides on (report/curves.py label), fixed before any run
 
 
 # ------------------------------------------------------------------------------ planning
+DECISION_METRIC, DECISION_SUMMARY = "eval/accuracy", "final"   # what a sweep decides on unless told
+
+
 def plan(req: SweepRequest) -> dict:
     """The manifest of a new sweep (statuses pending), fully validated; writes nothing."""
     families = {row["name"]: row["family"] for row in load_catalogue()}
@@ -145,6 +149,8 @@ def plan(req: SweepRequest) -> dict:
         "variants": [v.to_json() for v in matrix.variants],
         "contrasts": [c.to_json() for c in matrix.contrasts],
         "controls": {k: name for k, name in CONTROLS.items() if any(v.name == name for v in matrix.variants)},
+        # fixed before the first run: the report decides on this; another summary is exploratory there
+        "decides_on": {"metric": DECISION_METRIC, "summary": req.summary or DECISION_SUMMARY},
         "runs": runs,
     }
 
