@@ -2,9 +2,12 @@
 compute–performance fits with their split verdicts, and the predicted verdicts."""
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from grpo_ablate.report.build import Report
-from grpo_ablate.report.fits import CEILING_TOLERANCE
+from grpo_ablate.report.fits import CEILING_TOLERANCE, Fit
 from grpo_ablate.report.formatting import fmt_estimate, fmt_num
+from grpo_ablate.report.scaling import EXCLUSIONS
 
 
 def markdown_sections(report: Report) -> list[str]:
@@ -74,24 +77,49 @@ def fit_lines(report: Report) -> list[str]:
              "is compared after refitting both runs of a seed at their mean A (Δ log B), over the seeds whose "
              "rise came after their first eval (before it, any steep curve fits: B is not identified; evaluate "
              "more often).", "",
-             "| variant | good fits (B identified) | A | B | C_mid (median) | pooled fit | why not |",
-             "|---|---|---|---|---|---|---|"]
+             "Before A is read, each run is tested for a drift: its peak against the mean of its last third of "
+             "evals, in binomial eval SEs (at most 5% of monotone curves are flagged). A run that peaks and falls "
+             "is *unstable*: its fit is no ceiling (a monotone curve through a rise and a fall puts A below the "
+             "peak). An arm is *unstable* when its runs drift taken together (their drift statistics summed, 5%). "
+             "A contrast's fits are withheld — *drifts more* / *drifts less* / *both drift*, or *exclusion differs "
+             "by arm* — when an arm is unstable or when the share of fits it could not use differs by arm "
+             "(Fisher's exact test, 5%): ΔA over the seeds that fit would then compare selected subsets.", "",
+             "| variant | good fits (B identified) | A | B | C_mid (median) | pooled fit | unstable (drift p) "
+             "| why not |", "|---|---|---|---|---|---|---|---|"]
     for v in f["variants"]:
         p = v["pooled"]
         pool = (f"A {p.A:.3f}, " + (f"B {p.B:.2f}" if p.B_identified else "B not identified")
                 + ("" if p.ok else " (poor)")) if p.A is not None else "—"
         lines.append(f"| {v['variant']} | {v['ok']} of {v['runs']} ({v['B_identified']}) | {fmt_estimate(v['A'])} | "
                      f"{fmt_estimate(v['B'])} | {fmt_num(v['C_mid'], 0) if v['C_mid'] else '—'} | {pool} | "
-                     f"{'; '.join(v['poor']) or '—'} |")
+                     f"{unstable_cell(v)} | {'; '.join(v['poor']) or '—'} |")
     if f["contrasts"]:
-        lines += ["", "| contrast | seeds fit on both sides (B identified) | ΔA (95% CI) | Δ log B at a shared A "
-                  "(95% CI) | ceiling | efficiency | split verdict |", "|---|---|---|---|---|---|---|"]
+        lines += ["", "| contrast | seeds fit on both sides (B identified) | fits not used, with / without "
+                  "(Fisher p) | ΔA (95% CI) | Δ log B at a shared A (95% CI) | ceiling | efficiency | split verdict |",
+                  "|---|---|---|---|---|---|---|---|"]
         for c in f["contrasts"]:
+            undecided = "withheld" if c.get("withheld") else "undecided"
             lines.append(f"| {c['trick']} | {c['both_ok']} of {c['pairs']} ({c.get('B_identified', 0)}) | "
-                         f"{fmt_estimate(c['dA'], signed=True)} | "
-                         f"{fmt_estimate(c['dB'], signed=True)} | {c['ceiling'] or 'undecided'} | "
-                         f"{c['speed'] or 'undecided'} | **{c['split']}** |")
+                         f"{exclusion_cell(c)} | {fmt_estimate(c['dA'], signed=True)} | "
+                         f"{fmt_estimate(c['dB'], signed=True)} | {c['ceiling'] or undecided} | "
+                         f"{c['speed'] or undecided} | **{c['split']}** |")
+        lines += [f"- {c['trick']}: withheld, {c['withheld']}." for c in f["contrasts"] if c.get("withheld")]
     return lines
+
+
+def unstable_cell(v: dict) -> str:
+    """Runs flagged as drifting, and whether the arm drifts as a whole (its drift p)."""
+    if v.get("drift_p") is None:
+        return "—"
+    runs = f"{v['excluded']['drifting']} of {v['runs']} runs drift"
+    return f"{'**unstable**: ' if v['unstable'] else ''}{runs} (p = {v['drift_p']:.3f})"
+
+
+def exclusion_cell(c: dict) -> str:
+    """Per arm, the fits not used as ceilings by reason (poor fit, drifting), and Fisher's p."""
+    side = lambda counts: " + ".join(f"{counts[why]} {why}" for why in EXCLUSIONS if counts[why]) or "0"
+    test = f" (p = {c['exclusion_p']:.3f})" if c.get("exclusion_p") is not None else ""
+    return f"{side(c['excluded']['with'])} / {side(c['excluded']['without'])}{test}"
 
 
 def prediction_lines(report: Report) -> list[str]:
@@ -122,8 +150,14 @@ def json_sections(report: Report) -> dict:
     """The same as plain data (no curves or fit objects' methods: their numbers)."""
     fits = report.fits
     variants = [{**{k: v for k, v in row.items() if k not in ("fits", "curves", "pooled")},
-                 "pooled": vars(row["pooled"]),
-                 "runs_fit": {str(k): vars(f) for k, f in row["fits"].items()}} for row in fits.get("variants", [])]
+                 "pooled": fit_record(row["pooled"]),
+                 "runs_fit": {str(k): fit_record(f) for k, f in row["fits"].items()}}
+                for row in fits.get("variants", [])]
     return {"summary": report.summary.label, "summaries": report.summaries, "aggregates": report.aggregates,
             "fits": {**{k: v for k, v in fits.items() if k != "variants"}, "variants": variants},
             "predictions": report.predictions}
+
+
+def fit_record(f: Fit) -> dict:
+    """A fit's numbers, its drift test's with them."""
+    return {**vars(f), "drift": asdict(f.drift) if f.drift is not None else None}

@@ -10,6 +10,16 @@ contrast, and verdicts predicted from a prefix of every run.
   the pair's mean and Δ log B compared the same way: *learns faster* / *learns slower* when its
   CI excludes zero. The split verdict names what was
   decided, or *neither*; *poor fits* when fewer than two seeds fit well on both sides.
+- Before any of that is read (issue 31): a run that peaks and falls is *unstable* (report/drift.py)
+  and its fit is no ceiling; a contrast counts, per arm, the fits it could not use (poor fit,
+  drifting). ΔA over the seeds that fit is a comparison of selected subsets, so the fits' verdicts
+  are withheld when the selection differs by arm — when an arm drifts as a whole (its runs' drift
+  statistics summed, report/drift.arm_drift, at 5%: a drifting arm's undetected runs still fit a
+  lower A), or when the share of excluded fits differs by arm (Fisher's exact test, two-sided, at
+  5%). The split verdict then says so: *drifts more* / *drifts less* / *both drift*, and/or
+  *exclusion differs by arm* — never *lowers the ceiling* for a run that only drifts. A gate
+  can only withhold a verdict, so it adds no false ceiling calls; it costs power at most its own
+  false-alarm rate (each arm's drift test ≤ 5% on monotone curves).
 - Predictions: each run's curve beyond its prefix is the fit of the prefix, at the planned eval
   steps (compute extrapolated at the prefix's tokens per step); a run whose prefix does not fit
   well is carried flat at the mean of its last two evals. The summary of the completed curve is
@@ -22,8 +32,10 @@ import math
 import statistics
 
 import numpy as np
+from scipy.stats import fisher_exact
 
 from grpo_ablate.report.curves import Curve, Summary, curve
+from grpo_ablate.report.drift import DRIFT_ALPHA, arm_drift
 from grpo_ablate.report.fits import CEILING_TOLERANCE, Fit, fit, pooled
 from grpo_ablate.report.load import Run, Sweep, nested_value
 from grpo_ablate.report.stats import Estimate, delta_ci, mean_ci
@@ -31,6 +43,11 @@ from grpo_ablate.report.stats import Estimate, delta_ci, mean_ci
 RAISES, LOWERS, SAME_CEILING = "raises the ceiling", "lowers the ceiling", "same ceiling"
 FASTER, SLOWER = "learns faster", "learns slower"
 NEITHER, POOR_FITS = "neither", "poor fits"
+DRIFTS_MORE, DRIFTS_LESS, BOTH_DRIFT = "drifts more", "drifts less", "both drift"
+SELECTED = "exclusion differs by arm"
+UNSTABLE_WHY = "unstable: peaks and falls (drift test at 5%; each run's numbers in report.json)"
+EXCLUSION_ALPHA = 0.05        # Fisher's exact test of excluded fits, with vs without
+EXCLUSIONS = ("poor fit", "drifting")   # fits.Fit.excluded
 
 
 def n_eval(run: Run) -> int | None:
@@ -67,6 +84,7 @@ def fit_section(sweep: Sweep, metric: str, higher_is_better: bool, curves: dict)
         if v.get("kind") == "control":
             continue      # controls take part in no trick verdict (and the SFT control samples nothing to count)
         good = [f for f in fits[name].values() if f.ok]
+        drift_p = arm_drift([f.drift for f in fits[name].values()])
         sizes = [s for s in eval_sizes[name].values() if s]
         pool = fit(pooled(list(curves[name].values())), sizes[0] if sizes else None) if curves[name] else Fit()
         variants.append({"variant": name, "runs": len(fits[name]), "ok": len(good),
@@ -74,7 +92,10 @@ def fit_section(sweep: Sweep, metric: str, higher_is_better: bool, curves: dict)
                          "B_identified": sum(f.B_identified for f in good),
                          "C_mid": statistics.median([f.C_mid for f in good if f.B_identified])
                          if any(f.B_identified for f in good) else None,
-                         "pooled": pool, "poor": sorted({f.why for f in fits[name].values() if not f.ok}),
+                         "pooled": pool, "poor": sorted({UNSTABLE_WHY if f.unstable else f.why
+                                                         for f in fits[name].values() if not f.ok}),
+                         "excluded": exclusion_counts(fits[name], list(fits[name])),
+                         "drift_p": drift_p, "unstable": drift_p is not None and drift_p < DRIFT_ALPHA,
                          "fits": fits[name], "curves": curves[name]})
     contrasts = [contrast_split(c, curves, fits, eval_sizes) for c in sweep.contrasts
                  if c["with"] in fits and c["without"] in fits]
@@ -83,14 +104,25 @@ def fit_section(sweep: Sweep, metric: str, higher_is_better: bool, curves: dict)
 
 
 def contrast_split(c: dict, curves: dict, fits: dict, eval_sizes: dict) -> dict:
-    """ΔA over the seeds where both sides fit well; ΔB after refitting each pair at a shared A."""
+    """ΔA over the seeds where both sides fit well; ΔB after refitting each pair at a shared A;
+    both withheld when the fits used differ by arm (a drifting arm, or exclusion that differs)."""
     with_, without = c["with"], c["without"]
     keys = sorted(set(fits[with_]) & set(fits[without]), key=str)
     both = [k for k in keys if fits[with_][k].ok and fits[without][k].ok]
+    counts = {"with": exclusion_counts(fits[with_], keys), "without": exclusion_counts(fits[without], keys)}
+    drift_p = {"with": arm_drift([fits[with_][k].drift for k in keys]),
+               "without": arm_drift([fits[without][k].drift for k in keys])}
+    exclusion_p = exclusion_test(counts["with"], counts["without"])
+    drifts = drift_verdict(drift_p["with"], drift_p["without"])
+    selected = exclusion_p is not None and exclusion_p < EXCLUSION_ALPHA
     out = {"trick": c["trick"], "with": with_, "without": without, "pairs": len(keys), "both_ok": len(both),
-           "dA": Estimate(), "dB": Estimate(), "ceiling": None, "speed": None}
+           "dA": Estimate(), "dB": Estimate(), "ceiling": None, "speed": None, "excluded": counts,
+           "exclusion_p": exclusion_p, "drift_p": drift_p, "drift": drifts,
+           "withheld": withheld_because(drifts, drift_p, selected, exclusion_p)}
     if len(both) < 2:
-        out.update(split=POOR_FITS, why=f"{len(both)} of {len(keys)} seeds fit well on both sides (need 2)")
+        why = f"{len(both)} of {len(keys)} seeds fit well on both sides (need 2)"
+        out.update(split=" and ".join(x for x in (drifts, SELECTED if selected else None) if x) or POOR_FITS,
+                   why=f"{out['withheld']}; {why}" if out["withheld"] else why)
         return out
     out["dA"] = delta_ci({k: fits[with_][k].A for k in both}, {k: fits[without][k].A for k in both})
     B_with, B_without = {}, {}
@@ -103,14 +135,57 @@ def contrast_split(c: dict, curves: dict, fits: dict, eval_sizes: dict) -> dict:
             B_with[k], B_without[k] = math.log(a.B), math.log(b.B)
     # B compared on the log scale: a ratio of efficiencies, and its spread is closer to normal
     out["dB"] = delta_ci(B_with, B_without)
+    out["B_identified"] = len(identified)
+    out["why"] = (f"A over {len(both)} seeds that fit well on both sides (of {len(keys)}); B over the "
+                  f"{len(identified)} of them whose rise came after their first eval")
+    if out["withheld"]:     # the fits that are left are a selected subset: ΔA and ΔB are shown, not read
+        out["split"] = " and ".join(x for x in (drifts, SELECTED if selected else None) if x)
+        out["why"] = f"{out['withheld']}; {out['why']}"
+        return out
     out["ceiling"] = ceiling_verdict(out["dA"])
     out["speed"] = speed_verdict(out["dB"])
     decided = [x for x in (out["ceiling"], out["speed"]) if x in (RAISES, LOWERS, FASTER, SLOWER)]
     out["split"] = " and ".join(decided) if decided else NEITHER
-    out["B_identified"] = len(identified)
-    out["why"] = (f"A over {len(both)} seeds that fit well on both sides (of {len(keys)}); B over the "
-                  f"{len(identified)} of them whose rise came after their first eval")
     return out
+
+
+def exclusion_counts(fits_of: dict, keys: list) -> dict:
+    """How many of these runs' fits are used as ceilings and how many are not, by reason."""
+    reasons = [fits_of[k].excluded for k in keys]
+    return {"used": reasons.count(None), **{why: reasons.count(why) for why in EXCLUSIONS}}
+
+
+def exclusion_test(with_counts: dict, without_counts: dict) -> float | None:
+    """Fisher's exact test (two-sided) that the share of excluded fits differs by arm; None when
+    neither arm excluded any (nothing to test) or an arm has no runs."""
+    excluded = [sum(counts[why] for why in EXCLUSIONS) for counts in (with_counts, without_counts)]
+    used = [with_counts["used"], without_counts["used"]]
+    if not any(excluded) or any(e + u == 0 for e, u in zip(excluded, used)):
+        return None
+    return float(fisher_exact([[excluded[0], used[0]], [excluded[1], used[1]]]).pvalue)
+
+
+def drift_verdict(p_with: float | None, p_without: float | None) -> str | None:
+    """Which arm drifts as a whole (report/drift.arm_drift at DRIFT_ALPHA): the runs with the
+    trick (*drifts more*), without it (*drifts less*), both, or neither (None)."""
+    drift_with = p_with is not None and p_with < DRIFT_ALPHA
+    drift_without = p_without is not None and p_without < DRIFT_ALPHA
+    if drift_with and drift_without:
+        return BOTH_DRIFT
+    return DRIFTS_MORE if drift_with else DRIFTS_LESS if drift_without else None
+
+
+def withheld_because(drifts: str | None, drift_p: dict, selected: bool, exclusion_p: float | None) -> str | None:
+    """Why the fits' verdicts are withheld, in words; None when they are read."""
+    reasons = []
+    if drifts:
+        arms = [side for side in ("with", "without") if drift_p[side] is not None and drift_p[side] < DRIFT_ALPHA]
+        reasons.append(" and ".join(f"the runs {side} the trick drift (p = {drift_p[side]:.3f})" for side in arms)
+                       + ": a drifting arm's fits read its drift as a lower ceiling")
+    if selected:
+        reasons.append(f"exclusion differs by arm (Fisher's exact p = {exclusion_p:.3f}): the seeds that fit are "
+                       "a selected subset")
+    return "; ".join(reasons) or None
 
 
 def ceiling_verdict(dA: Estimate, tolerance: float = CEILING_TOLERANCE) -> str | None:
