@@ -293,7 +293,27 @@ def test_half_a_run_predicts_the_final_verdict(tmp_path):
     assert p["delta"].mean == pytest.approx(report.verdicts[0]["delta"].mean, abs=0.02)
     assert report.predictions["how"] == {"fit": 10}
     text = render_markdown(report)
-    assert "**Predictions, not results**" in text and "1 of 1 predicted verdicts agree" in text
+    assert "**Forecasts, not verdicts**" in text and "decided: 1 of 1 agree; undecided: 0 of 0" in text
+    assert "the measured Δ lies inside the forecast interval in 1 of 1 contrast(s)" in text
+    # the interval carries the extrapolation's error: wider than the seeds' alone
+    assert p["delta"].high - p["delta"].low > p["seeds_only"].high - p["seeds_only"].low
+    assert report_json(report)["predictions"]["agreement"] == {"decided": [1, 1], "undecided": [0, 0],
+                                                               "covered": [1, 1]}
+
+
+def test_forecasts_that_miss_a_late_effect_claim_no_agreement_on_it(tmp_path):
+    """The runs with the trick fall by 0.1 after half of training: from the first half, the
+    forecast sees nothing; the measurement says *hurts*. The report must not count agreeing on
+    nothing as agreeing: decided 0 of 1, and the measured Δ outside the forecast interval."""
+    report = build_report(drifting_sweep(tmp_path / "s", drop=0.1, start=STEPS // 2), predict_from=0.5)
+    assert report.verdicts[0]["verdict"] == "hurts"
+    p = report.predictions["contrasts"][0]
+    assert p["verdict"] == "no evidence" and p["measured"] == "hurts"
+    text = render_markdown(report)
+    assert "decided: 0 of 1 agree; undecided: 0 of 0" in text
+    assert "the measured Δ lies inside the forecast interval in 0 of 1 contrast(s)" in text
+    assert "*no evidence* (forecast)" in text and "forecast (not a verdict)" in text
+    assert report_json(report)["predictions"]["agreement"]["decided"] == [0, 1]
 
 
 def test_a_running_sweep_is_predicted_and_marked(tmp_path):
@@ -308,7 +328,7 @@ def test_a_running_sweep_is_predicted_and_marked(tmp_path):
     assert report.predictions["running"] == 5 and report.predictions["fraction"] is None
     assert report.predictions["contrasts"][0]["verdict"] == "helps"
     assert "measured" not in report.predictions["contrasts"][0]
-    assert "(predicted)" in render_markdown(report)
+    assert "(forecast)" in render_markdown(report)
 
 
 def test_a_finished_sweep_has_no_predictions_unless_asked(tmp_path):

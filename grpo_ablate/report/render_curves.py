@@ -7,7 +7,8 @@ from dataclasses import asdict
 from grpo_ablate.report.build import Report
 from grpo_ablate.report.fits import CEILING_TOLERANCE, Fit
 from grpo_ablate.report.formatting import fmt_estimate, fmt_num
-from grpo_ablate.report.scaling import EXCLUSIONS
+from grpo_ablate.report.scaling import EXCLUSIONS, agreement
+from grpo_ablate.report.verdicts import UNDECIDED
 
 
 def markdown_sections(report: Report) -> list[str]:
@@ -17,7 +18,7 @@ def markdown_sections(report: Report) -> list[str]:
     if report.fits.get("variants") or report.fits.get("why"):
         out += ["## Compute–performance fits", ""] + fit_lines(report) + [""]
     if report.predictions is not None:
-        out += ["## Predicted verdicts", ""] + prediction_lines(report) + [""]
+        out += ["## Forecast verdicts (not verdicts)", ""] + prediction_lines(report) + [""]
     if report.aggregates.get("contrasts"):
         out += ["## Aggregates (rliable)", ""] + aggregate_lines(report) + [""]
     return out
@@ -127,23 +128,35 @@ def prediction_lines(report: Report) -> list[str]:
     when = (f"from the first {p['fraction']:.0%} of every run's steps" if p["fraction"] is not None
             else f"while {p['running']} run(s) are still running")
     how = ", ".join(f"{n} {k}" for k, n in sorted(p["how"].items()))
-    lines = [f"**Predictions, not results**: the *{report.summary.label}* of every run predicted {when} ({how}): "
+    lines = [f"**Forecasts, not verdicts**: the *{report.summary.label}* of every run predicted {when} ({how}): "
              "the rest of each curve is its prefix's fit (a prefix that fits poorly is carried flat at the mean "
-             "of its last two evals), and the contrasts are decided on the predicted numbers by the fixed 95% "
-             "rule. The interval is over seeds only; it does not include the extrapolation's error.", ""]
+             "of its last two evals), and the contrasts are forecast on the predicted numbers by the fixed 95% "
+             "rule. The interval adds each run's extrapolation error as far as its prefix shows it (the future "
+             "evals' own noise, and the prefix fit's misfit beyond it, or one eval SE for a prefix carried flat) "
+             "to the seeds'. An effect that begins after the prefix — a late drift, a late gain — is in no prefix: a "
+             "forecast cannot see it, so it is no verdict.", ""]
     measured = any("measured" in c for c in p["contrasts"])
-    lines += ["| contrast | predicted Δ (95% CI) | predicted verdict |"
+    lines += ["| contrast | forecast Δ (95% CI, with extrapolation error) | forecast (not a verdict) |"
               + (" measured verdict | agrees |" if measured else ""),
               "|---|---|---|" + ("---|---|" if measured else "")]
     for c in p["contrasts"]:
-        row = f"| {c['trick']} | {fmt_estimate(c['delta'], signed=True)} | *{c['verdict']}* (predicted) |"
+        row = f"| {c['trick']} | {fmt_estimate(c['delta'], signed=True)} | *{c['verdict']}* (forecast) |"
         if measured:
             row += f" {c.get('measured') or '—'} | {'yes' if c.get('measured') == c['verdict'] else 'no'} |"
         lines.append(row)
     if measured:
-        agree = sum(c.get("measured") == c["verdict"] for c in p["contrasts"])
-        lines += ["", f"{agree} of {len(p['contrasts'])} predicted verdicts agree with the measured ones."]
+        lines += ["", agreement_line(agreement(p, report.verdicts, UNDECIDED))]
     return lines
+
+
+def agreement_line(a: dict) -> str:
+    """The forecasts' score, split so that agreeing on *no evidence* does not pass for foresight."""
+    (agree, decided), (same, undecided), (covered, shown) = a["decided"], a["undecided"], a["covered"]
+    text = (f"Forecasts against the measured verdicts — decided: {agree} of {decided} agree; undecided: {same} of "
+            f"{undecided} (a forecast of *no evidence* everywhere scores every undecided one); the measured Δ lies "
+            f"inside the forecast interval in {covered} of {shown} contrast(s).")
+    return text + (" No contrast was decided by measurement, so this sweep cannot show whether the forecasts "
+                   "foresee anything." if decided == 0 else "")
 
 
 def json_sections(report: Report) -> dict:
@@ -153,9 +166,12 @@ def json_sections(report: Report) -> dict:
                  "pooled": fit_record(row["pooled"]),
                  "runs_fit": {str(k): fit_record(f) for k, f in row["fits"].items()}}
                 for row in fits.get("variants", [])]
+    predictions = report.predictions
+    if predictions is not None and any("measured" in c for c in predictions["contrasts"]):
+        predictions = {**predictions, "agreement": agreement(predictions, report.verdicts, UNDECIDED)}
     return {"summary": report.summary.label, "summaries": report.summaries, "aggregates": report.aggregates,
             "fits": {**{k: v for k, v in fits.items() if k != "variants"}, "variants": variants},
-            "predictions": report.predictions}
+            "predictions": predictions}
 
 
 def fit_record(f: Fit) -> dict:

@@ -23,8 +23,17 @@ contrast, and verdicts predicted from a prefix of every run.
 - Predictions: each run's curve beyond its prefix is the fit of the prefix, at the planned eval
   steps (compute extrapolated at the prefix's tokens per step); a run whose prefix does not fit
   well is carried flat at the mean of its last two evals. The summary of the completed curve is
-  the run's predicted number, and the contrasts are decided on those numbers by the fixed 95%
-  rule. The interval is over seeds only: it does not carry the extrapolation's own error.
+  the run's predicted number, and the contrasts are forecast on those numbers by the fixed 95%
+  rule. The interval carries each run's extrapolation error as far as the prefix can show it
+  (`extrapolation_variance`): the future evals' own binomial noise, which a smooth extrapolation
+  lacks, and the extrapolated level's misfit (the prefix fit's RMSE beyond the eval noise, or one
+  eval SE for a prefix carried flat), both propagated through the summary and added to the seeds'
+  variance of Δ. What no
+  prefix shows — an effect that begins after it, a late drift or a late gain — it cannot carry:
+  so these are *forecasts, not verdicts*, and a finished sweep scores them (`agreement`) on the
+  contrasts its measurement decided apart from those it left undecided (a forecaster that always
+  says *no evidence* agrees on every undecided one), with the coverage of the measured Δ by the
+  forecast interval.
 """
 from __future__ import annotations
 
@@ -35,10 +44,10 @@ import numpy as np
 from scipy.stats import fisher_exact
 
 from grpo_ablate.report.curves import Curve, Summary, curve
-from grpo_ablate.report.drift import DRIFT_ALPHA, arm_drift
+from grpo_ablate.report.drift import DRIFT_ALPHA, arm_drift, binomial_se
 from grpo_ablate.report.fits import CEILING_TOLERANCE, Fit, fit, pooled
 from grpo_ablate.report.load import Run, Sweep, nested_value
-from grpo_ablate.report.stats import Estimate, delta_ci, mean_ci
+from grpo_ablate.report.stats import Estimate, delta_ci, mean_ci, t_quantile
 
 RAISES, LOWERS, SAME_CEILING = "raises the ceiling", "lowers the ceiling", "same ceiling"
 FASTER, SLOWER = "learns faster", "learns slower"
@@ -221,18 +230,19 @@ def planned_evals(run: Run, points: Curve) -> np.ndarray:
 
 
 def predict_run(run: Run, metric: str, summary: Summary, higher_is_better: bool,
-                fraction: float | None, axis: str = "tokens") -> tuple[float | None, str]:
-    """(the run's predicted summary, how): `observed` when the run's curve is complete, `fit`
-    or `flat` when part of it was extrapolated; None when nothing was logged."""
+                fraction: float | None, axis: str = "tokens") -> tuple[float | None, str, float]:
+    """(the run's predicted summary, how, the variance of its extrapolation error): `observed`
+    (variance 0) when the run's curve is complete, `fit` or `flat` when part of it was
+    extrapolated; None when nothing was logged."""
     points = curve(run.metrics, metric, axis)
     if len(points) == 0:
-        return None, "nothing logged"
+        return None, "nothing logged", 0.0
     planned = planned_evals(run, points)
     if fraction is not None:
         points = points.upto(fraction * planned[-1])
     todo = planned[planned > (points.steps[-1] if len(points) else -1)]
     if len(todo) == 0:
-        return summary.of(points, higher_is_better), "observed"
+        return summary.of(points, higher_is_better), "observed", 0.0
     trained = points.steps[-1]
     per_step = points.compute[-1] / trained if trained > 0 and points.unit != "steps" else 1.0
     future_compute = todo * per_step
@@ -243,29 +253,112 @@ def predict_run(run: Run, metric: str, summary: Summary, higher_is_better: bool,
         future, how = np.full(len(todo), float(points.values[-2:].mean())), "flat"
     whole = Curve(np.concatenate([points.steps, todo]), np.concatenate([points.compute, future_compute]),
                   np.concatenate([points.values, future]), points.unit)
-    return summary.of(whole, higher_is_better), how
+    variance = extrapolation_variance(whole, len(points), summary, higher_is_better, n_eval(run),
+                                      f.rmse if f.ok else None)
+    return summary.of(whole, higher_is_better), how, variance
+
+
+def extrapolation_variance(whole: Curve, observed: int, summary: Summary, higher_is_better: bool,
+                           n_eval: int | None, rmse: float | None) -> float:
+    """The variance of a predicted summary's error, as far as the prefix shows it. Each future
+    eval will carry its own binomial noise (independent, SE at its predicted level), which the
+    smooth extrapolation lacks — without it the seeds' interval of a final-eval forecast covered
+    the measured Δ in only ≈ 0.90 of simulated sweeps. And the extrapolated level errs by what
+    the prefix's curve does not explain, an error shared by every future point: the prefix
+    fit's RMSE beyond the eval noise (`rmse`; its noise part already spreads the seeds'
+    forecasts), or one eval SE for a prefix carried flat (`rmse` None: its trend is unknown).
+    Both enter through the summary's weights on the future points (its numeric derivative, so
+    final, last_k, auc and best are treated alike). A lower bound on the true error: an effect
+    that begins after the prefix is in no prefix."""
+    future = whole.values[observed:]
+    if len(future) == 0:
+        return 0.0
+    weights = summary_weights(whole, observed, summary, higher_is_better)
+    se = np.array([binomial_se(v, n_eval) for v in future])
+    level = float(se.max()) if rmse is None else math.sqrt(max(rmse ** 2 - float(np.mean(se ** 2)), 0.0))
+    return float(np.sum((weights * se) ** 2) + (np.sum(weights) * level) ** 2)
+
+
+SUMMARY_STEP = 1e-4     # the perturbation of one eval that measures the summary's weight on it
+
+
+def summary_weights(whole: Curve, observed: int, summary: Summary, higher_is_better: bool) -> np.ndarray:
+    """∂ summary / ∂ value of each future point (those after the first `observed`): 1 on the
+    last for final, 1/k on the last k for last_k, the trapezoid's share for auc, 1 on the best
+    for best (when it lies in the future)."""
+    base = summary.of(whole, higher_is_better)
+    weights = []
+    for j in range(observed, len(whole)):
+        values = whole.values.copy()
+        values[j] += SUMMARY_STEP
+        weights.append((summary.of(Curve(whole.steps, whole.compute, values, whole.unit), higher_is_better)
+                        - base) / SUMMARY_STEP)
+    return np.array(weights)
+
+
+def widen(delta: Estimate, extra_variance: float, level: float = 0.95) -> Estimate:
+    """Δ's interval with the variance of the mean Δ's extrapolation error added to the seeds'
+    (t at n − 1 df, n the pairs or the smaller arm: never narrower than Welch's)."""
+    if not delta.has_ci or extra_variance <= 0:
+        return delta
+    t = t_quantile(0.5 + level / 2, max(delta.n - 1, 1))
+    half = math.sqrt(((delta.high - delta.low) / 2) ** 2 + t * t * extra_variance)
+    return Estimate(delta.mean, delta.mean - half, delta.mean + half, delta.n,
+                    f"{delta.basis}, with the extrapolation's error")
 
 
 def predict_section(sweep: Sweep, metric: str, summary: Summary, higher_is_better: bool,
                     fraction: float | None, decide, axis: str = "tokens") -> dict | None:
-    """Predicted verdicts: every run's predicted number (completed and running runs), the
-    contrasts decided on them by `decide(delta, higher_is_better)`. None when there is nothing
-    to predict (no fraction asked and no run still running)."""
+    """Forecast verdicts: every run's predicted number (completed and running runs), the
+    contrasts decided on them by `decide(delta, higher_is_better)` with Δ's interval widened by
+    the runs' extrapolation error. None when there is nothing to predict (no fraction asked and
+    no run still running)."""
     running = [r for r in sweep.runs if r.state == "running"]
     if fraction is None and not running:
         return None
     use = [r for r in sweep.runs if r.state in ("completed", "running") and metric not in r.nonfinite]
-    values, hows = {}, {}
+    values, variances, hows = {}, {}, {}
     for r in use:
-        value, how = predict_run(r, metric, summary, higher_is_better, fraction, axis)
+        value, how, variance = predict_run(r, metric, summary, higher_is_better, fraction, axis)
         if value is not None:
             values.setdefault(r.variant, {})[r.key] = value
+            variances.setdefault(r.variant, {})[r.key] = variance
             hows[how] = hows.get(how, 0) + 1
     contrasts = []
     for c in sweep.contrasts:
-        delta = delta_ci(values.get(c["with"], {}), values.get(c["without"], {}))
+        with_, without = values.get(c["with"], {}), values.get(c["without"], {})
+        seeds = delta_ci(with_, without)
+        extra = mean_variance(variances.get(c["with"], {}), with_) + mean_variance(
+            variances.get(c["without"], {}), without)
+        delta = widen(seeds, extra)
         verdict, why = decide(delta, higher_is_better)
         contrasts.append({"trick": c["trick"], "with": c["with"], "without": c["without"], "delta": delta,
-                          "verdict": verdict, "why": why})
+                          "seeds_only": seeds, "verdict": verdict, "why": why})
     return {"fraction": fraction, "running": len(running), "runs": sum(len(v) for v in values.values()), "how": hows,
-            "values": values, "contrasts": contrasts}
+            "values": values, "variances": variances, "contrasts": contrasts}
+
+
+def mean_variance(variances: dict, used: dict) -> float:
+    """The variance that the runs' extrapolation errors add to their mean: Σ var / n²."""
+    keys = [k for k in used if k in variances and math.isfinite(used[k])]
+    return sum(variances[k] for k in keys) / len(keys) ** 2 if keys else 0.0
+
+
+def agreement(predictions: dict, verdicts: list[dict], undecided: tuple) -> dict:
+    """How the forecasts did against a finished sweep's measured verdicts: on the contrasts the
+    measurement decided (its verdict not in `undecided`) apart from the rest, and whether the
+    measured Δ lies inside the forecast interval (coverage)."""
+    measured = {v["trick"]: v for v in verdicts}
+    out = {"decided": [0, 0], "undecided": [0, 0], "covered": [0, 0]}
+    for c in predictions["contrasts"]:
+        m = measured.get(c["trick"])
+        if m is None:
+            continue
+        row = out["undecided" if m["verdict"] in undecided else "decided"]
+        row[0] += m["verdict"] == c["verdict"]
+        row[1] += 1
+        d, truth = c["delta"], m["delta"].mean
+        if d.has_ci and truth is not None:
+            out["covered"][0] += d.low <= truth <= d.high
+            out["covered"][1] += 1
+    return out
