@@ -23,6 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from grpo_ablate.report import build_report  # noqa: E402
 from grpo_ablate.report.verdicts import UNDECIDED  # noqa: E402
+from grpo_ablate.report.formatting import fmt_estimate  # noqa: E402
+from grpo_ablate.report.scaling import agreement  # noqa: E402
 
 SUMMARIES = ("final", "auc", "best", "last_3")
 COPIED = ("config.yaml", "status.json", "samples.jsonl", "overrides.yaml")
@@ -76,11 +78,15 @@ def main() -> None:
             lines += ["| decided | " + " | ".join(f"{d} of {len(tricks)}" for d in decided) + " |", ""]
             if every == 5 or every == int(args.every.split(",")[-1]):
                 for s in SUMMARIES:
-                    predicted = build_report(sweep, summary=s, predict_from=0.5).predictions
-                    rows = [f"{c['trick']}: {c['verdict']} (Δ {c['delta'].mean or 0:+.3f}) vs {c.get('measured')}"
-                            for c in predicted["contrasts"]]
-                    agree = sum(c["verdict"] == c.get("measured") for c in predicted["contrasts"])
-                    lines.append(f"- predicted from 50%, {s}, eval every {every}: {agree} of {len(rows)} agree "
+                    report = build_report(sweep, summary=s, predict_from=0.5)
+                    predicted = report.predictions
+                    rows = [f"{c['trick']}: {c['verdict']} (Δ {fmt_estimate(c['delta'], signed=True)}) vs "
+                            f"{c.get('measured')}" for c in predicted["contrasts"]]
+                    # agreement on *no evidence* is what a forecaster that never decides also scores
+                    a = agreement(predicted, report.verdicts, UNDECIDED)
+                    lines.append(f"- forecast from 50%, {s}, eval every {every}: decided {a['decided'][0]} of "
+                                 f"{a['decided'][1]} agree, undecided {a['undecided'][0]} of {a['undecided'][1]}, "
+                                 f"measured Δ covered {a['covered'][0]} of {a['covered'][1]} "
                                  f"({predicted['how']}): " + "; ".join(rows))
                 lines.append("")
     text = "\n".join(lines)

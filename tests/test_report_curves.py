@@ -14,7 +14,8 @@ from grpo_ablate.report import build_report
 from grpo_ablate.report.curves import Curve, Summary, curve
 from grpo_ablate.report.fits import CEILING_TOLERANCE, fit, pooled, sigmoid
 from grpo_ablate.report.render import render_markdown, report_json
-from grpo_ablate.report.scaling import FASTER, LOWERS, NEITHER, POOR_FITS, RAISES, SAME_CEILING
+from grpo_ablate.report.scaling import (DRIFTS_MORE, FASTER, LOWERS, NEITHER, POOR_FITS, RAISES, SAME_CEILING,
+                                        SELECTED)
 from grpo_ablate.sweep.sequential import read_finals
 from report_fixtures import LOO, LOO_CONTRASTS, make_sweep
 
@@ -60,6 +61,18 @@ def curve_sweep(path, params, seeds=(0, 1, 2, 3, 4), noise_sd=0.004):
             write_rows(path / f"{name}-s{s}", sigmoid_rows(0.3, A + seed_shift[s], B, C_mid,
                                                            noise=lambda step: eps.normal(0, noise_sd)))
     return path
+
+
+def drifting_sweep(path, drop, start, seeds=(0, 1, 2, 3, 4), noise_sd=0.004):
+    """Both arms rise alike to the same peak (A 0.85 by about step 10); from `start` the runs with
+    the trick drift down linearly, by `drop` at the last step (issue 31's late drift)."""
+    sweep = curve_sweep(path, {"all": (0.85, 3.0, 5_000.0), "drop-t": (0.85, 3.0, 5_000.0)}, seeds, noise_sd)
+    for s in seeds:
+        eps = np.random.default_rng(1000 + s)
+        late = lambda step: -drop * min(max((step - start) / (STEPS - start), 0.0), 1.0)
+        write_rows(sweep / f"all-s{s}", sigmoid_rows(0.3, 0.85, 3.0, 5_000.0,
+                                                     noise=lambda step: late(step) + eps.normal(0, noise_sd)))
+    return sweep
 
 
 # --------------------------------------------------------------------------- summaries
@@ -143,8 +156,11 @@ def test_poor_fits_say_why():
     f = fit(curve(falling, "eval/accuracy"), N_EVAL)
     assert not f.ok and f.why.startswith("falling")
     rise_fall = frame([{"step": s, "eval/accuracy": 0.3 + 0.6 * math.sin(math.pi * s / 40)} for s in range(0, 41, 2)])
-    f = fit(curve(rise_fall, "eval/accuracy"), N_EVAL)
-    assert not f.ok and "not sigmoid-shaped" in f.why
+    f = fit(curve(rise_fall, "eval/accuracy"), N_EVAL)      # peaks and falls: unstable, before any other reason
+    assert not f.ok and f.why.startswith("unstable: peaks at 0.900 (step 20)") and f.excluded == "drifting"
+    zigzag = frame(sigmoid_rows(0.3, 0.8, 3.0, 6_000.0, noise=lambda s: 0.03 * (-1) ** (s // 2)))
+    f = fit(curve(zigzag, "eval/accuracy"), N_EVAL)         # jumps, but no lasting drop below its peak
+    assert not f.ok and "not sigmoid-shaped" in f.why and f.excluded == "poor fit" and not f.drift.drifting
     early = frame(sigmoid_rows(0.3, 0.95, 1.0, 100_000.0))      # the midpoint is 2.5x past the last eval
     f = fit(curve(early, "eval/accuracy"), N_EVAL)
     assert not f.ok and "beyond the compute measured" in f.why
@@ -193,6 +209,25 @@ def test_identical_curves_split_as_neither(tmp_path):
     sweep = curve_sweep(tmp_path / "s", {"all": (0.8, 1.5, 12_000.0), "drop-t": (0.8, 1.5, 12_000.0)})
     c = build_report(sweep).fits["contrasts"][0]
     assert c["split"] == NEITHER and c["ceiling"] in (SAME_CEILING, None)
+
+
+def test_a_drifting_arm_is_unstable_not_a_lower_ceiling(tmp_path):
+    """Issue 31: a late drift of −0.08 used to be called *lowers the ceiling*; every run with the
+    trick peaks and falls here, so each is unstable, the arm drifts, exclusion differs by arm."""
+    report = build_report(drifting_sweep(tmp_path / "s", drop=0.08, start=14))
+    c = report.fits["contrasts"][0]
+    assert c["excluded"]["with"]["drifting"] == 5 and c["excluded"]["without"]["drifting"] == 0
+    assert c["drift"] == DRIFTS_MORE and c["drift_p"]["with"] < 0.05 and c["exclusion_p"] < 0.05
+    assert c["ceiling"] is None and c["split"] == f"{DRIFTS_MORE} and {SELECTED}"
+    v = {row["variant"]: row for row in report.fits["variants"]}
+    assert v["all"]["unstable"] and not v["drop-t"]["unstable"] and v["all"]["ok"] == 0
+    text = render_markdown(report)
+    assert f"**{DRIFTS_MORE} and {SELECTED}**" in text and "- t: withheld, the runs with the trick drift" in text
+    assert "**unstable**: 5 of 5 runs drift" in text and "5 drifting / 0 (p = 0.008)" in text
+    assert LOWERS not in text.split("## Compute–performance fits")[1].split("##")[0]
+    data = report_json(report)
+    json.dumps(data)
+    assert data["fits"]["variants"][0]["runs_fit"]["0"]["drift"]["window"] == 7
 
 
 def test_poor_fits_give_no_split_and_the_report_says_so(tmp_path):
@@ -258,7 +293,27 @@ def test_half_a_run_predicts_the_final_verdict(tmp_path):
     assert p["delta"].mean == pytest.approx(report.verdicts[0]["delta"].mean, abs=0.02)
     assert report.predictions["how"] == {"fit": 10}
     text = render_markdown(report)
-    assert "**Predictions, not results**" in text and "1 of 1 predicted verdicts agree" in text
+    assert "**Forecasts, not verdicts**" in text and "decided: 1 of 1 agree; undecided: 0 of 0" in text
+    assert "the measured Δ lies inside the forecast interval in 1 of 1 contrast(s)" in text
+    # the interval carries the extrapolation's error: wider than the seeds' alone
+    assert p["delta"].high - p["delta"].low > p["seeds_only"].high - p["seeds_only"].low
+    assert report_json(report)["predictions"]["agreement"] == {"decided": [1, 1], "undecided": [0, 0],
+                                                               "covered": [1, 1]}
+
+
+def test_forecasts_that_miss_a_late_effect_claim_no_agreement_on_it(tmp_path):
+    """The runs with the trick fall by 0.1 after half of training: from the first half, the
+    forecast sees nothing; the measurement says *hurts*. The report must not count agreeing on
+    nothing as agreeing: decided 0 of 1, and the measured Δ outside the forecast interval."""
+    report = build_report(drifting_sweep(tmp_path / "s", drop=0.1, start=STEPS // 2), predict_from=0.5)
+    assert report.verdicts[0]["verdict"] == "hurts"
+    p = report.predictions["contrasts"][0]
+    assert p["verdict"] == "no evidence" and p["measured"] == "hurts"
+    text = render_markdown(report)
+    assert "decided: 0 of 1 agree; undecided: 0 of 0" in text
+    assert "the measured Δ lies inside the forecast interval in 0 of 1 contrast(s)" in text
+    assert "*no evidence* (forecast)" in text and "forecast (not a verdict)" in text
+    assert report_json(report)["predictions"]["agreement"]["decided"] == [0, 1]
 
 
 def test_a_running_sweep_is_predicted_and_marked(tmp_path):
@@ -273,7 +328,7 @@ def test_a_running_sweep_is_predicted_and_marked(tmp_path):
     assert report.predictions["running"] == 5 and report.predictions["fraction"] is None
     assert report.predictions["contrasts"][0]["verdict"] == "helps"
     assert "measured" not in report.predictions["contrasts"][0]
-    assert "(predicted)" in render_markdown(report)
+    assert "(forecast)" in render_markdown(report)
 
 
 def test_a_finished_sweep_has_no_predictions_unless_asked(tmp_path):

@@ -25,7 +25,11 @@ done here:
   still counts. Evaluating more often (`eval.every`) is what identifies B on fast learners.
 
 Differences, and why: the paper's runs are 10^3–10^5 GPU-hours with monotone curves. Here runs
-are short and a curve often rises and falls (the eval peaks mid-run and drifts back). A fit is
+are short and a curve often rises and falls (the eval peaks mid-run and drifts back). Before the
+fit is read, a run is tested for a drift (report/drift.py: its peak against its late level, in
+eval SEs, calibrated so that a monotone curve is flagged at most 5% of the time); a run that
+drifts is *unstable*: its fit is not used as a ceiling (a monotone curve through a rise and a
+fall puts A between the peak and the late level, a lower "ceiling" that is really a drift). A fit is
 *poor* — and the report says so instead of printing a number it does not believe — when
 - its RMSE exceeds twice the eval's binomial standard error (the curve is not sigmoid-shaped:
   it rises and falls, or jumps), or
@@ -45,6 +49,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from grpo_ablate.report.curves import Curve
+from grpo_ablate.report.drift import Drift, drift
 
 C_MID_POINTS = 100
 B_GRID = np.geomspace(0.05, 20.0, 60)
@@ -68,6 +73,16 @@ class Fit:
     ok: bool = False
     why: str | None = None
     c_first: float | None = None   # the compute of the first eval after the base
+    drift: Drift | None = None     # the drift test (report/drift.py), run before A is read
+    unstable: bool = False         # excluded because the run peaks and falls (`why` says so)
+
+    @property
+    def excluded(self) -> str | None:
+        """Why the fit is not used as a ceiling: `drifting` (the run peaks and falls: unstable),
+        `poor fit` (any other reason in `why`), None when it is used."""
+        if self.ok:
+            return None
+        return "drifting" if self.unstable else "poor fit"
 
     @property
     def B_identified(self) -> bool:
@@ -104,17 +119,18 @@ def fit(points: Curve, n_eval: int | None = None, skip: float = 0.0, A: float | 
     keep = C > skip * c_max
     C, R = C[keep], R[keep]
     noise = eval_noise(points.values, n_eval)
-    base = Fit(R0=R0, n=len(R), c_max=c_max, noise=noise)
+    tested = drift(points, n_eval) if A is None else None     # the shared-A refit reads no ceiling
+    base = Fit(R0=R0, n=len(R), c_max=c_max, noise=noise, drift=tested)
     if len(R) < MIN_POINTS or not c_max > 0:
         base.why = f"{len(R)} point(s) after the base: too few to fit (at least {MIN_POINTS})"
         return base
     if A is None and np.max(np.abs(R - R0)) < 2 * noise:
         base.why = f"flat: no eval moved more than 2 eval SEs ({2 * noise:.3f}) from the base"
-        return base
+        return unstable(base, tested)
     A_hat, B_hat, C_mid_hat, sse = _grid(C, R, R0, c_max, A)
     A_hat, B_hat, C_mid_hat, sse = _refine(C, R, R0, c_max, A_hat, B_hat, C_mid_hat, sse, fixed_A=A is not None)
     result = Fit(R0, A_hat, B_hat, C_mid_hat, math.sqrt(sse / len(R)), len(R), c_max, noise, True, None,
-                 float(C.min()))
+                 float(C.min()), tested)
     if result.rmse > 2 * noise:
         result.ok, result.why = False, (f"not sigmoid-shaped (rises and falls?): RMSE {result.rmse:.3f} > 2 eval "
                                         f"SEs ({2 * noise:.3f})")
@@ -126,6 +142,14 @@ def fit(points: Curve, n_eval: int | None = None, skip: float = 0.0, A: float | 
     elif C_mid_hat > c_max:
         result.ok, result.why = False, ("the midpoint lies beyond the compute measured: the curve has not bent "
                                         "yet, so A is an extrapolation")
+    return result if result.why and result.why.startswith("falling") else unstable(result, tested)
+
+
+def unstable(result: Fit, tested: Drift | None) -> Fit:
+    """The fit of a run that peaks and falls: not ok, whatever else it is — A would read the drift
+    as a lower ceiling. (A run that only falls, below its base, stays *falling*: it never peaked.)"""
+    if tested is not None and tested.drifting:
+        result.ok, result.why, result.unstable = False, tested.describe(), True
     return result
 
 

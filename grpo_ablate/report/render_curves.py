@@ -2,9 +2,13 @@
 compute–performance fits with their split verdicts, and the predicted verdicts."""
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from grpo_ablate.report.build import Report
-from grpo_ablate.report.fits import CEILING_TOLERANCE
+from grpo_ablate.report.fits import CEILING_TOLERANCE, Fit
 from grpo_ablate.report.formatting import fmt_estimate, fmt_num
+from grpo_ablate.report.scaling import EXCLUSIONS, agreement
+from grpo_ablate.report.verdicts import UNDECIDED
 
 
 def markdown_sections(report: Report) -> list[str]:
@@ -14,7 +18,7 @@ def markdown_sections(report: Report) -> list[str]:
     if report.fits.get("variants") or report.fits.get("why"):
         out += ["## Compute–performance fits", ""] + fit_lines(report) + [""]
     if report.predictions is not None:
-        out += ["## Predicted verdicts", ""] + prediction_lines(report) + [""]
+        out += ["## Forecast verdicts (not verdicts)", ""] + prediction_lines(report) + [""]
     if report.aggregates.get("contrasts"):
         out += ["## Aggregates (rliable)", ""] + aggregate_lines(report) + [""]
     return out
@@ -74,24 +78,49 @@ def fit_lines(report: Report) -> list[str]:
              "is compared after refitting both runs of a seed at their mean A (Δ log B), over the seeds whose "
              "rise came after their first eval (before it, any steep curve fits: B is not identified; evaluate "
              "more often).", "",
-             "| variant | good fits (B identified) | A | B | C_mid (median) | pooled fit | why not |",
-             "|---|---|---|---|---|---|---|"]
+             "Before A is read, each run is tested for a drift: its peak against the mean of its last third of "
+             "evals, in binomial eval SEs (at most 5% of monotone curves are flagged). A run that peaks and falls "
+             "is *unstable*: its fit is no ceiling (a monotone curve through a rise and a fall puts A below the "
+             "peak). An arm is *unstable* when its runs drift taken together (their drift statistics summed, 5%). "
+             "A contrast's fits are withheld — *drifts more* / *drifts less* / *both drift*, or *exclusion differs "
+             "by arm* — when an arm is unstable or when the share of fits it could not use differs by arm "
+             "(Fisher's exact test, 5%): ΔA over the seeds that fit would then compare selected subsets.", "",
+             "| variant | good fits (B identified) | A | B | C_mid (median) | pooled fit | unstable (drift p) "
+             "| why not |", "|---|---|---|---|---|---|---|---|"]
     for v in f["variants"]:
         p = v["pooled"]
         pool = (f"A {p.A:.3f}, " + (f"B {p.B:.2f}" if p.B_identified else "B not identified")
                 + ("" if p.ok else " (poor)")) if p.A is not None else "—"
         lines.append(f"| {v['variant']} | {v['ok']} of {v['runs']} ({v['B_identified']}) | {fmt_estimate(v['A'])} | "
                      f"{fmt_estimate(v['B'])} | {fmt_num(v['C_mid'], 0) if v['C_mid'] else '—'} | {pool} | "
-                     f"{'; '.join(v['poor']) or '—'} |")
+                     f"{unstable_cell(v)} | {'; '.join(v['poor']) or '—'} |")
     if f["contrasts"]:
-        lines += ["", "| contrast | seeds fit on both sides (B identified) | ΔA (95% CI) | Δ log B at a shared A "
-                  "(95% CI) | ceiling | efficiency | split verdict |", "|---|---|---|---|---|---|---|"]
+        lines += ["", "| contrast | seeds fit on both sides (B identified) | fits not used, with / without "
+                  "(Fisher p) | ΔA (95% CI) | Δ log B at a shared A (95% CI) | ceiling | efficiency | split verdict |",
+                  "|---|---|---|---|---|---|---|---|"]
         for c in f["contrasts"]:
+            undecided = "withheld" if c.get("withheld") else "undecided"
             lines.append(f"| {c['trick']} | {c['both_ok']} of {c['pairs']} ({c.get('B_identified', 0)}) | "
-                         f"{fmt_estimate(c['dA'], signed=True)} | "
-                         f"{fmt_estimate(c['dB'], signed=True)} | {c['ceiling'] or 'undecided'} | "
-                         f"{c['speed'] or 'undecided'} | **{c['split']}** |")
+                         f"{exclusion_cell(c)} | {fmt_estimate(c['dA'], signed=True)} | "
+                         f"{fmt_estimate(c['dB'], signed=True)} | {c['ceiling'] or undecided} | "
+                         f"{c['speed'] or undecided} | **{c['split']}** |")
+        lines += [f"- {c['trick']}: withheld, {c['withheld']}." for c in f["contrasts"] if c.get("withheld")]
     return lines
+
+
+def unstable_cell(v: dict) -> str:
+    """Runs flagged as drifting, and whether the arm drifts as a whole (its drift p)."""
+    if v.get("drift_p") is None:
+        return "—"
+    runs = f"{v['excluded']['drifting']} of {v['runs']} runs drift"
+    return f"{'**unstable**: ' if v['unstable'] else ''}{runs} (p = {v['drift_p']:.3f})"
+
+
+def exclusion_cell(c: dict) -> str:
+    """Per arm, the fits not used as ceilings by reason (poor fit, drifting), and Fisher's p."""
+    side = lambda counts: " + ".join(f"{counts[why]} {why}" for why in EXCLUSIONS if counts[why]) or "0"
+    test = f" (p = {c['exclusion_p']:.3f})" if c.get("exclusion_p") is not None else ""
+    return f"{side(c['excluded']['with'])} / {side(c['excluded']['without'])}{test}"
 
 
 def prediction_lines(report: Report) -> list[str]:
@@ -99,31 +128,52 @@ def prediction_lines(report: Report) -> list[str]:
     when = (f"from the first {p['fraction']:.0%} of every run's steps" if p["fraction"] is not None
             else f"while {p['running']} run(s) are still running")
     how = ", ".join(f"{n} {k}" for k, n in sorted(p["how"].items()))
-    lines = [f"**Predictions, not results**: the *{report.summary.label}* of every run predicted {when} ({how}): "
+    lines = [f"**Forecasts, not verdicts**: the *{report.summary.label}* of every run predicted {when} ({how}): "
              "the rest of each curve is its prefix's fit (a prefix that fits poorly is carried flat at the mean "
-             "of its last two evals), and the contrasts are decided on the predicted numbers by the fixed 95% "
-             "rule. The interval is over seeds only; it does not include the extrapolation's error.", ""]
+             "of its last two evals), and the contrasts are forecast on the predicted numbers by the fixed 95% "
+             "rule. The interval adds each run's extrapolation error as far as its prefix shows it (the future "
+             "evals' own noise, and the prefix fit's misfit beyond it, or one eval SE for a prefix carried flat) "
+             "to the seeds'. An effect that begins after the prefix — a late drift, a late gain — is in no prefix: a "
+             "forecast cannot see it, so it is no verdict.", ""]
     measured = any("measured" in c for c in p["contrasts"])
-    lines += ["| contrast | predicted Δ (95% CI) | predicted verdict |"
+    lines += ["| contrast | forecast Δ (95% CI, with extrapolation error) | forecast (not a verdict) |"
               + (" measured verdict | agrees |" if measured else ""),
               "|---|---|---|" + ("---|---|" if measured else "")]
     for c in p["contrasts"]:
-        row = f"| {c['trick']} | {fmt_estimate(c['delta'], signed=True)} | *{c['verdict']}* (predicted) |"
+        row = f"| {c['trick']} | {fmt_estimate(c['delta'], signed=True)} | *{c['verdict']}* (forecast) |"
         if measured:
             row += f" {c.get('measured') or '—'} | {'yes' if c.get('measured') == c['verdict'] else 'no'} |"
         lines.append(row)
     if measured:
-        agree = sum(c.get("measured") == c["verdict"] for c in p["contrasts"])
-        lines += ["", f"{agree} of {len(p['contrasts'])} predicted verdicts agree with the measured ones."]
+        lines += ["", agreement_line(agreement(p, report.verdicts, UNDECIDED))]
     return lines
+
+
+def agreement_line(a: dict) -> str:
+    """The forecasts' score, split so that agreeing on *no evidence* does not pass for foresight."""
+    (agree, decided), (same, undecided), (covered, shown) = a["decided"], a["undecided"], a["covered"]
+    text = (f"Forecasts against the measured verdicts — decided: {agree} of {decided} agree; undecided: {same} of "
+            f"{undecided} (a forecast of *no evidence* everywhere scores every undecided one); the measured Δ lies "
+            f"inside the forecast interval in {covered} of {shown} contrast(s).")
+    return text + (" No contrast was decided by measurement, so this sweep cannot show whether the forecasts "
+                   "foresee anything." if decided == 0 else "")
 
 
 def json_sections(report: Report) -> dict:
     """The same as plain data (no curves or fit objects' methods: their numbers)."""
     fits = report.fits
     variants = [{**{k: v for k, v in row.items() if k not in ("fits", "curves", "pooled")},
-                 "pooled": vars(row["pooled"]),
-                 "runs_fit": {str(k): vars(f) for k, f in row["fits"].items()}} for row in fits.get("variants", [])]
+                 "pooled": fit_record(row["pooled"]),
+                 "runs_fit": {str(k): fit_record(f) for k, f in row["fits"].items()}}
+                for row in fits.get("variants", [])]
+    predictions = report.predictions
+    if predictions is not None and any("measured" in c for c in predictions["contrasts"]):
+        predictions = {**predictions, "agreement": agreement(predictions, report.verdicts, UNDECIDED)}
     return {"summary": report.summary.label, "summaries": report.summaries, "aggregates": report.aggregates,
             "fits": {**{k: v for k, v in fits.items() if k != "variants"}, "variants": variants},
-            "predictions": report.predictions}
+            "predictions": predictions}
+
+
+def fit_record(f: Fit) -> dict:
+    """A fit's numbers, its drift test's with them."""
+    return {**vars(f), "drift": asdict(f.drift) if f.drift is not None else None}

@@ -1,0 +1,130 @@
+"""Does a run's eval peak and then fall? The test that runs before a fit is read as a ceiling.
+
+A sigmoid (fits.py) is monotone. Fitted to a curve that rises, peaks and drifts back, it still
+passes its RMSE gate most of the time (the drop is a few eval SEs spread over several evals)
+and puts A between the peak and the late level: a trick whose runs drift late gets a *lower
+ceiling* when what it has is an unstable run. So before A is read, each run is tested for a
+drift, and a run that drifts is reported as *unstable*, its fit not used as a ceiling.
+
+The test: peak versus the late level. After the base eval, the run's evals are split into a
+late window (the last third, at least LATE_MIN evals) and the evals before it; the statistic is
+
+    z = (max of the earlier evals − mean of the late window) / SE
+
+with SE one eval's binomial standard error √(p(1 − p) / n_eval) at the larger of the two levels'
+p(1 − p) (the report's eval noise, fits.eval_noise). Why this and not isotonic residuals: the
+failure it guards against is one shape — a late drop below an earlier level — and this
+statistic spends its power on exactly that shape, where an isotonic-regression residual spreads
+it over every wiggle (a dip mid-rise costs as much as a late decline). Why it is calibrated
+without knowing the curve: for any non-decreasing mean curve each earlier eval's mean is at most
+each late eval's, so z is at most what the same noise gives on a flat plateau — the plateau is
+the least favourable monotone curve, and its null distribution (max of m standard normals minus
+the mean of k) bounds every monotone curve's. Its quantiles are taken from NULL_DRAWS draws with
+a fixed seed (the same p for the same run every time; Monte-Carlo error of a 5% tail ≈ 0.0005).
+Hence a monotone-saturating run is flagged at most DRIFT_ALPHA of the time (tests measure it).
+
+Two limits, both toward flagging less: the binomial SE is the noise of one eval against the task;
+two evals of one run on the same problems differ by less (a problem solved stays mostly solved),
+so the real z is smaller than the binomial one — conservative. And one run at a few evals has
+modest power against a drop of 2–3 SEs, so the report also tests each arm as a whole
+(`arm_drift`): the sum of its runs' z against the sum of independent plateau nulls, which
+is bounded the same way and has √(seeds) times the power.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from scipy.special import ndtri
+
+from grpo_ablate.report.curves import Curve
+
+DRIFT_ALPHA = 0.05          # a monotone curve is called drifting at most this often
+LATE_FRACTION = 1 / 3       # the late window: the last third of the evals after the base ...
+LATE_MIN = 2                # ... and at least two of them, so the late level is an average
+MIN_EVALS = 3               # after the base: at least one earlier eval and a late window of two
+NULL_DRAWS = 200_000        # draws of the plateau null per shape (earlier evals, window)
+NULL_SEED = 31              # fixed: a run's p-value is the same in every report
+DEFAULT_EVAL_SIZE = 200     # when a run's config does not say (the embedded task's default)
+SE_FLOOR = 1e-3             # an eval of thousands of problems still is not exact (fits.NOISE_FLOOR)
+
+
+@dataclass(frozen=True)
+class Drift:
+    """One run's drift test: the peak of its earlier evals, the mean of its late window, the
+    drop between them in eval SEs (`z`) and its p-value under the plateau null."""
+    peak: float
+    peak_step: float
+    late: float
+    window: int               # late evals averaged
+    earlier: int              # evals before the window (after the base)
+    se: float
+    z: float
+    p: float
+
+    @property
+    def drifting(self) -> bool:
+        return self.p < DRIFT_ALPHA
+
+    def describe(self) -> str:
+        return (f"unstable: peaks at {self.peak:.3f} (step {self.peak_step:g}) and its last {self.window} evals "
+                f"average {self.late:.3f}, a drop of {self.z:.1f} eval SEs (drift test p = {self.p:.3f})")
+
+
+def binomial_se(level: float, n_eval: int | None) -> float:
+    """One eval's binomial standard error at success rate `level` over n_eval problems."""
+    p = min(max(float(level), 0.0), 1.0)
+    n = n_eval if n_eval and n_eval > 0 else DEFAULT_EVAL_SIZE
+    return max(math.sqrt(p * (1.0 - p) / n), SE_FLOOR)
+
+
+def late_window(evals: int) -> int:
+    """How many of a run's last evals make its late level: a third of them, at least LATE_MIN."""
+    return max(LATE_MIN, math.ceil(evals * LATE_FRACTION))
+
+
+def drift(points: Curve, n_eval: int | None = None) -> Drift | None:
+    """The drift test of one run's curve (points from step 0, the base, which takes no part:
+    the base is below any rise). None when fewer than MIN_EVALS evals follow the base."""
+    if len(points) == 0 or points.steps[0] != 0 or len(points) - 1 < MIN_EVALS:
+        return None
+    steps, values = points.steps[1:], points.values[1:]
+    k = late_window(len(values))
+    earlier, late = values[:-k], values[-k:]
+    i = int(np.argmax(earlier))
+    peak, level = float(earlier[i]), float(late.mean())
+    se = max(binomial_se(peak, n_eval), binomial_se(level, n_eval))
+    z = (peak - level) / se
+    return Drift(peak, float(steps[i]), level, k, len(earlier), se, z, tail(z, ((len(earlier), k),)))
+
+
+def arm_drift(drifts: list[Drift | None]) -> float | None:
+    """The p-value that an arm's runs, taken together, drift: Σ z over its runs against the sum
+    of independent plateau nulls (each run's own shape). None without a tested run."""
+    tested = [d for d in drifts if d is not None]
+    if not tested:
+        return None
+    shapes = tuple(sorted((d.earlier, d.window) for d in tested))
+    return tail(sum(d.z for d in tested), shapes)
+
+
+def tail(z: float, shapes: tuple[tuple[int, int], ...]) -> float:
+    """P(statistic >= z) under the plateau null of the runs `shapes` ((earlier, window) each),
+    their statistics summed; (1 + count) / (1 + draws), so never 0."""
+    null = _null_sum(shapes)                      # sorted
+    return float((1 + len(null) - np.searchsorted(null, z, side="left")) / (1 + len(null)))
+
+
+@lru_cache(maxsize=64)
+def _null_sum(shapes: tuple[tuple[int, int], ...]) -> np.ndarray:
+    """Σ over the runs of (max of `earlier` standard normals − mean of `window`), each run from
+    its own stream so that runs of the same shape are independent draws. Drawn exactly and in
+    O(draws) whatever the run's length: the max of m normals is Φ⁻¹(U^(1/m)), the mean of k
+    is N(0, 1/k). Sorted, so that a tail is a binary search."""
+    total = np.zeros(NULL_DRAWS)
+    for i, (earlier, window) in enumerate(shapes):
+        rng = np.random.default_rng([NULL_SEED, earlier, window, i])
+        total += ndtri(rng.random(NULL_DRAWS) ** (1.0 / earlier)) - rng.standard_normal(NULL_DRAWS) / math.sqrt(window)
+    return np.sort(total)
