@@ -259,7 +259,7 @@ def test_a_sequential_sweep_looks_at_the_summary_it_was_given(tmp_path, cache_di
     req = sweep_seq.launch.SweepRequest(mode="add-one-in", tricks=["batch_norm"], seeds="auto", controls=False)
     manifest = sweep_seq.plan(req, sweep_seq.options_from({"summary": "last_4"}))
     assert manifest["sequential"]["summary"] == "last_4"
-    assert sweep_seq.plan(req, sweep_seq.options_from({}))["sequential"]["summary"] == "final"
+    assert sweep_seq.plan(req, sweep_seq.options_from({}))["sequential"]["summary"] == "last_3"
 
 
 # ----------------------------------------------------------------------------- tiny real sweeps

@@ -55,8 +55,7 @@ def gather(values: dict, runs_of: dict, curves: dict, metric: str, summary: Summ
         evidence.why_no_scores = f"`{metric}` is not broken down by problem (only {ACCURACY} is)"
         return evidence
     if summary.how not in ("final", "last_k"):
-        evidence.why_no_scores = (f"the {summary.label} of a curve is not a fixed average of its evals: the "
-                                  "intervals count seeds only")
+        evidence.why_no_scores = f"the {summary.label} of a curve is not a fixed average of its evals"
     scores, sets, sizes = {}, set(), set()
     for name, points in curves.items():
         by_seed = {r.key: r for r in runs_of.get(name, [])}
@@ -78,9 +77,9 @@ def gather(values: dict, runs_of: dict, curves: dict, metric: str, summary: Summ
             evidence.granularity = 1.0 / (n * (summary.k if summary.how == "last_k" else 1))
     if evidence.why_no_scores is None:
         if len(sets) > 1:
-            evidence.why_no_scores = "the runs were scored on different eval sets: the intervals count seeds only"
+            evidence.why_no_scores = "the runs were scored on different eval sets"
         elif not scores:
-            evidence.why_no_scores = "no run logged per-problem scores (evals.jsonl): the intervals count seeds only"
+            evidence.why_no_scores = "no run logged per-problem scores (evals.jsonl, written since issue 31)"
         else:
             evidence.scores = scores
     return evidence

@@ -20,6 +20,7 @@ from grpo_ablate.report.render_curves import json_sections, markdown_sections as
 from grpo_ablate.report.render_transfer import markdown_section as transfer_section
 from grpo_ablate.report.stats import Estimate, final_value
 from grpo_ablate.report.power import sequential_guarantee
+from grpo_ablate.report.stats import ERROR_CONTROL
 from grpo_ablate.report.verdicts import BEATS, BREAKS_TRAINING, NO_COMPARISON, NOT_SHOWN
 
 STATES = ("completed", "diverged", "failed", "running", "missing")   # a run's states, in table order
@@ -92,13 +93,27 @@ def header_lines(report: Report) -> list[str]:
             + ("" if report.summary.how == "final" else
                f"**Compared: each run's {report.summary.label}** ({report.summary.describe()}): Δ, verdicts and "
                "the controls' comparisons are on it. ")
-            + "Δ = variant − reference, paired by seed when both have the same seeds, else Welch. "
-            "length, truncated, entropy, KL = last logged `length/mean`, `length/truncated_frac`, "
+            + "Δ = variant − reference, paired on the seeds both sides completed (a seed missing on one side is "
+            "dropped and named), Welch only when they share none; the 95% CIs are unadjusted, the verdicts use "
+            "p-values adjusted over the report's family (its first line). "
+            + noise_basis(report)
+            + "length, truncated, entropy, KL = last logged `length/mean`, `length/truncated_frac`, "
             "`policy/entropy`, `kl/k3` (else `kl/k1`); wall s = status.json's wall time."
             + (" Controls: " + ", ".join(f"`{name}` ({CONTROL_LABELS[role]})" for role, name in report.controls.items())
                + "; " + " and ".join(f"{CONTROL_COLUMNS[role]} = variant − `{name}`"
                                      for role, name in report.controls.items())
                + ", the same way; controls take part in no trick verdict." if report.controls else ""), ""]
+
+
+def noise_basis(report: Report) -> str:
+    """What the intervals count: seeds and eval problems, or seeds only and why."""
+    e = report.evidence
+    if e is not None and e.scores:
+        problems = len(next(iter(next(iter(e.scores.values())).values())))
+        return f"Intervals count seeds × {problems} eval problems (evals.jsonl; see Eval noise). "
+    if e is not None and e.why_no_scores:
+        return f"Intervals count seeds only: {e.why_no_scores}. "
+    return ""
 
 
 def decided_summary(report: Report) -> str | None:
@@ -246,8 +261,9 @@ def control_lines(report: Report) -> list[str]:
     Not beating the SFT control is said plainly: RL is not shown to help here."""
     direction = "above" if report.higher_is_better else "below"
     family = next((c["family"] for c in report.against_controls if c.get("family")), None)
-    rule = (f"the one-sided test of Δ {direction} zero rejects at 2.5% after adjustment over the "
-            f"{family['label']} of these comparisons (a family of its own, apart from the trick contrasts)"
+    rule = (f"the one-sided test of Δ {direction} zero rejects at {50 * family['alpha']:g}% after "
+            f"{ERROR_CONTROL[family['method']]}'s adjustment over these {family['tests']} comparisons (a family of "
+            "its own, apart from the trick contrasts)"
             if family and family["method"] != "none" else f"the 95% CI of Δ lies entirely {direction} zero")
     lines = [f"Δ = variant − control on the {report.summary.label} `{report.metric}`, paired on the seeds both "
              f"completed. A variant *beats* a control only when {rule}. The SFT control trains on the task's "

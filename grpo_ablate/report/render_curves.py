@@ -45,8 +45,10 @@ def summary_lines(report: Report) -> list[str]:
     labels = [s["summary"] for s in report.summaries]
     chosen = next(s["summary"] for s in report.summaries if s["chosen"]) if any(
         s["chosen"] for s in report.summaries) else report.summary.label
-    lines = [f"How a run's curve becomes the number compared: *{chosen}* in this report (`--summary`). Each "
-             "summary's fixed 95% verdicts on the same runs, its paired SD over seeds, and about how many seeds a "
+    lines = [f"How a run's curve becomes the number compared: *{chosen}* in this report (`--summary`); only it "
+             "decides, the other columns are **exploratory** (a summary picked after seeing them would not be covered "
+             "by the error control). Each summary's verdicts on the same runs (the same error control), its paired SD "
+             "over seeds, and about how many seeds a "
              "fixed 5% design needs for 80% power against the Δ it measured (`seeds 80%`). final: the last eval; "
              "auc: the compute-weighted mean of the curve; best: the best eval; last_k: the mean of the last k evals.",
              "", "| contrast | " + " | ".join(f"{label}: Δ / SD / verdict / seeds 80%" for label in labels) + " |",

@@ -91,7 +91,10 @@ class SweepRequest:
 
 
 # ------------------------------------------------------------------------------ planning
-DECISION_METRIC, DECISION_SUMMARY = "eval/accuracy", "final"   # what a sweep decides on unless told
+# What a sweep decides on unless told: the mean of the last three evals (issue 31: on the default sweep
+# it halves the paired SD of the final eval, which a peaking-then-drifting curve makes noisy; README,
+# "Calibration"). Fixed in the manifest before the first run.
+DECISION_METRIC, DECISION_SUMMARY = "eval/accuracy", "last_3"
 
 
 def plan(req: SweepRequest) -> dict:

@@ -30,7 +30,7 @@ import yaml
 
 from grpo_ablate.report import sequential as seq
 from grpo_ablate.report.activity import ACTIVITY
-from grpo_ablate.report.curves import DEFAULT_SUMMARY, Summary
+from grpo_ablate.report.curves import Summary
 from grpo_ablate.report.health import Flag, HealthThresholds
 from grpo_ablate.report.load import Run, load_run, metrics_frame, nonfinite_steps
 from grpo_ablate.report.power import plan_of
@@ -51,7 +51,7 @@ class Options:
     budget_s: float | None = None
     effect: float | None = None
     initial_seeds: int = seq.INITIAL_SEEDS
-    summary: str = DEFAULT_SUMMARY      # what each look compares (report/curves.py), as its label
+    summary: str = launch.DECISION_SUMMARY   # what each look compares (report/curves.py), as its label
 
 
 def parse_duration(text) -> float:
