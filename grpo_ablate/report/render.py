@@ -192,7 +192,9 @@ def eval_noise_lines(report: Report) -> list[str]:
         return []
     problems = rows[0][1].problems
     lines = [f"Every run is scored on the same {problems} problems. *eval share*: the part of the seed-to-seed "
-             "variance of Δ that is one greedy decode's luck on each problem (not the seed's training); *SE, "
+             "variance of Δ that comes from scoring each run on a sample of problems (each trained policy gets its "
+             "own subset right: the seed × problem term, which a larger eval set shrinks); the rest is how "
+             "differently the seeds trained. *SE, "
              "seeds only*: what the paired t-test over seeds alone sees, the inference about these problems; "
              "*SE*: with the variance of which problems were drawn added, the inference about the task (the "
              f"intervals above); *SE at 2× / 4×*: the same seeds on a {2 * problems}- / {4 * problems}-problem "

@@ -16,7 +16,8 @@ a spread below 1e-12 of the scale is zero.
 Eval noise (crossed seeds × problems). Every run is scored on the same P problems, so with the
 per-problem scores (evals.jsonl) the paired differences form an n × P table d_sp = μ + a_s +
 b_p + e_sp: a seed effect, a problem effect shared by every seed (which problems the trick
-helps), and the residual (one greedy decode's luck). The seed-only t-test estimates
+helps), and the residual (which problems this seed's two policies happen to get right: the
+eval's sampling noise for a trained pair, shrunk by a larger eval set). The seed-only t-test estimates
 σ_a²/n + σ_e²/(nP) and never sees σ_b²/P: its inference is about these P problems. With the
 two-way ANOVA's mean squares (method of moments, Searle, Casella & McCulloch 1992, ch. 4)
     Var(Δ̄) = σ_a²/n + σ_b²/P + σ_e²/(nP) = (MS_seed + MS_problem − MS_resid) / (nP),
@@ -46,7 +47,7 @@ ZERO_SPREAD = 1e-12        # without a grid: a spread below this (relative to th
 @dataclass
 class EvalNoise:
     """How much of a paired Δ's uncertainty is the eval set's (see the module docstring):
-    `share`: σ̂_e²/P over the seed-to-seed variance of Δ (one decode's luck on P problems);
+    `share`: σ̂_e²/P over the seed-to-seed variance of Δ (scoring on P problems, not the task);
     `problem_var`: σ̂_b²/P, added to Var(Δ̄) for the choice of problems; `se_seeds` / `se`: Δ̄'s
     standard error without / with it; `se_at`: the SE at 2× and 4× the eval set (same seeds)."""
     problems: int
