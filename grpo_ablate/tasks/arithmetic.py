@@ -68,7 +68,7 @@ class ArithmeticTask:
     chars = "0123456789+=,;"
     CHOICES = {"level": tuple(LEVELS), "trace": (True, False)}   # what `sweep --family task.X` crosses
 
-    def __init__(self, level: str = "easy", trace: bool = True, eval_size: int = 400,
+    def __init__(self, level: str = "easy", trace: bool = True, eval_size: int = 200,
                  operand_min: int | None = None, operand_max: int | None = None):
         if level not in LEVELS:
             raise ValueError(f"task.level={level!r} is not one of {', '.join(LEVELS)}")
