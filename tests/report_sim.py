@@ -4,11 +4,13 @@ report's error rates through its real path (`grpo-ablate report`).
 
 The generative model is the one the report's statistics assume, with the eval set made explicit:
 run (variant v, seed s) answers problem j correctly with probability
-    sigmoid(θ_j + u_s + w_vs + δ_v + β_vj)
+    q = sigmoid(θ_j + u_s + w_vs + δ_v),  then  q + β_vj · min(q, 1 − q)
 θ_j: the problem's difficulty (fixed: every run is scored on the same problems); u_s: the seed's
 luck, shared by every variant at that seed (what pairing removes); w_vs: the run's own training
-noise; δ_v: the variant's true effect (0 under the null); β_vj: the variant's effect on problem j,
-sd `problem_sd` (a trick that helps some problems and hurts others: the problem-sampling term).
+noise; δ_v: the variant's true effect (0 under the null); β_vj = ±`problem_spread` with equal
+chance, fixed per variant and problem: a trick that helps some problems and hurts as many others
+by as much (zero mean on the probability scale, so no effect on the task's accuracy, while the
+200 problems drawn carry a nonzero one: the problem-sampling term).
 Its final eval/accuracy is the mean of its P Bernoulli draws, so it lies on the 1/P grid.
 """
 import json
@@ -26,7 +28,7 @@ def logistic(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
-def simulate(rng, tricks=6, seeds=5, problems=200, effects=None, seed_sd=0.25, run_sd=0.25, problem_sd=0.0,
+def simulate(rng, tricks=6, seeds=5, problems=200, effects=None, seed_sd=0.25, run_sd=0.25, problem_spread=0.0,
              base_logit=1.5, difficulty_sd=1.5):
     """(variants, scores): variants name -> (tricks on, reference, true δ); scores name -> {seed:
     {eval step: per-problem 0/1 scores}} of a leave-one-out sweep (module docstring). `effects`:
@@ -40,9 +42,10 @@ def simulate(rng, tricks=6, seeds=5, problems=200, effects=None, seed_sd=0.25, r
         variants[f"drop-{t}"] = ([x for x in names if x != t], "all", -effects.get(t, 0.0))
     scores = {}
     for v, (_, _, delta) in variants.items():
-        beta = problem_sd * rng.standard_normal(problems) if v != "all" else np.zeros(problems)
+        beta = problem_spread * rng.choice([-1.0, 1.0], problems) if v != "all" else np.zeros(problems)
         for s in range(seeds):
-            p = logistic(theta + u[s] + run_sd * rng.standard_normal() + delta + beta)
+            q = logistic(theta + u[s] + run_sd * rng.standard_normal() + delta)
+            p = q + beta * np.minimum(q, 1.0 - q)
             scores.setdefault(v, {})[s] = {step: (rng.random(problems) < p).astype(float)
                                            for step in range(0, STEPS + 1, EVAL_EVERY)}
     return variants, scores

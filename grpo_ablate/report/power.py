@@ -100,6 +100,9 @@ def power_numbers(look: seq.Look | None, effect: float | None, critical: float |
             "seeds_needed": seq.seeds_needed(target, look.sd), "seeds_needed_for": round(target, 12)}
 
 
+PRICED_SEEDS = 64    # the most seeds per variant the report's first line puts a price on
+
+
 def cost_to_decide(verdicts: list[dict], undecided: tuple, runs) -> dict:
     """What deciding the open contrasts would take: per variant the most extra seeds any of its
     open contrasts needs, those runs, and their time at the median wall time of the completed
@@ -109,7 +112,9 @@ def cost_to_decide(verdicts: list[dict], undecided: tuple, runs) -> dict:
     open_ = [v for v in verdicts if v["verdict"] in undecided]
     for v in open_:
         p = v["power"]
-        if not p.get("seeds_needed"):
+        # seeds needed for the observed |Δ| is post-hoc power: from five seeds it can say 6 or 1,100
+        # for the same truth (issue 31); past PRICED_SEEDS the sum would be noise, so it is named, not priced
+        if not p.get("seeds_needed") or p["seeds_needed"] > PRICED_SEEDS:
             unpriced.append(v["trick"])
             continue
         more = max(0, p["seeds_needed"] - p["seeds"])

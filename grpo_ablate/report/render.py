@@ -19,7 +19,7 @@ from grpo_ablate.report.load import CONTROL_COLUMNS, CONTROL_LABELS
 from grpo_ablate.report.render_curves import json_sections, markdown_sections as curve_sections
 from grpo_ablate.report.render_transfer import markdown_section as transfer_section
 from grpo_ablate.report.stats import Estimate, final_value
-from grpo_ablate.report.power import sequential_guarantee
+from grpo_ablate.report.power import PRICED_SEEDS, sequential_guarantee
 from grpo_ablate.report.stats import ERROR_CONTROL
 from grpo_ablate.report.verdicts import BEATS, BREAKS_TRAINING, NO_COMPARISON, NOT_SHOWN
 
@@ -154,8 +154,9 @@ def decided_summary(report: Report) -> str | None:
                  "them (about 7% false helps/hurts, not 5%)." if p["sequential"] and p.get("stopped") == "max seeds"
                  else ".")
     if p["unpriced"]:
-        line += (f" No seed count for {', '.join(p['unpriced'])} (Δ about zero, or no spread over seeds): "
-                 "name the smallest effect that matters with `--effect`.")
+        line += (f" No seed count for {', '.join(p['unpriced'])} (Δ about zero against its spread: more than "
+                 f"{PRICED_SEEDS} seeds, or no spread over seeds): name the smallest effect that matters with "
+                 "`--effect`.")
     return line + note
 
 
