@@ -71,7 +71,8 @@ def main() -> None:
         for seeds in (3, 5):
             print(json.dumps({"measure": "null six-trick leave-one-out, any false helps/hurts per report",
                               "summary": summary, "seeds": seeds, **null_reports(args.sweeps, summary, seeds)}))
-    print(json.dumps({"measure": "per contrast, trick moves each problem by ±0.5 of its headroom (mean 0 over the task), no control",
+    print(json.dumps({"measure": "per contrast, trick moves each problem by ±0.5 of its headroom (mean 0 over the "
+                                 "task), no control",
                       **problem_heterogeneity(args.sweeps // 2)}))
     for effect in (0.5, 1.0):
         for summary in ("final", "last_3"):
