@@ -154,7 +154,7 @@ def sweep(
                                            "'no effect >= X'."),
     summary: Optional[str] = typer.Option(None, "--summary", help="What the sweep decides on, fixed in its manifest "
                                           "before the first run (and what --seeds auto looks at): final, auc, best, "
-                                          "last_k or last_<k>, as report --summary [final]."),
+                                          "last_k or last_<k>, as report --summary [last_3]."),
     launcher: Optional[str] = typer.Option(None, "--launcher", help="basic | joblib | submitit_local | "
                                            "submitit_slurm | ray (default joblib)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", help="Runs at a time (default: one per core)."),
@@ -188,6 +188,8 @@ def sweep(
     if resume_dir is not None and mode is not None and "=" in mode:   # `--resume DIR steps=5`: an override
         mode, args = None, [mode, *args]
     _check_options(jobs=jobs, steps=steps, max_runs=max_runs, max_seeds=max_seeds, effect=effect)
+    if summary is not None:
+        parse_summary(summary, None)             # a bad one is refused before any planning
     from grpo_ablate.config import ConfigError   # the training stack: only once the options are good
     from grpo_ablate.sweep import sequential
     from grpo_ablate.sweep.launch import start
