@@ -188,8 +188,13 @@ def sweep(
     if resume_dir is not None and mode is not None and "=" in mode:   # `--resume DIR steps=5`: an override
         mode, args = None, [mode, *args]
     _check_options(jobs=jobs, steps=steps, max_runs=max_runs, max_seeds=max_seeds, effect=effect)
-    if summary is not None:
-        parse_summary(summary, None)             # a bad one is refused before any planning
+    if summary is not None:                      # a bad one is refused before any planning
+        from grpo_ablate.report.curves import Summary
+
+        try:
+            Summary.parse(summary)
+        except ValueError as err:
+            fail(f"--summary: {err}")
     from grpo_ablate.config import ConfigError   # the training stack: only once the options are good
     from grpo_ablate.sweep import sequential
     from grpo_ablate.sweep.launch import start
