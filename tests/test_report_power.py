@@ -6,6 +6,8 @@ import statistics
 
 import numpy as np
 import pytest
+
+from grpo_ablate.report.power import PRICED_SEEDS
 from scipy import stats
 
 from report_fixtures import LOO, LOO_CONTRASTS, make_sweep
@@ -117,15 +119,21 @@ def test_fixed_sweep_power_and_the_cost_of_deciding_the_rest(tmp_path):
     assert b["power"]["seeds_needed"] == needed
     assert seq.fixed_power(abs(d.mean()), sd, needed) >= 0.8 > seq.fixed_power(abs(d.mean()), sd, needed - 1)
     assert verdict(report, "a")["power"]["look"] == 1                 # a fixed sweep decides at its one look
+    # 362 seeds for the observed |Δ| 0.007: post-hoc, past PRICED_SEEDS, so named, not priced
     p = report.power
-    walls = [10.0 + s for s in (0, 1, 2)] * 4                         # the fixture's wall_time_s
-    assert (p["decided"], p["contrasts"]) == (2, 3)
-    assert p["extra_seeds"] == {"all": needed - 3, "drop-b": needed - 3} and p["runs"] == 2 * (needed - 3)
-    assert p["seconds"] == pytest.approx(p["runs"] * statistics.median(walls))
+    assert needed > PRICED_SEEDS and p["extra_seeds"] == {} and p["unpriced"] == ["b"] and p["runs"] == 0
     first = render_markdown(report).splitlines()[2]
     assert first.startswith("**2 of 3 contrasts decided** (3 contrasts, 3 tests, Holm, 5%: the chance of any false "
-                            "*helps*, *hurts* or *breaks training* in this report ≤ 5%). Deciding the other 1 would "
-                            f"take about {2 * (needed - 3)} more runs (up to {needed - 3} more seeds for 2 variants)")
+                            "*helps*, *hurts* or *breaks training* in this report ≤ 5%). No seed count for b")
+    # with the smallest effect that matters named, the rest is priced: seeds × variants × the median run
+    priced = build_report(path, effect=0.05)
+    p, needed_for = priced.power, seq.seeds_needed(0.05, sd)
+    walls = [10.0 + s for s in (0, 1, 2)] * 4                         # the fixture's wall_time_s
+    assert (p["decided"], p["contrasts"]) == (2, 3)
+    assert p["extra_seeds"] == {"all": needed_for - 3, "drop-b": needed_for - 3} and p["runs"] == 2 * (needed_for - 3)
+    assert p["seconds"] == pytest.approx(p["runs"] * statistics.median(walls))
+    assert (f"Deciding the other 1 would take about {2 * (needed_for - 3)} more runs (up to {needed_for - 3} more "
+            "seeds for 2 variants)") in render_markdown(priced).splitlines()[2]
     table = render_markdown(report).split("## Power")[1]
     detectable = b["power"]["detectable_effect"]
     assert f"| b | no evidence | 3 | — | -0.007 | {sd:.3f} | {detectable:.3f} | ~{needed} |" in table
