@@ -229,3 +229,20 @@ def test_breaks_training_is_called_falsely_at_most_5_percent_when_both_sides_bre
         assert called <= 0.05
         if seeds == 2 and q == 0.5:
             assert old_rule == pytest.approx(0.1875)   # 3/16 at q 0.5 (the issue measured 23-25% at its q)
+
+
+def test_the_report_says_what_it_computed(tmp_path):
+    """Issue 32's doubtful cases on this surface: `--summary last_100` over runs with four evals says it
+    averaged fewer than its name; `--compute wall` says so in report.md and report.json."""
+    from grpo_ablate.report.build import build_report
+    from grpo_ablate.report.render import render_markdown, report_json
+
+    path, _ = write_sweep(tmp_path / "s", np.random.default_rng(8), tricks=1, seeds=2)
+    report = build_report(path, summary="last_100", compute="wall")
+    text = render_markdown(report)
+    assert "last_100: 4 run(s) logged fewer than 100 evals of `eval/accuracy`" in text
+    assert "trapezoid over compute: the training steps' seconds, --compute wall" in text
+    inference = report_json(report)["inference"]
+    assert inference["compute"] == "wall" and inference["summary"] == "last_100"
+    assert inference["intervals_count"] == "seeds x problems"      # the mean of the four evals, problem by problem
+    assert "trapezoid over compute: sampled + trained tokens" in render_markdown(build_report(path))

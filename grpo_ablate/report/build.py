@@ -44,6 +44,7 @@ class Report:
     transfer: dict | None = None                           # transfer.transfer_section: across contexts
     evidence: Evidence | None = None                       # what the tests ran on, and their error control
     exploratory: str | None = None                         # why these verdicts are not the sweep's fixed test
+    compute: str = "tokens"                                # the x axis of auc and the fits: tokens | wall
 
     @property
     def controls(self) -> dict:
@@ -92,6 +93,10 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
     usable = lambda r: r.state == "completed" and metric not in r.nonfinite
     curves = {name: {r.key: curve(r.metrics, metric, compute) for r in runs if usable(r)}
               for name, runs in runs_of.items()}                        # read once, summarised many ways
+    short = sum(len(c) < summary.k for cs in curves.values() for c in cs.values()) if summary.how == "last_k" else 0
+    if short:   # the summary is still computed, over fewer evals than its name says: said, not hidden
+        sweep.notes.append(f"{summary.label}: {short} run(s) logged fewer than {summary.k} evals of `{metric}`; "
+                           "their number is the mean of every eval they logged, the base eval at step 0 included")
     per_run = lambda how: {name: {key: how.of(c, higher_is_better) for key, c in cs.items()}
                            for name, cs in curves.items()}
     finals, areas = per_run(Summary("final")), per_run(Summary("auc"))
@@ -105,7 +110,7 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
     verdicts = contrast_verdicts(sweep, evidence, areas, higher_is_better, sequential, effect)
     check_known_answers(sweep, verdicts)
     report = Report(sweep, metric, higher_is_better, thresholds, rows, verdicts, against, summary=summary,
-                    evidence=evidence, exploratory=exploratory(fixed, metric, summary))
+                    evidence=evidence, exploratory=exploratory(fixed, metric, summary), compute=compute)
     report.diagnostics = analyse_diagnostics(report, conflict_threshold)
     report.power = {**cost_to_decide(verdicts, UNDECIDED, sweep.runs), "sequential": sequential is not None,
                     "effect": effect, "note": not_sequential,

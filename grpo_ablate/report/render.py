@@ -88,8 +88,10 @@ def header_lines(report: Report) -> list[str]:
             "; ".join(f for f in facts if f) + ".", "",
             f"Metric: `{report.metric}` ({direction} is better). Final = the last value a run logged; "
             "a variant's numbers are means over its completed runs, ± the half-width of the 95% "
-            "t-interval over seeds. AUC = the metric averaged over its curve (trapezoid over compute: sampled + "
-            "trained tokens; over steps where a run logged none). "
+            "t-interval over seeds. AUC = the metric averaged over its curve (trapezoid over compute: "
+            + ("sampled + trained tokens" if report.compute == "tokens"
+               else "the training steps' seconds, --compute wall")
+            + "; over steps where a run logged none). "
             + ("" if report.summary.how == "final" else
                f"**Compared: each run's {report.summary.label}** ({report.summary.describe()}): Δ, verdicts and "
                "the controls' comparisons are on it. ")
@@ -103,6 +105,17 @@ def header_lines(report: Report) -> list[str]:
                + "; " + " and ".join(f"{CONTROL_COLUMNS[role]} = variant − `{name}`"
                                      for role, name in report.controls.items())
                + ", the same way; controls take part in no trick verdict." if report.controls else ""), ""]
+
+
+def inference_json(report: Report) -> dict:
+    """How the report decided: the summary and whether the sweep fixed it, the error control, the
+    grid, what the intervals count, and the compute axis."""
+    e = report.evidence
+    return {"summary": report.summary.label, "fixed_in_manifest": report.sweep.decides_on,
+            "exploratory": report.exploratory, "error_control": e.method if e else None,
+            "alpha": e.alpha if e else None, "granularity": e.granularity if e else None,
+            "intervals_count": "seeds x problems" if e is not None and e.scores else "seeds",
+            "why_seeds_only": e.why_no_scores if e else None, "compute": report.compute}
 
 
 def noise_basis(report: Report) -> str:
@@ -435,6 +448,7 @@ def report_json(report: Report, figures: list[tuple[str, str]] | None = None) ->
                   "auc": AUC(r.metrics, report.metric), "flags": [asdict(f) for f in r.flags],
                   "notes": r.notes} for r in s.runs],
         "figures": [name for _, name in figures or []],
+        "inference": inference_json(report),
         "diagnostics": report.diagnostics,
         **({"transfer": report.transfer} if report.transfer else {}),
         **json_sections(report),
