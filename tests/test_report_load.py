@@ -105,3 +105,24 @@ def test_missing_manifest_groups_run_dirs(tmp_path):
     assert rows["drop-b"]["reference"] == "all" and rows["all"]["reference"] is None
 
 
+
+
+def test_a_run_that_trained_another_config_than_planned_is_left_out_as_failed(tmp_path):
+    """A sweep's jobs compose the live conf/ when they start: a run launched after conf/ changed
+    trains another experiment (seen in issue 31: 11 of 35 runs of a sweep got another eval set).
+    Its status.json's config hash differs from the manifest's: the report says so and never
+    averages it in, and the sweep's own status refresh marks it failed with the way out."""
+    from grpo_ablate.sweep.launch import refresh_statuses
+
+    path = make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS)
+    status = json.loads((path / "drop-a-s2" / "status.json").read_text())
+    (path / "drop-a-s2" / "status.json").write_text(json.dumps({**status, "config_hash": "ffff"}))
+    report = build_report(path)
+    run = next(r for r in report.sweep.runs if r.name == "drop-a-s2")
+    assert run.state == "failed" and "trained another config than the sweep planned" in run.notes[0]
+    assert "seed 2" in {v["trick"]: v for v in report.verdicts}["a"]["delta"].basis        # dropped and said
+    manifest = json.loads((path / "manifest.json").read_text())
+    refresh_statuses(path, manifest)
+    entry = next(r for r in manifest["runs"] if r["run_dir"] == "drop-a-s2")
+    assert entry["status"] == "failed" and "--rerun drop-a-s2" in entry["reason"]
+    assert all(r["status"] == "completed" for r in manifest["runs"] if r["run_dir"] != "drop-a-s2")

@@ -47,6 +47,7 @@ class Run:
     nonfinite: dict = field(default_factory=dict)   # column -> the first step that logged NaN or Inf in it
     flags: list = field(default_factory=list)
     evals: dict = field(default_factory=dict)   # step -> (eval set fingerprint, per-problem scores) (evals.jsonl)
+    config_hash: str | None = None              # status.json's: what the run actually trained
 
     @property
     def name(self) -> str:
@@ -172,6 +173,7 @@ def load_run(run_dir: Path, variant: str, seed: int | None, thresholds: HealthTh
                 run.evals[row["step"]] = (str(row.get("set")), np.asarray(scores, float))
 
     if status is not None:
+        run.config_hash = status.get("config_hash") if isinstance(status.get("config_hash"), str) else None
         run.state = str(status.get("state") or "missing")
         run.step, run.reason = status.get("step"), status.get("reason")
         run.wall_time_s = status.get("wall_time_s")
@@ -242,7 +244,14 @@ def _sweep_from_manifest(sweep_dir: Path, manifest: dict, thresholds: HealthThre
             known.add(variant)
             sweep.variants.append({"name": variant, "tricks_on": [], "reference": None, "kind": "treatment"})
         run_dir = sweep_dir / str(entry.get("run_dir") or f"{variant}-s{seed}")
-        sweep.runs.append(load_run(run_dir, variant, seed, thresholds))
+        run = load_run(run_dir, variant, seed, thresholds)
+        planned, trained = entry.get("config_hash"), run.config_hash
+        if run.state != "missing" and isinstance(planned, str) and planned and trained and planned != trained:
+            # its job composed conf/ after it had changed: another experiment's run, never averaged in
+            run.notes.append(f"trained another config than the sweep planned (config hash {trained}, planned "
+                             f"{planned}: conf/ or the code changed while the sweep ran); left out as failed")
+            run.state = "failed"
+        sweep.runs.append(run)
     identify_controls(sweep, manifest.get("controls"), by_name=False)
     return sweep
 

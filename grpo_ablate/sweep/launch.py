@@ -343,6 +343,17 @@ def write_manifest(sweep_dir: Path, manifest: dict) -> None:
     atomic_write_text(Path(sweep_dir) / MANIFEST, json.dumps(manifest, indent=2) + "\n")
 
 
+OFF_PLAN = ("it trained another config than the one this sweep planned (conf/ or the code changed while the sweep "
+            "ran); once they are as planned again: grpo-ablate sweep --resume {sweep_dir} --rerun {run_dir}")
+
+
+def off_plan(run: dict, status: dict) -> bool:
+    """A run dir whose config hash is not the one the manifest planned for it (a deferred run has
+    none yet): its job composed the live conf/ when it started, and that had changed."""
+    planned, trained = run.get("config_hash"), status.get("config_hash")
+    return isinstance(planned, str) and isinstance(trained, str) and bool(planned) and planned != trained
+
+
 def refresh_statuses(sweep_dir: Path, manifest: dict, outcomes: dict | None = None) -> None:
     """Each run's status from its run dir (the truth), or from how its job ended when the run
     never got as far as writing one (e.g. a crash while loading)."""
@@ -353,6 +364,8 @@ def refresh_statuses(sweep_dir: Path, manifest: dict, outcomes: dict | None = No
         outcome = (outcomes or {}).get(run["run_dir"])
         if status is not None:
             run.update(status=status["state"], step=status["step"], reason=status.get("reason"))
+            if off_plan(run, status):   # conf/ or the code changed while the sweep ran: not this sweep's run
+                run.update(status="failed", reason=OFF_PLAN.format(sweep_dir=sweep_dir, run_dir=run["run_dir"]))
         if outcome is not None and (status is None or status["state"] not in FINISHED + ("failed", INTERRUPTED)):
             # the job ended without the run recording an end of its own
             run.update(status="failed", reason=outcome.get("error") or f"exit code {outcome.get('exit_code')}")
