@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import cli_here
-from grpo_ablate.report.stats import adjust, delta_ci, paired_ci, snap
+from grpo_ablate.report.stats import adjust, delta_ci, paired_ci
 from report_sim import fast_verdicts, simulate, write_sweep
 
 DECIDED = ("helps", "hurts")
@@ -62,9 +62,9 @@ def test_no_contrast_is_decided_narrower_than_one_eval_problem():
     assert v["verdict"] == "no verdict" and "narrower than one eval problem" in v["why"]
 
 
-def test_snap_only_moves_float_noise():
-    assert snap(0.85 - 0.75, 1 / 200) == 20 * (1 / 200)
-    assert snap(0.1234, 1 / 200) == 0.1234          # not on the grid: left alone
+def test_the_grid_only_moves_float_noise():
+    assert delta_ci({0: 0.85}, {0: 0.75}, granularity=1 / 200).mean == 20 * (1 / 200)
+    assert delta_ci({0: 0.1234}, {0: 0.0}, granularity=1 / 200).mean == 0.1234      # not on the grid: left alone
 
 
 # --------------------------------------------------------------------------- eval noise

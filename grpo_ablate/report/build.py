@@ -77,9 +77,7 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
     sweep = load_sweep(sweep_dir, thresholds)
     metric = normalize_metric(metric)
     fixed = sweep.decides_on or {}
-    if summary is None:   # what the sweep fixed before its first run (final for sweeps that fixed none)
-        summary = fixed.get("summary") if fixed.get("metric", metric) == metric and fixed.get("summary") else "final"
-    summary = summary if isinstance(summary, Summary) else Summary.parse(summary)
+    summary = decision_summary(fixed, metric, summary)
     logged = set().union(*(r.metrics.columns for r in sweep.runs)) - {"step"} if sweep.runs else set()
     if logged and metric not in logged:
         shown = sorted(c for c in logged if c.startswith(('eval/', 'reward/', 'train/')))
@@ -93,10 +91,7 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
     usable = lambda r: r.state == "completed" and metric not in r.nonfinite
     curves = {name: {r.key: curve(r.metrics, metric, compute) for r in runs if usable(r)}
               for name, runs in runs_of.items()}                        # read once, summarised many ways
-    short = sum(len(c) < summary.k for cs in curves.values() for c in cs.values()) if summary.how == "last_k" else 0
-    if short:   # the summary is still computed, over fewer evals than its name says: said, not hidden
-        sweep.notes.append(f"{summary.label}: {short} run(s) logged fewer than {summary.k} evals of `{metric}`; "
-                           "their number is the mean of every eval they logged, the base eval at step 0 included")
+    note_short_curves(sweep, curves, metric, summary)
     per_run = lambda how: {name: {key: how.of(c, higher_is_better) for key, c in cs.items()}
                            for name, cs in curves.items()}
     finals, areas = per_run(Summary("final")), per_run(Summary("auc"))
@@ -129,6 +124,23 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
         for p in report.predictions["contrasts"]:
             p["measured"] = measured.get(p["trick"])
     return report
+
+
+def decision_summary(fixed: dict, metric: str, summary: Summary | str | None) -> Summary:
+    """The summary asked for, else the one the sweep fixed before its first run (`final` for sweeps
+    that fixed none, or fixed it for another metric)."""
+    if summary is None:
+        summary = fixed.get("summary") if fixed.get("metric", metric) == metric and fixed.get("summary") else "final"
+    return summary if isinstance(summary, Summary) else Summary.parse(summary)
+
+
+def note_short_curves(sweep: Sweep, curves: dict, metric: str, summary: Summary) -> None:
+    """last_k over runs with fewer than k evals is still computed, over fewer evals than its name
+    says: said in the sweep's notes, not hidden."""
+    short = sum(len(c) < summary.k for cs in curves.values() for c in cs.values()) if summary.how == "last_k" else 0
+    if short:
+        sweep.notes.append(f"{summary.label}: {short} run(s) logged fewer than {summary.k} evals of `{metric}`; "
+                           "their number is the mean of every eval they logged, the base eval at step 0 included")
 
 
 def exploratory(fixed: dict, metric: str, summary: Summary) -> str | None:

@@ -112,14 +112,6 @@ def mean_ci(values, level: float = 0.95) -> Estimate:
     return Estimate(float(x.mean()), float(x.mean() - half), float(x.mean() + half), len(x), f"t-interval, n={len(x)}")
 
 
-def snap(value: float, granularity: float | None) -> float:
-    """A difference of two grid values, as the exact multiple of the grid it is (float noise off)."""
-    if granularity is None or not granularity > 0:
-        return value
-    units = round(value / granularity)
-    return units * granularity if abs(value / granularity - units) < 1e-6 else value
-
-
 def delta_ci(treated: dict, reference: dict, level: float = 0.95, granularity: float | None = None,
              problems: dict | None = None) -> Estimate:
     """Δ = mean(treated) − mean(reference), values keyed by seed: paired over the seeds both
@@ -135,15 +127,16 @@ def delta_ci(treated: dict, reference: dict, level: float = 0.95, granularity: f
     if shared:
         dropped = {s: "no number on the reference side" for s in treated if s not in reference}
         dropped.update({s: "no number on the treated side" for s in reference if s not in treated})
-        return paired_ci({s: snap(treated[s] - reference[s], granularity) for s in shared}, level, granularity,
+        return paired_ci({s: treated[s] - reference[s] for s in shared}, level, granularity,
                          problems, dropped)
     return welch_ci(np.array(list(treated.values())), np.array(list(reference.values())), level)
 
 
 def paired_ci(diffs: dict, level: float = 0.95, granularity: float | None = None, problems: dict | None = None,
               dropped: dict | None = None) -> Estimate:
-    """The paired t-interval and two-sided p-value of seed -> Δ (already snapped), widened by the
-    eval set's problem-sampling term when `problems` covers every seed."""
+    """The paired t-interval and two-sided p-value of seed -> Δ (counted on the grid when every Δ lies
+    on it, module docstring), widened by the eval set's problem-sampling term when `problems`
+    covers every seed."""
     seeds = sorted(diffs, key=str)
     d = np.array([diffs[s] for s in seeds], dtype=float)
     n = len(d)

@@ -360,9 +360,8 @@ def compare_with_control(delta: Estimate, control: dict, higher_is_better: bool,
         return NOT_SHOWN, False, "every seed gave the same Δ: a zero-width interval says nothing about noise"
     better_side = (delta.mean > 0) == higher_is_better
     if family is not None and p_adjusted is not None:
-        ps = f"one-sided p = {_pfmt(p_adjusted / 2 if family['method'] == 'none' else p_adjusted)}"
-        if family["method"] != "none":
-            ps = f"one-sided p ×2, adjusted = {_pfmt(p_adjusted)}"
+        ps = (f"one-sided p = {_pfmt(p_adjusted / 2)}" if family["method"] == "none"
+              else f"one-sided p ×2, adjusted = {_pfmt(p_adjusted)}")
         if better_side and p_adjusted < family["alpha"]:
             return BEATS, True, f"{ps} < {family['alpha']:g} ({family['label']})"
         if (delta.high < 0) if higher_is_better else (delta.low > 0):
