@@ -195,8 +195,7 @@ def sweep(
             Summary.parse(summary)
         except ValueError as err:
             fail(f"--summary: {err}")
-    from grpo_ablate.config import ConfigError   # the training stack: only once the options are good
-    from grpo_ablate.sweep import sequential
+    from grpo_ablate.config import ConfigError   # the config checks (no torch: a refusal stays fast)
     from grpo_ablate.sweep.launch import start
     from grpo_ablate.sweep.matrix import SweepError
     from grpo_ablate.values import ValueProblem
@@ -221,6 +220,8 @@ def sweep(
             _given_options(request, controls, control_budget, allow_inert,
                            {"max_seeds": max_seeds, "budget": budget, "effect": effect, "summary": summary})
             if str(request.seeds) == "auto":
+                from grpo_ablate.sweep import sequential   # the report's statistics (pandas, scipy)
+
                 options = sequential.options_from(request.sequential)
                 request.summary = options.summary
                 code = sequential.start(request, options, console, dry_run=dry_run)
@@ -260,6 +261,9 @@ def _given_options(request, controls, control_budget, allow_inert, sequential_gi
 def _resume_sweep(resume_dir: Path, given: list[str], args: list[str], launcher, jobs, sequential_limits,
                   rerun: tuple = ()) -> int:
     """`sweep --resume DIR`: the plan is the manifest's; only how and where runs run may change."""
+    from grpo_ablate.sweep.launch import read_manifest
+
+    read_manifest(resume_dir)   # not a sweep dir, or a damaged manifest: refused before the imports below
     from grpo_ablate.sweep import sequential
 
     train_args = [a for a in args if not a.startswith("hydra.")]

@@ -15,7 +15,6 @@ import os
 import re
 from pathlib import Path
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_ablate.errors import ConfigError
@@ -310,7 +309,7 @@ def check_here(cfg: DictConfig) -> None:
     problem = cache_problem(cfg.model)   # an unwritable home or GRPO_ABLATE_CACHE: one line, not a traceback
     _require(problem is None, problem or "")
     device = str(cfg.model.get("device") or "cpu")
-    _require(not device.startswith("cuda") or torch.cuda.is_available(),
+    _require(not device.startswith("cuda") or _cuda_available(),
              f"model.device={device} but no CUDA GPU is available here; use model.device=auto or cpu")
     lora = cfg.model.get("lora")
     _require(lora is None or lora.r == 0 or importlib.util.find_spec("peft") is not None,
@@ -358,12 +357,19 @@ def cache_problem(model_cfg: DictConfig) -> str | None:
     return cache_message(cache_root, problem) if problem else None
 
 
+def _cuda_available() -> bool:
+    """torch is imported only when a setting asks for CUDA: a refused command never pays for it."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _vllm_problem(cfg: DictConfig) -> str | None:
     """Why rollout=vllm cannot run here (None: it can)."""
     if importlib.util.find_spec("vllm") is None:
         return ("needs the vllm package, which is not installed: pip install 'grpo-ablate[vllm]' on a machine "
                 "with a CUDA GPU (or use rollout=hf)")
-    if not torch.cuda.is_available():
+    if not _cuda_available():
         return "needs a CUDA GPU, and none is available here; use rollout=hf"
     if cfg.model.get("path") is None or str(cfg.model.get("device") or "cpu") == "cpu":
         return "samples a real model on the GPU: model=hf model.path=... (model.device auto or cuda)"

@@ -4,7 +4,9 @@ GGUF file (model.path=<file>.gguf, or model.gguf_file in the folder model.path).
 conversion itself is grpo_ablate.models.ensure_gguf_converted."""
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -52,3 +54,21 @@ def gguf_source(model_cfg) -> Path | None:
         raise ModelPathError(f"{given if name else f'model.path={path!r}'} does not exist"
                              f"{f' (looked for {file})' if name else ''}; give a .gguf file")
     return file
+
+
+# The embedded default's warm-started model is cached under a content address; it is here, not in
+# models.py, so a plan can tell which warm starts a sweep will build before it imports torch.
+WARMUP_VERSION = 1   # bump when the warm-up procedure changes, so old cache entries are never reused
+
+
+def warm_start_key(arch: dict, chars: str, task_spec: dict, warmup: dict) -> str:
+    """Content address of a warm-started model: everything that determines its weights."""
+    spec = {"version": WARMUP_VERSION, "arch": arch, "chars": chars, "task": task_spec,
+            "warmup": warmup}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def warm_start_dir(model_cfg, task) -> Path:
+    """Where the embedded model warm-started on `task` is (or will be) cached."""
+    key = warm_start_key(dict(model_cfg.arch), task.chars, task.describe(), dict(model_cfg.warmup))
+    return Path(os.path.expanduser(str(model_cfg.cache_dir))) / f"tiny-{key}"

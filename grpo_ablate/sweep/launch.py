@@ -20,11 +20,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from grpo_ablate import entrypoint
 from grpo_ablate.catalogue import load_catalogue
 from grpo_ablate.config import ConfigError, compose, config_hash, family_keys, trick_families, validate
 from grpo_ablate.inert import inert_reason
-from grpo_ablate.models import ensure_warm_started, gguf_source, model_dir
+from grpo_ablate.model_source import gguf_source, warm_start_dir
 from grpo_ablate.errors import DamagedFile
 from grpo_ablate.rundir import DirLock, atomic_write_text, read_json, read_rows, read_status, writable_problem
 from grpo_ablate.stopping import INTERRUPTED
@@ -109,6 +108,8 @@ def plan(req: SweepRequest) -> dict:
         common.append(f"steps={req.steps}")
     if req.contexts:   # the matrix repeated in every context
         check_contexts(req.contexts, matrix, families, common)
+        for context in req.contexts:   # a bad value is named by its context, before any run is composed
+            _compose(common + list(context.overrides), f"context {context.name}")
         matrix = with_contexts(matrix, req.contexts)
     common, matrix = scope_trick_settings(common, matrix)
     base_cfg = _compose(common, "the base")
@@ -383,6 +384,8 @@ def start(req: SweepRequest, console, dry_run: bool = False) -> int:
         print_matrix(manifest, console)
         if manifest.get("contexts"):
             console.print(contexts_text(manifest, req), markup=False, highlight=False)
+        for line in warm_starts_to_build(manifest):
+            console.print(line, markup=False, highlight=False)
         return 0
     sweep_dir = create_sweep_dir(req, manifest)
     console.print(f"sweep {manifest['name']}: {len(manifest['variants'])} variants x "
@@ -576,8 +579,27 @@ def _launch(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, jo
     from hydra_plugins.grpo_ablate_sweeper.grpo_ablate_sweeper import register
 
     register()
+    from grpo_ablate import entrypoint   # the training stack (torch, transformers): only once runs start
     entrypoint.run_hydra(args + list(hydra_args))
     return json.loads(results_file.read_text()) if results_file.exists() else {}
+
+
+def warm_starts_to_build(manifest: dict) -> list[str]:
+    """The embedded models a sweep will warm-start before its first run (not cached yet), one line each:
+    a context with another task (`--across task.level=easy,hard`) needs a model of its own."""
+    seen, lines = set(), []
+    for run in manifest["runs"]:
+        if run["variant"] in seen:
+            continue
+        seen.add(run["variant"])
+        cfg = _compose(list(run["overrides"]), f"run {run['run_dir']}")
+        if cfg.model.get("path") or gguf_source(cfg.model) is not None:
+            continue
+        target = warm_start_dir(cfg.model, build_task(cfg.task))
+        if not (target / "config.json").exists() and str(target) not in {line.split()[-1] for line in lines}:
+            lines.append(f"first warm-starts the embedded model for {run['variant']} (not cached yet; minutes "
+                         f"on 2 cores), cached as {target}")
+    return lines
 
 
 def _with_threads(overrides: list[str], threads: int | None) -> list[str]:
@@ -590,6 +612,7 @@ def _with_threads(overrides: list[str], threads: int | None) -> list[str]:
 def _warm_start(todo: list[dict], console) -> None:
     """Build each distinct embedded model (and convert each GGUF file) once, here, before parallel runs
     would race to."""
+    from grpo_ablate.models import ensure_warm_started, model_dir   # torch: only once runs start
     seen = set()
     for run in todo:
         cfg = _compose(list(run["overrides"]), f"run {run['run_dir']}")

@@ -38,7 +38,7 @@ far), `pool/unseen`, `pool/easy`, `pool/hard`, `pool/sorted` (easy + hard), `poo
 """
 from __future__ import annotations
 
-import torch
+from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.registry import (FRACTION, Activity, Claim, Inert, Knob, Trick, declare_family, register)
 

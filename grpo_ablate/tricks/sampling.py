@@ -17,7 +17,7 @@ computed on ragged groups.
 """
 from __future__ import annotations
 
-import torch
+from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.registry import (DAPO, POSITIVE_INT, SEED_REVIEW, Activity, Claim, Knob, Trick, declare_family,
                                          register)
