@@ -448,8 +448,10 @@ def test_a_second_train_while_one_runs_is_refused_and_the_first_completes(small,
 
 
 @pytest.mark.slow
-def test_sigterm_during_the_warm_start_leaves_no_run_dir_and_says_how_to_start_again(tmp_path):
-    """Stopped before the run began (building the model cache): no --resume to offer, nothing kept."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])   # kill, and Ctrl-C alike
+def test_a_stop_during_the_warm_start_leaves_no_run_dir_and_says_how_to_start_again(tmp_path, signum):
+    """Stopped before the run began (building the model cache): no --resume to offer, nothing kept;
+    the command to start again trains into the user's own dir."""
     from conftest import SMALL
 
     run_dir = tmp_path / "run"
@@ -461,11 +463,13 @@ def test_sigterm_during_the_warm_start_leaves_no_run_dir_and_says_how_to_start_a
             if "warm-starting" in line:
                 break
         time.sleep(1)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         output, _ = proc.communicate(timeout=300)
     finally:
         proc.kill()
-    assert proc.returncode == -signal.SIGTERM, output
-    assert "interrupted: SIGTERM; it had not started, nothing was kept: run `grpo-ablate train" in output, output
-    assert "--resume" not in output
+    assert proc.returncode == -signum, output
+    name = signal.Signals(signum).name
+    assert f"interrupted: {name}; it had not started, nothing was kept: run `grpo-ablate train" in output, output
+    assert f"hydra.run.dir={run_dir}` again" in output, output
+    assert "--resume" not in output and "Traceback" not in output
     assert not run_dir.exists()

@@ -25,6 +25,7 @@ def in_slurm_job(monkeypatch):
 def test_outside_slurm_the_reason_is_the_signal(monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     assert stop_reason(signal.SIGTERM) == "SIGTERM"
+    assert stop_reason(signal.SIGINT) == "SIGINT"
     assert how_it_ended(stopping.RunInterrupted("SIGTERM", signal.SIGTERM)) == ("interrupted", "SIGTERM")
     assert how_it_ended(RuntimeError("boom")) == ("failed", "RuntimeError: boom")
 
@@ -66,7 +67,8 @@ def test_without_accounting_job_states_come_from_squeue():
 
 
 @pytest.mark.slow
-def test_sigterm_interrupts_a_run_which_resume_continues(small, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])   # kill, and Ctrl-C alike
+def test_a_stop_interrupts_a_run_which_resume_continues(small, tmp_path, signum):
     """kill -TERM mid-run: status `interrupted` (not `failed`), the process then ends by the
     signal as it would have; --resume continues from the checkpoint (the rows it covers stay)."""
     run_dir = tmp_path / "run"
@@ -81,15 +83,16 @@ def test_sigterm_interrupts_a_run_which_resume_continues(small, tmp_path):
             if status and status["step"] >= 4:
                 break
             time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         output, _ = proc.communicate(timeout=600)
     finally:
         proc.kill()
-    assert proc.returncode == -signal.SIGTERM, output
+    name = signal.Signals(signum).name
+    assert proc.returncode == -signum, output
     status = read_status(run_dir)
-    assert (status["state"], status["reason"]) == ("interrupted", "SIGTERM"), status
-    assert f"interrupted: SIGTERM; `grpo-ablate train --resume {run_dir}` continues it" in output
-    assert not (run_dir / "traceback.txt").exists()
+    assert (status["state"], status["reason"]) == ("interrupted", name), status
+    assert f"interrupted: {name}; `grpo-ablate train --resume {run_dir}` continues it" in output
+    assert not (run_dir / "traceback.txt").exists() and "Traceback" not in output
     before = [row for row in read_rows(run_dir / "metrics.jsonl") if row["step"] <= 4]
     end = status["step"] + 2
     r = cli("train", "--resume", str(run_dir), f"steps={end}", cwd=tmp_path)
