@@ -604,6 +604,21 @@ def _last_wins(args: List[str]) -> List[str]:
     return [a for i, a in enumerate(args) if last[key(a)] == i]
 
 
+def _with_given_value(message: str) -> str:
+    """click's "Invalid value for '--max-seeds': ..." with the value the user gave: "--max-seeds 'abc': ..."."""
+    import re
+
+    match = re.match(r"Invalid value for '(--[\w-]+)': (.*)", message)
+    if not match:
+        return message
+    option, why = match.groups()
+    args = sys.argv[1:]
+    given = next((a.split("=", 1)[1] for a in args if a.startswith(option + "=")), None)
+    if given is None and option in args and args.index(option) + 1 < len(args):
+        given = args[args.index(option) + 1]
+    return f"{option} {given!r} is not allowed: {why[0].lower() + why[1:]}" if given is not None else message
+
+
 def _optional_value(args: List[str], option: str, default: str) -> List[str]:
     """`report DIR --watch` with no number: typer options cannot have an optional value, so
     the default is put in before parsing."""
@@ -622,7 +637,23 @@ def _optional_value(args: List[str], option: str, default: str) -> List[str]:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "report":
         sys.argv = _optional_value(sys.argv, "--watch", "30")
-    app()
+    try:
+        code = app(standalone_mode=False)   # click's errors come back here, not as its 3-line usage block
+    except typer.Abort:                     # Ctrl-C outside a run (a run handles it itself: stopping.py)
+        code = 130
+    except Exception as err:                # click's own checks (`--max-seeds abc`), whichever click typer ships
+        if not (hasattr(err, "format_message") and hasattr(err, "exit_code")):
+            raise
+        ctx = getattr(err, "ctx", None)
+        if type(err).__name__ == "NoArgsIsHelpError" and ctx is not None:   # `grpo-ablate` alone: its help
+            print(ctx.get_help())
+            code = 0
+        else:
+            where = f"; see {ctx.command_path} --help" if ctx is not None else ""
+            err_console.print(f"error: {_with_given_value(err.format_message().rstrip('.'))}{where}", markup=False,
+                              highlight=False, soft_wrap=True)
+            code = err.exit_code
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

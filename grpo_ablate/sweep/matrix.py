@@ -511,7 +511,8 @@ def parse_seeds(text: str | int | list) -> list[int]:
         if items is None:
             if not text.isdigit() or int(text) < 1:
                 raise SweepError(f"--seeds {text!r} is not allowed; give a count >= 1 (3 means seeds "
-                                 "0,1,2) or a comma list of seeds (0,5,9)")
+                                 "0,1,2), a comma list of seeds (0,5,9), or auto (sweep: seeds until each "
+                                 "contrast is decided)")
             return list(range(int(text)))
     seeds = []
     for item in items:

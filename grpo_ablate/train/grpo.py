@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
+from rich.console import Console
 
 from grpo_ablate.config import check_here, trick, validate
 from grpo_ablate.inert import chosen_tricks, inert_tricks
@@ -44,8 +45,9 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
         run_dir = Path(dp.broadcast(str(run_dir)))
         console = console if dp.is_main else None
         say = console.print if console is not None else (lambda *a, **k: None)
+        warn = Console(stderr=True).print if console is not None else say   # warnings on stderr, as errors
         for name, reason in inert_tricks(cfg, chosen_tricks(cfg, overrides)):   # compute it would waste
-            say(f"[yellow]warning[/]: {name} {reason}", markup=True, highlight=False)
+            warn(f"[yellow]warning[/]: {name} {reason}", markup=True, highlight=False)
         prepare_process(cfg)
         if dp.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
