@@ -98,7 +98,7 @@ def _hold_run_dir(cfg, args: List[str]):
 
     from grpo_ablate.config import ConfigError
     from grpo_ablate.rundir import DirLock, writable_problem
-    from grpo_ablate.train.run import already_finished, open_run_dir
+    from grpo_ablate.resume_rules import already_finished, open_run_dir
 
     given = [a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")]
     if not given:
@@ -391,6 +391,9 @@ def doctor(
     import time
 
     _check_options(jobs=jobs, steps=steps, max_runs=max_runs)   # before the training stack is imported
+    if seeds is not None and seeds.strip() == "auto":
+        fail("doctor asks whether any run breaks training, not whether a Δ is nonzero: there is no contrast "
+             "for --seeds auto to decide; give a seed count (--seeds 2)")
     from grpo_ablate.sweep import doctor as doc
     from grpo_ablate.config import ConfigError
     from grpo_ablate.sweep.launch import DEFAULT_BASE, DEFAULT_TRICKS, plan, print_matrix
@@ -398,9 +401,6 @@ def doctor(
     from grpo_ablate.sweep.matrix import SweepError
 
     args = list(ctx.args)
-    if seeds is not None and seeds.strip() == "auto":
-        fail("doctor asks whether any run breaks training, not whether a Δ is nonzero: there is no contrast "
-             "for --seeds auto to decide; give a seed count (--seeds 2)")
     try:
         if resume_dir is not None:
             given = [opt for opt, value in (("--tricks", tricks_), ("--base", base), ("--steps", steps),
@@ -521,10 +521,8 @@ def report(
     wandb_report: bool = typer.Option(False, "--wandb-report", help="Also build a W&B Report (online only)."),
 ) -> None:
     """Which tricks matter: table, verdicts, health flags and PNG curves for a sweep dir."""
-    if not sweep_dir.is_dir():   # before the report's imports (pandas, scipy, matplotlib: seconds)
+    if not sweep_dir.is_dir():   # every check before the report's imports (pandas, scipy: seconds)
         fail(f"{sweep_dir}: no such directory")
-    from grpo_ablate import report as rep
-
     if fmt not in ("md", "csv", "json"):
         fail(f"--format {fmt!r} is not allowed; allowed: md, csv, json")
     if watch is not None and watch <= 0:
@@ -550,6 +548,8 @@ def report(
         fail(f"--alpha {alpha} is not allowed; it must lie in (0, 0.5)")
     if predict_from is not None and not 0 < predict_from < 1:
         fail(f"--predict-from {predict_from} is not allowed; give the fraction of each run's steps, in (0, 1)")
+    from grpo_ablate import report as rep
+
     options = {"metric": metric, "higher_is_better": not lower_is_better, "conflict_threshold": conflict_threshold,
                "effect": effect, "summary": parse_summary(summary, last_k), "predict_from": predict_from,
                "compute": compute, "error_control": error_control, "alpha": alpha}

@@ -379,6 +379,8 @@ def refresh_statuses(sweep_dir: Path, manifest: dict, outcomes: dict | None = No
 def start(req: SweepRequest, console, dry_run: bool = False) -> int:
     """Plan, (dry run: print) create the sweep dir, launch, summarise. Returns the exit code."""
     check_launcher(req.launcher, req.jobs)
+    if req.sweep_dir is not None and not dry_run:
+        check_new_dir(Path(req.sweep_dir))   # before planning: a taken --dir is refused at once
     manifest = plan(req)
     if dry_run:
         print_matrix(manifest, console)
@@ -399,9 +401,7 @@ def create_sweep_dir(req: SweepRequest, manifest: dict) -> Path:
     """The sweep dir (--dir, else a new one under runs/sweeps/) with its manifest; never an
     existing non-empty one."""
     sweep_dir = Path(req.sweep_dir) if req.sweep_dir else _new_sweep_dir(manifest)
-    if sweep_dir.exists() and any(sweep_dir.iterdir()):
-        raise SweepError(f"{sweep_dir} already exists and is not empty; continue it with "
-                         f"`grpo-ablate sweep --resume {sweep_dir}` or pick another --dir")
+    check_new_dir(sweep_dir)
     problem = writable_problem(sweep_dir)
     if problem:
         raise SweepError(f"cannot write the sweep dir {sweep_dir}: {problem}; give --dir <a writable path>"
@@ -409,6 +409,12 @@ def create_sweep_dir(req: SweepRequest, manifest: dict) -> Path:
     sweep_dir.mkdir(parents=True, exist_ok=True)
     write_manifest(sweep_dir, manifest)
     return sweep_dir
+
+
+def check_new_dir(sweep_dir: Path) -> None:
+    if sweep_dir.is_dir() and any(sweep_dir.iterdir()):
+        raise SweepError(f"{sweep_dir} already exists and is not empty; continue it with "
+                         f"`grpo-ablate sweep --resume {sweep_dir}` or pick another --dir")
 
 
 def resume(sweep_dir: Path, launcher: str | None, jobs: int | None, hydra_args: list[str], console,

@@ -27,8 +27,9 @@ from grpo_ablate.sampling.prompts import PromptEncoder
 from grpo_ablate.tasks import build_task
 from grpo_ablate.rundir import DirLock
 from grpo_ablate.train.distributed import DataParallel
-from grpo_ablate.train.run import (Optimization, RunResult, already_finished, attention_implementation,
-                                   finished_result, open_run_dir, prepare_process, run_steps)
+from grpo_ablate.resume_rules import already_finished, open_run_dir
+from grpo_ablate.train.run import (Optimization, RunResult, attention_implementation, finished_result, prepare_process,
+                                   run_steps)
 from grpo_ablate.train.step import Controllers, GRPOTrainer, Policies, snapshot
 from grpo_ablate.tricks import option
 
