@@ -46,7 +46,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
         run_dir = Path(dp.broadcast(str(run_dir)))
         console = console if dp.is_main else None
         say = console.print if console is not None else (lambda *a, **k: None)
-        warn = Console(stderr=True).print if console is not None else say   # warnings on stderr, as errors
+        warn = Console(stderr=True, soft_wrap=True).print if console is not None else say   # on stderr, one line
         for name, reason in inert_tricks(cfg, chosen_tricks(cfg, overrides)):   # compute it would waste
             warn(f"[yellow]warning[/]: {name} {reason}", markup=True, highlight=False)
         prepare_process(cfg)
