@@ -639,7 +639,7 @@ def main() -> None:
         sys.argv = _optional_value(sys.argv, "--watch", "30")
     try:
         code = app(standalone_mode=False)   # click's errors come back here, not as its 3-line usage block
-    except typer.Abort:                     # Ctrl-C outside a run (a run handles it itself: stopping.py)
+    except (typer.Abort, KeyboardInterrupt):   # Ctrl-C (a run records itself first: stopping.py)
         code = 130
     except Exception as err:                # click's own checks (`--max-seeds abc`), whichever click typer ships
         if not (hasattr(err, "format_message") and hasattr(err, "exit_code")):

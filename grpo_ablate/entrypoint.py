@@ -46,9 +46,10 @@ def hydra_train(cfg: DictConfig) -> int:
         release_all_locks()   # the signal is resent below: this process ends past the CLI's `finally`
         if os.environ.get("RANK", "0") == "0":
             given_dir = [o for o in HydraConfig.get().overrides.hydra if o.startswith("hydra.run.dir=")]
-            Console(stderr=True).print(f"{prefix}interrupted: {stop.reason}; "
-                                       f"{_how_to_continue(run_dir, overrides + given_dir[-1:])}",
-                                       markup=False, highlight=False, soft_wrap=True)
+            how = (f"`grpo-ablate sweep --resume {run_dir.parent}` continues it" if in_sweep
+                   else _how_to_continue(run_dir, overrides + given_dir[-1:]))
+            Console(stderr=True).print(f"{prefix}interrupted: {stop.reason}; {how}", markup=False, highlight=False,
+                                       soft_wrap=True)
         _last_exit_code = 128 + stop.signum
         stop.resend()
         return _last_exit_code

@@ -34,10 +34,11 @@ class RunInterrupted(BaseException):
 
     def resend(self) -> None:
         """Now that the run's status is written, the signal does what it would have done (ends a
-        plain process; submitit's job process ignores it and returns its result). Ctrl-C ends the
-        process as SIGINT's default does, without Python's KeyboardInterrupt traceback."""
+        plain process; submitit's job process ignores it and returns its result). Ctrl-C goes on
+        as Python's KeyboardInterrupt: the CLI's cleanup runs, and a sweep running this run in its own
+        process records it; the CLI ends with 130 and no traceback."""
         if self.signum == signal.SIGINT:
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            raise KeyboardInterrupt
         os.kill(os.getpid(), self.signum)
 
 

@@ -508,6 +508,23 @@ def run_jobs(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, j
     """Launch `todo` (runs of the manifest) through Hydra, record how each ended, print the summary;
     0 when every run of the sweep finished (completed or diverged). Shared by start, resume and
     the sequential sweep's looks."""
+    try:
+        outcomes = _launch_now_and_later(sweep_dir, manifest, todo, launcher, jobs, hydra_args, console, resume)
+    except KeyboardInterrupt:   # Ctrl-C: each run records `interrupted` itself (stopping.py); so does the sweep
+        refresh_statuses(sweep_dir, manifest)
+        write_manifest(sweep_dir, manifest)
+        console.print(f"stopped (Ctrl-C): `grpo-ablate sweep --resume {sweep_dir}` continues it (interrupted runs "
+                      "from their checkpoints)", markup=False, highlight=False)
+        return 130
+    refresh_statuses(sweep_dir, manifest, outcomes)
+    write_manifest(sweep_dir, manifest)
+    print_summary(manifest, console, sweep_dir)
+    return 0 if all(run["status"] in FINISHED for run in manifest["runs"]) else 1
+
+
+def _launch_now_and_later(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, jobs: int | None,
+                          hydra_args: list[str], console, resume: bool) -> dict:
+    """The runs that can start now, then the SFT controls that wait for the treatments' time."""
     outcomes: dict = {}
     now = [run for run in todo if not run.get("deferred")]
     later = [run for run in todo if run.get("deferred")]
@@ -530,10 +547,7 @@ def run_jobs(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, j
             console.print(f"SFT control budget: {wall_s:.1f} s of training (the median of the treatment runs)",
                           markup=False, highlight=False)
             outcomes.update(_launch(sweep_dir, manifest, later, launcher, jobs, hydra_args, console, resume))
-    refresh_statuses(sweep_dir, manifest, outcomes)
-    write_manifest(sweep_dir, manifest)
-    print_summary(manifest, console, sweep_dir)
-    return 0 if all(run["status"] in FINISHED for run in manifest["runs"]) else 1
+    return outcomes
 
 
 def treatment_train_seconds(sweep_dir: Path, manifest: dict) -> float | None:
