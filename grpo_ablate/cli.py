@@ -263,14 +263,14 @@ def _resume_sweep(resume_dir: Path, given: list[str], args: list[str], launcher,
     """`sweep --resume DIR`: the plan is the manifest's; only how and where runs run may change."""
     from grpo_ablate.sweep.launch import read_manifest
 
-    read_manifest(resume_dir)   # not a sweep dir, or a damaged manifest: refused before the imports below
-    from grpo_ablate.sweep import sequential
-
     train_args = [a for a in args if not a.startswith("hydra.")]
     if given or train_args:
         fail(f"--resume continues a sweep exactly as it was planned; drop {', '.join(given + train_args)} "
              "(only --launcher, --jobs, hydra.* launcher settings and, for --seeds auto, "
              "--max-seeds and --budget may change)")
+    read_manifest(resume_dir)   # not a sweep dir, or a damaged manifest: refused before the imports below
+    from grpo_ablate.sweep import sequential
+
     return sequential.resume_any(resume_dir, launcher, jobs, [a for a in args if a.startswith("hydra.")],
                                  console, sequential_limits, rerun)
 

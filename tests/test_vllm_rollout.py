@@ -27,7 +27,7 @@ def test_vllm_without_vllm_is_one_line_exit_2_and_no_run_dir(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-def test_vllm_without_a_gpu_is_refused(monkeypatch):
+def test_vllm_without_a_gpu_is_refused(monkeypatch, tmp_path):
     import importlib.util
 
     real_find_spec = importlib.util.find_spec
@@ -35,7 +35,8 @@ def test_vllm_without_a_gpu_is_refused(monkeypatch):
                         lambda name, *a: object() if name == "vllm" else real_find_spec(name, *a))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="rollout=vllm needs a CUDA GPU, and none is available here"):
-        check_here(compose(["rollout=vllm", "model=hf", "model.path=."]))
+        (tmp_path / "config.json").write_text("{}")   # a folder that holds a model (config.check_here looks)
+        check_here(compose(["rollout=vllm", "model=hf", f"model.path={tmp_path}"]))
 
 
 class FakeLLM:
