@@ -19,7 +19,10 @@ VLLM_CPU_KVCACHE_SPACE, --compile drops enforce_eager (vLLM's torch.compile mode
 compilation at start, a C++ toolchain), --threads torch's threads for LeanDecoder.
 
 Prints one JSON line: the settings, per backend the median seconds and tokens/s over the
-repeats and every repeat's figure, and vllm_over_lean = the ratio of the median tokens/s.
+repeats and every repeat's figure, vllm_over_lean = the ratio of the median tokens/s, and
+paired_ratio_median = the median over repeats of (vLLM's tokens/s / LeanDecoder's) within a
+repeat: the two calls of a repeat run back to back, so on a shared machine they see about the
+same load, and this ratio is the figure to quote.
 """
 from __future__ import annotations
 
@@ -109,7 +112,9 @@ def main() -> None:
                       "threads": args.threads, "bind": args.bind, "kv_cache_gib": args.kv_cache_gib,
                       "compile": args.compile, "vllm_engine_start_s": round(engine_start_s, 1),
                       "lean": lean_s, "vllm": vllm_s,
-                      "vllm_over_lean": vllm_s["median_tokens_per_s"] / lean_s["median_tokens_per_s"]}))
+                      "vllm_over_lean": vllm_s["median_tokens_per_s"] / lean_s["median_tokens_per_s"],
+                      "paired_ratio_median": statistics.median(
+                          v / lean for v, lean in zip(vllm_s["tokens_per_s"], lean_s["tokens_per_s"]))}))
 
 
 if __name__ == "__main__":
