@@ -103,18 +103,29 @@ def policy_weights(policy, lora: bool, dtype: torch.dtype) -> list[tuple[str, to
     return named
 
 
-class _RotaryReloadNote(logging.Filter):
-    """Drops vLLM's "RotaryEmbedding: Failed to load weights" at every reload: the rotary cos/sin
-    cache is a buffer computed at construction, never in a checkpoint, and the reload puts the
-    engine's own back (layerwise.py `_place_kernel_tensors`); the log-prob checks show it intact."""
+class _KnownNoise(logging.Filter):
+    """Drops two vLLM warnings that say nothing about this use: "RotaryEmbedding: Failed to load
+    weights" at every reload (the rotary cos/sin cache is a buffer computed at construction, never
+    in a checkpoint; the reload puts the engine's own back, layerwise.py `_place_kernel_tensors`, and
+    the log-prob checks show it intact), and "Chat template warmup failed" with its traceback at
+    start (skip_tokenizer_init: there is no tokenizer to render a chat with, by design)."""
+    NOISE = ("RotaryEmbedding: Failed to load", "Chat template warmup failed")
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.getMessage().startswith("RotaryEmbedding") and "Failed to load" in record.getMessage())
+        return not record.getMessage().startswith(self.NOISE)
+
+
+def _quiet_known_noise() -> None:
+    for name in ("vllm.model_executor.model_loader.reload.layerwise", "vllm.renderers.base"):
+        logging.getLogger(name).addFilter(_KnownNoise())
 
 
 class VLLMEngine:
     def __init__(self, options: VLLMOptions, policy):
         _set_process_env(options)
         from vllm import LLM
+
+        _quiet_known_noise()
 
         self.options = options
         self.device = next(policy.parameters()).device
@@ -128,7 +139,6 @@ class VLLMEngine:
             generation_config="vllm",             # no sampling defaults from the model's config
             enable_prefix_caching=True,           # the G completions of a prompt share its KV cache
         )
-        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_RotaryReloadNote())
         self.dtype = getattr(torch, options.dtype)
         self.pushes = 0
         self.sync(policy)
