@@ -98,7 +98,7 @@ def _hold_run_dir(cfg, args: List[str]):
 
     from grpo_ablate.config import ConfigError
     from grpo_ablate.rundir import DirLock, writable_problem
-    from grpo_ablate.train.run import already_finished, open_run_dir
+    from grpo_ablate.resume_rules import already_finished, open_run_dir
 
     given = [a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")]
     if not given:
@@ -195,8 +195,7 @@ def sweep(
             Summary.parse(summary)
         except ValueError as err:
             fail(f"--summary: {err}")
-    from grpo_ablate.config import ConfigError   # the training stack: only once the options are good
-    from grpo_ablate.sweep import sequential
+    from grpo_ablate.config import ConfigError   # the config checks (no torch: a refusal stays fast)
     from grpo_ablate.sweep.launch import start
     from grpo_ablate.sweep.matrix import SweepError
     from grpo_ablate.values import ValueProblem
@@ -221,6 +220,8 @@ def sweep(
             _given_options(request, controls, control_budget, allow_inert,
                            {"max_seeds": max_seeds, "budget": budget, "effect": effect, "summary": summary})
             if str(request.seeds) == "auto":
+                from grpo_ablate.sweep import sequential   # the report's statistics (pandas, scipy)
+
                 options = sequential.options_from(request.sequential)
                 request.summary = options.summary
                 code = sequential.start(request, options, console, dry_run=dry_run)
@@ -260,6 +261,9 @@ def _given_options(request, controls, control_budget, allow_inert, sequential_gi
 def _resume_sweep(resume_dir: Path, given: list[str], args: list[str], launcher, jobs, sequential_limits,
                   rerun: tuple = ()) -> int:
     """`sweep --resume DIR`: the plan is the manifest's; only how and where runs run may change."""
+    from grpo_ablate.sweep.launch import read_manifest
+
+    read_manifest(resume_dir)   # not a sweep dir, or a damaged manifest: refused before the imports below
     from grpo_ablate.sweep import sequential
 
     train_args = [a for a in args if not a.startswith("hydra.")]
@@ -387,6 +391,9 @@ def doctor(
     import time
 
     _check_options(jobs=jobs, steps=steps, max_runs=max_runs)   # before the training stack is imported
+    if seeds is not None and seeds.strip() == "auto":
+        fail("doctor asks whether any run breaks training, not whether a Δ is nonzero: there is no contrast "
+             "for --seeds auto to decide; give a seed count (--seeds 2)")
     from grpo_ablate.sweep import doctor as doc
     from grpo_ablate.config import ConfigError
     from grpo_ablate.sweep.launch import DEFAULT_BASE, DEFAULT_TRICKS, plan, print_matrix
@@ -394,9 +401,6 @@ def doctor(
     from grpo_ablate.sweep.matrix import SweepError
 
     args = list(ctx.args)
-    if seeds is not None and seeds.strip() == "auto":
-        fail("doctor asks whether any run breaks training, not whether a Δ is nonzero: there is no contrast "
-             "for --seeds auto to decide; give a seed count (--seeds 2)")
     try:
         if resume_dir is not None:
             given = [opt for opt, value in (("--tricks", tricks_), ("--base", base), ("--steps", steps),
@@ -517,10 +521,8 @@ def report(
     wandb_report: bool = typer.Option(False, "--wandb-report", help="Also build a W&B Report (online only)."),
 ) -> None:
     """Which tricks matter: table, verdicts, health flags and PNG curves for a sweep dir."""
-    if not sweep_dir.is_dir():   # before the report's imports (pandas, scipy, matplotlib: seconds)
+    if not sweep_dir.is_dir():   # every check before the report's imports (pandas, scipy: seconds)
         fail(f"{sweep_dir}: no such directory")
-    from grpo_ablate import report as rep
-
     if fmt not in ("md", "csv", "json"):
         fail(f"--format {fmt!r} is not allowed; allowed: md, csv, json")
     if watch is not None and watch <= 0:
@@ -546,6 +548,8 @@ def report(
         fail(f"--alpha {alpha} is not allowed; it must lie in (0, 0.5)")
     if predict_from is not None and not 0 < predict_from < 1:
         fail(f"--predict-from {predict_from} is not allowed; give the fraction of each run's steps, in (0, 1)")
+    from grpo_ablate import report as rep
+
     options = {"metric": metric, "higher_is_better": not lower_is_better, "conflict_threshold": conflict_threshold,
                "effect": effect, "summary": parse_summary(summary, last_k), "predict_from": predict_from,
                "compute": compute, "error_control": error_control, "alpha": alpha}
@@ -600,6 +604,21 @@ def _last_wins(args: List[str]) -> List[str]:
     return [a for i, a in enumerate(args) if last[key(a)] == i]
 
 
+def _with_given_value(message: str) -> str:
+    """click's "Invalid value for '--max-seeds': ..." with the value the user gave: "--max-seeds 'abc': ..."."""
+    import re
+
+    match = re.match(r"Invalid value for '(--[\w-]+)': (.*)", message)
+    if not match:
+        return message
+    option, why = match.groups()
+    args = sys.argv[1:]
+    given = next((a.split("=", 1)[1] for a in args if a.startswith(option + "=")), None)
+    if given is None and option in args and args.index(option) + 1 < len(args):
+        given = args[args.index(option) + 1]
+    return f"{option} {given!r} is not allowed: {why[0].lower() + why[1:]}" if given is not None else message
+
+
 def _optional_value(args: List[str], option: str, default: str) -> List[str]:
     """`report DIR --watch` with no number: typer options cannot have an optional value, so
     the default is put in before parsing."""
@@ -618,7 +637,23 @@ def _optional_value(args: List[str], option: str, default: str) -> List[str]:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "report":
         sys.argv = _optional_value(sys.argv, "--watch", "30")
-    app()
+    try:
+        code = app(standalone_mode=False)   # click's errors come back here, not as its 3-line usage block
+    except (typer.Abort, KeyboardInterrupt):   # Ctrl-C (a run records itself first: stopping.py)
+        code = 130
+    except Exception as err:                # click's own checks (`--max-seeds abc`), whichever click typer ships
+        if not (hasattr(err, "format_message") and hasattr(err, "exit_code")):
+            raise
+        ctx = getattr(err, "ctx", None)
+        if type(err).__name__ == "NoArgsIsHelpError" and ctx is not None:   # `grpo-ablate` alone: its help
+            print(ctx.get_help())
+            code = 0
+        else:
+            where = f"; see {ctx.command_path} --help" if ctx is not None else ""
+            err_console.print(f"error: {_with_given_value(err.format_message().rstrip('.'))}{where}", markup=False,
+                              highlight=False, soft_wrap=True)
+            code = err.exit_code
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

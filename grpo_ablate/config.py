@@ -15,11 +15,10 @@ import os
 import re
 from pathlib import Path
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_ablate.errors import ConfigError
-from grpo_ablate.model_source import PACKAGE_PREFIX, ModelPathError, gguf_source, local_path
+from grpo_ablate.model_source import PACKAGE_PREFIX, ModelPathError, gguf_problem, gguf_source, local_path
 from grpo_ablate.rundir import cache_message, writable_problem
 from grpo_ablate.tasks import TASKS
 from grpo_ablate.ranks import launched_ranks
@@ -145,6 +144,8 @@ def check_family_values(cfg: DictConfig, family: str) -> None:
         _require(spec.ok(value, cfg), f"{family}.{key}={value!r} is not allowed; {spec.allowed(cfg)}")
     for check in chosen.checks:
         problem = check(cfg)
+        if problem is not None and not problem.startswith(family):   # every message names its subject
+            problem = f"{family}={chosen.name}: {problem}"
         _require(problem is None, problem or "")
 
 
@@ -308,10 +309,12 @@ def check_here(cfg: DictConfig) -> None:
                  f"model.path={path!r} is not a local directory and not in the Hugging Face cache, and "
                  "the hub is offline (HF_HUB_OFFLINE=1); download it where there is network, or give a "
                  "directory with a saved transformers model")
+    problem = _model_files_problem(cfg.model)   # before any loading: a damaged or missing model is one line
+    _require(problem is None, problem or "")
     problem = cache_problem(cfg.model)   # an unwritable home or GRPO_ABLATE_CACHE: one line, not a traceback
     _require(problem is None, problem or "")
     device = str(cfg.model.get("device") or "cpu")
-    _require(not device.startswith("cuda") or torch.cuda.is_available(),
+    _require(not device.startswith("cuda") or _cuda_available(),
              f"model.device={device} but no CUDA GPU is available here; use model.device=auto or cpu")
     lora = cfg.model.get("lora")
     _require(lora is None or lora.r == 0 or importlib.util.find_spec("peft") is not None,
@@ -359,6 +362,13 @@ def cache_problem(model_cfg: DictConfig) -> str | None:
     return cache_message(cache_root, problem) if problem else None
 
 
+def _cuda_available() -> bool:
+    """torch is imported only when a setting asks for CUDA: a refused command never pays for it."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _vllm_problem(cfg: DictConfig) -> str | None:
     """Why rollout=vllm cannot run here (None: it can)."""
     if importlib.util.find_spec("vllm") is None:
@@ -372,6 +382,31 @@ def _hub_model_reachable(name: str) -> bool:
     from huggingface_hub import constants, try_to_load_from_cache
 
     return not constants.HF_HUB_OFFLINE or isinstance(try_to_load_from_cache(name, "config.json"), str)
+
+
+def _model_files_problem(model_cfg) -> str | None:
+    """Why model.path names no loadable model on this disk (None: it may): a GGUF file whose header is
+    damaged or cut short, or a local folder that holds no saved model. A hub id is checked elsewhere."""
+    try:
+        file = gguf_source(model_cfg)
+    except ModelPathError as err:
+        return str(err)
+    if file is not None:
+        problem = gguf_problem(file)
+        return f"{file} {problem}; give a whole .gguf file" if problem else None
+    path = model_cfg.get("path")
+    if path is None or not (str(path).startswith(PACKAGE_PREFIX) or _looks_local(str(path))):
+        return None
+    try:
+        folder = Path(os.path.expanduser(local_path(path)))
+    except ModelPathError as err:
+        return str(err)
+    if not folder.exists():
+        return f"model.path={path!r}: {folder} does not exist; give a folder with a saved transformers model"
+    if not (folder / "config.json").is_file():
+        return (f"model.path={path!r}: there is no model in {folder} (no config.json, which transformers' "
+                "save_pretrained writes; a .gguf file goes in model.path=<file> or model.gguf_file)")
+    return None
 
 
 def _looks_local(path: str) -> bool:
@@ -467,6 +502,10 @@ def _nearby(base: DictConfig, key: str) -> str:
 
     parent, _, leaf = key.rpartition(".")
     hint = f"; {leaf} is a trick family: choose its option with {leaf}=<option>" if leaf in trick_families() else ""
+    having = _options_with_setting(parent, leaf) if parent in trick_families() else []
+    if having:   # `staleness.k=2` while staleness=none: the options that have k, not a near spelling
+        return (f"; {leaf} is a setting of {parent}={'|'.join(having)}, not of {parent}={base[parent].name}: "
+                f"choose one, e.g. {parent}={having[0]} {key}=...")
     close = difflib.get_close_matches(key, _leaf_keys(OmegaConf.to_container(base)), n=3, cutoff=0.75)
     if close:
         hint += f"; did you mean {' or '.join(close)}"
@@ -474,6 +513,14 @@ def _nearby(base: DictConfig, key: str) -> str:
     if isinstance(node, DictConfig):
         hint += f"; keys of {repr(parent) if parent else 'the top level'}: {', '.join(sorted(node.keys()))}"
     return hint
+
+
+def _options_with_setting(family: str, setting: str) -> list[str]:
+    """The options of a trick family that take `setting` (a knob of theirs, or a family setting their flags allow)."""
+    flagged = family_info(family).settings.get(setting)
+    return sorted(name for name, chosen in options(family).items()
+                  if setting in chosen.ranges or flagged is not None and (flagged[1] is None
+                                                                          or getattr(chosen, flagged[1])))
 
 
 def _leaf_keys(node: dict, prefix: str = "") -> list[str]:

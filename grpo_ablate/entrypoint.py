@@ -45,8 +45,11 @@ def hydra_train(cfg: DictConfig) -> int:
     except RunInterrupted as stop:
         release_all_locks()   # the signal is resent below: this process ends past the CLI's `finally`
         if os.environ.get("RANK", "0") == "0":
-            console.print(f"{prefix}interrupted: {stop.reason}; {_how_to_continue(run_dir, overrides)}",
-                          markup=False, highlight=False)
+            given_dir = [o for o in HydraConfig.get().overrides.hydra if o.startswith("hydra.run.dir=")]
+            how = (f"`grpo-ablate sweep --resume {run_dir.parent}` continues it" if in_sweep
+                   else _how_to_continue(run_dir, overrides + given_dir[-1:]))
+            Console(stderr=True).print(f"{prefix}interrupted: {stop.reason}; {how}", markup=False, highlight=False,
+                                       soft_wrap=True)
         _last_exit_code = 128 + stop.signum
         stop.resend()
         return _last_exit_code
@@ -80,7 +83,7 @@ def _how_to_continue(run_dir: Path, overrides: list[str]) -> str:
     if (run_dir / "status.json").exists():
         return f"it has no checkpoint yet: `grpo-ablate train --resume {run_dir} --restart` starts it over"
     remove_if_unused(run_dir)
-    given = " ".join(o for o in overrides if not o.startswith("hydra."))
+    given = " ".join(o for o in overrides if not o.startswith("hydra.") or o.startswith("hydra.run.dir="))
     return f"it had not started, nothing was kept: run `grpo-ablate train {given}` again".replace("  ", " ")
 
 

@@ -23,7 +23,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, PreTrainedTokeniz
                           Qwen2Config, Qwen2ForCausalLM)
 from transformers.utils import logging as hf_logging
 
-from grpo_ablate.model_source import ModelPathError, gguf_source, local_path
+from grpo_ablate.model_source import ModelPathError, gguf_source, local_path, warm_start_dir
 from grpo_ablate.rundir import cache_message, writable_problem
 
 # Loading and saving tiny checkpoints many times a run: no per-file progress bars.
@@ -54,17 +54,6 @@ def build_char_tokenizer(chars: str) -> PreTrainedTokenizerFast:
 # ---------------------------------------------------------------------------------------
 # The embedded default: a tiny Qwen2-shaped model, warm-started on the task, cached on disk
 # ---------------------------------------------------------------------------------------
-# Bump when the warm-up procedure changes, so old cache entries are never reused.
-WARMUP_VERSION = 1
-
-
-def warm_start_key(arch: dict, chars: str, task_spec: dict, warmup: dict) -> str:
-    """Content address of a warm-started model: everything that determines its weights."""
-    spec = {"version": WARMUP_VERSION, "arch": arch, "chars": chars, "task": task_spec,
-            "warmup": warmup}
-    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def build_tiny_model(arch: dict, tokenizer, seed: int) -> Qwen2ForCausalLM:
     torch.manual_seed(seed)
     config = Qwen2Config(vocab_size=len(tokenizer), tie_word_embeddings=True,
@@ -128,9 +117,8 @@ def ensure_warm_started(model_cfg, task, log=print) -> Path:
     """
     arch = dict(model_cfg.arch)
     warmup = dict(model_cfg.warmup)
-    key = warm_start_key(arch, task.chars, task.describe(), warmup)
-    cache_root = Path(os.path.expanduser(str(model_cfg.cache_dir)))
-    target = cache_root / f"tiny-{key}"
+    target = warm_start_dir(model_cfg, task)
+    key, cache_root = target.name[len("tiny-"):], target.parent
     if (target / "config.json").exists():
         return target
     problem = writable_problem(cache_root)

@@ -15,6 +15,7 @@ the writers that need torch (checkpoints, W&B) are in `grpo_ablate/train/run_log
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -201,14 +202,17 @@ def find_checkpoint(run_dir: Path) -> Path | None:
 
 # ------------------------------------------------------------------------------ one writer a dir
 LOCK = ".lock"
-_HELD: dict[str, int] = {}   # lock path -> how often this process holds it (the CLI, then its trainer)
+_HELD: dict[str, list] = {}   # lock path -> [open fd, how often this process holds it] (the CLI, then its trainer)
 
 
 class DirLock:
-    """A run dir or sweep dir is written by one process at a time: `.lock` holds the writer's pid
-    and host while it works and is removed when it ends. A lock left by a process that is gone
-    (killed) is taken over with a message; one held by a live process, or by another host, is
-    refused in one line. Re-entrant within a process."""
+    """A run dir or sweep dir is written by one process at a time. The writer holds an OS lock
+    (flock) on `.lock` while it works, and writes its pid and host there for the messages; the
+    file is removed when it ends. The OS drops the lock when its process ends however it ends,
+    so a lock nobody holds is stale whatever the file says (garbage, a recycled pid, pid 1),
+    and taking one over cannot race: whoever gets the OS lock on the file at the path owns it.
+    A held lock, or a file naming a process on another host (a shared file system), is refused
+    in one line. Re-entrant within a process."""
 
     def __init__(self, directory: Path, what: str, say=None):
         self.directory, self.what, self.say = Path(directory), what, say or (lambda text: None)
@@ -217,59 +221,71 @@ class DirLock:
 
     def acquire(self) -> "DirLock":
         key = str(self.path.resolve())
-        if _HELD.get(key):
-            _HELD[key] += 1
+        if key in _HELD:
+            _HELD[key][1] += 1
             return self
-        for _ in range(3):
+        for _ in range(5):
+            fd = self._open()
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                self._take_over_if_stale()
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise ConfigError(self._held_message()) from None
+            if not self._still_at_path(fd):   # its holder removed it between our open and our lock
+                os.close(fd)
                 continue
-            with os.fdopen(fd, "w") as f:
-                f.write(json.dumps({**self.me, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
-            _HELD[key] = 1
+            left = os.read(fd, 4096).decode(errors="replace").strip()
+            self._refuse_other_host(fd, left)
+            if left:
+                self.say(f"{self.path}: {self._left_by(left)} is gone; taking the {self.what} over")
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps({**self.me, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n").encode(), 0)
+            _HELD[key] = [fd, 1]
             return self
         raise ConfigError(f"could not lock {self.what} {self.directory}: {self.path} keeps changing hands")
 
-    def _take_over_if_stale(self) -> None:
+    def _open(self) -> int:
         try:
-            holder = json.loads(self.path.read_text())
-            pid, host = int(holder["pid"]), str(holder["host"])
-        except FileNotFoundError:
-            return                                   # released meanwhile: try again
-        except (OSError, ValueError, KeyError, TypeError):
-            if time.time() - self._mtime() < 10:     # being written this moment
-                raise ConfigError(f"{self.what} {self.directory} is being opened by another process "
-                                  f"({self.path}); wait for it") from None
-            pid, host = None, None                   # an unreadable lock nobody is writing: stale
-        if host is not None and host != self.me["host"]:
-            raise ConfigError(f"{self.what} {self.directory} is in use by process {pid} on {host} ({self.path}); "
-                              "wait for it, or delete that file if that process is gone")
-        if pid is not None and _alive(pid):
-            raise ConfigError(f"{self.what} {self.directory} is in use by process {pid} on this machine "
-                              f"({self.path}); wait for it to finish or stop it")
-        self.say(f"{self.path}: its process {pid} is gone; taking the {self.what} over")
-        try:
-            os.replace(self.path, self.path.with_name(f"{LOCK}.stale-{os.getpid()}"))
-            self.path.with_name(f"{LOCK}.stale-{os.getpid()}").unlink()
-        except FileNotFoundError:
-            pass                                     # another process took it over first
+            return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except IsADirectoryError:
+            raise ConfigError(f"{self.path} is a directory, not {self.what}'s lock file; remove it "
+                              f"(rmdir {self.path}) and run again") from None
+        except OSError as err:
+            raise ConfigError(f"cannot lock {self.what} {self.directory}: {self.path}: {err.strerror}") from None
 
-    def _mtime(self) -> float:
+    def _still_at_path(self, fd: int) -> bool:
         try:
-            return self.path.stat().st_mtime
-        except OSError:
-            return 0.0
+            return os.stat(self.path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            return False
+
+    def _held_message(self) -> str:
+        holder = _read_holder(self.path)
+        who = f"process {holder[0]}" if holder else "another process"
+        return f"{self.what} {self.directory} is in use by {who} on this machine ({self.path}); wait for it to " \
+               "finish or stop it"
+
+    def _refuse_other_host(self, fd: int, left: str) -> None:
+        holder = _parse_holder(left)
+        if holder and holder[1] != self.me["host"]:
+            os.close(fd)   # its OS lock may not reach us across machines: that process may still be running
+            raise ConfigError(f"{self.what} {self.directory} is in use by process {holder[0]} on {holder[1]} "
+                              f"({self.path}); wait for it, or delete that file if that process is gone")
+
+    @staticmethod
+    def _left_by(left: str) -> str:
+        holder = _parse_holder(left)
+        return f"its process {holder[0]}" if holder else "the process that left it"
 
     def release(self) -> None:
         key = str(self.path.resolve())
-        if not _HELD.get(key):
+        if key not in _HELD:
             return
-        _HELD[key] -= 1
-        if _HELD[key] == 0:
-            del _HELD[key]
-            self.path.unlink(missing_ok=True)
+        _HELD[key][1] -= 1
+        if _HELD[key][1] == 0:
+            fd, _ = _HELD.pop(key)
+            self.path.unlink(missing_ok=True)   # while still holding it: a waiting opener finds it gone, retries
+            os.close(fd)
 
     def __enter__(self) -> "DirLock":
         return self.acquire()
@@ -278,21 +294,28 @@ class DirLock:
         self.release()
 
 
+def _parse_holder(text: str) -> tuple[int, str] | None:
+    """(pid, host) from a lock file's text, or None when it names none."""
+    try:
+        holder = json.loads(text)
+        return int(holder["pid"]), str(holder["host"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _read_holder(path: Path) -> tuple[int, str] | None:
+    try:
+        return _parse_holder(path.read_text())
+    except OSError:
+        return None
+
+
 def release_all_locks() -> None:
     """Remove every lock this process holds: it is about to end by a signal, past any `finally`."""
     for key in list(_HELD):
+        fd, _ = _HELD.pop(key)
         Path(key).unlink(missing_ok=True)
-        del _HELD[key]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        os.close(fd)
 
 
 def writable_problem(path: Path) -> str | None:

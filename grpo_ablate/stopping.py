@@ -1,10 +1,10 @@
-"""A run stopped from outside: SLURM's time limit, `scancel`, preemption, `kill` (SIGTERM).
+"""A run stopped from outside: SLURM's time limit, `scancel`, preemption, `kill` (SIGTERM), Ctrl-C (SIGINT).
 
 Such a run did nothing wrong. Its status is `interrupted`, with the reason (e.g. "SLURM time
 limit (00:01:00, job 12_0)"), and `--resume` continues it from its last checkpoint, as it
 would a run killed outright; a `failed` run, by contrast, is started over.
 
-While a run trains, the entrypoint turns SIGTERM into RunInterrupted (a BaseException, so no
+While a run trains, the entrypoint turns SIGTERM and SIGINT into RunInterrupted (a BaseException, so no
 `except Exception` swallows it); the trainer records the status on its way out, and the
 entrypoint then lets the signal do what it would have done. SLURM sends SIGTERM at the time
 limit and on `scancel`, KillWait seconds (30 by default) before SIGKILL: time enough to write
@@ -34,7 +34,11 @@ class RunInterrupted(BaseException):
 
     def resend(self) -> None:
         """Now that the run's status is written, the signal does what it would have done (ends a
-        plain process; submitit's job process ignores it and returns its result)."""
+        plain process; submitit's job process ignores it and returns its result). Ctrl-C goes on
+        as Python's KeyboardInterrupt: the CLI's cleanup runs, and a sweep running this run in its own
+        process records it; the CLI ends with 130 and no traceback."""
+        if self.signum == signal.SIGINT:
+            raise KeyboardInterrupt
         os.kill(os.getpid(), self.signum)
 
 
@@ -48,8 +52,9 @@ def how_it_ended(err: BaseException) -> tuple[str, str]:
 
 @contextmanager
 def stop_on_signals():
-    """SIGTERM raises RunInterrupted in the main thread while the block runs (once: a second
-    SIGTERM while the status is written is ignored); in a SLURM job, SIGUSR2 is noted. The
+    """SIGTERM and SIGINT (Ctrl-C: treated alike, so the run is `interrupted` and resumes from its
+    checkpoint, not `failed` and started over) raise RunInterrupted in the main thread while the
+    block runs (once: a second signal while the status is written is ignored); in a SLURM job, SIGUSR2 is noted. The
     previous handlers are back afterwards. Elsewhere than the main thread: nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -60,7 +65,7 @@ def stop_on_signals():
         signal.signal(signum, signal.SIG_IGN)
         raise RunInterrupted(stop_reason(signum, warned=bool(warned)), signum)
 
-    handlers = {signal.SIGTERM: on_term}
+    handlers = {signal.SIGTERM: on_term, signal.SIGINT: on_term}
     if os.environ.get("SLURM_JOB_ID"):
         handlers[signal.SIGUSR2] = lambda signum, frame: warned.append(signum)
     previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}

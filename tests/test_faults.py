@@ -206,16 +206,24 @@ def test_resume_options_are_checked(run_cli, tmp_path, args, needle):
     assert snapshot(sweep) == before
 
 
+def hold_lock(directory, what="sweep dir"):
+    """A live grpo-ablate process holding `directory`'s lock (until killed)."""
+    code = (f"import time; from grpo_ablate.rundir import DirLock; DirLock({str(directory)!r}, {what!r}).acquire(); "
+            "print('held', flush=True); time.sleep(120)")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
 def test_a_sweep_dir_held_by_a_live_process_is_refused(run_cli, tmp_path):
     sweep = _sweep_with_runs(tmp_path)
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    holder = hold_lock(sweep)
     try:
-        (sweep / ".lock").write_text(json.dumps({"pid": holder.pid, "host": os.uname().nodename}))
         before = snapshot(sweep)
         refused(run_cli("sweep", "--resume", sweep), f"is in use by process {holder.pid} on this machine")
         assert snapshot(sweep) == before
     finally:
-        holder.kill()
+        holder.kill()           # killed: its lock file stays behind, naming it
         holder.wait()
     out = run_cli("sweep", "--resume", sweep)   # its process is gone: the lock is taken over, and released
     assert out.exit_code == 0 and f"its process {holder.pid} is gone" in out.stdout, out.stdout
@@ -243,7 +251,55 @@ def test_dir_lock_is_reentrant_takes_over_a_dead_holder_and_refuses_a_live_one(t
         DirLock(tmp_path, "run dir").acquire()
 
 
-# ------------------------------------------------------------------------------ environment faults
+@pytest.mark.parametrize("left, said", [
+    ("garbage", "the process that left it is gone"),            # was "its process None is gone"
+    ("", None),                                                 # an empty file: nobody's, taken silently
+    (json.dumps({"pid": 1, "host": os.uname().nodename}), "its process 1 is gone"),     # pid 1 is alive, but
+    (json.dumps({"pid": -1, "host": os.uname().nodename}), "its process -1 is gone"),   # holds no lock here
+])
+def test_only_a_process_holding_the_lock_counts_whatever_the_file_says(tmp_path, left, said):
+    (tmp_path / ".lock").write_text(left)      # a fresh file too: its age does not matter
+    heard = []
+    with DirLock(tmp_path, "run dir", heard.append):
+        assert json.loads((tmp_path / ".lock").read_text())["pid"] == os.getpid()
+    assert heard == ([f"{tmp_path}/.lock: {said}; taking the run dir over"] if said else [])
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_lock_that_is_a_directory_is_one_line_and_nothing_is_left(run_cli, tmp_path):
+    sweep = _sweep_with_runs(tmp_path)
+    (sweep / ".lock").mkdir()
+    before = snapshot(sweep)
+    refused(run_cli("sweep", "--resume", sweep), f"{sweep}/.lock is a directory, not sweep dir's lock file; "
+                                                 "remove it")
+    assert snapshot(sweep) == before and sorted(p.name for p in sweep.glob(".lock*")) == [".lock"]
+
+
+def test_two_processes_racing_for_a_stale_lock_never_both_hold_it(tmp_path):
+    """Eight processes take over the same stale lock at once, each holding it a moment: at most one
+    holds it at a time (each appends `in`/`out` to a journal under the lock), and none is lost."""
+    (tmp_path / ".lock").write_text(json.dumps({"pid": 999999, "host": os.uname().nodename}))
+    journal = tmp_path.parent / f"{tmp_path.name}.journal"
+    code = textwrap.dedent(f"""
+        import time
+        from grpo_ablate.errors import ConfigError
+        from grpo_ablate.rundir import DirLock
+        while True:
+            try:
+                lock = DirLock({str(tmp_path)!r}, "run dir").acquire()
+                break
+            except ConfigError:
+                time.sleep(0.01)
+        with open({str(journal)!r}, "a") as f:
+            f.write("in\\n"); f.flush(); time.sleep(0.05); f.write("out\\n")
+        lock.release()
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(8)]
+    assert all(p.wait(timeout=120) == 0 for p in procs)
+    assert journal.read_text() == "in\nout\n" * 8
+    assert not (tmp_path / ".lock").exists()
+
+
 def test_unwritable_places_are_named_with_the_setting_that_moves_them(run_cli, tmp_path, monkeypatch):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -392,8 +448,10 @@ def test_a_second_train_while_one_runs_is_refused_and_the_first_completes(small,
 
 
 @pytest.mark.slow
-def test_sigterm_during_the_warm_start_leaves_no_run_dir_and_says_how_to_start_again(tmp_path):
-    """Stopped before the run began (building the model cache): no --resume to offer, nothing kept."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])   # kill, and Ctrl-C alike
+def test_a_stop_during_the_warm_start_leaves_no_run_dir_and_says_how_to_start_again(tmp_path, signum):
+    """Stopped before the run began (building the model cache): no --resume to offer, nothing kept;
+    the command to start again trains into the user's own dir."""
     from conftest import SMALL
 
     run_dir = tmp_path / "run"
@@ -405,11 +463,13 @@ def test_sigterm_during_the_warm_start_leaves_no_run_dir_and_says_how_to_start_a
             if "warm-starting" in line:
                 break
         time.sleep(1)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         output, _ = proc.communicate(timeout=300)
     finally:
         proc.kill()
-    assert proc.returncode == -signal.SIGTERM, output
-    assert "interrupted: SIGTERM; it had not started, nothing was kept: run `grpo-ablate train" in output, output
-    assert "--resume" not in output
+    assert proc.returncode == (130 if signum == signal.SIGINT else -signum), output   # as a shell reports Ctrl-C
+    name = signal.Signals(signum).name
+    assert f"interrupted: {name}; it had not started, nothing was kept: run `grpo-ablate train" in output, output
+    assert f"hydra.run.dir={run_dir}` again" in output, output
+    assert "--resume" not in output and "Traceback" not in output
     assert not run_dir.exists()

@@ -107,8 +107,16 @@ def test_difficulty_pool_metrics_count_the_pools():
     pool = pool_of(["prompt_pool=difficulty", "prompt_pool.size=5"])
     _, idx = pool.draw(5, step=1, sampling_round=0)
     pool.observe(idx, torch.tensor([[1.0, 1.0], [0.0, 0.0], [0.0, 1.0], [0.0, 0.0], [1.0, 1.0]]))
-    assert pool.metrics() == {"pool/retired": 0, "pool/unseen": 0, "pool/epoch": 0, "pool/easy": 2,
-                              "pool/hard": 2, "pool/sorted": 4}
+    assert pool.metrics() == {"pool/retired": 0, "pool/unseen": 0, "pool/epoch": 0, "pool/all_retired": 0,
+                              "pool/easy": 2, "pool/hard": 2, "pool/sorted": 4}
+
+
+def test_a_pool_whose_every_prompt_retired_says_so_as_it_draws_them_all_again():
+    pool = pool_of(["prompt_pool=no_positive_resampling", "prompt_pool.size=4"])
+    _, idx = pool.draw(4, step=1, sampling_round=0)
+    pool.observe(idx, torch.ones(4, 2))                                    # every prompt solved
+    _, again = pool.draw(4, step=2, sampling_round=0)
+    assert sorted(again.tolist()) == [0, 1, 2, 3] and pool.metrics()["pool/all_retired"] == 1
 
 
 # ---------------------------------------------------------------- inert rules and bad values

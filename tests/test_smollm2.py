@@ -124,13 +124,20 @@ def run(overrides, run_dir):
     return read_rows(run_dir / "metrics.jsonl")
 
 
+# pi_theta and pi_ref hold the same weights before the first update, but their forwards may take
+# different CPU kernels (one under autograd, one without; oneDNN picks by CPU: issue 32 measured a
+# k3 of 1.6e-9 on an AVX-512/AMX Xeon, 0.0 here): equal to rounding, not to the bit. k3 ~ d^2/2
+# for a log-prob gap d, so 1e-6 allows gaps of ~1e-3, far above rounding and far below an update's.
+KL_AT_THE_SAME_WEIGHTS = 1e-6
+
+
 def test_two_full_steps_kl_zero_first_and_a_checkpoint_that_reloads(smollm2, tmp_path):
     from grpo_ablate.models import load_model_and_tokenizer
 
     rows = run(real_run("kl.beta=0.05"), tmp_path / "run")
     assert [r["step"] for r in rows] == [0, 1, 2]
-    assert rows[1]["kl/k3"] == 0.0                      # pi_theta is pi_ref, bit for bit, before an update
-    assert rows[1]["optim/grad_norm"] > 0 and rows[2]["kl/k3"] > 0
+    assert abs(rows[1]["kl/k3"]) <= KL_AT_THE_SAME_WEIGHTS   # pi_theta is pi_ref before an update
+    assert rows[1]["optim/grad_norm"] > 0 and rows[2]["kl/k3"] > rows[1]["kl/k3"]
     reloaded, tokenizer = load_model_and_tokenizer(tmp_path / "run" / "checkpoint")
     base = smollm2[0]
     assert reloaded.config.num_key_value_heads == 3 and tokenizer.chat_template == smollm2[1].chat_template
@@ -141,7 +148,7 @@ def test_two_full_steps_kl_zero_first_and_a_checkpoint_that_reloads(smollm2, tmp
 def test_lora_two_steps_resume_exactly(smollm2, tmp_path):
     args = real_run("model.lora.r=8", "kl.beta=0.05", "checkpoint_every=1", "eval.every=1")
     full = run(args, tmp_path / "full")
-    assert full[1]["kl/k3"] == 0.0 and full[2]["kl/k3"] > 0
+    assert abs(full[1]["kl/k3"]) <= KL_AT_THE_SAME_WEIGHTS and full[2]["kl/k3"] > full[1]["kl/k3"]
     run(args + ["steps=1"], tmp_path / "part")
     part = run(args + ["resume=true"], tmp_path / "part")
     strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]

@@ -25,6 +25,7 @@ def in_slurm_job(monkeypatch):
 def test_outside_slurm_the_reason_is_the_signal(monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     assert stop_reason(signal.SIGTERM) == "SIGTERM"
+    assert stop_reason(signal.SIGINT) == "SIGINT"
     assert how_it_ended(stopping.RunInterrupted("SIGTERM", signal.SIGTERM)) == ("interrupted", "SIGTERM")
     assert how_it_ended(RuntimeError("boom")) == ("failed", "RuntimeError: boom")
 
@@ -66,7 +67,8 @@ def test_without_accounting_job_states_come_from_squeue():
 
 
 @pytest.mark.slow
-def test_sigterm_interrupts_a_run_which_resume_continues(small, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])   # kill, and Ctrl-C alike
+def test_a_stop_interrupts_a_run_which_resume_continues(small, tmp_path, signum):
     """kill -TERM mid-run: status `interrupted` (not `failed`), the process then ends by the
     signal as it would have; --resume continues from the checkpoint (the rows it covers stay)."""
     run_dir = tmp_path / "run"
@@ -81,15 +83,16 @@ def test_sigterm_interrupts_a_run_which_resume_continues(small, tmp_path):
             if status and status["step"] >= 4:
                 break
             time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         output, _ = proc.communicate(timeout=600)
     finally:
         proc.kill()
-    assert proc.returncode == -signal.SIGTERM, output
+    name = signal.Signals(signum).name
+    assert proc.returncode == (130 if signum == signal.SIGINT else -signum), output   # as a shell reports Ctrl-C
     status = read_status(run_dir)
-    assert (status["state"], status["reason"]) == ("interrupted", "SIGTERM"), status
-    assert f"interrupted: SIGTERM; `grpo-ablate train --resume {run_dir}` continues it" in output
-    assert not (run_dir / "traceback.txt").exists()
+    assert (status["state"], status["reason"]) == ("interrupted", name), status
+    assert f"interrupted: {name}; `grpo-ablate train --resume {run_dir}` continues it" in output, output
+    assert not (run_dir / "traceback.txt").exists() and "Traceback" not in output
     before = [row for row in read_rows(run_dir / "metrics.jsonl") if row["step"] <= 4]
     end = status["step"] + 2
     r = cli("train", "--resume", str(run_dir), f"steps={end}", cwd=tmp_path)
@@ -98,3 +101,39 @@ def test_sigterm_interrupts_a_run_which_resume_continues(small, tmp_path):
     assert [row["step"] for row in after] == list(range(end + 1))
     assert after[:len(before)] == before
     assert read_status(run_dir)["state"] == "completed"
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_a_sweep_leaves_the_running_run_interrupted_and_resume_continues_it(small, tmp_path):
+    """Ctrl-C reaches the sweep and its runs (one process group, as a terminal sends it): the run is
+    `interrupted`, not `failed`, and `sweep --resume` continues it from its checkpoint, not from 0."""
+    import os
+
+    sweep = tmp_path / "sweep"
+    args = ["sweep", "add-one-in", "--tricks", "no_std", "--seeds", "1", "--launcher", "basic", "--no-controls",
+            "--dir", str(sweep), *[o for o in small if not o.startswith("steps=")], "steps=200", "eval.every=1000",
+            "checkpoint_every=2"]
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_ablate.cli", *args], cwd=tmp_path, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 900
+        while time.time() < deadline:
+            status = read_status(sweep / "base-s0") if (sweep / "base-s0" / "status.json").exists() else None
+            if status and status["step"] >= 4:
+                break
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        output, _ = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, output
+    assert "Traceback" not in output and f"`grpo-ablate sweep --resume {sweep}` continues it" in output, output
+    status = read_status(sweep / "base-s0")
+    assert (status["state"], status["reason"]) == ("interrupted", "SIGINT"), status
+    stopped_at = status["step"]
+    before = [row for row in read_rows(sweep / "base-s0" / "metrics.jsonl") if row["step"] <= 4]
+    r = cli("sweep", "--resume", str(sweep), cwd=tmp_path, timeout=1800)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rows = read_rows(sweep / "base-s0" / "metrics.jsonl")
+    assert rows[:len(before)] == before and [row["step"] for row in rows] == list(range(201))
+    assert stopped_at >= 4 and read_status(sweep / "base-s0")["state"] == "completed"

@@ -29,8 +29,8 @@ FAMILIES = {"no_std": "adv", "token_mean": "loss_agg", "clip_higher": "clip", "b
 # ------------------------------------------------------------------------------ the matrix in contexts
 def test_across_is_every_combination_of_the_keys_values():
     contexts = across_contexts(["task.level=easy,hard", "reward.wrong=0,-1"])
-    assert [c.name for c in contexts] == ["level-easy.wrong-0", "level-easy.wrong-1", "level-hard.wrong-0",
-                                          "level-hard.wrong-1"]
+    assert [c.name for c in contexts] == ["level-easy.wrong-0", "level-easy.wrong--1", "level-hard.wrong-0",
+                                          "level-hard.wrong--1"]
     assert contexts[1].overrides == ("task.level=easy", "reward.wrong=-1")
     assert [c.name for c in across_contexts(["model=tiny,tiny_aligned"])] == ["tiny", "tiny_aligned"]
     for bad, says in [("task.level", "give KEY=v1,v2"), ("task.level=easy,,hard", "give KEY=v1,v2"),
@@ -253,7 +253,7 @@ def test_dry_run_counts_the_runs_of_every_context(tmp_path, small):
                  "--across", "reward.wrong=0,-1", "--seeds", "2", "--dry-run", *small, cwd=tmp_path)
     assert r.exit_code == 0, r.stdout + r.stderr
     assert "across 4 contexts: 16 runs, 4 contrasts" in r.stdout
-    assert "  level-hard.wrong-1: 2 variants, 4 runs (task.level=hard reward.wrong=-1)" in r.stdout
+    assert "  level-hard.wrong--1: 2 variants, 4 runs (task.level=hard reward.wrong=-1)" in r.stdout
     assert "expected wall time" in r.stdout and listing(tmp_path) == []
 
 
@@ -312,8 +312,8 @@ def test_a_killed_sweep_across_contexts_resumes_to_the_same_results(tmp_path, sm
         return {d.name: [{k: v for k, v in row.items() if not k.startswith(("time/", "perf/"))}
                          for row in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())]
                 for d in sweep.glob("*-s*")}
-    assert sorted(metrics(killed)) == ["add-no_std@wrong-0-s0", "add-no_std@wrong-1-s0", "base@wrong-0-s0",
-                                       "base@wrong-1-s0"]
+    assert sorted(metrics(killed)) == ["add-no_std@wrong-0-s0", "add-no_std@wrong--1-s0", "base@wrong-0-s0",
+                                       "base@wrong--1-s0"]
     assert metrics(killed) == metrics(whole)
     assert os.path.exists(killed / "manifest.json")
 

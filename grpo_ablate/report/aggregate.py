@@ -19,7 +19,6 @@ import math
 import warnings
 
 import numpy as np
-from scipy import stats
 
 from grpo_ablate.report.stats import Estimate
 
@@ -29,6 +28,8 @@ SEED = 0              # the bootstrap's generator: a report is the same every ti
 
 def iqm(scores, axis=-1):
     """The interquartile mean over the last axis (scores of all runs and tasks, flattened)."""
+    from scipy import stats   # here, not at the top: scipy.stats costs ~0.7 s to import (report/stats.py)
+
     return stats.trim_mean(scores, 0.25, axis=axis)
 
 
@@ -53,6 +54,8 @@ def aggregate_iqm(scores: dict, level: float = 0.95, reps: int = REPS) -> Estima
 def _with_interval(point: float, n: int, basis: str, samples: tuple, stat, level: float, reps: int) -> Estimate:
     """The point estimate with its stratified percentile-bootstrap interval (none when the
     resamples are degenerate: every resample gives the same value)."""
+    from scipy import stats   # (see iqm)
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", stats.DegenerateDataWarning)
         ci = stats.bootstrap(samples, stat, n_resamples=reps, confidence_level=level, method="percentile",
@@ -64,6 +67,8 @@ def _with_interval(point: float, n: int, basis: str, samples: tuple, stat, level
 
 def _improvement(x: np.ndarray, y: np.ndarray, axis=-1):
     """U / (n m) along `axis` (mannwhitneyu broadcasts over the other axes: one call per resample set)."""
+    from scipy import stats   # (see iqm)
+
     return stats.mannwhitneyu(x, y, axis=axis).statistic / (x.shape[axis] * y.shape[axis])
 
 

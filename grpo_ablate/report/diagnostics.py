@@ -22,8 +22,6 @@ import itertools
 import math
 
 import numpy as np
-from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
 
 from grpo_ablate.report.formatting import fmt_estimate, fmt_num
 from grpo_ablate.report.stats import Estimate, delta_ci, final_value, kl_column, mean_ci, t_quantile
@@ -348,6 +346,9 @@ def plot(report, out_dir) -> list[tuple[str, str]]:
             if x is not None]
     limit = max(ends, default=0.0) or 1.0
     size = 1.6 + 1.3 * len(tricks)
+    from matplotlib.figure import Figure   # here: a report without figures never imports matplotlib
+    from matplotlib.patches import Rectangle
+
     fig = Figure(figsize=(size + 1.5, size))
     ax = fig.subplots()
     image = ax.imshow(grid, cmap="RdBu" if report.higher_is_better else "RdBu_r", vmin=-limit, vmax=limit)

@@ -277,12 +277,35 @@ def _scan_sweep(sweep_dir: Path, thresholds: HealthThresholds) -> Sweep:
         sweep.sweep_id = nested_value(config, "sweep", "id") or sweep.sweep_id
         sweep.mode = nested_value(config, "sweep", "mode") or sweep.mode
         sweep.wandb_group = nested_value(config, "run", "group") or sweep.wandb_group
+    _one_sweep_only(sweep_dir, dirs, sweep.runs)
     sweep.variants = list(variants.values())
     sweep.seeds = sorted({r.seed for r in sweep.runs if r.seed is not None})
     identify_controls(sweep, None, by_name=True)
     # a control's tricks (none, or the base's) would pair it with a treatment as a "contrast"
     sweep.contrasts = infer_contrasts([v for v in sweep.variants if v["kind"] != "control"], sweep.mode)
     return sweep
+
+
+def _one_sweep_only(sweep_dir: Path, dirs: list[Path], runs: list[Run]) -> None:
+    """Run dirs gathered without a manifest come from one sweep: two sweeps' runs of one variant and
+    seed would be averaged as one (a seed counted twice), and their contrasts unpaired."""
+    ids = {}
+    for d in dirs:
+        config = _read_yaml(d / "config.yaml", []) if (d / "config.yaml").exists() else {}
+        sweep_id = nested_value(config, "sweep", "id")
+        if sweep_id is not None:
+            ids.setdefault(str(sweep_id), d.name)
+    if len(ids) > 1:
+        named = ", ".join(f"{i} ({d})" for i, d in list(ids.items())[:3])
+        raise ReportError(f"{sweep_dir} holds the runs of {len(ids)} sweeps ({named}); report each sweep's dir "
+                          "on its own")
+    seen: dict = {}
+    for d, run in zip(dirs, runs):
+        key = (run.variant, run.seed)
+        if run.seed is not None and key in seen:
+            raise ReportError(f"{sweep_dir}: {seen[key]} and {d.name} are both variant {run.variant} seed "
+                              f"{run.seed}; one run each (report each sweep's dir on its own)")
+        seen[key] = d.name
 
 
 # --------------------------------------------------------------------------- controls and contrasts

@@ -2,12 +2,16 @@
 the trick × context table, the transfer verdicts, the claims beside the measurements."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-from matplotlib.figure import Figure
 
 from grpo_ablate.report.build import Report
 from grpo_ablate.report.formatting import fmt_num
 from grpo_ablate.report.transfer import NOT_TESTED
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def markdown_section(report: Report) -> list[str]:
@@ -81,6 +85,8 @@ def transfer_figure(report: Report) -> Figure | None:
         return None
     names = [c["name"] for c in t["contexts"]]
     markers = "osD^v<>ph*"
+    from matplotlib.figure import Figure   # here: a report without figures never imports matplotlib
+
     fig = Figure(figsize=(7.5, 1.4 + 0.55 * len(t["tricks"])))
     ax = fig.subplots()
     offsets = np.linspace(-0.25, 0.25, len(names)) if len(names) > 1 else [0.0]

@@ -42,7 +42,6 @@ import math
 import statistics
 
 import numpy as np
-from scipy.stats import fisher_exact
 
 from grpo_ablate.report.curves import Curve, Summary, curve
 from grpo_ablate.report.drift import DRIFT_ALPHA, arm_drift, binomial_se
@@ -172,6 +171,8 @@ def exclusion_test(with_counts: dict, without_counts: dict) -> float | None:
     used = [with_counts["used"], without_counts["used"]]
     if not any(excluded) or any(e + u == 0 for e, u in zip(excluded, used)):
         return None
+    from scipy.stats import fisher_exact   # here: scipy.stats costs ~0.7 s to import (report/stats.py)
+
     return float(fisher_exact([[excluded[0], used[0]], [excluded[1], used[1]]]).pvalue)
 
 

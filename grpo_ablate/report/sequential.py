@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from scipy import optimize, special, stats
+from scipy import optimize, special
 
 ALPHA = 0.05                 # two-sided: false helps + false hurts; a "beats" test runs at ALPHA / 2
 POWER = 0.8
@@ -173,7 +173,7 @@ def t_boundaries(ns: tuple[int, ...], cumulative: tuple[float, ...], two_sided: 
         raise ValueError(f"looks must be at strictly increasing seed counts >= 2, got {ns}")
     increments = np.diff([0.0, *cumulative])
     sides = 2 if two_sided else 1
-    bounds = [math.inf if increments[0] <= 0 else float(stats.t.isf(increments[0], ns[0] - 1))]
+    bounds = [math.inf if increments[0] <= 0 else -float(special.stdtrit(ns[0] - 1, increments[0]))]
     if len(ns) == 1:
         return tuple(bounds)
     rng = np.random.RandomState(CALIBRATION_SEED)
@@ -305,7 +305,7 @@ def nominal_level(boundary: float, n: int, two_sided: bool = True) -> float:
     """The p-value a t-test with n pairs must beat at a look with this boundary."""
     if not math.isfinite(boundary):
         return 0.0
-    p = float(stats.t.sf(boundary, n - 1))
+    p = float(special.stdtr(n - 1, -boundary))
     return 2.0 * p if two_sided else p
 
 

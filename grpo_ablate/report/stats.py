@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+from scipy import special
 
 ALPHA = 0.05
 ERROR_CONTROL = {"holm": "Holm", "bh": "Benjamini–Hochberg", "none": "no error control"}
@@ -94,10 +94,17 @@ class Estimate:
 
 
 # --------------------------------------------------------------------------- the t distribution
+# scipy's Student-t functions themselves (scipy.stats.t's ppf and sf call these), imported from
+# scipy.special: scipy.stats costs ~0.7 s to import, most of a small report's time.
 def t_quantile(p: float, df: float) -> float:
-    """Student-t quantile for p in (0, 1) and any df > 0 (Welch's df is fractional): scipy's, the
-    same source report/sequential.py's boundaries and power use."""
-    return float(stats.t.ppf(p, df))
+    """Student-t quantile for p in (0, 1) and any df > 0 (Welch's df is fractional): scipy.stats.t.ppf,
+    the same source report/sequential.py's boundaries and power use."""
+    return float(special.stdtrit(df, p))
+
+
+def t_tail(t: float, df: float) -> float:
+    """P(T >= t) for Student's t with df degrees of freedom: scipy.stats.t.sf."""
+    return float(special.stdtr(df, -t))
 
 
 # --------------------------------------------------------------------------- intervals
@@ -163,7 +170,7 @@ def paired_ci(diffs: dict, level: float = 0.95, granularity: float | None = None
     est.se, est.df, est.eval_noise = se, float(n - 1), noise
     half = t_quantile(0.5 + level / 2, n - 1) * se
     est.low, est.high = mean - half, mean + half
-    est.p = None if se == 0.0 else float(2.0 * stats.t.sf(abs(mean) / se, n - 1))
+    est.p = None if se == 0.0 else 2.0 * t_tail(abs(mean) / se, n - 1)
     return est
 
 
@@ -180,7 +187,7 @@ def welch_ci(a: np.ndarray, b: np.ndarray, level: float = 0.95) -> Estimate:
     df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
     half = t_quantile(0.5 + level / 2, df) * se
     return Estimate(diff, diff - half, diff + half, min(len(a), len(b)), basis,
-                    p=float(2.0 * stats.t.sf(abs(diff) / se, df)), se=se, df=df)
+                    p=2.0 * t_tail(abs(diff) / se, df), se=se, df=df)
 
 
 def eval_noise(problems: dict, seeds: list, se_seeds: float) -> EvalNoise | None:
@@ -229,6 +236,8 @@ def adjust(pvalues: list, method: str = "holm", alpha: float = ALPHA) -> list:
         return out
     p = np.array([pvalues[i] for i in tested], dtype=float)
     if method == "bh":
+        from scipy import stats   # (only here: see t_quantile)
+
         adjusted = stats.false_discovery_control(p, method="bh")
     else:
         order = np.argsort(p, kind="stable")
@@ -247,6 +256,8 @@ def breaking_p(broke_with: int, done_with: int, broke_without: int, done_without
     if not done_with or not done_without or broke_with + broke_without == 0:
         return None
     table = [[broke_with, broke_without], [done_with - broke_with, done_without - broke_without]]
+    from scipy import stats   # (only where a run broke: see t_quantile)
+
     return float(stats.boschloo_exact(table, alternative="greater").pvalue)
 
 

@@ -37,13 +37,11 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from scipy import stats
-
 from grpo_ablate.report import sequential as seq
 from grpo_ablate.report.aggregate import probability_of_improvement
 from grpo_ablate.report.claims_table import CLAIMS
 from grpo_ablate.report.load import nested_value
-from grpo_ablate.report.stats import Estimate
+from grpo_ablate.report.stats import Estimate, t_tail
 from grpo_ablate.report.verdicts import BREAKS_TRAINING, HELPS, HURTS, INERT, NO_EFFECT
 
 ALPHA = 0.05           # family-wise over the grid: every pair of contexts of every trick
@@ -88,7 +86,7 @@ def welch_p(a: list[float], b: list[float]) -> float | None:
         return None
     t = (sum(a) / len(a) - sum(b) / len(b)) / math.sqrt(va + vb)
     df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
-    return float(2 * stats.t.sf(abs(t), df))
+    return 2 * t_tail(abs(t), df)
 
 
 def holm(pvalues: list[float], alpha: float = ALPHA) -> list[bool]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 
-from scipy import stats
 
 from grpo_ablate.report import sequential as seq
 from grpo_ablate.report.activity import ACTIVITY, describe, shows_activity
@@ -33,7 +32,7 @@ from grpo_ablate.report.health import BREAKING_FLAGS
 from grpo_ablate.report.load import Run, Sweep, nested_value
 from grpo_ablate.report.power import contrast_alpha, power_numbers, sequential_decision, sequential_guarantee
 from grpo_ablate.report.evidence import Evidence
-from grpo_ablate.report.stats import ERROR_CONTROL, Estimate, adjust, breaking_p, delta_ci
+from grpo_ablate.report.stats import ERROR_CONTROL, Estimate, adjust, breaking_p, delta_ci, t_tail
 from grpo_ablate.rundir import TIMING_PREFIXES
 
 # --------------------------------------------------------------------------- the vocabulary
@@ -306,7 +305,7 @@ def against_controls(sweep: Sweep, evidence: Evidence, higher_is_better: bool,
             against.append({"variant": v["name"], "control": control, "role": role, "delta": delta})
     sign = 1.0 if higher_is_better else -1.0
     one_sided = [None if c["delta"].p is None or not c["delta"].se else
-                 float(2.0 * stats.t.sf(sign * c["delta"].mean / c["delta"].se, c["delta"].df)) for c in against]
+                 2.0 * t_tail(sign * c["delta"].mean / c["delta"].se, c["delta"].df) for c in against]
     adjusted = adjust([None if p is None else min(1.0, p) for p in one_sided], evidence.method, evidence.alpha)
     tested = sum(p is not None for p in one_sided)
     family = {"tests": tested, "method": evidence.method, "alpha": evidence.alpha,

@@ -20,11 +20,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from grpo_ablate import entrypoint
 from grpo_ablate.catalogue import load_catalogue
 from grpo_ablate.config import ConfigError, compose, config_hash, family_keys, trick_families, validate
 from grpo_ablate.inert import inert_reason
-from grpo_ablate.models import ensure_warm_started, gguf_source, model_dir
+from grpo_ablate.model_source import gguf_source, warm_start_dir
 from grpo_ablate.errors import DamagedFile
 from grpo_ablate.rundir import DirLock, atomic_write_text, read_json, read_rows, read_status, writable_problem
 from grpo_ablate.stopping import INTERRUPTED
@@ -109,6 +108,8 @@ def plan(req: SweepRequest) -> dict:
         common.append(f"steps={req.steps}")
     if req.contexts:   # the matrix repeated in every context
         check_contexts(req.contexts, matrix, families, common)
+        for context in req.contexts:   # a bad value is named by its context, before any run is composed
+            _compose(common + list(context.overrides), f"context {context.name}")
         matrix = with_contexts(matrix, req.contexts)
     common, matrix = scope_trick_settings(common, matrix)
     base_cfg = _compose(common, "the base")
@@ -378,11 +379,15 @@ def refresh_statuses(sweep_dir: Path, manifest: dict, outcomes: dict | None = No
 def start(req: SweepRequest, console, dry_run: bool = False) -> int:
     """Plan, (dry run: print) create the sweep dir, launch, summarise. Returns the exit code."""
     check_launcher(req.launcher, req.jobs)
+    if req.sweep_dir is not None and not dry_run:
+        check_new_dir(Path(req.sweep_dir))   # before planning: a taken --dir is refused at once
     manifest = plan(req)
     if dry_run:
         print_matrix(manifest, console)
         if manifest.get("contexts"):
             console.print(contexts_text(manifest, req), markup=False, highlight=False)
+        for line in warm_starts_to_build(manifest):
+            console.print(line, markup=False, highlight=False)
         return 0
     sweep_dir = create_sweep_dir(req, manifest)
     console.print(f"sweep {manifest['name']}: {len(manifest['variants'])} variants x "
@@ -396,9 +401,7 @@ def create_sweep_dir(req: SweepRequest, manifest: dict) -> Path:
     """The sweep dir (--dir, else a new one under runs/sweeps/) with its manifest; never an
     existing non-empty one."""
     sweep_dir = Path(req.sweep_dir) if req.sweep_dir else _new_sweep_dir(manifest)
-    if sweep_dir.exists() and any(sweep_dir.iterdir()):
-        raise SweepError(f"{sweep_dir} already exists and is not empty; continue it with "
-                         f"`grpo-ablate sweep --resume {sweep_dir}` or pick another --dir")
+    check_new_dir(sweep_dir)
     problem = writable_problem(sweep_dir)
     if problem:
         raise SweepError(f"cannot write the sweep dir {sweep_dir}: {problem}; give --dir <a writable path>"
@@ -406,6 +409,12 @@ def create_sweep_dir(req: SweepRequest, manifest: dict) -> Path:
     sweep_dir.mkdir(parents=True, exist_ok=True)
     write_manifest(sweep_dir, manifest)
     return sweep_dir
+
+
+def check_new_dir(sweep_dir: Path) -> None:
+    if sweep_dir.is_dir() and any(sweep_dir.iterdir()):
+        raise SweepError(f"{sweep_dir} already exists and is not empty; continue it with "
+                         f"`grpo-ablate sweep --resume {sweep_dir}` or pick another --dir")
 
 
 def resume(sweep_dir: Path, launcher: str | None, jobs: int | None, hydra_args: list[str], console,
@@ -499,6 +508,23 @@ def run_jobs(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, j
     """Launch `todo` (runs of the manifest) through Hydra, record how each ended, print the summary;
     0 when every run of the sweep finished (completed or diverged). Shared by start, resume and
     the sequential sweep's looks."""
+    try:
+        outcomes = _launch_now_and_later(sweep_dir, manifest, todo, launcher, jobs, hydra_args, console, resume)
+    except KeyboardInterrupt:   # Ctrl-C: each run records `interrupted` itself (stopping.py); so does the sweep
+        refresh_statuses(sweep_dir, manifest)
+        write_manifest(sweep_dir, manifest)
+        console.print(f"stopped (Ctrl-C): `grpo-ablate sweep --resume {sweep_dir}` continues it (interrupted runs "
+                      "from their checkpoints)", markup=False, highlight=False)
+        return 130
+    refresh_statuses(sweep_dir, manifest, outcomes)
+    write_manifest(sweep_dir, manifest)
+    print_summary(manifest, console, sweep_dir)
+    return 0 if all(run["status"] in FINISHED for run in manifest["runs"]) else 1
+
+
+def _launch_now_and_later(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, jobs: int | None,
+                          hydra_args: list[str], console, resume: bool) -> dict:
+    """The runs that can start now, then the SFT controls that wait for the treatments' time."""
     outcomes: dict = {}
     now = [run for run in todo if not run.get("deferred")]
     later = [run for run in todo if run.get("deferred")]
@@ -521,10 +547,7 @@ def run_jobs(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, j
             console.print(f"SFT control budget: {wall_s:.1f} s of training (the median of the treatment runs)",
                           markup=False, highlight=False)
             outcomes.update(_launch(sweep_dir, manifest, later, launcher, jobs, hydra_args, console, resume))
-    refresh_statuses(sweep_dir, manifest, outcomes)
-    write_manifest(sweep_dir, manifest)
-    print_summary(manifest, console, sweep_dir)
-    return 0 if all(run["status"] in FINISHED for run in manifest["runs"]) else 1
+    return outcomes
 
 
 def treatment_train_seconds(sweep_dir: Path, manifest: dict) -> float | None:
@@ -576,8 +599,27 @@ def _launch(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, jo
     from hydra_plugins.grpo_ablate_sweeper.grpo_ablate_sweeper import register
 
     register()
+    from grpo_ablate import entrypoint   # the training stack (torch, transformers): only once runs start
     entrypoint.run_hydra(args + list(hydra_args))
     return json.loads(results_file.read_text()) if results_file.exists() else {}
+
+
+def warm_starts_to_build(manifest: dict) -> list[str]:
+    """The embedded models a sweep will warm-start before its first run (not cached yet), one line each:
+    a context with another task (`--across task.level=easy,hard`) needs a model of its own."""
+    seen, lines = set(), []
+    for run in manifest["runs"]:
+        if run["variant"] in seen:
+            continue
+        seen.add(run["variant"])
+        cfg = _compose(list(run["overrides"]), f"run {run['run_dir']}")
+        if cfg.model.get("path") or gguf_source(cfg.model) is not None:
+            continue
+        target = warm_start_dir(cfg.model, build_task(cfg.task))
+        if not (target / "config.json").exists() and str(target) not in {line.split()[-1] for line in lines}:
+            lines.append(f"first warm-starts the embedded model for {run['variant']} (not cached yet; minutes "
+                         f"on 2 cores), cached as {target}")
+    return lines
 
 
 def _with_threads(overrides: list[str], threads: int | None) -> list[str]:
@@ -590,6 +632,7 @@ def _with_threads(overrides: list[str], threads: int | None) -> list[str]:
 def _warm_start(todo: list[dict], console) -> None:
     """Build each distinct embedded model (and convert each GGUF file) once, here, before parallel runs
     would race to."""
+    from grpo_ablate.models import ensure_warm_started, model_dir   # torch: only once runs start
     seen = set()
     for run in todo:
         cfg = _compose(list(run["overrides"]), f"run {run['run_dir']}")

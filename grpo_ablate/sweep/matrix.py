@@ -32,6 +32,8 @@ import itertools
 import re
 from dataclasses import dataclass, field, replace
 
+import yaml
+
 MODES = ("leave-one-out", "add-one-in", "ladder", "factorial", "pairwise", "conflict")
 FILE_MODES = ("variants",)   # modes only a sweep file can give (their variants are written out there)
 # What a `variants` sweep file may expect of a contrast: the report's verdicts (report/verdicts.py;
@@ -319,24 +321,81 @@ _CONTEXT_RESERVED = ("seed", "resume", "run", "sweep", "trick", "preset", "contr
 
 
 def across_contexts(specs: list[str]) -> list[Context]:
-    """`--across KEY=a,b` (repeatable) as contexts: every combination of the keys' values,
-    named by their labels (`level-hard`, `wrong-1`, a group's option as itself)."""
+    """`--across KEY=a,b` (repeatable) as contexts: every combination of the keys' values, named by
+    their labels (`level-hard`, `wrong--1`, a group's option as itself) or by the user's names
+    (`--across reward.wrong=strict=-1,lenient=0`). A value may be a list: `optim.betas=[0.9,0.99],[0.9,0.999]`."""
     axes = []
     for spec in specs:
         key, sep, values = spec.partition("=")
-        items = [v.strip() for v in values.split(",")] if sep else []
-        if not key.strip() or not items or "" in items:
-            raise SweepError(f"--across {spec!r} is not allowed; give KEY=v1,v2 (e.g. --across task.level=easy,hard)")
-        if len(set(items)) != len(items):
-            raise SweepError(f"--across {spec}: a value is listed twice")
-        axes.append((key.strip(), items))
+        key, items = key.strip(), _split_top_level(values) if sep else []
+        if not key or not items or "" in items:
+            raise SweepError(f"--across {spec!r} is not allowed; give KEY=v1,v2 (e.g. --across task.level=easy,hard) "
+                             "or KEY=name1=v1,name2=v2 to name the contexts")
+        named = [item.partition("=") if "=" in item and not item.startswith(("[", "{")) else ("", "", item)
+                 for item in items]
+        values_ = [value.strip() for _, _, value in named]
+        labels = [name.strip() or _label(key, value) for (name, _, _), value in zip(named, values_)]
+        _check_distinct(spec, values_, labels)
+        axes.append((key, list(zip(labels, values_))))
     keys = [k for k, _ in axes]
     if len(set(keys)) != len(keys):
         raise SweepError(f"--across {', '.join(sorted({k for k in keys if keys.count(k) > 1}))} is given twice; "
                          "list its values once: --across KEY=a,b,c")
-    return [Context(".".join(_label(k, v) for k, v in zip(keys, combo)),
-                    tuple(f"{k}={v}" for k, v in zip(keys, combo)))
-            for combo in itertools.product(*(values for _, values in axes))]
+    return [Context(".".join(label for label, _ in combo), tuple(f"{k}={v}" for k, (_, v) in zip(keys, combo)))
+            for combo in itertools.product(*(items for _, items in axes))]
+
+
+def _split_top_level(text: str) -> list[str]:
+    """`a,b` -> [a, b]; commas inside [...], {...} or quotes stay in their item (a list value)."""
+    items, depth, quote, current = [], 0, None, ""
+    for ch in text:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append(current.strip())
+            current = ""
+            continue
+        current += ch
+    return items + [current.strip()]
+
+
+def _check_distinct(spec: str, values: list[str], labels: list[str]) -> None:
+    """One context per value: a value given twice (also `2e-4` and `0.0002`: the same number) or two
+    values whose labels collide (`/a/x` and `/a_x`) is refused, with how to name them."""
+    parsed = [_typed_value(v) for v in values]
+    for i, value in enumerate(parsed):
+        for j in range(i):
+            if parsed[j] == value and type(parsed[j]) is type(value):
+                same = (f"{values[i]} is listed twice" if values[j] == values[i]
+                        else f"{values[j]} and {values[i]} are the same value")
+                raise SweepError(f"--across {spec}: {same}; give each value once")
+    for i, label in enumerate(labels):
+        if not re.fullmatch(NAME_PATTERN, label):
+            raise SweepError(f"--across {spec}: context name {label!r} is not allowed; use letters, digits and "
+                             "_ . + -")
+        if label in labels[:i]:
+            raise SweepError(f"--across {spec}: {values[labels.index(label)]} and {values[i]} would both be named "
+                             f"{label}; name them: KEY=name1=v1,name2=v2")
+
+
+def _typed_value(text: str):
+    """A context value as Hydra will read it (`2e-4` == `0.0002`, `[0.9, 0.99]` == `[0.9,0.99]`)."""
+    try:
+        return float(text)     # YAML 1.1 reads `2e-4` as text; Hydra reads it as a number
+    except ValueError:
+        pass
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return tuple(value) if isinstance(value, list) else value if isinstance(value, (int, float, bool, str)) \
+        else text
 
 
 def file_contexts(spec) -> list[Context]:
@@ -428,9 +487,12 @@ def _listed(value: str) -> list[str]:
 
 
 def _label(key: str, value) -> str:
-    """A config group's option stands for itself (`grpo`); a key's value says whose it is."""
+    """A config group's option stands for itself (`grpo`); a key's value says whose it is, joined
+    by a hyphen (`wrong-1`, `wrong--1`: a value and its negative never share a name); a list's
+    items are joined by `_` (`betas-0.9_0.99`)."""
     text = str(value).lower() if isinstance(value, bool) else str(value)
-    label = text if "." not in key else f"{key.rsplit('.', 1)[1]}{text if text.startswith('-') else '-' + text}"
+    text = "_".join(_split_top_level(text[1:-1])) if text.startswith("[") and text.endswith("]") else text
+    label = text if "." not in key else f"{key.rsplit('.', 1)[1]}-{text}"
     return re.sub(r"[^A-Za-z0-9_.+-]", "_", label)
 
 
@@ -449,7 +511,8 @@ def parse_seeds(text: str | int | list) -> list[int]:
         if items is None:
             if not text.isdigit() or int(text) < 1:
                 raise SweepError(f"--seeds {text!r} is not allowed; give a count >= 1 (3 means seeds "
-                                 "0,1,2) or a comma list of seeds (0,5,9)")
+                                 "0,1,2), a comma list of seeds (0,5,9), or auto (sweep: seeds until each "
+                                 "contrast is decided)")
             return list(range(int(text)))
     seeds = []
     for item in items:

@@ -31,8 +31,9 @@ from grpo_ablate.sampling.engines import HFEngine, Rollouts
 from grpo_ablate.sampling.prompts import PromptEncoder
 from grpo_ablate.tasks import build_task
 from grpo_ablate.train.distributed import DataParallel
-from grpo_ablate.train.run import (Optimization, RunResult, StepResult, already_finished, attention_implementation,
-                                   evaluate, finished_result, open_run_dir, prepare_process, run_steps)
+from grpo_ablate.resume_rules import already_finished, open_run_dir
+from grpo_ablate.train.run import (Optimization, RunResult, StepResult, attention_implementation, evaluate,
+                                   finished_result, prepare_process, run_steps)
 from grpo_ablate.rundir import DirLock
 from grpo_ablate.train.step import sample_groups
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
+from rich.console import Console
 
 from grpo_ablate.config import check_here, trick, validate
 from grpo_ablate.inert import chosen_tricks, inert_tricks
@@ -26,8 +27,9 @@ from grpo_ablate.sampling.prompts import PromptEncoder
 from grpo_ablate.tasks import build_task
 from grpo_ablate.rundir import DirLock
 from grpo_ablate.train.distributed import DataParallel
-from grpo_ablate.train.run import (Optimization, RunResult, already_finished, attention_implementation,
-                                   finished_result, open_run_dir, prepare_process, run_steps)
+from grpo_ablate.resume_rules import already_finished, open_run_dir
+from grpo_ablate.train.run import (Optimization, RunResult, attention_implementation, finished_result, prepare_process,
+                                   run_steps)
 from grpo_ablate.train.step import Controllers, GRPOTrainer, Policies, snapshot
 from grpo_ablate.tricks import option
 
@@ -44,8 +46,9 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
         run_dir = Path(dp.broadcast(str(run_dir)))
         console = console if dp.is_main else None
         say = console.print if console is not None else (lambda *a, **k: None)
+        warn = Console(stderr=True, soft_wrap=True).print if console is not None else say   # on stderr, one line
         for name, reason in inert_tricks(cfg, chosen_tricks(cfg, overrides)):   # compute it would waste
-            say(f"[yellow]warning[/]: {name} {reason}", markup=True, highlight=False)
+            warn(f"[yellow]warning[/]: {name} {reason}", markup=True, highlight=False)
         prepare_process(cfg)
         if dp.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)

@@ -58,7 +58,9 @@ class PromptPool:
 
     def metrics(self) -> dict:
         seen = ~self.pass_rate.isnan()
-        out = {"pool/retired": int(self.retired.sum()), "pool/unseen": int((~seen).sum()), "pool/epoch": self.epoch}
+        out = {"pool/retired": int(self.retired.sum()), "pool/unseen": int((~seen).sum()), "pool/epoch": self.epoch,
+               # every prompt retired (no_positive_resampling): the option draws the whole pool again, said here
+               "pool/all_retired": int(bool(len(self.retired)) and bool(self.retired.all()))}
         easy_border, hard_border = self.borders
         if easy_border is not None:
             easy, hard = int((self.pass_rate > easy_border).sum()), int((self.pass_rate < hard_border).sum())

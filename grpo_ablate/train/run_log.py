@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from grpo_ablate.errors import DamagedFile
 from grpo_ablate.rundir import (CHECKPOINT, CHECKPOINT_OLD, CHECKPOINT_TMP, EVAL_SCORES, EVALS, atomic_write_text,
                                 finite_or_none, pack_scores, read_status, truncate_jsonl)
 from grpo_ablate.wandb_auth import resolve_mode
@@ -26,7 +27,12 @@ class RunLog:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.config_hash = config_hash
         self.started = time.time()
-        previous = read_status(self.run_dir) or {}
+        try:
+            previous = read_status(self.run_dir) or {}
+        except DamagedFile:   # `--restart` of a run whose status.json is damaged: written anew below
+            if resume_step is not None:
+                raise
+            previous = {}
         self.wall_before = float(previous.get("wall_time_s", 0.0)) if resume_step is not None else 0.0
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.samples_path = self.run_dir / "samples.jsonl"

@@ -7,7 +7,7 @@ and ROLL.
 """
 from __future__ import annotations
 
-import torch
+from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.registry import (FLAG, FRACTION, NON_NEGATIVE, POSITIVE, TRICKS_OR_TRAPS, Claim, Knob, Trick,
                                          choice, declare_family, register)

@@ -5,7 +5,7 @@ rare-success signal: the clipped fraction is logged so the report can show it.
 """
 from __future__ import annotations
 
-import torch
+from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.conditions import grpo_cannot_reach
 from grpo_ablate.tricks.registry import POSITIVE, Activity, Inert, Trick, declare_family, register

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 
-import torch
+from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.conditions import ONE_STEP, one_optimizer_step
 from grpo_ablate.tricks.registry import (DAPO, NON_NEGATIVE, NUMBER, POSITIVE, TRICKS_OR_TRAPS, Activity, Claim, Inert,

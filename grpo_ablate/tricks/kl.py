@@ -19,7 +19,7 @@ values above 10, i.e. |log r| beyond about 2.6 from above).
 """
 from __future__ import annotations
 
-import torch
+from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.conditions import no_kl_term
 from grpo_ablate.tricks.registry import (NON_NEGATIVE, POSITIVE, SEED_REVIEW, Activity, Claim, Inert, Knob, Trick,

@@ -10,7 +10,7 @@ completion tokens (uncertain tokens are regularized more).
 """
 from __future__ import annotations
 
-import torch
+from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.registry import NON_NEGATIVE, POSITIVE, POSITIVE_INT, Inert, Trick, declare_family, register
 

@@ -10,7 +10,7 @@ Reference: Kimi k1.5 (arXiv 2501.12599), section 2.3.3.
 """
 from __future__ import annotations
 
-import torch
+from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.registry import (NUMBER, SEED_REVIEW, Activity, Claim, Trick, declare_family, register)
 

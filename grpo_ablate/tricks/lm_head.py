@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import types
 
-import torch
+from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.registry import Claim, Inert, Trick, declare_family, register
 

@@ -19,7 +19,7 @@ loss is 0, never NaN. L_max is the generation budget (max_new_tokens), as in Dr.
 """
 from __future__ import annotations
 
-import torch
+from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.registry import (DAPO, TRICKS_OR_TRAPS, Claim, Trick, declare_family, register)
 

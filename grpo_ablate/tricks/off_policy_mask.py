@@ -16,7 +16,7 @@ optimizer steps per rollout or a sampler-trainer mismatch.
 """
 from __future__ import annotations
 
-import torch
+from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.conditions import policy_never_leaves_sampler
 from grpo_ablate.tricks.registry import NON_NEGATIVE, Activity, Inert, Trick, declare_family, register

@@ -15,7 +15,7 @@ added to the task reward.
 """
 from __future__ import annotations
 
-import torch
+from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.registry import (DAPO, NON_NEGATIVE, Activity, Claim, Knob, Trick, declare_family, register)
 

@@ -38,7 +38,7 @@ far), `pool/unseen`, `pool/easy`, `pool/hard`, `pool/sorted` (easy + hard), `poo
 """
 from __future__ import annotations
 
-import torch
+from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.registry import (FRACTION, Activity, Claim, Inert, Knob, Trick, declare_family, register)
 
@@ -78,9 +78,13 @@ NO_POOLS = Inert(_no_pool_reachable, "cannot act: no pass rate is above easy_bor
 
 def _check_size(cfg):
     """A generated task (the arithmetic one) has no training set to pool: the pool needs a size."""
-    if cfg.prompt_pool.get("size") is None and cfg.task.name == "arithmetic":
+    size, per_step = cfg.prompt_pool.get("size"), cfg.rollout.prompts_per_step
+    if size is None and cfg.task.name == "arithmetic":
         return ("prompt_pool.size=null is not allowed with task=arithmetic: it generates its problems, so the pool "
                 "needs a size (an integer > 0)")
+    if size is not None and size < per_step:   # a batch draws distinct prompts: it would repeat one every step
+        return (f"prompt_pool.size={size} is smaller than rollout.prompts_per_step={per_step}: every batch would "
+                f"repeat a prompt; give a size >= {per_step}")
     return None
 
 

@@ -27,7 +27,7 @@ to the objective, not its speed.
 """
 from __future__ import annotations
 
-import torch
+from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.registry import Activity, Inert, Trick, declare_family, register
 

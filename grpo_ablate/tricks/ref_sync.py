@@ -13,7 +13,7 @@ this project's config check. alpha = 1 copies the policy (a hard reset).
 """
 from __future__ import annotations
 
-import torch
+from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.conditions import total_optimizer_steps
 from grpo_ablate.tricks.registry import FRACTION, POSITIVE_INT, Activity, Inert, Trick, declare_family, register

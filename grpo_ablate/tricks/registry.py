@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 _FAMILIES: dict[str, dict[str, "Option"]] = {}
 _DECLARED: dict[str, "Family"] = {}
+_FLAGS: set[str] = set()   # every capability flag some option was registered with
 
 
 # ------------------------------------------------------------------------------ the facts
@@ -265,9 +266,11 @@ class Option:
         return self.writes or (family_info(self.family).metric,)
 
     def __getattr__(self, flag: str):
-        """A capability flag given at registration (False when not given)."""
-        if flag.startswith("__"):
-            raise AttributeError(flag)
+        """A capability flag given at registration (False when this option was not given it; a name no
+        option was ever given is a typo, and an error, not a silent False)."""
+        if flag.startswith("__") or flag not in _FLAGS:
+            raise AttributeError(f"{flag!r} is not a capability flag of any trick option; flags: "
+                                 f"{', '.join(sorted(_FLAGS))}")
         return self.flags.get(flag, False)
 
     @property
@@ -316,6 +319,7 @@ def _tuple(value) -> tuple:
 
 def _add(new: Option) -> None:
     family, name = new.family, new.name
+    _FLAGS.update(new.flags)
     options = _FAMILIES.setdefault(family, {})
     if name in options:
         raise ValueError(f"{family}={name} is registered twice")

@@ -26,7 +26,7 @@ trained tokens at both levels (verl counts sequences at sequence level).
 """
 from __future__ import annotations
 
-import torch
+from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.conditions import same_sampler_and_trainer
 from grpo_ablate.tricks.registry import FLAG, POSITIVE, Activity, Claim, Inert, Knob, Trick, declare_family, register

@@ -17,7 +17,7 @@ computed on ragged groups.
 """
 from __future__ import annotations
 
-import torch
+from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.registry import (DAPO, POSITIVE_INT, SEED_REVIEW, Activity, Claim, Knob, Trick, declare_family,
                                          register)
@@ -29,8 +29,17 @@ declare_family("sampling", "which groups form the batch; `dynamic` is DAPO's, re
                          "g_max": Knob("integer", low="rollout.group_size", optional=True)})
 
 
-@register("sampling", "static")
-@register("sampling", "dynamic_group",
+def _one_round(cfg) -> str | None:
+    """Only `dynamic` refills: another option given max_rounds > 1 would either ignore it (it keeps
+    every group in round 1) or, for zero_variance, become DAPO's dynamic sampling under another name."""
+    rounds, name = cfg.sampling.get("max_rounds", 1), cfg.sampling.name
+    return None if rounds == 1 else (
+        f"sampling.max_rounds={rounds} is not allowed with sampling={name}, which samples one round; only "
+        "sampling=dynamic refills dropped groups with more rounds (DAPO's dynamic sampling)")
+
+
+@register("sampling", "static", checks=_one_round)
+@register("sampling", "dynamic_group", checks=_one_round,
           activity=Activity("sampling/extra_generations"),
           writes=("sampling/kept_group_frac", "sampling/mean_group_size"),
           tricks=(Trick("dynamic_group_size",
@@ -59,7 +68,7 @@ def keep_all_groups(scores: torch.Tensor) -> torch.Tensor:
                                   "gradient useful: one of DAPO's four techniques"),)),))
 # the same filter in one round (conf/sampling/zero_variance.yaml: max_rounds 1): dropped, never refilled;
 # it shows as sampling/kept_group_frac < 1 (no activity rule: how many it drops varies by step)
-@register("sampling", "zero_variance",
+@register("sampling", "zero_variance", checks=_one_round,
           tricks=(Trick("zero_variance_filter",
                         what="drop zero-variance groups without resampling (the batch shrinks)",
                         source="SkyRL algorithm.zero_variance_filter (skyrl/train/utils/trainer_utils.py); ScaleRL "
@@ -70,7 +79,7 @@ def keep_varied_groups(scores: torch.Tensor) -> torch.Tensor:
 
 
 
-@register("sampling", "replay", replays=True, knobs={"size": POSITIVE_INT},
+@register("sampling", "replay", replays=True, knobs={"size": POSITIVE_INT}, checks=_one_round,
           activity=Activity("sampling/replayed_groups"),
           tricks=(Trick("replay_buffer",
                         what="refill zero-variance groups with informative groups replayed from a buffer",

@@ -35,7 +35,7 @@ groups and the mismatch KL(mu || pi_prox) per token (k1 and k3 estimators, on mu
 """
 from __future__ import annotations
 
-import torch
+from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.registry import (FRACTION, POSITIVE_INT, Activity, Claim, Inert, Knob, Trick, declare_family,
                                          register)

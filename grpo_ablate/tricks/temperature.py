@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-import torch
+from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.registry import (POSITIVE, SEED_REVIEW, Activity, Claim, Trick, declare_family, register)
 

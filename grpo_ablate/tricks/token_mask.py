@@ -16,7 +16,7 @@ which matches torch.quantile's default and has no size limit (torch.quantile sto
 """
 from __future__ import annotations
 
-import torch
+from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.registry import FRACTION, Activity, Inert, Trick, declare_family, register
 

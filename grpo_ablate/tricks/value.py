@@ -8,7 +8,7 @@ asking for it without a critic is a config error, not a silent no-op.
 """
 from __future__ import annotations
 
-import torch
+from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.conditions import one_optimizer_step
 from grpo_ablate.tricks.registry import (POSITIVE, SEED_REVIEW, Claim, Inert, Trick, declare_family, option, register)

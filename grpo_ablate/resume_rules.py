@@ -1,0 +1,66 @@
+"""What a run dir allows: start, continue from a checkpoint, start over, or nothing (finished).
+
+Torch-free, so `grpo-ablate train --resume DIR` applies these rules, and refuses, before the
+training stack is imported; the trainers (train/grpo.py, train/controls.py) apply the same ones.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from grpo_ablate.config import config_hash
+from grpo_ablate.errors import ConfigError, DamagedFile
+from grpo_ablate.rundir import checkpoint_problem, find_checkpoint, read_status
+
+
+def open_run_dir(cfg: DictConfig, run_dir: Path, restart_without_checkpoint: bool = True
+                 ) -> tuple[dict | None, Path | None]:
+    """The run dir's status and the checkpoint to continue from (with resume=true), or
+    ConfigError saying why the run dir cannot be used and what to do. A dir that holds a run is
+    only continued, only with the config it was started with, and only from a whole checkpoint;
+    a finished result is never restarted. `resume=restart` starts an unfinished run over (its
+    metrics are replaced); `restart_without_checkpoint`: a run that stopped before its first
+    checkpoint starts over by itself (a sweep's resume; `train --resume` asks for --restart)."""
+    restart = str(cfg.resume) == "restart"
+    again = f"start it over with `grpo-ablate train --resume {run_dir} --restart`"
+    try:
+        status = read_status(run_dir)
+    except DamagedFile as err:
+        if restart:
+            return None, None
+        raise ConfigError(f"run dir {run_dir}: {err.path.name} {err.problem}; {again}") from None
+    if status is not None and not cfg.resume:
+        raise ConfigError(f"run dir {run_dir} already holds a run ({status['state']}); "
+                          f"continue it with `grpo-ablate train --resume {run_dir}` or pick a new dir")
+    if status is None or not cfg.resume:
+        return status, None
+    if status.get("config_hash") != config_hash(cfg):
+        raise ConfigError(f"cannot resume {run_dir}: the config differs from the one it was started "
+                          "with (only steps, logger, run labels and threads may change)")
+    finished = status["state"] in ("completed", "diverged")
+    if restart and finished:
+        raise ConfigError(f"run dir {run_dir} is {status['state']} at step {status['step']}: a finished result is "
+                          "never restarted; start a new run (another hydra.run.dir)")
+    checkpoint = None if restart else find_checkpoint(run_dir)
+    problem = checkpoint_problem(checkpoint) if checkpoint is not None else None
+    if problem:
+        raise ConfigError(f"run dir {run_dir}: {checkpoint.name}/ {problem}; "
+                          + ("it finished, so there is nothing to continue: start a new run for more steps"
+                             if finished else again))
+    if already_finished(status, cfg) or checkpoint is not None or restart:
+        return status, checkpoint
+    if finished:
+        raise ConfigError(f"run dir {run_dir} is {status['state']} at step {status['step']} and has no checkpoint "
+                          f"to continue to steps={cfg.steps} from; a finished result is never restarted: start a "
+                          "new run for more steps")
+    if status["step"] > 0 and not restart_without_checkpoint:
+        raise ConfigError(f"run dir {run_dir} stopped at step {status['step']} ({status['state']}) before its first "
+                          f"checkpoint, so it cannot be continued; {again}")
+    return status, None
+
+
+def already_finished(status: dict | None, cfg: DictConfig) -> bool:
+    """A finished result is never redone: completed at (or past) the asked-for steps, or diverged."""
+    return status is not None and (status["state"] == "diverged"
+                                   or status["state"] == "completed" and status["step"] >= cfg.steps)
