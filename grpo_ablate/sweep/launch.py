@@ -143,6 +143,9 @@ def plan(req: SweepRequest) -> dict:
         "controls": planned_controls(matrix.variants),
         # fixed before the first run: the report decides on this; another summary is exploratory there
         "decides_on": {"metric": DECISION_METRIC, "summary": req.summary or DECISION_SUMMARY},
+        # fixed before the first run too: the report tests training against its start in each context
+        # (report/training.py) before any trick verdict
+        "checks_training": True,
         "runs": runs,
     }
 
