@@ -452,6 +452,7 @@ def report_json(report: Report, figures: list[tuple[str, str]] | None = None) ->
         "thresholds": asdict(report.thresholds),
         "variants": report.rows, "verdicts": report.verdicts, "power": report.power,
         **({"controls": report.controls, "against_controls": report.against_controls} if report.controls else {}),
+        **({"context_controls": s.context_controls} if s.context_controls else {}),
         "runs": [{"run_dir": r.name, "variant": r.variant, "seed": r.seed, "state": r.state, "step": r.step,
                   "reason": r.reason, "wall_time_s": r.wall_time_s, "final": final_value(r.metrics, report.metric),
                   "auc": AUC(r.metrics, report.metric), "flags": [asdict(f) for f in r.flags],

@@ -6,8 +6,9 @@ with no training and no sampling (`control=base control.sample=false`, about one
 run). The report tests the sweep's reference variant against it in each context before any
 trick verdict (report/training.py).
 
-The equal-budget SFT control costs a run of its own per seed and context: 37 s against a
-GRPO run's 59 s on the embedded default's hard context (docs/controls.md). Across contexts it
+The equal-budget SFT control costs a run of its own per seed and context: 0.67 of a GRPO run's
+wall time in the issue's easy/hard sweep, 18% of that sweep's run time, the base control 0.04
+of a run, 1% (docs/controls.md). Across contexts it
 costs, relative to the sweep, what it costs in the same sweep without them (one SFT run per
 seed of each copy of the matrix), which is the single-context default already: so it runs
 unasked wherever every run trains the embedded model. For a model.path model (in the base or
