@@ -12,8 +12,8 @@ of a run, 1% (docs/controls.md). Across contexts it
 costs, relative to the sweep, what it costs in the same sweep without them (one SFT run per
 seed of each copy of the matrix), which is the single-context default already: so it runs
 unasked wherever every run trains the embedded model. For a model.path model (in the base or
-a context) or a factorial over config groups it runs when asked (`--controls`, a sweep
-file's `controls: true`).
+a context) it runs when asked (`--controls`, a sweep file's `controls: true`). A factorial over
+config groups (`--family`) and the diagnoses (doctor, conflict) get no control unless asked.
 """
 from __future__ import annotations
 
@@ -25,12 +25,12 @@ from grpo_ablate.sweep.matrix import CONTROLS, Matrix, Variant
 BASE_OVERRIDES = ("control=base", "control.sample=false")
 
 
-def control_kinds(asked: bool | None, cheap_sft: bool, diagnosis: bool) -> tuple[str, ...]:
+def control_kinds(asked: bool | None, cheap_sft: bool, unasked_none: bool) -> tuple[str, ...]:
     """The controls to plan: `asked` is --controls/--no-controls (None: the default);
     `cheap_sft`: the SFT control runs unasked (every run trains the embedded model);
-    `diagnosis`: doctor's stages and the conflict check, which answer no question a control
-    could frame (none unless asked)."""
-    if asked is False or (asked is None and diagnosis):
+    `unasked_none`: no control unless asked (doctor's stages and the conflict check, which are
+    diagnoses; a `--family` factorial, which crosses settings with no trick under test)."""
+    if asked is False or (asked is None and unasked_none):
         return ()
     return ("base", "sft") if asked or cheap_sft else ("base",)
 

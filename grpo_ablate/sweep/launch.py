@@ -152,14 +152,16 @@ def plan(req: SweepRequest) -> dict:
 
 def plan_controls(req: SweepRequest, matrix: Matrix, common: list[str], base_cfg) -> Matrix:
     """`matrix` with the no-RL controls this sweep plans (sweep/controls.py): the untrained base
-    in every sweep but a diagnosis (doctor's stages, the conflict check); the SFT control where
-    asked, or unasked where every run trains the embedded model (no model.path in the base or
-    any context, no factorial over config groups), in the contexts whose task has reference
+    in every sweep but a diagnosis (doctor's stages, the conflict check) or a `--family`
+    factorial; the SFT control where asked, or unasked where every run trains the embedded
+    model (no model.path in the base or any context), in the contexts whose task has reference
     solutions."""
     if req.controls is False:
         return matrix
-    diagnosis = req.matrix is not None or req.mode == "conflict"
-    kinds = control_kinds(req.controls, not (base_cfg.model.get("path") or req.axes), diagnosis)
+    # none unasked for doctor's stages and the conflict check (diagnoses), nor for a factorial
+    # over config groups (`--family`: settings crossed, fault injection among them, no trick under test)
+    unasked_none = req.matrix is not None or req.mode == "conflict" or bool(req.axes)
+    kinds = control_kinds(req.controls, not base_cfg.model.get("path"), unasked_none)
     if "sft" not in kinds:
         return with_controls(matrix, kinds)
     contexts = req.contexts or [Context("", ())]
