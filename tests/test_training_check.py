@@ -112,3 +112,20 @@ def test_the_checks_add_nothing_to_the_trick_contrasts_error_rate(sweeps):
     assert trick_false / sweeps <= 0.05 + 2 * se
     assert check_false / sweeps <= 0.05 + 2 * se
     assert check_found / sweeps > 0.6      # and power against a real ±1 logit change (80% measured)
+
+
+def test_a_sweep_without_contexts_tests_once_and_says_so_plainly(tmp_path):
+    """The same check for a sweep without contexts (here with no base control: the runs' own
+    step 0); a drop that the test does not decide is said plainly, as not decided, with no advice."""
+    from report_sim import write_sweep
+
+    path, _ = write_sweep(tmp_path / "s", np.random.default_rng(3), tricks=2, seeds=3)
+    manifest = json.loads((path / "manifest.json").read_text())
+    (path / "manifest.json").write_text(json.dumps({**manifest, "checks_training": True}))
+    report = build_report(path)
+    [check] = report.training["contexts"]
+    assert check["context"] is None and check["without"] == "step 0" and check["verdict"] == "no evidence"
+    text = head(report)
+    assert "one test (1 test, Holm, 5%" in text and "**in this sweep, training is not shown to change" in text
+    assert "(by 0.011 on average; not decided)" in text and "ways of getting worse" not in text
+    assert not check["advice"] and "suggestions, not verdicts" not in text

@@ -16,17 +16,18 @@ def training_head(report) -> list[str]:
     family = section["family"]
     checks = section["contexts"]
     first = checks[0]
+    per = "one test per context" if first["context"] is not None else "one test"
     against = ("the untrained base (`control-base`: an eval of the context's warm start)"
                if first["without"] != "step 0" else "its runs' own eval at step 0 (no base control)")
     lines = [f"**Does training beat its untrained start?** The reference variant against {against}, on the "
-             f"{report.summary.label} of `{report.metric}`, one test per context ({family['label']}: a family "
+             f"{report.summary.label} of `{report.metric}`, {per} ({family['label']}: a family "
              "of its own, apart from the trick contrasts, whose error rate it leaves as stated):"]
     for c in checks:
         lines.append(context_line(c, report.metric))
         if c["advice"]:
             lines.append("  What usually causes this, and what to try (suggestions, not verdicts): "
                          + "; ".join(c["advice"]) + ".")
-    worse = [c for c in checks if c["worse"] or c["all_worse"]]
+    worse = [c for c in checks if c["worse"]]
     if worse and len(worse) == len(checks):
         lines.append("**Training lowers the metric everywhere here: fix the training set-up before comparing "
                      "tricks.**")
@@ -47,9 +48,12 @@ def context_line(c: dict, metric: str) -> str:
         head = f"**in {where}, training is not shown to change {metric}: {move}** (*{c['verdict']}*)"
     numbers = fmt_delta(c["delta"])
     line = f"- {head} (`{c['with']}` vs `{c['without']}`: {numbers + '; ' if numbers else ''}{c['why']})."
-    if c["all_worse"]:
+    if c["all_worse"] and c["worse"]:
         line += (" Every variant there ends below its own start: **the trick contrasts there compare ways of "
                  "getting worse.**")
+    elif c["all_worse"]:   # plainly said, but not as a finding: the test above did not decide
+        drop = sum(c["changes"].values()) / len(c["changes"])
+        line += f" Every variant there ends below its own start (by {abs(drop):.3f} on average; not decided)."
     sft = c.get("sft")
     if sft is not None:
         if sft["outcome"] == BEATS:

@@ -17,7 +17,7 @@ measures both through the real report path).
 Beside the test: whether every variant of the context ended below its own start (a plain
 mean, no test), the reference against the SFT control (the controls' family, one-sided,
 verdicts.against_controls), and, where training lowers the metric, what usually causes that,
-with the knobs to try (`advice`: suggestions, not verdicts).
+with the knobs to try (`advice`: suggestions, not verdicts; only where the test decided).
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def training_section(sweep: Sweep, evidence: Evidence, curves: dict, against: li
         c["worse"] = c["verdict"] == HURTS      # decided: training left the metric worse than its start
         c["better"] = c["verdict"] == HELPS
         c["sft"] = next((a for a in against if a["variant"] == c["with"] and a["role"] == "sft"), None)
-        c["advice"] = advice(sweep, c) if c["worse"] or c["all_worse"] else []
+        c["advice"] = advice(sweep, c) if c["worse"] else []   # decided: a finding to act on, not noise
     return {"metric": metric, "family": family, "contexts": checks}
 
 
