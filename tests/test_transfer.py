@@ -314,7 +314,8 @@ def test_a_killed_sweep_across_contexts_resumes_to_the_same_results(tmp_path, sm
                          for row in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())]
                 for d in sweep.glob("*-s*")}
     assert sorted(metrics(killed)) == ["add-no_std@wrong-0-s0", "add-no_std@wrong-1-s0", "base@wrong-0-s0",
-                                       "base@wrong-1-s0"]
+                                       "base@wrong-1-s0", "control-base@wrong-0-s0", "control-base@wrong-1-s0",
+                                       "control-sft@wrong-0-s0", "control-sft@wrong-1-s0"]   # each context's controls
     assert metrics(killed) == metrics(whole)
     assert os.path.exists(killed / "manifest.json")
 
