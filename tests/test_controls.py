@@ -39,7 +39,8 @@ def three_runs(tmp_path_factory, cache_dir):
 
     small = list(SMALL) + [f"model.cache_dir={cache_dir}"]
     root = tmp_path_factory.mktemp("controls")
-    for name, extra in (("grpo", []), ("base", ["control=base"]), ("sft", ["control=sft"])):
+    for name, extra in (("grpo", []), ("base", ["control=base"]), ("sft", ["control=sft"]),
+                        ("start", ["control=base", "control.sample=false"])):
         assert run_hydra([*small, *extra, f"hydra.run.dir={root / name}"]) == 0
     return root, small
 
@@ -71,6 +72,20 @@ def test_base_control_never_changes_the_policy(three_runs):
     kept = load_model_and_tokenizer(root / "base" / "checkpoint")[0]
     for (name, a), b in zip(warm.state_dict().items(), kept.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_an_eval_only_base_control_logs_the_starts_eval_and_samples_nothing(three_runs):
+    """control.sample=false (a sweep's base control): the same eval as the sampling base control
+    at every point of the schedule, the start's own, and no sampled or trained tokens."""
+    root, small = three_runs
+    start, sampled = rows(root / "start"), rows(root / "base")
+    assert [r["step"] for r in start] == [0, 1, 2, 3, 4]
+    evals = lambda rs: [(r["step"], r["eval/accuracy"], r["eval/length_mean"]) for r in rs if "eval/accuracy" in r]
+    assert evals(start) == evals(sampled) and len(evals(start)) == 3
+    direct = direct_eval(root / "start" / "checkpoint", small)
+    assert start[0]["eval/accuracy"] == pytest.approx(direct["eval/accuracy"], abs=1e-9)
+    assert not any(k.startswith(("perf/", "reward/", "length/")) for r in start for k in r)
+    assert json.loads((root / "start" / "status.json").read_text())["state"] == "completed"
 
 
 def test_sft_control_eval_equals_a_direct_eval_of_its_checkpoint(three_runs):

@@ -252,15 +252,16 @@ def test_dry_run_counts_the_runs_of_every_context(tmp_path, small):
     r = cli_here("sweep", "add-one-in", "--tricks", "no_std", "--across", "task.level=easy,hard",
                  "--across", "reward.wrong=0,-1", "--seeds", "2", "--dry-run", *small, cwd=tmp_path)
     assert r.exit_code == 0, r.stdout + r.stderr
-    assert "across 4 contexts: 16 runs, 4 contrasts" in r.stdout
-    assert "  level-hard.wrong--1: 2 variants, 4 runs (task.level=hard reward.wrong=-1)" in r.stdout
+    # each context has its own controls (issue 36): the untrained base and the SFT control
+    assert "across 4 contexts: 32 runs, 4 contrasts" in r.stdout
+    assert "  level-hard.wrong--1: 4 variants, 8 runs (task.level=hard reward.wrong=-1)" in r.stdout
+    assert "control-base@level-hard.wrong--1" in r.stdout and "control-sft@level-easy.wrong-0" in r.stdout
     assert "expected wall time" in r.stdout and listing(tmp_path) == []
 
 
 @pytest.mark.parametrize("args, says", [   # the other refusals: test_bad_contexts_are_refused_...
     (["--across", "task.bogus=1,2"], "task.bogus"),
     (["--across", "adv=grpo,rloo"], "changes adv, which variant add-no_std changes"),
-    (["--across", "task.level=easy,hard", "--controls"], "--controls does not go with contexts"),
 ])
 def test_bad_contexts_exit_2_with_one_line_and_leave_nothing(tmp_path, small, args, says):
     r = cli_here("sweep", "add-one-in", "--tricks", "no_std", "--seeds", "2", *args, *small, cwd=tmp_path)
@@ -312,8 +313,53 @@ def test_a_killed_sweep_across_contexts_resumes_to_the_same_results(tmp_path, sm
         return {d.name: [{k: v for k, v in row.items() if not k.startswith(("time/", "perf/"))}
                          for row in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())]
                 for d in sweep.glob("*-s*")}
-    assert sorted(metrics(killed)) == ["add-no_std@wrong-0-s0", "add-no_std@wrong--1-s0", "base@wrong-0-s0",
-                                       "base@wrong--1-s0"]
+    assert sorted(metrics(killed)) == sorted(["add-no_std@wrong-0-s0", "add-no_std@wrong--1-s0", "base@wrong-0-s0",
+                                       "base@wrong--1-s0", "control-base@wrong-0-s0", "control-base@wrong--1-s0",
+                                       "control-sft@wrong-0-s0", "control-sft@wrong--1-s0"])   # each context's controls
     assert metrics(killed) == metrics(whole)
     assert os.path.exists(killed / "manifest.json")
 
+
+
+# ------------------------------------------------------------------------------ controls in every context (issue 36)
+def test_every_context_gets_its_own_controls(small):
+    """The untrained base (an eval of the context's warm start) in every context by default, the SFT
+    control too where every run trains the embedded model; --no-controls drops both, and each
+    control runs with its context's overrides."""
+    from grpo_ablate.sweep.launch import SweepRequest, plan
+
+    contexts = across_contexts(["task.level=easy,hard"])
+    request = lambda **kw: SweepRequest(mode="add-one-in", tricks=["no_std"], seeds="2", overrides=small,
+                                        contexts=contexts, **kw)
+    m = plan(request())
+    controls = [v for v in m["variants"] if v["kind"] == "control"]
+    assert [(v["name"], v["context"]) for v in controls] == [
+        ("control-base@level-easy", "level-easy"), ("control-sft@level-easy", "level-easy"),
+        ("control-base@level-hard", "level-hard"), ("control-sft@level-hard", "level-hard")]
+    assert m["controls"] == {"base": "control-base", "sft": "control-sft"} and m["checks_training"] is True
+    base_hard = next(r for r in m["runs"] if r["variant"] == "control-base@level-hard")
+    assert {"task.level=hard", "control=base", "control.sample=false", "sweep.context=level-hard"} <= \
+        set(base_hard["overrides"])
+    assert all(v["kind"] != "control" for v in plan(request(controls=False))["variants"])
+    assert len(plan(request(controls=True))["runs"]) == 2 * 4 * 2
+
+
+def test_controls_in_a_sweep_file_with_contexts_and_with_seeds_auto(tmp_path, small):
+    """A sweep file's `controls: true` with `contexts:` plans them per context; `--seeds auto`
+    compares each treatment with its own context's controls only."""
+    from grpo_ablate.sweep import sequential as sweep_seq
+
+    spec = {"mode": "add-one-in", "tricks": ["no_std"], "controls": True, "seeds": 2,
+            "contexts": [{"name": "r01", "overrides": ["reward.wrong=0"]},
+                         {"name": "r11", "overrides": ["reward.wrong=-1"]}]}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+    r = cli_here("sweep", "file", "s.yaml", "--dry-run", *small, cwd=tmp_path)
+    assert r.exit_code == 0, r.stdout + r.stderr
+    assert "control-sft@r11" in r.stdout and "r01: 4 variants, 8 runs" in r.stdout
+    m = {"controls": {"base": "control-base", "sft": "control-sft"},
+         "variants": [{"name": f"{v}@{c}", "context": c, "kind": "control" if v.startswith("control") else "treatment"}
+                      for c in ("r01", "r11") for v in ("base", "add-no_std", "control-base", "control-sft")],
+         "contrasts": []}
+    pairs = {(c["with"], c["without"]) for c in sweep_seq.contrasts_of(m) if c["kind"] == "control"}
+    assert ("base@r01", "control-base@r01") in pairs and ("add-no_std@r11", "control-sft@r11") in pairs
+    assert not any(a.split("@")[1] != b.split("@")[1] for a, b in pairs) and len(pairs) == 8

@@ -18,6 +18,7 @@ from grpo_ablate.report.power import cost_to_decide, sequential_section
 from grpo_ablate.report.scaling import fit_section, predict_section
 from grpo_ablate.report.evidence import Evidence, gather
 from grpo_ablate.report.stats import ALPHA, final_value, finite_mean, kl_column, mean_ci
+from grpo_ablate.report.training import training_section
 from grpo_ablate.report.transfer import transfer_section
 from grpo_ablate.report.verdicts import UNDECIDED, against_controls, contrast_verdicts, decide_by_delta
 
@@ -45,6 +46,7 @@ class Report:
     evidence: Evidence | None = None                       # what the tests ran on, and their error control
     exploratory: str | None = None                         # why these verdicts are not the sweep's fixed test
     compute: str = "tokens"                                # the x axis of auc and the fits: tokens | wall
+    training: dict | None = None                           # training.training_section: training vs its start
 
     @property
     def controls(self) -> dict:
@@ -106,6 +108,7 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
     check_known_answers(sweep, verdicts)
     report = Report(sweep, metric, higher_is_better, thresholds, rows, verdicts, against, summary=summary,
                     evidence=evidence, exploratory=exploratory(fixed, metric, summary), compute=compute)
+    report.training = training_section(sweep, evidence, curves, against, higher_is_better, metric)
     report.diagnostics = analyse_diagnostics(report, conflict_threshold)
     report.power = {**cost_to_decide(verdicts, UNDECIDED, sweep.runs), "sequential": sequential is not None,
                     "effect": effect, "note": not_sequential,
@@ -228,6 +231,7 @@ def variant_row(sweep: Sweep, v: dict, runs_of: dict[str, list[Run]], finals: di
         row["control"] = v.get("control")
         row["budget"] = next((str(b) for r in runs if (b := nested_value(r.config, "control", "budget"))), None)
     # the controls' columns: only when the sweep has them, so a sweep without is unchanged
-    for role, control in sweep.controls.items():
-        row[f"delta_vs_{role}"] = None if control == v["name"] else evidence.delta(v["name"], control)
+    for role in sweep.controls:
+        control = sweep.control_of(v, role)   # its own context's, in a sweep across contexts
+        row[f"delta_vs_{role}"] = None if control in (None, v["name"]) else evidence.delta(v["name"], control)
     return row

@@ -27,6 +27,7 @@ FINISHED = ("completed", "diverged", "failed", "interrupted")   # interrupted: w
 # spent on supervised training. Each gets a "Δ vs" column when the sweep has it.
 CONTROL_ROLES = ("base", "sft")
 CONTROL_LABELS = {"base": "the untrained base", "sft": "the SFT control"}
+CONTROL_NAMES = {"base": "control-base", "sft": "control-sft"}   # what a sweep names them (sweep/matrix.CONTROLS)
 CONTROL_COLUMNS = {"base": "Δ vs base", "sft": "Δ vs SFT control"}
 
 
@@ -81,6 +82,16 @@ class Sweep:
     sequential: dict | None = None                  # a --seeds auto sweep's looks (manifest `sequential`)
     contexts: list = field(default_factory=list)    # a sweep across contexts: {name, overrides} (report/transfer.py)
     decides_on: dict | None = None                  # {metric, summary} fixed in the manifest before the first run
+    # a sweep across contexts: context -> role -> that context's control (`controls` then names
+    # them as `control-base@<context>`, for the columns and the text)
+    context_controls: dict = field(default_factory=dict)
+    checks_training: bool = False                   # the manifest fixed the training-vs-start test (issue 36)
+
+    def control_of(self, variant: dict, role: str) -> str | None:
+        """The `role` control a variant is compared with: its own context's, in a sweep across contexts."""
+        if self.context_controls:
+            return self.context_controls.get(variant.get("context"), {}).get(role)
+        return self.controls.get(role)
 
 
 # --------------------------------------------------------------------------- one run dir
@@ -217,7 +228,8 @@ def _sweep_from_manifest(sweep_dir: Path, manifest: dict, thresholds: HealthThre
                   sweep_id=manifest.get("sweep_id"), mode=manifest.get("mode"), base=manifest.get("base"),
                   seeds=list(manifest.get("seeds") or []), wandb_group=manifest.get("wandb_group"),
                   sequential=manifest["sequential"] if isinstance(manifest.get("sequential"), dict) else None,
-                  decides_on=manifest["decides_on"] if isinstance(manifest.get("decides_on"), dict) else None)
+                  decides_on=manifest["decides_on"] if isinstance(manifest.get("decides_on"), dict) else None,
+                  checks_training=manifest.get("checks_training") is True)
     if manifest.get("version", 1) != 1:
         sweep.notes.append(f"manifest version {manifest.get('version')!r}; read as version 1")
     for v in manifest.get("variants") or []:
@@ -332,10 +344,12 @@ def _declared_roles(sweep: Sweep, declared) -> dict[str, str]:
     for role, name in (declared or {}).items() if isinstance(declared, dict) else ():
         if name is None:
             continue
-        if str(name) not in names:
+        copies = [n for n in names if n.startswith(f"{name}@")]   # a sweep across contexts: one per context
+        if str(name) not in names and not copies:
             sweep.notes.append(f"manifest.json names {name!r} as the {role} control, but the sweep has no such variant")
             continue
-        declared_role.setdefault(str(name), str(role))
+        for each in [str(name)] if str(name) in names else copies:
+            declared_role.setdefault(each, str(role))
     return declared_role
 
 
@@ -356,7 +370,10 @@ def identify_controls(sweep: Sweep, declared, by_name: bool) -> None:
         if role is None and v["name"].startswith("control-"):
             role = v["name"][len("control-"):]
         v.update(kind="control", control=role, reference=None)
-        if role in sweep.controls and sweep.controls[role] != v["name"]:
+        if v.get("context") and role in CONTROL_ROLES:   # one control of each role per context
+            sweep.context_controls.setdefault(v["context"], {})[role] = v["name"]
+            sweep.controls[role] = f"{CONTROL_NAMES[role]}@<context>"
+        elif role in sweep.controls and sweep.controls[role] != v["name"]:
             sweep.notes.append(f"two {role} controls ({sweep.controls[role]}, {v['name']}): "
                                f"the Δ vs {role} column uses {sweep.controls[role]}")
         elif role in CONTROL_ROLES:
@@ -367,6 +384,8 @@ def identify_controls(sweep: Sweep, declared, by_name: bool) -> None:
     # the roles in their fixed order, so the columns and the rows come out the same every time
     sweep.controls = {role: sweep.controls[role] for role in CONTROL_ROLES if role in sweep.controls}
     order = {name: i for i, name in enumerate(sweep.controls.values())}
+    order.update({name: i for by_role in sweep.context_controls.values()
+                  for i, name in enumerate(by_role[r] for r in CONTROL_ROLES if r in by_role)})
     sweep.variants.sort(key=lambda v: (v["kind"] == "control", order.get(v["name"], len(order))))
     controls = {v["name"] for v in sweep.variants if v["kind"] == "control"}
     dropped = [c for c in sweep.contrasts if c["with"] in controls or c["without"] in controls]

@@ -14,6 +14,7 @@ from grpo_ablate.report.build import Report
 from grpo_ablate.report.curves import Summary
 from grpo_ablate.report.diagnostics import markdown_sections as diagnostics_sections
 from grpo_ablate.report.formatting import fmt_delta, fmt_estimate, fmt_num, fmt_sig
+from grpo_ablate.report.render_training import training_head
 from grpo_ablate.report.health import BREAKING_FLAGS
 from grpo_ablate.report.load import CONTROL_COLUMNS, CONTROL_LABELS
 from grpo_ablate.report.render_curves import json_sections, markdown_sections as curve_sections
@@ -84,7 +85,7 @@ def header_lines(report: Report) -> list[str]:
     direction = "higher" if report.higher_is_better else "lower"
     summary = controls_summary(report) if report.controls else None
     decided = decided_summary(report)
-    return [title, "", *([summary, ""] if summary else []), *([decided, ""] if decided else []),
+    return [title, "", *training_head(report), *([summary, ""] if summary else []), *([decided, ""] if decided else []),
             "; ".join(f for f in facts if f) + ".", "",
             f"Metric: `{report.metric}` ({direction} is better). Final = the last value a run logged; "
             "a variant's numbers are means over its completed runs, ± the half-width of the 95% "
@@ -304,15 +305,23 @@ def control_lines(report: Report) -> list[str]:
                 parts.append(f"no comparison with {label} ({c['why']})")
         line = f"- **{variant}**: " + "; ".join(parts)
         lines.append(line + (" — **RL not shown to help here**." if rl_not_shown else "."))
-    base, sft = report.controls.get("base"), report.controls.get("sft")
-    if base and sft:   # is the supervised budget itself worth anything?
-        row = next(r for r in report.rows if r["variant"] == sft)
+    for where, row in sft_rows(report):   # is the supervised budget itself worth anything?
         numbers = fmt_delta(row["delta_vs_base"])
-        lines.append("- The SFT control itself vs the untrained base: "
+        lines.append(f"- The SFT control itself vs the untrained base{where}: "
                      f"{numbers or 'no Δ (no completed runs on a side)'}.")
     if report.against_controls and all(c["delta"].n <= 1 and not c["delta"].has_ci for c in report.against_controls):
         lines += ["", "With one seed per variant no comparison with the controls is possible beyond point estimates."]
     return lines
+
+
+def sft_rows(report: Report) -> list[tuple[str, dict]]:
+    """(" in <context>" or "", the SFT control's row) wherever the sweep has both controls."""
+    s = report.sweep
+    pairs = ([(f" in {ctx}", by_role) for ctx, by_role in s.context_controls.items()] if s.context_controls
+             else [("", report.controls)])
+    rows = {r["variant"]: r for r in report.rows}
+    return [(where, rows[by_role["sft"]]) for where, by_role in pairs
+            if by_role.get("base") and by_role.get("sft") in rows]
 
 
 def controls_summary(report: Report) -> str | None:
@@ -443,6 +452,7 @@ def report_json(report: Report, figures: list[tuple[str, str]] | None = None) ->
         "thresholds": asdict(report.thresholds),
         "variants": report.rows, "verdicts": report.verdicts, "power": report.power,
         **({"controls": report.controls, "against_controls": report.against_controls} if report.controls else {}),
+        **({"context_controls": s.context_controls} if s.context_controls else {}),
         "runs": [{"run_dir": r.name, "variant": r.variant, "seed": r.seed, "state": r.state, "step": r.step,
                   "reason": r.reason, "wall_time_s": r.wall_time_s, "final": final_value(r.metrics, report.metric),
                   "auc": AUC(r.metrics, report.metric), "flags": [asdict(f) for f in r.flags],
@@ -451,5 +461,6 @@ def report_json(report: Report, figures: list[tuple[str, str]] | None = None) ->
         "inference": inference_json(report),
         "diagnostics": report.diagnostics,
         **({"transfer": report.transfer} if report.transfer else {}),
+        **({"training": report.training} if report.training else {}),
         **json_sections(report),
     })

@@ -300,7 +300,10 @@ def against_controls(sweep: Sweep, evidence: Evidence, higher_is_better: bool,
     for v in sweep.variants:
         if v["kind"] == "control":
             continue
-        for role, control in sweep.controls.items():
+        for role in sweep.controls:
+            control = sweep.control_of(v, role)   # its own context's, in a sweep across contexts
+            if control is None:
+                continue
             delta = evidence.delta(v["name"], control)
             against.append({"variant": v["name"], "control": control, "role": role, "delta": delta})
     sign = 1.0 if higher_is_better else -1.0

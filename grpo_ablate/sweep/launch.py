@@ -27,9 +27,9 @@ from grpo_ablate.model_source import gguf_source, warm_start_dir
 from grpo_ablate.errors import DamagedFile
 from grpo_ablate.rundir import DirLock, atomic_write_text, read_json, read_rows, read_status, writable_problem
 from grpo_ablate.stopping import INTERRUPTED
-from grpo_ablate.sweep.matrix import (CONTROLS, DEFAULT_MAX_RUNS, Context, Matrix, SweepError, add_controls,
-                                      build_matrix, check_contexts, check_size, expand_jobs, parse_seeds,
-                                      with_contexts)
+from grpo_ablate.sweep.controls import control_kinds, planned_controls, with_controls
+from grpo_ablate.sweep.matrix import (DEFAULT_MAX_RUNS, Context, Matrix, SweepError, build_matrix, check_contexts,
+                                      check_size, expand_jobs, parse_seeds, with_contexts)
 from grpo_ablate.sweep.slurm import watch_jobs_without_sacct
 from grpo_ablate.tasks import TASKS, build_task
 
@@ -106,26 +106,15 @@ def plan(req: SweepRequest) -> dict:
     common = ([f"preset={req.base}"] if req.base else []) + list(req.overrides)
     if req.steps is not None:
         common.append(f"steps={req.steps}")
-    if req.contexts:   # the matrix repeated in every context
+    if req.contexts:
         check_contexts(req.contexts, matrix, families, common)
         for context in req.contexts:   # a bad value is named by its context, before any run is composed
             _compose(common + list(context.overrides), f"context {context.name}")
-        matrix = with_contexts(matrix, req.contexts)
-    common, matrix = scope_trick_settings(common, matrix)
+    common, matrix = scope_trick_settings(common, matrix)   # no context may set a trick's family
     base_cfg = _compose(common, "the base")
-    # on by default for the embedded model; off for a model.path model (each control costs a
-    # run), for --family sweeps and sweeps across contexts, whose variants differ in task or
-    # model (one control would not match them all), and for doctor's stages and the conflict
-    # check (diagnoses, not ablations)
-    if req.controls and req.contexts:
-        raise SweepError("--controls does not go with contexts yet: each context would need its own controls; "
-                         "drop --controls (the trick verdicts need none)")
-    controls = req.controls if req.controls is not None else not (
-        base_cfg.model.get("path") or req.axes or req.matrix is not None or req.mode == "conflict"
-        or req.contexts)
-    if controls:   # the supervised control only where the task has reference solutions
-        matrix = add_controls(matrix, ("base", "sft") if _has_solutions(base_cfg) else ("base",),
-                              sft_budget=req.control_budget)
+    matrix = plan_controls(req, matrix, common, base_cfg)   # before the contexts: each context gets its own
+    if req.contexts:   # the matrix repeated in every context
+        matrix = with_contexts(matrix, req.contexts)
     check_size(matrix, seeds, req.max_runs)
     for trick in req.tricks:   # dropping a trick the base already has would change nothing
         family = families[trick]
@@ -152,11 +141,39 @@ def plan(req: SweepRequest) -> dict:
         **({"contexts": [c.to_json() for c in req.contexts]} if req.contexts else {}),
         "variants": [v.to_json() for v in matrix.variants],
         "contrasts": [c.to_json() for c in matrix.contrasts],
-        "controls": {k: name for k, name in CONTROLS.items() if any(v.name == name for v in matrix.variants)},
+        "controls": planned_controls(matrix.variants),
         # fixed before the first run: the report decides on this; another summary is exploratory there
         "decides_on": {"metric": DECISION_METRIC, "summary": req.summary or DECISION_SUMMARY},
+        # fixed before the first run too: the report tests training against its start in each context
+        # (report/training.py) before any trick verdict
+        "checks_training": True,
         "runs": runs,
     }
+
+
+def plan_controls(req: SweepRequest, matrix: Matrix, common: list[str], base_cfg) -> Matrix:
+    """`matrix` with the no-RL controls this sweep plans (sweep/controls.py): the untrained base
+    in every sweep but a diagnosis (doctor's stages, the conflict check) or a `--family`
+    factorial; the SFT control where asked, or unasked where every run trains the embedded
+    model (no model.path in the base or any context), in the contexts whose task has reference
+    solutions."""
+    if req.controls is False:
+        return matrix
+    # none unasked for doctor's stages and the conflict check (diagnoses), nor for a factorial
+    # over config groups (`--family`: settings crossed, fault injection among them, no trick under test)
+    unasked_none = req.matrix is not None or req.mode == "conflict" or bool(req.axes)
+    kinds = control_kinds(req.controls, not base_cfg.model.get("path"), unasked_none)
+    if "sft" not in kinds:
+        return with_controls(matrix, kinds)
+    contexts = req.contexts or [Context("", ())]
+    cfgs = {c.name: _compose(common + list(c.overrides), f"context {c.name}") if c.name else base_cfg
+            for c in contexts}
+    if req.controls is None and any(cfg.model.get("path") for cfg in cfgs.values()):
+        kinds = ("base",)   # a context's own model: an SFT run there costs as much as asking for it
+    has = [name for name, cfg in cfgs.items() if _has_solutions(cfg)]
+    kinds = kinds if has else ("base",)
+    where = tuple(has) if req.contexts and len(has) < len(contexts) else ()   # empty: every context
+    return with_controls(matrix, kinds, req.control_budget, where)
 
 
 def scope_trick_settings(common: list[str], matrix: Matrix) -> tuple[list[str], Matrix]:
@@ -533,8 +550,9 @@ def _launch_now_and_later(sweep_dir: Path, manifest: dict, todo: list[dict], lau
         outcomes.update(_launch(sweep_dir, manifest, now, launcher, jobs, hydra_args, console, resume))
     if later:   # SFT controls on a wall-clock budget: the treatments' training time, known now
         refresh_statuses(sweep_dir, manifest, outcomes)
-        wall_s = treatment_train_seconds(sweep_dir, manifest)
-        for run in later:
+        context_of = {v["name"]: v.get("context") for v in manifest["variants"]}
+        for run in later:   # the treatments of its own context (a sweep across contexts)
+            wall_s = treatment_train_seconds(sweep_dir, manifest, context_of.get(run["variant"]))
             if wall_s is None:
                 run.update(status="failed", reason="no completed treatment run to take the wall-clock "
                                                    "budget (control.budget=wall) from")
@@ -544,15 +562,20 @@ def _launch_now_and_later(sweep_dir: Path, manifest: dict, todo: list[dict], lau
             del run["deferred"]
         later = [run for run in later if "deferred" not in run and run["status"] != "failed"]
         if later:
-            console.print(f"SFT control budget: {wall_s:.1f} s of training (the median of the treatment runs)",
+            budgets = sorted({o.split("=", 1)[1] for run in later for o in run["overrides"]
+                              if o.startswith("control.wall_s=")}, key=float)
+            console.print(f"SFT control budget: {', '.join(budgets)} s of training (the median of the treatment "
+                          f"runs{' of each context' if any(context_of.values()) else ''})",
                           markup=False, highlight=False)
             outcomes.update(_launch(sweep_dir, manifest, later, launcher, jobs, hydra_args, console, resume))
     return outcomes
 
 
-def treatment_train_seconds(sweep_dir: Path, manifest: dict) -> float | None:
-    """Median training time (the sum of time/step_s: eval excluded) of the completed treatment runs."""
-    treatments = {v["name"] for v in manifest["variants"] if v.get("kind", "treatment") == "treatment"}
+def treatment_train_seconds(sweep_dir: Path, manifest: dict, context: str | None = None) -> float | None:
+    """Median training time (the sum of time/step_s: eval excluded) of the completed treatment runs
+    (of `context`, in a sweep across contexts)."""
+    treatments = {v["name"] for v in manifest["variants"]
+                  if v.get("kind", "treatment") == "treatment" and (context is None or v.get("context") == context)}
     seconds = [sum(r.get("time/step_s") or 0.0 for r in read_rows(Path(sweep_dir) / run["run_dir"] / "metrics.jsonl"))
                for run in manifest["runs"] if run["variant"] in treatments and run["status"] == "completed"]
     return statistics.median(seconds) if seconds else None

@@ -38,6 +38,7 @@ from grpo_ablate.report.stats import Estimate
 from grpo_ablate.report.verdicts import BREAKS_TRAINING, INERT, decide, inertness
 from grpo_ablate.rundir import DirLock, read_rows, read_status
 from grpo_ablate.sweep import launch
+from grpo_ablate.sweep.controls import control_in
 from grpo_ablate.sweep.matrix import Matrix, SweepError, Variant, expand_jobs
 
 METRIC = "eval/accuracy"          # what the report decides on by default; higher is better
@@ -158,12 +159,15 @@ def contrasts_of(manifest: dict) -> list[dict]:
     out = [{"name": c["trick"], "kind": "trick", "with": c["with"], "without": c["without"],
             **({"context": c["context"], "tests": c["tests"]} if c.get("context") else {})}
            for c in manifest.get("contrasts") or []]
-    controls = manifest.get("controls") or {}
+    controls, names = manifest.get("controls") or {}, {v["name"] for v in manifest["variants"]}
     for v in manifest["variants"]:
         if v.get("kind", "treatment") == "control":
             continue
-        out += [{"name": f"{v['name']} vs {control}", "kind": "control", "role": role, "with": v["name"],
-                 "without": control} for role, control in controls.items()]
+        for role in controls:   # the control of the variant's own context (sweep/controls.py)
+            control = control_in(controls, role, v.get("context"))
+            if control in names:
+                out.append({"name": f"{v['name']} vs {control}", "kind": "control", "role": role,
+                            "with": v["name"], "without": control})
     return out
 
 

@@ -6,7 +6,9 @@ with the run-dir contract of a GRPO run and the metric keys it shares with one:
 
     control=base   the starting policy, never updated. Each step samples B x G completions
                    exactly as a GRPO step would (reward, accuracy, length: a seed spread) and
-                   the eval schedule runs greedy eval (a flat line).
+                   the eval schedule runs greedy eval (a flat line). With control.sample=false
+                   (a sweep's base controls) it samples nothing and evaluates once: greedy
+                   decoding of weights that never change gives the same eval at every point.
     control=sft    continued supervised training on the task's reference solutions, from the
                    same start, same optimizer settings and eval schedule. Budget
                    `tokens`: each step trains on B x G fresh reference solutions, as many
@@ -79,9 +81,15 @@ class ControlStep:
         self.eval_problems = self.task.eval_set()
         self.trained_s = 0.0      # seconds of supervised training so far (the wall budget)
         self.started = time.perf_counter()
+        # eval only: the start's eval, once (None until it ran); the step logs no tokens, so the
+        # report measures its curve in steps
+        self.eval_only = self.kind == "base" and not bool(cfg.control.get("sample", True))
+        self.start_eval: dict | None = None
 
     def step(self, step: int) -> StepResult:
         started = time.perf_counter()
+        if self.eval_only:
+            return StepResult({"step": step, "time/step_s": 0.0, "time/elapsed_s": started - self.started})
         metrics = {"step": step, **(self.sample(step) if self.kind == "base" else self.supervised(step))}
         now = time.perf_counter()
         metrics.update({"time/step_s": now - started, "time/elapsed_s": now - self.started,
@@ -132,7 +140,12 @@ class ControlStep:
         return loss.item(), grad_norm.item(), int((labels != -100).sum())
 
     def evaluate(self) -> dict:
-        return evaluate(self.model, self.rollouts, self.eval_problems, int(self.cfg.eval.max_new_tokens))
+        if self.eval_only and self.start_eval is not None:   # the same weights, greedy: the same eval
+            return dict(self.start_eval)
+        result = evaluate(self.model, self.rollouts, self.eval_problems, int(self.cfg.eval.max_new_tokens))
+        if self.eval_only:
+            self.start_eval = dict(result)
+        return result
 
     def state_dict(self) -> dict:
         return {**self.optim.state_dict(), "trained_s": self.trained_s}

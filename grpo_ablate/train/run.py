@@ -222,7 +222,8 @@ class ProgressLine:
 
     def update(self, step: int, metrics: dict, say) -> None:
         info = (f"reward {metrics['reward/mean']:.3f}  len {metrics['length/mean']:.1f}" if "reward/mean" in metrics
-                else f"sft loss {metrics['loss']:.3f}")   # a supervised control run samples nothing
+                else f"sft loss {metrics['loss']:.3f}" if "loss" in metrics   # a supervised control samples nothing
+                else "no training")                                           # an eval-only base control
         if "eval/accuracy" in metrics:
             info += f"  eval acc {metrics['eval/accuracy']:.3f}"
             if self.bar is None:

@@ -1,0 +1,65 @@
+"""The report's first lines: per context, whether training beat its untrained start
+(report/training.py), before any trick verdict."""
+from __future__ import annotations
+
+from grpo_ablate.report.formatting import fmt_delta, fmt_num
+from grpo_ablate.report.verdicts import BEATS, NO_COMPARISON
+
+LABELS = {None: "this sweep"}
+
+
+def training_head(report) -> list[str]:
+    """The lines that open report.md (with a blank line after), or none when the sweep has no such test."""
+    section = report.training
+    if not section:
+        return []
+    family = section["family"]
+    checks = section["contexts"]
+    first = checks[0]
+    per = "one test per context" if first["context"] is not None else "one test"
+    against = ("the untrained base (`control-base`: an eval of the context's warm start)"
+               if first["without"] != "step 0" else "its runs' own eval at step 0 (no base control)")
+    lines = [f"**Does training beat its untrained start?** The reference variant against {against}, on the "
+             f"{report.summary.label} of `{report.metric}`, {per} ({family['label']}: a family "
+             "of its own, apart from the trick contrasts, whose error rate it leaves as stated):"]
+    for c in checks:
+        lines.append(context_line(c, report.metric))
+        if c["advice"]:
+            lines.append("  What usually causes this, and what to try (suggestions, not verdicts): "
+                         + "; ".join(c["advice"]) + ".")
+    worse = [c for c in checks if c["worse"]]
+    if worse and len(worse) == len(checks):
+        lines.append("**Training lowers the metric everywhere here: fix the training set-up before comparing "
+                     "tricks.**")
+    elif not worse and all(c["better"] for c in checks):
+        lines.append("Training beats its untrained start in every context; the trick verdicts below compare ways "
+                     "of improving on it.")
+    return lines + [""]
+
+
+def context_line(c: dict, metric: str) -> str:
+    """One context: the decided direction (or not), its numbers, the plain statement when every
+    variant ended below its start, and the SFT control."""
+    where = LABELS.get(c["context"], c["context"])
+    move = f"{fmt_num(c['start'])} → {fmt_num(c['end'])}"
+    if c["worse"] or c["better"]:
+        head = f"**training {c['direction']} {metric} in {where}: {move}**"
+    else:
+        head = f"**in {where}, training is not shown to change {metric}: {move}** (*{c['verdict']}*)"
+    numbers = fmt_delta(c["delta"])
+    line = f"- {head} (`{c['with']}` vs `{c['without']}`: {numbers + '; ' if numbers else ''}{c['why']})."
+    if c["all_worse"] and c["worse"]:
+        line += (" Every variant there ends below its own start: **the trick contrasts there compare ways of "
+                 "getting worse.**")
+    elif c["all_worse"]:   # plainly said, but not as a finding: the test above did not decide
+        drop = sum(c["changes"].values()) / len(c["changes"])
+        line += f" Every variant there ends below its own start (by {abs(drop):.3f} on average; not decided)."
+    sft = c.get("sft")
+    if sft is not None:
+        if sft["outcome"] == BEATS:
+            line += f" It beats the SFT control ({fmt_delta(sft['delta'])})."
+        elif sft["outcome"] == NO_COMPARISON:
+            line += f" No comparison with the SFT control ({sft['why']})."
+        else:
+            line += f" It does not beat the SFT control ({fmt_delta(sft['delta'])}; {sft['why']})."
+    return line
