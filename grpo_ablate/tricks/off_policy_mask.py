@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from grpo_ablate.tricks.behaviour import log_ratio as behaviour_log_ratio
 from grpo_ablate.tricks.conditions import policy_never_leaves_sampler
 from grpo_ablate.tricks.registry import NON_NEGATIVE, Activity, Inert, Trick, declare_family, register
 
@@ -47,7 +48,7 @@ def off_policy_sequence_mask(logp, sampler_logp, advantages, mask, *, delta: flo
     with torch.no_grad():
         mask_f = mask.to(logp.dtype)
         lengths = mask_f.sum(dim=-1, keepdim=True)
-        divergence = torch.nan_to_num(sampler_logp - logp.detach(), nan=0.0)
+        divergence = -behaviour_log_ratio(logp.detach(), sampler_logp)   # log mu - log pi; unknown mu: 0
         mean_divergence = (divergence * mask_f).sum(dim=-1, keepdim=True) / lengths.clamp(min=1)
         advantage = (advantages if advantages.shape[-1] == 1    # per sequence, or its tokens' mean
                      else (advantages * mask_f).sum(dim=-1, keepdim=True) / lengths.clamp(min=1))

@@ -20,16 +20,18 @@ default on; vllm_importance_sampling_mode token_truncate | token_mask | sequence
 sequence_mask, default sequence_mask; clip_max 3.0, clip_min None). The option names are
 TRL's modes. Differences: verl truncates from above only (TRL clips to [min, max]: `low`);
 verl's mask needs both bounds (TRL's `low` may be None); only verl renormalizes; TRL turns a
-NaN sampler log-prob into ratio 1, and so does this. None of them needs a gradient: verl
-detaches the weights, TRL computes them under no_grad. The fractions logged here are over
+NaN sampler log-prob into ratio 1, and so does every trick here (tricks/behaviour.py). None of
+them needs a gradient: verl detaches the weights, TRL computes them under no_grad. The fractions logged here are over
 trained tokens at both levels (verl counts sequences at sequence level).
 """
 from __future__ import annotations
 
 import torch
 
+from grpo_ablate.tricks.behaviour import log_ratio as behaviour_log_ratio
 from grpo_ablate.tricks.conditions import same_sampler_and_trainer
-from grpo_ablate.tricks.registry import FLAG, POSITIVE, Activity, Claim, Inert, Knob, Trick, declare_family, register
+from grpo_ablate.tricks.registry import (FLAG, POSITIVE, Activity, Claim, Inert, Knob, Trick, choice, declare_family,
+                                         register)
 
 declare_family("rollout_correction", "importance weights π_old / π_sampler on the policy loss, with verl's mismatch "
                "metrics `rollout_corr/*`; AReaL's `decoupled` PPO and `m2po` mask; acts with stale rollouts "
@@ -49,7 +51,7 @@ def _masked_mean(values, mask) -> torch.Tensor:
 
 def mismatch_metrics(old_logp, sampler_logp, mask) -> dict:
     """verl's off-policy diagnostics (compute_offpolicy_metrics) and TRL's sampling_logp_difference."""
-    log_ratio = torch.nan_to_num(old_logp - sampler_logp, nan=0.0) * mask   # log(pi_old / pi_sampler)
+    log_ratio = behaviour_log_ratio(old_logp, sampler_logp) * mask   # log(pi_old / pi_sampler)
     token_ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
     seq_log_ratio = log_ratio.sum(dim=-1).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     gap = log_ratio.abs()
@@ -64,7 +66,7 @@ def mismatch_metrics(old_logp, sampler_logp, mask) -> dict:
 
 
 def _raw_weights(old_logp, sampler_logp, mask, level: str) -> torch.Tensor:
-    log_ratio = torch.nan_to_num(old_logp - sampler_logp, nan=0.0) * mask
+    log_ratio = behaviour_log_ratio(old_logp, sampler_logp) * mask
     if level == "sequence":
         log_ratio = log_ratio.sum(dim=-1, keepdim=True).expand_as(old_logp)
     return torch.exp(log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)) * mask
@@ -177,7 +179,8 @@ def _m2po_keep(m2: torch.Tensor, threshold: float) -> torch.Tensor:
     return keep
 
 
-@register("rollout_correction", "m2po", needs_sampler_logprobs=True, knobs={"threshold": POSITIVE},
+@register("rollout_correction", "m2po", needs_sampler_logprobs=True,
+          knobs={"threshold": POSITIVE, "denominator": choice("kept", "trained")},
           activity=Activity("rollout_corr/masked_frac"), inert=SAMPLER_IS_TRAINER,
           tricks=Trick("m2po", what="M2PO: mask the tokens of largest (log pi_prox - log mu)^2 until their mean "
                        "second moment is below 0.04",
@@ -186,7 +189,7 @@ def _m2po_keep(m2: torch.Tensor, threshold: float) -> torch.Tensor:
                        verdict="not_in_review", cost="a pi_old (proximal) forward per step",
                        claims=(Claim("helps", "", "M2PO (arXiv 2510.01161)",
                                      "stable training on data 256 updates stale, matching on-policy accuracy"),)))
-def m2po_weights(old_logp, sampler_logp, mask, *, threshold: float = 0.04):
+def m2po_weights(old_logp, sampler_logp, mask, *, threshold: float = 0.04, denominator: str = "kept"):
     """M2PO (Zheng et al. 2025, arXiv 2510.01161; AReaL `_apply_m2po_masking`, docs m2po.md):
 
         M2_t = (log mu_t - log pi_prox_t)^2 over the batch's trained tokens
@@ -196,19 +199,29 @@ def m2po_weights(old_logp, sampler_logp, mask, *, threshold: float = 0.04):
     the ratio against pi_prox). Differences: AReaL masks per micro-batch of its loss call and, in
     its example config, also multiplies the decoupled weights pi_prox / mu; here the mask is taken
     once over the whole batch (as rollout_correction's weights are, verl's convention) and alone
-    (rollout_correction=decoupled is the other); loss_agg keeps the masked tokens in its
-    denominator, as AReaL does (`loss_mask_count` before the rejection)."""
+    (rollout_correction=decoupled is the other).
+
+    The denominator (issue 35). AReaL's code replaces `loss_mask` by the M2PO mask before
+    `ppo_actor_loss_fn`, which divides by the count of the mask it receives: the policy loss is
+    the mean over the KEPT tokens (`denominator=kept`, the default). AReaL's docs (m2po.md) and
+    the paper write 1 / sum_i |o_i|, every trained token (`denominator=trained`, this project's
+    rule before issue 35); the gradient is then N_kept / N smaller. `kept` scales the 0/1 mask by
+    N_trained / N_kept, so under loss_agg=token_mean (AReaL's aggregation) the loss is exactly the
+    kept tokens' mean; other aggregations are scaled by the same batch-wide factor. Hand case:
+    M2 = (1, .01, .01, .01), threshold .04, per-token losses (1, 2, 3, 4): kept 3.0, trained 2.25."""
     with torch.no_grad():
         trained = mask > 0
-        m2 = torch.nan_to_num(sampler_logp - old_logp, nan=0.0).pow(2)
+        m2 = behaviour_log_ratio(old_logp, sampler_logp).pow(2)
         keep = torch.zeros_like(trained)
         if trained.any():
             keep[trained] = _m2po_keep(m2[trained], float(threshold))
-        weights = keep.to(old_logp.dtype)
+        kept = keep.to(old_logp.dtype)
         mask_f = mask.to(old_logp.dtype)
+        scale = (mask_f.sum().clamp(min=1) / kept.sum().clamp(min=1)) if denominator == "kept" else 1.0
+        weights = kept * scale
         metrics = {"rollout_corr/masked_frac": _masked_mean((trained & ~keep).to(old_logp.dtype), mask_f).item(),
                    "rollout_corr/m2": _masked_mean(m2, mask_f).item(),
-                   "rollout_corr/m2_kept": _masked_mean(m2, weights).item(),
+                   "rollout_corr/m2_kept": _masked_mean(m2, kept).item(),
                    "rollout_corr/is_mean": _masked_mean(weights, mask_f).item()}
         metrics.update(mismatch_metrics(old_logp, sampler_logp, mask_f))
         return weights, metrics
