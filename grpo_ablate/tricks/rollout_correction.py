@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from grpo_ablate.tricks.behaviour import known_or
 from grpo_ablate.tricks.behaviour import log_ratio as behaviour_log_ratio
 from grpo_ablate.tricks.conditions import same_sampler_and_trainer
 from grpo_ablate.tricks.registry import (FLAG, POSITIVE, Activity, Claim, Inert, Knob, Trick, choice, declare_family,
@@ -223,5 +224,133 @@ def m2po_weights(old_logp, sampler_logp, mask, *, threshold: float = 0.04, denom
                    "rollout_corr/m2": _masked_mean(m2, mask_f).item(),
                    "rollout_corr/m2_kept": _masked_mean(m2, kept).item(),
                    "rollout_corr/is_mean": _masked_mean(weights, mask_f).item()}
+        metrics.update(mismatch_metrics(old_logp, sampler_logp, mask_f))
+        return weights, metrics
+
+
+# ------------------------------------------------------------------ rejection: one option, many spellings
+def _token_divergence(log_ratio, old_logp, sampler_logp, metric: str) -> torch.Tensor:
+    """The per-token statistic of `metric`, lr = log pi_old - log mu (0 where mu is unknown), r = e^lr."""
+    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    if metric == "ratio":
+        return ratio
+    if metric == "k1":
+        return log_ratio
+    if metric == "k2":
+        return 0.5 * log_ratio ** 2
+    if metric == "k3":          # r - 1 - log r (verl's k3; AReaL's help text)
+        return ratio - 1.0 - log_ratio
+    if metric == "k3_areal":    # 1/r - 1 + log r (AReaL's KLEstimator k3 on (log pi_prox, log mu))
+        return torch.exp((-log_ratio).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)) - 1.0 + log_ratio
+    return torch.exp(old_logp) - torch.exp(known_or(sampler_logp, old_logp))     # prob_diff (ROLL)
+
+
+def _in_bounds(stat, low, high) -> torch.Tensor:
+    inside = stat <= high
+    return inside if low is None else inside & (stat >= low)
+
+
+def _sequence_keep(stat, log_ratio, mask, *, metric, aggregation, low, high) -> torch.Tensor:
+    """[N, 1] bool: the sequence's aggregate within bounds. The ratio aggregates in log space (AReaL:
+    sum = the product of ratios, mean = their geometric mean, max = the largest); the others
+    arithmetically; `all`: every trained token within bounds on its own."""
+    trained = mask > 0
+    if aggregation == "all":
+        return (_in_bounds(stat, low, high) | ~trained).all(dim=-1, keepdim=True)
+    values = log_ratio if metric == "ratio" else stat
+    if aggregation == "max":
+        per_sequence = values.masked_fill(~trained, -float("inf")).max(dim=-1, keepdim=True).values
+        per_sequence = torch.where(trained.any(dim=-1, keepdim=True), per_sequence, torch.zeros_like(per_sequence))
+    else:
+        per_sequence = (values * mask).sum(dim=-1, keepdim=True)
+        if aggregation == "mean":
+            per_sequence = per_sequence / mask.sum(dim=-1, keepdim=True).clamp(min=1)
+    if metric == "ratio":
+        per_sequence = torch.exp(per_sequence.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    return _in_bounds(per_sequence, low, high)
+
+
+def _rejection_weights(log_ratio, mask, keep, *, metric, level, action, weighted, low, high) -> torch.Tensor:
+    """The weights before the denominator: the importance weight (or 1), 0 where rejected (mask) or
+    clamped to [low or 0, high] where out of bounds (clamp, AReaL)."""
+    weight = torch.exp(log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    if level == "sequence" and metric == "ratio":     # AReaL: the geometric mean is every token's weight
+        mean_log = (log_ratio * mask).sum(dim=-1, keepdim=True) / mask.sum(dim=-1, keepdim=True).clamp(min=1)
+        weight = torch.exp(mean_log.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)).expand_as(log_ratio)
+    if not weighted:
+        weight = torch.ones_like(weight)
+    if action == "clamp":
+        clamped = weight.clamp(min=0.0 if low is None else low, max=high)
+        return torch.where(keep, weight, clamped) * mask
+    return weight * keep.to(weight.dtype) * mask
+
+
+def _check_rejection(cfg):
+    rc = cfg.rollout_correction
+    if rc.name == "rejection" and rc.action == "clamp" and not rc.weighted:
+        return ("rollout_correction.action=clamp clamps the importance weight, but rollout_correction.weighted=false "
+                "has none; set weighted=true or action=mask")
+    return None
+
+
+REJECTION_KNOBS = {"metric": choice("ratio", "k1", "k2", "k3", "k3_areal", "prob_diff"),
+                   "level": choice("token", "sequence"), "aggregation": choice("sum", "mean", "max", "all"),
+                   "action": choice("mask", "clamp"), "weighted": FLAG, "denominator": choice("trained", "kept"),
+                   "high": Knob(), "low": Knob(high="rollout_correction.high", optional=True)}
+TRUST_REGION_MASK = Trick(
+    "trust_region_mask", what="mask every sequence whose mean k3 divergence r - 1 - log r from the sampler exceeds "
+    "0.01 (Trust Region Masking)",
+    source="verl rollout_correction rollout_rs=seq_mean_k3 (RolloutCorrectionConfig.decoupled_k3_rs; arXiv "
+           "2512.23075); AReaL rejection_sampling; SkyRL/ROLL/OpenRLHF masks as knobs",
+    verdict="not_in_review", cost="a pi_old forward per step",
+    claims=(Claim("helps", "", "Trust Region Masking (arXiv 2512.23075)",
+                  "masking sequences outside the trust region keeps long-horizon off-policy training stable"),))
+
+
+@register("rollout_correction", "rejection", needs_sampler_logprobs=True, knobs=REJECTION_KNOBS,
+          activity=Activity("rollout_corr/rejected_frac"), inert=SAMPLER_IS_TRAINER, checks=_check_rejection,
+          tricks=TRUST_REGION_MASK)
+def rejection_weights(old_logp, sampler_logp, mask, *, metric: str = "k3", level: str = "sequence",
+                      aggregation: str = "mean", action: str = "mask", weighted: bool = False,
+                      denominator: str = "trained", high: float = 0.01, low: float | None = None):
+    """Rejection sampling on a divergence of pi_old from the sampler mu; lr = log pi_old - log mu, r = e^lr:
+
+        metric     ratio r | k1 lr | k2 lr^2/2 | k3 r - 1 - lr | k3_areal 1/r - 1 + lr | prob_diff pi_old - mu
+        level      token: each token's statistic in [low, high];  sequence: the row's aggregate
+        aggregation  sum | mean | max over the trained tokens (ratio: in log space, so sum = prod r,
+                   mean = the geometric mean) | all: every token in bounds on its own
+        action     mask: weight 0 outside; clamp: the importance weight clamped to [low or 0, high] there
+        weighted   the weight kept is the importance ratio r (sequence level with metric ratio: the
+                   geometric mean, every token) instead of 1
+        denominator  trained: the loss's aggregation keeps the rejected tokens (AReaL); kept: the
+                   weights scaled by N_trained / N_kept (verl and ROLL write the mask into response_mask)
+
+    References (each a setting here; read at the commits named in tests/test_rejection.py):
+    AReaL `apply_rejection_sampling` (RejectionSamplingConfig level, action, metric ratio|kl_k1|kl_k2|kl_k3,
+    agg; its help text calls k3 r - log r - 1, its code computes 1/r - 1 + log r: k3_areal; the decoupled
+    option is its example config); verl `compute_rollout_rejection_mask` (rollout_rs token_k*|seq_sum_k*|
+    seq_mean_k*|seq_max_k*: metric k2/k3 with that level and aggregation, high = the threshold; verl's k1
+    is -lr compared in log space with "l_u", i.e. metric=ratio low=1/u high=1/l; the defaults here are its
+    decoupled_k3_rs preset, Trust Region Masking); SkyRL off_policy_correction (geometric / product
+    sequence masks: metric ratio, aggregation mean / sum; outlier_token_is_threshold_low/high 1e-4/100:
+    level sequence, aggregation all); ROLL train_infer_correction (filters on ratio or prob_diff,
+    agg_type token | geometric = mean | sequence = sum); OpenRLHF is_correction_type tis | icepop |
+    seq-mask-tis are token_truncate, token_mask and sequence_mask. Not here: ROLL's `segment` level
+    (multi-turn segments) and verl's comma-chained criteria (one criterion a run)."""
+    with torch.no_grad():
+        mask_f = mask.to(old_logp.dtype)
+        log_ratio = behaviour_log_ratio(old_logp, sampler_logp) * mask_f
+        stat = _token_divergence(log_ratio, old_logp, sampler_logp, metric)
+        keep = (_in_bounds(stat, low, high) if level == "token" else
+                _sequence_keep(stat, log_ratio, mask_f, metric=metric, aggregation=aggregation, low=low, high=high))
+        keep = keep.expand_as(mask_f) | (mask_f == 0)
+        weights = _rejection_weights(log_ratio, mask_f, keep, metric=metric, level=level, action=action,
+                                     weighted=weighted, low=low, high=high)
+        rejected = _masked_mean((~keep).to(mask_f.dtype), mask_f)
+        if action == "mask" and denominator == "kept":     # verl and ROLL write the mask into response_mask
+            weights = weights * (mask_f.sum().clamp(min=1) / (keep.to(mask_f.dtype) * mask_f).sum().clamp(min=1))
+        metrics = {"rollout_corr/rejected_frac": rejected.item(),
+                   "rollout_corr/is_mean": _masked_mean(weights, mask_f).item(),
+                   "rollout_corr/divergence_mean": _masked_mean(stat, mask_f).item()}
         metrics.update(mismatch_metrics(old_logp, sampler_logp, mask_f))
         return weights, metrics
