@@ -119,6 +119,11 @@ CLAIMS = {'batch_norm': [{'effect': 'hurts',
                  'source': 'DAPO (Yu et al. 2025; seeds/003)',
                  'says': "the token-level policy-gradient loss: one of DAPO's four techniques (long chains "
                          'of thought)'}],
+ 'trust_region_mask': [{'effect': 'helps',
+                        'where': '',
+                        'source': 'Trust Region Masking (arXiv 2512.23075)',
+                        'says': 'masking sequences outside the trust region keeps long-horizon off-policy '
+                                'training stable'}],
  'value_clip': [{'effect': 'does not help',
                  'where': '',
                  'source': "the seed review's table (seeds/000)",
