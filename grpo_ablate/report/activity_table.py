@@ -43,6 +43,7 @@ ACTIVITY = {
     ('rollout_correction', 'sequence_truncate'): ('rollout_corr/logp_diff_mean', 'nonzero', None),
     ('rollout_correction', 'token_mask'): ('rollout_corr/logp_diff_mean', 'nonzero', None),
     ('rollout_correction', 'token_truncate'): ('rollout_corr/logp_diff_mean', 'nonzero', None),
+    ('sampling', 'advantage_range'): ('sampling/extra_generations', 'nonzero', None),
     ('sampling', 'dynamic'): ('sampling/extra_generations', 'nonzero', None),
     ('sampling', 'dynamic_group'): ('sampling/extra_generations', 'nonzero', None),
     ('sampling', 'replay'): ('sampling/replayed_groups', 'nonzero', None),
