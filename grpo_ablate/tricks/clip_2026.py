@@ -27,9 +27,14 @@ from __future__ import annotations
 
 import torch
 
-from grpo_ablate.tricks.clip import LOG_RATIO_LIMIT, RATIO_MOVES, _float
+from grpo_ablate.tricks.clip import LOG_RATIO_LIMIT, RATIO_MOVES
 from grpo_ablate.tricks.conditions import ONE_STEP
 from grpo_ablate.tricks.registry import POSITIVE, Trick, register
+
+
+def _float(flags: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Per-token indicators as floats of the loss's shape, for the token-averaged clip metrics."""
+    return flags.to(like.dtype).expand_as(like).detach()
 
 
 @register("clip", "dro", off_policy_only=True, knobs={"beta": POSITIVE}, inert=ONE_STEP, activity=RATIO_MOVES,
