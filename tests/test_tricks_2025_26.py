@@ -569,7 +569,8 @@ ISSUE_25 = {"stale_rollouts", "mixed_staleness", "spread_staleness", "proximal_l
 
 
 # and issue 35's (tests/test_rejection.py, tests/test_losses_issue35.py)
-ISSUE_35 = {"trust_region_mask", "dro_loss", "rollout_is_loss", "ipo_loss", "advantage_range_gate"}
+ISSUE_35 = {"trust_region_mask", "dro_loss", "rollout_is_loss", "ipo_loss", "advantage_range_gate",
+            "ref_update_interval"}
 
 
 def test_the_tricks_of_issue_15_are_registered_as_not_in_the_review():

@@ -40,7 +40,8 @@ def keep_all_sequences(logp, sampler_logp, advantages, mask):
                       "several optimizer steps per rollout or a sampler that differs from the trainer"),
           tricks=(Trick("off_policy_mask",
                         what="drop sequences with A < 0 whose sampler log-ratio exceeds delta",
-                        source="TRL off_policy_mask_threshold (DeepSeek-V3.2, arXiv 2512.02556)",
+                        source="TRL off_policy_mask_threshold; slime --use-opsm/--opsm-delta (DeepSeek-V3.2, arXiv "
+                               "2512.02556)",
                         verdict="not_in_review",
                         cost="a pi_old forward per step (the sampler's log-probs are recorded while sampling)"),))
 def off_policy_sequence_mask(logp, sampler_logp, advantages, mask, *, delta: float = 0.5):
