@@ -56,9 +56,10 @@ MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], dtype=D)
 
 def test_loglinear_proximal_is_areals_interpolation():
     # AReaL compute_prox_logp_approximations: v_prox = v_theta - 1, alpha = (v_prox - v_mu) / (v_theta - v_mu);
-    # behaviour 2 versions behind pi_prox -> alpha = 2 / 3; log p_prox = log mu + alpha (log p_theta - log mu)
+    # behaviour 2 versions behind pi_prox -> alpha = 2 / 3 with versions=next (tests/test_areal_conventions.py
+    # has AReaL's own mapping, the default); log p_prox = log mu + alpha (log p_theta - log mu)
     ages = torch.tensor([[2], [0]])
-    got, metrics = impl("proximal", "loglinear")(OLD, MU, ages, MASK)
+    got, metrics = impl("proximal", "loglinear")(OLD, MU, ages, MASK, versions="next")
     a = 2 / 3
     expected = [[-1.0 + a * (-1.2 + 1.0), -2.0 + a * (-1.0 + 2.0), -0.5],
                 [-0.2, -3.0, -9.0]]            # age 0: alpha 0, mu itself; the padding keeps pi_old's
@@ -91,13 +92,13 @@ def test_m2po_masks_the_largest_second_moments_until_the_mean_is_below_the_thres
     prox = torch.zeros(1, 5, dtype=D)
     mu = torch.tensor([[0.5, -0.1, 0.2, 0.03, 7.0]], dtype=D)
     mask = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]], dtype=D)          # the padding's huge gap is not counted
-    weights, metrics = impl("rollout_correction", "m2po")(prox, mu, mask, threshold=0.04)
+    weights, metrics = impl("rollout_correction", "m2po")(prox, mu, mask, threshold=0.04, denominator="trained")
     assert weights.tolist() == [[0.0, 1.0, 1.0, 1.0, 0.0]]
     assert metrics["rollout_corr/masked_frac"] == pytest.approx(0.25)
     assert metrics["rollout_corr/m2"] == pytest.approx((0.25 + 0.01 + 0.04 + 0.0009) / 4)
     assert metrics["rollout_corr/m2_kept"] == pytest.approx((0.01 + 0.04 + 0.0009) / 3)
     # every suffix mean above the threshold: all but the smallest masked (AReaL keeps one token)
-    weights, _ = impl("rollout_correction", "m2po")(prox, mu, mask, threshold=1e-6)
+    weights, _ = impl("rollout_correction", "m2po")(prox, mu, mask, threshold=1e-6, denominator="trained")
     assert weights.tolist() == [[0.0, 0.0, 0.0, 1.0, 0.0]]
     # no mismatch: nothing masked
     weights, metrics = impl("rollout_correction", "m2po")(prox, prox, mask)

@@ -61,6 +61,9 @@ ACTS_WITH = {
     "mixed_staleness": ["staleness.stale_frac=1.0"],
     "fp32_lm_head": ["+model.dtype=bfloat16"],
     "no_positive_resampling": ["prompt_pool.size=8"],     # step 2 starts a second epoch: retirement acts
+    # issue 35: trust-region masking acts once a stale policy samples and the bound is below its drift
+    "trust_region_mask": ["staleness=fixed", "rollout_correction.high=1e-8"],
+    "ref_update_interval": ["ref_sync.every=2"],
 }
 
 

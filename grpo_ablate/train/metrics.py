@@ -12,6 +12,7 @@ import torch
 
 from grpo_ablate.tricks.adv import group_mean_std
 from grpo_ablate.tricks.kl import k1, k3
+from grpo_ablate.tricks.behaviour import log_ratio as behaviour_log_ratio
 from grpo_ablate.tricks.loss_agg import masked_mean
 from grpo_ablate.tricks.value import explained_variance
 
@@ -112,7 +113,8 @@ def critic_metrics(values, returns, mask) -> dict:
 
 
 def sampler_gap_metrics(sampler_logp, logp, mask) -> dict:
-    """How far the sampler's own log-probs (vLLM) are from the trainer's for the same tokens."""
-    gap = (sampler_logp - logp).abs() * mask
+    """How far the sampler's own log-probs (vLLM) are from the trainer's for the same tokens (an
+    unknown sampler log-prob counts as no gap: tricks/behaviour.py)."""
+    gap = behaviour_log_ratio(logp, sampler_logp).abs() * mask
     return {"rollout/logprob_gap_mean": (gap.sum() / mask.sum().clamp(min=1)).item(),
             "rollout/logprob_gap_max": gap.max().item()}

@@ -21,6 +21,7 @@ import torch
 
 from grpo_ablate.sampling.decode import concat_rollouts, derived_seed, select_rows
 from grpo_ablate.sampling.engines import Scored
+from grpo_ablate.tricks.behaviour import log_ratio as behaviour_log_ratio
 from grpo_ablate.tricks.loss_agg import masked_mean
 
 
@@ -98,7 +99,7 @@ def staleness_metrics(ages, kept, old_logp, sampler_logp, mask) -> dict:
            "staleness/stale_frac": (ages > 0).float().mean().item(),
            "staleness/dropped_frac": 1.0 - kept_f.mean().item()}
     if old_logp is not None and sampler_logp is not None:
-        log_ratio = torch.nan_to_num(old_logp - sampler_logp, nan=0.0)       # log pi_old - log mu
+        log_ratio = behaviour_log_ratio(old_logp, sampler_logp)               # log pi_old - log mu
         out["staleness/behaviour_kl"] = masked_mean(-log_ratio, mask).item()
         out["staleness/behaviour_k3"] = masked_mean(torch.exp(log_ratio.clamp(-20, 20)) - log_ratio - 1, mask).item()
     return out

@@ -23,5 +23,5 @@ FAMILIES = ("overlong", "length", "reward_norm", "sampling", "prompt_pool", "adv
             "rollout_correction", "staleness", "proximal", "ref_sync", "temperature", "lm_head", "updates")
 # every module of the package, imported for its declarations and registrations
 FAMILY_MODULES = tuple(importlib.import_module(f"{__name__}.{m.name}") for m in pkgutil.iter_modules(__path__)
-                       if m.name not in ("registry", "conditions"))
+                       if m.name not in ("registry", "conditions", "behaviour"))
 __all__ = ["FAMILIES", "FAMILY_MODULES", "Option", "UnknownOption", "families", "option", "options"]

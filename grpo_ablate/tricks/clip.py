@@ -417,7 +417,8 @@ declare("dual_clip", "enabled", off_policy_only=True,   # caps rho A: rho == 1 n
 
 # ------------------------------------------------------------------ 2026: async-era policy losses
 @register("clip", "dppo", off_policy_only=True,
-          knobs={"divergence": choice("binary_tv", "binary_kl"), "delta_low": POSITIVE, "delta_high": POSITIVE,
+          knobs={"divergence": choice("binary_tv", "binary_kl", "symmetric_tv"), "delta_low": POSITIVE,
+                 "delta_high": POSITIVE,
                  "kl_tau": NON_NEGATIVE},
           inert=ONE_STEP,
           activity=RATIO_MOVES,
@@ -430,6 +431,11 @@ declare("dual_clip", "enabled", off_policy_only=True,   # caps rho A: rho == 1 n
                         what="prime-rl's default loss: DPPO binary-TV mask + kl_tau (log pi/mu)^2, tau 1e-3",
                         source="prime-rl DefaultLossConfig (src/prime_rl/trainer/rl/loss.py default_loss_fn); Kimi "
                                "K2.5 KL (arXiv 2602.02276)",
+                        verdict="not_in_review"),
+                  Trick("ipo_loss",
+                        what="prime-rl's IPO loss: tokens whose probability moved more than 0.1 either way masked "
+                             "whatever the advantage's sign, + kl_tau (log pi/mu)^2, tau 1e-3",
+                        source="prime-rl IPOLossConfig (src/prime_rl/trainer/rl/loss.py ipo_loss_fn)",
                         verdict="not_in_review")))
 def dppo_loss(logp, old_logp, advantages, mask, *, divergence: str = "binary_tv", delta_low: float = 0.2,
               delta_high: float = 0.2, kl_tau: float = 0.0):
@@ -438,6 +444,8 @@ def dppo_loss(logp, old_logp, advantages, mask, *, divergence: str = "binary_tv"
 
         rho_t = exp(logp_t - old_logp_t),  d_t = pi_t - mu_t  (probabilities, mu = exp(old_logp))
         binary_tv: keep_t = not (A > 0 and d_t > delta_high) and not (A < 0 and -d_t > delta_low)
+        symmetric_tv: keep_t = not (d_t > delta_high or -d_t > delta_low), whatever A's sign
+                   (prime-rl `ipo_loss_fn`: |pi - mu| > ipo_threshold 0.1; the named trick `ipo_loss`)
         binary_kl: D_t = mu log(mu / pi) + (1 - mu) log((1 - mu + 1e-8) / (1 - pi + 1e-8));
                    keep_t = not (A > 0 and d_t > 0 and D_t > delta_high) and not (A < 0 and d_t < 0 and D_t > delta_low)
         loss_t = -keep_t rho_t A_t + kl_tau (logp_t - old_logp_t)^2
@@ -457,12 +465,14 @@ def dppo_loss(logp, old_logp, advantages, mask, *, divergence: str = "binary_tv"
     with torch.no_grad():
         pi, mu = torch.exp(logp), torch.exp(old_logp)
         moved = pi - mu
-        if divergence == "binary_tv":
+        if divergence in ("binary_tv", "symmetric_tv"):
             high, low = moved > delta_high, -moved > delta_low
         else:
             kl = mu * (old_logp - logp) + (1 - mu) * torch.log((1 - mu + 1e-8) / (1 - pi + 1e-8))
             high, low = (moved > 0) & (kl > delta_high), (moved < 0) & (kl > delta_low)
-        masked_high, masked_low = (advantages > 0) & high, (advantages < 0) & low
+        symmetric = divergence == "symmetric_tv"      # IPO: the trust region does not look at A
+        masked_high = high & (True if symmetric else advantages > 0)
+        masked_low = low & (True if symmetric else advantages < 0)
         keep = (~(masked_high | masked_low)).to(logp.dtype)
     loss = -keep * ratio * advantages + kl_tau * log_ratio.pow(2)
     return loss, {"clip/high_frac": _float(masked_high, loss), "clip/low_frac": _float(masked_low, loss)}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
+from grpo_ablate.tricks.behaviour import log_ratio as behaviour_log_ratio
 from grpo_ablate.tricks.conditions import policy_never_leaves_sampler
 from grpo_ablate.tricks.registry import NON_NEGATIVE, Activity, Inert, Trick, declare_family, register
 
@@ -39,7 +40,8 @@ def keep_all_sequences(logp, sampler_logp, advantages, mask):
                       "several optimizer steps per rollout or a sampler that differs from the trainer"),
           tricks=(Trick("off_policy_mask",
                         what="drop sequences with A < 0 whose sampler log-ratio exceeds delta",
-                        source="TRL off_policy_mask_threshold (DeepSeek-V3.2, arXiv 2512.02556)",
+                        source="TRL off_policy_mask_threshold; slime --use-opsm/--opsm-delta (DeepSeek-V3.2, arXiv "
+                               "2512.02556)",
                         verdict="not_in_review",
                         cost="a pi_old forward per step (the sampler's log-probs are recorded while sampling)"),))
 def off_policy_sequence_mask(logp, sampler_logp, advantages, mask, *, delta: float = 0.5):
@@ -47,7 +49,7 @@ def off_policy_sequence_mask(logp, sampler_logp, advantages, mask, *, delta: flo
     with torch.no_grad():
         mask_f = mask.to(logp.dtype)
         lengths = mask_f.sum(dim=-1, keepdim=True)
-        divergence = torch.nan_to_num(sampler_logp - logp.detach(), nan=0.0)
+        divergence = -behaviour_log_ratio(logp.detach(), sampler_logp)   # log mu - log pi; unknown mu: 0
         mean_divergence = (divergence * mask_f).sum(dim=-1, keepdim=True) / lengths.clamp(min=1)
         advantage = (advantages if advantages.shape[-1] == 1    # per sequence, or its tokens' mean
                      else (advantages * mask_f).sum(dim=-1, keepdim=True) / lengths.clamp(min=1))

@@ -14,10 +14,27 @@ family `staleness`) and the trained-token mask -- and returns the proximal log-p
     loglinear   log pi_prox ~ log mu + alpha (log pi_theta - log mu), alpha = (v_prox - v_mu) /
                 (v_theta - v_mu) per token, clamped to [0, 1] (AReaL `prox_logp_method=loglinear`,
                 areal/trainer/ppo/actor.py `compute_prox_logp_approximations`; docs
-                prox_approx). AReaL takes v_prox = v_theta - 1 and v_mu = v_prox - age, so
-                alpha = age / (age + 1): a fresh row (age 0) gets pi_prox = mu.
+                prox_approx). Which versions: knob `versions`, below.
     behaviour   pi_prox = mu: the ratio against the sampler's log-probs directly (verl
                 `use_rollout_log_probs=true` / one-step-off's bypass, prime-rl, TRL AsyncGRPO).
+
+loglinear's versions (issue 35). AReaL's bookkeeping: the trainer's engine and the rollout
+engine both hold version V = global_step + 1 after an update, a token is tagged with the version
+that sampled it, and the loss takes v_theta = engine.get_version() = V, v_prox = V - 1 (the
+comment: "the last broadcast"). A row of age a here (a versions behind pi_old, which is the
+policy at V) has v_mu = V - a, so AReaL's code computes
+
+    versions=areal (default)   alpha = (a - 1) / a  for a >= 1, 0 for a = 0:  0, 0, 1/2, 2/3, 3/4 (ages 0..4)
+
+AReaL is itself inconsistent there: its recomputed pi_prox (prox_logp_method=recompute) is the
+forward of version V, not V - 1. Reading the approximation as "pi_prox is pi_old (version V) and
+pi_theta one version ahead" gives the other mapping, this project's before issue 35:
+
+    versions=next              alpha = a / (a + 1):  0, 1/2, 2/3, 3/4, 4/5
+
+The default follows AReaL's code, since that is what a user of AReaL runs; tests/test_areal_
+conventions.py shows both tables. A sampler log-prob that is not finite is unknown: pi_prox =
+pi_old on that token (tricks/behaviour.py; AReaL raises).
 
 Convention difference (loglinear): AReaL evaluates the interpolation in every mini-batch with
 that forward's pi_theta; here pi_theta's log-probs are the anchor forward's (pi_theta at the
@@ -29,7 +46,8 @@ from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
-from grpo_ablate.tricks.registry import Activity, Inert, Trick, declare_family, register
+from grpo_ablate.tricks.behaviour import known_or
+from grpo_ablate.tricks.registry import Activity, Inert, Trick, choice, declare_family, register
 
 declare_family("proximal", "the PPO ratio's denominator under stale rollouts: `recompute` π_old (AReaL's default), "
                "AReaL's `loglinear` approximation, or the `behaviour` policy's own log-probs",
@@ -57,17 +75,26 @@ def recomputed_proximal(old_logp, sampler_logp, ages, mask):
     return old_logp, {}
 
 
+def interpolation_weight(ages: torch.Tensor, versions: str) -> torch.Tensor:
+    """alpha per row from its age (see the module docstring): AReaL's code, or one version ahead."""
+    if versions == "areal":     # (v_prox - v_mu) / (v_theta - v_mu) with v_theta = V, v_prox = V - 1, v_mu = V - a
+        return torch.where(ages > 0, (ages - 1.0) / ages.clamp(min=1.0), torch.zeros_like(ages)).clamp(0.0, 1.0)
+    return (ages / (ages + 1.0)).clamp(0.0, 1.0)
+
+
 @register("proximal", "loglinear", activity=Activity("proximal/gap"), inert=WITHOUT_STALENESS,
+          knobs={"versions": choice("areal", "next")},
           tricks=(Trick("proximal_loglinear",
-                        what="AReaL's log-linear approximation of the proximal policy, alpha = age / (age + 1)",
+                        what="AReaL's log-linear approximation of the proximal policy, alpha = (age - 1) / age "
+                             "as AReaL's code computes it",
                         source="AReaL actor.prox_logp_method=loglinear (areal/trainer/ppo/actor.py)",
                         verdict="not_in_review", cost="none (AReaL: saves a forward; here it is still run)"),))
-def loglinear_proximal(old_logp, sampler_logp, ages, mask):
-    """log mu + alpha (log pi_theta - log mu), alpha = age / (age + 1); pi_theta's from the anchor forward."""
+def loglinear_proximal(old_logp, sampler_logp, ages, mask, *, versions: str = "areal"):
+    """log mu + alpha (log pi_theta - log mu), alpha from the row's age by `versions`; pi_theta's from
+    the anchor forward; an unknown mu is pi_old's."""
     with torch.no_grad():
-        ages = ages.to(old_logp.dtype)
-        alpha = (ages / (ages + 1.0)).clamp(0.0, 1.0)
-        behaviour = torch.nan_to_num(sampler_logp, nan=0.0)
+        alpha = interpolation_weight(ages.to(old_logp.dtype), versions)
+        behaviour = known_or(sampler_logp, old_logp)
         proximal = torch.where(mask > 0, behaviour + alpha * (old_logp - behaviour), old_logp)
         return proximal, _gap(proximal, old_logp, mask)
 
@@ -78,8 +105,7 @@ def loglinear_proximal(old_logp, sampler_logp, ages, mask):
                         source="verl actor.use_rollout_log_probs; prime-rl; TRL AsyncGRPO",
                         verdict="not_in_review"),))
 def behaviour_proximal(old_logp, sampler_logp, ages, mask):
-    """pi_prox = mu on trained tokens (a NaN sampler log-prob falls back to pi_old's)."""
+    """pi_prox = mu on trained tokens (an unknown sampler log-prob falls back to pi_old's)."""
     with torch.no_grad():
-        keep = (mask > 0) & ~torch.isnan(sampler_logp)
-        proximal = torch.where(keep, sampler_logp, old_logp)
+        proximal = torch.where(mask > 0, known_or(sampler_logp, old_logp), old_logp)
         return proximal, _gap(proximal, old_logp, mask)

@@ -56,7 +56,14 @@ def keep_reference(reference, policy) -> None:
                              "steps",
                         source="TRL sync_ref_model (TR-DPO, arXiv 2404.09656)",
                         verdict="not_in_review",
-                        cost="a parameter copy every sync (needs a KL term)"),))
+                        cost="a parameter copy every sync (needs a KL term)"),
+                  # slime --ref-update-interval N: the actor's weights copied into the reference every N
+                  # rollout steps (one optimizer step each with updates.mini_batches=1): mixup with alpha 1
+                  Trick("ref_update_interval",
+                        what="reference replaced by the policy every 10 optimizer steps (alpha 1)",
+                        source="slime --ref-update-interval (rollout steps between copies of the actor into ref)",
+                        verdict="not_in_review",
+                        cost="a parameter copy every sync (needs a KL term)")))
 def mixup_reference(reference, policy, *, alpha: float = 0.6) -> None:
     """reference <- alpha policy + (1 - alpha) reference, in place."""
     if not 0.0 <= alpha <= 1.0:

@@ -20,16 +20,19 @@ default on; vllm_importance_sampling_mode token_truncate | token_mask | sequence
 sequence_mask, default sequence_mask; clip_max 3.0, clip_min None). The option names are
 TRL's modes. Differences: verl truncates from above only (TRL clips to [min, max]: `low`);
 verl's mask needs both bounds (TRL's `low` may be None); only verl renormalizes; TRL turns a
-NaN sampler log-prob into ratio 1, and so does this. None of them needs a gradient: verl
-detaches the weights, TRL computes them under no_grad. The fractions logged here are over
+NaN sampler log-prob into ratio 1, and so does every trick here (tricks/behaviour.py). None of
+them needs a gradient: verl detaches the weights, TRL computes them under no_grad. The fractions logged here are over
 trained tokens at both levels (verl counts sequences at sequence level).
 """
 from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
+from grpo_ablate.tricks.behaviour import known_or
+from grpo_ablate.tricks.behaviour import log_ratio as behaviour_log_ratio
 from grpo_ablate.tricks.conditions import same_sampler_and_trainer
-from grpo_ablate.tricks.registry import FLAG, POSITIVE, Activity, Claim, Inert, Knob, Trick, declare_family, register
+from grpo_ablate.tricks.registry import (FLAG, POSITIVE, Activity, Claim, Inert, Knob, Trick, choice, declare_family,
+                                         register)
 
 declare_family("rollout_correction", "importance weights π_old / π_sampler on the policy loss, with verl's mismatch "
                "metrics `rollout_corr/*`; AReaL's `decoupled` PPO and `m2po` mask; acts with stale rollouts "
@@ -49,7 +52,7 @@ def _masked_mean(values, mask) -> torch.Tensor:
 
 def mismatch_metrics(old_logp, sampler_logp, mask) -> dict:
     """verl's off-policy diagnostics (compute_offpolicy_metrics) and TRL's sampling_logp_difference."""
-    log_ratio = torch.nan_to_num(old_logp - sampler_logp, nan=0.0) * mask   # log(pi_old / pi_sampler)
+    log_ratio = behaviour_log_ratio(old_logp, sampler_logp) * mask   # log(pi_old / pi_sampler)
     token_ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
     seq_log_ratio = log_ratio.sum(dim=-1).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     gap = log_ratio.abs()
@@ -64,7 +67,7 @@ def mismatch_metrics(old_logp, sampler_logp, mask) -> dict:
 
 
 def _raw_weights(old_logp, sampler_logp, mask, level: str) -> torch.Tensor:
-    log_ratio = torch.nan_to_num(old_logp - sampler_logp, nan=0.0) * mask
+    log_ratio = behaviour_log_ratio(old_logp, sampler_logp) * mask
     if level == "sequence":
         log_ratio = log_ratio.sum(dim=-1, keepdim=True).expand_as(old_logp)
     return torch.exp(log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)) * mask
@@ -177,7 +180,8 @@ def _m2po_keep(m2: torch.Tensor, threshold: float) -> torch.Tensor:
     return keep
 
 
-@register("rollout_correction", "m2po", needs_sampler_logprobs=True, knobs={"threshold": POSITIVE},
+@register("rollout_correction", "m2po", needs_sampler_logprobs=True,
+          knobs={"threshold": POSITIVE, "denominator": choice("kept", "trained")},
           activity=Activity("rollout_corr/masked_frac"), inert=SAMPLER_IS_TRAINER,
           tricks=Trick("m2po", what="M2PO: mask the tokens of largest (log pi_prox - log mu)^2 until their mean "
                        "second moment is below 0.04",
@@ -186,7 +190,7 @@ def _m2po_keep(m2: torch.Tensor, threshold: float) -> torch.Tensor:
                        verdict="not_in_review", cost="a pi_old (proximal) forward per step",
                        claims=(Claim("helps", "", "M2PO (arXiv 2510.01161)",
                                      "stable training on data 256 updates stale, matching on-policy accuracy"),)))
-def m2po_weights(old_logp, sampler_logp, mask, *, threshold: float = 0.04):
+def m2po_weights(old_logp, sampler_logp, mask, *, threshold: float = 0.04, denominator: str = "kept"):
     """M2PO (Zheng et al. 2025, arXiv 2510.01161; AReaL `_apply_m2po_masking`, docs m2po.md):
 
         M2_t = (log mu_t - log pi_prox_t)^2 over the batch's trained tokens
@@ -196,19 +200,157 @@ def m2po_weights(old_logp, sampler_logp, mask, *, threshold: float = 0.04):
     the ratio against pi_prox). Differences: AReaL masks per micro-batch of its loss call and, in
     its example config, also multiplies the decoupled weights pi_prox / mu; here the mask is taken
     once over the whole batch (as rollout_correction's weights are, verl's convention) and alone
-    (rollout_correction=decoupled is the other); loss_agg keeps the masked tokens in its
-    denominator, as AReaL does (`loss_mask_count` before the rejection)."""
+    (rollout_correction=decoupled is the other).
+
+    The denominator (issue 35). AReaL's code replaces `loss_mask` by the M2PO mask before
+    `ppo_actor_loss_fn`, which divides by the count of the mask it receives: the policy loss is
+    the mean over the KEPT tokens (`denominator=kept`, the default). AReaL's docs (m2po.md) and
+    the paper write 1 / sum_i |o_i|, every trained token (`denominator=trained`, this project's
+    rule before issue 35); the gradient is then N_kept / N smaller. `kept` scales the 0/1 mask by
+    N_trained / N_kept, so under loss_agg=token_mean (AReaL's aggregation) the loss is exactly the
+    kept tokens' mean; other aggregations are scaled by the same batch-wide factor. Hand case:
+    M2 = (1, .01, .01, .01), threshold .04, per-token losses (1, 2, 3, 4): kept 3.0, trained 2.25."""
     with torch.no_grad():
         trained = mask > 0
-        m2 = torch.nan_to_num(sampler_logp - old_logp, nan=0.0).pow(2)
+        m2 = behaviour_log_ratio(old_logp, sampler_logp).pow(2)
         keep = torch.zeros_like(trained)
         if trained.any():
             keep[trained] = _m2po_keep(m2[trained], float(threshold))
-        weights = keep.to(old_logp.dtype)
+        kept = keep.to(old_logp.dtype)
         mask_f = mask.to(old_logp.dtype)
+        scale = (mask_f.sum().clamp(min=1) / kept.sum().clamp(min=1)) if denominator == "kept" else 1.0
+        weights = kept * scale
         metrics = {"rollout_corr/masked_frac": _masked_mean((trained & ~keep).to(old_logp.dtype), mask_f).item(),
                    "rollout_corr/m2": _masked_mean(m2, mask_f).item(),
-                   "rollout_corr/m2_kept": _masked_mean(m2, weights).item(),
+                   "rollout_corr/m2_kept": _masked_mean(m2, kept).item(),
                    "rollout_corr/is_mean": _masked_mean(weights, mask_f).item()}
+        metrics.update(mismatch_metrics(old_logp, sampler_logp, mask_f))
+        return weights, metrics
+
+
+# ------------------------------------------------------------------ rejection: one option, many spellings
+def _token_divergence(log_ratio, old_logp, sampler_logp, metric: str) -> torch.Tensor:
+    """The per-token statistic of `metric`, lr = log pi_old - log mu (0 where mu is unknown), r = e^lr."""
+    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    if metric == "ratio":
+        return ratio
+    if metric == "k1":
+        return log_ratio
+    if metric == "k2":
+        return 0.5 * log_ratio ** 2
+    if metric == "k3":          # r - 1 - log r (verl's k3; AReaL's help text)
+        return ratio - 1.0 - log_ratio
+    if metric == "k3_areal":    # 1/r - 1 + log r (AReaL's KLEstimator k3 on (log pi_prox, log mu))
+        return torch.exp((-log_ratio).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)) - 1.0 + log_ratio
+    return torch.exp(old_logp) - torch.exp(known_or(sampler_logp, old_logp))     # prob_diff (ROLL)
+
+
+def _in_bounds(stat, low, high) -> torch.Tensor:
+    inside = stat <= high
+    return inside if low is None else inside & (stat >= low)
+
+
+def _sequence_keep(stat, log_ratio, mask, *, metric, aggregation, low, high) -> torch.Tensor:
+    """[N, 1] bool: the sequence's aggregate within bounds. The ratio aggregates in log space (AReaL:
+    sum = the product of ratios, mean = their geometric mean, max = the largest); the others
+    arithmetically; `all`: every trained token within bounds on its own."""
+    trained = mask > 0
+    if aggregation == "all":
+        return (_in_bounds(stat, low, high) | ~trained).all(dim=-1, keepdim=True)
+    values = log_ratio if metric == "ratio" else stat
+    if aggregation == "max":
+        per_sequence = values.masked_fill(~trained, -float("inf")).max(dim=-1, keepdim=True).values
+        per_sequence = torch.where(trained.any(dim=-1, keepdim=True), per_sequence, torch.zeros_like(per_sequence))
+    else:
+        per_sequence = (values * mask).sum(dim=-1, keepdim=True)
+        if aggregation == "mean":
+            per_sequence = per_sequence / mask.sum(dim=-1, keepdim=True).clamp(min=1)
+    if metric == "ratio":
+        per_sequence = torch.exp(per_sequence.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    return _in_bounds(per_sequence, low, high)
+
+
+def _rejection_weights(log_ratio, mask, keep, *, metric, level, action, weighted, low, high) -> torch.Tensor:
+    """The weights before the denominator: the importance weight (or 1), 0 where rejected (mask) or
+    clamped to [low or 0, high] where out of bounds (clamp, AReaL)."""
+    weight = torch.exp(log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    if level == "sequence" and metric == "ratio":     # AReaL: the geometric mean is every token's weight
+        mean_log = (log_ratio * mask).sum(dim=-1, keepdim=True) / mask.sum(dim=-1, keepdim=True).clamp(min=1)
+        weight = torch.exp(mean_log.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)).expand_as(log_ratio)
+    if not weighted:
+        weight = torch.ones_like(weight)
+    if action == "clamp":
+        clamped = weight.clamp(min=0.0 if low is None else low, max=high)
+        return torch.where(keep, weight, clamped) * mask
+    return weight * keep.to(weight.dtype) * mask
+
+
+def _check_rejection(cfg):
+    rc = cfg.rollout_correction
+    if rc.name == "rejection" and rc.action == "clamp" and not rc.weighted:
+        return ("rollout_correction.action=clamp clamps the importance weight, but rollout_correction.weighted=false "
+                "has none; set weighted=true or action=mask")
+    return None
+
+
+REJECTION_KNOBS = {"metric": choice("ratio", "k1", "k2", "k3", "k3_areal", "prob_diff"),
+                   "level": choice("token", "sequence"), "aggregation": choice("sum", "mean", "max", "all"),
+                   "action": choice("mask", "clamp"), "weighted": FLAG, "denominator": choice("trained", "kept"),
+                   "high": Knob(), "low": Knob(high="rollout_correction.high", optional=True)}
+TRUST_REGION_MASK = Trick(
+    "trust_region_mask", what="mask every sequence whose mean k3 divergence r - 1 - log r from the sampler exceeds "
+    "0.01 (Trust Region Masking)",
+    source="verl rollout_correction rollout_rs=seq_mean_k3 (RolloutCorrectionConfig.decoupled_k3_rs; arXiv "
+           "2512.23075); AReaL rejection_sampling; SkyRL/ROLL/OpenRLHF masks as knobs",
+    verdict="not_in_review", cost="a pi_old forward per step",
+    claims=(Claim("helps", "", "Trust Region Masking (arXiv 2512.23075)",
+                  "masking sequences outside the trust region keeps long-horizon off-policy training stable"),))
+
+
+@register("rollout_correction", "rejection", needs_sampler_logprobs=True, knobs=REJECTION_KNOBS,
+          activity=Activity("rollout_corr/rejected_frac"), inert=SAMPLER_IS_TRAINER, checks=_check_rejection,
+          tricks=TRUST_REGION_MASK)
+def rejection_weights(old_logp, sampler_logp, mask, *, metric: str = "k3", level: str = "sequence",
+                      aggregation: str = "mean", action: str = "mask", weighted: bool = False,
+                      denominator: str = "trained", high: float = 0.01, low: float | None = None):
+    """Rejection sampling on a divergence of pi_old from the sampler mu; lr = log pi_old - log mu, r = e^lr:
+
+        metric     ratio r | k1 lr | k2 lr^2/2 | k3 r - 1 - lr | k3_areal 1/r - 1 + lr | prob_diff pi_old - mu
+        level      token: each token's statistic in [low, high];  sequence: the row's aggregate
+        aggregation  sum | mean | max over the trained tokens (ratio: in log space, so sum = prod r,
+                   mean = the geometric mean) | all: every token in bounds on its own
+        action     mask: weight 0 outside; clamp: the importance weight clamped to [low or 0, high] there
+        weighted   the weight kept is the importance ratio r (sequence level with metric ratio: the
+                   geometric mean, every token) instead of 1
+        denominator  trained: the loss's aggregation keeps the rejected tokens (AReaL); kept: the
+                   weights scaled by N_trained / N_kept (verl and ROLL write the mask into response_mask)
+
+    References (each a setting here; read at the commits named in tests/test_rejection.py):
+    AReaL `apply_rejection_sampling` (RejectionSamplingConfig level, action, metric ratio|kl_k1|kl_k2|kl_k3,
+    agg; its help text calls k3 r - log r - 1, its code computes 1/r - 1 + log r: k3_areal; the decoupled
+    option is its example config); verl `compute_rollout_rejection_mask` (rollout_rs token_k*|seq_sum_k*|
+    seq_mean_k*|seq_max_k*: metric k2/k3 with that level and aggregation, high = the threshold; verl's k1
+    is -lr compared in log space with "l_u", i.e. metric=ratio low=1/u high=1/l; the defaults here are its
+    decoupled_k3_rs preset, Trust Region Masking); SkyRL off_policy_correction (geometric / product
+    sequence masks: metric ratio, aggregation mean / sum; outlier_token_is_threshold_low/high 1e-4/100:
+    level sequence, aggregation all); ROLL train_infer_correction (filters on ratio or prob_diff,
+    agg_type token | geometric = mean | sequence = sum); OpenRLHF is_correction_type tis | icepop |
+    seq-mask-tis are token_truncate, token_mask and sequence_mask. Not here: ROLL's `segment` level
+    (multi-turn segments) and verl's comma-chained criteria (one criterion a run)."""
+    with torch.no_grad():
+        mask_f = mask.to(old_logp.dtype)
+        log_ratio = behaviour_log_ratio(old_logp, sampler_logp) * mask_f
+        stat = _token_divergence(log_ratio, old_logp, sampler_logp, metric)
+        keep = (_in_bounds(stat, low, high) if level == "token" else
+                _sequence_keep(stat, log_ratio, mask_f, metric=metric, aggregation=aggregation, low=low, high=high))
+        keep = keep.expand_as(mask_f) | (mask_f == 0)
+        weights = _rejection_weights(log_ratio, mask_f, keep, metric=metric, level=level, action=action,
+                                     weighted=weighted, low=low, high=high)
+        rejected = _masked_mean((~keep).to(mask_f.dtype), mask_f)
+        if action == "mask" and denominator == "kept":     # verl and ROLL write the mask into response_mask
+            weights = weights * (mask_f.sum().clamp(min=1) / (keep.to(mask_f.dtype) * mask_f).sum().clamp(min=1))
+        metrics = {"rollout_corr/rejected_frac": rejected.item(),
+                   "rollout_corr/is_mean": _masked_mean(weights, mask_f).item(),
+                   "rollout_corr/divergence_mean": _masked_mean(stat, mask_f).item()}
         metrics.update(mismatch_metrics(old_logp, sampler_logp, mask_f))
         return weights, metrics

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
-from grpo_ablate.tricks.registry import (DAPO, POSITIVE_INT, SEED_REVIEW, Activity, Claim, Knob, Trick, declare_family,
-                                         register)
+from grpo_ablate.tricks.registry import (DAPO, NUMBER, POSITIVE_INT, SEED_REVIEW, Activity, Claim, Knob, Trick,
+                                         declare_family, register)
 
 declare_family("sampling", "which groups form the batch; `dynamic` is DAPO's, refilling up to `max_rounds`; "
                "`dynamic_group` grows flat groups up to `g_max`", metric="sampling/kept_group_frac",
@@ -77,6 +77,22 @@ def keep_all_groups(scores: torch.Tensor) -> torch.Tensor:
 def keep_varied_groups(scores: torch.Tensor) -> torch.Tensor:
     return scores.amax(dim=1) > scores.amin(dim=1)
 
+
+# prime-rl's admission gate (src/prime_rl/orchestrator/curriculum/gates/adv.py AdvRangeGate, commit
+# 559b44772e471d1538537b8805cc77f3824a5e64): a group is rejected when every advantage lies in
+# [reject_min, reject_max] (AdvRangeGateConfig default [0, 0]: no learning signal). The advantages
+# are prime-rl's default r - mean(r) over the group, from the verifier's rewards; rejected groups are
+# refilled like dynamic's (prime-rl's orchestrator keeps sampling until the batch is full).
+@register("sampling", "advantage_range", knobs={"reject_min": NUMBER, "reject_max": Knob(low="sampling.reject_min")},
+          activity=Activity("sampling/extra_generations"),
+          tricks=(Trick("advantage_range_gate",
+                        what="drop groups whose advantages r - mean(r) all lie in [reject_min, reject_max], refill",
+                        source="prime-rl curriculum gates type=advantage_range (AdvRangeGate)",
+                        verdict="not_in_review", cost="up to max_rounds extra generation rounds per step"),))
+def keep_groups_outside_advantage_range(scores: torch.Tensor, *, reject_min: float = 0.0,
+                                        reject_max: float = 0.0) -> torch.Tensor:
+    advantages = scores - scores.mean(dim=1, keepdim=True)
+    return ~((advantages >= reject_min) & (advantages <= reject_max)).all(dim=1)
 
 
 @register("sampling", "replay", replays=True, knobs={"size": POSITIVE_INT}, checks=_one_round,
