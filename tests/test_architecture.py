@@ -162,3 +162,16 @@ def test_the_private_name_detector_finds_one(tmp_path):
 def test_the_detector_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_trick_modules_take_torch_on_first_use():
+    """Checking a config imports every trick module; `import torch` there would cost every refusal
+    ~2 s (tricks/torch_on_first_use.py). Only that module imports torch itself."""
+    for path in (PACKAGE / "tricks").rglob("*.py"):
+        if path.name == "torch_on_first_use.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            assert not any(n == "torch" or n.startswith("torch.") for n in names), \
+                f"{path.name} imports torch: use `from grpo_ablate.tricks.torch_on_first_use import torch`"

@@ -10,7 +10,7 @@ before issue 35 proximal=loglinear here read a NaN as log mu = 0 (mu = 1).
 """
 from __future__ import annotations
 
-import torch
+from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 
 def known_or(sampler_logp: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,7 @@ move for clip=cispo (eps_low 1, eps_high 4 there): clip=cispo proximal=behaviour
 """
 from __future__ import annotations
 
-import torch
+from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.clip import LOG_RATIO_LIMIT, RATIO_MOVES
 from grpo_ablate.tricks.conditions import ONE_STEP
