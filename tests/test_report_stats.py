@@ -43,3 +43,17 @@ def test_welch_only_when_the_sides_share_no_seed():
     assert "Welch" in d.basis
     assert (d.mean, d.low, d.high) == pytest.approx((0.155, 0.155 - half, 0.155 + half), abs=1e-9)
 
+
+
+def test_fisher_exact_p_is_scipys_on_every_small_table():
+    """report/stats.fisher_exact_p (written out: scipy.stats is slow to import) against scipy's own."""
+    import itertools
+
+    from scipy.stats import fisher_exact
+
+    from grpo_ablate.report.stats import fisher_exact_p
+
+    for n1, n2 in ((1, 1), (3, 5), (5, 5), (12, 12), (12, 7)):
+        for a, c in itertools.product(range(n1 + 1), range(n2 + 1)):
+            table = [[a, n1 - a], [c, n2 - c]]
+            assert fisher_exact_p(table) == pytest.approx(fisher_exact(table).pvalue, rel=1e-12, abs=1e-15), table

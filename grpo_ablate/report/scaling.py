@@ -47,7 +47,7 @@ from grpo_ablate.report.curves import Curve, Summary, curve
 from grpo_ablate.report.drift import DRIFT_ALPHA, arm_drift, binomial_se
 from grpo_ablate.report.fits import CEILING_TOLERANCE, Fit, fit, pooled
 from grpo_ablate.report.load import Run, Sweep, nested_value
-from grpo_ablate.report.stats import Estimate, delta_ci, mean_ci, t_quantile
+from grpo_ablate.report.stats import Estimate, delta_ci, fisher_exact_p, mean_ci, t_quantile
 
 RAISES, LOWERS, SAME_CEILING = "raises the ceiling", "lowers the ceiling", "same ceiling"
 FASTER, SLOWER = "learns faster", "learns slower"
@@ -171,9 +171,7 @@ def exclusion_test(with_counts: dict, without_counts: dict) -> float | None:
     used = [with_counts["used"], without_counts["used"]]
     if not any(excluded) or any(e + u == 0 for e, u in zip(excluded, used)):
         return None
-    from scipy.stats import fisher_exact   # here: scipy.stats costs ~0.7 s to import (report/stats.py)
-
-    return float(fisher_exact([[excluded[0], used[0]], [excluded[1], used[1]]]).pvalue)
+    return fisher_exact_p([[excluded[0], used[0]], [excluded[1], used[1]]])
 
 
 def drift_verdict(p_with: float | None, p_without: float | None) -> str | None:
