@@ -168,3 +168,19 @@ def test_a_job_step_with_two_tasks_is_one_data_parallel_run(slurm_cluster, small
         assert b == {k: pytest.approx(v, rel=1e-3, abs=1e-6) for k, v in a.items()}
     assert one[2]["kl/k3"] > 0                                           # the run did move
     assert read_status(tmp_path / "two")["state"] == "completed"
+
+
+def test_a_sweep_across_contexts_runs_each_contexts_controls_on_slurm(slurm_cluster, small, tmp_path):
+    """Per-context controls (issue 36) are ordinary jobs of the array: each context's untrained base
+    and SFT control run on the cluster like its treatments, and the report reads them per context."""
+    sweep_dir = tmp_path / "sweep"
+    r = cli("sweep", "add-one-in", "--tricks", "no_std", "--across", "reward.wrong=0,-1", "--seeds", "1",
+            "--controls", "--dir", str(sweep_dir), *SLURM, *small, cwd=tmp_path, timeout=1200)
+    assert r.returncode == 0, r.stdout + r.stderr
+    runs = {x["variant"]: x["status"] for x in manifest(sweep_dir)["runs"]}
+    assert runs == {f"{v}@{c}": "completed" for c in ("wrong-0", "wrong--1")
+                    for v in ("base", "add-no_std", "control-base", "control-sft")}, runs
+    assert len(list(sweep_dir.glob(".submitit/*_*/*_result.pkl"))) == 8
+    report = cli("report", str(sweep_dir), "--no-figures", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    assert "wrong-0" in report.stdout and "wrong--1" in report.stdout
