@@ -84,6 +84,29 @@ def capability() -> str:
     return f"torch {torch.__version__.split('+')[0]} {torch.backends.cpu.get_cpu_capability()}"
 
 
+def cpu() -> str:
+    """The processor itself: ATen's capability is not all that picks a kernel (MKL's and oneDNN's
+    GEMMs dispatch on the CPU's own features, so an AVX-512 machine run with ATEN_CPU_CAPABILITY=avx2
+    still differs in the last bits from an AVX2 machine: issue 32). Model name and ISA flags."""
+    import hashlib
+    import platform
+
+    try:
+        info = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = {key.strip(): value for key, value in (line.split(":", 1) for line in info.splitlines() if ":" in line)}
+    model = fields.get("model name", "").strip()
+    flags = hashlib.sha256(fields.get("flags", "").strip().encode()).hexdigest()[:12]
+    return f"{model} (flags {flags})"
+
+
+def recorded_here(stored: dict) -> bool:
+    """Bit for bit only on the recording's own CPU and capability; elsewhere within REORDERED.
+    Files recorded before the CPU was written down name none, so they are compared within it."""
+    return stored.get("capability") == capability() and stored.get("cpu") == cpu()
+
+
 def metrics(run_dir: Path) -> list[dict]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows]
@@ -122,7 +145,7 @@ def test_the_recorded_warm_start_is_the_small_models(cache_dir, golden_cache):
     assert computed.is_dir(), f"the test config's warm start is not {stored.name}: record anew"
     mine, theirs = load_file(computed / "model.safetensors"), load_file(stored / "model.safetensors")
     assert mine.keys() == theirs.keys()
-    exact = json.loads((GOLDEN / "vanilla.json").read_text())["capability"] == capability()
+    exact = recorded_here(json.loads((GOLDEN / "vanilla.json").read_text()))
     for key, value in theirs.items():
         scale = float(value.abs().max())
         assert (torch.equal(mine[key], value) if exact
@@ -142,11 +165,11 @@ def test_golden_metrics(name, golden_cache, tmp_path):
     got = metrics(run_dir)
     if RECORD:
         path.parent.mkdir(exist_ok=True)
-        path.write_text(json.dumps({"capability": capability(), "overrides": CASES[name], "metrics": got},
-                                   indent=1) + "\n")
+        path.write_text(json.dumps({"capability": capability(), "cpu": cpu(), "overrides": CASES[name],
+                                    "metrics": got}, indent=1) + "\n")
         return
     assert len(got) == len(stored["metrics"])
-    exact = stored["capability"] == capability()       # else: within what float32 reordering allows
+    exact = recorded_here(stored)       # else: within what float32 reordering allows
     for mine, theirs in zip(got, stored["metrics"]):
         assert set(mine) - set(theirs) <= ADDED, f"new metrics {sorted(set(mine) - set(theirs) - ADDED)}"
         if exact:
