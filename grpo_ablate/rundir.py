@@ -231,6 +231,9 @@ class DirLock:
             except BlockingIOError:
                 os.close(fd)
                 raise ConfigError(self._held_message()) from None
+            except OSError as err:   # a file system without locks (some NFS mounts): the work goes on, unguarded
+                self.say(f"{self.path}: this file system cannot lock files ({err.strerror}); nothing stops a "
+                         f"second process from writing this {self.what}")
             if not self._still_at_path(fd):   # its holder removed it between our open and our lock
                 os.close(fd)
                 continue

@@ -473,3 +473,19 @@ def test_a_stop_during_the_warm_start_leaves_no_run_dir_and_says_how_to_start_ag
     assert f"hydra.run.dir={run_dir}` again" in output, output
     assert "--resume" not in output and "Traceback" not in output
     assert not run_dir.exists()
+
+
+def test_a_file_system_without_locks_is_said_and_the_run_goes_on(tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    said = []
+    with DirLock(tmp_path, "run dir", said.append):
+        assert json.loads((tmp_path / ".lock").read_text())["pid"] == os.getpid()
+    assert said == [f"{tmp_path}/.lock: this file system cannot lock files (No locks available); nothing stops a "
+                    "second process from writing this run dir"]
+    assert not (tmp_path / ".lock").exists()
