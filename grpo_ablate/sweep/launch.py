@@ -630,7 +630,7 @@ def _launch(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, jo
 def warm_starts_to_build(manifest: dict) -> list[str]:
     """The embedded models a sweep will warm-start before its first run (not cached yet), one line each:
     a context with another task (`--across task.level=easy,hard`) needs a model of its own."""
-    seen, lines = set(), []
+    seen, targets, lines = set(), set(), []
     for run in manifest["runs"]:
         if run["variant"] in seen:
             continue
@@ -639,7 +639,8 @@ def warm_starts_to_build(manifest: dict) -> list[str]:
         if cfg.model.get("path") or gguf_source(cfg.model) is not None:
             continue
         target = warm_start_dir(cfg.model, build_task(cfg.task))
-        if not (target / "config.json").exists() and str(target) not in {line.split()[-1] for line in lines}:
+        if not (target / "config.json").exists() and target not in targets:
+            targets.add(target)
             lines.append(f"first warm-starts the embedded model for {run['variant']} (not cached yet; minutes "
                          f"on 2 cores), cached as {target}")
     return lines
