@@ -1,5 +1,5 @@
 """Aggregate scores over runs and tasks (rliable: Agarwal et al. 2021, "Deep RL at the Edge of
-the Statistical Precipice"), computed with scipy rather than re-derived.
+the Statistical Precipice").
 
 - IQM, the interquartile mean: the mean of the middle 50% of all runs × tasks scores
   (`scipy.stats.trim_mean(x, 0.25)`): robust to one odd seed, more efficient than the median.
@@ -7,8 +7,14 @@ the Statistical Precipice"), computed with scipy rather than re-derived.
   (`scipy.stats.bootstrap` with one sample per task resamples each independently: that is the
   stratification), percentile intervals as rliable's `get_interval_estimates(method="percentile")`.
 - Probability of improvement P(X > Y): per task the Mann–Whitney U of X's runs against Y's over
-  n·m (ties count a half; `scipy.stats.mannwhitneyu`), averaged over tasks; its interval by the
-  same stratified bootstrap over both sides.
+  n·m (ties count a half; `scipy.stats.mannwhitneyu`'s statistic), averaged over tasks; its
+  interval by the same stratified bootstrap over both sides.
+
+The three are written out in numpy (a dozen lines) rather than imported: `scipy.stats` costs
+~0.7 s to import, a third of a small report's time (issue 32: a report under 2 s). Each is
+scipy's to the bit: `trim_mean` and the U statistic on every input, the bootstrap interval draw
+for draw from the same generator (`tests/test_report_aggregate.py` compares all three with scipy
+on random inputs, ties and degenerate resamples included; the golden reports did not change).
 
 A "task" is whatever the scores are stratified by: in a sweep of one context, that one context
 (the seeds are the runs); across contexts, each context.
@@ -16,7 +22,6 @@ A "task" is whatever the scores are stratified by: in a sweep of one context, th
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 
@@ -27,10 +32,14 @@ SEED = 0              # the bootstrap's generator: a report is the same every ti
 
 
 def iqm(scores, axis=-1):
-    """The interquartile mean over the last axis (scores of all runs and tasks, flattened)."""
-    from scipy import stats   # here, not at the top: scipy.stats costs ~0.7 s to import (report/stats.py)
-
-    return stats.trim_mean(scores, 0.25, axis=axis)
+    """The interquartile mean along `axis`: `scipy.stats.trim_mean(scores, 0.25, axis)` — cut
+    int(0.25 n) values from each end (found by a partial sort) and average the rest."""
+    scores = np.asarray(scores, float)
+    n = scores.shape[axis]
+    cut = int(0.25 * n)
+    middle = [slice(None)] * scores.ndim
+    middle[axis] = slice(cut, n - cut)
+    return np.mean(np.partition(scores, (cut, n - cut - 1), axis=axis)[tuple(middle)], axis=axis)
 
 
 def _tasks(scores: dict) -> list[np.ndarray]:
@@ -51,25 +60,50 @@ def aggregate_iqm(scores: dict, level: float = 0.95, reps: int = REPS) -> Estima
                           level, reps)
 
 
+def stratified_bootstrap_interval(samples: tuple, stat, level: float, reps: int,
+                                  rng: np.random.Generator) -> tuple[float, float]:
+    """The percentile interval of `stat` over `reps` resamples, each sample resampled with
+    replacement within itself: `scipy.stats.bootstrap(samples, stat, n_resamples=reps,
+    confidence_level=level, method="percentile", vectorized=True, random_state=rng)`, draw for
+    draw (one (reps, n) index draw per sample, in order; its quantiles, `_linear_quantiles`)."""
+    resamples = [s[rng.integers(0, len(s), (reps, len(s)))] for s in samples]
+    alpha = (1 - level) / 2
+    low, high = _linear_quantiles(stat(*resamples, axis=-1), np.array([alpha, 1 - alpha]))
+    return float(low), float(high)
+
+
+def _linear_quantiles(values: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """`scipy.stats.quantile(values, p)` (Hyndman & Fan's method 7, 'linear'), in its arithmetic:
+    order statistics j = ⌊p n + 1 − p⌋ and j + 1 (1-based), weighted by the fractional part.
+    (`np.quantile` interpolates the same points in another order and differs in the last bit.)"""
+    y, n = np.sort(values), values.size
+    if np.isnan(y[-1]):
+        return np.full(p.shape, np.nan)
+    position = p * n + (1 - p)
+    upper = position // 1
+    lower, weight = upper - 1, position % 1
+    weight[lower < 0] = 0
+    lower, upper = np.clip(lower, 0, n - 1).astype(int), np.clip(upper, 0, n - 1).astype(int)
+    return (1 - weight) * y[lower] + weight * y[upper]
+
+
 def _with_interval(point: float, n: int, basis: str, samples: tuple, stat, level: float, reps: int) -> Estimate:
     """The point estimate with its stratified percentile-bootstrap interval (none when the
     resamples are degenerate: every resample gives the same value)."""
-    from scipy import stats   # (see iqm)
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", stats.DegenerateDataWarning)
-        ci = stats.bootstrap(samples, stat, n_resamples=reps, confidence_level=level, method="percentile",
-                             vectorized=True, random_state=np.random.default_rng(SEED)).confidence_interval
-    if not (math.isfinite(ci.low) and math.isfinite(ci.high)):
+    low, high = stratified_bootstrap_interval(samples, stat, level, reps, np.random.default_rng(SEED))
+    if not (math.isfinite(low) and math.isfinite(high)):
         return Estimate(point, None, None, n, basis + ": no interval (every resample gives the same value)")
-    return Estimate(point, float(ci.low), float(ci.high), n, basis)
+    return Estimate(point, low, high, n, basis)
 
 
 def _improvement(x: np.ndarray, y: np.ndarray, axis=-1):
-    """U / (n m) along `axis` (mannwhitneyu broadcasts over the other axes: one call per resample set)."""
-    from scipy import stats   # (see iqm)
-
-    return stats.mannwhitneyu(x, y, axis=axis).statistic / (x.shape[axis] * y.shape[axis])
+    """U / (n m) along `axis`, U = #(x > y) + ½ #(x = y) over all pairs: `scipy.stats.mannwhitneyu`'s
+    statistic (there from the rank sum with ties at their mean rank; the same number). Broadcasts
+    over the other axes: one call per resample set."""
+    x, y = np.moveaxis(np.asarray(x, float), axis, -1), np.moveaxis(np.asarray(y, float), axis, -1)
+    greater = (x[..., :, None] > y[..., None, :]).sum(axis=(-2, -1))
+    ties = (x[..., :, None] == y[..., None, :]).sum(axis=(-2, -1))
+    return (greater + 0.5 * ties) / (x.shape[-1] * y.shape[-1])
 
 
 def probability_of_improvement(x: dict, y: dict, level: float = 0.95, reps: int = REPS,
