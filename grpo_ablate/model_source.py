@@ -9,6 +9,7 @@ import math
 import importlib.util
 import json
 import os
+import re
 from pathlib import Path
 
 
@@ -146,3 +147,8 @@ def _skip_value(f, kind: int, read, string) -> None:
         _exactly(f, _GGUF_SIZES[kind])
     else:
         raise EOFError
+
+
+def looks_local(path: str) -> bool:
+    """A hub id is `name` or `org/name`; anything else (absolute, ./, ~, deeper) is local."""
+    return os.path.exists(os.path.expanduser(path)) or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", path)

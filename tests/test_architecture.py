@@ -175,3 +175,31 @@ def test_trick_modules_take_torch_on_first_use():
                      else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
             assert not any(n == "torch" or n.startswith("torch.") for n in names), \
                 f"{path.name} imports torch: use `from grpo_ablate.tricks.torch_on_first_use import torch`"
+
+
+STATEFUL = ("pool", "replay", "stale", "ref_sync", "reference_sync", "snapshot", "previous", "history_depth",
+            "two_layer", "Pool", "Replay", "Stale", "ReferenceSync", "PreviousPolicy")
+
+
+def test_the_trainer_names_no_stateful_trick():
+    """Tricks with state of their own are plugins (train/plugin.py): `GRPOTrainer` loops over the
+    active ones and names none of them, neither by a name in its code nor by a family's string."""
+    tree = ast.parse((PACKAGE / "train" / "step.py").read_text())
+    trainer = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GRPOTrainer")
+    docstrings = {id(f.body[0].value) for f in ast.walk(trainer)
+                  if isinstance(f, (ast.FunctionDef, ast.ClassDef)) and f.body and isinstance(f.body[0], ast.Expr)}
+    named = [n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else n.value
+             for n in ast.walk(trainer)
+             if isinstance(n, (ast.Name, ast.Attribute)) or isinstance(n, ast.Constant) and isinstance(n.value, str)
+             and id(n) not in docstrings]
+    found = sorted({name for name in named if any(word in name for word in STATEFUL)})
+    assert not found, f"GRPOTrainer names stateful tricks: {found}"
+
+
+def test_the_stateful_trick_detector_finds_one(tmp_path):
+    """(the test above would find a trainer that asks for a replay buffer by name)"""
+    code = "class GRPOTrainer:\n    def f(self):\n        return self.replay, option('prompt_pool', 'x')\n"
+    tree = ast.parse(code)
+    names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} | {
+        n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert {"replay", "prompt_pool"} <= names and any(w in "replay" for w in STATEFUL)

@@ -119,10 +119,10 @@ def test_off_policy_mask_reads_an_unknown_mu_as_no_divergence():
 
 def test_the_sampler_gap_and_staleness_metrics_read_an_unknown_mu_as_no_gap():
     from grpo_ablate.train.metrics import sampler_gap_metrics
-    from grpo_ablate.train.staleness import staleness_metrics
+    from grpo_ablate.train.metrics import age_metrics
     gap = sampler_gap_metrics(SAMPLER, OLD, ONES)
     assert gap["rollout/logprob_gap_mean"] == pytest.approx(0.2 / 3)
     assert gap["rollout/logprob_gap_max"] == pytest.approx(0.2)
-    stale = staleness_metrics(torch.tensor([2]), None, OLD, SAMPLER, ONES)
+    stale = age_metrics(torch.tensor([2]), None, OLD, SAMPLER, ONES)
     # E[log mu - log pi_old] with lr = log pi_old - log mu = (0.2, 0, 0): -0.2 / 3
     assert stale["staleness/behaviour_kl"] == pytest.approx(-0.2 / 3)

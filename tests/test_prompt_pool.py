@@ -13,7 +13,7 @@ from grpo_ablate.config import compose, validate
 from grpo_ablate.inert import inert_reason
 from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
 from grpo_ablate.train.grpo import train
-from grpo_ablate.train.prompt_pool import PromptPool
+from grpo_ablate.train.prompt_pool import prompt_pool
 from grpo_ablate.tricks import option
 
 D = torch.float64
@@ -84,9 +84,7 @@ class Problems:
 
 
 def pool_of(overrides):
-    cfg = compose(overrides)
-    return PromptPool(cfg, Problems(), option("prompt_pool", cfg.prompt_pool.name).bind(
-        {k: v for k, v in cfg.prompt_pool.items() if k not in ("name", "size")}))
+    return prompt_pool(compose(overrides), Problems(), policies=None)
 
 
 def test_retired_prompts_leave_at_the_next_epoch_and_the_state_resumes_exactly():
@@ -95,7 +93,7 @@ def test_retired_prompts_leave_at_the_next_epoch_and_the_state_resumes_exactly()
     pool.observe(idx, torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [0.0, 0.0]]))
     solved = {idx[0].item(), idx[2].item()}
     second, idx2 = pool.draw(4, step=2, sampling_round=0)                   # 2 left of epoch 1, 2 of epoch 2
-    assert pool.epoch == 2 and pool.metrics()["pool/retired"] == 2
+    assert pool.epoch == 2 and pool.metrics(None)["pool/retired"] == 2
     assert not solved & set(idx2[2:].tolist())                             # retired from epoch 2 on
     state = pool.state_dict()
     resumed = pool_of(["prompt_pool=no_positive_resampling", "prompt_pool.size=6"])
@@ -107,7 +105,7 @@ def test_difficulty_pool_metrics_count_the_pools():
     pool = pool_of(["prompt_pool=difficulty", "prompt_pool.size=5"])
     _, idx = pool.draw(5, step=1, sampling_round=0)
     pool.observe(idx, torch.tensor([[1.0, 1.0], [0.0, 0.0], [0.0, 1.0], [0.0, 0.0], [1.0, 1.0]]))
-    assert pool.metrics() == {"pool/retired": 0, "pool/unseen": 0, "pool/epoch": 0, "pool/all_retired": 0,
+    assert pool.metrics(None) == {"pool/retired": 0, "pool/unseen": 0, "pool/epoch": 0, "pool/all_retired": 0,
                               "pool/easy": 2, "pool/hard": 2, "pool/sorted": 4}
 
 
@@ -116,7 +114,7 @@ def test_a_pool_whose_every_prompt_retired_says_so_as_it_draws_them_all_again():
     _, idx = pool.draw(4, step=1, sampling_round=0)
     pool.observe(idx, torch.ones(4, 2))                                    # every prompt solved
     _, again = pool.draw(4, step=2, sampling_round=0)
-    assert sorted(again.tolist()) == [0, 1, 2, 3] and pool.metrics()["pool/all_retired"] == 1
+    assert sorted(again.tolist()) == [0, 1, 2, 3] and pool.metrics(None)["pool/all_retired"] == 1
 
 
 # ---------------------------------------------------------------- inert rules and bad values

@@ -36,7 +36,7 @@ def test_improvement_is_mannwhitneyu_statistic_over_nm(seed):
         y = rng.permutation(np.concatenate([x[:2], rng.integers(0, 200, 3) / 200]))   # ties across sides
         want = stats.mannwhitneyu(x, y).statistic / (len(x) * len(y))
         assert _improvement(x, y) == want
-        xs, ys = rng.choice(x, (9, len(x))), rng.choice(y, (9, len(y)))   # a batch of resamples, as the bootstrap calls it
+        xs, ys = rng.choice(x, (9, len(x))), rng.choice(y, (9, len(y)))   # resamples, as the bootstrap has them
         assert np.array_equal(_improvement(xs, ys, axis=-1),
                               stats.mannwhitneyu(xs, ys, axis=-1).statistic / (len(x) * len(y)))
 

@@ -38,7 +38,7 @@ def test_replay_buffer_refills_flat_groups_as_trl():
     import torch
     from grpo_ablate.sampling.decode import Rollout
     from grpo_ablate.train.replay import ReplayBuffer
-    from grpo_ablate.train.step import SampledGroups
+    from grpo_ablate.train.batch import SampledGroups
 
     def batch(scores, width):
         n = len(scores)
@@ -49,13 +49,13 @@ def test_replay_buffer_refills_flat_groups_as_trl():
                              torch.tensor(scores, dtype=torch.float32), torch.arange(groups).repeat_interleave(2), 1)
 
     buffer = ReplayBuffer(size=2, seed=0)
-    first = buffer(batch([1, 0, 1, 1, 0, 1], 3), step=1, pad_id=0)       # groups 0, 2 informative; 1 flat
+    first = buffer.after_sampling(batch([1, 0, 1, 1, 0, 1], 3), step=1, pad_id=0)   # groups 0, 2 informative; 1 flat
     assert first.replayed == 1 and first.problems[:2] == ["p0", "p2"] and first.problems[2] in ("p0", "p2")
     assert first.roll.ages.tolist() == [0, 0, 0, 0, 0, 0]                  # replayed from this very step
     # TRL's score: sum_j |A_j| * std_g; two members 1, 0: std 0.707, A = +-0.5 / (0.707 + 1e-4)
     std = 2 ** -0.5
     assert buffer.heap[0][0] == pytest.approx(2 * 0.5 / (std + 1e-4) * std)
-    second = buffer(batch([0, 0, 1, 1], 5), step=4, pad_id=0)              # both flat: two from the buffer
+    second = buffer.after_sampling(batch([0, 0, 1, 1], 5), step=4, pad_id=0)   # both flat: two from the buffer
     assert second.replayed == 2 and second.roll.ages.tolist() == [3, 3, 3, 3]
     assert second.roll.completion_mask.shape[1] == 3 and second.scores.sum() == 2   # the stored groups' own
     state = buffer.state_dict()

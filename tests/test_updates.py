@@ -6,7 +6,7 @@ import torch
 from grpo_ablate.config import compose
 from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
 from grpo_ablate.train.grpo import train
-from grpo_ablate.train.step import mini_batch_rows
+from grpo_ablate.train.batch import mini_batch_rows
 from grpo_ablate.tricks import option
 from grpo_ablate.tricks.loss_agg import aggregate
 

@@ -8,7 +8,7 @@ from types import ModuleType, SimpleNamespace
 import pytest
 import torch
 
-import grpo_ablate.config as config_module
+import grpo_ablate.here as here_module
 from conftest import cli
 from grpo_ablate.config import ConfigError, check_here, compose
 from grpo_ablate.models import load_model_and_tokenizer
@@ -86,7 +86,7 @@ def fake_vllm(monkeypatch):
     module.LLM = FakeLLM
     module.SamplingParams = lambda **kw: SimpleNamespace(**kw)
     monkeypatch.setitem(sys.modules, "vllm", module)
-    monkeypatch.setattr(config_module, "_vllm_problem", lambda cfg: None)
+    monkeypatch.setattr(here_module, "_vllm_problem", lambda cfg: None)
     for key in ("VLLM_ENABLE_V1_MULTIPROCESSING", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(key, "unset")   # recorded, so the variables the engine sets are undone after
         monkeypatch.delenv(key)

@@ -101,7 +101,7 @@ def metrics_frame(rows: list[dict]) -> pd.DataFrame:
     if not rows:
         return pd.DataFrame({"step": pd.Series([], dtype="int64")})
     df = pd.DataFrame(rows)
-    for name in df.columns[df.dtypes == object]:   # the numeric ones already are (to_numeric leaves them as they are)
+    for name in df.select_dtypes(include="object").columns:   # the others are numbers already
         df[name] = pd.to_numeric(df[name], errors="coerce")
     df["step"] = df["step"].astype("int64")
     return df.drop_duplicates("step", keep="last").sort_values("step").reset_index(drop=True)

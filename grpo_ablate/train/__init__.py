@@ -6,6 +6,13 @@
                     `GRPOTrainer.step`
     step.py         `GRPOTrainer`: one GRPO step as named phases: sample, reference forwards,
                     rewards and advantages, update, metrics; and `diagnose`
+    batch.py        how a step's batch is formed: sampling rounds, group growth, mini-batches
+    plugin.py       the protocol of tricks with state of their own (the trainer names none)
+    plugins.py      the stateful tricks a run can bring, in hook order (factories)
+    history.py      the policy's weights k steps ago (one history), kl=two_layer's anchor
+    staleness.py    staleness: groups sampled by the policy of their age
+    replay.py       sampling=replay: a buffer of informative groups
+    prompt_pool.py  prompt_pool: a finite pool drawn by what the run observed (and the task's order)
     losses.py       the per-token loss terms by name (written once; the update and the
                     gradient diagnostics both use them)
     rewards.py      reward shaping and the reward -> advantage chain

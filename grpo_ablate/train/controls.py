@@ -37,7 +37,7 @@ from grpo_ablate.resume_rules import already_finished, open_run_dir
 from grpo_ablate.train.run import (Optimization, RunResult, StepResult, attention_implementation, evaluate,
                                    finished_result, prepare_process, run_steps)
 from grpo_ablate.rundir import DirLock
-from grpo_ablate.train.step import sample_groups
+from grpo_ablate.train.batch import TaskPrompts, sample_groups
 
 
 def run_control(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), console=None) -> RunResult:
@@ -99,7 +99,8 @@ class ControlStep:
     def sample(self, step: int) -> dict:
         """Sample exactly as a GRPO step would, and change nothing."""
         self.model.eval()
-        batch = sample_groups(self.rollouts, self.task, self.cfg, step, float(self.cfg.temperature.value))
+        batch = sample_groups(self.rollouts, TaskPrompts(self.task, int(self.cfg.seed)), self.cfg, step,
+                              float(self.cfg.temperature.value))
         lengths = batch.roll.lengths
         return {"reward/mean": batch.scores.mean().item(),
                 "reward/std": batch.scores.std().item() if batch.scores.numel() > 1 else 0.0,

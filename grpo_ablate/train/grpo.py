@@ -9,7 +9,6 @@ name its config group chose; nothing here branches on a trick's name.
 from __future__ import annotations
 
 import copy
-from collections import deque
 from pathlib import Path
 
 import torch
@@ -30,7 +29,7 @@ from grpo_ablate.train.distributed import DataParallel
 from grpo_ablate.resume_rules import already_finished, open_run_dir
 from grpo_ablate.train.run import (Optimization, RunResult, attention_implementation, finished_result, prepare_process,
                                    run_steps)
-from grpo_ablate.train.step import Controllers, GRPOTrainer, Policies, snapshot
+from grpo_ablate.train.step import Controllers, GRPOTrainer, Policies
 from grpo_ablate.tricks import option
 
 
@@ -131,10 +130,8 @@ def load_policies(cfg: DictConfig, model_path, kl_control, device: torch.device,
     elif kl_control.beta > 0 or cfg.metrics.ref_kl:
         reference = shard(load(model_path)[0] if checkpoint else copy.deepcopy(policy))
         reference.eval().requires_grad_(False)
-    # A second anchor, the policy as it was prev_lag optimizer steps ago (two-layer KL): a
-    # frozen copy that is refreshed from the last prev_lag + 1 weight snapshots each step.
-    previous, snapshots = None, deque(maxlen=kl_control.prev_lag + 1)
-    if kl_control.beta_prev > 0:
-        previous = copy.deepcopy(policy).eval().requires_grad_(False)
-        snapshots.append(snapshot(policy))
-    return Policies(shard(policy), tokenizer, reference, previous, snapshots, value_head=None)
+    # A second anchor, the policy as it was prev_lag steps ago (two-layer KL): a frozen copy,
+    # loaded each step from the run's history of weights (train/history.py)
+    previous = copy.deepcopy(policy).eval().requires_grad_(False) if kl_control.beta_prev > 0 else None
+    lag = kl_control.prev_lag if previous is not None else 0
+    return Policies(shard(policy), tokenizer, reference, previous, lag, value_head=None)

@@ -118,3 +118,22 @@ def sampler_gap_metrics(sampler_logp, logp, mask) -> dict:
     gap = behaviour_log_ratio(logp, sampler_logp).abs() * mask
     return {"rollout/logprob_gap_mean": (gap.sum() / mask.sum().clamp(min=1)).item(),
             "rollout/logprob_gap_max": gap.max().item()}
+
+
+@torch.no_grad()
+def age_metrics(ages, kept, old_logp, sampler_logp, mask) -> dict:
+    """Rows that carry their age (stale samplers, replayed groups): how stale the step's rows were
+    and how far their sampler was from pi_old (the proximal policy before this update):
+    KL(mu || pi_old) per token on mu's samples, k1 and k3."""
+    kept = torch.ones_like(ages, dtype=torch.bool) if kept is None else kept     # (replayed rows: all kept)
+    kept_f = kept.to(mask.dtype)
+    trained = ages[kept]
+    out = {"staleness/mean_age": trained.float().mean().item() if trained.numel() else 0.0,
+           "staleness/max_age": int(trained.max()) if trained.numel() else 0,
+           "staleness/stale_frac": (ages > 0).float().mean().item(),
+           "staleness/dropped_frac": 1.0 - kept_f.mean().item()}
+    if old_logp is not None and sampler_logp is not None:
+        log_ratio = behaviour_log_ratio(old_logp, sampler_logp)               # log pi_old - log mu
+        out["staleness/behaviour_kl"] = masked_mean(-log_ratio, mask).item()
+        out["staleness/behaviour_k3"] = masked_mean(torch.exp(log_ratio.clamp(-20, 20)) - log_ratio - 1, mask).item()
+    return out

@@ -16,23 +16,30 @@ import math
 
 import torch
 
+from grpo_ablate.config import trick
 from grpo_ablate.sampling.decode import derived_seed
+from grpo_ablate.train.plugin import Plugin
 from grpo_ablate.tricks import option
 
 
-class PromptPool:
-    def __init__(self, cfg, task, choose):
-        self.seed = int(cfg.seed)
-        size = cfg.prompt_pool.get("size")
-        self.problems = task.prompt_pool(None if size is None else int(size), self.seed)
+class PromptPool(Plugin):
+    """The prompt_pool family's plugin: the step's prompts come from the pool (`prompts`)."""
+    key = "prompt_pool"
+
+    def __init__(self, problems: list, choose, epochs: bool, borders: tuple, seed: int):
+        self.seed = seed
+        self.problems = problems
         self.choose = choose                            # the option: (pass_rate, retired, n, generator) -> ...
-        self.epochs = option("prompt_pool", cfg.prompt_pool.name).epochs
-        self.borders = (cfg.prompt_pool.get("easy_border"), cfg.prompt_pool.get("hard_border"))
+        self.epochs = epochs                            # the option consumes the pool epoch after epoch
+        self.borders = borders                          # (easy_border, hard_border): pool/easy, pool/hard
         n = len(self.problems)
         self.pass_rate = torch.full((n,), math.nan, dtype=torch.float64)
         self.retired = torch.zeros(n, dtype=torch.bool)
         self.order = torch.zeros(0, dtype=torch.long)   # this epoch's remaining prompts
         self.epoch = 0
+
+    def prompts(self, source):
+        return self
 
     def draw(self, n: int, step: int, sampling_round: int) -> tuple[list, torch.Tensor]:
         """The problems of one sampling round and their pool indices."""
@@ -56,7 +63,7 @@ class PromptPool:
         """Each drawn prompt's pass rate: the mean verifier score of its group (scores [n, G])."""
         self.pass_rate[indices] = scores.double().mean(dim=1)
 
-    def metrics(self) -> dict:
+    def metrics(self, batch) -> dict:
         seen = ~self.pass_rate.isnan()
         out = {"pool/retired": int(self.retired.sum()), "pool/unseen": int((~seen).sum()), "pool/epoch": self.epoch,
                # every prompt retired (no_positive_resampling): the option draws the whole pool again, said here
@@ -74,3 +81,13 @@ class PromptPool:
     def load_state_dict(self, state: dict) -> None:
         self.pass_rate, self.retired = state["pass_rate"].clone(), state["retired"].clone()
         self.order, self.epoch = state["order"].clone(), int(state["epoch"])
+
+
+def prompt_pool(cfg, task, policies) -> PromptPool | None:
+    """The pool when the prompt_pool option draws from one, else None (the task's order)."""
+    pool = option("prompt_pool", cfg.prompt_pool.name)
+    if not pool.pooled:
+        return None
+    size, seed = cfg.prompt_pool.get("size"), int(cfg.seed)
+    return PromptPool(task.prompt_pool(None if size is None else int(size), seed), trick(cfg, "prompt_pool"),
+                      pool.epochs, (cfg.prompt_pool.get("easy_border"), cfg.prompt_pool.get("hard_border")), seed)

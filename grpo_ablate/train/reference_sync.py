@@ -11,12 +11,15 @@ import torch
 from omegaconf import DictConfig
 
 from grpo_ablate.config import trick
+from grpo_ablate.train.plugin import Plugin
 from grpo_ablate.tricks import option
 
 
-class ReferenceSync:
-    def __init__(self, cfg: DictConfig, reference: torch.nn.Module, policy: torch.nn.Module):
-        self.mix, self.every = trick(cfg, "ref_sync"), int(cfg.ref_sync.every)
+class ReferenceSync(Plugin):
+    key = "reference_sync"
+
+    def __init__(self, mix, every: int, reference: torch.nn.Module, policy: torch.nn.Module):
+        self.mix, self.every = mix, every      # the option's mixing rule; optimizer steps between two syncs
         self.reference, self.policy = reference, policy
         self.optimizer_steps, self.syncs = 0, 0
 
@@ -26,7 +29,7 @@ class ReferenceSync:
             self.mix(self.reference.parameters(), self.policy.parameters())
             self.syncs += 1
 
-    def metrics(self) -> dict:
+    def metrics(self, batch) -> dict:
         return {"ref_sync/syncs": self.syncs}
 
     def state_dict(self) -> dict:
@@ -38,8 +41,8 @@ class ReferenceSync:
         self.reference.load_state_dict(state["reference"])
 
 
-def reference_sync(cfg: DictConfig, reference, policy) -> ReferenceSync | None:
+def reference_sync(cfg: DictConfig, task, policies) -> ReferenceSync | None:
     """The run's ReferenceSync when its ref_sync option moves the reference, else None."""
     if not option("ref_sync", cfg.ref_sync.name).syncs_reference:
         return None
-    return ReferenceSync(cfg, reference, policy)
+    return ReferenceSync(trick(cfg, "ref_sync"), int(cfg.ref_sync.every), policies.reference, policies.policy)

@@ -21,9 +21,14 @@ from dataclasses import replace
 import torch
 
 from grpo_ablate.sampling.decode import concat_rollouts, derived_seed, select_rows
+from grpo_ablate.train.plugin import Plugin
+from grpo_ablate.tricks import option
 
 
-class ReplayBuffer:
+class ReplayBuffer(Plugin):
+    """sampling=replay's plugin: the buffer, applied to every sampled batch (`after_sampling`)."""
+    key = "replay_buffer"
+
     def __init__(self, size: int, seed: int):
         self.size, self.seed = size, seed
         self.heap = []          # min-heap of (score, tie, group): group = a dict of the group's rows
@@ -43,7 +48,7 @@ class ReplayBuffer:
         chosen = torch.multinomial(scores, n, replacement=n > len(self.heap), generator=generator)
         return [self.heap[i][2] for i in chosen.tolist()]
 
-    def __call__(self, batch, step: int, pad_id: int):
+    def after_sampling(self, batch, step: int, pad_id: int):
         """The batch with its zero-variance groups replaced from the buffer (after adding its informative ones)."""
         scores, index = batch.scores.double(), batch.group_index
         groups = int(index.max()) + 1
@@ -87,8 +92,18 @@ class ReplayBuffer:
         return {"roll": roll, "problem": batch.problems[g], "texts": [batch.texts[i] for i in rows.tolist()],
                 "scores": batch.scores[rows].cpu(), "step": step}
 
+    def metrics(self, batch) -> dict:
+        return {"sampling/replayed_groups": batch.replayed}
+
     def state_dict(self) -> dict:
         return {"heap": list(self.heap), "added": self.added}
 
     def load_state_dict(self, state: dict) -> None:
         self.heap, self.added = list(state["heap"]), state["added"]
+
+
+def replay_buffer(cfg, task, policies) -> ReplayBuffer | None:
+    """The buffer when the sampling option replays groups, else None."""
+    if not option("sampling", cfg.sampling.name).replays:
+        return None
+    return ReplayBuffer(int(cfg.sampling.size), int(cfg.seed))

@@ -125,6 +125,26 @@ def evaluate(policy, rollouts: Rollouts, problems, max_new_tokens: int) -> dict:
 
 
 # ------------------------------------------------------------------------------ the loop
+def record_step(cfg: DictConfig, run_dir: Path, trainer: Trainer, log, step: int, outcome: StepResult,
+                writes: bool) -> dict:
+    """A finished step on the schedule: its eval (every eval.every steps and the last), its metrics,
+    its samples, its checkpoint (every checkpoint_every steps and the last), then status.json."""
+    metrics, last = outcome.metrics, step == int(cfg.steps)
+    if step % int(cfg.eval.every) == 0 or last:
+        eval_started = time.perf_counter()
+        metrics.update(trainer.evaluate())
+        metrics["time/eval_s"] = time.perf_counter() - eval_started
+    log.log(metrics)
+    if step % int(cfg.samples_every) == 0 and outcome.samples:
+        log.samples(step, outcome.samples)
+    if step % int(cfg.checkpoint_every) == 0 or last:   # every process (FSDP gathers)
+        state, weights = {"step": step, **trainer.state_dict()}, trainer.checkpoint_weights()
+        if writes:
+            save_checkpoint(run_dir, trainer.model, trainer.tokenizer, state, weights)
+    log.status("running", step)
+    return metrics
+
+
 def run_steps(cfg: DictConfig, run_dir: Path, overrides, trainer: Trainer, checkpoint: Path | None,
               console=None, writes: bool = True, first_row: dict | None = None) -> RunResult:
     """Steps start+1 .. cfg.steps of `trainer` in `run_dir`, with the eval, samples and
@@ -160,19 +180,7 @@ def run_steps(cfg: DictConfig, run_dir: Path, overrides, trainer: Trainer, check
                 say(f"[red]diverged[/]: {outcome.diverged}")
                 result.state, result.step, result.reason = "diverged", step, outcome.diverged
                 return result
-            metrics = outcome.metrics
-            if step % int(cfg.eval.every) == 0 or step == steps:
-                eval_started = time.perf_counter()
-                metrics.update(trainer.evaluate())
-                metrics["time/eval_s"] = time.perf_counter() - eval_started
-            log.log(metrics)
-            if step % int(cfg.samples_every) == 0 and outcome.samples:
-                log.samples(step, outcome.samples)
-            if step % int(cfg.checkpoint_every) == 0 or step == steps:   # every process (FSDP gathers)
-                state, weights = {"step": step, **trainer.state_dict()}, trainer.checkpoint_weights()
-                if writes:
-                    save_checkpoint(run_dir, trainer.model, trainer.tokenizer, state, weights)
-            log.status("running", step)
+            metrics = record_step(cfg, run_dir, trainer, log, step, outcome, writes)
             progress.update(step, metrics, say)
         result.state, result.step = "completed", steps
         result.final_accuracy = metrics.get("eval/accuracy") if steps > start else None

@@ -1,7 +1,8 @@
 """Stale rollouts (family `staleness`): each group sampled by the policy of its age.
 
-`PolicyHistory` keeps the policy's weights at the start of the last k + 1 steps (newest last:
-the current weights) and is checkpointed with the run. `StaleRollouts` stands in for the
+The run's `PolicyHistory` (train/history.py) keeps the policy's weights at the start of the last
+k + 1 steps or more (newest last: the current weights); `Staleness`, the family's plugin, asks
+for that depth and puts `StaleRollouts` in place of the step's sampler. `StaleRollouts` stands in for the
 trainer's `Rollouts` for one step: the family's option gives each group of a call its age
 (seeded by seed, step and the call's key), the trainer's own policy is loaded with the weights
 of that age while it samples those groups, and the current weights are loaded back afterwards
@@ -14,48 +15,14 @@ and so every metric, is exactly the synchronous one.
 """
 from __future__ import annotations
 
-from collections import deque
-from contextlib import contextmanager
-
 import torch
 
+from grpo_ablate.config import trick
 from grpo_ablate.sampling.decode import concat_rollouts, derived_seed, select_rows
 from grpo_ablate.sampling.engines import Scored
-from grpo_ablate.tricks.behaviour import log_ratio as behaviour_log_ratio
-from grpo_ablate.tricks.loss_agg import masked_mean
-
-
-class PolicyHistory:
-    """The policy's weights at the start of each of the last `depth` steps (the last: now)."""
-
-    def __init__(self, depth: int):
-        self.weights = deque(maxlen=depth)
-
-    def push(self, model) -> None:
-        self.weights.append({k: v.detach().clone() for k, v in model.state_dict().items()})
-
-    @property
-    def oldest_age(self) -> int:
-        return len(self.weights) - 1
-
-    @contextmanager
-    def sampling_as(self, model, age: int):
-        """`model` holds the weights of `age` steps ago inside; the current ones after."""
-        if age == 0:
-            yield
-            return
-        model.load_state_dict(self.weights[-1 - age])
-        try:
-            yield
-        finally:
-            model.load_state_dict(self.weights[-1])
-
-    def state_dict(self) -> dict:
-        return {"weights": list(self.weights)}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.weights.clear()
-        self.weights.extend(state["weights"])
+from grpo_ablate.train.history import PolicyHistory
+from grpo_ablate.train.plugin import Plugin
+from grpo_ablate.tricks import option
 
 
 class StaleRollouts:
@@ -87,19 +54,20 @@ class StaleRollouts:
         return Scored(roll, [texts[i] for i in back.tolist()], scores[back])
 
 
-@torch.no_grad()
-def staleness_metrics(ages, kept, old_logp, sampler_logp, mask) -> dict:
-    """How stale the step's rows were and how far their sampler was from pi_old (the proximal
-    policy before this update): KL(mu || pi_old) per token on mu's samples, k1 and k3."""
-    kept = torch.ones_like(ages, dtype=torch.bool) if kept is None else kept     # (replayed rows: all kept)
-    kept_f = kept.to(mask.dtype)
-    trained = ages[kept]
-    out = {"staleness/mean_age": trained.float().mean().item() if trained.numel() else 0.0,
-           "staleness/max_age": int(trained.max()) if trained.numel() else 0,
-           "staleness/stale_frac": (ages > 0).float().mean().item(),
-           "staleness/dropped_frac": 1.0 - kept_f.mean().item()}
-    if old_logp is not None and sampler_logp is not None:
-        log_ratio = behaviour_log_ratio(old_logp, sampler_logp)               # log pi_old - log mu
-        out["staleness/behaviour_kl"] = masked_mean(-log_ratio, mask).item()
-        out["staleness/behaviour_k3"] = masked_mean(torch.exp(log_ratio.clamp(-20, 20)) - log_ratio - 1, mask).item()
-    return out
+class Staleness(Plugin):
+    """The staleness family's plugin: each step's groups sampled by the policies of their ages."""
+
+    def __init__(self, k: int, choose_ages, seed: int):
+        self.history_depth = k + 1                 # the weights of the last k steps and now
+        self.samples_older_policies = True
+        self.choose_ages, self.seed = choose_ages, seed
+
+    def sampler(self, rollouts, model, history: PolicyHistory):
+        return StaleRollouts(rollouts, model, history, self.choose_ages, self.seed)
+
+
+def staleness(cfg, task, policies) -> Staleness | None:
+    """The plugin when the staleness option samples with older policies, else None."""
+    if not option("staleness", cfg.staleness.name).stale:
+        return None
+    return Staleness(int(cfg.staleness.k), trick(cfg, "staleness"), int(cfg.seed))

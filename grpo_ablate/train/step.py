@@ -2,35 +2,34 @@
 
 `GRPOTrainer.step` reads top to bottom; every trick enters through the registry (the objects
 `LossTerms`, `RewardShaping`, `AdvantageChain` and the controllers were bound from the
-config when the run started), so nothing here branches on a trick's name.
+config when the run started), so nothing here branches on a trick's name. Tricks with state
+of their own (a prompt pool, a replay buffer, stale samplers, a moving reference, an older
+policy) are plugins (train/plugin.py): the trainer calls the active ones' hooks in a loop.
 """
 from __future__ import annotations
 
 import contextlib
 import math
 import time
-from collections import deque
 from dataclasses import dataclass, replace
 
 import torch
 from omegaconf import DictConfig
 
 from grpo_ablate.config import trick
-from grpo_ablate.sampling.decode import NonFiniteLogits, Rollout, concat_rollouts, derived_seed, select_rows
+from grpo_ablate.sampling.decode import NonFiniteLogits, Rollout, derived_seed, select_rows
 from grpo_ablate.sampling.engines import Rollouts
 from grpo_ablate.train import diagnostics
+from grpo_ablate.train.batch import SampledGroups, TaskPrompts, mini_batch_rows, sample_groups
 from grpo_ablate.train import metrics as metrics_mod
 from grpo_ablate.train.distributed import DataParallel
 from grpo_ablate.train.forward import token_logprobs
 from grpo_ablate.train.losses import Coefficients, LossInputs, LossTerms, loss_draws, total
-from grpo_ablate.train.reference_sync import reference_sync
+from grpo_ablate.train.history import upgraded_checkpoint
+from grpo_ablate.train.plugins import active_plugins, policy_history
 from grpo_ablate.train.rewards import AdvantageChain, Advantages, RewardShaping, ShapedRewards
-from grpo_ablate.train.prompt_pool import PromptPool
-from grpo_ablate.train.replay import ReplayBuffer
 from grpo_ablate.train.run import Optimization, StepResult, evaluate
-from grpo_ablate.train.staleness import PolicyHistory, StaleRollouts, staleness_metrics
 from grpo_ablate.tricks import option
-from grpo_ablate.tricks.adv import group_mean_std
 from grpo_ablate.tricks.loss_agg import aggregate, masked_mean
 
 
@@ -40,8 +39,8 @@ class Policies:
     policy: torch.nn.Module
     tokenizer: object
     reference: torch.nn.Module | None       # pi_ref (kl with beta > 0, or metrics.ref_kl)
-    previous: torch.nn.Module | None        # pi_prev (kl=two_layer), refreshed from `snapshots`
-    snapshots: deque                        # the policy's last prev_lag + 1 weights
+    previous: torch.nn.Module | None        # pi_prev (kl=two_layer): a frozen copy, loaded from the history
+    previous_lag: int                       # pi_prev's age in steps (0: no previous policy)
     value_head: torch.nn.Module | None      # the critic (adv=gae)
 
 
@@ -51,18 +50,6 @@ class Controllers:
     kl: object            # kl family: beta (adaptive ones update it from the measured KL)
     entropy: object       # entropy family: the bonus coefficient c
     temperature: object   # temperature family: T (learnable: a trained scalar)
-
-
-@dataclass
-class SampledGroups:
-    roll: Rollout
-    problems: list           # one per group
-    texts: list[str]         # one per row
-    scores: torch.Tensor     # [rows] the verifier's rewards
-    group_index: torch.Tensor  # [rows] row -> group (groups may be ragged)
-    rounds: int
-    sampled_tokens: int = 0  # every completion token generated for this batch, kept or not (compute)
-    replayed: int = 0        # groups replaced from the replay buffer (sampling=replay)
 
 
 @dataclass
@@ -118,23 +105,19 @@ class GRPOTrainer:
         self.advantages = AdvantageChain(cfg)
         self.draws = loss_draws(cfg)                  # clip_cov's seeded, checkpointed draws (else None)
         self.loss_terms = LossTerms(cfg, self.draws)
-        self.reference_sync = reference_sync(cfg, policies.reference, policies.policy)   # ref_sync (else None)
+        # the stateful tricks of this run's options (train/plugins.py), and the one history of
+        # the policy's weights that those reading older policies share (else None)
+        self.plugins = active_plugins(cfg, task, policies)
+        self.history = policy_history(self.plugins)
+        self.prompts = TaskPrompts(task, int(cfg.seed))       # the task's order, unless a plugin draws them
+        for plugin in self.plugins:
+            self.prompts = plugin.prompts(self.prompts)
         # rollout_correction: importance weights pi_old / pi_sampler of the policy loss (None: all 1)
         corrects = option("rollout_correction", cfg.rollout_correction.name).needs_sampler_logprobs
         self.rollout_correction = trick(cfg, "rollout_correction") if corrects else None
         self.weights_of = option("loss_agg", cfg.loss_agg.name).impl   # (mask, max_len, group_index) -> w
-        # staleness: groups sampled by the policy of k steps ago, from a history of k + 1 weights (else None)
-        stale = option("staleness", cfg.staleness.name).stale
-        self.history = PolicyHistory(int(cfg.staleness.k) + 1) if stale else None
-        self.choose_ages = trick(cfg, "staleness")
         self.proximal = trick(cfg, "proximal")     # pi_prox from pi_old and the sampler's log-probs
         self.greedy_baseline = option("adv", cfg.adv.name).greedy_baseline   # adv=remax: one greedy completion a prompt
-        # sampling=replay: zero-variance groups refilled from a buffer of informative ones (TRL; else None)
-        self.replay = (ReplayBuffer(int(cfg.sampling.size), int(cfg.seed))
-                       if option("sampling", cfg.sampling.name).replays else None)
-        # prompt_pool: a finite pool of prompts drawn by what the run observed of them (else None: the task's order)
-        self.pool = (PromptPool(cfg, task, trick(cfg, "prompt_pool"))
-                     if option("prompt_pool", cfg.prompt_pool.name).pooled else None)
         critic = list(policies.value_head.parameters()) if policies.value_head is not None else []
         self.trained = [p for p in policies.policy.parameters() if p.requires_grad] + critic   # LoRA: adapters
         # trained tensors outside the policy, whose gradients DDP does not average (torchrun)
@@ -145,8 +128,9 @@ class GRPOTrainer:
         # pi_old by a separate forward only when the rollout feeds more than one optimizer step
         # (mini-batches, epochs), is charged to the reward (kl=in_reward), valued by a critic or
         # compared with the sampler (rollout_correction, off_policy_mask) or sampled by an older
-        # policy (staleness); otherwise pi_old is the policy itself and the ratio is exactly 1
-        self.needs_old = (int(cfg.updates.mini_batches) * int(cfg.updates.epochs) > 1 or stale
+        # policy (a plugin's sampler); otherwise pi_old is the policy itself and the ratio is exactly 1
+        self.needs_old = (int(cfg.updates.mini_batches) * int(cfg.updates.epochs) > 1
+                          or any(plugin.samples_older_policies for plugin in self.plugins)
                           or controllers.kl.reward_beta > 0 or policies.value_head is not None
                           or corrects or option("off_policy_mask", cfg.off_policy_mask.name).needs_sampler_logprobs)
         # gradient-conflict diagnostics (diag.grad_conflict=true) every diag.every steps; off: 0
@@ -189,17 +173,18 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ phases
     def sample(self, step: int, T: float) -> SampledGroups:
-        """The step's groups (`sampling_groups`), sampled by `sampler()`; then, with a replay
-        buffer, the groups without reward variance replaced from it."""
-        batch = sample_groups(self.sampler(), self.task, self.cfg, step, T, self.pool)
-        return batch if self.replay is None else self.replay(batch, step, self.rollouts.pad_id)
-
-    def sampler(self):
-        """This step's sampler: the policy itself, or (staleness) each group by the policy of its age."""
-        if self.history is None:
-            return self.rollouts
-        self.history.push(self.model)      # the weights this step starts from: age 0
-        return StaleRollouts(self.rollouts, self.model, self.history, self.choose_ages, int(self.cfg.seed))
+        """The step's groups (`sample_groups`) from the run's prompt source, by this step's
+        sampler (the policy itself, unless a plugin samples otherwise: staleness); then each
+        plugin's say on the batch (a replay buffer refills the groups without reward variance)."""
+        if self.history is not None:
+            self.history.push(self.model)      # the weights this step starts from: age 0
+        sampler = self.rollouts
+        for plugin in self.plugins:
+            sampler = plugin.sampler(sampler, self.model, self.history)
+        batch = sample_groups(sampler, self.prompts, self.cfg, step, T)
+        for plugin in self.plugins:
+            batch = plugin.after_sampling(batch, step, self.rollouts.pad_id)
+        return batch
 
     def token_logprobs(self, model, roll: Rollout, T, value_head=None, entropy_grad: bool = False):
         """(log-probs, entropy, values) of a rollout under `model` (train/forward.py)."""
@@ -208,16 +193,16 @@ class GRPOTrainer:
     @torch.no_grad()
     def anchor_logprobs(self, part: Rollout, T: float) -> Anchors:
         """pi_ref's log-probs (when a KL term or metric needs them), pi_old's and V_old (when
-        needed, see needs_old) and pi_prev's (two-layer KL), gathered to the whole batch."""
+        needed, see needs_old) and the plugins' (kl=two_layer: pi_prev), gathered to the whole batch."""
         p, dp, out = self.p, self.dp, Anchors()
         if p.reference is not None:
             out.ref = dp.gather_rows(self.token_logprobs(p.reference, part, T)[0])
         if self.needs_old:
             old, _, values = self.token_logprobs(p.policy, part, T, p.value_head)
             out.old, out.old_values = dp.gather_rows(old), dp.gather_rows(values)
-        if p.previous is not None:
-            p.previous.load_state_dict(p.snapshots[0])
-            out.prev = dp.gather_rows(self.token_logprobs(p.previous, part, T)[0])
+        forward = lambda model, roll, temperature: dp.gather_rows(self.token_logprobs(model, roll, temperature)[0])
+        for plugin in self.plugins:
+            out = replace(out, **plugin.anchors(part, T, forward, self.history))
         return out
 
     def rewards_and_advantages(self, batch: SampledGroups, anchors: Anchors, step: int):
@@ -285,8 +270,8 @@ class GRPOTrainer:
                 weights = self.weights_of(mb.mask, max_new, batch.group_index if rows is None else
                                           batch.group_index[rows.cpu()])
                 loss, grad_norm, ok = self.optimizer_step(aggregate(total(terms), dp.part(weights)), step)
-                if self.reference_sync is not None:
-                    self.reference_sync.after_optimizer_step()   # ref_sync: every N optimizer steps
+                for plugin in self.plugins:
+                    plugin.after_optimizer_step()      # ref_sync: every N optimizer steps
                 logp, entropy, values = dp.gather_rows(logp), dp.gather_rows(entropy), dp.gather_rows(values)
                 means.add(loss, grad_norm, {**metrics_mod.token_means(
                     {k: dp.gather_rows(v) for k, v in stats.items()}, mb.mask),
@@ -298,8 +283,6 @@ class GRPOTrainer:
                 break
         if ok:
             self.optim.schedule.step()                 # once per rollout, as verl does
-        if self.p.previous is not None:
-            self.p.snapshots.append(snapshot(self.p.policy))
         self.rollouts.engine.sync(self.p.policy)   # rollout=vllm: the sampler gets the new weights
         loss, grad_norm = means.optimizer()
         return Update(loss, grad_norm, ok, means.steps, last.logp, last.entropy, last.values, means.tokens())
@@ -409,15 +392,11 @@ class GRPOTrainer:
                                                         or self.cfg.rollout.get("dtype", "float32") != "float32"):
             out.update(m.sampler_gap_metrics(batch.roll.sampler_logprobs,
                                              update.logp if anchors.old is None else anchors.old, mask))
-        if self.reference_sync is not None:
-            out.update(self.reference_sync.metrics())
-        if self.replay is not None:
-            out["sampling/replayed_groups"] = batch.replayed
-        if self.pool is not None:
-            out.update(self.pool.metrics())
+        for plugin in self.plugins:
+            out.update(plugin.metrics(batch))
         if batch.roll.ages is not None:
             sampler = batch.roll.sampler_logprobs
-            out.update(staleness_metrics(batch.roll.ages, batch.roll.kept, anchors.old,
+            out.update(m.age_metrics(batch.roll.ages, batch.roll.kept, anchors.old,
                                          None if sampler is None else sampler.to(self.device), mask))
         if "kl/k3" in out:
             self.ctl.kl.update(out["kl/k3"], num_sequences=adv.rewards.numel())
@@ -450,111 +429,20 @@ class GRPOTrainer:
         return {"kl_control": self.ctl.kl, "entropy_control": self.ctl.entropy, "temperature": self.ctl.temperature,
                 **({"value_head": self.p.value_head} if self.p.value_head is not None else {}),
                 **({"loss_draws": self.draws} if self.draws is not None else {}),
-                **({"reference_sync": self.reference_sync} if self.reference_sync is not None else {}),
                 **({"grad_scaler": self.scaler} if self.scaler.is_enabled() else {}),
                 **({"policy_history": self.history} if self.history is not None else {}),
-                **({"replay_buffer": self.replay} if self.replay is not None else {}),
-                **({"prompt_pool": self.pool} if self.pool is not None else {})}
+                **{plugin.key: plugin for plugin in self.plugins if plugin.key}}
 
     def checkpoint_weights(self) -> dict | None:
         return self.dp.full_weights(self.model)     # FSDP: gathered to rank 0; else None (whole already)
 
     def state_dict(self) -> dict:
-        return {**self.optim.state_dict(), "skipped_steps": self.skipped_steps, "snapshots": list(self.p.snapshots),
+        return {**self.optim.state_dict(), "skipped_steps": self.skipped_steps,
                 **{name: obj.state_dict() for name, obj in self.checkpointed().items()}}
 
     def load_state_dict(self, state: dict) -> None:
         self.optim.load_state_dict(state)
+        state = upgraded_checkpoint(state)   # one written before the one history of weights reads as one
         for name, obj in self.checkpointed().items():
             obj.load_state_dict(state[name])
-        self.p.snapshots.extend(state["snapshots"])
         self.skipped_steps = state["skipped_steps"]
-
-
-def mini_batch_rows(group_index: torch.Tensor, mini_batches: int, shuffle_seed: int | None) -> list:
-    """The row indices of each mini-batch of one pass: whole groups, shuffled by a generator
-    seeded with `shuffle_seed` (keyed by seed, step and epoch: a resumed run draws the same),
-    split into `mini_batches` slices of as equal a number of groups as can be (fewer slices
-    when there are fewer groups). One slice: [None], the whole batch in its own order."""
-    groups = int(group_index.max()) + 1
-    n = min(mini_batches, groups)
-    if n == 1:
-        return [None]
-    order = torch.arange(groups)
-    if shuffle_seed is not None:
-        order = torch.randperm(groups, generator=torch.Generator().manual_seed(shuffle_seed))
-    return [torch.isin(group_index, chunk).nonzero().squeeze(1) for chunk in order.tensor_split(n)]
-
-
-def snapshot(model) -> dict:
-    """A detached copy of the weights (a snapshot for the two-layer KL anchor)."""
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-def sample_groups(rollouts: Rollouts, task, cfg: DictConfig, step: int, T: float,
-                  pool: PromptPool | None = None) -> SampledGroups:
-    """The batch of groups for one optimizer step, per the `sampling` family.
-
-    Round r draws B fresh prompts x G completions; the family's filter keeps groups (static:
-    all; dynamic: those with reward variance) until B are kept or max_rounds is reached, and
-    then trains on what was kept (all of the last round if nothing was). Groups whose rewards
-    are all equal then grow by g_step completions up to g_max (dynamic_group; otherwise
-    g_max = G and nothing grows). With a prompt pool (prompt_pool family) the prompts come from
-    it and every round's groups, kept or not, update its pass rates. Raises NonFiniteLogits if
-    the policy has diverged.
-    """
-    B, G = int(cfg.rollout.prompts_per_step), int(cfg.rollout.group_size)
-    group_filter, max_rounds = trick(cfg, "sampling"), int(cfg.sampling.max_rounds)
-    rolls, problems, texts, scores, rounds, sampled_tokens = [], [], [], [], 0, 0
-    for sampling_round in range(max_rounds):
-        if pool is None:
-            round_problems = task.train_batch(B, int(cfg.seed), step, sampling_round)
-        else:
-            round_problems, indices = pool.draw(B, step, sampling_round)
-        graded = rollouts(round_problems, G, T, ("train", step, sampling_round))
-        if pool is not None:
-            pool.observe(indices, graded.scores.view(B, G))
-        rounds += 1
-        sampled_tokens += int(graded.roll.lengths.sum())   # dropped groups cost compute too
-        kept = group_filter(graded.scores.view(B, G)).nonzero().squeeze(1)
-        kept = kept[:B - len(problems)]                  # never more than B groups in total
-        rows = (kept[:, None] * G + torch.arange(G)).reshape(-1)
-        rolls.append(select_rows(graded.roll, rows.to(graded.roll.sequences.device)))
-        problems += [round_problems[g] for g in kept.tolist()]
-        texts += [graded.texts[r] for r in rows.tolist()]
-        scores.append(graded.scores[rows])
-        if len(problems) == B:
-            break
-    if not problems:
-        rolls, problems, texts, scores = [graded.roll], round_problems, graded.texts, [graded.scores]
-    group_index = torch.arange(len(problems)).repeat_interleave(G)
-    return grow_groups(rollouts, cfg, step, T, SampledGroups(concat_rollouts(rolls, rollouts.pad_id), problems,
-                                                             texts, torch.cat(scores), group_index, rounds,
-                                                             sampled_tokens))
-
-
-def grow_groups(rollouts: Rollouts, cfg: DictConfig, step: int, T: float, batch: SampledGroups) -> SampledGroups:
-    """dynamic_group: groups whose rewards are all equal get g_step more completions at a time,
-    up to g_max (without sampling.g_max, g_max = G and nothing grows)."""
-    g_step = int(cfg.sampling.get("g_step") or 1)
-    g_max = int(cfg.sampling.get("g_max") or cfg.rollout.group_size)
-    rolls, texts, scores, group_index = [batch.roll], list(batch.texts), [batch.scores], batch.group_index
-    n_groups, growth, sampled_tokens = len(batch.problems), 0, batch.sampled_tokens
-    while True:
-        _, spread = group_mean_std(torch.cat(scores), group_index)
-        sizes = torch.bincount(group_index, minlength=n_groups)
-        varied = torch.zeros(n_groups, dtype=torch.bool).index_fill_(0, group_index[spread > 0], True)
-        grow = ((~varied) & (sizes < g_max)).nonzero().squeeze(1).tolist()
-        if not grow:
-            break
-        growth += 1
-        more = rollouts([batch.problems[g] for g in grow], g_step, T, ("grow", step, growth))
-        rolls.append(more.roll)
-        sampled_tokens += int(more.roll.lengths.sum())
-        texts += more.texts
-        scores.append(more.scores)
-        group_index = torch.cat([group_index, torch.tensor(grow).repeat_interleave(g_step)])
-    if growth == 0:
-        return batch
-    return SampledGroups(concat_rollouts(rolls, rollouts.pad_id), batch.problems, texts, torch.cat(scores),
-                         group_index, batch.rounds, sampled_tokens)

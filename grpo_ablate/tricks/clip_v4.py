@@ -27,14 +27,9 @@ from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
-from grpo_ablate.tricks.clip import LOG_RATIO_LIMIT, RATIO_MOVES
+from grpo_ablate.tricks.clip import LOG_RATIO_LIMIT, RATIO_MOVES, float_like
 from grpo_ablate.tricks.conditions import ONE_STEP
 from grpo_ablate.tricks.registry import POSITIVE, Trick, register
-
-
-def _float(flags: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """Per-token indicators as floats of the loss's shape, for the token-averaged clip metrics."""
-    return flags.to(like.dtype).expand_as(like).detach()
 
 
 @register("clip", "dro", off_policy_only=True, knobs={"beta": POSITIVE}, inert=ONE_STEP, activity=RATIO_MOVES,
@@ -48,8 +43,8 @@ def dro_loss(logp, old_logp, advantages, mask, *, beta: float = 0.1):
     log_ratio = logp - old_logp
     loss = -(advantages * logp - 0.5 * beta * log_ratio.pow(2))
     with torch.no_grad():
-        moved = _float(log_ratio.abs() > 0, loss)      # tokens the penalty pulls back (0 on-policy)
-    return loss, {"clip/high_frac": moved * _float(log_ratio > 0, loss), "clip/low_frac": moved * _float(
+        moved = float_like(log_ratio.abs() > 0, loss)      # tokens the penalty pulls back (0 on-policy)
+    return loss, {"clip/high_frac": moved * float_like(log_ratio > 0, loss), "clip/low_frac": moved * float_like(
         log_ratio < 0, loss)}
 
 
@@ -67,4 +62,4 @@ def rollout_is_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.2, e
         low, high = ratio <= 1.0 - eps_low, ratio >= 1.0 + eps_high
         weight = torch.where(low | high, torch.zeros_like(ratio), ratio)
     loss = -weight * advantages * logp
-    return loss, {"clip/low_frac": _float(low, loss), "clip/high_frac": _float(high, loss)}
+    return loss, {"clip/low_frac": float_like(low, loss), "clip/high_frac": float_like(high, loss)}

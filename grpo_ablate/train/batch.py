@@ -1,0 +1,124 @@
+"""How a step's batch is formed: groups of completions per prompt, and the mini-batches of an update.
+
+    TaskPrompts       the default prompt source: the task's own order
+    SampledGroups     one step's groups: the rollout, the prompts, the texts and verifier scores
+    sample_groups     the `sampling` family's rounds (static, dynamic, zero_variance, ...) from a
+                      prompt source (the task's order, or a plugin's pool), then dynamic_group's growth
+    mini_batch_rows   the rows of each PPO mini-batch of one pass over the rollout (whole groups)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from omegaconf import DictConfig
+
+from grpo_ablate.config import trick
+from grpo_ablate.sampling.decode import Rollout, concat_rollouts, select_rows
+from grpo_ablate.sampling.engines import Rollouts
+from grpo_ablate.tricks.adv import group_mean_std
+
+
+class TaskPrompts:
+    """The default prompt source: the task's own training order (seeded by seed, step and round)."""
+
+    def __init__(self, task, seed: int):
+        self.task, self.seed = task, seed
+
+    def draw(self, n: int, step: int, sampling_round: int) -> tuple[list, None]:
+        return self.task.train_batch(n, self.seed, step, sampling_round), None
+
+    def observe(self, indices, scores) -> None:
+        return None
+
+
+@dataclass
+class SampledGroups:
+    roll: Rollout
+    problems: list           # one per group
+    texts: list[str]         # one per row
+    scores: torch.Tensor     # [rows] the verifier's rewards
+    group_index: torch.Tensor  # [rows] row -> group (groups may be ragged)
+    rounds: int
+    sampled_tokens: int = 0  # every completion token generated for this batch, kept or not (compute)
+    replayed: int = 0        # groups replaced from the replay buffer (sampling=replay)
+
+
+def mini_batch_rows(group_index: torch.Tensor, mini_batches: int, shuffle_seed: int | None) -> list:
+    """The row indices of each mini-batch of one pass: whole groups, shuffled by a generator
+    seeded with `shuffle_seed` (keyed by seed, step and epoch: a resumed run draws the same),
+    split into `mini_batches` slices of as equal a number of groups as can be (fewer slices
+    when there are fewer groups). One slice: [None], the whole batch in its own order."""
+    groups = int(group_index.max()) + 1
+    n = min(mini_batches, groups)
+    if n == 1:
+        return [None]
+    order = torch.arange(groups)
+    if shuffle_seed is not None:
+        order = torch.randperm(groups, generator=torch.Generator().manual_seed(shuffle_seed))
+    return [torch.isin(group_index, chunk).nonzero().squeeze(1) for chunk in order.tensor_split(n)]
+
+
+def sample_groups(rollouts: Rollouts, prompts, cfg: DictConfig, step: int, T: float) -> SampledGroups:
+    """The batch of groups for one optimizer step, per the `sampling` family.
+
+    Round r draws B fresh prompts x G completions; the family's filter keeps groups (static:
+    all; dynamic: those with reward variance) until B are kept or max_rounds is reached, and
+    then trains on what was kept (all of the last round if nothing was). Groups whose rewards
+    are all equal then grow by g_step completions up to g_max (dynamic_group; otherwise
+    g_max = G and nothing grows). With a prompt pool (prompt_pool family) the prompts come from
+    it (`prompts`: a source with draw/observe, train/prompt_pool.py) and every round's groups,
+    kept or not, update its pass rates. Raises NonFiniteLogits if
+    the policy has diverged.
+    """
+    B, G = int(cfg.rollout.prompts_per_step), int(cfg.rollout.group_size)
+    group_filter, max_rounds = trick(cfg, "sampling"), int(cfg.sampling.max_rounds)
+    rolls, problems, texts, scores, rounds, sampled_tokens = [], [], [], [], 0, 0
+    for sampling_round in range(max_rounds):
+        round_problems, indices = prompts.draw(B, step, sampling_round)
+        graded = rollouts(round_problems, G, T, ("train", step, sampling_round))
+        prompts.observe(indices, graded.scores.view(B, G))
+        rounds += 1
+        sampled_tokens += int(graded.roll.lengths.sum())   # dropped groups cost compute too
+        kept = group_filter(graded.scores.view(B, G)).nonzero().squeeze(1)
+        kept = kept[:B - len(problems)]                  # never more than B groups in total
+        rows = (kept[:, None] * G + torch.arange(G)).reshape(-1)
+        rolls.append(select_rows(graded.roll, rows.to(graded.roll.sequences.device)))
+        problems += [round_problems[g] for g in kept.tolist()]
+        texts += [graded.texts[r] for r in rows.tolist()]
+        scores.append(graded.scores[rows])
+        if len(problems) == B:
+            break
+    if not problems:
+        rolls, problems, texts, scores = [graded.roll], round_problems, graded.texts, [graded.scores]
+    group_index = torch.arange(len(problems)).repeat_interleave(G)
+    return grow_groups(rollouts, cfg, step, T, SampledGroups(concat_rollouts(rolls, rollouts.pad_id), problems,
+                                                             texts, torch.cat(scores), group_index, rounds,
+                                                             sampled_tokens))
+
+
+def grow_groups(rollouts: Rollouts, cfg: DictConfig, step: int, T: float, batch: SampledGroups) -> SampledGroups:
+    """dynamic_group: groups whose rewards are all equal get g_step more completions at a time,
+    up to g_max (without sampling.g_max, g_max = G and nothing grows)."""
+    g_step = int(cfg.sampling.get("g_step") or 1)
+    g_max = int(cfg.sampling.get("g_max") or cfg.rollout.group_size)
+    rolls, texts, scores, group_index = [batch.roll], list(batch.texts), [batch.scores], batch.group_index
+    n_groups, growth, sampled_tokens = len(batch.problems), 0, batch.sampled_tokens
+    while True:
+        _, spread = group_mean_std(torch.cat(scores), group_index)
+        sizes = torch.bincount(group_index, minlength=n_groups)
+        varied = torch.zeros(n_groups, dtype=torch.bool).index_fill_(0, group_index[spread > 0], True)
+        grow = ((~varied) & (sizes < g_max)).nonzero().squeeze(1).tolist()
+        if not grow:
+            break
+        growth += 1
+        more = rollouts([batch.problems[g] for g in grow], g_step, T, ("grow", step, growth))
+        rolls.append(more.roll)
+        sampled_tokens += int(more.roll.lengths.sum())
+        texts += more.texts
+        scores.append(more.scores)
+        group_index = torch.cat([group_index, torch.tensor(grow).repeat_interleave(g_step)])
+    if growth == 0:
+        return batch
+    return SampledGroups(concat_rollouts(rolls, rollouts.pad_id), batch.problems, texts, torch.cat(scores),
+                         group_index, batch.rounds, sampled_tokens)
