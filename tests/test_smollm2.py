@@ -28,7 +28,7 @@ pytestmark = [
 ]
 
 REAL_CACHE = Path(os.environ.get("GRPO_ABLATE_TEST_CACHE") or "~/.cache/grpo-ablate").expanduser()
-# float32 tolerances, measured on this model (README "A real model"): LeanDecoder sums the
+# float32 tolerances, measured on this model (docs/smollm2.md): LeanDecoder sums the
 # same products in another order (fused projections, batched attention) than transformers
 LOGPROB_ATOL = 1e-4      # sampled-token log-probs, LeanDecoder's against the transformers forward
 PACKED_ATOL = 2e-5       # packed against padded training forward (the same kernels, other rows)
