@@ -8,19 +8,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpo_ablate.errors import ReportError
+from grpo_ablate.report.curves import DEFAULT_K, Summary, curve, final_value, kl_column
 from grpo_ablate.report.diagnostics import analyse as analyse_diagnostics
+from grpo_ablate.report.evidence import Evidence, gather
 from grpo_ablate.report.health import HealthThresholds
 from grpo_ablate.report.load import FINISHED, Run, Sweep, load_sweep, nested_value
-from grpo_ablate.report import sequential as seq
-from grpo_ablate.report.aggregate import aggregate_iqm, probability_of_improvement
-from grpo_ablate.report.curves import DEFAULT_K, Summary, curve
 from grpo_ablate.report.power import cost_to_decide, sequential_section
 from grpo_ablate.report.scaling import fit_section, predict_section
-from grpo_ablate.report.evidence import Evidence, gather
-from grpo_ablate.report.stats import ALPHA, final_value, finite_mean, kl_column, mean_ci
 from grpo_ablate.report.training import training_section
 from grpo_ablate.report.transfer import transfer_section
 from grpo_ablate.report.verdicts import UNDECIDED, against_controls, contrast_verdicts, decide_by_delta
+from grpo_ablate.stats import group_sequential as seq
+from grpo_ablate.stats.aggregate import aggregate_iqm, probability_of_improvement
+from grpo_ablate.stats.error_control import ALPHA
+from grpo_ablate.stats.intervals import finite_mean, mean_ci
 
 # The summaries the report compares side by side (its "Run summaries" section), whichever decides
 COMPARED_SUMMARIES = ("final", "auc", "best", "last_k")
@@ -74,7 +75,7 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
     becomes the number compared (report/curves.py). `predict_from`: predict every contrast's
     verdict from this fraction of each run's steps (a sweep still running is predicted anyway).
     `compute`: the x axis of auc and the fits, tokens or wall (report/curves.py). `error_control`
-    (holm | bh | none) and `alpha`: how the report's family of tests is adjusted (report/stats.py)."""
+    (holm | bh | none) and `alpha`: how the report's family of tests is adjusted (stats/error_control.py)."""
     thresholds = thresholds or HealthThresholds()
     sweep = load_sweep(sweep_dir, thresholds)
     metric = normalize_metric(metric)

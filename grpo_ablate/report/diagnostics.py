@@ -23,8 +23,10 @@ import math
 
 import numpy as np
 
+from grpo_ablate.report.curves import final_value, kl_column
 from grpo_ablate.report.formatting import fmt_estimate, fmt_num
-from grpo_ablate.report.stats import Estimate, delta_ci, final_value, kl_column, mean_ci, t_quantile
+from grpo_ablate.stats.intervals import Estimate, delta_ci, mean_ci
+from grpo_ablate.stats.student import t_quantile
 
 DEFAULT_CONFLICT_THRESHOLD = -0.1
 COS_PREFIX, NORM_PREFIX = "grad_cos/", "grad_norm/"

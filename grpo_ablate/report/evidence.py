@@ -1,6 +1,6 @@
 """What a report's tests are run on: each run's number (its summary of the metric), the grid
 those numbers lie on, and the per-problem scores behind them, gathered once so that every
-contrast, control comparison and summary is tested the same way (report/stats.py).
+contrast, control comparison and summary is tested the same way (stats/intervals.py).
 
 - The grid: `eval/accuracy` is a count over the eval set, k / N; its final value lies on 1/N and
   the mean of the last k evals on 1/(N k). Other metrics and summaries have none.
@@ -19,7 +19,8 @@ import numpy as np
 
 from grpo_ablate.report.curves import Curve, Summary
 from grpo_ablate.report.load import nested_value
-from grpo_ablate.report.stats import ALPHA, Estimate, delta_ci
+from grpo_ablate.stats.error_control import ALPHA
+from grpo_ablate.stats.intervals import Estimate, delta_ci
 
 ACCURACY = "eval/accuracy"     # the metric evals.jsonl breaks down by problem
 

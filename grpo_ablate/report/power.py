@@ -5,7 +5,7 @@ look), and for one still open the smallest |Δ| its seeds detect with 80% power 
 report's level (the fixed 5% t-test, or the sequential boundary of its last look), from the
 observed paired SD, and about how many seeds a fixed 5% design needs for 80% power against an
 effect the size of the current estimate (or the user's --effect). Both rest on an SD from a
-few seeds: they are "about". Formulas: `grpo_ablate/report/sequential.py`.
+few seeds: they are "about". Formulas: `grpo_ablate/stats/group_sequential.py`.
 
 A sweep run with `--seeds auto` keeps its looks in manifest.json (`sequential`). When the
 report reads it on the metric and direction the sweep decided on, each contrast is decided by
@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 import statistics
 
-from grpo_ablate.report import sequential as seq
 from grpo_ablate.report.load import Sweep
+from grpo_ablate.stats import group_sequential as seq
 
 
 def sequential_section(sweep: Sweep, metric: str, higher_is_better: bool,

@@ -7,7 +7,7 @@ GRPO in add-one-in, all tricks in leave-one-out, a variants file's first) agains
 start: the context's base control (an eval of its warm start), else, without one, the
 reference's own runs at step 0 (the same weights, evaluated before the first update).
 
-The tests are the trick contrasts' (report/stats.py: paired on seeds, the eval set's noise
+The tests are the trick contrasts' (stats/intervals.py: paired on seeds, the eval set's noise
 counted where the per-problem scores are logged, on the summary the sweep fixed) and form a
 family of their own, one test per context, two-sided, adjusted together by the report's error
 control (Holm at 5% unless told): apart from the trick contrasts, whose family and error rate
@@ -25,8 +25,8 @@ import numpy as np
 
 from grpo_ablate.report.evidence import Evidence
 from grpo_ablate.report.load import Sweep, nested_value
-from grpo_ablate.report.stats import finite_mean
 from grpo_ablate.report.verdicts import HELPS, HURTS, settle_family
+from grpo_ablate.stats.intervals import finite_mean
 
 RAISES, LOWERS = "raises", "lowers"          # which way training moved the metric (the sign of Δ)
 START = "step 0"                             # the start when there is no base control: each run's own step 0

@@ -26,14 +26,17 @@ from __future__ import annotations
 import math
 
 
-from grpo_ablate.report import sequential as seq
 from grpo_ablate.report.activity import ACTIVITY, describe, shows_activity
+from grpo_ablate.report.evidence import Evidence
 from grpo_ablate.report.health import BREAKING_FLAGS
 from grpo_ablate.report.load import Run, Sweep, nested_value
 from grpo_ablate.report.power import contrast_alpha, power_numbers, sequential_decision, sequential_guarantee
-from grpo_ablate.report.evidence import Evidence
-from grpo_ablate.report.stats import ERROR_CONTROL, Estimate, adjust, breaking_p, delta_ci, t_tail
 from grpo_ablate.rundir import TIMING_PREFIXES
+from grpo_ablate.stats import group_sequential as seq
+from grpo_ablate.stats.error_control import ERROR_CONTROL, adjust
+from grpo_ablate.stats.exact import breaking_p
+from grpo_ablate.stats.intervals import Estimate, delta_ci
+from grpo_ablate.stats.student import t_tail
 
 # --------------------------------------------------------------------------- the vocabulary
 HELPS = "helps"
