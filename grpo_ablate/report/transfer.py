@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 from grpo_ablate.report.claims_table import CLAIMS
 from grpo_ablate.report.load import nested_value
+from grpo_ablate.report.metric import Metric
 from grpo_ablate.report.verdicts import BREAKS_TRAINING, HELPS, HURTS, INERT, NO_EFFECT
 from grpo_ablate.stats import group_sequential as seq
 from grpo_ablate.stats.aggregate import probability_of_improvement
@@ -223,7 +224,7 @@ def claims_rows(trick_claims: dict[str, list], cells: dict[str, list[Cell]], tag
 
 
 # --------------------------------------------------------------------------- from a sweep
-def transfer_section(sweep, verdicts: list[dict], values: dict, higher_is_better: bool) -> dict | None:
+def transfer_section(sweep, verdicts: list[dict], values: dict, metric: Metric) -> dict | None:
     """The report's section across contexts (None for a sweep in one context): the contexts and
     their tags, a transfer verdict per trick with its trick × context cells and its probability of
     improvement stratified by context (rliable), and the claims beside the measurements."""
@@ -244,7 +245,8 @@ def transfer_section(sweep, verdicts: list[dict], values: dict, higher_is_better
         pairs = sides[t["trick"]]
         t["improvement"] = probability_of_improvement(
             {ctx: list(values.get(w, {}).values()) for ctx, w, _ in pairs},
-            {ctx: list(values.get(wo, {}).values()) for ctx, _, wo in pairs}, higher_is_better=higher_is_better)
+            {ctx: list(values.get(wo, {}).values()) for ctx, _, wo in pairs},
+            higher_is_better=metric.higher_is_better)
     config_of = {}
     for r in sweep.runs:
         context = next((v.get("context") for v in sweep.variants if v["name"] == r.variant), None)
