@@ -1,6 +1,7 @@
 """Means and differences of means over seeds (and eval problems), with their 95% intervals
 and p-values: a variant's mean (`mean_ci`), a trick's Δ paired on seeds (`delta_ci`, `paired_ci`),
-Welch's test for two sides that share no seed (`welch_test`, `welch_ci`), and the eval set's
+Welch's test for two sides that share no seed (`welch_test`, `welch_ci`; its degrees of freedom,
+`satterthwaite`, also for any sum of independent means), and the eval set's
 share of a paired Δ's noise (`eval_noise`).
 
 A run's number is the last value it logged or another summary of its curve (report/curves.py);
@@ -156,16 +157,26 @@ def paired_ci(diffs: dict, level: float = 0.95, granularity: float | None = None
     return est
 
 
+def satterthwaite(parts: list[tuple[float, int]]) -> tuple[float, float] | None:
+    """The variance of a sum of independent means, V = Σ v_i, and its Welch–Satterthwaite degrees
+    of freedom V² / Σ v_i² / (n_i − 1), from each mean's variance v_i = s_i² / n_i and its n_i >= 2
+    values; None when V is not > 0 (no spread anywhere). The arithmetic keeps its operands' types
+    (numpy's from `welch_ci`, plain floats from report/transfer.py's interaction test)."""
+    var = sum(v for v, _ in parts)
+    if not var > 0:
+        return None
+    return var, var ** 2 / sum(v ** 2 / (n - 1) for v, n in parts)
+
+
 def welch_test(diff: float, var_a: float, n_a: int, var_b: float, n_b: int) -> tuple[float, float, float] | None:
     """Welch's t-test on a difference of two means `diff` = mean(a) − mean(b), from each side's sample
     variance (ddof 1) and size (each >= 2): (its standard error, the Welch–Satterthwaite df, the
-    two-sided p-value); None when neither side has any spread. The arithmetic keeps its operands'
-    types (numpy's in `welch_ci`, plain floats in report/transfer.py's interaction test)."""
-    va, vb = var_a / n_a, var_b / n_b
-    if not va + vb > 0:
+    two-sided p-value); None when neither side has any spread."""
+    found = satterthwaite([(var_a / n_a, n_a), (var_b / n_b, n_b)])
+    if found is None:
         return None
-    se = math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va ** 2 / (n_a - 1) + vb ** 2 / (n_b - 1))
+    var, df = found
+    se = math.sqrt(var)
     return se, df, 2.0 * t_tail(abs(diff) / se, df)
 
 
