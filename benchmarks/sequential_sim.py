@@ -4,7 +4,7 @@
     python benchmarks/sequential_sim.py --quick    # fewer sequences, prints only
 
 No training. Two kinds of simulation, the same decision code:
-  * the pure rule (`grpo_ablate.report.sequential.simulate`) for the bulk: 100,000 contrasts
+  * the pure rule (`grpo_ablate.stats.group_sequential.simulate`) for the bulk: 100,000 contrasts
     a row, the seed noise normal, each variant's final metric with SD 1 over seeds;
   * synthetic sweep dirs (`sweep_dir_sequences`): a manifest.json and one run dir per
     (variant, seed) with status.json and metrics.jsonl, decided look by look by the functions
@@ -27,7 +27,7 @@ from scipy import stats
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from grpo_ablate.report import sequential as seq          # noqa: E402
+from grpo_ablate.stats import group_sequential as seq     # noqa: E402
 from grpo_ablate.sweep import launch                      # noqa: E402
 from grpo_ablate.sweep import sequential as sweep_seq     # noqa: E402
 
@@ -203,7 +203,7 @@ DOC = """# Sequential seeding: the simulation
 `grpo-ablate sweep ... --seeds auto` (issue 14) decides each contrast with a group-sequential
 paired t-test: 3 initial seeds, then one paired seed per look up to `--max-seeds` (8), Lan–DeMets
 alpha spending of the O'Brien–Fleming type, boundaries on the exact joint null law of the paired
-t-statistics (`grpo_ablate/report/sequential.py` has the formulas and references). This table is
+t-statistics (`grpo_ablate/stats/group_sequential.py` has the formulas and references). This table is
 `python benchmarks/sequential_sim.py` ({seconds:.0f} s); regenerate it after changing the rule.
 
 The looks decide on one number per run: the final `eval/accuracy` unless the sweep was started

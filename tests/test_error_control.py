@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from conftest import cli_here
-from grpo_ablate.report.stats import adjust, delta_ci, paired_ci
+from grpo_ablate.stats.error_control import adjust
+from grpo_ablate.stats.intervals import delta_ci, paired_ci
 from report_sim import fast_verdicts, simulate, write_sweep
 
 DECIDED = ("helps", "hurts")
@@ -180,7 +181,7 @@ def test_a_sequential_sweep_splits_its_alpha_over_its_contrasts():
     the family, planned before the first run), so the whole sweep's chance of any false
     *helps*/*hurts* is ≤ 5% whatever the contrasts' dependence (the union bound). Simulated per
     contrast on 100,000 null sequences: 0.83% ± 0.03% each."""
-    from grpo_ablate.report import sequential as seq
+    from grpo_ablate.stats import group_sequential as seq
     from grpo_ablate.report.power import contrast_alpha, plan_of
 
     section = {"initial_seeds": 3, "max_seeds": 8, "alpha": 0.05, "spending": "obrien-fleming", "effect": None,
@@ -216,7 +217,7 @@ def test_breaks_training_is_called_falsely_at_most_5_percent_when_both_sides_bre
     none without) fired 23–25% at two seeds; Boschloo's test never exceeds its level."""
     from scipy import stats
 
-    from grpo_ablate.report.stats import breaking_p
+    from grpo_ablate.stats.exact import breaking_p
 
     for q in (0.1, 0.3, 0.5, 0.7):
         called = old_rule = 0.0

@@ -1,4 +1,4 @@
-"""The report's rliable aggregates are written out in numpy (report/aggregate.py: scipy.stats
+"""The report's rliable aggregates are written out in numpy (stats/aggregate.py: scipy.stats
 costs ~0.7 s to import); here each is compared with the scipy function it stands for, to the bit.
 If one of these fails after a scipy upgrade, scipy changed its draw or its arithmetic: the golden
 reports will say so too."""
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from grpo_ablate.report.aggregate import _improvement, iqm, stratified_bootstrap_interval
+from grpo_ablate.stats.aggregate import _improvement, iqm, stratified_bootstrap_interval
 
 
 def _inputs(seed: int):

@@ -339,7 +339,7 @@ def test_a_finished_sweep_has_no_predictions_unless_asked(tmp_path):
 
 # --------------------------------------------------------------------------- rliable aggregates
 def test_iqm_and_probability_of_improvement_by_hand():
-    from grpo_ablate.report.aggregate import aggregate_iqm, probability_of_improvement
+    from grpo_ablate.stats.aggregate import aggregate_iqm, probability_of_improvement
 
     est = aggregate_iqm({"t1": [0.0, 1.0, 2.0, 3.0], "t2": [4.0, 5.0, 6.0, 100.0]})
     assert est.mean == pytest.approx(np.mean([2.0, 3.0, 4.0, 5.0]))      # the middle half of 8 scores

@@ -10,7 +10,7 @@ import pytest
 from conftest import cli
 from grpo_ablate.report.build import build_report
 from grpo_ablate.report.render import render_markdown
-from grpo_ablate.report.stats import t_quantile
+from grpo_ablate.stats.student import t_quantile
 from report_fixtures import LOO, LOO_CONTRASTS, T_975, hand_ci, make_sweep
 
 # finals per seed: a helps (+0.10), b helps (+0.05), c barely; a and b together gain 0.08 more

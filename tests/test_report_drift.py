@@ -20,7 +20,7 @@ from grpo_ablate.report.load import Run, Sweep
 from grpo_ablate.report.scaling import (BOTH_DRIFT, DRIFTS_LESS, DRIFTS_MORE, LOWERS, RAISES, SELECTED,
                                         drift_verdict, exclusion_test, extrapolation_variance, summary_weights,
                                         widen)
-from grpo_ablate.report.stats import Estimate
+from grpo_ablate.stats.intervals import Estimate
 
 TOKENS = 1000                    # compute per step
 EVAL_SIZE = 200                  # the embedded task's eval: one eval's SE is 0.025 at 0.85

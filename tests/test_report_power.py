@@ -11,7 +11,7 @@ from grpo_ablate.report.power import PRICED_SEEDS
 from scipy import stats
 
 from report_fixtures import LOO, LOO_CONTRASTS, make_sweep
-from grpo_ablate.report import sequential as seq
+from grpo_ablate.stats import group_sequential as seq
 from grpo_ablate.report.build import build_report
 from grpo_ablate.report.render import render_markdown, report_json
 from grpo_ablate.sweep import sequential as sweep_seq

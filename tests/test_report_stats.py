@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from grpo_ablate.report.build import build_report
-from grpo_ablate.report.stats import delta_ci, t_quantile
+from grpo_ablate.stats.intervals import delta_ci
+from grpo_ablate.stats.student import t_quantile
 from report_fixtures import make_sweep
 
 
@@ -46,12 +47,12 @@ def test_welch_only_when_the_sides_share_no_seed():
 
 
 def test_fisher_exact_p_is_scipys_on_every_small_table():
-    """report/stats.fisher_exact_p (written out: scipy.stats is slow to import) against scipy's own."""
+    """stats/exact.fisher_exact_p (written out: scipy.stats is slow to import) against scipy's own."""
     import itertools
 
     from scipy.stats import fisher_exact
 
-    from grpo_ablate.report.stats import fisher_exact_p
+    from grpo_ablate.stats.exact import fisher_exact_p
 
     for n1, n2 in ((1, 1), (3, 5), (5, 5), (12, 12), (12, 7)):
         for a, c in itertools.product(range(n1 + 1), range(n2 + 1)):

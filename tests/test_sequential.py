@@ -1,4 +1,4 @@
-"""The sequential decision rule (grpo_ablate/report/sequential.py): spending, boundaries,
+"""The sequential decision rule (grpo_ablate/stats/group_sequential.py): spending, boundaries,
 decisions, power, and the simulation that shows the error rate holds under repeated looks."""
 import math
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from grpo_ablate.report import sequential as seq
-from grpo_ablate.report.sequential import Look, Plan
+from grpo_ablate.stats import group_sequential as seq
+from grpo_ablate.stats.group_sequential import Look, Plan
 
 Z_9875 = 2.241402727604947          # Φ^{-1}(1 − 0.025/2): the O'Brien–Fleming-type spending at a = 0.025
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, cli
-from grpo_ablate.report import sequential as seq
+from grpo_ablate.stats import group_sequential as seq
 from grpo_ablate.sweep import sequential as sweep_seq
 from grpo_ablate.sweep.matrix import SweepError
 

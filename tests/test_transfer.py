@@ -14,9 +14,10 @@ import yaml
 from conftest import cli, cli_here
 from grpo_ablate.report.build import build_report
 from grpo_ablate.report.render import render_markdown
-from grpo_ablate.report.stats import delta_ci
+from grpo_ablate.stats.error_control import holm
+from grpo_ablate.stats.intervals import delta_ci
 from grpo_ablate.report.transfer import (AGREES, CONTEXT_DEPENDENT, CONTRADICTS, HOLDS, NOT_TESTED, SIGN_FLIPS,
-                                         UNDECIDED, UNDECIDED_HERE, Cell, context_tags, holm, judge,
+                                         UNDECIDED, UNDECIDED_HERE, Cell, context_tags, judge,
                                          transfer_verdicts, welch_p)
 from grpo_ablate.report.verdicts import HELPS, HURTS, INERT, NO_EVIDENCE, decide_by_delta
 from grpo_ablate.sweep.matrix import (Context, SweepError, across_contexts, build_matrix, check_contexts,

@@ -8,19 +8,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpo_ablate.errors import ReportError
+from grpo_ablate.report.curves import DEFAULT_K, Summary, curve, final_value, kl_column
 from grpo_ablate.report.diagnostics import analyse as analyse_diagnostics
+from grpo_ablate.report.evidence import Evidence, gather
 from grpo_ablate.report.health import HealthThresholds
 from grpo_ablate.report.load import FINISHED, Run, Sweep, load_sweep, nested_value
-from grpo_ablate.report import sequential as seq
-from grpo_ablate.report.aggregate import aggregate_iqm, probability_of_improvement
-from grpo_ablate.report.curves import DEFAULT_K, Summary, curve
+from grpo_ablate.report.metric import Metric
 from grpo_ablate.report.power import cost_to_decide, sequential_section
 from grpo_ablate.report.scaling import fit_section, predict_section
-from grpo_ablate.report.evidence import Evidence, gather
-from grpo_ablate.report.stats import ALPHA, final_value, finite_mean, kl_column, mean_ci
 from grpo_ablate.report.training import training_section
 from grpo_ablate.report.transfer import transfer_section
 from grpo_ablate.report.verdicts import UNDECIDED, against_controls, contrast_verdicts, decide_by_delta
+from grpo_ablate.stats import group_sequential as seq
+from grpo_ablate.stats.aggregate import aggregate_iqm, probability_of_improvement
+from grpo_ablate.stats.error_control import ALPHA
+from grpo_ablate.stats.intervals import finite_mean, mean_ci
 
 # The summaries the report compares side by side (its "Run summaries" section), whichever decides
 COMPARED_SUMMARIES = ("final", "auc", "best", "last_k")
@@ -74,52 +76,38 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
     becomes the number compared (report/curves.py). `predict_from`: predict every contrast's
     verdict from this fraction of each run's steps (a sweep still running is predicted anyway).
     `compute`: the x axis of auc and the fits, tokens or wall (report/curves.py). `error_control`
-    (holm | bh | none) and `alpha`: how the report's family of tests is adjusted (report/stats.py)."""
+    (holm | bh | none) and `alpha`: how the report's family of tests is adjusted (stats/error_control.py)."""
     thresholds = thresholds or HealthThresholds()
     sweep = load_sweep(sweep_dir, thresholds)
     metric = normalize_metric(metric)
+    measured = Metric(metric, higher_is_better)                         # which way is better, asked of it
     fixed = sweep.decides_on or {}
     summary = decision_summary(fixed, metric, summary)
-    logged = set().union(*(r.metrics.columns for r in sweep.runs)) - {"step"} if sweep.runs else set()
-    if logged and metric not in logged:
-        shown = sorted(c for c in logged if c.startswith(('eval/', 'reward/', 'train/')))
-        raise ReportError(f"metric {metric!r} is in no run's metrics.jsonl; logged: {', '.join(shown)}, ...")
-
-    runs_of = {v["name"]: [r for r in sweep.runs if r.variant == v["name"]] for v in sweep.variants}
-    for r in sweep.runs:   # a NaN or Inf where the metric should be is not a number to average: said, left out
-        if r.state == "completed" and metric in r.nonfinite:
-            r.notes.append(f"`{metric}` is not finite at step {r.nonfinite[metric]}: this run is left out of "
-                           "every statistic (re-run it, or look at why its eval failed)")
-    usable = lambda r: r.state == "completed" and metric not in r.nonfinite
-    curves = {name: {r.key: curve(r.metrics, metric, compute) for r in runs if usable(r)}
-              for name, runs in runs_of.items()}                        # read once, summarised many ways
+    check_logged(sweep, metric)
+    runs_of, curves = read_curves(sweep, metric, compute)                # read once, summarised many ways
     note_short_curves(sweep, curves, metric, summary)
-    per_run = lambda how: {name: {key: how.of(c, higher_is_better) for key, c in cs.items()}
+    per_run = lambda how: {name: {key: how.of(c, measured.higher_is_better) for key, c in cs.items()}
                            for name, cs in curves.items()}
     finals, areas = per_run(Summary("final")), per_run(Summary("auc"))
     values = finals if summary.how == "final" else per_run(summary)     # what the verdicts compare
-    sequential, not_sequential = sequential_section(sweep, metric, higher_is_better, summary.label)
-    evidence = gather(values, runs_of, curves, metric, summary, error_control, alpha)
+    sequential, not_sequential = sequential_section(sweep, measured, summary.label)
+    evidence = gather(values, runs_of, curves, measured, summary, error_control, alpha)
     rows = [variant_row(sweep, v, runs_of, finals, areas, values, summary, evidence) for v in sweep.variants]
-    against = against_controls(sweep, evidence, higher_is_better, sequential)
+    against = against_controls(sweep, evidence, sequential)
     for c in against:   # the verdict against each control, as a column of the variant's row
         next(r for r in rows if r["variant"] == c["variant"])[f"beats_{c['role']}"] = c["beats"]
-    verdicts = contrast_verdicts(sweep, evidence, areas, higher_is_better, sequential, effect)
+    verdicts = contrast_verdicts(sweep, evidence, areas, sequential, effect)
     check_known_answers(sweep, verdicts)
     report = Report(sweep, metric, higher_is_better, thresholds, rows, verdicts, against, summary=summary,
                     evidence=evidence, exploratory=exploratory(fixed, metric, summary), compute=compute)
-    report.training = training_section(sweep, evidence, curves, against, higher_is_better, metric)
+    report.training = training_section(sweep, evidence, curves, against)
     report.diagnostics = analyse_diagnostics(report, conflict_threshold)
-    report.power = {**cost_to_decide(verdicts, UNDECIDED, sweep.runs), "sequential": sequential is not None,
-                    "effect": effect, "note": not_sequential,
-                    **({"looks": len(sequential["looks"]), "max_seeds": sequential["max_seeds"],
-                        "stopped": (sequential.get("stopped") or {}).get("reason")} if sequential else {})}
+    report.power = power_section(sweep, verdicts, sequential, not_sequential, effect)
     if sweep.contrasts:
-        report.summaries = compare_summaries(sweep, per_run, runs_of, curves, metric, areas, higher_is_better, effect,
-                                             summary, evidence)
+        report.summaries = compare_summaries(sweep, per_run, runs_of, curves, areas, effect, summary, evidence)
     report.fits = fit_section(sweep, metric, higher_is_better, curves)
-    report.aggregates = aggregates(sweep, values, higher_is_better)
-    report.transfer = transfer_section(sweep, verdicts, values, higher_is_better)
+    report.aggregates = aggregates(sweep, values, measured)
+    report.transfer = transfer_section(sweep, verdicts, values, measured)
     report.predictions = predict_section(sweep, metric, summary, higher_is_better, predict_from, decide_by_delta,
                                          compute)
     if report.predictions is not None and report.finished:   # a finished sweep: set beside what it measured
@@ -127,6 +115,37 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
         for p in report.predictions["contrasts"]:
             p["measured"] = measured.get(p["trick"])
     return report
+
+
+def check_logged(sweep: Sweep, metric: str) -> None:
+    """ReportError for a metric that no run logged (a sweep without runs yet has nothing to check)."""
+    logged = set().union(*(r.metrics.columns for r in sweep.runs)) - {"step"} if sweep.runs else set()
+    if logged and metric not in logged:
+        shown = sorted(c for c in logged if c.startswith(('eval/', 'reward/', 'train/')))
+        raise ReportError(f"metric {metric!r} is in no run's metrics.jsonl; logged: {', '.join(shown)}, ...")
+
+
+def read_curves(sweep: Sweep, metric: str, compute: str) -> tuple[dict, dict]:
+    """(variant -> its runs, variant -> {seed: Curve} of its completed runs). A NaN or Inf where the
+    metric should be is not a number to average: the run is noted and left out of every statistic."""
+    runs_of = {v["name"]: [r for r in sweep.runs if r.variant == v["name"]] for v in sweep.variants}
+    for r in sweep.runs:
+        if r.state == "completed" and metric in r.nonfinite:
+            r.notes.append(f"`{metric}` is not finite at step {r.nonfinite[metric]}: this run is left out of "
+                           "every statistic (re-run it, or look at why its eval failed)")
+    usable = lambda r: r.state == "completed" and metric not in r.nonfinite
+    return runs_of, {name: {r.key: curve(r.metrics, metric, compute) for r in runs if usable(r)}
+                     for name, runs in runs_of.items()}
+
+
+def power_section(sweep: Sweep, verdicts: list[dict], sequential: dict | None, not_sequential: str | None,
+                  effect: float | None) -> dict:
+    """What deciding the open contrasts would take (power.cost_to_decide), and how the verdicts were
+    decided: a sequential sweep's looks, or why its looks do not apply to this report."""
+    return {**cost_to_decide(verdicts, UNDECIDED, sweep.runs), "sequential": sequential is not None,
+            "effect": effect, "note": not_sequential,
+            **({"looks": len(sequential["looks"]), "max_seeds": sequential["max_seeds"],
+                "stopped": (sequential.get("stopped") or {}).get("reason")} if sequential else {})}
 
 
 def decision_summary(fixed: dict, metric: str, summary: Summary | str | None) -> Summary:
@@ -158,7 +177,7 @@ def exploratory(fixed: dict, metric: str, summary: Summary) -> str | None:
     return None
 
 
-def aggregates(sweep: Sweep, values: dict, higher_is_better: bool) -> dict:
+def aggregates(sweep: Sweep, values: dict, metric: Metric) -> dict:
     """rliable's numbers on the compared summary: each variant's IQM over its seeds, and each
     contrast's probability that a run with the trick beats one without, with stratified
     bootstrap intervals. One sweep is one task (stratum)."""
@@ -168,19 +187,19 @@ def aggregates(sweep: Sweep, values: dict, higher_is_better: bool) -> dict:
                            "improvement": probability_of_improvement(
                                {task: list(values.get(c["with"], {}).values())},
                                {task: list(values.get(c["without"], {}).values())},
-                               higher_is_better=higher_is_better)} for c in sweep.contrasts]}
+                               higher_is_better=metric.higher_is_better)} for c in sweep.contrasts]}
 
 
-def compare_summaries(sweep: Sweep, per_run, runs_of: dict, curves: dict, metric: str, areas: dict,
-                      higher_is_better: bool, effect: float | None, chosen: Summary, evidence: Evidence) -> list[dict]:
+def compare_summaries(sweep: Sweep, per_run, runs_of: dict, curves: dict, areas: dict, effect: float | None,
+                      chosen: Summary, evidence: Evidence) -> list[dict]:
     """Every summary's verdicts on this sweep (fixed design, the report's error control), with the
     paired SD and the seeds a fixed design needs for 80% power at its own |Δ̂| (the chosen
     summary's k for last_k). Only the chosen one decides; the others are exploratory."""
     out = []
     for how in COMPARED_SUMMARIES:
         s = Summary(how, chosen.k if chosen.how == "last_k" else DEFAULT_K)
-        other = gather(per_run(s), runs_of, curves, metric, s, evidence.method, evidence.alpha)
-        verdicts = contrast_verdicts(sweep, other, areas, higher_is_better, None, effect)
+        other = gather(per_run(s), runs_of, curves, evidence.metric, s, evidence.method, evidence.alpha)
+        verdicts = contrast_verdicts(sweep, other, areas, None, effect)
         out.append({"summary": s.label, "chosen": s == chosen or (how == chosen.how == "final"),
                     "decided": sum(v["verdict"] not in UNDECIDED for v in verdicts),
                     "contrasts": [{"trick": v["trick"], "verdict": v["verdict"], "delta": v["delta"],

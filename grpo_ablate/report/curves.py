@@ -131,3 +131,19 @@ def trapezoid_mean(x: np.ndarray, y: np.ndarray) -> float:
         return float(y[-1]) if len(y) == 1 else float(np.mean(y))
     return float(np.sum((y[1:] + y[:-1]) / 2 * np.diff(x)) / (x[-1] - x[0]))
 
+
+# --------------------------------------------------------------------------- a run's logged numbers
+def final_value(metrics: pd.DataFrame, column: str) -> float | None:
+    """The last value a run logged for this column."""
+    if column not in metrics:
+        return None
+    values = metrics[column].dropna()
+    return float(values.iloc[-1]) if len(values) else None
+
+
+def kl_column(metrics: pd.DataFrame) -> str | None:
+    """k3 when logged (the estimator the KL term usually uses), else k1."""
+    for column in ("kl/k3", "kl/k1"):
+        if column in metrics and metrics[column].notna().any():
+            return column
+    return None

@@ -23,8 +23,10 @@ import math
 
 import numpy as np
 
+from grpo_ablate.report.curves import final_value, kl_column
 from grpo_ablate.report.formatting import fmt_estimate, fmt_num
-from grpo_ablate.report.stats import Estimate, delta_ci, final_value, kl_column, mean_ci, t_quantile
+from grpo_ablate.stats.intervals import Estimate, delta_ci, mean_ci, satterthwaite
+from grpo_ablate.stats.student import t_quantile
 
 DEFAULT_CONFLICT_THRESHOLD = -0.1
 COS_PREFIX, NORM_PREFIX = "grad_cos/", "grad_norm/"
@@ -134,11 +136,10 @@ def interaction_ci(ab: dict, a: dict, b: dict, base: dict, level: float = 0.95) 
     n_min = min(len(x) for x in arrays)
     if n_min < 2:
         return Estimate(mean, None, None, n_min, basis + ", no CI")
-    parts = [x.var(ddof=1) / len(x) for x in arrays]
-    var = sum(parts)
-    if var == 0.0:
+    found = satterthwaite([(x.var(ddof=1) / len(x), len(x)) for x in arrays])
+    if found is None:
         return Estimate(mean, mean, mean, n_min, basis)
-    df = var ** 2 / sum(p ** 2 / (len(x) - 1) for p, x in zip(parts, arrays))
+    var, df = found
     half = t_quantile(0.5 + level / 2, df) * math.sqrt(var)
     return Estimate(mean, mean - half, mean + half, n_min, basis)
 

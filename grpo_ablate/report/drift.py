@@ -19,8 +19,8 @@ it over every wiggle (a dip mid-rise costs as much as a late decline). Why it is
 without knowing the curve: for any non-decreasing mean curve each earlier eval's mean is at most
 each late eval's, so z is at most what the same noise gives on a flat plateau — the plateau is
 the least favourable monotone curve, and its null distribution (max of m standard normals minus
-the mean of k) bounds every monotone curve's. Its quantiles are taken from NULL_DRAWS draws with
-a fixed seed (the same p for the same run every time; Monte-Carlo error of a 5% tail ≈ 0.0005).
+the mean of k) bounds every monotone curve's. Its quantiles are taken from draws with a
+fixed seed (stats/drift_null.py: the same p for the same run every time; Monte-Carlo error of a 5% tail ≈ 0.0005).
 Hence a monotone-saturating run is flagged at most DRIFT_ALPHA of the time (tests measure it).
 
 Two limits, both toward flagging less: the binomial SE is the noise of one eval against the task;
@@ -34,19 +34,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
-from scipy.special import ndtri
 
 from grpo_ablate.report.curves import Curve
+from grpo_ablate.stats.drift_null import tail
 
 DRIFT_ALPHA = 0.05          # a monotone curve is called drifting at most this often
 LATE_FRACTION = 1 / 3       # the late window: the last third of the evals after the base ...
 LATE_MIN = 2                # ... and at least two of them, so the late level is an average
 MIN_EVALS = 3               # after the base: at least one earlier eval and a late window of two
-NULL_DRAWS = 200_000        # draws of the plateau null per shape (earlier evals, window)
-NULL_SEED = 31              # fixed: a run's p-value is the same in every report
 DEFAULT_EVAL_SIZE = 200     # when a run's config does not say (the embedded task's default)
 SE_FLOOR = 1e-3             # an eval of thousands of problems still is not exact (fits.NOISE_FLOOR)
 
@@ -108,23 +105,3 @@ def arm_drift(drifts: list[Drift | None]) -> float | None:
         return None
     shapes = tuple(sorted((d.earlier, d.window) for d in tested))
     return tail(sum(d.z for d in tested), shapes)
-
-
-def tail(z: float, shapes: tuple[tuple[int, int], ...]) -> float:
-    """P(statistic >= z) under the plateau null of the runs `shapes` ((earlier, window) each),
-    their statistics summed; (1 + count) / (1 + draws), so never 0."""
-    null = _null_sum(shapes)                      # sorted
-    return float((1 + len(null) - np.searchsorted(null, z, side="left")) / (1 + len(null)))
-
-
-@lru_cache(maxsize=64)
-def _null_sum(shapes: tuple[tuple[int, int], ...]) -> np.ndarray:
-    """Σ over the runs of (max of `earlier` standard normals − mean of `window`), each run from
-    its own stream so that runs of the same shape are independent draws. Drawn exactly and in
-    O(draws) whatever the run's length: the max of m normals is Φ⁻¹(U^(1/m)), the mean of k
-    is N(0, 1/k). Sorted, so that a tail is a binary search."""
-    total = np.zeros(NULL_DRAWS)
-    for i, (earlier, window) in enumerate(shapes):
-        rng = np.random.default_rng([NULL_SEED, earlier, window, i])
-        total += ndtri(rng.random(NULL_DRAWS) ** (1.0 / earlier)) - rng.standard_normal(NULL_DRAWS) / math.sqrt(window)
-    return np.sort(total)

@@ -1,6 +1,6 @@
 """What a report's tests are run on: each run's number (its summary of the metric), the grid
 those numbers lie on, and the per-problem scores behind them, gathered once so that every
-contrast, control comparison and summary is tested the same way (report/stats.py).
+contrast, control comparison and summary is tested the same way (stats/intervals.py).
 
 - The grid: `eval/accuracy` is a count over the eval set, k / N; its final value lies on 1/N and
   the mean of the last k evals on 1/(N k). Other metrics and summaries have none.
@@ -19,7 +19,9 @@ import numpy as np
 
 from grpo_ablate.report.curves import Curve, Summary
 from grpo_ablate.report.load import nested_value
-from grpo_ablate.report.stats import ALPHA, Estimate, delta_ci
+from grpo_ablate.report.metric import Metric
+from grpo_ablate.stats.error_control import ALPHA
+from grpo_ablate.stats.intervals import Estimate, delta_ci
 
 ACCURACY = "eval/accuracy"     # the metric evals.jsonl breaks down by problem
 
@@ -27,13 +29,15 @@ ACCURACY = "eval/accuracy"     # the metric evals.jsonl breaks down by problem
 @dataclass
 class Evidence:
     """variant -> {seed: number}, the grid of the numbers, variant -> {seed: per-problem scores},
-    and the error control of the report (method, alpha)."""
+    the error control of the report (method, alpha), and the metric the numbers are of (which way
+    is better)."""
     values: dict
     granularity: float | None = None
     scores: dict = field(default_factory=dict)
     method: str = "holm"
     alpha: float = ALPHA
     why_no_scores: str | None = None     # why the eval set's noise is not in the intervals, when it is not
+    metric: Metric = Metric()
 
     def delta(self, with_: str, without: str) -> Estimate:
         """Δ = with − without, paired on seeds, on the grid, with the eval-noise term where both sides
@@ -46,13 +50,13 @@ class Evidence:
                         problems=problems if problems and len(problems) == len(shared) else None)
 
 
-def gather(values: dict, runs_of: dict, curves: dict, metric: str, summary: Summary, method: str = "holm",
+def gather(values: dict, runs_of: dict, curves: dict, metric: Metric, summary: Summary, method: str = "holm",
            alpha: float = ALPHA) -> Evidence:
     """The Evidence of a report: `values` variant -> {seed: number}; `runs_of` variant -> runs;
     `curves` variant -> {seed: Curve} of the runs the numbers came from."""
-    evidence = Evidence(values, method=method, alpha=alpha)
-    if metric != ACCURACY:
-        evidence.why_no_scores = f"`{metric}` is not broken down by problem (only {ACCURACY} is)"
+    evidence = Evidence(values, method=method, alpha=alpha, metric=metric)
+    if metric.name != ACCURACY:
+        evidence.why_no_scores = f"`{metric.name}` is not broken down by problem (only {ACCURACY} is)"
         return evidence
     if summary.how not in ("final", "last_k"):
         evidence.why_no_scores = f"the {summary.label} of a curve is not a fixed average of its evals"

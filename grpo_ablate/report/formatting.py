@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from grpo_ablate.report.stats import Estimate
+from grpo_ablate.stats.intervals import Estimate
 
 
 def fmt_num(value, digits: int = 3, signed: bool = False) -> str:

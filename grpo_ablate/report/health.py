@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from grpo_ablate.errors import ReportError
-from grpo_ablate.report.stats import kl_column
+from grpo_ablate.report.curves import kl_column
 from grpo_ablate.values import COUNT, Allowed
 
 # Flags that mean training broke. kl_drift is a warning only: a policy may legitimately move

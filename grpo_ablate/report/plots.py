@@ -15,9 +15,9 @@ import numpy as np
 import pandas as pd
 
 from grpo_ablate.report.build import Report
+from grpo_ablate.report.curves import kl_column
 from grpo_ablate.report.diagnostics import plot as plot_diagnostics
 from grpo_ablate.report.render_transfer import transfer_figure
-from grpo_ablate.report.stats import kl_column
 from grpo_ablate.report.verdicts import VERDICT_COLORS
 
 if TYPE_CHECKING:   # matplotlib is imported where a figure is drawn: --no-figures never pays its ~0.6 s

@@ -5,7 +5,7 @@ look), and for one still open the smallest |Δ| its seeds detect with 80% power 
 report's level (the fixed 5% t-test, or the sequential boundary of its last look), from the
 observed paired SD, and about how many seeds a fixed 5% design needs for 80% power against an
 effect the size of the current estimate (or the user's --effect). Both rest on an SD from a
-few seeds: they are "about". Formulas: `grpo_ablate/report/sequential.py`.
+few seeds: they are "about". Formulas: `grpo_ablate/stats/group_sequential.py`.
 
 A sweep run with `--seeds auto` keeps its looks in manifest.json (`sequential`). When the
 report reads it on the metric and direction the sweep decided on, each contrast is decided by
@@ -18,12 +18,12 @@ from __future__ import annotations
 import math
 import statistics
 
-from grpo_ablate.report import sequential as seq
 from grpo_ablate.report.load import Sweep
+from grpo_ablate.report.metric import Metric
+from grpo_ablate.stats import group_sequential as seq
 
 
-def sequential_section(sweep: Sweep, metric: str, higher_is_better: bool,
-                       summary: str = "final") -> tuple[dict | None, str | None]:
+def sequential_section(sweep: Sweep, metric: Metric, summary: str = "final") -> tuple[dict | None, str | None]:
     """(the manifest's sequential section, None) when its looks decide this report; (None, why
     not) when the sweep was sequential but on another metric, summary or direction; (None, None)
     else. A sweep recorded before summaries existed decided on `final`."""
@@ -31,12 +31,12 @@ def sequential_section(sweep: Sweep, metric: str, higher_is_better: bool,
     if not section:
         return None, None
     looked = section.get("summary", "final")
-    if (section.get("metric") != metric or looked != summary
-            or bool(section.get("higher_is_better", True)) != higher_is_better):
+    if (section.get("metric") != metric.name or looked != summary
+            or bool(section.get("higher_is_better", True)) != metric.higher_is_better):
         direction = "higher" if section.get("higher_is_better", True) else "lower"
         of = lambda label: "" if looked == summary == "final" else f"the {label} of "
         return None, (f"this sweep decided its looks on {of(looked)}`{section.get('metric')}` ({direction} is "
-                      f"better); on {of(summary)}`{metric}` the verdicts use fixed 95% intervals, which do not "
+                      f"better); on {of(summary)}`{metric.name}` the verdicts use fixed 95% intervals, which do not "
                       "account for those looks")
     return section, None
 
@@ -77,10 +77,10 @@ def recorded_looks(section: dict, name: str, sign: float = 1.0) -> list[seq.Look
 
 
 def sequential_decision(section: dict, name: str, effect: float | None, two_sided: bool,
-                        higher_is_better: bool) -> tuple[seq.Decision, seq.Look] | None:
+                        metric: Metric) -> tuple[seq.Decision, seq.Look] | None:
     """The rule on a contrast's recorded looks (a one-sided test is on the better side), and
     its last look; None when it has none."""
-    sign = 1.0 if two_sided or higher_is_better else -1.0
+    sign = 1.0 if two_sided else metric.sign
     looks = recorded_looks(section, name, sign)
     if not looks:
         return None

@@ -11,18 +11,18 @@ import numpy as np
 import pandas as pd
 
 from grpo_ablate.report.build import Report
-from grpo_ablate.report.curves import Summary
+from grpo_ablate.report.curves import Summary, final_value
 from grpo_ablate.report.diagnostics import markdown_sections as diagnostics_sections
 from grpo_ablate.report.formatting import fmt_delta, fmt_estimate, fmt_num, fmt_sig
-from grpo_ablate.report.render_training import training_head
 from grpo_ablate.report.health import BREAKING_FLAGS
 from grpo_ablate.report.load import CONTROL_COLUMNS, CONTROL_LABELS
-from grpo_ablate.report.render_curves import json_sections, markdown_sections as curve_sections
-from grpo_ablate.report.render_transfer import markdown_section as transfer_section
-from grpo_ablate.report.stats import Estimate, final_value
 from grpo_ablate.report.power import PRICED_SEEDS, sequential_guarantee
-from grpo_ablate.report.stats import ERROR_CONTROL
-from grpo_ablate.report.verdicts import BEATS, BREAKS_TRAINING, NO_COMPARISON, NOT_SHOWN
+from grpo_ablate.report.render_curves import json_sections, markdown_sections as curve_sections
+from grpo_ablate.report.render_training import training_head
+from grpo_ablate.report.render_transfer import markdown_section as transfer_section
+from grpo_ablate.report.verdicts import BEATS, BREAKS_TRAINING, NOT_SHOWN, NO_COMPARISON
+from grpo_ablate.stats.error_control import ERROR_CONTROL
+from grpo_ablate.stats.intervals import Estimate
 
 STATES = ("completed", "diverged", "failed", "running", "missing")   # a run's states, in table order
 AUC = Summary("auc")
@@ -201,7 +201,7 @@ def power_lines(report: Report) -> list[str]:
 
 
 def eval_noise_lines(report: Report) -> list[str]:
-    """How much of each contrast's uncertainty is the eval set's (report/stats.py, EvalNoise)."""
+    """How much of each contrast's uncertainty is the eval set's (stats/intervals.py, EvalNoise)."""
     rows = [(v, v["delta"].eval_noise) for v in report.verdicts if v["delta"].eval_noise is not None]
     if not rows:
         return []

@@ -47,7 +47,9 @@ from grpo_ablate.report.curves import Curve, Summary, curve
 from grpo_ablate.report.drift import DRIFT_ALPHA, arm_drift, binomial_se
 from grpo_ablate.report.fits import CEILING_TOLERANCE, Fit, fit, pooled
 from grpo_ablate.report.load import Run, Sweep, nested_value
-from grpo_ablate.report.stats import Estimate, delta_ci, fisher_exact_p, mean_ci, t_quantile
+from grpo_ablate.stats.exact import fisher_exact_p
+from grpo_ablate.stats.intervals import Estimate, delta_ci, mean_ci
+from grpo_ablate.stats.student import t_quantile
 
 RAISES, LOWERS, SAME_CEILING = "raises the ceiling", "lowers the ceiling", "same ceiling"
 FASTER, SLOWER = "learns faster", "learns slower"

@@ -7,7 +7,7 @@ GRPO in add-one-in, all tricks in leave-one-out, a variants file's first) agains
 start: the context's base control (an eval of its warm start), else, without one, the
 reference's own runs at step 0 (the same weights, evaluated before the first update).
 
-The tests are the trick contrasts' (report/stats.py: paired on seeds, the eval set's noise
+The tests are the trick contrasts' (stats/intervals.py: paired on seeds, the eval set's noise
 counted where the per-problem scores are logged, on the summary the sweep fixed) and form a
 family of their own, one test per context, two-sided, adjusted together by the report's error
 control (Holm at 5% unless told): apart from the trick contrasts, whose family and error rate
@@ -25,35 +25,32 @@ import numpy as np
 
 from grpo_ablate.report.evidence import Evidence
 from grpo_ablate.report.load import Sweep, nested_value
-from grpo_ablate.report.stats import finite_mean
 from grpo_ablate.report.verdicts import HELPS, HURTS, settle_family
+from grpo_ablate.stats.intervals import finite_mean
 
 RAISES, LOWERS = "raises", "lowers"          # which way training moved the metric (the sign of Δ)
 START = "step 0"                             # the start when there is no base control: each run's own step 0
 
 
-def training_section(sweep: Sweep, evidence: Evidence, curves: dict, against: list[dict],
-                     higher_is_better: bool, metric: str) -> dict | None:
+def training_section(sweep: Sweep, evidence: Evidence, curves: dict, against: list[dict]) -> dict | None:
     """{contexts: [...], family} or None when the sweep fixed no such test (planned before issue 36)."""
     if not (sweep.checks_training or sweep.context_controls):
         return None
     contexts = [c["name"] for c in sweep.contexts] or [None]
-    checks = [c for c in (context_check(sweep, evidence, curves, ctx, higher_is_better) for ctx in contexts)
-              if c is not None]
+    checks = [c for c in (context_check(sweep, evidence, curves, ctx) for ctx in contexts) if c is not None]
     if not checks:
         return None
-    family = settle_family(checks, evidence, higher_is_better, None)
+    family = settle_family(checks, evidence, evidence.metric.higher_is_better, None)
     for c in checks:
         c["direction"] = None if c["delta"].mean is None else RAISES if c["delta"].mean > 0 else LOWERS
         c["worse"] = c["verdict"] == HURTS      # decided: training left the metric worse than its start
         c["better"] = c["verdict"] == HELPS
         c["sft"] = next((a for a in against if a["variant"] == c["with"] and a["role"] == "sft"), None)
         c["advice"] = advice(sweep, c) if c["worse"] else []   # decided: a finding to act on, not noise
-    return {"metric": metric, "family": family, "contexts": checks}
+    return {"metric": evidence.metric.name, "family": family, "contexts": checks}
 
 
-def context_check(sweep: Sweep, evidence: Evidence, curves: dict, context: str | None,
-                  higher_is_better: bool) -> dict | None:
+def context_check(sweep: Sweep, evidence: Evidence, curves: dict, context: str | None) -> dict | None:
     """The reference of `context` against its start (the verdict left to the family), or None
     when the context has no reference with a completed run."""
     treatments = [v for v in sweep.variants if v["kind"] != "control" and v.get("context") == context]
@@ -73,7 +70,7 @@ def context_check(sweep: Sweep, evidence: Evidence, curves: dict, context: str |
             "with": reference, "without": against, "verdict": None, "broke": None, "delta": delta,
             "start": finite_mean(list(start.values())), "end": finite_mean(list(evidence.values[reference].values())),
             "changes": changes,   # variant -> its mean change from its own start; all_worse: every one the wrong way
-            "all_worse": bool(changes) and all((d < 0) if higher_is_better else (d > 0) for d in changes.values())}
+            "all_worse": bool(changes) and all(evidence.metric.worse(d) for d in changes.values())}
 
 
 def own_change(values: dict, curves: dict) -> float | None:

@@ -37,12 +37,14 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from grpo_ablate.report import sequential as seq
-from grpo_ablate.report.aggregate import probability_of_improvement
 from grpo_ablate.report.claims_table import CLAIMS
 from grpo_ablate.report.load import nested_value
-from grpo_ablate.report.stats import Estimate, t_tail
+from grpo_ablate.report.metric import Metric
 from grpo_ablate.report.verdicts import BREAKS_TRAINING, HELPS, HURTS, INERT, NO_EFFECT
+from grpo_ablate.stats import group_sequential as seq
+from grpo_ablate.stats.aggregate import probability_of_improvement
+from grpo_ablate.stats.error_control import holm
+from grpo_ablate.stats.intervals import Estimate, welch_test
 
 ALPHA = 0.05           # family-wise over the grid: every pair of contexts of every trick
 HOLDS = "holds across the contexts tested"
@@ -77,27 +79,12 @@ class Cell:
 
 # --------------------------------------------------------------------------- the interaction
 def welch_p(a: list[float], b: list[float]) -> float | None:
-    """Two-sided p-value of Welch's t-test on mean(a) − mean(b); None without a test (n < 2,
-    or no spread on either side)."""
+    """Two-sided p-value of Welch's t-test on mean(a) − mean(b) (stats/intervals.py), in plain
+    floats; None without a test (n < 2, or no spread on either side)."""
     if len(a) < 2 or len(b) < 2:
         return None
-    va, vb = _var(a) / len(a), _var(b) / len(b)
-    if not va + vb > 0:
-        return None
-    t = (sum(a) / len(a) - sum(b) / len(b)) / math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
-    return 2 * t_tail(abs(t), df)
-
-
-def holm(pvalues: list[float], alpha: float = ALPHA) -> list[bool]:
-    """Holm's step-down: which of the hypotheses are rejected, family-wise error ≤ alpha."""
-    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
-    rejected = [False] * len(pvalues)
-    for rank, i in enumerate(order):
-        if pvalues[i] > alpha / (len(pvalues) - rank):
-            break
-        rejected[i] = True
-    return rejected
+    found = welch_test(_mean(a) - _mean(b), _var(a), len(a), _var(b), len(b))
+    return None if found is None else found[2]
 
 
 def _certain_pair(a: Cell, b: Cell) -> bool:
@@ -237,7 +224,7 @@ def claims_rows(trick_claims: dict[str, list], cells: dict[str, list[Cell]], tag
 
 
 # --------------------------------------------------------------------------- from a sweep
-def transfer_section(sweep, verdicts: list[dict], values: dict, higher_is_better: bool) -> dict | None:
+def transfer_section(sweep, verdicts: list[dict], values: dict, metric: Metric) -> dict | None:
     """The report's section across contexts (None for a sweep in one context): the contexts and
     their tags, a transfer verdict per trick with its trick × context cells and its probability of
     improvement stratified by context (rliable), and the claims beside the measurements."""
@@ -258,7 +245,8 @@ def transfer_section(sweep, verdicts: list[dict], values: dict, higher_is_better
         pairs = sides[t["trick"]]
         t["improvement"] = probability_of_improvement(
             {ctx: list(values.get(w, {}).values()) for ctx, w, _ in pairs},
-            {ctx: list(values.get(wo, {}).values()) for ctx, _, wo in pairs}, higher_is_better=higher_is_better)
+            {ctx: list(values.get(wo, {}).values()) for ctx, _, wo in pairs},
+            higher_is_better=metric.higher_is_better)
     config_of = {}
     for r in sweep.runs:
         context = next((v.get("context") for v in sweep.variants if v["name"] == r.variant), None)

@@ -26,14 +26,18 @@ from __future__ import annotations
 import math
 
 
-from grpo_ablate.report import sequential as seq
 from grpo_ablate.report.activity import ACTIVITY, describe, shows_activity
+from grpo_ablate.report.evidence import Evidence
 from grpo_ablate.report.health import BREAKING_FLAGS
 from grpo_ablate.report.load import Run, Sweep, nested_value
+from grpo_ablate.report.metric import Metric
 from grpo_ablate.report.power import contrast_alpha, power_numbers, sequential_decision, sequential_guarantee
-from grpo_ablate.report.evidence import Evidence
-from grpo_ablate.report.stats import ERROR_CONTROL, Estimate, adjust, breaking_p, delta_ci, t_tail
 from grpo_ablate.rundir import TIMING_PREFIXES
+from grpo_ablate.stats import group_sequential as seq
+from grpo_ablate.stats.error_control import ERROR_CONTROL, adjust
+from grpo_ablate.stats.exact import breaking_p
+from grpo_ablate.stats.intervals import Estimate, delta_ci
+from grpo_ablate.stats.student import t_tail
 
 # --------------------------------------------------------------------------- the vocabulary
 HELPS = "helps"
@@ -53,10 +57,10 @@ NO_COMPARISON = "no comparison"
 
 
 # --------------------------------------------------------------------------- tricks
-def contrast_verdicts(sweep: Sweep, evidence: Evidence, areas: dict, higher_is_better: bool,
-                      sequential: dict | None = None, effect: float | None = None) -> list[dict]:
+def contrast_verdicts(sweep: Sweep, evidence: Evidence, areas: dict, sequential: dict | None = None,
+                      effect: float | None = None) -> list[dict]:
     """One verdict per contrast: {trick, with, without, verdict, delta, auc_delta, why, power, broke}.
-    `evidence`: each variant's numbers by seed and how they are tested (report/evidence.py);
+    `evidence`: each variant's numbers by seed, how they are tested and which way is better (report/evidence.py);
     `areas`: variant -> {seed: curve mean}; `sequential`: the manifest's looks when they decide
     this report (power.sequential_section). A fixed sweep's tests form one family, adjusted by the
     evidence's error control: Δ = 0 for every contrast that is not inert, and "breaks no more often
@@ -74,6 +78,7 @@ def contrast_verdicts(sweep: Sweep, evidence: Evidence, areas: dict, higher_is_b
         verdicts.append({**c, "verdict": INERT if inert else None, "why": inert, "delta": delta,
                          "auc_delta": delta_ci(areas[c["with"]], areas[c["without"]]),
                          "broke": None if inert else broken_counts(runs_of[c["with"]], runs_of[c["without"]])})
+    higher_is_better = evidence.metric.higher_is_better
     if sequential is not None:
         for v in verdicts:
             if v["verdict"] is None:
@@ -81,7 +86,7 @@ def contrast_verdicts(sweep: Sweep, evidence: Evidence, areas: dict, higher_is_b
                                           or decide_by_delta(v["delta"], higher_is_better))
             if v["verdict"] != INERT and "power" not in v:   # an inert trick: more seeds decide nothing
                 v["verdict"], v["why"], v["power"] = _sequential_trick(v, sequential, v["verdict"], v["why"], effect,
-                                                                      higher_is_better)
+                                                                      evidence.metric)
             v.setdefault("power", power_numbers(None, effect))
         return verdicts
     family = settle_family(verdicts, evidence, higher_is_better, effect)
@@ -198,9 +203,9 @@ def _breaks_training_rule(broke: dict | None, alpha: float = seq.ALPHA) -> tuple
 
 
 def _sequential_trick(c: dict, section: dict, verdict: str, why: str, effect: float | None,
-                      higher_is_better: bool) -> tuple[str, str, dict]:
+                      metric: Metric) -> tuple[str, str, dict]:
     """A trick of a sequential sweep: the looks decide (two-sided); breaking training first."""
-    found = sequential_decision(section, c["trick"], effect, True, higher_is_better)
+    found = sequential_decision(section, c["trick"], effect, True, metric)
     if found is None:
         power = {**power_numbers(None, effect), "look": None, "sequential": True}
         return (verdict, why, power) if verdict == BREAKS_TRAINING else (
@@ -215,7 +220,7 @@ def _sequential_trick(c: dict, section: dict, verdict: str, why: str, effect: fl
     at = f"at look {d.look} ({d.n} seeds)"
     replanned = " (re-planned after its maximum was raised: about 7% false helps/hurts, not 5%)" if d.replanned else ""
     if d.outcome in (seq.POSITIVE, seq.NEGATIVE):
-        better = (d.outcome == seq.POSITIVE) == higher_is_better
+        better = (d.outcome == seq.POSITIVE) == metric.higher_is_better
         why = (f"crossed the sequential boundary {at}: t = {d.t:+.2f}, boundary ±{d.boundary:.2f}; "
                f"{sequential_guarantee(section)}{replanned}")
         return (HELPS if better else HURTS), why, power
@@ -290,8 +295,7 @@ def decide_by_delta(delta: Estimate, higher_is_better: bool) -> tuple[str, str]:
 
 
 # --------------------------------------------------------------------------- controls
-def against_controls(sweep: Sweep, evidence: Evidence, higher_is_better: bool,
-                     sequential: dict | None = None) -> list[dict]:
+def against_controls(sweep: Sweep, evidence: Evidence, sequential: dict | None = None) -> list[dict]:
     """Every treatment against every control the sweep has: {variant, control, role, delta,
     outcome, beats, why, family}; a sequential sweep's looks decide (one-sided). A fixed sweep's
     comparisons are a family of their own (one-sided tests of *beats*, adjusted together by the
@@ -306,7 +310,7 @@ def against_controls(sweep: Sweep, evidence: Evidence, higher_is_better: bool,
                 continue
             delta = evidence.delta(v["name"], control)
             against.append({"variant": v["name"], "control": control, "role": role, "delta": delta})
-    sign = 1.0 if higher_is_better else -1.0
+    sign = evidence.metric.sign
     one_sided = [None if c["delta"].p is None or not c["delta"].se else
                  2.0 * t_tail(sign * c["delta"].mean / c["delta"].se, c["delta"].df) for c in against]
     adjusted = adjust([None if p is None else min(1.0, p) for p in one_sided], evidence.method, evidence.alpha)
@@ -316,16 +320,16 @@ def against_controls(sweep: Sweep, evidence: Evidence, higher_is_better: bool,
     for c, p, p_adj in zip(against, one_sided, adjusted):
         c["p_beats"], c["p_beats_adjusted"], c["family"] = p, p_adj, family
         outcome, beats, why = compare_with_control(c["delta"], evidence.values.get(c["control"], {}),
-                                                   higher_is_better, p_adj, family)
+                                                   evidence.metric, p_adj, family)
         if sequential is not None and outcome != NO_COMPARISON:
             outcome, beats, why = _sequential_control(sequential, f"{c['variant']} vs {c['control']}",
-                                                      higher_is_better)
+                                                      evidence.metric)
         c.update(outcome=outcome, beats=beats, why=why)
     return against
 
 
-def _sequential_control(section: dict, name: str, higher_is_better: bool) -> tuple[str, bool | None, str]:
-    found = sequential_decision(section, name, None, False, higher_is_better)
+def _sequential_control(section: dict, name: str, metric: Metric) -> tuple[str, bool | None, str]:
+    found = sequential_decision(section, name, None, False, metric)
     if found is None:
         return NOT_SHOWN, None, "the sequential sweep recorded no look of this comparison yet"
     d, _ = found
@@ -339,7 +343,7 @@ def _sequential_control(section: dict, name: str, higher_is_better: bool) -> tup
     return NOT_SHOWN, False, f"undecided after {d.n} seeds (sequential): t = {d.t:+.2f} below {d.boundary:.2f}"
 
 
-def compare_with_control(delta: Estimate, control: dict, higher_is_better: bool, p_adjusted: float | None = None,
+def compare_with_control(delta: Estimate, control: dict, metric: Metric, p_adjusted: float | None = None,
                          family: dict | None = None) -> tuple[str, bool | None, str]:
     """Whether a variant beats a control (Δ = variant − control; `control` is the control's
     values keyed by seed): (outcome, beats, why).
@@ -360,19 +364,20 @@ def compare_with_control(delta: Estimate, control: dict, higher_is_better: bool,
         return NOT_SHOWN, None, f"too few completed runs for an interval ({delta.basis})"
     if (delta.low == delta.high or delta.zero_spread) and delta.mean != 0.0:   # a coarse metric, not certainty
         return NOT_SHOWN, False, "every seed gave the same Δ: a zero-width interval says nothing about noise"
-    better_side = (delta.mean > 0) == higher_is_better
+    better_side = metric.better(delta.mean)
+    up = metric.higher_is_better
     if family is not None and p_adjusted is not None:
         ps = (f"one-sided p = {_pfmt(p_adjusted / 2)}" if family["method"] == "none"
               else f"one-sided p ×2, adjusted = {_pfmt(p_adjusted)}")
         if better_side and p_adjusted < family["alpha"]:
             return BEATS, True, f"{ps} < {family['alpha']:g} ({family['label']})"
-        if (delta.high < 0) if higher_is_better else (delta.low > 0):
-            side = "below" if higher_is_better else "above"
+        if (delta.high < 0) if up else (delta.low > 0):
+            side = "below" if up else "above"
             return NOT_SHOWN, False, f"it is worse: the unadjusted 95% CI of Δ lies entirely {side} zero"
         return NOT_SHOWN, False, f"{ps} ≥ {family['alpha']:g} ({family['label']})"
-    if (delta.low > 0) if higher_is_better else (delta.high < 0):
-        return BEATS, True, f"the 95% CI of Δ lies entirely {'above' if higher_is_better else 'below'} zero"
-    if (delta.high < 0) if higher_is_better else (delta.low > 0):
-        side = "below" if higher_is_better else "above"
+    if (delta.low > 0) if up else (delta.high < 0):
+        return BEATS, True, f"the 95% CI of Δ lies entirely {'above' if up else 'below'} zero"
+    if (delta.high < 0) if up else (delta.low > 0):
+        side = "below" if up else "above"
         return NOT_SHOWN, False, f"it is worse: the 95% CI of Δ lies entirely {side} zero"
     return NOT_SHOWN, False, "the 95% CI of Δ spans zero"

@@ -28,13 +28,13 @@ from pathlib import Path
 
 import yaml
 
-from grpo_ablate.report import sequential as seq
+from grpo_ablate.stats import group_sequential as seq
 from grpo_ablate.report.activity import ACTIVITY
 from grpo_ablate.report.curves import Summary
 from grpo_ablate.report.health import Flag, HealthThresholds
 from grpo_ablate.report.load import Run, load_run, metrics_frame, nonfinite_steps
 from grpo_ablate.report.power import plan_of
-from grpo_ablate.report.stats import Estimate
+from grpo_ablate.stats.intervals import Estimate
 from grpo_ablate.report.verdicts import BREAKS_TRAINING, INERT, decide, inertness
 from grpo_ablate.rundir import DirLock, read_rows, read_status
 from grpo_ablate.sweep import launch

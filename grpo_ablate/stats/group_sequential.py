@@ -67,6 +67,8 @@ from functools import lru_cache
 import numpy as np
 from scipy import optimize, special
 
+from grpo_ablate.stats.student import t_quantile, t_tail
+
 ALPHA = 0.05                 # two-sided: false helps + false hurts; a "beats" test runs at ALPHA / 2
 POWER = 0.8
 INITIAL_SEEDS = 3
@@ -173,7 +175,7 @@ def t_boundaries(ns: tuple[int, ...], cumulative: tuple[float, ...], two_sided: 
         raise ValueError(f"looks must be at strictly increasing seed counts >= 2, got {ns}")
     increments = np.diff([0.0, *cumulative])
     sides = 2 if two_sided else 1
-    bounds = [math.inf if increments[0] <= 0 else -float(special.stdtrit(ns[0] - 1, increments[0]))]
+    bounds = [math.inf if increments[0] <= 0 else -t_quantile(increments[0], ns[0] - 1)]
     if len(ns) == 1:
         return tuple(bounds)
     rng = np.random.RandomState(CALIBRATION_SEED)
@@ -263,7 +265,7 @@ def fixed_power(effect: float, sd: float, n: int, critical: float | None = None,
     if n < 2 or not sd > 0:
         return math.nan
     df = n - 1
-    c = float(special.stdtrit(df, 1.0 - level / 2.0)) if critical is None else float(critical)
+    c = t_quantile(1.0 - level / 2.0, df) if critical is None else float(critical)
     ncp = effect * math.sqrt(n) / sd
     # the ufuncs, not stats.nct (a thousand times slower); P(T' ≤ −c) as P(T' ≥ c) at −ncp, since
     # the direct lower tail can come out NaN far from the centre
@@ -305,7 +307,7 @@ def nominal_level(boundary: float, n: int, two_sided: bool = True) -> float:
     """The p-value a t-test with n pairs must beat at a look with this boundary."""
     if not math.isfinite(boundary):
         return 0.0
-    p = float(special.stdtr(n - 1, -boundary))
+    p = t_tail(boundary, n - 1)
     return 2.0 * p if two_sided else p
 
 

@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from grpo_ablate.report.stats import Estimate
+from grpo_ablate.stats.intervals import Estimate
 
 REPS = 2000           # bootstrap resamples (rliable's default is 50,000; the percentile CI is stable well before)
 SEED = 0              # the bootstrap's generator: a report is the same every time it is built

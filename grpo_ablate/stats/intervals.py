@@ -1,11 +1,14 @@
-"""Statistics over seeds (and eval problems): means, differences of means, their 95% intervals
-and p-values, and the error control across a report's family of tests.
+"""Means and differences of means over seeds (and eval problems), with their 95% intervals
+and p-values: a variant's mean (`mean_ci`), a trick's Δ paired on seeds (`delta_ci`, `paired_ci`),
+Welch's test for two sides that share no seed (`welch_test`, `welch_ci`; its degrees of freedom,
+`satterthwaite`, also for any sum of independent means), and the eval set's
+share of a paired Δ's noise (`eval_noise`).
 
-A run's number is the last value it logged (`final_value`) or another summary of its curve (curves.py);
+A run's number is the last value it logged or another summary of its curve (report/curves.py);
 a variant's is the mean over its completed runs (`mean_ci`); a trick's effect is
 Δ = mean(with) − mean(without) (`delta_ci`), **paired on the seeds both sides completed** (the
 seeds dropped, and why, are in the basis); Welch's interval only when the two sides share no
-seed at all. The Student-t quantile is scipy's (`t_quantile`).
+seed at all. The Student-t quantile is scipy's (stats/student.py).
 
 Exact arithmetic. Accuracies are counts over the eval set (k / N), and the same Δ in problems at
 two seeds often differs in the last bit as floats. Each paired difference is snapped to the
@@ -25,10 +28,6 @@ and the problem term is added only where it is positive (never narrower than the
 interval); the t quantile keeps n − 1 degrees of freedom (conservative: the added term is
 estimated from P − 1 ≫ n − 1). The eval-noise share σ̂_e²/P of the seed-to-seed variance of Δ,
 and the SE a larger eval set would give, are reported beside it (`EvalNoise`).
-
-Error control (`adjust`). A report tests a family of hypotheses (one per contrast); each
-p-value is adjusted over the family by Holm's step-down (family-wise error ≤ alpha, the default)
-or Benjamini–Hochberg (false discovery rate ≤ alpha).
 """
 from __future__ import annotations
 
@@ -36,11 +35,9 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
-from scipy import special
 
-ALPHA = 0.05
-ERROR_CONTROL = {"holm": "Holm", "bh": "Benjamini–Hochberg", "none": "no error control"}
+from grpo_ablate.stats.student import t_quantile, t_tail
+
 ZERO_SPREAD = 1e-12        # without a grid: a spread below this (relative to the scale) is float noise
 
 
@@ -91,20 +88,6 @@ class Estimate:
             return None
         half = t_quantile(0.5 + level / 2, self.df) * self.se
         return self.mean - half, self.mean + half
-
-
-# --------------------------------------------------------------------------- the t distribution
-# scipy's Student-t functions themselves (scipy.stats.t's ppf and sf call these), imported from
-# scipy.special: scipy.stats costs ~0.7 s to import, most of a small report's time.
-def t_quantile(p: float, df: float) -> float:
-    """Student-t quantile for p in (0, 1) and any df > 0 (Welch's df is fractional): scipy.stats.t.ppf,
-    the same source report/sequential.py's boundaries and power use."""
-    return float(special.stdtrit(df, p))
-
-
-def t_tail(t: float, df: float) -> float:
-    """P(T >= t) for Student's t with df degrees of freedom: scipy.stats.t.sf."""
-    return float(special.stdtr(df, -t))
 
 
 # --------------------------------------------------------------------------- intervals
@@ -174,20 +157,41 @@ def paired_ci(diffs: dict, level: float = 0.95, granularity: float | None = None
     return est
 
 
+def satterthwaite(parts: list[tuple[float, int]]) -> tuple[float, float] | None:
+    """The variance of a sum of independent means, V = Σ v_i, and its Welch–Satterthwaite degrees
+    of freedom V² / Σ v_i² / (n_i − 1), from each mean's variance v_i = s_i² / n_i and its n_i >= 2
+    values; None when V is not > 0 (no spread anywhere). The arithmetic keeps its operands' types
+    (numpy's from `welch_ci`, plain floats from report/transfer.py's interaction test)."""
+    var = sum(v for v, _ in parts)
+    if not var > 0:
+        return None
+    return var, var ** 2 / sum(v ** 2 / (n - 1) for v, n in parts)
+
+
+def welch_test(diff: float, var_a: float, n_a: int, var_b: float, n_b: int) -> tuple[float, float, float] | None:
+    """Welch's t-test on a difference of two means `diff` = mean(a) − mean(b), from each side's sample
+    variance (ddof 1) and size (each >= 2): (its standard error, the Welch–Satterthwaite df, the
+    two-sided p-value); None when neither side has any spread."""
+    found = satterthwaite([(var_a / n_a, n_a), (var_b / n_b, n_b)])
+    if found is None:
+        return None
+    var, df = found
+    se = math.sqrt(var)
+    return se, df, 2.0 * t_tail(abs(diff) / se, df)
+
+
 def welch_ci(a: np.ndarray, b: np.ndarray, level: float = 0.95) -> Estimate:
     """Welch's interval and p-value for two sides that share no seed."""
     diff = float(a.mean() - b.mean())
     basis = f"Welch, n={len(a)} vs {len(b)} (no seed on both sides)"
     if len(a) < 2 or len(b) < 2:
         return Estimate(diff, None, None, min(len(a), len(b)), basis + ", no CI")
-    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-    se = math.sqrt(va + vb)
-    if se == 0.0:
+    found = welch_test(diff, a.var(ddof=1), len(a), b.var(ddof=1), len(b))
+    if found is None:
         return Estimate(diff, diff, diff, min(len(a), len(b)), basis, se=0.0, df=1.0)
-    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    se, df, p = found
     half = t_quantile(0.5 + level / 2, df) * se
-    return Estimate(diff, diff - half, diff + half, min(len(a), len(b)), basis,
-                    p=2.0 * t_tail(abs(diff) / se, df), se=se, df=df)
+    return Estimate(diff, diff - half, diff + half, min(len(a), len(b)), basis, p=p, se=se, df=df)
 
 
 def eval_noise(problems: dict, seeds: list, se_seeds: float) -> EvalNoise | None:
@@ -219,81 +223,7 @@ def eval_noise(problems: dict, seeds: list, se_seeds: float) -> EvalNoise | None
     return EvalNoise(P, share, problem_var, se_seeds, se, se_at)
 
 
-# --------------------------------------------------------------------------- error control
-def adjust(pvalues: list, method: str = "holm", alpha: float = ALPHA) -> list:
-    """Each p-value adjusted over the family of the non-None ones (None stays None).
-    holm: Holm's step-down, p_(i) ← max_{j ≤ i} min(1, (m − j + 1) p_(j)) over the sorted p-values,
-    rejecting where the adjusted p < alpha keeps the family-wise error ≤ alpha under any dependence
-    (Holm 1979); written out here because statsmodels' `multipletests` forces a full garbage
-    collection on every Holm call (~0.25 s in a report's process), and checked against it in
-    tests/test_error_control.py. bh: Benjamini–Hochberg (false discovery rate ≤ alpha for
-    independent or positively dependent tests), scipy's `false_discovery_control`. none: as they are."""
-    if method not in ERROR_CONTROL:
-        raise ValueError(f"error control {method!r}: allowed {', '.join(ERROR_CONTROL)}")
-    tested = [i for i, p in enumerate(pvalues) if p is not None]
-    out = list(pvalues)
-    if method == "none" or not tested:
-        return out
-    p = np.array([pvalues[i] for i in tested], dtype=float)
-    if method == "bh":
-        from scipy import stats   # (only here: see t_quantile)
-
-        adjusted = stats.false_discovery_control(p, method="bh")
-    else:
-        order = np.argsort(p, kind="stable")
-        m = len(p)
-        stepped = np.maximum.accumulate(np.minimum(1.0, (m - np.arange(m)) * p[order]))
-        adjusted = np.empty(m)
-        adjusted[order] = stepped
-    for i, q in zip(tested, adjusted):
-        out[i] = float(q)
-    return out
-
-
-def fisher_exact_p(table: list[list[int]]) -> float:
-    """Fisher's exact test on a 2x2 table of counts, two-sided as scipy.stats.fisher_exact defines it:
-    the hypergeometric probability of every table with these margins that is no likelier than the one
-    seen (scipy's relative tolerance 1e-7 on "no likelier"). Written out in exact integers rather than
-    imported: scipy.stats costs ~0.9 s to import, half a small report's time; tests/test_report_stats.py
-    checks it against scipy on every table up to 12 runs an arm."""
-    (a, b), (c, d) = table
-    row, col, n = a + b, a + c, a + b + c + d
-    weight = lambda k: math.comb(col, k) * math.comb(n - col, row - k)   # P(k) times C(n, row)
-    seen = weight(a)
-    tail = sum(w for k in range(max(0, row + col - n), min(row, col) + 1)
-               if (w := weight(k)) * 10**7 <= seen * (10**7 + 1))
-    return min(1.0, tail / math.comb(n, row))
-
-
-def breaking_p(broke_with: int, done_with: int, broke_without: int, done_without: int) -> float | None:
-    """One-sided exact p-value that runs break more often with the trick than without (Boschloo's
-    test, uniformly more powerful than Fisher's); None when nothing broke or a side ran nothing."""
-    if not done_with or not done_without or broke_with + broke_without == 0:
-        return None
-    table = [[broke_with, broke_without], [done_with - broke_with, done_without - broke_without]]
-    from scipy import stats   # (only where a run broke: see t_quantile)
-
-    return float(stats.boschloo_exact(table, alternative="greater").pvalue)
-
-
 def finite_mean(values) -> float | None:
     """The mean of the finite values, None when there is none (no interval: a table cell)."""
     values = [v for v in values if v is not None and math.isfinite(v)]
     return float(np.mean(values)) if values else None
-
-
-# --------------------------------------------------------------------------- one run's numbers
-def final_value(metrics: pd.DataFrame, column: str) -> float | None:
-    """The last value a run logged for this column."""
-    if column not in metrics:
-        return None
-    values = metrics[column].dropna()
-    return float(values.iloc[-1]) if len(values) else None
-
-
-def kl_column(metrics: pd.DataFrame) -> str | None:
-    """k3 when logged (the estimator the KL term usually uses), else k1."""
-    for column in ("kl/k3", "kl/k1"):
-        if column in metrics and metrics[column].notna().any():
-            return column
-    return None
