@@ -8,7 +8,7 @@ The prompt is the user turn of the model's chat template (task.chat_template=aut
 reward is 1 when the last integer of the reply is the answer: a chat model tends to restate
 the question first ("3 + 5 = 8"), so the first integer would score the question, not the
 answer (SmolLM2-135M-Instruct, greedy: 0.06 with the first, 0.60 with the last on `add`,
-README "A real model"). Problems are generated from (seed, step), so a resumed run sees
+docs/smollm2.md). Problems are generated from (seed, step), so a resumed run sees
 the prompts an uninterrupted one would, and the eval split is held out of training.
 """
 from __future__ import annotations

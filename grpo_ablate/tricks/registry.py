@@ -14,7 +14,7 @@ them; an option whose knob has none is refused at registration), its activity me
 shows in a run that it acted: the report's *inert here*), the conditions under which it
 cannot act (`Inert`: train warns, sweep and doctor refuse), checks that involve other settings,
 and the named tricks that select it (`Trick`: the catalogue text, source, cost, and the
-claims of the literature, shown by `grpo-ablate tricks`, docs/tricks.md and the README).
+claims of the literature, shown by `grpo-ablate tricks`, docs/tricks.md and docs/config.md).
 Capabilities that the trainer or the config checks must know (an estimator needs a critic,
 a statistic needs G >= 2) are flags given at registration and read as attributes.
 
@@ -217,7 +217,7 @@ class Trick:
 
 @dataclass(frozen=True)
 class Family:
-    """A trick family: its summary (the README's option table), the settings of its config group
+    """A trick family: its summary (docs/config.md's option table), the settings of its config group
     that the trainer reads itself (name -> (Knob, the capability flag an option needs to have
     the setting, or None)), and the knobs of its options that the trainer supplies (name -> by what)."""
     name: str
@@ -225,7 +225,7 @@ class Family:
     metric: str = "loss"                  # a metric every option of the family writes at every step
     settings: dict = field(default_factory=dict)
     supplied: dict = field(default_factory=dict)
-    module: str = ""                      # where it is declared (the README points there)
+    module: str = ""                      # where it is declared (docs/config.md points there)
 
 
 def declare_family(name: str, summary: str, *, metric: str = "loss", settings: dict | None = None,
@@ -234,7 +234,7 @@ def declare_family(name: str, summary: str, *, metric: str = "loss", settings: d
     if name in _DECLARED:
         raise ValueError(f"trick family {name!r} is declared twice")
     norm = {k: v if isinstance(v, tuple) else (v, None) for k, v in (settings or {}).items()}
-    module = sys._getframe(1).f_globals.get("__name__", "")   # the declaring module, for the README
+    module = sys._getframe(1).f_globals.get("__name__", "")   # the declaring module, for docs/config.md
     _DECLARED[name] = Family(name, summary, metric, norm, dict(supplied or {}), module)
 
 
