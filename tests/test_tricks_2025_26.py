@@ -575,8 +575,10 @@ ISSUE_35 = {"trust_region_mask", "dro_loss", "rollout_is_loss", "ipo_loss", "adv
 
 def test_the_tricks_of_issue_15_are_registered_as_not_in_the_review():
     assert ISSUE_25 | ISSUE_35 <= set(NOT_IN_REVIEW)
-    assert len(set(NOT_IN_REVIEW) - ISSUE_25 - ISSUE_35) == 23
     assert {"gspo", "gmpo", "kl_straight_through", "ref_sync"} <= set(NOT_IN_REVIEW)
+    # (no count of the catalogue: a new trick adds an entry and nothing else; each one says where it is from)
+    tricks = [t for o in all_options() for t in o.tricks if t.verdict == "not_in_review"]
+    assert all(t.source and t.what for t in tricks), [t.name for t in tricks if not (t.source and t.what)]
 
 
 @pytest.mark.parametrize("name", sorted(NOT_IN_REVIEW))
