@@ -1,5 +1,9 @@
 """`grpo-ablate`: the command line. Thin: every command hands off to a module.
 
+`sweep`, `doctor` and `report` parse their options into a frozen request (requests.py),
+check it there (values.py's table: a refusal imports nothing heavy) and hand it to the
+package that does the work (sweep/command.py, sweep/doctor.py, report/); their options are
+declared in cli_options.py.
 `train` is a typer command that passes its arguments to the `@hydra.main` entrypoint, so
 Hydra's override grammar (`group=option`, `+group=option`, `key=value`), `--cfg job` and
 `-m` all work. Before Hydra creates a run dir, the config is composed and validated here, so
