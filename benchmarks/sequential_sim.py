@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from grpo_ablate.stats import group_sequential as seq     # noqa: E402
-from grpo_ablate.sweep import launch                      # noqa: E402
+from grpo_ablate.sweep import manifest as sweep_manifest   # noqa: E402
 from grpo_ablate.sweep import sequential as sweep_seq     # noqa: E402
 
 SEED_SD = 0.05            # a variant's final accuracy varies this much over seeds in the sweep-dir rows
@@ -82,10 +82,10 @@ def one_sweep_dir(sweep_dir: Path, plan: seq.Plan, effect_sd: float, rng: np.ran
         for entry in pending:
             values[entry["variant"]].append(mean[entry["variant"]] + SEED_SD * rng.standard_normal())
             write_run(sweep_dir, entry, values[entry["variant"]][-1])
-        launch.write_manifest(sweep_dir, manifest)
+        sweep_manifest.write_manifest(sweep_dir, manifest)
         sweep_seq.record_decisions(manifest, sweep_seq.decide_look(sweep_dir, manifest))
         if sweep_seq.stopping_reason(manifest, len(sweep_seq.needed_variants(manifest))):
-            launch.write_manifest(sweep_dir, manifest)
+            sweep_manifest.write_manifest(sweep_dir, manifest)
             return manifest["sequential"]["looks"][-1]["decisions"][0], values
         pending = sweep_seq.add_look(manifest, make_entry=_pending_entry)
 

@@ -1,5 +1,9 @@
 """`grpo-ablate`: the command line. Thin: every command hands off to a module.
 
+`sweep`, `doctor` and `report` parse their options into a frozen request (requests.py),
+check it there (values.py's table: a refusal imports nothing heavy) and hand it to the
+package that does the work (sweep/command.py, sweep/doctor.py, report/); their options are
+declared in cli_options.py.
 `train` is a typer command that passes its arguments to the `@hydra.main` entrypoint, so
 Hydra's override grammar (`group=option`, `+group=option`, `key=value`), `--cfg job` and
 `-m` all work. Before Hydra creates a run dir, the config is composed and validated here, so
@@ -13,6 +17,9 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+
+from grpo_ablate import cli_options as opt
+from grpo_ablate.requests import DoctorArgs, ReportRequest, SweepArgs
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Ablation runner for GRPO training tricks.")
@@ -50,11 +57,8 @@ def fail(message: str, code: int = 2) -> None:
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def train(
     ctx: typer.Context,
-    resume: Optional[Path] = typer.Option(
-        None, "--resume", help="Continue the run in this run dir from its last checkpoint."),
-    restart: bool = typer.Option(False, "--restart", help="With --resume: start the run over from step 0 (one "
-                                 "that stopped before its first checkpoint, or whose checkpoint is damaged); "
-                                 "a finished run is never restarted."),
+    resume: Optional[Path] = opt.TRAIN_RESUME,
+    restart: bool = opt.TRAIN_RESTART,
 ) -> None:
     """Train one GRPO run. Arguments are Hydra overrides: adv=dr_grpo kl=none seed=1 ..."""
     from grpo_ablate.config import ConfigError, check_here, compose, validate
@@ -133,51 +137,30 @@ def _hold_run_dir(cfg, args: List[str]):
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def sweep(
     ctx: typer.Context,
-    mode: Optional[str] = typer.Argument(
-        None, help="leave-one-out | add-one-in | ladder | factorial | pairwise | conflict | file PATH"),
-    tricks_: Optional[str] = typer.Option(None, "--tricks", help="Named tricks, comma separated (default for "
-                                          "leave-one-out: the seed review's recommended set, dynamic_sampling, "
-                                          "no_std)."),
-    trick: Optional[str] = typer.Option(None, "--trick", help="conflict: the new trick (any named trick)."),
-    reward: Optional[str] = typer.Option(None, "--reward", help="conflict: the new reward term, a named trick "
-                                         "that shapes the reward (length_penalty, length_group, overlong_punish, "
-                                         "kl_in_reward)."),
-    base: Optional[str] = typer.Option(None, "--base", help="Preset the tricks are added to (grpo, dapo, ...)."),
-    seeds: Optional[str] = typer.Option(None, "--seeds", help="5 = seeds 0..4; or a list: 0,5,9; or auto: "
-                                        "3, then one more per look until each contrast is decided (default 5)."),
-    max_seeds: Optional[int] = typer.Option(None, "--max-seeds",
-                                            help="--seeds auto: at most this many seeds (default 8)."),
-    budget: Optional[str] = typer.Option(None, "--budget",
-                                         help="--seeds auto: start no look past this wall time (90m, 2h)."),
-    effect: Optional[float] = typer.Option(None, "--effect", help="--seeds auto: the smallest Δ that matters; "
-                                           "a contrast whose repeated 95% interval lies inside ±X stops as "
-                                           "'no effect >= X'."),
-    summary: Optional[str] = typer.Option(None, "--summary", help="What the sweep decides on, fixed in its manifest "
-                                          "before the first run (and what --seeds auto looks at): final, auc, best, "
-                                          "last_k or last_<k>, as report --summary [last_3]."),
-    launcher: Optional[str] = typer.Option(None, "--launcher", help="basic | joblib | submitit_local | "
-                                           "submitit_slurm | ray (default joblib)."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", help="Runs at a time (default: one per core)."),
-    family: Optional[List[str]] = typer.Option(None, "--family", help="factorial over a config group's "
-                                               "options (adv) or a key's values (task.level, key=a,b); repeatable."),
-    across: Optional[List[str]] = typer.Option(None, "--across", help="Repeat the whole matrix in contexts: "
-                                               "KEY=v1,v2 (task.level=easy,hard, reward.wrong=0,-1, "
-                                               "model=tiny,tiny_aligned); repeatable: every combination."),
-    max_runs: Optional[int] = typer.Option(None, "--max-runs", help="Refuse sweeps with more runs (default 128)."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Training steps of every run."),
-    name: Optional[str] = typer.Option(None, "--name", help="Sweep name (W&B group prefix, dir name)."),
-    out: Optional[Path] = typer.Option(None, "--dir", help="Sweep dir (default runs/sweeps/<name>-<time>)."),
-    controls: Optional[bool] = typer.Option(None, "--controls/--no-controls", help="Add the no-RL controls "
-                                            "(untrained base, supervised run); default: on for the embedded model."),
-    control_budget: Optional[str] = typer.Option(None, "--control-budget", help="The SFT control's budget: "
-                                                 "tokens (B x G solutions a step) or wall (the treatments' median "
-                                                 "training time; runs after them). Default tokens."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the matrix, write nothing."),
-    allow_inert: bool = typer.Option(False, "--allow-inert", help="Run tricks under test that cannot act "
-                                     "with these settings (refused by default; see `grpo-ablate tricks`)."),
-    resume_dir: Optional[Path] = typer.Option(None, "--resume", help="Continue this sweep dir."),
-    rerun: Optional[str] = typer.Option(None, "--rerun", help="--resume: start these runs over, comma separated "
-                                        "(e.g. all-s0; their old dirs are kept aside)."),
+    mode: Optional[str] = opt.SWEEP_MODE,
+    tricks_: Optional[str] = opt.SWEEP_TRICKS,
+    trick: Optional[str] = opt.SWEEP_TRICK,
+    reward: Optional[str] = opt.SWEEP_REWARD,
+    base: Optional[str] = opt.SWEEP_BASE,
+    seeds: Optional[str] = opt.SWEEP_SEEDS,
+    max_seeds: Optional[int] = opt.SWEEP_MAX_SEEDS,
+    budget: Optional[str] = opt.SWEEP_BUDGET,
+    effect: Optional[float] = opt.SWEEP_EFFECT,
+    summary: Optional[str] = opt.SWEEP_SUMMARY,
+    launcher: Optional[str] = opt.SWEEP_LAUNCHER,
+    jobs: Optional[int] = opt.SWEEP_JOBS,
+    family: Optional[List[str]] = opt.SWEEP_FAMILY,
+    across: Optional[List[str]] = opt.SWEEP_ACROSS,
+    max_runs: Optional[int] = opt.SWEEP_MAX_RUNS,
+    steps: Optional[int] = opt.SWEEP_STEPS,
+    name: Optional[str] = opt.SWEEP_NAME,
+    out: Optional[Path] = opt.SWEEP_OUT,
+    controls: Optional[bool] = opt.SWEEP_CONTROLS,
+    control_budget: Optional[str] = opt.SWEEP_CONTROL_BUDGET,
+    dry_run: bool = opt.SWEEP_DRY_RUN,
+    allow_inert: bool = opt.SWEEP_ALLOW_INERT,
+    resume_dir: Optional[Path] = opt.SWEEP_RESUME_DIR,
+    rerun: Optional[str] = opt.SWEEP_RERUN,
 ) -> None:
     """Run an ablation sweep: every variant x seed is one ordinary training run.
 
@@ -187,200 +170,52 @@ def sweep(
     args = list(ctx.args)
     if resume_dir is not None and mode is not None and "=" in mode:   # `--resume DIR steps=5`: an override
         mode, args = None, [mode, *args]
-    _check_options(jobs=jobs, steps=steps, max_runs=max_runs, max_seeds=max_seeds, effect=effect)
+    given = SweepArgs(
+        mode=mode, args=tuple(args), tricks=tricks_, trick=trick, reward=reward, base=base, seeds=seeds,
+        max_seeds=max_seeds, budget=budget, effect=effect, summary=summary, launcher=launcher, jobs=jobs,
+        family=tuple(family) if family else family, across=tuple(across) if across else across,
+        max_runs=max_runs, steps=steps, name=name, out=out, controls=controls, control_budget=control_budget,
+        dry_run=dry_run, allow_inert=allow_inert, resume_dir=resume_dir, rerun=rerun)
+    _refused(given.check)   # values.py's table, before anything heavy is imported
     if summary is not None:                      # a bad one is refused before any planning
         from grpo_ablate.report.curves import Summary
 
-        try:
-            Summary.parse(summary)
-        except ValueError as err:
-            fail(f"--summary: {err}")
+        _refused(lambda: Summary.parse(summary), "--summary: ")
     from grpo_ablate.config import ConfigError   # the config checks (no torch: a refusal stays fast)
-    from grpo_ablate.sweep.launch import start
+    from grpo_ablate.sweep import command
     from grpo_ablate.sweep.matrix import SweepError
     from grpo_ablate.values import ValueProblem
 
     try:
-        if resume_dir is not None:
-            planned = (("MODE", mode), ("--tricks", tricks_), ("--trick", trick), ("--reward", reward),
-                       ("--base", base), ("--seeds", seeds), ("--family", family), ("--steps", steps),
-                       ("--name", name), ("--dir", out), ("--max-runs", max_runs),
-                       ("--controls", controls is not None), ("--control-budget", control_budget),
-                       ("--effect", effect), ("--summary", summary), ("--dry-run", dry_run), ("--across", across))
-            code = _resume_sweep(resume_dir, [opt for opt, value in planned if value], args, launcher, jobs,
-                                 {"max_seeds": max_seeds, "budget": budget},
-                                 tuple(r.strip() for r in (rerun or "").split(",") if r.strip()))
-        else:
-            if rerun:
-                fail("--rerun belongs to --resume SWEEP_DIR")
-            if mode == "conflict" or trick or reward:
-                tricks_ = _conflict_tricks(mode, tricks_, trick, reward)
-            request = _sweep_request(mode, args, tricks_, base, seeds, launcher, jobs, family, max_runs,
-                                     steps, name, out, across)
-            _given_options(request, controls, control_budget, allow_inert,
-                           {"max_seeds": max_seeds, "budget": budget, "effect": effect, "summary": summary})
-            if str(request.seeds) == "auto":
-                from grpo_ablate.sweep import sequential   # the report's statistics (pandas, scipy)
-
-                options = sequential.options_from(request.sequential)
-                request.summary = options.summary
-                code = sequential.start(request, options, console, dry_run=dry_run)
-            elif set(request.sequential) - {"summary"}:
-                fail(f"{', '.join('--' + k.replace('_', '-') for k in request.sequential)} "
-                     "belong to --seeds auto (seeds until decided)")
-            else:    # a fixed sweep fixes what it decides on too (a sweep file's `summary:` or --summary)
-                given = request.sequential.pop("summary", None)
-                request.summary = parse_summary(str(given), None).label if given is not None else None
-                code = start(request, console, dry_run=dry_run)
+        code = command.run(given, console)
     except (SweepError, ConfigError, ValueProblem) as err:
         fail(str(err))
     raise typer.Exit(code)
 
 
-def _check_options(**given) -> None:
-    """Options that count or size something, checked before anything heavy is imported."""
-    from grpo_ablate.values import ValueProblem, check_options
-
+def _refused(check, prefix: str = "") -> None:
+    """`check()`, a value that is not allowed (ValueError) as one line and exit code 2."""
     try:
-        check_options(**given)
-    except ValueProblem as err:
-        fail(str(err))
-
-
-def _given_options(request, controls, control_budget, allow_inert, sequential_given: dict) -> None:
-    """The command line's controls, --allow-inert and --seeds auto options, over the sweep file's."""
-    request.controls = controls if controls is not None else request.controls
-    request.allow_inert = allow_inert
-    if control_budget is not None:
-        if control_budget not in ("tokens", "wall"):
-            fail(f"--control-budget {control_budget} is not allowed; allowed: tokens, wall")
-        request.control_budget = control_budget
-    request.sequential.update({k: v for k, v in sequential_given.items() if v is not None})
-
-
-def _resume_sweep(resume_dir: Path, given: list[str], args: list[str], launcher, jobs, sequential_limits,
-                  rerun: tuple = ()) -> int:
-    """`sweep --resume DIR`: the plan is the manifest's; only how and where runs run may change."""
-    from grpo_ablate.sweep.launch import read_manifest
-
-    train_args = [a for a in args if not a.startswith("hydra.")]
-    if given or train_args:
-        fail(f"--resume continues a sweep exactly as it was planned; drop {', '.join(given + train_args)} "
-             "(only --launcher, --jobs, hydra.* launcher settings and, for --seeds auto, "
-             "--max-seeds and --budget may change)")
-    read_manifest(resume_dir)   # not a sweep dir, or a damaged manifest: refused before the imports below
-    from grpo_ablate.sweep import sequential
-
-    return sequential.resume_any(resume_dir, launcher, jobs, [a for a in args if a.startswith("hydra.")],
-                                 console, sequential_limits, rerun)
-
-
-def _conflict_tricks(mode, tricks_, trick, reward) -> str:
-    """`sweep conflict --trick X --reward Y` as the matrix's trick list "X,Y"."""
-    from grpo_ablate.sweep.matrix import SweepError
-
-    if mode != "conflict":
-        raise SweepError("--trick and --reward belong to `sweep conflict`; other modes take --tricks a,b,c")
-    if tricks_:
-        raise SweepError("sweep conflict takes --trick X --reward Y, not --tricks")
-    if not trick or not reward:
-        raise SweepError("sweep conflict needs --trick X and --reward Y "
-                         "(e.g. --trick entropy_bonus --reward length_penalty)")
-    if trick == reward:
-        raise SweepError(f"--trick and --reward both name {trick}; give a trick and a different reward term")
-    return f"{trick},{reward}"
-
-
-def _sweep_request(mode, args, tricks_, base, seeds, launcher, jobs, family, max_runs, steps, name, out,
-                   across=None):
-    from grpo_ablate.sweep.launch import (DEFAULT_BASE, DEFAULT_SEEDS, DEFAULT_TRICKS, SweepRequest, axis_values)
-    from grpo_ablate.sweep.matrix import (DEFAULT_MAX_RUNS, MODES, SweepError, across_contexts, file_contexts,
-                                          variants_matrix)
-
-    if mode is None:
-        fail(f"give a sweep mode: {', '.join(MODES)}, or file PATH (or --resume SWEEP_DIR)")
-    spec: dict = {}
-    if mode == "file":
-        if not args or "=" in args[0]:
-            fail("sweep file needs the path of a sweep definition: grpo-ablate sweep file sweeps/dapo-ladder.yaml")
-        path, args = Path(args[0]), args[1:]
-        spec = _load_sweep_file(path)
-        mode = spec.pop("mode")
-        spec.setdefault("name", path.stem)
-    elif mode not in MODES:
-        fail(f"sweep mode {mode!r} is not allowed; allowed: {', '.join(MODES)}, file")
-    trick_list = [t.strip() for t in tricks_.split(",") if t.strip()] if tricks_ else spec.get("tricks", [])
-    axes_specs = list(family or [])
-    axes = [axis_values(a) for a in axes_specs] if axes_specs else [
-        (key, list(values)) if values is not None else axis_values(key)
-        for key, values in (spec.get("families") or {}).items()]
-    if mode == "leave-one-out" and not trick_list and not spec:
-        trick_list, base = DEFAULT_TRICKS, base or DEFAULT_BASE
-    hydra_args = [a for a in args if a.startswith("hydra.")]
-    overrides = list(spec.get("overrides", [])) + [a for a in args if not a.startswith("hydra.")]
-    bad = [a for a in overrides if a.startswith("-")]
-    if bad:
-        raise SweepError(f"unknown option {bad[0]}; see grpo-ablate sweep --help")
-    matrix = None
-    if mode == "variants":   # a file's own variants, each against its reference (sweeps/sanity.yaml)
-        if tricks_ or family:
-            raise SweepError("a variants sweep file defines its variants itself; drop --tricks / --family")
-        matrix = variants_matrix(spec.get("variants"))
-    return SweepRequest(
-        mode=mode, tricks=trick_list, base=base or spec.get("base"), matrix=matrix,
-        seeds=seeds or spec.get("seeds", DEFAULT_SEEDS), overrides=overrides, hydra_args=hydra_args,
-        launcher=launcher or spec.get("launcher", "joblib"), jobs=jobs,
-        max_runs=max_runs or spec.get("max_runs", DEFAULT_MAX_RUNS), axes=axes,
-        name=name or spec.get("name"), steps=steps or spec.get("steps"), sweep_dir=out,
-        controls=spec.get("controls"),
-        contexts=across_contexts(across) if across else file_contexts(spec["contexts"]) if "contexts" in spec else [],
-        sequential={k: spec[k] for k in ("max_seeds", "budget", "effect", "summary") if k in spec})
-
-
-def _load_sweep_file(path: Path) -> dict:
-    import yaml
-
-    from grpo_ablate.sweep.matrix import SweepError
-    from grpo_ablate.values import check_sweep_file, load_yaml
-
-    if not path.exists():
-        raise SweepError(f"sweep file {path} does not exist (the shipped ones are in sweeps/)")
-    try:
-        spec = load_yaml(path.read_text())
-    except yaml.YAMLError as err:
-        raise SweepError(f"sweep file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise SweepError(f"sweep file {path} cannot be read: {err}") from None
-    check_sweep_file(path, {} if spec is None else spec)   # every field of its kind and in its range
-    spec = {key: value for key, value in (spec or {}).items() if value is not None}   # null: the default
-    if "mode" not in spec:
-        raise SweepError(f"sweep file {path} has no mode; allowed: leave-one-out, add-one-in, ladder, factorial, "
-                         "pairwise, variants")
-    if (spec["mode"] == "variants") != ("variants" in spec) or (spec["mode"] == "variants" and "tricks" in spec):
-        raise SweepError(f"sweep file {path}: `variants` (name -> overrides) goes with mode: variants, "
-                         "and a variants file lists no tricks")
-    spec.pop("description", None)
-    return spec
+        check()
+    except ValueError as err:
+        fail(prefix + str(err))
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def doctor(
     ctx: typer.Context,
-    tricks_: Optional[str] = typer.Option(None, "--tricks", help="Candidate tricks, comma separated "
-                                          "(default: the seed review's recommended set on --base grpo)."),
-    base: Optional[str] = typer.Option(None, "--base", help="Preset the tricks are added to (grpo, dapo, ...)."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Training steps of every run (default 30: short)."),
-    seeds: Optional[str] = typer.Option(None, "--seeds", help="Seeds per set: 1 (default), 2 = 0,1, or 0,5."),
-    launcher: Optional[str] = typer.Option(None, "--launcher",
-                                           help="basic | joblib | submitit_local | ... (default joblib)."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", help="Runs at a time (default: one per core)."),
-    max_runs: Optional[int] = typer.Option(None, "--max-runs", help="Stop the search before more runs (default 32)."),
-    threshold: List[str] = typer.Option([], "--threshold", help="Health-flag threshold NAME=VALUE (repeatable)."),
-    out: Optional[Path] = typer.Option(None, "--dir", help="Doctor dir (default runs/doctor/<time>)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the first stages, write nothing."),
-    allow_inert: bool = typer.Option(False, "--allow-inert", help="Search tricks that cannot act with these "
-                                     "settings (refused by default)."),
-    resume_dir: Optional[Path] = typer.Option(None, "--resume", help="Continue this doctor dir."),
+    tricks_: Optional[str] = opt.DOCTOR_TRICKS,
+    base: Optional[str] = opt.DOCTOR_BASE,
+    steps: Optional[int] = opt.DOCTOR_STEPS,
+    seeds: Optional[str] = opt.DOCTOR_SEEDS,
+    launcher: Optional[str] = opt.DOCTOR_LAUNCHER,
+    jobs: Optional[int] = opt.DOCTOR_JOBS,
+    max_runs: Optional[int] = opt.DOCTOR_MAX_RUNS,
+    threshold: List[str] = opt.DOCTOR_THRESHOLD,
+    out: Optional[Path] = opt.DOCTOR_OUT,
+    dry_run: bool = opt.DOCTOR_DRY_RUN,
+    allow_inert: bool = opt.DOCTOR_ALLOW_INERT,
+    resume_dir: Optional[Path] = opt.DOCTOR_RESUME_DIR,
 ) -> None:
     """Which trick breaks training? All on; if unhealthy, leave-one-out; then the smallest breaking sets.
 
@@ -388,83 +223,30 @@ def doctor(
     with its evidence and writes doctor.md and doctor.json. Exit 0: every trick is safe;
     1: something breaks training; 2: bad input. Extra arguments are overrides for every run.
     """
-    import time
-
-    _check_options(jobs=jobs, steps=steps, max_runs=max_runs)   # before the training stack is imported
-    if seeds is not None and seeds.strip() == "auto":
-        fail("doctor asks whether any run breaks training, not whether a Δ is nonzero: there is no contrast "
-             "for --seeds auto to decide; give a seed count (--seeds 2)")
+    given = DoctorArgs(args=tuple(ctx.args), tricks=tricks_, base=base, steps=steps, seeds=seeds, launcher=launcher,
+                       jobs=jobs, max_runs=max_runs, threshold=tuple(threshold), out=out, dry_run=dry_run,
+                       allow_inert=allow_inert, resume_dir=resume_dir)
+    _refused(given.check)   # before the training stack is imported
     from grpo_ablate.sweep import doctor as doc
     from grpo_ablate.config import ConfigError
-    from grpo_ablate.sweep.launch import DEFAULT_BASE, DEFAULT_TRICKS, plan, print_matrix
-    from grpo_ablate.report import ReportError, parse_thresholds
+    from grpo_ablate.report import ReportError
     from grpo_ablate.sweep.matrix import SweepError
 
-    args = list(ctx.args)
     try:
-        if resume_dir is not None:
-            given = [opt for opt, value in (("--tricks", tricks_), ("--base", base), ("--steps", steps),
-                     ("--seeds", seeds), ("--max-runs", max_runs), ("--dir", out), ("--threshold", threshold))
-                     if value]
-            if given or [a for a in args if not a.startswith("hydra.")] or dry_run:
-                dropped = given + [a for a in args if not a.startswith('hydra.')] + (['--dry-run'] if dry_run else [])
-                fail(f"--resume continues a doctor run exactly as it was planned; drop {', '.join(dropped)}"
-                     " (only --launcher, --jobs and hydra.* launcher settings may change)")
-            req = doc.load_request(resume_dir)
-            req.launcher, req.jobs = launcher or req.launcher, jobs if jobs is not None else req.jobs
-            req.hydra_args = [a for a in args if a.startswith("hydra.")] or req.hydra_args
-            doctor_dir = resume_dir
-        else:
-            bad = [a for a in args if a.startswith("-")]
-            if bad:
-                fail(f"unknown option {bad[0]}; see grpo-ablate doctor --help")
-            trick_list = [t.strip() for t in tricks_.split(",") if t.strip()] if tricks_ else list(DEFAULT_TRICKS)
-            parse_thresholds(threshold)   # bad names or values: one line, before anything runs
-            stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
-            req = doc.DoctorRequest(
-                tricks=trick_list, base=base or (None if tricks_ else DEFAULT_BASE), steps=steps or doc.DEFAULT_STEPS,
-                seeds=seeds or doc.DEFAULT_SEEDS, overrides=[a for a in args if not a.startswith("hydra.")],
-                hydra_args=[a for a in args if a.startswith("hydra.")], launcher=launcher or "joblib", jobs=jobs,
-                max_runs=max_runs or doc.DEFAULT_MAX_RUNS, group=f"doctor-{stamp}", allow_inert=allow_inert,
-                thresholds=dict(item.split("=", 1) for item in threshold))
-            doc.check(req)
-            if dry_run:
-                T = frozenset(req.tricks)
-                for stage in (doc.Stage("all-on", [T]), doc.Stage("leave-one-out", [T - {t} for t in req.tricks])):
-                    print_matrix(plan(doc.stage_request(req, stage, None)), console)
-                console.print(f"if the all-on run breaks: leave-one-out, then subsets as needed, at most "
-                              f"{req.max_runs} runs in all", markup=False, highlight=False)
-                return
-            doctor_dir = out or doc.new_doctor_dir(stamp)
-            if doctor_dir.exists() and any(doctor_dir.iterdir()):
-                fail(f"{doctor_dir} already exists and is not empty; continue it with "
-                     f"`grpo-ablate doctor --resume {doctor_dir}` or pick another --dir")
-        result = doc.run(req, doctor_dir, console, resume=resume_dir is not None)
+        done = doc.command(given, console)
     except (SweepError, ConfigError, ReportError) as err:
         fail(str(err))
-    _print_doctor(result, doctor_dir)
+    if done is None:   # a dry run
+        return
+    result, doctor_dir = done
+    doc.print_result(result, doctor_dir, console)
     raise typer.Exit(0 if result["all_on_broken"] is False else 1)
 
 
-def _print_doctor(result: dict, doctor_dir: Path) -> None:
-    from rich.table import Table
-    from rich.text import Text
-
-    from grpo_ablate.sweep.doctor import evidence_text, summary_line
-
-    table = Table(title=f"doctor: {summary_line(result)}")
-    table.add_column("trick", no_wrap=True)
-    table.add_column("verdict")
-    table.add_column("evidence", overflow="fold")
-    for v in result["verdicts"]:
-        table.add_row(v["trick"], v["verdict"], Text(evidence_text(v)))
-    console.print(table)
-    console.print(f"{result['runs']} runs; wrote {doctor_dir}/doctor.md and doctor.json", markup=False,
-                  highlight=False)
-
-
 @app.command()
-def tricks(fmt: str = typer.Option("table", "--format", help="table, json or md")) -> None:
+def tricks(
+    fmt: str = opt.TRICKS_FMT,
+) -> None:
     """Catalogue of the named tricks (table, json or md)."""
     from grpo_ablate.catalogue import load_catalogue, render
 
@@ -488,96 +270,70 @@ def tricks(fmt: str = typer.Option("table", "--format", help="table, json or md"
 
 @app.command()
 def report(
-    sweep_dir: Path = typer.Argument(..., help="A sweep dir (manifest.json + one run dir per variant and seed)."),
-    metric: str = typer.Option("eval/accuracy", "--metric", help="Metric to compare (eval/accuracy or eval_accuracy)."),
-    summary: Optional[str] = typer.Option(
-        None, "--summary", help="How a run's curve becomes the number compared: final, auc (compute-weighted "
-        "mean over training), best, last_k (mean of the last k evals; or last_<k>) [final]."),
-    last_k: Optional[int] = typer.Option(None, "--last-k", help="k of --summary last_k [3]."),
-    compute: str = typer.Option("tokens", "--compute", help="The x axis of auc and the fits: tokens (sampled + "
-                                "trained) or wall (seconds of the training steps)."),
-    predict_from: Optional[float] = typer.Option(
-        None, "--predict-from", help="Also predict every verdict from this fraction of each run's steps (0-1), "
-        "beside the measured ones (a sweep still running is predicted anyway)."),
-    fmt: str = typer.Option("md", "--format", help="What to print: md, csv or json (all three are written)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Where report.md/.csv/.json and the PNGs go [SWEEP_DIR]."),
-    watch: Optional[float] = typer.Option(
-        None, "--watch", help="Refresh every SECONDS (30 when none given) until every run has finished."),
-    threshold: List[str] = typer.Option(
-        [], "--threshold", help="Health-flag threshold NAME=VALUE (repeatable); see README for names."),
-    lower_is_better: bool = typer.Option(False, "--lower-is-better", help="The metric is a cost (e.g. a length)."),
-    effect: Optional[float] = typer.Option(None, "--effect", help="The smallest Δ that matters: a CI inside ±X is "
-                                           "'no effect', and the power section sizes seeds for it."),
-    error_control: str = typer.Option(
-        "holm", "--error-control", help="How the report's tests are adjusted together: holm (the chance of any false "
-        "helps/hurts/breaks-training in the report ≤ alpha), bh (Benjamini–Hochberg: false discovery rate ≤ alpha) "
-        "or none (each contrast at alpha on its own)."),
-    alpha: float = typer.Option(0.05, "--alpha", help="The report's error level (family-wise for holm, FDR for bh)."),
-    conflict_threshold: float = typer.Option(
-        -0.1, "--conflict-threshold", help="Gradient cosine below which two terms conflict (at > half the steps)."),
-    figures: bool = typer.Option(True, "--figures/--no-figures", help="Draw the PNG figures (the slow part of a "
-                                 "report: ~2 s); --no-figures writes the text files only."),
-    use_wandb: bool = typer.Option(False, "--wandb", help="Also log table and figures to a W&B summary run."),
-    wandb_report: bool = typer.Option(False, "--wandb-report", help="Also build a W&B Report (online only)."),
+    sweep_dir: Path = opt.REPORT_SWEEP_DIR,
+    metric: str = opt.REPORT_METRIC,
+    summary: Optional[str] = opt.REPORT_SUMMARY,
+    last_k: Optional[int] = opt.REPORT_LAST_K,
+    compute: str = opt.REPORT_COMPUTE,
+    predict_from: Optional[float] = opt.REPORT_PREDICT_FROM,
+    fmt: str = opt.REPORT_FMT,
+    out: Optional[Path] = opt.REPORT_OUT,
+    watch: Optional[float] = opt.REPORT_WATCH,
+    threshold: List[str] = opt.REPORT_THRESHOLD,
+    lower_is_better: bool = opt.REPORT_LOWER_IS_BETTER,
+    effect: Optional[float] = opt.REPORT_EFFECT,
+    error_control: str = opt.REPORT_ERROR_CONTROL,
+    alpha: float = opt.REPORT_ALPHA,
+    conflict_threshold: float = opt.REPORT_CONFLICT_THRESHOLD,
+    figures: bool = opt.REPORT_FIGURES,
+    use_wandb: bool = opt.REPORT_USE_WANDB,
+    wandb_report: bool = opt.REPORT_WANDB_REPORT,
 ) -> None:
     """Which tricks matter: table, verdicts, health flags and PNG curves for a sweep dir."""
-    if not sweep_dir.is_dir():   # every check before the report's imports (pandas, scipy: seconds)
-        fail(f"{sweep_dir}: no such directory")
-    if fmt not in ("md", "csv", "json"):
-        fail(f"--format {fmt!r} is not allowed; allowed: md, csv, json")
-    if watch is not None and watch <= 0:
-        fail(f"--watch {watch}: the refresh interval must be > 0 seconds")
-    out_dir = out or sweep_dir
-    if not -1.0 <= conflict_threshold <= 1.0:
-        fail(f"--conflict-threshold {conflict_threshold} is not allowed; a cosine lies in [-1, 1]")
-    if effect is not None:
-        from grpo_ablate.values import ACCURACY_EFFECT, Allowed
-
-        allowed = ACCURACY_EFFECT if "accuracy" in metric else Allowed("number", low=0, low_open=True)
-        if not allowed.ok(effect):
-            fail(f"--effect {effect} is not allowed for {metric}; {allowed.words()}")
-    if last_k is not None and last_k < 1:
-        fail(f"--last-k {last_k} is not allowed; it must be an integer >= 1")
-    if last_k is not None and (summary or "").lower() != "last_k":
-        fail(f"--last-k {last_k} belongs to --summary last_k (or give --summary last_{last_k})")
-    if compute not in ("tokens", "wall"):
-        fail(f"--compute {compute!r} is not allowed; allowed: tokens, wall")
-    if error_control not in ("holm", "bh", "none"):
-        fail(f"--error-control {error_control!r} is not allowed; allowed: holm, bh, none")
-    if not 0 < alpha < 0.5:
-        fail(f"--alpha {alpha} is not allowed; it must lie in (0, 0.5)")
-    if predict_from is not None and not 0 < predict_from < 1:
-        fail(f"--predict-from {predict_from} is not allowed; give the fraction of each run's steps, in (0, 1)")
+    req = ReportRequest(
+        sweep_dir=sweep_dir, metric=metric, summary=summary, last_k=last_k, compute=compute, predict_from=predict_from,
+        fmt=fmt, out=out, watch=watch, threshold=tuple(threshold), lower_is_better=lower_is_better, effect=effect,
+        error_control=error_control, alpha=alpha, conflict_threshold=conflict_threshold, figures=figures,
+        use_wandb=use_wandb, wandb_report=wandb_report)
+    problem = req.problem()
+    if problem:   # every check before the report's imports (pandas, scipy: seconds)
+        fail(problem)
     from grpo_ablate import report as rep
 
     options = {"metric": metric, "higher_is_better": not lower_is_better, "conflict_threshold": conflict_threshold,
                "effect": effect, "summary": parse_summary(summary, last_k), "predict_from": predict_from,
                "compute": compute, "error_control": error_control, "alpha": alpha}
     try:
-        options["thresholds"] = rep.parse_thresholds(threshold)
-        if wandb_report:
-            rep.check_wandb_report()
-        if watch is not None:
-            try:
-                result = rep.watch(sweep_dir, watch, out_dir, fmt, **options)
-            except KeyboardInterrupt:
-                err_console.print("stopped watching (the files hold the last refresh)", highlight=False)
-                raise typer.Exit(0)
-        else:
-            result = rep.build_report(sweep_dir, **options)
-        paths = rep.write_report(result, out_dir, figures=figures)
-        if watch is None:
-            print(rep.render_stdout(result, fmt))
-        err_console.print(f"wrote {out_dir}/report.md, report.csv, report.json and "
-                          f"{sum(p.suffix == '.png' for p in paths)} figures", markup=False, highlight=False)
-        if use_wandb:
-            err_console.print(rep.log_to_wandb(result, out_dir, paths), markup=False, highlight=False)
-        if wandb_report:
-            err_console.print(f"W&B Report: {rep.build_wandb_report(result)}", markup=False, highlight=False)
+        _write_report(rep, req, options)
     except rep.ReportError as err:
         fail(str(err))
     except OSError as err:
-        fail(f"cannot write the report to {out_dir}: {err}")
+        fail(f"cannot write the report to {req.out_dir}: {err}")
+
+
+def _write_report(rep, req: ReportRequest, options: dict) -> None:
+    """Build the report (or watch the sweep, refreshing it), write its files, print it, say where they went."""
+    out_dir = req.out_dir
+    options["thresholds"] = rep.parse_thresholds(list(req.threshold))
+    if req.wandb_report:
+        rep.check_wandb_report()
+    if req.watch is not None:
+        try:
+            result = rep.watch(req.sweep_dir, req.watch, out_dir, req.fmt, **options)
+        except KeyboardInterrupt:
+            err_console.print("stopped watching (the files hold the last refresh)", highlight=False)
+            raise typer.Exit(0)
+    else:
+        result = rep.build_report(req.sweep_dir, **options)
+    paths = rep.write_report(result, out_dir, figures=req.figures)
+    if req.watch is None:
+        print(rep.render_stdout(result, req.fmt))
+    err_console.print(f"wrote {out_dir}/report.md, report.csv, report.json and "
+                      f"{sum(p.suffix == '.png' for p in paths)} figures", markup=False, highlight=False)
+    if req.use_wandb:
+        err_console.print(rep.log_to_wandb(result, out_dir, paths), markup=False, highlight=False)
+    if req.wandb_report:
+        err_console.print(f"W&B Report: {rep.build_wandb_report(result)}", markup=False, highlight=False)
 
 
 def _resume_args(run_dir: Path, restart: bool = False) -> List[str]:

@@ -151,7 +151,7 @@ def test_dry_run_prints_the_first_stages(tmp_path, cache_dir):
 # ------------------------------------------------------------------------------ real runs
 # learnable_temperature given a destructive setting: a learning rate so high that T jumps to
 # its lower bound at the first update, and sampling collapses (entropy_collapse at step 2).
-# The `++` keys go to the runs that have the trick on (launch.scope_trick_settings).
+# The `++` keys go to the runs that have the trick on (plan.scope_trick_settings).
 BREAK_TEMPERATURE = ["++temperature.lr=100", "++temperature.t_min=0.01", "++temperature.t_max=1.0"]
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import cli
-from grpo_ablate.sweep.matrix import SweepError, across_contexts
+from grpo_ablate.sweep.contexts import across_contexts
+from grpo_ablate.sweep.matrix import SweepError
 from report_fixtures import LOO, LOO_CONTRASTS, make_sweep
 from test_faults import refused, snapshot
 

@@ -112,7 +112,7 @@ def test_a_run_that_trained_another_config_than_planned_is_left_out_as_failed(tm
     trains another experiment (seen in issue 31: 11 of 35 runs of a sweep got another eval set).
     Its status.json's config hash differs from the manifest's: the report says so and never
     averages it in, and the sweep's own status refresh marks it failed with the way out."""
-    from grpo_ablate.sweep.launch import refresh_statuses
+    from grpo_ablate.sweep.manifest import refresh_statuses
 
     path = make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS)
     status = json.loads((path / "drop-a-s2" / "status.json").read_text())

@@ -19,6 +19,8 @@ from conftest import REPO, cli
 from grpo_ablate.stats import group_sequential as seq
 from grpo_ablate.sweep import sequential as sweep_seq
 from grpo_ablate.sweep.matrix import SweepError
+from grpo_ablate.sweep.plan import SweepRequest
+from grpo_ablate.sweep.sequential_console import decision_text
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import sequential_sim  # noqa: E402  (the harness that also writes docs/sequential.md)
@@ -137,8 +139,8 @@ def test_a_control_far_below_is_beaten_and_then_takes_no_more_seeds(tmp_path):
     assert outcomes["add-x vs control-base"]["outcome"] == "beats" and outcomes["x"]["outcome"] == "undecided"
     assert outcomes["x"]["detectable_effect"] > abs(outcomes["x"]["mean"]) and outcomes["x"]["seeds_needed"] > 3
     assert sweep_seq.needed_variants(manifest) == ["base", "add-x"]      # the control is done
-    assert "x: undecided after 3 seeds" in sweep_seq.decision_text(outcomes["x"])
-    assert "beats at look 1 (3 seeds" in sweep_seq.decision_text(outcomes["base vs control-base"])
+    assert "x: undecided after 3 seeds" in decision_text(outcomes["x"])
+    assert "beats at look 1 (3 seeds" in decision_text(outcomes["base vs control-base"])
 
 
 def test_a_decided_contrast_keeps_its_decision_and_breaking_training_decides(tmp_path):
@@ -256,7 +258,7 @@ def test_a_sequential_sweep_looks_at_the_summary_it_was_given(tmp_path, cache_di
     r = cli_here(*args, "--dry-run", cwd=tmp_path)
     assert r.exit_code == 0, r.output
     assert "decided on the auc of eval/accuracy" in r.stdout and not (tmp_path / "s").exists()
-    req = sweep_seq.launch.SweepRequest(mode="add-one-in", tricks=["batch_norm"], seeds="auto", controls=False)
+    req = SweepRequest(mode="add-one-in", tricks=["batch_norm"], seeds="auto", controls=False)
     manifest = sweep_seq.plan(req, sweep_seq.options_from({"summary": "last_4"}))
     assert manifest["sequential"]["summary"] == "last_4"
     assert sweep_seq.plan(req, sweep_seq.options_from({}))["sequential"]["summary"] == "last_3"

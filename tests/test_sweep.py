@@ -186,7 +186,7 @@ def test_dry_run_prints_the_matrix_and_writes_nothing(tmp_path, cache_dir):
 def test_a_trick_setting_for_the_whole_sweep_goes_to_the_variants_that_have_the_trick(cache_dir):
     """`++temperature.lr=100` in a sweep where only some variants train T: those get it; the
     others would record a setting their fixed temperature cannot act on."""
-    from grpo_ablate.sweep.launch import SweepRequest, plan
+    from grpo_ablate.sweep.plan import SweepRequest, plan
 
     manifest = plan(SweepRequest(mode="leave-one-out", tricks=["learnable_temperature", "length_group"],
                                  base="grpo", seeds="1", overrides=["++temperature.lr=100", "optim.lr=3e-4"],
@@ -199,10 +199,10 @@ def test_a_trick_setting_for_the_whole_sweep_goes_to_the_variants_that_have_the_
 
 def test_the_other_seeds_of_a_variant_hash_as_if_composed(cache_dir):
     """A plan composes each variant once and gives its other seeds the first's config with their
-    seed and run name (launch.other_seed): every run's hash is the one composing its own
+    seed and run name (plan.other_seed): every run's hash is the one composing its own
     overrides gives, and the one its run checks when it starts."""
     from grpo_ablate.config import compose, config_hash
-    from grpo_ablate.sweep.launch import SweepRequest, other_seed, plan
+    from grpo_ablate.sweep.plan import SweepRequest, other_seed, plan
 
     manifest = plan(SweepRequest(mode="leave-one-out", tricks=["kl_adaptive", "token_mean"],
                                  seeds="2", controls=True))

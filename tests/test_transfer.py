@@ -20,8 +20,8 @@ from grpo_ablate.report.transfer import (AGREES, CONTEXT_DEPENDENT, CONTRADICTS,
                                          UNDECIDED, UNDECIDED_HERE, Cell, context_tags, judge,
                                          transfer_verdicts, welch_p)
 from grpo_ablate.report.verdicts import HELPS, HURTS, INERT, NO_EVIDENCE, decide_by_delta
-from grpo_ablate.sweep.matrix import (Context, SweepError, across_contexts, build_matrix, check_contexts,
-                                      file_contexts, variants_matrix, with_contexts)
+from grpo_ablate.sweep.contexts import Context, across_contexts, check_contexts, file_contexts, with_contexts
+from grpo_ablate.sweep.matrix import SweepError, build_matrix, variants_matrix
 from report_fixtures import make_sweep
 
 FAMILIES = {"no_std": "adv", "token_mean": "loss_agg", "clip_higher": "clip", "batch_norm": "adv"}
@@ -327,7 +327,7 @@ def test_every_context_gets_its_own_controls(small):
     """The untrained base (an eval of the context's warm start) in every context by default, the SFT
     control too where every run trains the embedded model; --no-controls drops both, and each
     control runs with its context's overrides."""
-    from grpo_ablate.sweep.launch import SweepRequest, plan
+    from grpo_ablate.sweep.plan import SweepRequest, plan
 
     contexts = across_contexts(["task.level=easy,hard"])
     request = lambda **kw: SweepRequest(mode="add-one-in", tricks=["no_std"], seeds="2", overrides=small,

@@ -1,9 +1,21 @@
 """Sweeps: many ordinary training runs, planned as a matrix and launched through Hydra.
 
-    matrix.py   the ablation matrix, pure Python: variants, contrasts, jobs
-    launch.py   `grpo-ablate sweep`: plan, validate, launch, record, resume; its public
-                functions (plan, start, resume, run_jobs, check_launcher, still_running,
-                read_manifest, write_manifest, cpus, timestamp) are what sequential.py,
-                doctor.py and the CLI use; names starting with _ stay inside the module
-    doctor.py   `grpo-ablate doctor`: which trick breaks training, in resumable stages
+    matrix.py              the ablation matrix, pure Python: variants, contrasts, jobs, seeds
+    contexts.py            the contexts a matrix is repeated in (--across, a file's contexts:)
+    controls.py            the no-RL controls a sweep adds (untrained base, SFT)
+    plan.py                what runs: a SweepRequest -> the manifest of a new sweep, every run
+                           composed, validated and hashed; writes nothing
+    manifest.py            the sweep dir and its manifest.json: create, read, validate, write
+                           atomically, refresh the runs' statuses from their run dirs
+    launch.py              starting runs: `start` and `resume` through Hydra's launchers
+                           (local jobs, SLURM, Ray)
+    console.py             what a sweep prints: the dry-run table, the summary, the expected wall time
+    slurm.py               job states from squeue where SLURM keeps no accounting
+    sequential.py          `--seeds auto`: seeds until every contrast is decided, one look at a time
+    sequential_console.py  what `--seeds auto` prints: each look, each decision, the plan
+    command.py             `grpo-ablate sweep` behind the CLI: its options -> a SweepRequest -> launch
+                           or sequential
+    doctor.py              `grpo-ablate doctor`: which trick breaks training, in resumable stages
+
+Names starting with _ stay inside their module; what another module needs is public.
 """

@@ -18,16 +18,21 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from grpo_ablate import report as rep
 from grpo_ablate.catalogue import load_catalogue
+from grpo_ablate.requests import DoctorArgs
 from grpo_ablate.rundir import atomic_write_text
 from grpo_ablate.sweep import launch
-from grpo_ablate.sweep.launch import SweepRequest, check_launcher, plan
+from grpo_ablate.sweep.console import print_matrix
+from grpo_ablate.sweep.launch import check_launcher
+from grpo_ablate.sweep.manifest import MANIFEST, read_manifest
 from grpo_ablate.sweep.matrix import (Matrix, SweepError, Variant, check_exclusive, check_known, parse_seeds,
                                       trick_overrides)
+from grpo_ablate.sweep.plan import DEFAULT_BASE, DEFAULT_TRICKS, SweepRequest, plan
 
 
 REQUEST = "doctor_request.json"
@@ -254,8 +259,8 @@ def run(req: DoctorRequest, doctor_dir: Path, console, resume: bool = False) -> 
             break
         stage_dir = doctor_dir / f"{len(stages) + 1}-{stage.kind}"
         planned = {set_name(s, req.tricks) for s in stage.sets}
-        if (stage_dir / launch.MANIFEST).exists():     # resuming: the same search asks for the same sets
-            found = {v["name"] for v in launch.read_manifest(stage_dir)["variants"]}
+        if (stage_dir / MANIFEST).exists():     # resuming: the same search asks for the same sets
+            found = {v["name"] for v in read_manifest(stage_dir)["variants"]}
             if found != planned:
                 raise SweepError(f"{stage_dir} holds {', '.join(sorted(found))}, but the search now asks for "
                                  f"{', '.join(sorted(planned))}; start a new doctor dir")
@@ -354,3 +359,84 @@ def load_request(doctor_dir: Path) -> DoctorRequest:
         return DoctorRequest(**json.loads(path.read_text()))
     except (json.JSONDecodeError, TypeError) as err:
         raise SweepError(f"{path} is not a doctor request ({err})") from None
+
+
+# ------------------------------------------------------------------------------ the command
+def command(given: DoctorArgs, console) -> tuple[dict, Path] | None:
+    """`grpo-ablate doctor`: continue a doctor dir or start a new search; (result, doctor dir),
+    or None after a dry run (printed, nothing written)."""
+    if given.resume_dir is not None:
+        return run(resumed_request(given), given.resume_dir, console, resume=True), given.resume_dir
+    stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+    req = new_request(given, stamp)
+    if given.dry_run:
+        print_dry_run(req, console)
+        return None
+    doctor_dir = given.out or new_doctor_dir(stamp)
+    if doctor_dir.exists() and any(doctor_dir.iterdir()):
+        raise SweepError(f"{doctor_dir} already exists and is not empty; continue it with "
+                         f"`grpo-ablate doctor --resume {doctor_dir}` or pick another --dir")
+    return run(req, doctor_dir, console, resume=False), doctor_dir
+
+
+def resumed_request(given: DoctorArgs) -> DoctorRequest:
+    """`doctor --resume DIR`: the request it was planned with; only --launcher, --jobs and
+    hydra.* launcher settings may change."""
+    args = list(given.args)
+    planned = [opt for opt, value in (("--tricks", given.tricks), ("--base", given.base), ("--steps", given.steps),
+               ("--seeds", given.seeds), ("--max-runs", given.max_runs), ("--dir", given.out),
+               ("--threshold", given.threshold)) if value]
+    train_args = [a for a in args if not a.startswith("hydra.")]
+    if planned or train_args or given.dry_run:
+        dropped = planned + train_args + (["--dry-run"] if given.dry_run else [])
+        raise SweepError(f"--resume continues a doctor run exactly as it was planned; drop {', '.join(dropped)}"
+                         " (only --launcher, --jobs and hydra.* launcher settings may change)")
+    req = load_request(given.resume_dir)
+    req.launcher, req.jobs = given.launcher or req.launcher, given.jobs if given.jobs is not None else req.jobs
+    req.hydra_args = [a for a in args if a.startswith("hydra.")] or req.hydra_args
+    return req
+
+
+def new_request(given: DoctorArgs, stamp: str) -> DoctorRequest:
+    """A new search's request from the command line, checked (`check`) before anything runs."""
+    args = list(given.args)
+    bad = [a for a in args if a.startswith("-")]
+    if bad:
+        raise SweepError(f"unknown option {bad[0]}; see grpo-ablate doctor --help")
+    tricks = [t.strip() for t in given.tricks.split(",") if t.strip()] if given.tricks else list(DEFAULT_TRICKS)
+    rep.parse_thresholds(list(given.threshold))   # bad names or values: one line, before anything runs
+    req = DoctorRequest(
+        tricks=tricks, base=given.base or (None if given.tricks else DEFAULT_BASE),
+        steps=given.steps or DEFAULT_STEPS, seeds=given.seeds or DEFAULT_SEEDS,
+        overrides=[a for a in args if not a.startswith("hydra.")],
+        hydra_args=[a for a in args if a.startswith("hydra.")],
+        launcher=given.launcher or "joblib", jobs=given.jobs, max_runs=given.max_runs or DEFAULT_MAX_RUNS,
+        group=f"doctor-{stamp}", allow_inert=given.allow_inert,
+        thresholds=dict(item.split("=", 1) for item in given.threshold))
+    check(req)
+    return req
+
+
+def print_dry_run(req: DoctorRequest, console) -> None:
+    """The first two stages' matrices, and how the search would go on."""
+    T = frozenset(req.tricks)
+    for stage in (Stage("all-on", [T]), Stage("leave-one-out", [T - {t} for t in req.tricks])):
+        print_matrix(plan(stage_request(req, stage, None)), console)
+    console.print(f"if the all-on run breaks: leave-one-out, then subsets as needed, at most "
+                  f"{req.max_runs} runs in all", markup=False, highlight=False)
+
+
+def print_result(result: dict, doctor_dir: Path, console) -> None:
+    """Each trick's verdict and its evidence, as a table, and where the files went."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=f"doctor: {summary_line(result)}")
+    table.add_column("trick", no_wrap=True)
+    table.add_column("verdict")
+    table.add_column("evidence", overflow="fold")
+    for v in result["verdicts"]:
+        table.add_row(v["trick"], v["verdict"], Text(evidence_text(v)))
+    console.print(table)
+    console.print(f"{result['runs']} runs; wrote {doctor_dir}/doctor.md and doctor.json", markup=False,
+                  highlight=False)

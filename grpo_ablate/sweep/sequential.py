@@ -1,7 +1,7 @@
 """`grpo-ablate sweep ... --seeds auto`: seeds until decided.
 
 Look 1 runs every variant at the initial seeds (3). After each look every contrast is
-decided by the group-sequential rule of `grpo_ablate/report/sequential.py` (false helps/hurts
+decided by the group-sequential rule of `grpo_ablate/stats/group_sequential.py` (false helps/hurts
 ≤ 5% over all looks and all contrasts: each family's level is split evenly over its contrasts);
 then the next seed goes to both sides of every contrast still open — a
 variant needed by any open contrast gets it, a control when a "beats the control" contrast is
@@ -37,12 +37,17 @@ from grpo_ablate.report.power import plan_of
 from grpo_ablate.stats.intervals import Estimate
 from grpo_ablate.report.verdicts import BREAKS_TRAINING, INERT, decide, inertness
 from grpo_ablate.rundir import DirLock, read_rows, read_status
-from grpo_ablate.sweep import launch
+from grpo_ablate.sweep.console import contexts_text, print_matrix
+from grpo_ablate.sweep.launch import check_launcher, run_jobs
+from grpo_ablate.sweep.launch import resume as resume_fixed
+from grpo_ablate.sweep.manifest import FINISHED, MANIFEST, create_sweep_dir, read_manifest, timestamp, write_manifest
 from grpo_ablate.sweep.controls import control_in
 from grpo_ablate.sweep.matrix import Matrix, SweepError, Variant, expand_jobs
+from grpo_ablate.sweep.plan import DECISION_SUMMARY, SweepRequest, run_entry
+from grpo_ablate.sweep.plan import plan as plan_fixed
+from grpo_ablate.sweep.sequential_console import UNDECIDED, look_text, planner_text, print_decisions, say
 
 METRIC = "eval/accuracy"          # what the report decides on by default; higher is better
-UNDECIDED = "undecided"
 
 
 @dataclass
@@ -52,7 +57,7 @@ class Options:
     budget_s: float | None = None
     effect: float | None = None
     initial_seeds: int = seq.INITIAL_SEEDS
-    summary: str = launch.DECISION_SUMMARY   # what each look compares (report/curves.py), as its label
+    summary: str = DECISION_SUMMARY   # what each look compares (report/curves.py), as its label
 
 
 def parse_duration(text) -> float:
@@ -92,8 +97,8 @@ def options_from(given: dict) -> Options:
 def resume_any(sweep_dir: Path, launcher, jobs, hydra_args, console, given: dict, rerun: tuple = ()) -> int:
     """`sweep --resume`: a sequential sweep goes on looking (with a new --max-seeds or --budget
     if given); a fixed one is resumed as before. `rerun`: runs started over (their dirs kept aside)."""
-    manifest = launch.read_manifest(sweep_dir)
-    with DirLock(sweep_dir, "sweep dir", lambda text: _say(console, text)):   # one process a sweep dir
+    manifest = read_manifest(sweep_dir)
+    with DirLock(sweep_dir, "sweep dir", lambda text: say(console, text)):   # one process a sweep dir
         return _resume_any(sweep_dir, manifest, launcher, jobs, hydra_args, console, given, rerun)
 
 
@@ -103,9 +108,9 @@ def _resume_any(sweep_dir: Path, manifest: dict, launcher, jobs, hydra_args, con
         if any(v is not None for v in given.values()):
             raise SweepError(f"--max-seeds and --budget continue a sequential sweep (--seeds auto); {sweep_dir} "
                              "ran a fixed set of seeds")
-        return launch.resume(sweep_dir, launcher, jobs, hydra_args, console, rerun)
+        return resume_fixed(sweep_dir, launcher, jobs, hydra_args, console, rerun)
     if not isinstance(manifest["sequential"], dict) or not isinstance(manifest["sequential"].get("looks"), list):
-        raise SweepError(f"{Path(sweep_dir) / launch.MANIFEST} is damaged (its sequential section has no looks); "
+        raise SweepError(f"{Path(sweep_dir) / MANIFEST} is damaged (its sequential section has no looks); "
                          "the sweep cannot be resumed from it: restore it or start a new sweep")
     budget = parse_duration(given["budget"]) if given.get("budget") is not None else None
     return resume(sweep_dir, launcher, jobs, hydra_args, console, given.get("max_seeds"), budget, rerun)
@@ -121,12 +126,12 @@ def check_options(options: Options) -> seq.Plan:
 
 
 # ------------------------------------------------------------------------------ planning
-def plan(req: launch.SweepRequest, options: Options) -> dict:
+def plan(req: SweepRequest, options: Options) -> dict:
     """The manifest of a new sequential sweep: look 1 at the initial seeds, planned to the max."""
     check_options(options)
     cap = req.max_runs
     req.seeds, req.max_runs = str(options.initial_seeds), 10 ** 6
-    manifest = launch.plan(req)
+    manifest = plan_fixed(req)
     req.max_runs = cap
     most = len(manifest["variants"]) * options.max_seeds
     if most > cap:
@@ -348,7 +353,7 @@ def add_look(manifest: dict, make_entry=None) -> list[dict]:
                                                v.get("reference"), v.get("kind", "treatment"),
                                                context=v.get("context"))
                                        for v in manifest["variants"] if v["name"] in variants], [])
-    entries = [(make_entry or launch.run_entry)(job)
+    entries = [(make_entry or run_entry)(job)
                for job in expand_jobs(matrix, [seed], list(manifest["overrides"]), labels)]
     manifest["runs"] += entries
     manifest["seeds"] = sorted(set(manifest["seeds"]) | {seed})
@@ -359,17 +364,17 @@ def add_look(manifest: dict, make_entry=None) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------ running
-def start(req: launch.SweepRequest, options: Options, console, dry_run: bool = False) -> int:
-    launch.check_launcher(req.launcher, req.jobs)
+def start(req: SweepRequest, options: Options, console, dry_run: bool = False) -> int:
+    check_launcher(req.launcher, req.jobs)
     manifest = plan(req, options)
     if dry_run:
-        launch.print_matrix(manifest, console)
-        _say(console, planner_text(manifest, req))
+        print_matrix(manifest, console)
+        say(console, planner_text(manifest, req))
         if manifest.get("contexts"):
-            _say(console, launch.contexts_text(manifest, req, wall=False))   # look 1's runs per context
+            say(console, contexts_text(manifest, req, wall=False))   # look 1's runs per context
         return 0
-    sweep_dir = launch.create_sweep_dir(req, manifest)
-    _say(console, f"sequential sweep {manifest['name']}: look 1 = {len(manifest['variants'])} variants x "
+    sweep_dir = create_sweep_dir(req, manifest)
+    say(console, f"sequential sweep {manifest['name']}: look 1 = {len(manifest['variants'])} variants x "
                   f"{options.initial_seeds} seeds = {len(manifest['runs'])} runs, then one seed per look for "
                   f"the contrasts still open, up to {options.max_seeds} seeds -> {sweep_dir}")
     with DirLock(sweep_dir, "sweep dir"):
@@ -382,11 +387,11 @@ def resume(sweep_dir: Path, launcher, jobs, hydra_args, console, max_seeds: int 
     new --budget continues a sweep that had stopped at its cap. A stopped sweep with nothing
     new to do is only printed: nothing is written."""
     sweep_dir = Path(sweep_dir)
-    manifest = launch.read_manifest(sweep_dir)
+    manifest = read_manifest(sweep_dir)
     section = manifest["sequential"]
-    unfinished = [r for r in manifest["runs"] if r["status"] not in launch.FINISHED or r["run_dir"] in rerun]
+    unfinished = [r for r in manifest["runs"] if r["status"] not in FINISHED or r["run_dir"] in rerun]
     if section.get("stopped") and max_seeds is None and budget_s is None and not unfinished:
-        _say(console, f"{sweep_dir} stopped at look {section['stopped'].get('at_look')} "
+        say(console, f"{sweep_dir} stopped at look {section['stopped'].get('at_look')} "
                       f"({section['stopped'].get('reason')}); nothing to do")
         print_decisions(manifest, console)
         return 0
@@ -401,14 +406,14 @@ def resume(sweep_dir: Path, launcher, jobs, hydra_args, console, max_seeds: int 
         section["budget_s"] = budget_s
     if section.get("stopped") and (max_seeds is not None or budget_s is not None):
         section["stopped"] = None                      # a new cap: look again
-    launch.write_manifest(sweep_dir, manifest)
+    write_manifest(sweep_dir, manifest)
     launcher = launcher or manifest.get("launcher", "joblib")
     if unfinished:
         started = time.monotonic()
-        launch.resume(sweep_dir, launcher, jobs, hydra_args, console, rerun)
-        manifest = launch.read_manifest(sweep_dir)
+        resume_fixed(sweep_dir, launcher, jobs, hydra_args, console, rerun)
+        manifest = read_manifest(sweep_dir)
         _add_time(manifest["sequential"], time.monotonic() - started)
-        launch.write_manifest(sweep_dir, manifest)
+        write_manifest(sweep_dir, manifest)
     return run_looks(sweep_dir, manifest, launcher, jobs, hydra_args, console)
 
 
@@ -420,22 +425,22 @@ def run_looks(sweep_dir: Path, manifest: dict, launcher, jobs, hydra_args, conso
         if look["decisions"] is None:
             # a failed run is this look's result (its seed has no pair); `--resume` reruns it
             todo = [r for r in manifest["runs"] if r["run_dir"] in set(look["runs"])
-                    and r["status"] not in launch.FINISHED + ("failed",)]
+                    and r["status"] not in FINISHED + ("failed",)]
             if todo:
                 started = time.monotonic()
-                launch.run_jobs(sweep_dir, manifest, todo, launcher, jobs, hydra_args, console)
+                run_jobs(sweep_dir, manifest, todo, launcher, jobs, hydra_args, console)
                 _add_time(section, time.monotonic() - started)
             record_decisions(manifest, decide_look(sweep_dir, manifest))
-            launch.write_manifest(sweep_dir, manifest)
-            _say(console, look_text(manifest))
+            write_manifest(sweep_dir, manifest)
+            say(console, look_text(manifest))
         reason = stopping_reason(manifest, len(needed_variants(manifest)))
         if reason:
-            section["stopped"] = {"reason": reason, "at_look": len(section["looks"]), "at": launch.timestamp()}
+            section["stopped"] = {"reason": reason, "at_look": len(section["looks"]), "at": timestamp()}
         else:
             add_look(manifest)
-        launch.write_manifest(sweep_dir, manifest)   # the new look's runs are listed before any starts
+        write_manifest(sweep_dir, manifest)   # the new look's runs are listed before any starts
     print_decisions(manifest, console)
-    broken = [r for r in manifest["runs"] if r["status"] not in launch.FINISHED]
+    broken = [r for r in manifest["runs"] if r["status"] not in FINISHED]
     return 1 if broken else 0
 
 
@@ -444,87 +449,3 @@ def _add_time(section: dict, seconds: float) -> None:
     section["elapsed_s"] = round(section["elapsed_s"] + seconds, 2)
     look = section["looks"][-1]
     look["wall_s"] = round((look["wall_s"] or 0.0) + seconds, 2)
-
-
-def compared(section: dict) -> str:
-    """What the looks compare: the metric, or its summary when that is not the final value."""
-    summary = section.get("summary", "final")
-    return section["metric"] if summary == "final" else f"the {summary} of {section['metric']}"
-
-
-def _say(console, text: str) -> None:
-    console.print(text, markup=False, highlight=False)
-
-
-# ------------------------------------------------------------------------------ output
-def _num(x, fmt="+.3f") -> str:
-    return "-" if x is None else format(x, fmt)
-
-
-def look_text(manifest: dict) -> str:
-    """One line per look: what it ran, what it decided, what is open."""
-    section = manifest["sequential"]
-    look = section["looks"][-1]
-    decisions = look["decisions"] or []
-    what = f"seeds {', '.join(map(str, sorted(manifest['seeds'])[:section['initial_seeds']]))}" \
-        if look["seed"] is None else f"+seed {look['seed']}"
-    now = [f"{d['name']} {d['outcome']} ({d['n']} seeds)" for d in decisions if d["decided_at_look"] == look["look"]]
-    open_ = [f"{d['name']} (Δ {_num(d['mean'])}, t {_num(d.get('t'), '.2f')} of ±{_num(d.get('boundary'), '.2f')})"
-             for d in decisions if d["outcome"] == UNDECIDED]
-    decided = sum(d["outcome"] != UNDECIDED for d in decisions)
-    return (f"look {look['look']} ({what}, {len(look['runs'])} runs, {look['wall_s'] or 0:.0f} s): "
-            f"{decided} of {len(decisions)} contrasts decided"
-            + (f"; decided now: {'; '.join(now)}" if now else "")
-            + (f"; open: {'; '.join(open_[:6])}{' ...' if len(open_) > 6 else ''}" if open_ else ""))
-
-
-def decision_text(d: dict) -> str:
-    """One contrast in words: its outcome, seeds, numbers and, when open, its power."""
-    numbers = f"Δ {_num(d['mean'])}" + (f", t {_num(d.get('t'), '.2f')} (boundary ±{_num(d.get('boundary'), '.2f')})"
-                                         if d.get("t") is not None else "")
-    if d["outcome"] != UNDECIDED:
-        return f"{d['name']}: {d['outcome']} at look {d['decided_at_look']} ({d['n']} seeds; {d.get('why') or numbers})"
-    text = f"{d['name']}: undecided after {d['n']} seeds ({numbers})"
-    if d.get("detectable_effect") is not None:
-        text += f"; these seeds detect |Δ| >= {d['detectable_effect']:.3f} with 80% power"
-    if d.get("seeds_needed"):
-        text += f"; about {d['seeds_needed']} seeds would detect |Δ| = {d['seeds_needed_for']:.3f}"
-    elif d.get("sd") and d.get("mean"):
-        text += f"; |Δ| = {abs(d['mean']):.3f} would need more than {seq.SEEDS_NEEDED_LIMIT} seeds"
-    elif d.get("why"):
-        text += f"; {d['why']}"
-    return text + (" [re-planned: about 7% false helps/hurts, not 5%]" if d.get("replanned") else "")
-
-
-def print_decisions(manifest: dict, console) -> None:
-    section = manifest["sequential"]
-    decisions = section["looks"][-1]["decisions"] or []
-    stopped = section.get("stopped") or {}
-    decided = sum(d["outcome"] != UNDECIDED for d in decisions)
-    _say(console, f"sequential sweep {manifest['name']}: stopped ({stopped.get('reason')}) after "
-                  f"{len(section['looks'])} look(s), max {section['max_seeds']} seeds; {decided} of {len(decisions)} "
-                  f"contrasts decided on {compared(section)}:")
-    for d in decisions:
-        _say(console, "  - " + decision_text(d))
-
-
-def planner_text(manifest: dict, req: launch.SweepRequest) -> str:
-    """--dry-run: the first look, the most it can grow to, and what that costs in wall time."""
-    section = manifest["sequential"]
-    variants, first = len(manifest["variants"]), len(manifest["runs"])
-    most = variants * section["max_seeds"]
-    looks = section["max_seeds"] - section["initial_seeds"] + 1
-    text = (f"seeds auto: look 1 = {variants} variants x {section['initial_seeds']} seeds = {first} runs; then one "
-            f"seed per look to the variants of open contrasts, at most {looks} looks and {most} runs "
-            f"({section['max_seeds']} seeds); decided on {compared(section)} with false helps/hurts <= 5% overall")
-    measured = launch.run_timing(req)
-    if measured is None:
-        return text + "\n" + launch.expected_wall(first, req) + "; each look prints its time"
-    per_run, source, parallel = measured
-    wall = lambda runs: math.ceil(runs / parallel) * per_run
-    later = (looks - 1) * wall(variants)
-    text += (f"\nexpected wall time ({per_run:.0f} s a run, {source}; {parallel} at a time): look 1 "
-             f"~{launch.duration(wall(first))}, at most ~{launch.duration(wall(first) + later)}")
-    if section.get("budget_s"):
-        text += f"; --budget {launch.duration(section['budget_s'])} stops it earlier"
-    return text

@@ -1,0 +1,174 @@
+"""`grpo-ablate sweep` behind the CLI: its checked options (requests.SweepArgs) to a started sweep.
+
+`run` continues a sweep (`--resume`: the plan is the manifest's, only how and where runs run
+may change) or builds the planner's `SweepRequest` from the options — a mode's defaults, a
+sweep file's fields under the command line's, the contexts, a conflict's trick and reward
+term — and hands it to launch.py (a fixed set of seeds) or sequential.py (`--seeds auto`).
+Bad input is a SweepError: the one line the CLI prints. sequential.py and the report's
+curves (pandas, scipy) are imported only when a sweep needs them, so refusals stay fast.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from grpo_ablate.requests import SweepArgs
+from grpo_ablate.sweep.contexts import across_contexts, file_contexts
+from grpo_ablate.sweep.launch import start
+from grpo_ablate.sweep.manifest import read_manifest
+from grpo_ablate.sweep.matrix import DEFAULT_MAX_RUNS, MODES, SweepError, variants_matrix
+from grpo_ablate.sweep.plan import DEFAULT_BASE, DEFAULT_SEEDS, DEFAULT_TRICKS, SweepRequest, axis_values
+from grpo_ablate.values import check_sweep_file, load_yaml
+
+
+def run(given: SweepArgs, console) -> int:
+    """Resume or start the sweep `given` asks for; returns the exit code."""
+    if given.resume_dir is not None:
+        return resume(given, console)
+    if given.rerun:
+        raise SweepError("--rerun belongs to --resume SWEEP_DIR")
+    tricks = given.tricks
+    if given.mode == "conflict" or given.trick or given.reward:
+        tricks = conflict_tricks(given.mode, given.tricks, given.trick, given.reward)
+    request = sweep_request(given, tricks)
+    if str(request.seeds) == "auto":
+        from grpo_ablate.sweep import sequential   # the report's statistics (pandas, scipy)
+
+        options = sequential.options_from(request.sequential)
+        request.summary = options.summary
+        return sequential.start(request, options, console, dry_run=given.dry_run)
+    if set(request.sequential) - {"summary"}:
+        raise SweepError(f"{', '.join('--' + k.replace('_', '-') for k in request.sequential)} "
+                         "belong to --seeds auto (seeds until decided)")
+    # a fixed sweep fixes what it decides on too (a sweep file's `summary:` or --summary)
+    summary = request.sequential.pop("summary", None)
+    request.summary = summary_label(str(summary)) if summary is not None else None
+    return start(request, console, dry_run=given.dry_run)
+
+
+def summary_label(text: str) -> str:
+    """A summary (report/curves.py) as the label a manifest records."""
+    from grpo_ablate.report.curves import Summary
+
+    try:
+        return Summary.parse(text, None).label
+    except ValueError as err:
+        raise SweepError(str(err)) from None
+
+
+def resume(given: SweepArgs, console) -> int:
+    """`sweep --resume DIR`: the plan is the manifest's; only how and where runs run may change."""
+    planned = (("MODE", given.mode), ("--tricks", given.tricks), ("--trick", given.trick),
+               ("--reward", given.reward), ("--base", given.base), ("--seeds", given.seeds),
+               ("--family", given.family), ("--steps", given.steps), ("--name", given.name), ("--dir", given.out),
+               ("--max-runs", given.max_runs), ("--controls", given.controls is not None),
+               ("--control-budget", given.control_budget), ("--effect", given.effect),
+               ("--summary", given.summary), ("--dry-run", given.dry_run), ("--across", given.across))
+    dropped = [opt for opt, value in planned if value] + [a for a in given.args if not a.startswith("hydra.")]
+    if dropped:
+        raise SweepError(f"--resume continues a sweep exactly as it was planned; drop {', '.join(dropped)} "
+                         "(only --launcher, --jobs, hydra.* launcher settings and, for --seeds auto, "
+                         "--max-seeds and --budget may change)")
+    read_manifest(given.resume_dir)   # not a sweep dir, or a damaged manifest: refused before the imports below
+    from grpo_ablate.sweep import sequential
+
+    rerun = tuple(r.strip() for r in (given.rerun or "").split(",") if r.strip())
+    return sequential.resume_any(given.resume_dir, given.launcher, given.jobs,
+                                 [a for a in given.args if a.startswith("hydra.")], console,
+                                 {"max_seeds": given.max_seeds, "budget": given.budget}, rerun)
+
+
+def conflict_tricks(mode, tricks, trick, reward) -> str:
+    """`sweep conflict --trick X --reward Y` as the matrix's trick list "X,Y"."""
+    if mode != "conflict":
+        raise SweepError("--trick and --reward belong to `sweep conflict`; other modes take --tricks a,b,c")
+    if tricks:
+        raise SweepError("sweep conflict takes --trick X --reward Y, not --tricks")
+    if not trick or not reward:
+        raise SweepError("sweep conflict needs --trick X and --reward Y "
+                         "(e.g. --trick entropy_bonus --reward length_penalty)")
+    if trick == reward:
+        raise SweepError(f"--trick and --reward both name {trick}; give a trick and a different reward term")
+    return f"{trick},{reward}"
+
+
+def sweep_request(given: SweepArgs, tricks: str | None) -> SweepRequest:
+    """The planner's request: the mode (or a sweep file) with the command line's options over it."""
+    mode, args, spec = given.mode, list(given.args), {}
+    if mode is None:
+        raise SweepError(f"give a sweep mode: {', '.join(MODES)}, or file PATH (or --resume SWEEP_DIR)")
+    if mode == "file":
+        if not args or "=" in args[0]:
+            raise SweepError("sweep file needs the path of a sweep definition: "
+                             "grpo-ablate sweep file sweeps/dapo-ladder.yaml")
+        path, args = Path(args[0]), args[1:]
+        spec = load_sweep_file(path)
+        mode = spec.pop("mode")
+        spec.setdefault("name", path.stem)
+    elif mode not in MODES:
+        raise SweepError(f"sweep mode {mode!r} is not allowed; allowed: {', '.join(MODES)}, file")
+    trick_list = [t.strip() for t in tricks.split(",") if t.strip()] if tricks else spec.get("tricks", [])
+    axes = [axis_values(a) for a in given.family] if given.family else [
+        (key, list(values)) if values is not None else axis_values(key)
+        for key, values in (spec.get("families") or {}).items()]
+    base = given.base
+    if mode == "leave-one-out" and not trick_list and not spec:
+        trick_list, base = DEFAULT_TRICKS, base or DEFAULT_BASE
+    overrides = list(spec.get("overrides", [])) + [a for a in args if not a.startswith("hydra.")]
+    bad = [a for a in overrides if a.startswith("-")]
+    if bad:
+        raise SweepError(f"unknown option {bad[0]}; see grpo-ablate sweep --help")
+    matrix = None
+    if mode == "variants":   # a file's own variants, each against its reference (sweeps/sanity.yaml)
+        if tricks or given.family:
+            raise SweepError("a variants sweep file defines its variants itself; drop --tricks / --family")
+        matrix = variants_matrix(spec.get("variants"))
+    request = SweepRequest(
+        mode=mode, tricks=trick_list, base=base or spec.get("base"), matrix=matrix,
+        seeds=given.seeds or spec.get("seeds", DEFAULT_SEEDS), overrides=overrides,
+        hydra_args=[a for a in args if a.startswith("hydra.")],
+        launcher=given.launcher or spec.get("launcher", "joblib"),
+        jobs=given.jobs, max_runs=given.max_runs or spec.get("max_runs", DEFAULT_MAX_RUNS), axes=axes,
+        name=given.name or spec.get("name"), steps=given.steps or spec.get("steps"), sweep_dir=given.out,
+        controls=spec.get("controls"),
+        contexts=(across_contexts(list(given.across)) if given.across
+                  else file_contexts(spec["contexts"]) if "contexts" in spec else []),
+        sequential={k: spec[k] for k in ("max_seeds", "budget", "effect", "summary") if k in spec})
+    return with_given_options(request, given)
+
+
+def with_given_options(request: SweepRequest, given: SweepArgs) -> SweepRequest:
+    """The command line's controls, --allow-inert and --seeds auto options, over the sweep file's."""
+    request.controls = given.controls if given.controls is not None else request.controls
+    request.allow_inert = given.allow_inert
+    if given.control_budget is not None:
+        if given.control_budget not in ("tokens", "wall"):
+            raise SweepError(f"--control-budget {given.control_budget} is not allowed; allowed: tokens, wall")
+        request.control_budget = given.control_budget
+    sequential_given = {"max_seeds": given.max_seeds, "budget": given.budget, "effect": given.effect,
+                        "summary": given.summary}
+    request.sequential.update({k: v for k, v in sequential_given.items() if v is not None})
+    return request
+
+
+def load_sweep_file(path: Path) -> dict:
+    """A sweep file's fields, each checked (values.py), null ones dropped (= the default)."""
+    import yaml
+
+    if not path.exists():
+        raise SweepError(f"sweep file {path} does not exist (the shipped ones are in sweeps/)")
+    try:
+        spec = load_yaml(path.read_text())
+    except yaml.YAMLError as err:
+        raise SweepError(f"sweep file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise SweepError(f"sweep file {path} cannot be read: {err}") from None
+    check_sweep_file(path, {} if spec is None else spec)   # every field of its kind and in its range
+    spec = {key: value for key, value in (spec or {}).items() if value is not None}   # null: the default
+    if "mode" not in spec:
+        raise SweepError(f"sweep file {path} has no mode; allowed: leave-one-out, add-one-in, ladder, factorial, "
+                         "pairwise, variants")
+    if (spec["mode"] == "variants") != ("variants" in spec) or (spec["mode"] == "variants" and "tricks" in spec):
+        raise SweepError(f"sweep file {path}: `variants` (name -> overrides) goes with mode: variants, "
+                         "and a variants file lists no tricks")
+    spec.pop("description", None)
+    return spec

@@ -1,0 +1,324 @@
+"""What a sweep runs: its request, and the planned runs of a matrix in its contexts.
+
+`plan` turns a `SweepRequest` (mode, tricks, base, seeds, axes, contexts, overrides) into the
+manifest of a new sweep, every run pending: each run's config composed, validated and hashed,
+the no-RL controls added, a trick setting given for the whole sweep scoped to the variants
+whose option has it, and a trick under test that cannot act here refused. It writes nothing
+(the sweep dir is manifest.py's, starting runs launch.py's), so bad input leaves nothing behind.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from grpo_ablate.catalogue import load_catalogue
+from grpo_ablate.config import ConfigError, compose, config_hash, family_keys, trick_families, validate
+from grpo_ablate.inert import inert_reason
+from grpo_ablate.model_source import gguf_source, warm_start_dir
+from grpo_ablate.sweep.contexts import Context, check_contexts, with_contexts
+from grpo_ablate.sweep.controls import control_kinds, planned_controls, with_controls
+from grpo_ablate.sweep.manifest import timestamp
+from grpo_ablate.sweep.matrix import (DEFAULT_MAX_RUNS, Matrix, SweepError, build_matrix, check_size, expand_jobs,
+                                      parse_seeds)
+from grpo_ablate.tasks import TASKS, build_task
+
+
+# What `grpo-ablate sweep leave-one-out` runs with no options: the seed review's recommended
+# tricks on vanilla GRPO, plus DAPO's dynamic sampling (on the embedded task most groups are
+# all-correct or all-wrong, so which groups a step trains on is part of the default question)
+# and Dr. GRPO's advantages without the group std (a disputed choice: GRPO divides by it,
+# Dr. GRPO drops it against a difficulty bias, Tricks or Traps finds dropping it steadier on
+# easy data), on the embedded default, five seeds; measured in docs/calibration.md.
+DEFAULT_TRICKS = ["kl_adaptive", "length_group", "entropy_adaptive", "learnable_temperature", "dynamic_sampling",
+                  "no_std"]
+DEFAULT_BASE = "grpo"
+# Five, not three: paired over 3 seeds, a 95% interval excludes zero only for an effect above
+# ~2.5 of its paired SDs (t = 4.30 at 2 df; at 5 seeds, t = 2.78 and ~1.2 SDs), and on the
+# embedded default the paired SD of a trick's effect is 0.04-0.09 accuracy: at three seeds
+# this question decides none of its six tricks, at five two (docs/calibration.md). --seeds
+# auto spends seeds only where a contrast is still open.
+DEFAULT_SEEDS = "5"
+# keys a sweep sets itself; the user chooses them through the sweep's own options
+_RESERVED = {"seed": "--seeds", "trick": "--tricks", "+trick": "--tricks", "preset": "--base",
+             "resume": "--resume", "control": "--controls"}
+
+
+@dataclass
+class SweepRequest:
+    mode: str
+    tricks: list[str] = field(default_factory=list)
+    base: str | None = None
+    seeds: str | int | list = DEFAULT_SEEDS
+    overrides: list[str] = field(default_factory=list)    # train overrides common to every run
+    hydra_args: list[str] = field(default_factory=list)   # hydra.* overrides (launcher settings)
+    launcher: str = "joblib"
+    jobs: int | None = None
+    max_runs: int = DEFAULT_MAX_RUNS
+    axes: list[tuple[str, list]] = field(default_factory=list)
+    name: str | None = None
+    steps: int | None = None
+    sweep_dir: Path | None = None
+    controls: bool | None = None     # None: on for the embedded default, off for model.path models
+    control_budget: str = "tokens"   # the SFT control's budget: tokens | wall (the treatments' time)
+    allow_inert: bool = False        # run tricks under test that cannot act here (inert.py) anyway
+    matrix: Matrix | None = None        # a matrix built by the caller (doctor) instead of `mode`
+    group: str | None = None            # W&B group shared with other sweeps (doctor's stages)
+    sequential: dict = field(default_factory=dict)   # seeds=auto: max_seeds, budget, effect (sweep/sequential.py)
+    contexts: list[Context] = field(default_factory=list)   # --across / a file's contexts: the matrix in each
+    summary: str | None = None       # what the sweep decides on (report/curves.py label), fixed before any run
+
+
+# What a sweep decides on unless told: the mean of the last three evals (issue 31: on the default sweep
+# it halves the paired SD of the final eval, which a peaking-then-drifting curve makes noisy; README,
+# "Calibration"). Fixed in the manifest before the first run.
+DECISION_METRIC, DECISION_SUMMARY = "eval/accuracy", "last_3"
+
+
+def plan(req: SweepRequest) -> dict:
+    """The manifest of a new sweep (statuses pending), fully validated; writes nothing."""
+    families = {row["name"]: row["family"] for row in load_catalogue()}
+    options = {row["name"]: row["option"] for row in load_catalogue()}
+    _check_overrides(req.overrides)
+    matrix = req.matrix or build_matrix(req.mode, req.tricks, families, req.axes, options=options)
+    seeds = parse_seeds(req.seeds)
+    common = ([f"preset={req.base}"] if req.base else []) + list(req.overrides)
+    if req.steps is not None:
+        common.append(f"steps={req.steps}")
+    if req.contexts:
+        check_contexts(req.contexts, matrix, families, common)
+        for context in req.contexts:   # a bad value is named by its context, before any run is composed
+            compose_run(common + list(context.overrides), f"context {context.name}")
+    common, matrix = scope_trick_settings(common, matrix)   # no context may set a trick's family
+    base_cfg = compose_run(common, "the base")
+    matrix = plan_controls(req, matrix, common, base_cfg)   # before the contexts: each context gets its own
+    if req.contexts:   # the matrix repeated in every context
+        matrix = with_contexts(matrix, req.contexts)
+    check_size(matrix, seeds, req.max_runs)
+    for trick in req.tricks:   # dropping a trick the base already has would change nothing
+        family = families[trick]
+        if base_cfg[family].name == options[trick]:
+            where = 'preset=' + req.base if req.base else 'the defaults'
+            raise SweepError(f"trick {trick} is already on in the base ({where} "
+                             f"sets {family}={options[trick]}), so switching it off would change nothing; "
+                             "remove it from --tricks or pick another --base")
+    sweep_id = time.strftime("%Y-%m-%d_%H-%M-%S")
+    name = req.name or req.mode
+    group = req.group or f"{name}-{sweep_id}"
+    labels = {"name": name, "id": sweep_id, "group": group, "tricks": list(req.tricks)}
+    cfg_of: dict = {}     # variant -> the config of its first run, for the inert check
+    first_of: dict = {}   # variant -> (overrides, config) of its first run: the other seeds start from it
+    runs = [run_entry(job, cfg_of, first_of) for job in expand_jobs(matrix, seeds, common, labels)]
+    if not req.allow_inert:
+        check_tricks_act(matrix, cfg_of, {t: (families[t], options[t]) for t in families})
+    now = timestamp()
+    return {
+        "version": 1, "sweep_id": sweep_id, "name": name, "mode": matrix.mode, "base": req.base,
+        "tricks": list(req.tricks), "axes": {k: v for k, v in req.axes}, "seeds": seeds,
+        "overrides": common, "launcher": req.launcher, "wandb_group": group,
+        "created_at": now, "updated_at": now,
+        **({"contexts": [c.to_json() for c in req.contexts]} if req.contexts else {}),
+        "variants": [v.to_json() for v in matrix.variants],
+        "contrasts": [c.to_json() for c in matrix.contrasts],
+        "controls": planned_controls(matrix.variants),
+        # fixed before the first run: the report decides on this; another summary is exploratory there
+        "decides_on": {"metric": DECISION_METRIC, "summary": req.summary or DECISION_SUMMARY},
+        # fixed before the first run too: the report tests training against its start in each context
+        # (report/training.py) before any trick verdict
+        "checks_training": True,
+        "runs": runs,
+    }
+
+
+def plan_controls(req: SweepRequest, matrix: Matrix, common: list[str], base_cfg) -> Matrix:
+    """`matrix` with the no-RL controls this sweep plans (sweep/controls.py): the untrained base
+    in every sweep but a diagnosis (doctor's stages, the conflict check) or a `--family`
+    factorial; the SFT control where asked, or unasked where every run trains the embedded
+    model (no model.path in the base or any context), in the contexts whose task has reference
+    solutions."""
+    if req.controls is False:
+        return matrix
+    # none unasked for doctor's stages and the conflict check (diagnoses), nor for a factorial
+    # over config groups (`--family`: settings crossed, fault injection among them, no trick under test)
+    unasked_none = req.matrix is not None or req.mode == "conflict" or bool(req.axes)
+    kinds = control_kinds(req.controls, not base_cfg.model.get("path"), unasked_none)
+    if "sft" not in kinds:
+        return with_controls(matrix, kinds)
+    contexts = req.contexts or [Context("", ())]
+    cfgs = {c.name: compose_run(common + list(c.overrides), f"context {c.name}") if c.name else base_cfg
+            for c in contexts}
+    if req.controls is None and any(cfg.model.get("path") for cfg in cfgs.values()):
+        kinds = ("base",)   # a context's own model: an SFT run there costs as much as asking for it
+    has = [name for name, cfg in cfgs.items() if _has_solutions(cfg)]
+    kinds = kinds if has else ("base",)
+    where = tuple(has) if req.contexts and len(has) < len(contexts) else ()   # empty: every context
+    return with_controls(matrix, kinds, req.control_budget, where)
+
+
+def scope_trick_settings(common: list[str], matrix: Matrix) -> tuple[list[str], Matrix]:
+    """A setting of a trick family's option given for the whole sweep (`++temperature.lr=100`
+    while only some variants have temperature=learnable) goes to the variants whose option has
+    that setting: given to the others it would be recorded in a config it cannot act on. A
+    setting no variant's option has is refused (a typo) with the allowed ones."""
+    scoped, rest = [], []
+    for override in common:
+        family, _, setting = override.lstrip("+~").split("=", 1)[0].partition(".")
+        if family in trick_families() and setting and "." not in setting:
+            scoped.append((override, family, setting))
+        else:
+            rest.append(override)
+    if not scoped:
+        return common, matrix
+    variants, taken = [], set()
+    for v in matrix.variants:
+        cfg = compose_run(rest + list(v.overrides), f"variant {v.name}")
+        extra = tuple(o for o, family, setting in scoped if setting in family_keys(cfg, family))
+        taken |= set(extra)
+        variants.append(replace(v, overrides=v.overrides + extra))
+    for override, family, setting in scoped:
+        if override not in taken:
+            allowed = ", ".join(sorted(family_keys(compose_run(rest, "the base"), family))) or "(none)"
+            raise SweepError(f"'{override}': {family}.{setting} is not a setting of the {family} option of any "
+                             f"variant; allowed: {allowed}")
+    return rest, Matrix(matrix.mode, variants, matrix.contrasts)
+
+
+def check_tricks_act(matrix: Matrix, cfg_of: dict, tricks: dict) -> None:
+    """Refuse a plan in which a trick under test cannot act (inert.py): for each contrast, the
+    trick on the side that has it; without contrasts (doctor), every trick where all are on;
+    for a factorial over config groups, every variant's options. `tricks`: name -> (family, option)."""
+    checks = [(c.tested, *tricks[c.tested], c.with_) for c in matrix.contrasts if c.tested in tricks]
+    if not matrix.contrasts and matrix.variants:
+        widest = max(matrix.variants, key=lambda v: len(v.tricks_on))
+        checks += [(t, *tricks[t], widest.name) for t in widest.tricks_on]
+    for v in matrix.variants:
+        checks += [(f"{key}={value}", key, str(value), v.name) for key, value in v.axes.items()
+                   if key in trick_families() or key == "kl.estimator"]
+    for name, family, opt, variant in checks:
+        reason = inert_reason(cfg_of[variant], family, opt)
+        if reason is not None:
+            raise SweepError(f"{name} {reason} (or pass --allow-inert to run it anyway)")
+
+
+def run_entry(job, configs: dict | None = None, firsts: dict | None = None) -> dict:
+    """One job as the manifest lists it (pending), its config validated and hashed (and kept
+    in `configs` by variant, the first seed's, when given). With `firsts` (variant -> the first
+    seed's overrides and config), another seed of a variant is its first's config with this
+    seed's values, not a new composition (~1 s each: a 70-run plan composed 70 times)."""
+    # a wall-clock SFT control learns its budget from the treatments' runs: checked here with
+    # a stand-in, hashed once the budget is known (launch.run_jobs)
+    deferred = "control.budget=wall" in job.overrides
+    overrides = list(job.overrides) + (["control.wall_s=1"] if deferred else [])
+    cfg = other_seed(*firsts[job.variant], overrides) if firsts and job.variant in firsts else None
+    if cfg is None:
+        cfg = compose_run(overrides, f"run {job.run_dir}")
+    if firsts is not None:
+        firsts.setdefault(job.variant, (overrides, cfg))
+    if configs is not None:
+        configs.setdefault(job.variant, cfg)
+    return {"variant": job.variant, "seed": job.seed, "run_dir": job.run_dir,
+            "config_hash": None if deferred else config_hash(cfg), "status": "pending", "step": 0,
+            "reason": None, "final_accuracy": None, "overrides": list(job.overrides),
+            **({"deferred": "control.wall_s"} if deferred else {})}
+
+
+# what expand_jobs changes between the seeds of one variant: plain values, set last
+PER_SEED_KEYS = {"seed": int, "run.name": str}
+
+
+def other_seed(first_overrides: list[str], first_cfg, overrides: list[str]):
+    """The config `overrides` compose to, from the config of the same variant's first seed when
+    the two differ only in PER_SEED_KEYS (else None: compose it). Equal to composing, since
+    those overrides are plain values given after every group choice, and interpolations that
+    read them (`${seed}`) resolve when read; tests/test_sweep.py checks the hashes agree."""
+    if len(first_overrides) != len(overrides):
+        return None
+    changed = [o for first, o in zip(first_overrides, overrides) if first != o]
+    if any(o.split("=", 1)[0] not in PER_SEED_KEYS for o in changed):
+        return None
+    cfg = copy.deepcopy(first_cfg)
+    for o in changed:
+        key, value = o.split("=", 1)
+        OmegaConf.update(cfg, key, PER_SEED_KEYS[key](value), merge=False)
+    return cfg
+
+
+def _has_solutions(cfg) -> bool:
+    return bool(getattr(build_task(cfg.task).train_batch(1, 0, 0)[0], "solution", None))
+
+
+def _check_overrides(overrides: list[str]) -> None:
+    for o in overrides:
+        key = o.split("=", 1)[0]
+        bare = key.lstrip("+~")
+        if key in _RESERVED or bare in _RESERVED:
+            raise SweepError(f"'{o}': a sweep sets {bare} itself; use {_RESERVED.get(key, _RESERVED.get(bare))}")
+        if bare.split(".")[0] in ("run", "sweep"):
+            raise SweepError(f"'{o}': run.* and sweep.* are the labels a sweep gives each run; "
+                             "name the sweep with --name")
+
+
+def compose_run(overrides: list[str], what: str):
+    """The validated config `overrides` compose to; a bad one is a SweepError naming `what`."""
+    try:
+        cfg = compose(overrides)
+        validate(cfg)
+    except ConfigError as err:
+        raise SweepError(f"{what}: {err}") from None
+    return cfg
+
+
+def composed_hash(overrides: list[str]) -> str:
+    """The config hash `overrides` compose to now (resume compares it with the planned one)."""
+    return config_hash(compose_run(list(overrides), "a resumed run"))
+
+
+def axis_values(spec: str) -> tuple[str, list]:
+    """`--family adv` (every option of a config group), `--family task.level` (the values the
+    task allows) or `--family key=a,b` (those values)."""
+    from importlib import resources
+
+    key, _, values = spec.partition("=")
+    key = key.strip()
+    if values:
+        return key, [_typed(v.strip()) for v in values.split(",") if v.strip()]
+    group = resources.files("grpo_ablate.conf").joinpath(key)
+    if "." not in key and group.is_dir():
+        return key, sorted(p.name[:-5] for p in group.iterdir() if p.name.endswith(".yaml"))
+
+    if key.startswith("task."):
+        choices = getattr(TASKS[compose_run([], "the defaults").task.name], "CHOICES", {})
+        if key[len("task."):] in choices:
+            return key, list(choices[key[len("task."):]])
+    raise SweepError(f"--family {key}: not a config group and no known values; give them: "
+                     f"--family {key}=a,b,c")
+
+
+def _typed(text: str):
+    """`0`, `-1`, `0.5`, `true` as numbers and booleans, anything else as text (YAML rules)."""
+    import yaml
+
+    value = yaml.safe_load(text)
+    return value if isinstance(value, (int, float, bool)) else text
+
+
+def warm_starts_to_build(manifest: dict) -> list[str]:
+    """The embedded models a sweep will warm-start before its first run (not cached yet), one line each:
+    a context with another task (`--across task.level=easy,hard`) needs a model of its own."""
+    seen, targets, lines = set(), set(), []
+    for run in manifest["runs"]:
+        if run["variant"] in seen:
+            continue
+        seen.add(run["variant"])
+        cfg = compose_run(list(run["overrides"]), f"run {run['run_dir']}")
+        if cfg.model.get("path") or gguf_source(cfg.model) is not None:
+            continue
+        target = warm_start_dir(cfg.model, build_task(cfg.task))
+        if not (target / "config.json").exists() and target not in targets:
+            targets.add(target)
+            lines.append(f"first warm-starts the embedded model for {run['variant']} (not cached yet; minutes "
+                         f"on 2 cores), cached as {target}")
+    return lines
