@@ -21,8 +21,8 @@ SWEEP_TRICKS = typer.Option(None, "--tricks", help="Named tricks, comma separate
     "no_std).")
 SWEEP_TRICK = typer.Option(None, "--trick", help="conflict: the new trick (any named trick).")
 SWEEP_REWARD = typer.Option(None, "--reward", help="conflict: the new reward term, a named trick "
-    "that shapes the reward (length_penalty, length_group, overlong_punish, "
-    "kl_in_reward).")
+    "whose option adds a term to the reward (e.g. length_penalty, overlong_punish; a wrong one is "
+    "refused with the list).")
 SWEEP_BASE = typer.Option(None, "--base", help="Preset the tricks are added to (grpo, dapo, ...).")
 SWEEP_SEEDS = typer.Option(None, "--seeds", help="5 = seeds 0..4; or a list: 0,5,9; or auto: "
     "3, then one more per look until each contrast is decided (default 5).")
@@ -97,7 +97,7 @@ REPORT_OUT = typer.Option(None, "--out", help="Where report.md/.csv/.json and th
 REPORT_WATCH = typer.Option(
     None, "--watch", help="Refresh every SECONDS (30 when none given) until every run has finished.")
 REPORT_THRESHOLD = typer.Option(
-    [], "--threshold", help="Health-flag threshold NAME=VALUE (repeatable); see README for names.")
+    [], "--threshold", help="Health-flag threshold NAME=VALUE (repeatable); names in docs/report.md, Health flags.")
 REPORT_LOWER_IS_BETTER = typer.Option(False, "--lower-is-better", help="The metric is a cost (e.g. a length).")
 REPORT_EFFECT = typer.Option(None, "--effect", help="The smallest Δ that matters: a CI inside ±X is "
     "'no effect', and the power section sizes seeds for it.")

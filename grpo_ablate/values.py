@@ -74,7 +74,7 @@ SWEEP_FILE_FIELDS = {
     "families": Allowed("families"), "launcher": Allowed("text"), "max_runs": COUNT, "controls": Allowed("bool"),
     "max_seeds": COUNT, "budget": Allowed("text"), "effect": ACCURACY_EFFECT, "summary": Allowed("text"),
     "variants": Allowed("mapping"),
-    "contexts": Allowed("any"),   # a list of {name, overrides} or a mapping: matrix.file_contexts checks the shape
+    "contexts": Allowed("any"),   # a list of {name, overrides} or a mapping: contexts.file_contexts checks the shape
 }
 # options that are not sweep-file fields
 OPTIONS = {"jobs": COUNT, "last_k": COUNT}

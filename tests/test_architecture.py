@@ -205,3 +205,31 @@ def test_the_stateful_trick_detector_finds_one(tmp_path):
     names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} | {
         n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     assert {"replay", "prompt_pool"} <= names and any(w in "replay" for w in STATEFUL)
+
+
+MAX_FUNCTION_LINES, MAX_MODULE_LINES = 60, 500
+
+
+def oversized(path: Path) -> list[str]:
+    """A module over MAX_MODULE_LINES lines, and its functions over MAX_FUNCTION_LINES (docstring included)."""
+    source = path.read_text()
+    lines = source.count("\n")
+    found = [f"{path.name}: {lines} lines"] if lines > MAX_MODULE_LINES else []
+    for fn in ast.walk(ast.parse(source)):
+        length = fn.end_lineno - fn.lineno + 1 if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else 0
+        if length > MAX_FUNCTION_LINES:
+            found.append(f"{path.name}:{fn.lineno} {fn.name}: {length} lines")
+    return found
+
+
+def test_rooms_stay_small():
+    """A module holds one job and a function reads on one screen (issue 33): split by what it
+    does before either grows past its limit."""
+    found = [f for path in PACKAGE.rglob("*.py") for f in oversized(path)]
+    assert not found, "; ".join(found)
+
+
+def test_the_size_check_finds_a_long_function(tmp_path):
+    long = tmp_path / "m.py"
+    long.write_text("def f():\n" + "    x = 1\n" * 60)
+    assert oversized(long) == ["m.py:1 f: 61 lines"]

@@ -5,9 +5,7 @@ import pytest
 from grpo_ablate.sweep.matrix import SweepError, build_matrix
 from test_sweep import FAMILIES, cli_here, names
 
-OPTIONS = {"clip_higher": "higher", "token_mean": "token_mean", "dr_grpo_norm": "seq_mean_token_sum",
-           "overlong_filter": "filter", "overlong_punish": "soft_punish", "kl_adaptive": "adaptive",
-           "length_penalty": "penalty"}
+REWARD_TERMS = frozenset({"length_penalty", "overlong_punish"})   # (of these tricks: the registry's shapes_reward)
 FAMILIES = dict(FAMILIES, length_penalty="length")
 
 
@@ -29,7 +27,7 @@ def test_pairwise_is_base_each_trick_alone_and_each_pair():
 
 
 def test_conflict_is_base_trick_and_reward_term_with_diagnostics_on():
-    m = build_matrix("conflict", ["clip_higher", "length_penalty"], FAMILIES, options=OPTIONS)
+    m = build_matrix("conflict", ["clip_higher", "length_penalty"], FAMILIES, reward_terms=REWARD_TERMS)
     assert names(m) == ["base", "trick-clip_higher", "reward-length_penalty"]
     assert [v.overrides for v in m.variants] == [
         ("diag.grad_conflict=true",), ("+trick=[clip_higher]", "diag.grad_conflict=true"),
@@ -40,7 +38,7 @@ def test_conflict_is_base_trick_and_reward_term_with_diagnostics_on():
     # a trick that shapes no reward is not a reward term
     with pytest.raises(SweepError, match="--reward overlong_filter adds no term to the reward; allowed: "
                                          "length_penalty, overlong_punish"):
-        build_matrix("conflict", ["clip_higher", "overlong_filter"], FAMILIES, options=OPTIONS)
+        build_matrix("conflict", ["clip_higher", "overlong_filter"], FAMILIES, reward_terms=REWARD_TERMS)
 
 
 def test_planning_pairwise_and_conflict(tmp_path, cache_dir):

@@ -229,7 +229,7 @@ def load_sweep(sweep_dir: Path, thresholds: HealthThresholds | None = None) -> S
 
 
 def _sweep_from_manifest(sweep_dir: Path, manifest: dict, thresholds: HealthThresholds) -> Sweep:
-    """Variants, contrasts and runs as manifest version 1 lists them (see sweep/launch.py)."""
+    """Variants, contrasts and runs as manifest version 1 lists them (see sweep/manifest.py)."""
     sweep = Sweep(dir=sweep_dir, name=str(manifest.get("name") or sweep_dir.name),
                   sweep_id=manifest.get("sweep_id"), mode=manifest.get("mode"), base=manifest.get("base"),
                   seeds=list(manifest.get("seeds") or []), wandb_group=manifest.get("wandb_group"),

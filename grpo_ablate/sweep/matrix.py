@@ -37,10 +37,6 @@ EXPECTABLE = ("helps", "hurts", "breaks training", "no evidence", "inert here", 
 NAME_PATTERN = r"[A-Za-z0-9_.+-]+"        # variant and context names: they become run dir names
 # keys a variant's overrides may not set: the sweep sets them for every run
 _VARIANT_RESERVED = ("seed", "resume", "run", "sweep")
-# (family, option) of the named tricks that add a term to the reward: what `sweep conflict
-# --reward` takes (its gradient shows up as the length_reward / overlong_reward / kl_reward term)
-REWARD_TERM_OPTIONS = {("length", "penalty"), ("length", "group"), ("overlong", "soft_punish"),
-                       ("kl", "in_reward")}
 DIAG_ON = ("diag.grad_conflict=true",)   # a conflict sweep's runs log the gradient diagnostics
 # A sweep larger than this needs --max-runs: a guard against a factorial that explodes by
 # mistake. 128 so that the default question (9 variants with the controls) runs with
@@ -139,11 +135,11 @@ def check_exclusive(tricks: list[str], families: dict[str, str]) -> None:
 
 
 def build_matrix(mode: str, tricks: list[str], families: dict[str, str],
-                 axes: list[tuple[str, list]] | None = None, options: dict[str, str] | None = None) -> Matrix:
+                 axes: list[tuple[str, list]] | None = None, reward_terms: frozenset[str] = frozenset()) -> Matrix:
     """Variants and contrasts of a sweep. `families` maps every named trick to its family;
     `axes` (factorial only) lists (config key or group, values) to cross instead of tricks;
-    `options` (conflict only) maps every named trick to its option. A conflict sweep's
-    `tricks` are [the trick, the reward term]."""
+    `reward_terms` (conflict only): the named tricks whose option adds a term to the reward (the
+    registry's shapes_reward flag). A conflict sweep's `tricks` are [the trick, the reward term]."""
     tricks = list(tricks)
     if mode not in MODES:
         raise SweepError(f"sweep mode {mode!r} is not allowed; allowed: {', '.join(MODES)}, file")
@@ -180,7 +176,7 @@ def build_matrix(mode: str, tricks: list[str], families: dict[str, str],
         variants += [_variant(f"{a}+{b}", [a, b], "base") for a, b in itertools.combinations(tricks, 2)]
         contrasts = [Contrast(t, t, "base") for t in tricks]   # each trick's effect at the base
     elif mode == "conflict":
-        return _conflict(tricks, families, options or {})
+        return _conflict(tricks, reward_terms)
     else:  # factorial over on/off
         check_exclusive(tricks, families)
         variants = []
@@ -204,17 +200,18 @@ def add_controls(matrix: Matrix, kinds=("base", "sft"), sft_budget: str = "token
     return Matrix(matrix.mode, matrix.variants + controls, matrix.contrasts)
 
 
-def _conflict(tricks: list[str], families: dict[str, str], options: dict[str, str]) -> Matrix:
+def _conflict(tricks: list[str], reward_terms: frozenset[str]) -> Matrix:
     """The seed review's check before combining a new trick with a new reward term: run the
     base, base + trick and base + reward term separately (never both on), with the gradient
     diagnostics, and combine them only if they pull the same way."""
     if len(tricks) != 2:
         raise SweepError("sweep conflict takes one trick and one reward term: --trick X --reward Y")
     trick, reward = tricks
-    allowed = sorted(t for t in families if (families[t], options.get(t)) in REWARD_TERM_OPTIONS)
-    if (families[reward], options.get(reward)) not in REWARD_TERM_OPTIONS:
-        raise SweepError(f"--reward {reward} adds no term to the reward; allowed: {', '.join(allowed)} "
-                         "(named tricks of the length, overlong and kl families that shape the reward)")
+    # what `--reward` takes: a named trick whose option adds a term to the reward (its gradient
+    # shows up as that term, e.g. length_reward, in the diagnostics)
+    if reward not in reward_terms:
+        raise SweepError(f"--reward {reward} adds no term to the reward; allowed: {', '.join(sorted(reward_terms))} "
+                         "(named tricks whose option shapes the reward)")
     variants = [Variant("base", (), DIAG_ON, None),
                 Variant(f"trick-{trick}", (trick,), trick_overrides([trick]) + DIAG_ON, "base"),
                 Variant(f"reward-{reward}", (reward,), trick_overrides([reward]) + DIAG_ON, "base")]

@@ -25,6 +25,7 @@ from grpo_ablate.sweep.manifest import timestamp
 from grpo_ablate.sweep.matrix import (DEFAULT_MAX_RUNS, Matrix, SweepError, build_matrix, check_size, expand_jobs,
                                       parse_seeds)
 from grpo_ablate.tasks import TASKS, build_task
+from grpo_ablate.tricks import option
 
 
 # What `grpo-ablate sweep leave-one-out` runs with no options: the seed review's recommended
@@ -73,17 +74,20 @@ class SweepRequest:
 
 
 # What a sweep decides on unless told: the mean of the last three evals (issue 31: on the default sweep
-# it halves the paired SD of the final eval, which a peaking-then-drifting curve makes noisy; README,
+# it halves the paired SD of the final eval, which a peaking-then-drifting curve makes noisy; docs/calibration.md,
 # "Calibration"). Fixed in the manifest before the first run.
 DECISION_METRIC, DECISION_SUMMARY = "eval/accuracy", "last_3"
 
 
 def plan(req: SweepRequest) -> dict:
     """The manifest of a new sweep (statuses pending), fully validated; writes nothing."""
-    families = {row["name"]: row["family"] for row in load_catalogue()}
-    options = {row["name"]: row["option"] for row in load_catalogue()}
+    catalogue = load_catalogue()
+    families = {row["name"]: row["family"] for row in catalogue}
+    options = {row["name"]: row["option"] for row in catalogue}
+    # the named tricks that add a term to the reward (`sweep conflict --reward`): the registry's flag
+    reward_terms = frozenset(row["name"] for row in catalogue if option(row["family"], row["option"]).shapes_reward)
     _check_overrides(req.overrides)
-    matrix = req.matrix or build_matrix(req.mode, req.tricks, families, req.axes, options=options)
+    matrix = req.matrix or build_matrix(req.mode, req.tricks, families, req.axes, reward_terms=reward_terms)
     seeds = parse_seeds(req.seeds)
     common = ([f"preset={req.base}"] if req.base else []) + list(req.overrides)
     if req.steps is not None:

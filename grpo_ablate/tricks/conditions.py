@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from grpo_ablate.tricks.registry import Inert
+from grpo_ablate.tricks.registry import Inert, families, option
 
 
 def one_optimizer_step(cfg) -> bool:
@@ -51,10 +51,15 @@ ONE_STEP = Inert(ratio_is_one, "cannot act with one optimizer step per rollout (
                  "several optimizer steps per rollout (updates.mini_batches > 1 or updates.epochs > 1)")
 
 
+def shapes_the_reward(cfg) -> bool:
+    """An option of the config adds a term to the reward (registered with shapes_reward=True)."""
+    return any(option(family, cfg[family].name).shapes_reward for family in families() if family in cfg)
+
+
 def grpo_cannot_reach(cfg) -> bool:
     """adv=grpo on unshaped binary rewards: the largest |A| is a lone success's, (G-1)/sqrt(G)."""
-    shaped = (cfg.length.name != "none" or cfg.overlong.name == "soft_punish" or cfg.reward_norm.name != "none"
-              or cfg.kl.name == "in_reward" or float(cfg.task.get("format_reward") or 0) != 0)
+    shaped = (shapes_the_reward(cfg) or cfg.reward_norm.name != "none"
+              or float(cfg.task.get("format_reward") or 0) != 0)
     group = int(cfg.rollout.group_size)
     return (cfg.adv.name == "grpo" and not shaped and cfg.sampling.get("g_max") is None
             and float(cfg.adv_clip.c) >= (group - 1) / math.sqrt(group))

@@ -212,7 +212,7 @@ class TargetKL(FixedKL):
         self.beta *= 1.0 + error * num_sequences / self.horizon
 
 
-@register("kl", "in_reward",
+@register("kl", "in_reward", shapes_reward=True,
           knobs={"beta": NON_NEGATIVE},
           inert=NO_KL,
           writes=("kl/beta", "kl/k1"),

@@ -22,7 +22,7 @@ def no_length(rewards, lengths, group_index, correct, max_len):
     return rewards, torch.zeros_like(rewards)
 
 
-@register("length", "penalty",
+@register("length", "penalty", shapes_reward=True,
           knobs={"lam": NUMBER},
           activity=Activity("length/reward_mean"),
           tricks=(Trick("length_penalty",
@@ -38,7 +38,7 @@ def length_penalty(rewards, lengths, group_index, correct, max_len, *, lam: floa
     return rewards + bonus, bonus
 
 
-@register("length", "group",
+@register("length", "group", shapes_reward=True,
           knobs={"weight": NUMBER},
           activity=Activity("length/reward_mean"),
           tricks=(Trick("length_group",

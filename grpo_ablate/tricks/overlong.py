@@ -49,7 +49,7 @@ def overlong_filter(rewards, lengths, truncated, max_len):
     return rewards, ~truncated, torch.zeros_like(rewards)
 
 
-@register("overlong", "soft_punish",
+@register("overlong", "soft_punish", shapes_reward=True,
           knobs={"buffer": Knob("integer", low=1, high="rollout.max_new_tokens"), "factor": NON_NEGATIVE},
           activity=Activity("overlong/penalty_mean"),
           tricks=(Trick("overlong_punish",
