@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -31,16 +31,19 @@ class Rollout:
     prompt_len: int                # P, the padded prompt width
     completion_mask: torch.Tensor  # [N, T] 1 on completion tokens up to and including EOS
     truncated: torch.Tensor        # [N] bool: no EOS within max_new_tokens (TRL's test)
-    sampler_logprobs: torch.Tensor | None = None  # [N, T] the sampler's own log-prob of each sampled token
-    # (log_softmax(logits / T) at it, 0 after EOS): vLLM's, or rollout=hf's when it samples (T > 0)
-    ages: torch.Tensor | None = None   # [N] long: policy versions between the sampler and the trained policy
-    kept: torch.Tensor | None = None   # [N] bool: False for a row dropped as too stale (None: stale rollouts off)
+    # Optional fields, each declared once with `optional(per, fill)`: `to`, `select_rows` and
+    # `concat_rollouts` carry every one of them (per "token": [N, T], right-padded with `fill` and
+    # None unless every part has it; per "row": [N], a part without it filled with `fill`).
+    # the sampler's own log-prob of each sampled token (log_softmax(logits / T) at it, 0 after
+    # EOS): vLLM's, or rollout=hf's when it samples (T > 0)
+    sampler_logprobs: torch.Tensor | None = field(default=None, metadata={"per": "token", "fill": 0.0})
+    # long: policy versions between the sampler and the trained policy
+    ages: torch.Tensor | None = field(default=None, metadata={"per": "row", "fill": 0})
+    # bool: False for a row dropped as too stale (None: stale rollouts off)
+    kept: torch.Tensor | None = field(default=None, metadata={"per": "row", "fill": True})
 
     def to(self, device) -> "Rollout":
-        move = lambda t: None if t is None else t.to(device)
-        return Rollout(move(self.sequences), move(self.attention_mask), self.prompt_len,
-                       move(self.completion_mask), move(self.truncated), move(self.sampler_logprobs),
-                       move(self.ages), move(self.kept))
+        return _each_tensor(self, lambda t: t.to(device))
 
     @property
     def completion_ids(self) -> torch.Tensor:
@@ -230,11 +233,14 @@ def _decode(step, ids, mask, *, max_new_tokens, temperature, eos_id, pad_id, gen
     )
 
 
+def _each_tensor(roll: Rollout, fn) -> Rollout:
+    """The rollout with `fn` applied to every tensor field (each has the rows first), None kept."""
+    return Rollout(**{f.name: fn(value) if isinstance(value, torch.Tensor) else value
+                      for f in fields(roll) for value in [getattr(roll, f.name)]})
+
+
 def select_rows(roll: Rollout, rows: torch.Tensor) -> Rollout:
-    pick = lambda t: None if t is None else t[rows]
-    return Rollout(roll.sequences[rows], roll.attention_mask[rows], roll.prompt_len,
-                   roll.completion_mask[rows], roll.truncated[rows], pick(roll.sampler_logprobs),
-                   pick(roll.ages), pick(roll.kept))
+    return _each_tensor(roll, lambda t: t[rows])
 
 
 def concat_rollouts(rolls: list[Rollout], pad_id: int) -> Rollout:
@@ -244,19 +250,26 @@ def concat_rollouts(rolls: list[Rollout], pad_id: int) -> Rollout:
         return rolls[0]
     prompt_len = max(r.prompt_len for r in rolls)
     width = max(r.completion_mask.shape[1] for r in rolls)
-    seqs, masks, cmasks, sampler_logps = [], [], [], []
+    seqs, masks, cmasks = [], [], []
     for r in rolls:
         left, right = prompt_len - r.prompt_len, width - r.completion_mask.shape[1]
         seqs.append(torch.nn.functional.pad(r.sequences, (left, right), value=pad_id))
         masks.append(torch.nn.functional.pad(r.attention_mask, (left, right), value=0))
         cmasks.append(torch.nn.functional.pad(r.completion_mask, (0, right), value=0))
-        if r.sampler_logprobs is not None:
-            sampler_logps.append(torch.nn.functional.pad(r.sampler_logprobs, (0, right), value=0.0))
+    optional = {f.name: _concat_optional([getattr(r, f.name) for r in rolls], f.metadata, width,
+                                         [len(r.truncated) for r in rolls])
+                for f in fields(Rollout) if f.metadata}
     return Rollout(torch.cat(seqs), torch.cat(masks), prompt_len, torch.cat(cmasks),
-                   torch.cat([r.truncated for r in rolls]),
-                   torch.cat(sampler_logps) if len(sampler_logps) == len(rolls) else None,
-                   _concat_rows([r.ages for r in rolls], [len(r.truncated) for r in rolls], 0),
-                   _concat_rows([r.kept for r in rolls], [len(r.truncated) for r in rolls], True))
+                   torch.cat([r.truncated for r in rolls]), **optional)
+
+
+def _concat_optional(parts: list, declared: dict, width: int, sizes: list[int]):
+    """One optional field of the parts stacked, as its declaration says (see Rollout)."""
+    if declared["per"] == "token":
+        if any(p is None for p in parts):
+            return None
+        return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]), value=declared["fill"]) for p in parts])
+    return _concat_rows(parts, sizes, declared["fill"])
 
 
 def _concat_rows(parts: list, sizes: list[int], fill):
