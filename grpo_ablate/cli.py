@@ -19,6 +19,7 @@ import typer
 from rich.console import Console
 
 from grpo_ablate import cli_options as opt
+from grpo_ablate.errors import UserError
 from grpo_ablate.requests import DoctorArgs, ReportRequest, SweepArgs
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -61,7 +62,7 @@ def train(
     restart: bool = opt.TRAIN_RESTART,
 ) -> None:
     """Train one GRPO run. Arguments are Hydra overrides: adv=dr_grpo kl=none seed=1 ..."""
-    from grpo_ablate.config import ConfigError, check_here, compose, validate
+    from grpo_ablate.config import check_here, compose, validate
     from grpo_ablate.ranks import this_rank
 
     if restart and resume is None:
@@ -78,7 +79,7 @@ def train(
             cfg = compose([o for o in overrides if not o.startswith("hydra")])
             validate(cfg)
             check_here(cfg)   # this machine can run it: packages, a GPU, the hub, torchrun, the model cache
-        except ConfigError as err:
+        except UserError as err:
             fail(str(err))
         # before Hydra writes anything there; under torchrun rank 0 holds the run's dir for all its
         # ranks (the others would find it held by rank 0 and refuse)
@@ -100,7 +101,6 @@ def _hold_run_dir(cfg, args: List[str]):
     picks a new dir. A refusal leaves the dir as it was; a resume with nothing to do ends here."""
     import shutil
 
-    from grpo_ablate.config import ConfigError
     from grpo_ablate.rundir import DirLock, writable_problem
     from grpo_ablate.resume_rules import already_finished, open_run_dir
 
@@ -121,7 +121,7 @@ def _hold_run_dir(cfg, args: List[str]):
     try:
         lock.acquire()
         status, _ = open_run_dir(cfg, run_dir, restart_without_checkpoint=False)
-    except ConfigError as err:
+    except UserError as err:
         lock.release()
         if made:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -181,14 +181,11 @@ def sweep(
         from grpo_ablate.report.curves import Summary
 
         _refused(lambda: Summary.parse(summary), "--summary: ")
-    from grpo_ablate.config import ConfigError   # the config checks (no torch: a refusal stays fast)
-    from grpo_ablate.sweep import command
-    from grpo_ablate.sweep.matrix import SweepError
-    from grpo_ablate.values import ValueProblem
+    from grpo_ablate.sweep import command   # the config checks (no torch: a refusal stays fast)
 
     try:
         code = command.run(given, console)
-    except (SweepError, ConfigError, ValueProblem) as err:
+    except UserError as err:
         fail(str(err))
     raise typer.Exit(code)
 
@@ -228,13 +225,10 @@ def doctor(
                        allow_inert=allow_inert, resume_dir=resume_dir)
     _refused(given.check)   # before the training stack is imported
     from grpo_ablate.sweep import doctor as doc
-    from grpo_ablate.config import ConfigError
-    from grpo_ablate.report import ReportError
-    from grpo_ablate.sweep.matrix import SweepError
 
     try:
         done = doc.command(given, console)
-    except (SweepError, ConfigError, ReportError) as err:
+    except UserError as err:
         fail(str(err))
     if done is None:   # a dry run
         return
@@ -305,7 +299,7 @@ def report(
                "compute": compute, "error_control": error_control, "alpha": alpha}
     try:
         _write_report(rep, req, options)
-    except rep.ReportError as err:
+    except UserError as err:
         fail(str(err))
     except OSError as err:
         fail(f"cannot write the report to {req.out_dir}: {err}")

@@ -11,9 +11,10 @@ import json
 import os
 import re
 from pathlib import Path
+from grpo_ablate.errors import UserError
 
 
-class ModelPathError(ValueError):
+class ModelPathError(UserError, ValueError):
     """model.path names nothing loadable."""
 
 

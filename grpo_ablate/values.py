@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from grpo_ablate.errors import UserError
 
 
-class ValueProblem(ValueError):
+class ValueProblem(UserError, ValueError):
     """A user value that is not allowed: the message is the one line the user sees."""
 
 

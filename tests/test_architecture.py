@@ -233,3 +233,19 @@ def test_the_size_check_finds_a_long_function(tmp_path):
     long = tmp_path / "m.py"
     long.write_text("def f():\n" + "    x = 1\n" * 60)
     assert oversized(long) == ["m.py:1 f: 61 lines"]
+
+
+def test_every_user_error_is_a_user_error():
+    """One base class for bad input (errors.UserError): the CLI catches it in one place, and an
+    error class of its own elsewhere would turn a user's mistake into a traceback."""
+    import importlib
+
+    from grpo_ablate.errors import UserError
+
+    found = [(module_name(path), node.name) for path in PACKAGE.rglob("*.py")
+             for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.ClassDef) and (node.name.endswith("Error") or node.name == "ValueProblem")]
+    assert len(found) >= 5, found          # errors.py's, SweepError, ModelPathError, ValueProblem
+    not_user = [f"{m}.{name}" for m, name in found
+                if not issubclass(getattr(importlib.import_module(m), name), UserError)]
+    assert not not_user, not_user

@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import re
 from dataclasses import dataclass, field
+from grpo_ablate.errors import UserError
 
 
 MODES = ("leave-one-out", "add-one-in", "ladder", "factorial", "pairwise", "conflict")
@@ -44,7 +45,7 @@ DIAG_ON = ("diag.grad_conflict=true",)   # a conflict sweep's runs log the gradi
 DEFAULT_MAX_RUNS = 128
 
 
-class SweepError(ValueError):
+class SweepError(UserError, ValueError):
     """Bad sweep input: the message is the one line the user sees."""
 
 
