@@ -119,12 +119,13 @@ def completion_logprobs(model, rollout: Rollout, temperature: float = 1.0,
                     logits_to_keep=packing.keep, output_hidden_states=return_hidden)
         logits = out.logits.flatten(0, 1)[packing.logit_index]
         hidden = out.hidden_states[-1].flatten(0, 1)[packing.hidden_index] if return_hidden else None
-    log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
+    at_least_float32 = torch.promote_types(logits.dtype, torch.float32)   # bf16 up, float64 kept
+    log_probs = torch.log_softmax(logits.to(at_least_float32) / temperature, dim=-1)
     token_logp = log_probs.gather(-1, rollout.completion_ids.unsqueeze(-1)).squeeze(-1)
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         entropy = -(log_probs.exp() * log_probs).sum(dim=-1)
     if return_hidden:  # the last layer's state before each completion token (for a value head)
-        return token_logp, entropy, hidden.float()
+        return token_logp, entropy, hidden.to(at_least_float32)
     return token_logp, entropy
 
 
