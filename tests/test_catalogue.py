@@ -132,6 +132,18 @@ def test_the_files_derived_from_the_registry_are_current():
     assert page == catalogue.with_option_table(page), "run `make catalogue`"
     assert catalogue.ACTIVITY_MODULE.read_text() == catalogue.activity_module(), "run `make catalogue`"
     assert catalogue.CLAIMS_MODULE.read_text() == catalogue.claims_module(), "run `make catalogue`"
+    config = (REPO / "conf" / "config.yaml").read_text()
+    assert config == catalogue.with_family_defaults(config), "run `make catalogue`"
+    on_disk = {p.name: p.read_text() for p in (REPO / "conf" / "trick").glob("*.yaml")}
+    assert on_disk == catalogue.trick_files(), "run `make catalogue`"
+
+
+def test_a_generated_trick_file_composes_its_option_and_settings():
+    cfg = compose(["+trick=ipo_loss"])
+    assert cfg.clip.name == "dppo" and cfg.clip.divergence == "symmetric_tv" and cfg.clip.kl_tau == 1e-3
+    assert dict(cfg.tricks) == {"ipo_loss": {"family": "clip", "option": "dppo"}}
+    from grpo_ablate.config import default_options
+    assert {f.name: f.default for f in declared_families()}.items() <= default_options().items()
 
 
 def test_claims_are_data_the_report_can_check():

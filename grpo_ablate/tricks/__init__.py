@@ -8,20 +8,19 @@ asks the registry for the option its config chose (`option("adv", cfg.adv.name)`
 branches on a name itself; config checks, inert warnings, the report's activity table, the
 catalogue, docs/tricks.md and docs/config.md's option table are all read from the registry
 (grpo_ablate/catalogue.py). Adding an option is one registered function, its
-`conf/<family>/<option>.yaml` and its `conf/trick/<name>.yaml`; adding a family is those,
-one entry in FAMILIES below and its call site in the loss or reward chain.
+`conf/<family>/<option>.yaml` (`make catalogue` writes its `conf/trick/<name>.yaml`); adding a
+family is a module with `declare_family(...)`, its options' conf files and its call site in the
+loss or reward chain.
 """
 import importlib
 import pkgutil
 
-from grpo_ablate.tricks.registry import Option, UnknownOption, families, option, options
+from grpo_ablate.tricks.registry import Option, UnknownOption, declared_families, families, option, options
 
-# Every family, in the order docs/config.md's option table shows them (the trainer's order:
-# sampling and reward shaping, the advantage chain, the policy loss and its terms).
-FAMILIES = ("overlong", "length", "reward_norm", "sampling", "prompt_pool", "adv", "value_clip", "adv_clip", "clip",
-            "dual_clip", "loss_agg", "kl", "kl_weight", "entropy", "token_mask", "off_policy_mask",
-            "rollout_correction", "staleness", "proximal", "ref_sync", "temperature", "lm_head", "updates")
 # every module of the package, imported for its declarations and registrations
 FAMILY_MODULES = tuple(importlib.import_module(f"{__name__}.{m.name}") for m in pkgutil.iter_modules(__path__)
                        if m.name not in ("registry", "conditions", "behaviour"))
+# Every family in the order a step meets them (declare_family's stage): docs/config.md's table and
+# conf/config.yaml's defaults list follow it.
+FAMILIES = tuple(family.name for family in declared_families())
 __all__ = ["FAMILIES", "FAMILY_MODULES", "Option", "UnknownOption", "families", "option", "options"]

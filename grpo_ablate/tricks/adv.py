@@ -13,7 +13,8 @@ from grpo_ablate.tricks.registry import (FLAG, FRACTION, NON_NEGATIVE, POSITIVE,
                                          choice, declare_family, register)
 
 declare_family("adv", "advantage estimator; `gae` adds a critic (value head) and per-token advantages; `gdpo` "
-               "normalizes each reward part (task, format, length, overlong, KL) in its group", metric="adv/std",
+               "normalizes each reward part (task, format, length, overlong, KL) in its group",
+               stage="advantage", default="grpo", metric="adv/std",
                settings={"value_coef": (NON_NEGATIVE, "uses_values")})   # the critic's loss weight (adv=gae)
 
 # Every estimator takes (rewards [N], group_index [N], mask [N, T], values [N, T] or None,

@@ -10,7 +10,7 @@ from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick
 from grpo_ablate.tricks.conditions import grpo_cannot_reach
 from grpo_ablate.tricks.registry import POSITIVE, Activity, Inert, Trick, declare_family, register
 
-declare_family("adv_clip", "clamp advantages to ±c", metric="adv/clipped_frac")
+declare_family("adv_clip", "clamp advantages to ±c", stage="advantage", metric="adv/clipped_frac")
 
 
 @register("adv_clip", "none")

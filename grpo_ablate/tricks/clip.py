@@ -37,12 +37,13 @@ from grpo_ablate.tricks.registry import (DAPO, NON_NEGATIVE, NUMBER, POSITIVE, T
 declare_family("clip", "the policy loss: PPO ratio clip ε_low/ε_high (`higher` is DAPO clip-higher), or a 2025-26 "
                "variant (sequence ratio, clipped IS weight, soft gate, geometric mean, covariance masks, plain "
                "REINFORCE); all but `clip_cov` act only with several optimizer steps per rollout",
+               stage="loss", default="symmetric",
                metric="clip/high_frac",
                supplied={"dual_clip_c": "dual_clip.c", "generator": "the trainer (seeded, checkpointed)"},
                # a per-sequence loss (gmpo): token-level rollout IS weights as their per-sequence
                # geometric mean (verl) or each token's own (token); read by the trainer (train/losses.py)
                settings={"is_weights": (choice("geometric", "token"), "per_sequence_loss")})
-declare_family("dual_clip", "dual-clip PPO for A < 0, c = 3", metric="clip/dual_frac",
+declare_family("dual_clip", "dual-clip PPO for A < 0, c = 3", stage="loss", metric="clip/dual_frac",
                settings={"c": Knob(low=1, low_open=True, optional=True,   # handed to the policy loss as dual_clip_c
                                    note="the loss of a negative-advantage token is capped at -c A")})
 EPS = {"eps_low": POSITIVE, "eps_high": POSITIVE}

@@ -28,12 +28,14 @@ from grpo_ablate.tricks.clip import EPS, LOG_RATIO_LIMIT, RATIO_MOVES, float_lik
                         what="prime-rl's default loss: DPPO binary-TV mask + kl_tau (log pi/mu)^2, tau 1e-3",
                         source="prime-rl DefaultLossConfig (src/prime_rl/trainer/rl/loss.py default_loss_fn); Kimi "
                                "K2.5 KL (arXiv 2602.02276)",
-                        verdict="not_in_review"),
+                        verdict="not_in_review", settings={"kl_tau": 1.0e-3}),
                   Trick("ipo_loss",
                         what="prime-rl's IPO loss: tokens whose probability moved more than 0.1 either way masked "
                              "whatever the advantage's sign, + kl_tau (log pi/mu)^2, tau 1e-3",
                         source="prime-rl IPOLossConfig (src/prime_rl/trainer/rl/loss.py ipo_loss_fn)",
-                        verdict="not_in_review")))
+                        verdict="not_in_review",   # IPOLossConfig's ipo_threshold and kl_tau
+                        settings={"divergence": "symmetric_tv", "delta_low": 0.1, "delta_high": 0.1,
+                                  "kl_tau": 1.0e-3})))
 def dppo_loss(logp, old_logp, advantages, mask, *, divergence: str = "binary_tv", delta_low: float = 0.2,
               delta_high: float = 0.2, kl_tau: float = 0.0):
     """DPPO (arXiv 2602.04879): the unclipped ratio, with tokens whose probability moved too far

@@ -12,7 +12,8 @@ from __future__ import annotations
 from grpo_ablate.tricks.registry import (NON_NEGATIVE, POSITIVE, SEED_REVIEW, Activity, Claim, Inert, Trick,
                                          declare_family, register)
 
-declare_family("entropy", "entropy bonus, fixed or Skywork-OR1 adaptive coefficient", metric="entropy/coef")
+declare_family("entropy", "entropy bonus, fixed or Skywork-OR1 adaptive coefficient",
+               stage="loss", metric="entropy/coef")
 
 
 @register("entropy", "none",

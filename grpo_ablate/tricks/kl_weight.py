@@ -14,7 +14,7 @@ from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick
 
 from grpo_ablate.tricks.registry import NON_NEGATIVE, POSITIVE, POSITIVE_INT, Inert, Trick, declare_family, register
 
-declare_family("kl_weight", "per-token weights on the KL term", metric="kl/k3")
+declare_family("kl_weight", "per-token weights on the KL term", stage="loss", default="uniform", metric="kl/k3")
 
 
 def _needs_kl_term(cfg):

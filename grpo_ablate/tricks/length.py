@@ -14,7 +14,8 @@ from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick
 
 from grpo_ablate.tricks.registry import (NUMBER, SEED_REVIEW, Activity, Claim, Trick, declare_family, register)
 
-declare_family("length", "length terms in the reward; `group` is Kimi k1.5's", metric="length/reward_mean")
+declare_family("length", "length terms in the reward; `group` is Kimi k1.5's",
+               stage="reward", metric="length/reward_mean")
 
 
 @register("length", "none")

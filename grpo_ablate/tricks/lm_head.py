@@ -26,7 +26,8 @@ from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick
 from grpo_ablate.tricks.registry import Claim, Inert, Trick, declare_family, register
 
 declare_family("lm_head", "the LM head's precision under model.dtype=bfloat16 or float16: `fp32` computes the head "
-               "and the logits in float32 (TRL cast_lm_head_to_fp32, prime-rl, ROLL logits_in_fp32)")
+               "and the logits in float32 (TRL cast_lm_head_to_fp32, prime-rl, ROLL logits_in_fp32)",
+               stage="model", default="compute")
 
 
 def _full_precision_model(cfg) -> bool:

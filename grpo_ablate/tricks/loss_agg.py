@@ -23,7 +23,7 @@ from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick
 
 from grpo_ablate.tricks.registry import (DAPO, TRICKS_OR_TRAPS, Claim, Trick, declare_family, register)
 
-declare_family("loss_agg", "per-token loss weights", metric="loss")
+declare_family("loss_agg", "per-token loss weights", stage="loss", default="seq_mean_token_mean", metric="loss")
 
 def _as_float(mask: torch.Tensor) -> torch.Tensor:
     return mask.to(torch.get_default_dtype() if not mask.is_floating_point() else mask.dtype)

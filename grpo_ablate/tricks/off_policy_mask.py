@@ -23,6 +23,7 @@ from grpo_ablate.tricks.conditions import policy_never_leaves_sampler
 from grpo_ablate.tricks.registry import NON_NEGATIVE, Activity, Inert, Trick, declare_family, register
 
 declare_family("off_policy_mask", "drop A < 0 sequences whose sampler log-ratio exceeds δ (DeepSeek-V3.2)",
+               stage="loss",
                metric="off_policy_mask/dropped_frac")
 
 

@@ -19,7 +19,7 @@ from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick
 
 from grpo_ablate.tricks.registry import (DAPO, NON_NEGATIVE, Activity, Claim, Knob, Trick, declare_family, register)
 
-declare_family("overlong", "truncated completions: masked out, or a DAPO length penalty",
+declare_family("overlong", "truncated completions: masked out, or a DAPO length penalty", stage="reward",
                metric="overlong/penalty_mean")
 
 

@@ -44,7 +44,7 @@ from grpo_ablate.tricks.registry import (FRACTION, Activity, Claim, Inert, Knob,
 
 declare_family("prompt_pool", "which prompts a step draws: the task's own order, or a finite pool in epochs, with "
                "prompts of pass rate >= `max_pass` retired (ScaleRL no-positive-resampling), or prime-rl's "
-               "easy/normal/hard difficulty pools", metric="pool/retired",
+               "easy/normal/hard difficulty pools", stage="batch", default="task", metric="pool/retired",
                settings={"size": (Knob("integer", low=0, low_open=True, optional=True,
                                        note="the pool's prompts; null: a data task's whole training set"), "pooled")})
 

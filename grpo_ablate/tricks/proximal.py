@@ -51,6 +51,7 @@ from grpo_ablate.tricks.registry import Activity, Inert, Trick, choice, declare_
 
 declare_family("proximal", "the PPO ratio's denominator under stale rollouts: `recompute` π_old (AReaL's default), "
                "AReaL's `loglinear` approximation, or the `behaviour` policy's own log-probs",
+               stage="async", default="recompute",
                metric="proximal/gap")
 
 

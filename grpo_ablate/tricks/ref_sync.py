@@ -19,7 +19,7 @@ from grpo_ablate.tricks.conditions import total_optimizer_steps
 from grpo_ablate.tricks.registry import FRACTION, POSITIVE_INT, Activity, Inert, Trick, declare_family, register
 
 declare_family("ref_sync", "every `ref_sync.every` optimizer steps π_ref ← α π + (1-α) π_ref (TR-DPO; needs "
-               "kl.beta > 0)", metric="ref_sync/syncs",
+               "kl.beta > 0)", stage="async", metric="ref_sync/syncs",
                settings={"every": (POSITIVE_INT, "syncs_reference")})   # optimizer steps between two syncs
 
 
@@ -56,14 +56,16 @@ def keep_reference(reference, policy) -> None:
                              "steps",
                         source="TRL sync_ref_model (TR-DPO, arXiv 2404.09656)",
                         verdict="not_in_review",
-                        cost="a parameter copy every sync (needs a KL term)"),
+                        cost="a parameter copy every sync (needs a KL term)",
+                        settings={"every": 10}),   # TRL's 512 is beyond a run of this project's length
                   # slime --ref-update-interval N: the actor's weights copied into the reference every N
                   # rollout steps (one optimizer step each with updates.mini_batches=1): mixup with alpha 1
                   Trick("ref_update_interval",
                         what="reference replaced by the policy every 10 optimizer steps (alpha 1)",
                         source="slime --ref-update-interval (rollout steps between copies of the actor into ref)",
                         verdict="not_in_review",
-                        cost="a parameter copy every sync (needs a KL term)")))
+                        cost="a parameter copy every sync (needs a KL term)",
+                        settings={"alpha": 1.0, "every": 10})))   # a copy, not a mix: slime backs the actor up
 def mixup_reference(reference, policy, *, alpha: float = 0.6) -> None:
     """reference <- alpha policy + (1 - alpha) reference, in place."""
     if not 0.0 <= alpha <= 1.0:

@@ -206,6 +206,7 @@ class Trick:
     verdict: str
     cost: str = "none"
     claims: tuple = ()
+    settings: dict = field(default_factory=dict, hash=False)   # what its conf/trick file sets beyond the option's own
 
     VERDICTS = ("baseline", "strongly_recommended", "recommended", "use_with_care", "not_recommended",
                 "completely_unnecessary", "not_applicable", "not_in_review")
@@ -226,20 +227,31 @@ class Family:
     settings: dict = field(default_factory=dict)
     supplied: dict = field(default_factory=dict)
     module: str = ""                      # where it is declared (docs/config.md points there)
+    stage: str = "loss"                   # where in a step it acts (STAGES)
+    default: str = "none"                 # the option conf/config.yaml selects
 
 
-def declare_family(name: str, summary: str, *, metric: str = "loss", settings: dict | None = None,
-                   supplied: dict | None = None) -> None:
-    """Declare a family once, in its module. settings: {key: Knob or (Knob, flag)}."""
+# Where in a step a family acts, in the order a step meets them: the order of the families in
+# conf/config.yaml's defaults list and in docs/config.md's table (both written by `make catalogue`).
+STAGES = ("reward", "batch", "advantage", "loss", "async", "model", "optimizer")
+
+
+def declare_family(name: str, summary: str, *, stage: str, default: str = "none", metric: str = "loss",
+                   settings: dict | None = None, supplied: dict | None = None) -> None:
+    """Declare a family once, in its module. stage: one of STAGES; default: the option a run
+    takes unless told otherwise; settings: {key: Knob or (Knob, flag)}."""
     if name in _DECLARED:
         raise ValueError(f"trick family {name!r} is declared twice")
+    if stage not in STAGES:
+        raise ValueError(f"trick family {name!r}: stage {stage!r}; allowed: {', '.join(STAGES)}")
     norm = {k: v if isinstance(v, tuple) else (v, None) for k, v in (settings or {}).items()}
     module = sys._getframe(1).f_globals.get("__name__", "")   # the declaring module, for docs/config.md
-    _DECLARED[name] = Family(name, summary, metric, norm, dict(supplied or {}), module)
+    _DECLARED[name] = Family(name, summary, metric, norm, dict(supplied or {}), module, stage, default)
 
 
 def declared_families() -> list[Family]:
-    return list(_DECLARED.values())
+    """Every declared family, stage by stage (STAGES), in declaration order within a stage."""
+    return sorted(_DECLARED.values(), key=lambda f: STAGES.index(f.stage))
 
 
 def family_info(name: str) -> Family:

@@ -12,7 +12,7 @@ from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick
 
 from grpo_ablate.tricks.registry import (POSITIVE, SEED_REVIEW, Claim, Inert, Trick, declare_family, option, register)
 
-declare_family("reward_norm", "global reward normalization before the advantage", metric="reward/mean")
+declare_family("reward_norm", "global reward normalization before the advantage", stage="reward", metric="reward/mean")
 
 
 @register("reward_norm", "none")

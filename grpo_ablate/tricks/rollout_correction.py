@@ -36,7 +36,7 @@ from grpo_ablate.tricks.registry import (FLAG, POSITIVE, Activity, Claim, Inert,
 
 declare_family("rollout_correction", "importance weights π_old / π_sampler on the policy loss, with verl's mismatch "
                "metrics `rollout_corr/*`; AReaL's `decoupled` PPO and `m2po` mask; acts with stale rollouts "
-               "(`staleness`), `rollout.dtype=bfloat16` or vLLM", metric="rollout_corr/is_mean")
+               "(`staleness`), `rollout.dtype=bfloat16` or vLLM", stage="loss", metric="rollout_corr/is_mean")
 
 LOG_RATIO_LIMIT = 20.0
 

@@ -23,7 +23,8 @@ from grpo_ablate.tricks.registry import (DAPO, NUMBER, POSITIVE_INT, SEED_REVIEW
                                          declare_family, register)
 
 declare_family("sampling", "which groups form the batch; `dynamic` is DAPO's, refilling up to `max_rounds`; "
-               "`dynamic_group` grows flat groups up to `g_max`", metric="sampling/kept_group_frac",
+               "`dynamic_group` grows flat groups up to `g_max`",
+               stage="batch", default="static", metric="sampling/kept_group_frac",
                settings={"max_rounds": POSITIVE_INT,   # sampling rounds (dynamic), group growth (dynamic_group)
                          "g_step": Knob("integer", low=0, low_open=True, optional=True),
                          "g_max": Knob("integer", low="rollout.group_size", optional=True)})
@@ -88,7 +89,8 @@ def keep_varied_groups(scores: torch.Tensor) -> torch.Tensor:
           tricks=(Trick("advantage_range_gate",
                         what="drop groups whose advantages r - mean(r) all lie in [reject_min, reject_max], refill",
                         source="prime-rl curriculum gates type=advantage_range (AdvRangeGate)",
-                        verdict="not_in_review", cost="up to max_rounds extra generation rounds per step"),))
+                        verdict="not_in_review", cost="up to max_rounds extra generation rounds per step",
+                        settings={"reject_min": -0.05, "reject_max": 0.05}),))
 def keep_groups_outside_advantage_range(scores: torch.Tensor, *, reject_min: float = 0.0,
                                         reject_max: float = 0.0) -> torch.Tensor:
     advantages = scores - scores.mean(dim=1, keepdim=True)

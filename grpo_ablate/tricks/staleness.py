@@ -42,7 +42,7 @@ from grpo_ablate.tricks.registry import (FRACTION, POSITIVE_INT, Activity, Claim
 
 declare_family("staleness", "rollouts from the policy of k steps ago (asynchronous RL, reproduced exactly): "
                "`fixed` k (verl one-step-off, AReaL max_head_offpolicyness), `mixed` (a stale fraction, verl "
-               "fully-async), `spread` 0..k with groups older than `max_age` dropped (prime-rl)",
+               "fully-async), `spread` 0..k with groups older than `max_age` dropped (prime-rl)", stage="async",
                metric="staleness/mean_age")
 
 STALE_ACTS = Activity("staleness/mean_age")

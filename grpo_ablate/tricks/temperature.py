@@ -16,7 +16,7 @@ from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick
 from grpo_ablate.tricks.registry import (POSITIVE, SEED_REVIEW, Activity, Claim, Trick, declare_family, register)
 
 declare_family("temperature", "sampling temperature; training log-probs use logits / T; `learnable` trains "
-               "T = exp(s)", metric="temperature/value")
+               "T = exp(s)", stage="model", default="fixed", metric="temperature/value")
 
 
 def _value_within_bounds(cfg):

@@ -20,7 +20,7 @@ from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick
 
 from grpo_ablate.tricks.registry import FRACTION, Activity, Inert, Trick, declare_family, register
 
-declare_family("token_mask", "the policy loss on the top-quantile-entropy tokens only",
+declare_family("token_mask", "the policy loss on the top-quantile-entropy tokens only", stage="loss",
                metric="token_mask/dropped_frac")
 
 

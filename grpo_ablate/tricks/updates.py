@@ -11,7 +11,7 @@ from __future__ import annotations
 from grpo_ablate.tricks.registry import FLAG, POSITIVE_INT, Activity, Trick, declare, declare_family
 
 declare_family("updates", "optimizer steps per rollout: `updates.mini_batches` slices of whole groups × "
-               "`updates.epochs` passes", metric="clip/low_frac",
+               "`updates.epochs` passes", stage="optimizer", default="single", metric="clip/low_frac",
                settings={"mini_batches": POSITIVE_INT, "epochs": POSITIVE_INT, "shuffle": FLAG})
 
 RATIO_MOVES = Activity("ppo/kl")   # how far off-policy the optimizer steps were (0 with one step)

@@ -13,7 +13,8 @@ from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick
 from grpo_ablate.tricks.conditions import one_optimizer_step
 from grpo_ablate.tricks.registry import (POSITIVE, SEED_REVIEW, Claim, Inert, Trick, declare_family, option, register)
 
-declare_family("value_clip", "the critic's loss, PPO value clipping; only with `adv=gae`", metric="value/loss")
+declare_family("value_clip", "the critic's loss, PPO value clipping; only with `adv=gae`",
+               stage="advantage", metric="value/loss")
 
 
 def _needs_a_critic(cfg):

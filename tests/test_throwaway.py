@@ -1,0 +1,134 @@
+"""Issue 33's exercises, done for real on a copy of the package: a new option is 2 files written by
+hand (its function with its facts, its conf file) and a new family 3 (its module, its options' conf
+files) plus the call site in the loss or reward chain; `make catalogue` writes everything else.
+
+The copy is laid out as a wheel is (conf/ inside the package as grpo_ablate/conf), and every command
+runs on it in a fresh process, so the test sees exactly the files a contributor would touch.
+"""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+OPTION = '''"""A throwaway policy loss (tests/test_throwaway.py)."""
+from grpo_ablate.tricks.conditions import one_optimizer_step
+from grpo_ablate.tricks.registry import POSITIVE, Activity, Inert, Knob, Trick, register
+from grpo_ablate.tricks.torch_on_first_use import torch
+
+
+@register("clip", "throwaway", knobs={"eps": POSITIVE, "tau": Knob(low=0, high=2)},
+          activity=Activity("clip/throwaway_frac"),
+          inert=Inert(one_optimizer_step, "cannot act with one optimizer step per rollout", "add updates.multi",
+                      "several optimizer steps per rollout"),
+          tricks=(Trick("throwaway_trick", what="a throwaway policy loss", source="tests/test_throwaway.py",
+                        verdict="not_in_review", settings={"tau": 1.5}),))
+def throwaway_loss(logp, old_logp, advantages, mask, *, eps: float = 0.1, tau: float = 1.0):
+    ratio = torch.exp(logp - old_logp)
+    return -advantages * ratio * tau, {"clip/throwaway_frac": ((ratio - 1).abs() > eps).float().mean()}
+'''
+
+FAMILY = '''"""A throwaway reward-shaping family (tests/test_throwaway.py)."""
+from grpo_ablate.tricks.registry import NUMBER, Activity, Trick, declare_family, register
+
+declare_family("throwaway_family", "a throwaway reward term", stage="reward", metric="reward/mean")
+
+
+@register("throwaway_family", "none")
+def no_bonus(rewards):
+    return rewards
+
+
+@register("throwaway_family", "bonus", knobs={"size": NUMBER}, activity=Activity("reward/mean", kind="changes"),
+          tricks=(Trick("throwaway_bonus", what="a constant added to every reward", source="tests/test_throwaway.py",
+                        verdict="not_in_review"),))
+def constant_bonus(rewards, *, size: float = 0.5):
+    return rewards + size
+'''
+
+@pytest.fixture
+def package_copy(tmp_path):
+    """The package with its conf (the link grpo_ablate/conf followed) and docs, copied; (root, run(*argv))."""
+    root = tmp_path / "repo"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(REPO / "grpo_ablate", root / "grpo_ablate", ignore=ignore)   # grpo_ablate/conf -> ../conf: copied
+    shutil.copytree(REPO / "docs", root / "docs", ignore=ignore)
+    env = {**os.environ, "PYTHONPATH": str(root), "WANDB_MODE": "disabled"}
+
+    def run(*argv, check=True):
+        done = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0 or not check, done.stderr[-3000:]
+        return done
+
+    where = run("-c", "import grpo_ablate.conf as c, grpo_ablate as g; print(g.__file__, c.__file__)").stdout
+    assert where.count(str(root)) == 2, where   # the copy is what runs, not the checkout
+    return root, run
+
+
+def snapshot(root) -> dict:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+
+
+def touched(before: dict, after: dict) -> set:
+    return {path for path in before.keys() | after.keys() if before.get(path) != after.get(path)}
+
+
+def test_a_new_option_is_two_files_by_hand_and_make_catalogue(package_copy, tmp_path, small):
+    root, run = package_copy
+    before = snapshot(root)
+    (root / "grpo_ablate" / "tricks" / "throwaway.py").write_text(OPTION)                 # by hand: 1
+    (root / "grpo_ablate" / "conf" / "clip" / "throwaway.yaml").write_text(               # by hand: 2
+        "name: throwaway\neps: 0.1\ntau: 1.0\n")
+    run("-m", "grpo_ablate.catalogue", "--write")                                          # make catalogue
+    assert touched(before, snapshot(root)) == {
+        "grpo_ablate/tricks/throwaway.py", "grpo_ablate/conf/clip/throwaway.yaml",
+        # what `make catalogue` wrote: the trick's file, its rows in the docs, its activity metric
+        "grpo_ablate/conf/trick/throwaway_trick.yaml", "docs/tricks.md", "docs/config.md",
+        "grpo_ablate/report/activity_table.py"}
+    # it trains, through the named trick the catalogue wrote, and its activity metric is logged
+    run("-m", "grpo_ablate.cli", "train", *small, "+trick=throwaway_trick", "updates=multi", "steps=1",
+        "logger=none", "eval.every=1", f"hydra.run.dir={tmp_path / 'run'}")
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert "clip/throwaway_frac" in rows[-1] and rows[-1]["step"] == 1
+    config = (tmp_path / "run" / "config.yaml").read_text()
+    assert "name: throwaway" in config and "tau: 1.5" in config   # the trick's own setting
+    # checked from its registration: a bad knob is one line, exit 2
+    bad = run("-m", "grpo_ablate.cli", "train", "+trick=throwaway_trick", "clip.tau=3", check=False)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "error: clip.tau=3 is not allowed; it must be a number in [0, 2]"]
+    listed = json.loads(run("-m", "grpo_ablate.cli", "tricks", "--format", "json").stdout)
+    assert {"name": "throwaway_trick", "family": "clip", "option": "throwaway"}.items() <= \
+        next(r for r in listed if r["name"] == "throwaway_trick").items()
+
+
+def test_a_new_family_is_three_files_by_hand_its_call_site_and_make_catalogue(package_copy):
+    root, run = package_copy
+    before = snapshot(root)
+    (root / "grpo_ablate" / "tricks" / "throwaway_family.py").write_text(FAMILY)           # by hand: 1
+    conf = root / "grpo_ablate" / "conf" / "throwaway_family"
+    conf.mkdir()
+    (conf / "none.yaml").write_text("name: none\n")                                       # by hand: 2
+    (conf / "bonus.yaml").write_text("name: bonus\nsize: 0.5\n")                          # by hand: 3
+    run("-m", "grpo_ablate.catalogue", "--write")
+    assert touched(before, snapshot(root)) == {
+        "grpo_ablate/tricks/throwaway_family.py", "grpo_ablate/conf/throwaway_family/none.yaml",
+        # and the family's line in every run's defaults list
+        "grpo_ablate/conf/throwaway_family/bonus.yaml", "grpo_ablate/conf/trick/throwaway_bonus.yaml",
+        "docs/tricks.md", "docs/config.md", "grpo_ablate/report/activity_table.py", "grpo_ablate/conf/config.yaml"}
+    # in every run's config, among the reward stage's families (before the batch stage's); checked
+    probe = ("from grpo_ablate.config import compose, validate\n"
+             "cfg = compose(['+trick=throwaway_bonus']); validate(cfg); print(cfg.throwaway_family.size)\n"
+             "keys = list(compose([]).keys()); print(compose([]).throwaway_family.name, keys.index('reward_norm')\n"
+             "      < keys.index('throwaway_family') < keys.index('prompt_pool'))")
+    assert run("-c", probe).stdout.split() == ["0.5", "none", "True"]
+    bad = run("-m", "grpo_ablate.cli", "train", "throwaway_family=bonus", "throwaway_family.size=x", check=False)
+    assert bad.returncode == 2 and "throwaway_family.size" in bad.stderr and "Traceback" not in bad.stderr
+    table = (root / "docs" / "config.md").read_text()
+    assert "| `throwaway_family` | `none`, `bonus` | a throwaway reward term" in table
