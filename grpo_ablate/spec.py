@@ -95,7 +95,6 @@ class Schedule:
 
 @dataclass(frozen=True)
 class ModelSettings:
-    device: str | None
     dtype: str | None             # compute dtype (autocast; None: float32); weights stay float32
     attn_implementation: str | None
     fsdp: bool
@@ -165,7 +164,7 @@ def run_spec(cfg: DictConfig) -> RunSpec:
         schedule=Schedule(int(cfg.steps), int(cfg.eval.every), int(cfg.eval.max_new_tokens), int(cfg.samples_every),
                           int(cfg.samples_per_log), int(cfg.checkpoint_every), cfg.debug.fail_at_step,
                           cfg.debug.nan_loss_at_step),
-        model=ModelSettings(m.get("device"), m.get("dtype", "float32"), m.get("attn_implementation"),
+        model=ModelSettings(m.get("dtype", "float32"), m.get("attn_implementation"),
                             bool(m.get("fsdp")), bool(m.get("gradient_checkpointing")),
                             bool(m.get("disable_dropout", True)), bool(m.get("remove_padding", True)),
                             int((m.get("lora") or {}).get("r") or 0) > 0, _frozen_group(m)),

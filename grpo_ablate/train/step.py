@@ -1,10 +1,11 @@
 """One GRPO step, as named phases: sample, anchor forwards, rewards and advantages, update, metrics.
 
 `GRPOTrainer.step` reads top to bottom; every trick enters through the registry (the objects
-`LossTerms`, `RewardShaping`, `AdvantageChain` and the controllers were bound from the run
-spec's options when the run started), so nothing here branches on a trick's name. Tricks with state
-of their own (a prompt pool, a replay buffer, stale samplers, a moving reference, an older
-policy) are plugins (train/plugin.py): the trainer calls the active ones' hooks in a loop.
+`LossTerms`, `RewardShaping`, `AdvantageChain` and the controllers were made from the run
+spec's bound options when the run started), so nothing here branches on a trick's name.
+Tricks with state of their own (a prompt pool, a replay buffer, stale samplers, a moving
+reference, an older policy) are plugins (train/plugin.py): the trainer calls the active ones'
+hooks in a loop.
 """
 from __future__ import annotations
 
