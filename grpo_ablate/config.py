@@ -89,22 +89,6 @@ def option_flags(family: str, name: str) -> dict:
     return dict(option(family, name).flags)
 
 
-def family_settings(cfg: DictConfig, family: str) -> dict:
-    """The chosen option's knobs as set by the config (the family's trainer settings and `name` left out)."""
-    settings = family_info(family).settings
-    return {k: v for k, v in params(cfg[family]).items() if k not in settings}
-
-
-def trick(cfg: DictConfig, family: str, **supplied):
-    """The function (or controller class) the config chose for `family`, its knobs bound.
-    `supplied` knobs (the family's `supplied`, registry.declare_family) that the chosen option
-    does not take are left out: validate refuses a config that would need them (dual_clip with
-    clip=gspo)."""
-    chosen = option(family, cfg[family].name)
-    supplied = {k: v for k, v in supplied.items() if k in chosen.knobs}
-    return chosen.bind({**family_settings(cfg, family), **supplied})
-
-
 def family_keys(cfg: DictConfig, family: str) -> list[str]:
     """The keys the family's chosen option may set: its knobs and the family's trainer settings
     (a setting tied to a capability flag only for options that have it)."""

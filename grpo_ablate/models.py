@@ -298,10 +298,6 @@ def enable_activation_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def lora_enabled(model_cfg) -> bool:
-    return int((model_cfg.get("lora") or {}).get("r") or 0) > 0
-
-
 def add_lora(model, model_cfg, checkpoint: Path | None = None):
     """Wrap `model` with trainable LoRA adapters (peft); only the adapters train. On resume the
     adapters come back from the run's checkpoint, which holds just them (base: model.path)."""

@@ -249,3 +249,77 @@ def test_every_user_error_is_a_user_error():
     not_user = [f"{m}.{name}" for m, name in found
                 if not issubclass(getattr(importlib.import_module(m), name), UserError)]
     assert not not_user, not_user
+
+
+# The run's runtime: what train() builds and steps. The config is composed, validated and checked
+# above it (config.py, inert.py, resume_rules.py, here.py, sweep planning: the config layer) and
+# turned into the frozen RunSpec (spec.py) on train()'s first screen; below that every part
+# receives its own piece of the spec (a family's BoundOption, the rollout settings, ...).
+RUNTIME = ("train", "sampling", "tasks", "models.py", "rundir.py", "stopping.py")
+# The functions of the runtime that take the composed DictConfig (or a group of it), each with why.
+TAKES_A_CONFIG = {
+    "grpo_ablate.train.grpo:train": "the entry: validates and checks the config, makes the run spec (first screen)",
+    "grpo_ablate.train.controls:run_control": "the control runs' entry: the same first screen as train()",
+    "grpo_ablate.train.run_log:WandbSink.__init__": "W&B's run config is the composed config (RunRecord.config)",
+    "grpo_ablate.train.run_log:wandb_config": "the composed config as W&B's run config, sweep flags added",
+    # the model group (RunSpec.model.group, read-only): the config layer and the sweep's warm-up
+    # (sweep/launch.py, here.py, the tests' fixtures) call these loaders with cfg.model as well
+    "grpo_ablate.models:ensure_warm_started": "the model group: the sweep warms the model up before its runs",
+    "grpo_ablate.models:model_dir": "the model group: the sweep converts a GGUF model before its runs",
+    "grpo_ablate.models:model_device": "the model group: read on train()'s first screen",
+    "grpo_ablate.models:add_lora": "the model group's lora settings, passed to peft as they are",
+}
+
+
+def config_parameters(path: Path, module: str) -> list[str]:
+    """'module:Class.function' for every function with a parameter named `cfg` (or `*_cfg`) or
+    annotated DictConfig."""
+    found = []
+
+    def visit(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = child.args
+                params = [*a.posonlyargs, *a.args, *a.kwonlyargs, *filter(None, (a.vararg, a.kwarg))]
+                if any(p.arg == "cfg" or p.arg.endswith("_cfg")
+                       or p.annotation is not None and "DictConfig" in ast.unparse(p.annotation) for p in params):
+                    found.append(f"{module}:{prefix}{child.name}")
+                visit(child, f"{prefix}{child.name}.")
+
+    visit(ast.parse(path.read_text()), "")
+    return found
+
+
+def runtime_modules() -> dict[str, Path]:
+    return {name: path for name, path in modules().items()
+            if any(path.relative_to(PACKAGE).parts[0] == part for part in RUNTIME)}
+
+
+def test_nothing_below_trains_first_screen_receives_the_config():
+    """Issue 33: the DictConfig stops at train()'s first screen. A component that reads the
+    config (`cfg.rollout.x`, a trick bound from `cfg`) gets its part of the RunSpec instead."""
+    found = [f for name, path in runtime_modules().items() for f in config_parameters(path, name)]
+    assert sorted(set(found) - set(TAKES_A_CONFIG)) == [], "take the run spec's part, not the config"
+    assert sorted(set(TAKES_A_CONFIG) - set(found)) == [], "an allowed function that no longer takes it"
+
+
+def test_the_runtime_reaches_the_config_layer_only_from_the_entries():
+    """Only the entries (train(), run_control()) import the config layer: nothing below binds a
+    trick from the config again (the spec's BoundOption is the one binding)."""
+    edges, _ = graph()
+    layer = {"grpo_ablate.config", "grpo_ablate.inert", "grpo_ablate.resume_rules", "grpo_ablate.here"}
+    entries = {key.split(":")[0] for key in TAKES_A_CONFIG if key.endswith((":train", ":run_control"))}
+    found = {name: sorted(edges[name] & layer) for name in runtime_modules() if edges[name] & layer}
+    assert set(found) <= entries, found
+
+
+def test_the_config_parameter_detector_finds_one(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("from omegaconf import DictConfig\n\n"
+                      "def sample(rollouts, cfg, step): ...\n\n"
+                      "def load(*, run_cfg=None): ...\n\n"
+                      "class Trainer:\n    def __init__(self, config: 'DictConfig | None'): ...\n\n"
+                      "    def step(self, spec, rollout_settings): ...\n")
+    assert config_parameters(source, "m") == ["m:sample", "m:load", "m:Trainer.__init__"]

@@ -13,6 +13,7 @@ import grpo_ablate.train.grpo as trainer_module
 from grpo_ablate.train import diagnostics as diag
 from grpo_ablate.config import ConfigError, compose, validate
 from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
+from grpo_ablate.spec import run_spec
 from grpo_ablate.tricks.adv import grpo_advantage
 
 
@@ -164,7 +165,8 @@ def test_the_diagnostics_differentiate_the_token_mask_the_update_trains(small, t
     assert len(rows) < len(updated) and diagnosed.shape[0] == len(rows)
     assert torch.equal(diagnosed, updated[rows])
     # what the sub-batch's own quantile keeps (the old behaviour) is another set of tokens here
-    own = LossTerms(compose(["token_mask=high_entropy", "token_mask.quantile=0.3"])).token_keep(sub_entropy, sub_mask)
+    own = LossTerms(run_spec(compose(["token_mask=high_entropy", "token_mask.quantile=0.3"])).tricks).token_keep(
+        sub_entropy, sub_mask)
     assert not torch.equal(own, diagnosed)
 
 

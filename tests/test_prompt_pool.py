@@ -12,6 +12,7 @@ from conftest import cli
 from grpo_ablate.config import compose, validate
 from grpo_ablate.inert import inert_reason
 from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
+from grpo_ablate.spec import run_spec
 from grpo_ablate.train.grpo import train
 from grpo_ablate.train.prompt_pool import prompt_pool
 from grpo_ablate.tricks import option
@@ -84,7 +85,7 @@ class Problems:
 
 
 def pool_of(overrides):
-    return prompt_pool(compose(overrides), Problems(), policies=None)
+    return prompt_pool(run_spec(compose(overrides)), Problems(), policies=None)
 
 
 def test_retired_prompts_leave_at_the_next_epoch_and_the_state_resumes_exactly():

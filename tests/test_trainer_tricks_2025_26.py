@@ -7,6 +7,7 @@ import torch
 
 from grpo_ablate.config import compose
 from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
+from grpo_ablate.spec import run_spec
 from grpo_ablate.train.grpo import train
 from grpo_ablate.train.losses import Coefficients, LossInputs, LossTerms, SeededDraws, loss_draws
 from grpo_ablate.train.rewards import AdvantageChain, RewardShaping
@@ -17,6 +18,11 @@ from grpo_ablate.tricks.rollout_correction import _option
 
 D = torch.float64
 NO_TERMS = Coefficients(kl=0.0, kl_prev=0.0, entropy=0.0, value=0.0)
+
+
+def tricks_of(overrides):
+    """The bound options of a composed config (what the trainer's parts receive)."""
+    return run_spec(compose(overrides)).tricks
 
 
 def run(overrides, run_dir):
@@ -34,7 +40,7 @@ def test_gdpo_gets_the_reward_components():
     task = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0], dtype=D)
     length = torch.tensor([-0.1, -0.5, 0.0, -0.2, -0.9, -0.3], dtype=D)
     components = {"task_reward": task, "length_reward": length}
-    chain = AdvantageChain(compose(["adv=gdpo"]))
+    chain = AdvantageChain(tricks_of(["adv=gdpo"]))
     got = chain(task + length, group_index, mask, None, components).values
     assert torch.equal(got, gdpo_advantage(task + length, group_index, mask, None, components))
     assert not torch.allclose(got, chain(task + length, group_index, mask).values)   # {}: one part
@@ -49,8 +55,8 @@ def test_kl_in_reward_charges_the_chosen_estimator():
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]], dtype=D)
     old = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, -0.7, -3.0]], dtype=D)
     ref = torch.tensor([[-1.5, -1.0, -9.0], [-0.4, -1.7, -2.0]], dtype=D)
-    cfg = compose(["kl=in_reward", "kl.estimator=k3"])
-    shaping = RewardShaping(cfg, SimpleNamespace(), reward_beta=0.5)
+    spec = run_spec(compose(["kl=in_reward", "kl.estimator=k3"]))
+    shaping = RewardShaping(spec.tricks, spec.reward, spec.rollout.max_new_tokens, SimpleNamespace(), reward_beta=0.5)
     shaped = shaping(torch.zeros(2, dtype=D), ["", ""], roll_of(mask), torch.tensor([0, 0]), old, ref)
     assert torch.allclose(shaped.components["kl_reward"], -0.5 * (k3(old, ref) * mask).sum(1))
     assert torch.allclose(shaped.rewards, shaped.components["kl_reward"])
@@ -68,7 +74,7 @@ def inputs_and_logp(seed=0, n=4, t=6):
 def test_the_high_entropy_mask_zeroes_the_policy_gradient_of_the_other_tokens():
     logp, inputs = inputs_and_logp()
     entropy = torch.arange(24, dtype=D).view(4, 6)
-    terms, stats = LossTerms(compose(["token_mask=high_entropy", "token_mask.quantile=0.25"]))(
+    terms, stats = LossTerms(tricks_of(["token_mask=high_entropy", "token_mask.quantile=0.25"]))(
         logp, entropy, None, inputs, NO_TERMS)
     terms["policy"].sum().backward()
     # the 0.75-quantile of the 22 trained entropies (0-3, 6-23): 17 + 0.75 (18 - 17)
@@ -79,19 +85,19 @@ def test_the_high_entropy_mask_zeroes_the_policy_gradient_of_the_other_tokens():
 
 def test_rollout_correction_weights_multiply_the_policy_loss_only():
     logp, inputs = inputs_and_logp()
-    plain, _ = LossTerms(compose([]))(logp, torch.zeros_like(logp), None, inputs, NO_TERMS)
+    plain, _ = LossTerms(tricks_of([]))(logp, torch.zeros_like(logp), None, inputs, NO_TERMS)
     sampler = inputs.old_logp - 0.3 * torch.rand(logp.shape, dtype=D)
     weights, metrics = _option("token", "truncate", 2.0, None)(inputs.old_logp, sampler, inputs.mask)
     inputs.sampler_logp, inputs.is_weights = sampler, weights
-    cfg = compose(["rollout_correction=token_truncate"])
-    weighted, _ = LossTerms(cfg)(logp, torch.zeros_like(logp), None, inputs, NO_TERMS)
+    weighted, _ = LossTerms(tricks_of(["rollout_correction=token_truncate"]))(logp, torch.zeros_like(logp), None,
+                                                                             inputs, NO_TERMS)
     assert torch.equal(weighted["policy"], plain["policy"] * weights) and metrics["rollout_corr/kl"] != 0
 
 
 def test_the_off_policy_mask_drops_negative_sequences_far_from_the_sampler():
     logp, inputs = inputs_and_logp()
     inputs.sampler_logp = logp.detach() + torch.tensor([[1.0], [1.0], [0.0], [0.0]], dtype=D)  # rows 0, 1 drift
-    terms, stats = LossTerms(compose(["off_policy_mask=sequence"]))(logp, torch.zeros_like(logp), None, inputs,
+    terms, stats = LossTerms(tricks_of(["off_policy_mask=sequence"]))(logp, torch.zeros_like(logp), None, inputs,
                                                                       NO_TERMS)
     terms["policy"].sum().backward()
     assert logp.grad[1].abs().sum() == 0 and logp.grad[0].abs().sum() > 0 and logp.grad[3].abs().sum() > 0  # A_0 > 0
@@ -99,8 +105,8 @@ def test_the_off_policy_mask_drops_negative_sequences_far_from_the_sampler():
 
 
 def test_clip_cov_draws_from_the_trainers_seeded_generator():
-    assert loss_draws(compose([])) is None                  # a loss that draws nothing has none
-    draws = loss_draws(compose(["clip=clip_cov", "seed=3"]))
+    assert loss_draws(tricks_of([])["clip"], 0) is None     # a loss that draws nothing has none
+    draws = loss_draws(tricks_of(["clip=clip_cov"])["clip"], 3)
     assert isinstance(draws, SeededDraws)
     state = draws.state_dict()
     first = torch.randperm(50, generator=draws.generator)
@@ -169,7 +175,7 @@ def gmpo_case(seed=0, n=6, t=5):
 
 def ours(overrides, logp, old, adv, mask, weights=None):
     """The update's policy term for clip=gmpo, aggregated by loss_agg=seq_mean_token_mean."""
-    terms, _ = LossTerms(compose(["clip=gmpo", *overrides]))(
+    terms, _ = LossTerms(tricks_of(["clip=gmpo", *overrides]))(
         logp, torch.zeros_like(logp), None, LossInputs(mask, adv, old_logp=old, is_weights=weights), NO_TERMS)
     return aggregate(terms["policy"], seq_mean_token_mean_weights(mask, None))
 

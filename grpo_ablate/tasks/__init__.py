@@ -21,13 +21,14 @@ TASKS = {"arithmetic": ArithmeticTask, "jsonl": JsonlTask, "parquet": ParquetTas
          "quiz": QuizTask}
 
 
-def build_task(cfg):
-    """Instantiate the task named by `cfg.name` with the rest of the group as arguments, and
-    read its data (data tasks: ConfigError naming any malformed row)."""
+def build_task(group):
+    """Instantiate the task named by the task group's `name` (cfg.task, RunSpec.task) with the
+    rest of the group as arguments, and read its data (data tasks: ConfigError naming any
+    malformed row)."""
     from omegaconf import OmegaConf
 
-    params = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "name"}
-    task = TASKS[cfg.name](**params)
+    params = {k: v for k, v in OmegaConf.to_container(group, resolve=True).items() if k != "name"}
+    task = TASKS[group.name](**params)
     return task.load() if hasattr(task, "load") else task
 
 

@@ -2,8 +2,9 @@
 
     run.py          the run skeleton shared by every kind of run: resume, optimizer and
                     schedule, eval / checkpoint / samples schedule, status, progress
-    grpo.py         `train`: setup (models, tricks, optimizer), then run.py's loop over
-                    `GRPOTrainer.step`
+    grpo.py         `train`: the config checked and made the run spec (grpo_ablate/spec.py,
+                    what every part below receives instead of the config), setup (models,
+                    tricks, optimizer), then run.py's loop over `GRPOTrainer.step`
     step.py         `GRPOTrainer`: one GRPO step as named phases: sample, reference forwards,
                     rewards and advantages, update, metrics; and `diagnose`
     batch.py        how a step's batch is formed: sampling rounds, group growth, mini-batches

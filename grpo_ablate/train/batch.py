@@ -11,11 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from omegaconf import DictConfig
 
-from grpo_ablate.config import trick
 from grpo_ablate.sampling.decode import Rollout, concat_rollouts, select_rows
 from grpo_ablate.sampling.engines import Rollouts
+from grpo_ablate.spec import BoundOption
 from grpo_ablate.tricks.adv import group_mean_std
 
 
@@ -59,8 +58,9 @@ def mini_batch_rows(group_index: torch.Tensor, mini_batches: int, shuffle_seed: 
     return [torch.isin(group_index, chunk).nonzero().squeeze(1) for chunk in order.tensor_split(n)]
 
 
-def sample_groups(rollouts: Rollouts, prompts, cfg: DictConfig, step: int, T: float) -> SampledGroups:
-    """The batch of groups for one optimizer step, per the `sampling` family.
+def sample_groups(rollouts: Rollouts, prompts, B: int, G: int, sampling: BoundOption, step: int,
+                  T: float) -> SampledGroups:
+    """The batch of groups for one optimizer step, per the `sampling` family's option.
 
     Round r draws B fresh prompts x G completions; the family's filter keeps groups (static:
     all; dynamic: those with reward variance) until B are kept or max_rounds is reached, and
@@ -71,8 +71,7 @@ def sample_groups(rollouts: Rollouts, prompts, cfg: DictConfig, step: int, T: fl
     kept or not, update its pass rates. Raises NonFiniteLogits if
     the policy has diverged.
     """
-    B, G = int(cfg.rollout.prompts_per_step), int(cfg.rollout.group_size)
-    group_filter, max_rounds = trick(cfg, "sampling"), int(cfg.sampling.max_rounds)
+    group_filter, max_rounds = sampling.fn, int(sampling.values["max_rounds"])
     rolls, problems, texts, scores, rounds, sampled_tokens = [], [], [], [], 0, 0
     for sampling_round in range(max_rounds):
         round_problems, indices = prompts.draw(B, step, sampling_round)
@@ -92,16 +91,17 @@ def sample_groups(rollouts: Rollouts, prompts, cfg: DictConfig, step: int, T: fl
     if not problems:
         rolls, problems, texts, scores = [graded.roll], round_problems, graded.texts, [graded.scores]
     group_index = torch.arange(len(problems)).repeat_interleave(G)
-    return grow_groups(rollouts, cfg, step, T, SampledGroups(concat_rollouts(rolls, rollouts.pad_id), problems,
-                                                             texts, torch.cat(scores), group_index, rounds,
-                                                             sampled_tokens))
+    batch = SampledGroups(concat_rollouts(rolls, rollouts.pad_id), problems, texts, torch.cat(scores), group_index,
+                          rounds, sampled_tokens)
+    return grow_groups(rollouts, sampling, G, step, T, batch)
 
 
-def grow_groups(rollouts: Rollouts, cfg: DictConfig, step: int, T: float, batch: SampledGroups) -> SampledGroups:
+def grow_groups(rollouts: Rollouts, sampling: BoundOption, G: int, step: int, T: float,
+                batch: SampledGroups) -> SampledGroups:
     """dynamic_group: groups whose rewards are all equal get g_step more completions at a time,
     up to g_max (without sampling.g_max, g_max = G and nothing grows)."""
-    g_step = int(cfg.sampling.get("g_step") or 1)
-    g_max = int(cfg.sampling.get("g_max") or cfg.rollout.group_size)
+    g_step = int(sampling.values.get("g_step") or 1)
+    g_max = int(sampling.values.get("g_max") or G)
     rolls, texts, scores, group_index = [batch.roll], list(batch.texts), [batch.scores], batch.group_index
     n_groups, growth, sampled_tokens = len(batch.problems), 0, batch.sampled_tokens
     while True:

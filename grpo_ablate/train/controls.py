@@ -34,6 +34,7 @@ from grpo_ablate.sampling.prompts import PromptEncoder
 from grpo_ablate.tasks import build_task
 from grpo_ablate.train.distributed import DataParallel
 from grpo_ablate.resume_rules import already_finished, open_run_dir
+from grpo_ablate.spec import RunSpec, run_spec
 from grpo_ablate.train.run import (Optimization, RunResult, StepResult, attention_implementation, evaluate,
                                    finished_result, prepare_process, run_steps)
 from grpo_ablate.rundir import DirLock
@@ -44,46 +45,47 @@ def run_control(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (),
     run_dir = Path(run_dir)
     say = console.print if console is not None else (lambda *a, **k: None)
     validate(cfg)
+    spec = run_spec(cfg)   # below, as in a GRPO run, only the spec travels (spec.py)
     if DataParallel().world > 1:
         raise ConfigError("control runs train in one process; launch control=base|sft without torchrun")
-    prepare_process(cfg)
+    prepare_process(spec.threads, spec.seed)
     run_dir.mkdir(parents=True, exist_ok=True)
     with DirLock(run_dir, "run dir", say):   # one writer a run dir, as a GRPO run
         status, checkpoint = open_run_dir(cfg, run_dir)   # the same resume rules as a GRPO run
         if already_finished(status, cfg):
             return finished_result(status, run_dir, say)
-        control = ControlStep(cfg, model_device(cfg.model), checkpoint, say)
-        return run_steps(cfg, run_dir, overrides, control, checkpoint, console)
+        control = ControlStep(spec, model_device(cfg.model), checkpoint, say)
+        return run_steps(spec.schedule, spec.record, run_dir, overrides, control, checkpoint, console)
 
 
 class ControlStep:
     """The `Trainer` of a control run (train/run.py): sample and change nothing (base), or one
     step's budget of supervised updates on reference solutions (sft)."""
 
-    def __init__(self, cfg: DictConfig, device: torch.device, checkpoint: Path | None, say):
-        self.cfg, self.kind, self.device = cfg, cfg.control.name, device
-        self.task = build_task(cfg.task)
+    def __init__(self, spec: RunSpec, device: torch.device, checkpoint: Path | None, say):
+        self.spec, self.kind, self.device = spec, spec.control.name, device
+        self.task = build_task(spec.task)
         if self.kind == "sft" and not getattr(self.task.train_batch(1, 0, 0)[0], "solution", None):
-            raise ConfigError(f"control=sft trains on the task's reference solutions, and task={cfg.task.name} "
+            raise ConfigError(f"control=sft trains on the task's reference solutions, and task={spec.task.name} "
                               "has none; use control=base")
-        model_path = model_dir(cfg.model, self.task, log=say)
-        self.model, self.tokenizer = load_model_and_tokenizer(checkpoint or model_path,
-                                                              attn_implementation=attention_implementation(cfg, device))
-        if cfg.model.get("disable_dropout", True):   # as the GRPO runs it is compared with
+        model_path = model_dir(spec.model.group, self.task, log=say)
+        attn = attention_implementation(spec.model.attn_implementation, device)
+        self.model, self.tokenizer = load_model_and_tokenizer(checkpoint or model_path, attn_implementation=attn)
+        if spec.model.disable_dropout:   # as the GRPO runs it is compared with
             disable_dropout(self.model)
         self.model = self.model.to(device)
         self.encode = PromptEncoder(self.tokenizer, self.task)   # the prompts exactly as a GRPO run sees them
-        self.optim = Optimization(self.model.parameters(), cfg)
-        self.rollouts = Rollouts(HFEngine(self.model, bool(cfg.rollout.lean_decoder)), self.tokenizer, self.encode,
+        self.optim = Optimization(self.model.parameters(), spec.optim, spec.seed)
+        self.rollouts = Rollouts(HFEngine(self.model, spec.rollout.lean_decoder), self.tokenizer, self.encode,
                                  self.task, DataParallel(), device, eos_id=stop_token_ids(self.model, self.tokenizer),
-                                 max_new_tokens=int(cfg.rollout.max_new_tokens), seed=int(cfg.seed), rng="stream",
+                                 max_new_tokens=spec.rollout.max_new_tokens, seed=spec.seed, rng="stream",
                                  stream=self.optim.rng)
         self.eval_problems = self.task.eval_set()
         self.trained_s = 0.0      # seconds of supervised training so far (the wall budget)
         self.started = time.perf_counter()
         # eval only: the start's eval, once (None until it ran); the step logs no tokens, so the
         # report measures its curve in steps
-        self.eval_only = self.kind == "base" and not bool(cfg.control.get("sample", True))
+        self.eval_only = self.kind == "base" and not spec.control.sample
         self.start_eval: dict | None = None
 
     def step(self, step: int) -> StepResult:
@@ -99,8 +101,10 @@ class ControlStep:
     def sample(self, step: int) -> dict:
         """Sample exactly as a GRPO step would, and change nothing."""
         self.model.eval()
-        batch = sample_groups(self.rollouts, TaskPrompts(self.task, int(self.cfg.seed)), self.cfg, step,
-                              float(self.cfg.temperature.value))
+        spec = self.spec
+        batch = sample_groups(self.rollouts, TaskPrompts(self.task, spec.seed), spec.rollout.prompts_per_step,
+                              spec.rollout.group_size, spec.tricks["sampling"], step,
+                              float(spec.tricks["temperature"].values["value"]))
         lengths = batch.roll.lengths
         return {"reward/mean": batch.scores.mean().item(),
                 "reward/std": batch.scores.std().item() if batch.scores.numel() > 1 else 0.0,
@@ -112,17 +116,17 @@ class ControlStep:
 
     def supervised(self, step: int) -> dict:
         """The SFT budget: B x G solutions a step, or this step's share of control.wall_s."""
-        cfg = self.cfg
-        B, G = int(cfg.rollout.prompts_per_step), int(cfg.rollout.group_size)
+        spec, control = self.spec, self.spec.control
+        B, G = spec.rollout.prompts_per_step, spec.rollout.group_size
         losses, norms, tokens, updates = [], [], 0, 0
         while True:
-            problems = self.task.train_batch(B * G, int(cfg.seed), step, updates)
+            problems = self.task.train_batch(B * G, spec.seed, step, updates)
             t0 = time.perf_counter()
             loss, norm, n_tokens = self.supervised_update(problems)
             self.trained_s += time.perf_counter() - t0
             losses.append(loss), norms.append(norm)
             tokens, updates = tokens + n_tokens, updates + 1
-            if cfg.control.budget == "tokens" or self.trained_s >= float(cfg.control.wall_s) * step / int(cfg.steps):
+            if control.budget == "tokens" or self.trained_s >= float(control.wall_s) * step / spec.schedule.steps:
                 break
         return {"loss": sum(losses) / len(losses), "optim/grad_norm": norms[-1],
                 "optim/lr": self.optim.schedule.get_last_lr()[0], "perf/completion_tokens": tokens}
@@ -135,7 +139,7 @@ class ControlStep:
         loss = self.model(input_ids=ids, attention_mask=mask, labels=labels).loss
         self.optim.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.optim.max_grad_norm)
         self.optim.optimizer.step()
         self.optim.schedule.step()
         return loss.item(), grad_norm.item(), int((labels != -100).sum())
@@ -143,7 +147,7 @@ class ControlStep:
     def evaluate(self) -> dict:
         if self.eval_only and self.start_eval is not None:   # the same weights, greedy: the same eval
             return dict(self.start_eval)
-        result = evaluate(self.model, self.rollouts, self.eval_problems, int(self.cfg.eval.max_new_tokens))
+        result = evaluate(self.model, self.rollouts, self.eval_problems, self.spec.schedule.eval_max_new_tokens)
         if self.eval_only:
             self.start_eval = dict(result)
         return result

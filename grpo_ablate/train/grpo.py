@@ -1,10 +1,14 @@
 """`grpo-ablate train`: one GRPO run, set up here, then stepped by the run skeleton.
 
-    train()          validate, join the processes (torchrun), open the run dir, build, run
+    train()          validate, turn the config into the run spec (spec.py), join the processes
+                     (torchrun), open the run dir, build, run
     build_grpo()     the task, the policy and its anchors, the tricks' controllers, the
-                     optimizer and the sampler: a `GRPOTrainer` (train/step.py) ready to step
+                     optimizer and the sampler: a `GRPOTrainer` (train/step.py) ready to step,
+                     each part built from its own part of the spec
 Read `GRPOTrainer.step` for what one step does. Every trick enters through the registry by the
-name its config group chose; nothing here branches on a trick's name.
+name its config group chose (bound once, in the spec); nothing here branches on a trick's name.
+The DictConfig stops at train()'s first screen: the checks, the inert warnings and the resume
+rules read it there (they are the config layer); below it only the spec travels.
 """
 from __future__ import annotations
 
@@ -15,11 +19,11 @@ import torch
 from omegaconf import DictConfig
 from rich.console import Console
 
-from grpo_ablate.config import check_here, trick, validate
+from grpo_ablate.config import check_here, validate
 from grpo_ablate.inert import chosen_tricks, inert_tricks
 from grpo_ablate.models import (AdapterDisabled, add_lora, autocast_forward, disable_dropout,
                                 enable_activation_checkpointing, load_model_and_tokenizer, model_dir,
-                                lora_enabled, model_device, stop_token_ids)
+                                model_device, stop_token_ids)
 from grpo_ablate.sampling.engines import HFEngine, Rollouts, build_engine, rng_mode
 from grpo_ablate.sampling.lean import unsupported as lean_unsupported
 from grpo_ablate.sampling.prompts import PromptEncoder
@@ -27,18 +31,19 @@ from grpo_ablate.tasks import build_task
 from grpo_ablate.rundir import DirLock
 from grpo_ablate.train.distributed import DataParallel
 from grpo_ablate.resume_rules import already_finished, open_run_dir
+from grpo_ablate.spec import BoundOption, ModelSettings, RunSpec, run_spec
 from grpo_ablate.train.run import (Optimization, RunResult, attention_implementation, finished_result, prepare_process,
                                    run_steps)
 from grpo_ablate.train.step import Controllers, GRPOTrainer, Policies
-from grpo_ablate.tricks import option
 
 
 def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), console=None) -> RunResult:
     validate(cfg)
     check_here(cfg)     # packages, GPU, offline hub, torchrun's processes: where the run runs
+    spec = run_spec(cfg)   # frozen and typed: below this screen each part gets its own piece, never cfg
     # torchrun: one process per device, each training on its part of the batch (distributed.py);
     # rank 0 alone writes the run dir (Hydra made it there) and talks to the console.
-    dp = DataParallel(fsdp=bool(cfg.model.get("fsdp")))   # model.fsdp=true: the model sharded (fsdp.py)
+    dp = DataParallel(fsdp=spec.model.fsdp)   # model.fsdp=true: the model sharded (fsdp.py)
     device = model_device(cfg.model, dp.local_rank)   # model.device: the GPU if any (the tiny model: CPU)
     dp.start(device)
     try:
@@ -48,7 +53,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
         warn = Console(stderr=True, soft_wrap=True).print if console is not None else say   # on stderr, one line
         for name, reason in inert_tricks(cfg, chosen_tricks(cfg, overrides)):   # compute it would waste
             warn(f"[yellow]warning[/]: {name} {reason}", markup=True, highlight=False)
-        prepare_process(cfg)
+        prepare_process(spec.threads, spec.seed)
         if dp.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
         lock = DirLock(run_dir, "run dir", say).acquire() if dp.is_main else None   # one writer a run dir
@@ -56,10 +61,10 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
             status, checkpoint = open_run_dir(cfg, run_dir)
             if already_finished(status, cfg):
                 return finished_result(status, run_dir, say)
-            grpo, first_row = build_grpo(cfg, device, dp, checkpoint, say)
+            grpo, first_row = build_grpo(spec, device, dp, checkpoint, say)
             try:
-                return run_steps(cfg, run_dir, overrides, grpo, checkpoint, console, writes=dp.is_main,
-                                 first_row=first_row)
+                return run_steps(spec.schedule, spec.record, run_dir, overrides, grpo, checkpoint, console,
+                                 writes=dp.is_main, first_row=first_row)
             finally:
                 del grpo.train_model   # (torchrun) DDP lets go of the process group before it is destroyed
         finally:
@@ -69,46 +74,49 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
         dp.stop()
 
 
-def build_grpo(cfg: DictConfig, device: torch.device, dp: DataParallel, checkpoint: Path | None, say):
+def build_grpo(spec: RunSpec, device: torch.device, dp: DataParallel, checkpoint: Path | None, say):
     """(the GRPOTrainer of this run, metrics for step 0's row). With a checkpoint, the weights
     come from it; the rest of its state is loaded by the run skeleton."""
-    task = build_task(cfg.task)
-    model_path = dp.main_first(lambda: model_dir(cfg.model, task, log=say))   # GGUF: converted once, cached
-    kl_control = trick(cfg, "kl")()
-    policies = load_policies(cfg, model_path, kl_control, device, checkpoint, shard=dp.shard)
+    task = build_task(spec.task)
+    model_path = dp.main_first(lambda: model_dir(spec.model.group, task, log=say))   # GGUF: converted once, cached
+    tricks = spec.tricks
+    kl_control = tricks["kl"].fn()
+    policies = load_policies(spec.model, tricks["lm_head"], spec.ref_kl, model_path, kl_control, device, checkpoint,
+                             shard=dp.shard)
     if (sharding := dp.sharding(policies.policy)) is not None:   # model.fsdp=true: how it is split
         say(sharding)
     encode = PromptEncoder(policies.tokenizer, task)      # problem -> prompt ids (chat template if any)
     prompt_counts = encode.drop_long_prompts(task, say)   # task.max_prompt_tokens: drop longer ones
     # A critic (adv=gae): a value head on the policy's last hidden state, trained alongside it.
-    if option("adv", cfg.adv.name).uses_values:
+    if tricks["adv"].option.uses_values:
         policies.value_head = torch.nn.Linear(policies.policy.config.hidden_size, 1).to(device)
-    controllers = Controllers(kl=kl_control, entropy=trick(cfg, "entropy")(), temperature=trick(cfg, "temperature")())
+    controllers = Controllers(kl=kl_control, entropy=tricks["entropy"].fn(), temperature=tricks["temperature"].fn())
     critic = list(policies.value_head.parameters()) if policies.value_head is not None else []
     trained = [p for p in policies.policy.parameters() if p.requires_grad] + critic   # LoRA: the adapters only
-    optim = Optimization([{"params": trained}, *controllers.temperature.param_groups()], cfg)
+    optim = Optimization([{"params": trained}, *controllers.temperature.param_groups()], spec.optim, spec.seed)
     dp.checkpoint_full_optimizer_state(optim.optimizer)   # FSDP: checkpoints hold the full AdamW state
     # Sampling (rollout.backend: the policy itself, or vLLM), decoding, scoring: the whole batch.
-    engine = build_engine(cfg, policies.policy, dp, model_path)
+    engine = build_engine(spec.rollout, spec.model.dtype, spec.seed, policies.policy, dp, model_path)
     if isinstance(engine, HFEngine) and engine.lean and device.type == "cpu":   # said once, here
         if (reason := lean_unsupported(getattr(policies.policy, "module", policies.policy))) is not None:
             say(f"rollout: LeanDecoder does not support {reason}; sampling with the model's own forward")
     rollouts = Rollouts(engine, policies.tokenizer, encode, task, dp, device,
                         eos_id=stop_token_ids(policies.policy, policies.tokenizer),
-                        max_new_tokens=int(cfg.rollout.max_new_tokens), seed=int(cfg.seed), rng=rng_mode(cfg, dp),
+                        max_new_tokens=spec.rollout.max_new_tokens, seed=spec.seed, rng=rng_mode(spec.rollout.rng, dp),
                         stream=optim.rng)
-    return GRPOTrainer(cfg, task, encode, policies, controllers, optim, rollouts, dp, device), prompt_counts
+    return GRPOTrainer(spec, task, encode, policies, controllers, optim, rollouts, dp, device), prompt_counts
 
 
-def load_policies(cfg: DictConfig, model_path, kl_control, device: torch.device, checkpoint: Path | None,
-                  shard=lambda model: model) -> Policies:
-    """The policy (from the checkpoint when resuming), and the frozen models a KL anchors it to.
-    `shard` (model.fsdp=true: DataParallel.shard) shards the policy and a separate reference."""
-    attn = attention_implementation(cfg, device)
-    dtype = cfg.model.get("dtype", "float32")     # compute dtype; weights stay float32
-    lora = lora_enabled(cfg.model)                 # model.lora.r > 0: train LoRA adapters only
+def load_policies(model: ModelSettings, lm_head: BoundOption, ref_kl: bool, model_path, kl_control,
+                  device: torch.device, checkpoint: Path | None, shard=lambda model: model) -> Policies:
+    """The policy (from the checkpoint when resuming), and the frozen models a KL anchors it to
+    (pi_ref also for `ref_kl`, metrics.ref_kl). `shard` (model.fsdp=true: DataParallel.shard)
+    shards the policy and a separate reference."""
+    attn = attention_implementation(model.attn_implementation, device)
+    dtype = model.dtype                            # compute dtype; weights stay float32
+    lora = model.lora                              # model.lora.r > 0: train LoRA adapters only
 
-    head_precision = trick(cfg, "lm_head")         # lm_head=fp32: the head and logits in float32
+    head_precision = lm_head.fn                    # lm_head=fp32: the head and logits in float32
 
     def load(path):   # on the device; with model.dtype != float32 the forward runs under autocast
         model, tok = load_model_and_tokenizer(path, attn_implementation=attn)
@@ -116,18 +124,18 @@ def load_policies(cfg: DictConfig, model_path, kl_control, device: torch.device,
 
     # With LoRA the base comes from model.path and the adapters from the checkpoint (on resume).
     policy, tokenizer = load(model_path if lora else checkpoint or model_path)
-    if cfg.model.get("disable_dropout", True):    # the ratio and KL measure the update, not dropout
+    if model.disable_dropout:                      # the ratio and KL measure the update, not dropout
         disable_dropout(policy)
-    if cfg.model.get("gradient_checkpointing"):   # recompute activations in backward: less memory
+    if model.gradient_checkpointing:              # recompute activations in backward: less memory
         enable_activation_checkpointing(policy)
     if lora:
-        policy = add_lora(policy, cfg.model, checkpoint)
+        policy = add_lora(policy, model.group, checkpoint)
     # The reference policy is the starting model, frozen. It is loaded and run only when a KL
     # term or a KL metric uses it: with beta = 0 there is no second model and no extra forward.
     reference = None
-    if (kl_control.beta > 0 or cfg.metrics.ref_kl) and lora:   # the base is the policy, adapters off
+    if (kl_control.beta > 0 or ref_kl) and lora:   # the base is the policy, adapters off
         reference = AdapterDisabled(policy)
-    elif kl_control.beta > 0 or cfg.metrics.ref_kl:
+    elif kl_control.beta > 0 or ref_kl:
         reference = shard(load(model_path)[0] if checkpoint else copy.deepcopy(policy))
         reference.eval().requires_grad_(False)
     # A second anchor, the policy as it was prev_lag steps ago (two-layer KL): a frozen copy,

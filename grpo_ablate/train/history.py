@@ -12,6 +12,7 @@ from contextlib import contextmanager
 
 import torch
 
+from grpo_ablate.spec import RunSpec
 from grpo_ablate.train.plugin import Plugin
 
 
@@ -65,7 +66,7 @@ class PreviousPolicy(Plugin):
         return {"prev": forward(self.model, part, temperature)}
 
 
-def previous_policy(cfg, task, policies) -> PreviousPolicy | None:
+def previous_policy(spec: RunSpec, task, policies) -> PreviousPolicy | None:
     """The anchor when the kl option anchors to a previous policy (a frozen copy was loaded), else None."""
     if policies.previous is None:
         return None

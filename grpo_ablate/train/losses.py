@@ -21,13 +21,12 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
+from typing import Mapping
 
 import torch
-from omegaconf import DictConfig
 
-from grpo_ablate.config import trick
 from grpo_ablate.sampling.decode import derived_seed
-from grpo_ablate.tricks import option
+from grpo_ablate.spec import BoundOption
 from grpo_ablate.tricks.clip import sequence_is_weights
 
 
@@ -86,9 +85,9 @@ class SeededDraws:
             self.generator.set_state(state)
 
 
-def loss_draws(cfg: DictConfig) -> SeededDraws | None:
-    """The run's SeededDraws when its policy loss draws at random (takes a `generator`), else None."""
-    return SeededDraws(int(cfg.seed)) if "generator" in option("clip", cfg.clip.name).knobs else None
+def loss_draws(clip: BoundOption, seed: int) -> SeededDraws | None:
+    """The run's SeededDraws when its policy loss (`clip`) draws at random (takes a `generator`), else None."""
+    return SeededDraws(seed) if "generator" in clip.option.knobs else None
 
 
 def _over_ranks(select, spread, *tensors):
@@ -101,22 +100,24 @@ def _over_ranks(select, spread, *tensors):
 
 
 class LossTerms:
-    """The loss tricks of a run, bound once; called with a forward's outputs and LossInputs."""
+    """The loss tricks of a run, bound once; called with a forward's outputs and LossInputs.
+    `tricks`: the run's bound options by family (RunSpec.tricks); the loss reads clip, dual_clip,
+    kl.estimator, kl_weight, value_clip, token_mask and off_policy_mask."""
 
-    def __init__(self, cfg: DictConfig, draws: SeededDraws | None = None):
+    def __init__(self, tricks: Mapping[str, BoundOption], draws: SeededDraws | None = None):
         generator = draws.generator if draws is not None else None
-        self.policy_loss = trick(cfg, "clip", dual_clip_c=cfg.dual_clip.c, generator=generator)
-        self.kl_estimator = option("kl.estimator", cfg.kl.estimator).impl
-        self.kl_weight = trick(cfg, "kl_weight")
-        self.value_loss = trick(cfg, "value_clip")
+        clip, token_mask, off_policy_mask = tricks["clip"], tricks["token_mask"], tricks["off_policy_mask"]
+        self.policy_loss = clip.bind(dual_clip_c=tricks["dual_clip"].values["c"], generator=generator)
+        self.kl_estimator = tricks["kl.estimator"].fn
+        self.kl_weight = tricks["kl_weight"].fn
+        self.value_loss = tricks["value_clip"].fn
         # the policy term's token factors, by the options' flags (None: the option keeps every token)
-        self.token_mask = trick(cfg, "token_mask") if option("token_mask", cfg.token_mask.name).selects_tokens else None
-        self.off_policy_mask = (trick(cfg, "off_policy_mask")
-                                if option("off_policy_mask", cfg.off_policy_mask.name).needs_sampler_logprobs else None)
+        self.token_mask = token_mask.fn if token_mask.option.selects_tokens else None
+        self.off_policy_mask = off_policy_mask.fn if off_policy_mask.option.needs_sampler_logprobs else None
         # a per-sequence policy loss (gmpo) takes token-level importance weights per sequence (verl), unless
         # clip.is_weights=token
-        self.sequence_is_weights = (option("clip", cfg.clip.name).per_sequence_loss
-                                    and cfg.clip.get("is_weights", "geometric") == "geometric")
+        self.sequence_is_weights = (clip.option.per_sequence_loss
+                                    and clip.values.get("is_weights", "geometric") == "geometric")
 
     def policy(self, logp, old_logp, advantages, mask, factor=None):
         """(per-token policy loss, per-token clip statistics); old_logp None: rho = 1. `factor`:

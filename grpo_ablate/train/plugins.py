@@ -1,13 +1,16 @@
 """The stateful tricks a run can bring, in the order the trainer calls their hooks.
 
-Each entry is a factory `(cfg, task, policies) -> Plugin | None`, beside its plugin: it reads
-its family's option (a registry flag: `pooled`, `stale`, `replays`, `syncs_reference`, or the
-kl option's previous-policy anchor) and returns None when the option brings no state. A new
+Each entry is a factory `(spec, task, policies) -> Plugin | None`, beside its plugin: it reads
+its family's bound option from the run spec (`spec.tricks[family]`: a registry flag, `pooled`,
+`stale`, `replays`, `syncs_reference`, its knobs and function; or the kl option's
+previous-policy anchor), returns None when the option brings no state, and hands its plugin
+only what that plugin uses. A new
 stateful trick adds its factory here; `GRPOTrainer` only loops over what `active_plugins`
 returns (train/plugin.py has the protocol).
 """
 from __future__ import annotations
 
+from grpo_ablate.spec import RunSpec
 from grpo_ablate.train.history import PolicyHistory, previous_policy
 from grpo_ablate.train.plugin import Plugin
 from grpo_ablate.train.prompt_pool import prompt_pool
@@ -19,9 +22,9 @@ from grpo_ablate.train.staleness import staleness
 FACTORIES = (prompt_pool, staleness, replay_buffer, previous_policy, reference_sync)
 
 
-def active_plugins(cfg, task, policies) -> list[Plugin]:
+def active_plugins(spec: RunSpec, task, policies) -> list[Plugin]:
     """The plugins this run's options bring (none for a run of stateless tricks)."""
-    return [plugin for make in FACTORIES if (plugin := make(cfg, task, policies)) is not None]
+    return [plugin for make in FACTORIES if (plugin := make(spec, task, policies)) is not None]
 
 
 def policy_history(plugins: list[Plugin]) -> PolicyHistory | None:

@@ -16,10 +16,9 @@ import math
 
 import torch
 
-from grpo_ablate.config import trick
 from grpo_ablate.sampling.decode import derived_seed
+from grpo_ablate.spec import RunSpec
 from grpo_ablate.train.plugin import Plugin
-from grpo_ablate.tricks import option
 
 
 class PromptPool(Plugin):
@@ -83,11 +82,11 @@ class PromptPool(Plugin):
         self.order, self.epoch = state["order"].clone(), int(state["epoch"])
 
 
-def prompt_pool(cfg, task, policies) -> PromptPool | None:
+def prompt_pool(spec: RunSpec, task, policies) -> PromptPool | None:
     """The pool when the prompt_pool option draws from one, else None (the task's order)."""
-    pool = option("prompt_pool", cfg.prompt_pool.name)
-    if not pool.pooled:
+    pool = spec.tricks["prompt_pool"]
+    if not pool.option.pooled:
         return None
-    size, seed = cfg.prompt_pool.get("size"), int(cfg.seed)
-    return PromptPool(task.prompt_pool(None if size is None else int(size), seed), trick(cfg, "prompt_pool"),
-                      pool.epochs, (cfg.prompt_pool.get("easy_border"), cfg.prompt_pool.get("hard_border")), seed)
+    size, seed = pool.values.get("size"), spec.seed
+    return PromptPool(task.prompt_pool(None if size is None else int(size), seed), pool.fn, pool.option.epochs,
+                      (pool.values.get("easy_border"), pool.values.get("hard_border")), seed)

@@ -8,11 +8,9 @@ is no longer the starting model, which is where a resumed run would otherwise re
 from __future__ import annotations
 
 import torch
-from omegaconf import DictConfig
 
-from grpo_ablate.config import trick
+from grpo_ablate.spec import RunSpec
 from grpo_ablate.train.plugin import Plugin
-from grpo_ablate.tricks import option
 
 
 class ReferenceSync(Plugin):
@@ -41,8 +39,9 @@ class ReferenceSync(Plugin):
         self.reference.load_state_dict(state["reference"])
 
 
-def reference_sync(cfg: DictConfig, task, policies) -> ReferenceSync | None:
+def reference_sync(spec: RunSpec, task, policies) -> ReferenceSync | None:
     """The run's ReferenceSync when its ref_sync option moves the reference, else None."""
-    if not option("ref_sync", cfg.ref_sync.name).syncs_reference:
+    sync = spec.tricks["ref_sync"]
+    if not sync.option.syncs_reference:
         return None
-    return ReferenceSync(trick(cfg, "ref_sync"), int(cfg.ref_sync.every), policies.reference, policies.policy)
+    return ReferenceSync(sync.fn, int(sync.values["every"]), policies.reference, policies.policy)

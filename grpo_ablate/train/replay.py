@@ -21,8 +21,8 @@ from dataclasses import replace
 import torch
 
 from grpo_ablate.sampling.decode import concat_rollouts, derived_seed, select_rows
+from grpo_ablate.spec import RunSpec
 from grpo_ablate.train.plugin import Plugin
-from grpo_ablate.tricks import option
 
 
 class ReplayBuffer(Plugin):
@@ -102,8 +102,9 @@ class ReplayBuffer(Plugin):
         self.heap, self.added = list(state["heap"]), state["added"]
 
 
-def replay_buffer(cfg, task, policies) -> ReplayBuffer | None:
+def replay_buffer(spec: RunSpec, task, policies) -> ReplayBuffer | None:
     """The buffer when the sampling option replays groups, else None."""
-    if not option("sampling", cfg.sampling.name).replays:
+    sampling = spec.tricks["sampling"]
+    if not sampling.option.replays:
         return None
-    return ReplayBuffer(int(cfg.sampling.size), int(cfg.seed))
+    return ReplayBuffer(int(sampling.values["size"]), spec.seed)

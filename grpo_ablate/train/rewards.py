@@ -14,12 +14,11 @@ the total goes through.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 import torch
-from omegaconf import DictConfig
 
-from grpo_ablate.config import trick
-from grpo_ablate.tricks import option
+from grpo_ablate.spec import BoundOption, RewardScale
 from grpo_ablate.tricks.adv import gae, token_rewards
 from grpo_ablate.tricks.kl import kl_reward_penalty
 
@@ -33,16 +32,18 @@ class ShapedRewards:
 
 
 class RewardShaping:
-    """The shaping tricks of a run, bound once: (scores, completions) -> ShapedRewards."""
+    """The shaping tricks of a run, bound once: (scores, completions) -> ShapedRewards.
+    `tricks`: the run's bound options by family; shaping reads overlong, length and kl.estimator."""
 
-    def __init__(self, cfg: DictConfig, task, reward_beta: float):
-        self.correct, self.wrong = cfg.reward.correct, cfg.reward.wrong
+    def __init__(self, tricks: Mapping[str, BoundOption], scale: RewardScale, max_new_tokens: int, task,
+                 reward_beta: float):
+        self.correct, self.wrong = scale.correct, scale.wrong
         self.format_reward = float(getattr(task, "format_reward", 0.0))   # bonus for \boxed{} / ####
         self.formatted = getattr(task, "formatted", None)
-        self.overlong, self.length = trick(cfg, "overlong"), trick(cfg, "length")
-        self.max_new = int(cfg.rollout.max_new_tokens)
+        self.overlong, self.length = tricks["overlong"].fn, tricks["length"].fn
+        self.max_new = max_new_tokens
         self.reward_beta = reward_beta
-        self.kl_estimator = option("kl.estimator", cfg.kl.estimator).impl   # kl=in_reward's KL_t
+        self.kl_estimator = tricks["kl.estimator"].fn   # kl=in_reward's KL_t
 
     def __call__(self, scores, texts, roll, group_index, old_logp=None, ref_logp=None) -> ShapedRewards:
         task = self.wrong + (self.correct - self.wrong) * scores   # the verifier's score on the reward scale
@@ -79,10 +80,10 @@ class AdvantageChain:
     """reward_norm -> adv -> adv_clip, bound once; the same chain for the total reward and for
     each reward component alone (the diagnostics)."""
 
-    def __init__(self, cfg: DictConfig):
-        self.reward_norm, self.estimator = trick(cfg, "reward_norm"), trick(cfg, "adv")
-        self.adv_clip = trick(cfg, "adv_clip")
-        self.gamma, self.lam = float(cfg.adv.get("gamma", 1.0)), float(cfg.adv.get("lam", 1.0))
+    def __init__(self, tricks: Mapping[str, BoundOption]):
+        adv = tricks["adv"]
+        self.reward_norm, self.estimator, self.adv_clip = tricks["reward_norm"].fn, adv.fn, tricks["adv_clip"].fn
+        self.gamma, self.lam = float(adv.values.get("gamma", 1.0)), float(adv.values.get("lam", 1.0))
 
     def __call__(self, rewards, group_index, mask, values=None, components=None) -> Advantages:
         """`components`: the reward's parts by name (ShapedRewards.components), for an estimator

@@ -21,13 +21,12 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
-from omegaconf import DictConfig
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from grpo_ablate.config import config_hash
 from grpo_ablate.errors import ConfigError
 from grpo_ablate.rundir import EVAL_SCORES
 from grpo_ablate.sampling.engines import Rollouts
+from grpo_ablate.spec import OptimSettings, RunRecord, Schedule
 from grpo_ablate.stopping import how_it_ended
 from grpo_ablate.train.run_log import RunLog, save_checkpoint
 
@@ -69,18 +68,17 @@ class Trainer(Protocol):
 
 
 # ------------------------------------------------------------------------------ set-up
-def prepare_process(cfg: DictConfig) -> None:
+def prepare_process(threads: int | None, seed: int) -> None:
     """Process-wide settings every run makes before it builds anything (the seed first)."""
     torch.set_flush_denormal(True)   # near-converged tiny models produce denormals: ~100x slower on CPUs
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
-    torch.manual_seed(cfg.seed)
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(seed)
 
 
-def attention_implementation(cfg: DictConfig, device: torch.device) -> str | None:
+def attention_implementation(attn: str | None, device: torch.device) -> str | None:
     """model.attn_implementation, with `auto` = eager on a CPU (it beats SDPA's dispatch
     overhead for tiny models, ~8% per step) and transformers' default elsewhere."""
-    attn = cfg.model.attn_implementation
     return ("eager" if device.type == "cpu" else None) if attn == "auto" else attn
 
 
@@ -89,12 +87,12 @@ class Optimization:
     sampling, shuffles, seeded draws): everything a checkpoint needs besides the weights and the
     trainer's own state."""
 
-    def __init__(self, param_groups: list, cfg: DictConfig):
-        self.optimizer = torch.optim.AdamW(param_groups, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
-                                           weight_decay=cfg.optim.weight_decay)
-        warmup = max(1, int(cfg.optim.warmup_steps))
+    def __init__(self, param_groups: list, optim: OptimSettings, seed: int):
+        self.optimizer = torch.optim.AdamW(param_groups, lr=optim.lr, betas=optim.betas,
+                                           weight_decay=optim.weight_decay)
+        warmup = max(1, optim.warmup_steps)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
-        self.rng = torch.Generator().manual_seed(int(cfg.seed))   # the only randomness of a step
+        self.rng = torch.Generator().manual_seed(seed)   # the only randomness of a step
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict(),
@@ -125,19 +123,19 @@ def evaluate(policy, rollouts: Rollouts, problems, max_new_tokens: int) -> dict:
 
 
 # ------------------------------------------------------------------------------ the loop
-def record_step(cfg: DictConfig, run_dir: Path, trainer: Trainer, log, step: int, outcome: StepResult,
+def record_step(schedule: Schedule, run_dir: Path, trainer: Trainer, log, step: int, outcome: StepResult,
                 writes: bool) -> dict:
     """A finished step on the schedule: its eval (every eval.every steps and the last), its metrics,
     its samples, its checkpoint (every checkpoint_every steps and the last), then status.json."""
-    metrics, last = outcome.metrics, step == int(cfg.steps)
-    if step % int(cfg.eval.every) == 0 or last:
+    metrics, last = outcome.metrics, step == schedule.steps
+    if step % schedule.eval_every == 0 or last:
         eval_started = time.perf_counter()
         metrics.update(trainer.evaluate())
         metrics["time/eval_s"] = time.perf_counter() - eval_started
     log.log(metrics)
-    if step % int(cfg.samples_every) == 0 and outcome.samples:
+    if step % schedule.samples_every == 0 and outcome.samples:
         log.samples(step, outcome.samples)
-    if step % int(cfg.checkpoint_every) == 0 or last:   # every process (FSDP gathers)
+    if step % schedule.checkpoint_every == 0 or last:   # every process (FSDP gathers)
         state, weights = {"step": step, **trainer.state_dict()}, trainer.checkpoint_weights()
         if writes:
             save_checkpoint(run_dir, trainer.model, trainer.tokenizer, state, weights)
@@ -145,11 +143,12 @@ def record_step(cfg: DictConfig, run_dir: Path, trainer: Trainer, log, step: int
     return metrics
 
 
-def run_steps(cfg: DictConfig, run_dir: Path, overrides, trainer: Trainer, checkpoint: Path | None,
-              console=None, writes: bool = True, first_row: dict | None = None) -> RunResult:
-    """Steps start+1 .. cfg.steps of `trainer` in `run_dir`, with the eval, samples and
-    checkpoint schedule; status.json says how it ended. `writes`: this process writes the run
-    dir (under torchrun, rank 0 alone). `first_row` joins the metrics of step 0."""
+def run_steps(schedule: Schedule, record: RunRecord, run_dir: Path, overrides, trainer: Trainer,
+              checkpoint: Path | None, console=None, writes: bool = True, first_row: dict | None = None) -> RunResult:
+    """Steps start+1 .. schedule.steps of `trainer` in `run_dir`, with the eval, samples and
+    checkpoint schedule; status.json says how it ended (and config.yaml what it ran: `record`).
+    `writes`: this process writes the run dir (under torchrun, rank 0 alone). `first_row` joins
+    the metrics of step 0."""
     say = console.print if console is not None else (lambda *a, **k: None)
     start = 0
     if checkpoint is not None:
@@ -157,10 +156,10 @@ def run_steps(cfg: DictConfig, run_dir: Path, overrides, trainer: Trainer, check
         trainer.load_state_dict(state)
         start = state["step"]
         say(f"resuming {run_dir} from step {start}")
-    log = RunLog(run_dir, cfg, list(overrides), config_hash(cfg),
+    log = RunLog(run_dir, record, list(overrides),
                  resume_step=start if checkpoint is not None else None) if writes else Silent()
     result, step, progress = RunResult("running", start, run_dir), start, None
-    steps = int(cfg.steps)
+    steps = schedule.steps
     try:
         if start == 0:
             base = trainer.evaluate()
@@ -170,7 +169,7 @@ def run_steps(cfg: DictConfig, run_dir: Path, overrides, trainer: Trainer, check
         progress = ProgressLine(console, steps, start)
         metrics: dict = {}
         for step in range(start + 1, steps + 1):
-            if step == cfg.debug.fail_at_step:   # fault injection (tests of sweep isolation)
+            if step == schedule.fail_at_step:   # fault injection (tests of sweep isolation)
                 raise RuntimeError(f"debug.fail_at_step={step}: injected failure")
             outcome = trainer.step(step)
             if outcome.diverged is not None:     # for an ablation a NaN is a result: record it, stop
@@ -180,7 +179,7 @@ def run_steps(cfg: DictConfig, run_dir: Path, overrides, trainer: Trainer, check
                 say(f"[red]diverged[/]: {outcome.diverged}")
                 result.state, result.step, result.reason = "diverged", step, outcome.diverged
                 return result
-            metrics = record_step(cfg, run_dir, trainer, log, step, outcome, writes)
+            metrics = record_step(schedule, run_dir, trainer, log, step, outcome, writes)
             progress.update(step, metrics, say)
         result.state, result.step = "completed", steps
         result.final_accuracy = metrics.get("eval/accuracy") if steps > start else None

@@ -13,19 +13,20 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_ablate.errors import DamagedFile
+from grpo_ablate.spec import RunRecord
 from grpo_ablate.rundir import (CHECKPOINT, CHECKPOINT_OLD, CHECKPOINT_TMP, EVAL_SCORES, EVALS, atomic_write_text,
                                 finite_or_none, pack_scores, read_status, truncate_jsonl)
 from grpo_ablate.wandb_auth import resolve_mode
 
 
 class RunLog:
-    """Appends metrics and samples, keeps status.json current, mirrors metrics to W&B."""
+    """Appends metrics and samples, keeps status.json current, mirrors metrics to W&B. The one
+    writer of the composed config (`record.config`: config.yaml, W&B's config)."""
 
-    def __init__(self, run_dir: Path, cfg: DictConfig, overrides: list[str], config_hash: str,
-                 resume_step: int | None):
+    def __init__(self, run_dir: Path, record: RunRecord, overrides: list[str], resume_step: int | None):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.config_hash = config_hash
+        self.config_hash = record.config_hash
         self.started = time.time()
         try:
             previous = read_status(self.run_dir) or {}
@@ -46,9 +47,9 @@ class RunLog:
             truncate_jsonl(self.metrics_path, resume_step)
             truncate_jsonl(self.samples_path, resume_step)
             truncate_jsonl(self.evals_path, resume_step)
-        atomic_write_text(self.run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        atomic_write_text(self.run_dir / "config.yaml", OmegaConf.to_yaml(record.config, resolve=True))
         atomic_write_text(self.run_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
-        self.wandb = WandbSink(cfg, self.run_dir, previous.get("wandb_id"))
+        self.wandb = WandbSink(record.config, self.run_dir, previous.get("wandb_id"))
         self.status("running", resume_step or 0)
 
     def status(self, state: str, step: int, reason: str | None = None) -> None:

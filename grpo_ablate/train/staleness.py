@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import torch
 
-from grpo_ablate.config import trick
 from grpo_ablate.sampling.decode import concat_rollouts, derived_seed, select_rows
 from grpo_ablate.sampling.engines import Scored
 from grpo_ablate.train.history import PolicyHistory
+from grpo_ablate.spec import RunSpec
 from grpo_ablate.train.plugin import Plugin
-from grpo_ablate.tricks import option
 
 
 class StaleRollouts:
@@ -66,8 +65,9 @@ class Staleness(Plugin):
         return StaleRollouts(rollouts, model, history, self.choose_ages, self.seed)
 
 
-def staleness(cfg, task, policies) -> Staleness | None:
+def staleness(spec: RunSpec, task, policies) -> Staleness | None:
     """The plugin when the staleness option samples with older policies, else None."""
-    if not option("staleness", cfg.staleness.name).stale:
+    stale = spec.tricks["staleness"]
+    if not stale.option.stale:
         return None
-    return Staleness(int(cfg.staleness.k), trick(cfg, "staleness"), int(cfg.seed))
+    return Staleness(int(stale.values["k"]), stale.fn, spec.seed)

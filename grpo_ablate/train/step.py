@@ -1,10 +1,11 @@
 """One GRPO step, as named phases: sample, anchor forwards, rewards and advantages, update, metrics.
 
 `GRPOTrainer.step` reads top to bottom; every trick enters through the registry (the objects
-`LossTerms`, `RewardShaping`, `AdvantageChain` and the controllers were bound from the
-config when the run started), so nothing here branches on a trick's name. Tricks with state
-of their own (a prompt pool, a replay buffer, stale samplers, a moving reference, an older
-policy) are plugins (train/plugin.py): the trainer calls the active ones' hooks in a loop.
+`LossTerms`, `RewardShaping`, `AdvantageChain` and the controllers were made from the run
+spec's bound options when the run started), so nothing here branches on a trick's name.
+Tricks with state of their own (a prompt pool, a replay buffer, stale samplers, a moving
+reference, an older policy) are plugins (train/plugin.py): the trainer calls the active ones'
+hooks in a loop.
 """
 from __future__ import annotations
 
@@ -14,11 +15,10 @@ import time
 from dataclasses import dataclass, replace
 
 import torch
-from omegaconf import DictConfig
 
-from grpo_ablate.config import trick
 from grpo_ablate.sampling.decode import NonFiniteLogits, Rollout, derived_seed, select_rows
 from grpo_ablate.sampling.engines import Rollouts
+from grpo_ablate.spec import RunSpec
 from grpo_ablate.train import diagnostics
 from grpo_ablate.train.batch import SampledGroups, TaskPrompts, mini_batch_rows, sample_groups
 from grpo_ablate.train import metrics as metrics_mod
@@ -29,7 +29,6 @@ from grpo_ablate.train.history import upgraded_checkpoint
 from grpo_ablate.train.plugins import active_plugins, policy_history
 from grpo_ablate.train.rewards import AdvantageChain, Advantages, RewardShaping, ShapedRewards
 from grpo_ablate.train.run import Optimization, StepResult, evaluate
-from grpo_ablate.tricks import option
 from grpo_ablate.tricks.loss_agg import aggregate, masked_mean
 
 
@@ -94,58 +93,62 @@ class LastPass:
 
 
 class GRPOTrainer:
-    """The trainer of a GRPO run: its models, tricks and optimizer; `step()` is one GRPO step."""
+    """The trainer of a GRPO run: its models, tricks and optimizer; `step()` is one GRPO step.
+    It reads its settings from the run spec (typed, frozen; the tricks bound); what it builds
+    from them (the loss, the shaping, the plugins) gets only its own part."""
 
-    def __init__(self, cfg: DictConfig, task, encode, policies: Policies, controllers: Controllers,
+    def __init__(self, spec: RunSpec, task, encode, policies: Policies, controllers: Controllers,
                  optim: Optimization, rollouts: Rollouts, dp: DataParallel, device: torch.device):
-        self.cfg, self.task, self.encode, self.dp, self.device = cfg, task, encode, dp, device
+        self.spec, self.task, self.encode, self.dp, self.device = spec, task, encode, dp, device
         self.p, self.ctl, self.optim, self.rollouts = policies, controllers, optim, rollouts
         self.model, self.tokenizer = policies.policy, policies.tokenizer
-        self.shaping = RewardShaping(cfg, task, controllers.kl.reward_beta)
-        self.advantages = AdvantageChain(cfg)
-        self.draws = loss_draws(cfg)                  # clip_cov's seeded, checkpointed draws (else None)
-        self.loss_terms = LossTerms(cfg, self.draws)
+        tricks = spec.tricks
+        self.shaping = RewardShaping(tricks, spec.reward, spec.rollout.max_new_tokens, task,
+                                     controllers.kl.reward_beta)
+        self.advantages = AdvantageChain(tricks)
+        self.draws = loss_draws(tricks["clip"], spec.seed)   # clip_cov's seeded, checkpointed draws (else None)
+        self.loss_terms = LossTerms(tricks, self.draws)
         # the stateful tricks of this run's options (train/plugins.py), and the one history of
         # the policy's weights that those reading older policies share (else None)
-        self.plugins = active_plugins(cfg, task, policies)
+        self.plugins = active_plugins(spec, task, policies)
         self.history = policy_history(self.plugins)
-        self.prompts = TaskPrompts(task, int(cfg.seed))       # the task's order, unless a plugin draws them
+        self.prompts = TaskPrompts(task, spec.seed)       # the task's order, unless a plugin draws them
         for plugin in self.plugins:
             self.prompts = plugin.prompts(self.prompts)
         # rollout_correction: importance weights pi_old / pi_sampler of the policy loss (None: all 1)
-        corrects = option("rollout_correction", cfg.rollout_correction.name).needs_sampler_logprobs
-        self.rollout_correction = trick(cfg, "rollout_correction") if corrects else None
-        self.weights_of = option("loss_agg", cfg.loss_agg.name).impl   # (mask, max_len, group_index) -> w
-        self.proximal = trick(cfg, "proximal")     # pi_prox from pi_old and the sampler's log-probs
-        self.greedy_baseline = option("adv", cfg.adv.name).greedy_baseline   # adv=remax: one greedy completion a prompt
+        corrects = tricks["rollout_correction"].option.needs_sampler_logprobs
+        self.rollout_correction = tricks["rollout_correction"].fn if corrects else None
+        self.weights_of = tricks["loss_agg"].option.impl   # (mask, max_len, group_index) -> w
+        self.proximal = tricks["proximal"].fn     # pi_prox from pi_old and the sampler's log-probs
+        self.greedy_baseline = tricks["adv"].option.greedy_baseline   # adv=remax: one greedy completion a prompt
         critic = list(policies.value_head.parameters()) if policies.value_head is not None else []
         self.trained = [p for p in policies.policy.parameters() if p.requires_grad] + critic   # LoRA: adapters
         # trained tensors outside the policy, whose gradients DDP does not average (torchrun)
         self.outside_ddp = critic + [p for g in controllers.temperature.param_groups() for p in g["params"]]
         self.train_model = dp.wrap(policies.policy)   # the loss's forward: DDP under torchrun
         # model.dtype=float16: a dynamic loss scale keeps small gradients from underflowing (else off)
-        self.scaler = torch.amp.GradScaler(device.type, enabled=cfg.model.get("dtype", "float32") == "float16")
+        self.scaler = torch.amp.GradScaler(device.type, enabled=spec.model.dtype == "float16")
         # pi_old by a separate forward only when the rollout feeds more than one optimizer step
         # (mini-batches, epochs), is charged to the reward (kl=in_reward), valued by a critic or
         # compared with the sampler (rollout_correction, off_policy_mask) or sampled by an older
         # policy (a plugin's sampler); otherwise pi_old is the policy itself and the ratio is exactly 1
-        self.needs_old = (int(cfg.updates.mini_batches) * int(cfg.updates.epochs) > 1
+        self.needs_old = (spec.updates.mini_batches * spec.updates.epochs > 1
                           or any(plugin.samples_older_policies for plugin in self.plugins)
                           or controllers.kl.reward_beta > 0 or policies.value_head is not None
-                          or corrects or option("off_policy_mask", cfg.off_policy_mask.name).needs_sampler_logprobs)
+                          or corrects or tricks["off_policy_mask"].option.needs_sampler_logprobs)
         # gradient-conflict diagnostics (diag.grad_conflict=true) every diag.every steps; off: 0
-        self.diag_every = int(cfg.diag.every) if cfg.diag.grad_conflict else 0
-        self.diag_params = (diagnostics.last_layer_params(policies.policy, cfg.diag.last_layers)
+        self.diag_every = spec.diag.every if spec.diag.grad_conflict else 0
+        self.diag_params = (diagnostics.last_layer_params(policies.policy, spec.diag.last_layers)
                             if self.diag_every else None)
         # model.remove_padding: every forward below runs the sequences packed, without padding
-        self.remove_padding = bool(cfg.model.get("remove_padding", True))
+        self.remove_padding = spec.model.remove_padding
         self.skipped_steps = 0
         self.eval_problems = task.eval_set()
         self.started = time.perf_counter()   # time/elapsed_s: wall clock since the run (re)started here
 
     # ------------------------------------------------------------------ the step
     def step(self, step: int) -> StepResult:
-        cfg, ctl, started = self.cfg, self.ctl, time.perf_counter()
+        ctl, started = self.ctl, time.perf_counter()
         self.model.train()
         T = ctl.temperature.value                                   # this step's sampling temperature
         try:
@@ -166,7 +169,7 @@ class GRPOTrainer:
                    **self.metrics(batch, shaped, adv, anchors, update, coef, T), **mismatch, **diag,
                    **self.timings(started, sampled, scored, rewarded, updated, shaped.mask, batch.sampled_tokens),
                    "time/elapsed_s": updated - self.started}
-        if not update.finite and cfg.on_nonfinite == "stop":
+        if not update.finite and self.spec.on_nonfinite == "stop":
             what = "loss" if not math.isfinite(update.loss) else "grad norm"
             return StepResult(metrics, diverged=f"non-finite {what} at step {step}")
         return StepResult(metrics, samples=self.samples(batch, adv.rewards))
@@ -181,7 +184,9 @@ class GRPOTrainer:
         sampler = self.rollouts
         for plugin in self.plugins:
             sampler = plugin.sampler(sampler, self.model, self.history)
-        batch = sample_groups(sampler, self.prompts, self.cfg, step, T)
+        rollout = self.spec.rollout
+        batch = sample_groups(sampler, self.prompts, rollout.prompts_per_step, rollout.group_size,
+                              self.spec.tricks["sampling"], step, T)
         for plugin in self.plugins:
             batch = plugin.after_sampling(batch, step, self.rollouts.pad_id)
         return batch
@@ -239,13 +244,14 @@ class GRPOTrainer:
     def greedy_rewards(self, batch: SampledGroups, step: int) -> torch.Tensor:
         """[rows] the reward of the policy's greedy completion of each row's prompt (ReMax's baseline)."""
         greedy = self.rollouts(batch.problems, 1, 0.0, ("greedy", step))
-        wrong, correct = float(self.cfg.reward.wrong), float(self.cfg.reward.correct)
+        wrong, correct = float(self.spec.reward.wrong), float(self.spec.reward.correct)
         return (wrong + (correct - wrong) * greedy.scores).to(self.device)[batch.group_index.to(self.device)]
 
     def coefficients(self) -> Coefficients:
         kl = self.ctl.kl
         return Coefficients(kl=kl.loss_beta, kl_prev=kl.beta_prev, entropy=self.ctl.entropy.coef,
-                            value=float(self.cfg.adv.value_coef) if self.p.value_head is not None else 0.0)
+                            value=float(self.spec.tricks["adv"].values["value_coef"]) if self.p.value_head is not None
+                            else 0.0)
 
     def update(self, batch: SampledGroups, part: Rollout, inputs: LossInputs, coef: Coefficients,
                step: int) -> Update:
@@ -256,11 +262,11 @@ class GRPOTrainer:
         terms' sum aggregated with the slice's own loss_agg weights (verl's agg_loss per
         mini-batch; global over ranks, so the ranks' losses add up), backward, grad-norm clip,
         AdamW. The LR schedule steps once per rollout."""
-        cfg, dp, max_new = self.cfg, self.dp, int(self.cfg.rollout.max_new_tokens)
+        updates, dp, max_new = self.spec.updates, self.dp, self.spec.rollout.max_new_tokens
         means, last, ok = metrics_mod.StepMeans(), LastPass(inputs.mask), True
-        for epoch in range(int(cfg.updates.epochs)):
-            shuffle = derived_seed(int(cfg.seed), ("mini_batches", step, epoch)) if cfg.updates.shuffle else None
-            for rows in mini_batch_rows(batch.group_index, int(cfg.updates.mini_batches), shuffle):
+        for epoch in range(updates.epochs):
+            shuffle = derived_seed(self.spec.seed, ("mini_batches", step, epoch)) if updates.shuffle else None
+            for rows in mini_batch_rows(batch.group_index, updates.mini_batches, shuffle):
                 mb = inputs if rows is None else inputs.rows(rows)
                 mine = slice(None) if rows is None else rows[dp.share(len(rows))]
                 roll = part if rows is None else select_rows(batch.roll, mine)
@@ -290,18 +296,18 @@ class GRPOTrainer:
     def optimizer_step(self, loss, step: int) -> tuple[float, float, bool]:
         """Backward and AdamW on one mini-batch's loss: (the loss over ranks, grad norm, go on?).
         A non-finite loss or gradient is skipped with on_nonfinite=skip, else it stops the run."""
-        cfg, dp, optimizer, scaler = self.cfg, self.dp, self.optim.optimizer, self.scaler
-        if step == cfg.debug.nan_loss_at_step:   # fault injection: a divergence
+        spec, dp, optimizer, scaler = self.spec, self.dp, self.optim.optimizer, self.scaler
+        if step == spec.schedule.nan_loss_at_step:   # fault injection: a divergence
             loss = loss * float("nan")
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss * dp.world).backward()     # DDP (FSDP) averages over ranks: x world = the sum
         dp.average_grads(self.outside_ddp)             # a value head, a learnable T (torchrun only)
         scaler.unscale_(optimizer)                     # float16 only: the true gradients, before clipping
-        grad_norm = dp.clip_grad_norm(self.trained, cfg.optim.max_grad_norm)
+        grad_norm = dp.clip_grad_norm(self.trained, spec.optim.max_grad_norm)
         step_loss = dp.sum(loss.item())                # the whole mini-batch's loss
         # (float16: an overflowing gradient is routine; the scaler skips it, lowers its scale)
         finite = math.isfinite(step_loss) and (math.isfinite(grad_norm) or scaler.is_enabled())
-        if not finite and cfg.on_nonfinite == "skip":
+        if not finite and spec.on_nonfinite == "skip":
             self.skipped_steps += 1    # drop this update, keep the weights as they were
             optimizer.zero_grad(set_to_none=True)
             scaler.update()
@@ -333,13 +339,13 @@ class GRPOTrainer:
             shaped.components, lambda reward: self.advantages(reward, group_index, shaped.mask).values)
         informative = torch.stack([inputs.advantages.flatten(1).ne(0).any(1),
                                    *(a.ne(0) for a in component_adv.values())]).any(0)
-        rows = diagnostics.pick_rows(group_index, informative, self.cfg.diag.rows)
+        rows = diagnostics.pick_rows(group_index, informative, self.spec.diag.rows)
         policy = self.p.policy
         with torch.random.fork_rng(devices=[policy.device] if policy.device.type == "cuda" else []):
             logp, entropy, values = self.token_logprobs(policy, select_rows(batch.roll, rows),
                                                         self.ctl.temperature.current(), self.p.value_head,
                                                         entropy_grad=coef.entropy > 0)
-        weights = self.weights_of(shaped.mask, int(self.cfg.rollout.max_new_tokens), batch.group_index)   # the batch's
+        weights = self.weights_of(shaped.mask, self.spec.rollout.max_new_tokens, batch.group_index)   # the batch's
         w = weights[rows] * (weights.sum() / weights[rows].sum().clamp(min=1e-12))   # the full loss's total
         sub = self.whole_batch_token_keep(batch, inputs).rows(rows)
         with self.draws.unchanged() if self.draws is not None else contextlib.nullcontext():
@@ -370,12 +376,12 @@ class GRPOTrainer:
     def metrics(self, batch: SampledGroups, shaped: ShapedRewards, adv: Advantages, anchors: Anchors,
                 update: Update, coef: Coefficients, T: float) -> dict:
         """This step's metrics; then the adaptive controllers see what they measure."""
-        cfg, mask, m = self.cfg, shaped.mask, metrics_mod
+        rollout, mask, m = self.spec.rollout, shaped.mask, metrics_mod
         group_index = batch.group_index.to(self.device)
         out = {**m.reward_metrics(batch.scores, adv.rewards, group_index, shaped.components["overlong_reward"],
                                   shaped.keep, shaped.components["length_reward"]),
                **m.sampling_metrics(batch.rounds, len(batch.problems), len(batch.texts),
-                                    int(cfg.rollout.prompts_per_step), int(cfg.rollout.group_size)),
+                                    rollout.prompts_per_step, rollout.group_size),
                "entropy/coef": coef.entropy, "temperature/value": T,
                **m.completion_metrics(batch.roll.lengths, batch.roll.truncated),
                **m.advantage_metrics(adv.values, mask, adv.clipped_frac),
@@ -388,8 +394,7 @@ class GRPOTrainer:
             out.update(m.critic_metrics(update.values, self.advantages.critic_returns(
                 adv.rewards, mask, anchors.old_values), mask))
         # the sampler's log-probs vs ours, where they can differ: vLLM, or rollout.dtype below the trainer's
-        if batch.roll.sampler_logprobs is not None and (self.cfg.rollout.backend == "vllm"
-                                                        or self.cfg.rollout.get("dtype", "float32") != "float32"):
+        if batch.roll.sampler_logprobs is not None and (rollout.backend == "vllm" or rollout.dtype != "float32"):
             out.update(m.sampler_gap_metrics(batch.roll.sampler_logprobs,
                                              update.logp if anchors.old is None else anchors.old, mask))
         for plugin in self.plugins:
@@ -419,10 +424,10 @@ class GRPOTrainer:
         """A few completions of this step, for samples.jsonl."""
         return [{"prompt": batch.problems[int(batch.group_index[i])].prompt, "completion": batch.texts[i],
                  "reward": rewards[i].item(), "truncated": bool(batch.roll.truncated[i])}
-                for i in range(min(int(self.cfg.samples_per_log), len(batch.texts)))]
+                for i in range(min(self.spec.schedule.samples_per_log, len(batch.texts)))]
 
     def evaluate(self) -> dict:
-        return evaluate(self.p.policy, self.rollouts, self.eval_problems, int(self.cfg.eval.max_new_tokens))
+        return evaluate(self.p.policy, self.rollouts, self.eval_problems, self.spec.schedule.eval_max_new_tokens)
 
     def checkpointed(self) -> dict:
         """The objects with state of their own, by their checkpoint key."""

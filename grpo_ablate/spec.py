@@ -1,0 +1,212 @@
+"""The run spec: one run's composed, validated config, frozen and typed.
+
+The config layer (config.validate, the inert rules, the resume rules, check_here, sweep
+planning) reads the DictConfig; `train()` turns it into a `RunSpec` on its first screen, and
+every component below receives only its part: the rollout settings, the optimizer's, a trick
+family's bound option... never the whole config.
+
+    spec = run_spec(cfg)
+    spec.rollout.group_size                 a run setting, typed
+    spec.tricks["clip"].option.per_sequence_loss    the chosen option's registry facts
+    spec.tricks["clip"].fn                  its function with the configured knobs bound
+    spec.tricks["adv"].values.get("gamma", 1.0)     any key of the family's config group
+
+The DictConfig itself survives in two places only, where a format is written from it or a
+shared loader reads it by key: `record.config` (config.yaml, W&B's config: train/run_log.py)
+and the model and task groups (`model.group`, `task`: models.py's loaders and build_task,
+which the config layer and the sweep's warm-up call with the same groups).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+from omegaconf import DictConfig, OmegaConf
+
+from grpo_ablate.config import config_hash, params
+from grpo_ablate.tricks import Option, families, option
+from grpo_ablate.tricks.registry import family_info
+
+
+@dataclass(frozen=True)
+class BoundOption:
+    """A trick family's chosen option, bound: what the trainer calls for that family."""
+    option: Option                 # the registry's entry: its flags (`stale`, `replays`, ...), knobs, impl
+    values: Mapping[str, Any]      # every key of the family's config group but `name`: knobs and settings
+    knobs: Mapping[str, Any]       # the option's knobs as configured (the family's settings left out)
+    fn: Callable | None            # option.impl with those knobs bound (None: a config-only option)
+
+    def bind(self, **supplied) -> Callable:
+        """The function with knobs the trainer supplies (the family's `supplied`: clip's
+        dual_clip_c, generator) besides the configured ones; those the option does not take are
+        left out (validate refuses a config that would need them)."""
+        supplied = {k: v for k, v in supplied.items() if k in self.option.knobs}
+        return self.option.bind({**self.knobs, **supplied})
+
+
+@dataclass(frozen=True)
+class RewardScale:
+    correct: float   # the verifier's score 1 maps to this reward
+    wrong: float     # and 0 to this
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    backend: str                 # hf | vllm
+    prompts_per_step: int        # B
+    group_size: int              # G
+    max_new_tokens: int
+    dtype: str | None            # the sampler's precision (None: the trainer's, rollout=vllm)
+    lean_decoder: bool
+    rng: str                     # auto | stream | per_row
+    options: Mapping[str, Any]   # every key of the rollout group (rollout=vllm's engine settings: max_model_len, ...)
+
+
+@dataclass(frozen=True)
+class OptimSettings:
+    lr: float
+    weight_decay: float
+    betas: tuple
+    max_grad_norm: float
+    warmup_steps: int
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """The `updates` family: optimizer steps per rollout."""
+    mini_batches: int
+    epochs: int
+    shuffle: bool
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The run skeleton's (train/run.py): how long, and what happens on which step."""
+    steps: int
+    eval_every: int
+    eval_max_new_tokens: int
+    samples_every: int
+    samples_per_log: int
+    checkpoint_every: int
+    fail_at_step: int | None       # debug: an injected failure (tests of sweep isolation)
+    nan_loss_at_step: int | None   # debug: an injected divergence
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    dtype: str | None             # compute dtype (autocast; None: float32); weights stay float32
+    attn_implementation: str | None
+    fsdp: bool
+    gradient_checkpointing: bool
+    disable_dropout: bool
+    remove_padding: bool
+    lora: bool                    # model.lora.r > 0: only LoRA adapters are trained (peft)
+    # the model group as models.py's loaders read it by key (model_dir, add_lora); the config
+    # layer and the sweep's warm-up call them with the same group (read-only here)
+    group: DictConfig
+
+
+@dataclass(frozen=True)
+class DiagSettings:
+    grad_conflict: bool
+    every: int
+    rows: int | None
+    last_layers: int | None
+
+
+@dataclass(frozen=True)
+class ControlSettings:
+    name: str                     # none | base | sft
+    budget: str | None            # sft: tokens | wall
+    wall_s: float | None
+    sample: bool                  # base: sample every step (false: the eval alone)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What the run dir records about the config (train/run_log.py). `config` is the one place
+    the composed DictConfig is kept: config.yaml and W&B's config are written from it."""
+    config: DictConfig
+    config_hash: str
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    seed: int
+    threads: int | None
+    on_nonfinite: str             # stop | skip
+    reward: RewardScale
+    rollout: RolloutSettings
+    optim: OptimSettings
+    updates: UpdateSettings
+    schedule: Schedule
+    model: ModelSettings
+    task: DictConfig              # the task group, for tasks.build_task (its keys are the task's constructor's)
+    ref_kl: bool                  # metrics.ref_kl: run pi_ref for the KL metrics even with beta = 0
+    diag: DiagSettings
+    control: ControlSettings
+    tricks: Mapping[str, BoundOption]   # family (and "kl.estimator") -> its bound option
+    record: RunRecord
+
+
+def run_spec(cfg: DictConfig) -> RunSpec:
+    """The spec of a validated config (config.validate first: nothing is checked here)."""
+    r, o, s, m = cfg.rollout, cfg.optim, cfg.updates, cfg.model
+    return RunSpec(
+        seed=int(cfg.seed), threads=None if cfg.threads is None else int(cfg.threads),
+        on_nonfinite=str(cfg.on_nonfinite), reward=RewardScale(cfg.reward.correct, cfg.reward.wrong),
+        rollout=RolloutSettings(str(r.backend), int(r.prompts_per_step), int(r.group_size), int(r.max_new_tokens),
+                                r.get("dtype", "float32"), bool(r.get("lean_decoder", False)),
+                                str(r.get("rng") or "auto"), _read_only(params(r))),
+        optim=OptimSettings(o.lr, o.weight_decay, tuple(o.betas), o.max_grad_norm, int(o.warmup_steps)),
+        updates=UpdateSettings(int(s.mini_batches), int(s.epochs), bool(s.shuffle)),
+        schedule=Schedule(int(cfg.steps), int(cfg.eval.every), int(cfg.eval.max_new_tokens), int(cfg.samples_every),
+                          int(cfg.samples_per_log), int(cfg.checkpoint_every), cfg.debug.fail_at_step,
+                          cfg.debug.nan_loss_at_step),
+        model=ModelSettings(m.get("dtype", "float32"), m.get("attn_implementation"),
+                            bool(m.get("fsdp")), bool(m.get("gradient_checkpointing")),
+                            bool(m.get("disable_dropout", True)), bool(m.get("remove_padding", True)),
+                            int((m.get("lora") or {}).get("r") or 0) > 0, _frozen_group(m)),
+        task=_frozen_group(cfg.task), ref_kl=bool(cfg.metrics.ref_kl),
+        diag=DiagSettings(bool(cfg.diag.grad_conflict), int(cfg.diag.every), cfg.diag.rows, cfg.diag.last_layers),
+        control=ControlSettings(str(cfg.control.name), cfg.control.get("budget"), cfg.control.get("wall_s"),
+                                bool(cfg.control.get("sample", True))),
+        tricks=bound_options(cfg),
+        record=RunRecord(cfg, config_hash(cfg)))   # the caller's config, written as it was given
+
+
+def bound_options(cfg: DictConfig) -> Mapping[str, BoundOption]:
+    """Every trick family's chosen option, bound. A dotted family ("kl.estimator") is a key of its
+    parent's group naming an option of its own, without knobs; bound where the group has the key."""
+    bound = {}
+    for family in families():
+        parent, _, key = family.partition(".")
+        if not key:
+            bound[family] = bound_option(cfg, family)
+        elif cfg[parent].get(key) is not None:
+            chosen = option(family, cfg[parent][key])
+            bound[family] = BoundOption(chosen, MappingProxyType({}), MappingProxyType({}), chosen.impl)
+    return MappingProxyType(bound)
+
+
+def bound_option(cfg: DictConfig, family: str) -> BoundOption:
+    """The family's chosen option: its knobs are the group's keys but `name` and the family's own
+    settings (registry.declare_family: the trainer reads those itself)."""
+    chosen, values = option(family, cfg[family].name), params(cfg[family])
+    knobs = {k: v for k, v in values.items() if k not in family_info(family).settings}
+    return BoundOption(chosen, _read_only(values), _read_only(knobs),
+                       chosen.bind(knobs) if chosen.impl is not None else None)
+
+
+def _frozen_group(node: DictConfig) -> DictConfig:
+    """A read-only copy of a config group, its interpolations resolved (struct, as Hydra's: a
+    missing key reads None with .get and raises on attribute access)."""
+    group = OmegaConf.create(OmegaConf.to_container(node, resolve=True))
+    OmegaConf.set_struct(group, True)
+    OmegaConf.set_readonly(group, True)
+    return group
+
+
+def _read_only(mapping: dict) -> Mapping:
+    return MappingProxyType(dict(mapping))
