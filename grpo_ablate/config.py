@@ -10,12 +10,12 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-import math
 import os
 import re
 
 from omegaconf import DictConfig, OmegaConf
 
+from grpo_ablate.allowed import FLAG, POSITIVE, POSITIVE_INT, Allowed, choice
 from grpo_ablate.errors import ConfigError
 from grpo_ablate.here import check_here  # noqa: F401  (re-exported: the CLI and the trainer check both)
 from grpo_ablate.model_source import PACKAGE_PREFIX, ModelPathError, gguf_source, local_path, looks_local
@@ -42,17 +42,27 @@ def _require(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def _one_of(key: str, value, allowed) -> None:
-    _require(value in allowed, f"{key}={value!r} is not allowed; allowed: {', '.join(map(str, allowed))}")
+def _check(key: str, value, allowed: Allowed, cfg: DictConfig | None = None) -> None:
+    """The one way a value is checked (grpo_ablate/allowed.py): one line naming what is allowed."""
+    problem = allowed.problem(value, f"{key}={value!r}", cfg)
+    _require(problem is None, problem or "")
 
 
-def _positive(key: str, value, integer: bool = False, allow_zero: bool = False) -> None:
-    """`value` must be a finite number (an integer if asked) > 0, or >= 0 with allow_zero."""
-    kind = "an integer" if integer else "a number"
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (not integer or float(value).is_integer())
-    ok = ok and (value >= 0 if allow_zero else value > 0)
-    _require(ok, f"{key}={value!r} is not allowed; it must be {kind} {'>=' if allow_zero else '>'} 0")
+# The run's own settings (a trick family's come from the registry) and what each may be.
+NON_NEGATIVE_INT = Allowed("integer", low=0)
+OPTIONAL_POSITIVE_INT = Allowed("integer", low=0, low_open=True, optional=True)
+RUN_SETTINGS = {
+    "seed": NON_NEGATIVE_INT, "steps": POSITIVE_INT, "optim.lr": POSITIVE, "optim.max_grad_norm": POSITIVE,
+    "rollout.prompts_per_step": POSITIVE_INT, "rollout.max_new_tokens": POSITIVE_INT, "eval.every": POSITIVE_INT,
+    "checkpoint_every": POSITIVE_INT, "samples_every": POSITIVE_INT, "on_nonfinite": choice("stop", "skip"),
+    "threads": OPTIONAL_POSITIVE_INT,        # null: torch's default
+    "diag.grad_conflict": FLAG, "diag.every": POSITIVE_INT,
+    "diag.rows": OPTIONAL_POSITIVE_INT,      # null: the whole batch
+    "diag.last_layers": OPTIONAL_POSITIVE_INT,   # null: every parameter
+    "rollout.backend": choice("hf", "vllm"),
+}
+ROLLOUT_RNG = choice("auto", "stream", "per_row")
+MODEL_DTYPE = choice("float32", "bfloat16", "float16")
 
 
 def check_tricks(cfg: DictConfig) -> None:
@@ -115,15 +125,13 @@ def check_family_keys(cfg: DictConfig, family: str) -> None:
 
 
 def check_family_values(cfg: DictConfig, family: str) -> None:
-    """Every knob and setting of the family in its declared range (registry.Knob), then the
+    """Every knob and setting of the family in its declared range (registry.Allowed), then the
     chosen option's own checks across settings (registered with it)."""
     chosen, info = option(family, cfg[family].name), family_info(family)
     for key in cfg[family]:
         if key == "name":
             continue
-        spec = chosen.ranges.get(key) or info.settings[key][0]
-        value = cfg[family][key]
-        _require(spec.ok(value, cfg), f"{family}.{key}={value!r} is not allowed; {spec.allowed(cfg)}")
+        _check(f"{family}.{key}", cfg[family][key], chosen.ranges.get(key) or info.settings[key][0], cfg)
     for check in chosen.checks:
         problem = check(cfg)
         if problem is not None and not problem.startswith(family):   # every message names its subject
@@ -152,10 +160,10 @@ def check_trick_settings(cfg: DictConfig) -> None:
                  f"rollout.group_size={group!r} is not allowed with adv={cfg.adv.name}: "
                  "a group statistic needs at least 2 completions per prompt (group_size >= 2)")
     else:
-        _positive("rollout.group_size", group, integer=True)
-    if cfg.rollout.get("dtype") is not None:
-        _one_of("rollout.dtype", cfg.rollout.dtype,
-                ("float32", "bfloat16", "float16") if cfg.rollout.backend == "vllm" else ("float32", "bfloat16"))
+        _check("rollout.group_size", group, POSITIVE_INT)
+    if cfg.rollout.get("dtype") is not None:   # vLLM samples in float16 too; the HF sampler does not
+        _check("rollout.dtype", cfg.rollout.dtype,
+               MODEL_DTYPE if cfg.rollout.backend == "vllm" else choice("float32", "bfloat16"))
 
 
 def check_run_settings(cfg: DictConfig) -> None:
@@ -164,33 +172,17 @@ def check_run_settings(cfg: DictConfig) -> None:
                  for k in ("correct", "wrong")) and cfg.reward.correct > cfg.reward.wrong,
              f"reward.correct={cfg.reward.correct!r}, reward.wrong={cfg.reward.wrong!r} are not allowed; "
              "they must be numbers with correct > wrong")
-    _one_of("control", cfg.control.name, ("none", "base", "sft"))
+    _check("control", cfg.control.name, choice("none", "base", "sft"))
+    for key, allowed in RUN_SETTINGS.items():
+        _check(key, OmegaConf.select(cfg, key), allowed)
     if cfg.control.name == "sft":
-        _one_of("control.budget", cfg.control.budget, ("tokens", "wall"))
+        _check("control.budget", cfg.control.budget, choice("tokens", "wall"))
         if cfg.control.budget == "wall":
             _require(cfg.control.wall_s is not None, "control.budget=wall needs control.wall_s (seconds of "
                                                      "supervised training in all)")
-            _positive("control.wall_s", cfg.control.wall_s)
-    _positive("seed", cfg.seed, integer=True, allow_zero=True)
-    _positive("steps", cfg.steps, integer=True)
-    _positive("optim.lr", cfg.optim.lr)
-    _positive("optim.max_grad_norm", cfg.optim.max_grad_norm)
-    _positive("rollout.prompts_per_step", cfg.rollout.prompts_per_step, integer=True)
-    _positive("rollout.max_new_tokens", cfg.rollout.max_new_tokens, integer=True)
-    _positive("eval.every", cfg.eval.every, integer=True)
-    _positive("checkpoint_every", cfg.checkpoint_every, integer=True)
-    _positive("samples_every", cfg.samples_every, integer=True)
-    _one_of("on_nonfinite", cfg.on_nonfinite, ("stop", "skip"))
-    if cfg.threads is not None:
-        _positive("threads", cfg.threads, integer=True)
-    _require(isinstance(cfg.diag.grad_conflict, bool),
-             f"diag.grad_conflict={cfg.diag.grad_conflict!r} is not allowed; allowed: true, false")
-    _positive("diag.every", cfg.diag.every, integer=True)
-    for key in ("rows", "last_layers"):   # null: the whole batch / every parameter
-        if cfg.diag[key] is not None:
-            _positive(f"diag.{key}", cfg.diag[key], integer=True)
+            _check("control.wall_s", cfg.control.wall_s, POSITIVE)
     if cfg.logger.name == "wandb":
-        _one_of("logger.mode", cfg.logger.mode, ("auto", "online", "offline", "disabled"))
+        _check("logger.mode", cfg.logger.mode, choice("auto", "online", "offline", "disabled"))
 
 
 def check_model_and_task(cfg: DictConfig) -> None:
@@ -213,11 +205,10 @@ def check_model_and_task(cfg: DictConfig) -> None:
                  f"model.path={path!r} does not exist; give a directory with a saved "
                  "transformers model (config.json), or leave it unset for the embedded tiny model")
     _check_model(cfg.model)
-    _one_of("rollout.backend", cfg.rollout.backend, ("hf", "vllm"))
-    _one_of("rollout.rng", cfg.rollout.get("rng") or "auto", ("auto", "stream", "per_row"))
+    _check("rollout.rng", cfg.rollout.get("rng") or "auto", ROLLOUT_RNG)
     problem = _fsdp_problem(cfg)
     _require(problem is None, f"model.fsdp=true {problem}")
-    _one_of("task", cfg.task.name, sorted(TASKS))
+    _check("task", cfg.task.name, choice(*sorted(TASKS)))
     _require(hasattr(TASKS[cfg.task.name], "warmup_batch") or cfg.model.get("path") is not None
              or cfg.model.get("gguf_file") is not None,
              f"task={cfg.task.name} needs a real model (the embedded one only knows arithmetic): "
@@ -237,22 +228,19 @@ def _check_model(model: DictConfig) -> None:
     """The model's options (most are model=hf's; the embedded tiny model has fsdp, disable_dropout
     and remove_padding)."""
     if model.get("dtype") is not None:
-        _one_of("model.dtype", model.dtype, ("float32", "bfloat16", "float16"))
+        _check("model.dtype", model.dtype, MODEL_DTYPE)
     device = str(model.get("device") or "cpu")
     _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", device) is not None,
              f"model.device={device!r} is not allowed; allowed: auto, cpu, cuda, cuda:N")
-    _require(isinstance(model.get("fsdp", False), bool),
-             f"model.fsdp={model.get('fsdp')!r} is not allowed; allowed: true, false")
+    _check("model.fsdp", model.get("fsdp", False), FLAG)
     for flag in ("disable_dropout", "remove_padding"):
-        _require(isinstance(model.get(flag, True), bool),
-                 f"model.{flag}={model.get(flag)!r} is not allowed; allowed: true, false")
+        _check(f"model.{flag}", model.get(flag, True), FLAG)
     lora = model.get("lora")
     if lora is not None:
-        _positive("model.lora.r", lora.r, integer=True, allow_zero=True)
+        _check("model.lora.r", lora.r, NON_NEGATIVE_INT)
     if lora is not None and lora.r > 0:
-        _positive("model.lora.alpha", lora.alpha)
-        _require(isinstance(lora.dropout, (int, float)) and 0 <= lora.dropout < 1,
-                 f"model.lora.dropout={lora.dropout!r} is not allowed; it must be a number in [0, 1)")
+        _check("model.lora.alpha", lora.alpha, POSITIVE)
+        _check("model.lora.dropout", lora.dropout, Allowed(low=0, high=1, high_open=True))
 
 
 def _fsdp_problem(cfg: DictConfig) -> str | None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo_ablate.values import ACCURACY_EFFECT, Allowed, check_options
+from grpo_ablate.allowed import POSITIVE, Allowed, choice
+from grpo_ablate.values import ACCURACY_EFFECT, check_options
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,23 @@ class DoctorArgs:
 
 
 # the report's choices: option -> the values it allows
-REPORT_CHOICES = {"--format": ("md", "csv", "json"), "--compute": ("tokens", "wall"),
-                  "--error-control": ("holm", "bh", "none")}
+# The report's options with a fixed range: attribute -> (the option, what it may be).
+REPORT_OPTIONS = {
+    "fmt": ("--format", choice("md", "csv", "json")),
+    "watch": ("--watch", Allowed(low=0, low_open=True, optional=True, note="seconds between two refreshes")),
+    "conflict_threshold": ("--conflict-threshold", Allowed(low=-1, high=1, note="a cosine")),
+    "last_k": ("--last-k", Allowed("integer", low=1, optional=True)),
+    "compute": ("--compute", choice("tokens", "wall")),
+    "error_control": ("--error-control", choice("holm", "bh", "none")),
+    "alpha": ("--alpha", Allowed(low=0, high=0.5, low_open=True, high_open=True)),
+    "predict_from": ("--predict-from", Allowed(low=0, high=1, low_open=True, high_open=True, optional=True,
+                                               note="the fraction of each run's steps the fit may see")),
+}
+
+
+def given(option: str, value) -> str:
+    """How the user gave an option's value, for a message: `--format 'x'`, `--alpha 0.7`."""
+    return f"{option} {value!r}" if isinstance(value, str) else f"{option} {value}"
 
 
 @dataclass(frozen=True)
@@ -111,32 +127,13 @@ class ReportRequest:
         """The first option that is not allowed, as the one line the user sees; None when all are."""
         if not self.sweep_dir.is_dir():
             return f"{self.sweep_dir}: no such directory"
-        if self.fmt not in REPORT_CHOICES["--format"]:
-            return f"--format {self.fmt!r} is not allowed; allowed: md, csv, json"
-        if self.watch is not None and self.watch <= 0:
-            return f"--watch {self.watch}: the refresh interval must be > 0 seconds"
-        if not -1.0 <= self.conflict_threshold <= 1.0:
-            return f"--conflict-threshold {self.conflict_threshold} is not allowed; a cosine lies in [-1, 1]"
-        allowed = ACCURACY_EFFECT if "accuracy" in self.metric else Allowed("number", low=0, low_open=True)
-        if self.effect is not None and not allowed.ok(self.effect):
-            return f"--effect {self.effect} is not allowed for {self.metric}; {allowed.words()}"
-        return self._summary_problem() or self._test_problem()
-
-    def _summary_problem(self) -> str | None:
-        if self.last_k is not None and self.last_k < 1:
-            return f"--last-k {self.last_k} is not allowed; it must be an integer >= 1"
+        for attribute, (name, allowed) in REPORT_OPTIONS.items():
+            value = getattr(self, attribute)
+            if (problem := allowed.problem(value, given(name, value))) is not None:
+                return problem
+        allowed = ACCURACY_EFFECT if "accuracy" in self.metric else POSITIVE
+        if (problem := allowed.problem(self.effect, f"--effect {self.effect} for {self.metric}")) is not None:
+            return problem
         if self.last_k is not None and (self.summary or "").lower() != "last_k":
             return f"--last-k {self.last_k} belongs to --summary last_k (or give --summary last_{self.last_k})"
-        if self.compute not in REPORT_CHOICES["--compute"]:
-            return f"--compute {self.compute!r} is not allowed; allowed: tokens, wall"
-        return None
-
-    def _test_problem(self) -> str | None:
-        if self.error_control not in REPORT_CHOICES["--error-control"]:
-            return f"--error-control {self.error_control!r} is not allowed; allowed: holm, bh, none"
-        if not 0 < self.alpha < 0.5:
-            return f"--alpha {self.alpha} is not allowed; it must lie in (0, 0.5)"
-        if self.predict_from is not None and not 0 < self.predict_from < 1:
-            return (f"--predict-from {self.predict_from} is not allowed; give the fraction of each run's steps, "
-                    "in (0, 1)")
         return None

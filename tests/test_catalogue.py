@@ -23,11 +23,11 @@ THROWAWAY = '''
 import torch
 
 from grpo_ablate.tricks.conditions import one_optimizer_step
-from grpo_ablate.tricks.registry import POSITIVE, Activity, Claim, Inert, Knob, Trick, register
+from grpo_ablate.tricks.registry import POSITIVE, Activity, Claim, Inert, Allowed, Trick, register
 
 
 @register("clip", "throwaway", off_policy_only=True,
-          knobs={"eps": POSITIVE, "tau": Knob(low=0, high=2)},
+          knobs={"eps": POSITIVE, "tau": Allowed(low=0, high=2)},
           activity=Activity("clip/throwaway_frac"),
           inert=Inert(one_optimizer_step, "cannot act with one optimizer step per rollout", "add updates.multi",
                       "several optimizer steps per rollout"),
@@ -101,7 +101,7 @@ def test_a_throwaway_option_is_checked_catalogued_documented_and_watched(throwaw
 
 def test_a_knob_without_a_declared_range_is_refused_at_registration(tmp_path):
     path = tmp_path / "unranged_trick_module.py"
-    path.write_text(THROWAWAY.replace('"tau": Knob(low=0, high=2)', '').replace("throwaway", "unranged"))
+    path.write_text(THROWAWAY.replace('"tau": Allowed(low=0, high=2)', '').replace("throwaway", "unranged"))
     with pytest.raises(TypeError, match="clip=unranged: knob tau has no declared range"):
         import_module_from(path, "unranged_trick_module")
     unregister("clip", "unranged")

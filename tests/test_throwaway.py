@@ -18,11 +18,11 @@ from conftest import REPO
 
 OPTION = '''"""A throwaway policy loss (tests/test_throwaway.py)."""
 from grpo_ablate.tricks.conditions import one_optimizer_step
-from grpo_ablate.tricks.registry import POSITIVE, Activity, Inert, Knob, Trick, register
+from grpo_ablate.tricks.registry import POSITIVE, Activity, Inert, Allowed, Trick, register
 from grpo_ablate.tricks.torch_on_first_use import torch
 
 
-@register("clip", "throwaway", knobs={"eps": POSITIVE, "tau": Knob(low=0, high=2)},
+@register("clip", "throwaway", knobs={"eps": POSITIVE, "tau": Allowed(low=0, high=2)},
           activity=Activity("clip/throwaway_frac"),
           inert=Inert(one_optimizer_step, "cannot act with one optimizer step per rollout", "add updates.multi",
                       "several optimizer steps per rollout"),

@@ -18,7 +18,7 @@ import pandas as pd
 
 from grpo_ablate.errors import ReportError
 from grpo_ablate.report.curves import kl_column
-from grpo_ablate.values import COUNT, Allowed
+from grpo_ablate.allowed import POSITIVE, POSITIVE_INT, Allowed
 
 # Flags that mean training broke. kl_drift is a warning only: a policy may legitimately move
 # far from its start, and a variant without a KL term is free to.
@@ -39,10 +39,10 @@ class HealthThresholds:
 
 
 # what each threshold may be (a fraction of a first value or of the length cap, a count of steps, a KL)
-FRACTION = Allowed("number", low=0, high=1, low_open=True)
-THRESHOLD_RANGES = {"entropy_collapse_frac": FRACTION, "patience": COUNT, "length_cap_frac": FRACTION,
+FRACTION = Allowed("number", low=0, high=1, low_open=True)   # null (not a number) is refused
+THRESHOLD_RANGES = {"entropy_collapse_frac": FRACTION, "patience": POSITIVE_INT, "length_cap_frac": FRACTION,
                     "truncated_frac": FRACTION, "repetition_distinct_frac": FRACTION,
-                    "repetition_same_frac": FRACTION, "kl_drift_threshold": Allowed("number", low=0, low_open=True)}
+                    "repetition_same_frac": FRACTION, "kl_drift_threshold": POSITIVE}
 
 
 @dataclass
@@ -64,9 +64,8 @@ def parse_thresholds(items: list[str]) -> HealthThresholds:
             number = types[name.strip()](value)
         except ValueError:
             number = None
-        allowed = THRESHOLD_RANGES[name.strip()]
-        if number is None or not allowed.ok(number):
-            raise ReportError(f"--threshold {item} is not allowed; {allowed.words()}")
+        if (problem := THRESHOLD_RANGES[name.strip()].problem(number, f"--threshold {item}")) is not None:
+            raise ReportError(problem)
         setattr(th, name.strip(), number)
     return th
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
-from grpo_ablate.tricks.registry import (FLAG, FRACTION, NON_NEGATIVE, POSITIVE, TRICKS_OR_TRAPS, Claim, Knob, Trick,
+from grpo_ablate.tricks.registry import (FLAG, FRACTION, NON_NEGATIVE, POSITIVE, TRICKS_OR_TRAPS, Claim, Allowed, Trick,
                                          choice, declare_family, register)
 
 declare_family("adv", "advantage estimator; `gae` adds a critic (value head) and per-token advantages; `gdpo` "
@@ -213,7 +213,7 @@ def gae_advantage(rewards, group_index, mask, values, components, *, gamma: floa
 # ---------------------------------------------------------------- 2025-26 estimators
 # adv.weights: {reward part: weight}; the parts are the trainer's (train/rewards.py; format and
 # kl only when those terms are on)
-REWARD_WEIGHTS = Knob("weights", choices=("task_reward", "overlong_reward", "length_reward", "format_reward",
+REWARD_WEIGHTS = Allowed("weights", choices=("task_reward", "overlong_reward", "length_reward", "format_reward",
                                           "kl_reward"), optional=True)
 
 

@@ -32,7 +32,7 @@ from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick
 
 from grpo_ablate.tricks.conditions import ONE_STEP, one_optimizer_step
 from grpo_ablate.tricks.registry import (DAPO, NON_NEGATIVE, NUMBER, POSITIVE, TRICKS_OR_TRAPS, Activity, Claim, Inert,
-                                         Knob, Trick, choice, declare, declare_family, option, register)
+                                         Allowed, Trick, choice, declare, declare_family, option, register)
 
 declare_family("clip", "the policy loss: PPO ratio clip ε_low/ε_high (`higher` is DAPO clip-higher), or a 2025-26 "
                "variant (sequence ratio, clipped IS weight, soft gate, geometric mean, covariance masks, plain "
@@ -44,7 +44,7 @@ declare_family("clip", "the policy loss: PPO ratio clip ε_low/ε_high (`higher`
                # geometric mean (verl) or each token's own (token); read by the trainer (train/losses.py)
                settings={"is_weights": (choice("geometric", "token"), "per_sequence_loss")})
 declare_family("dual_clip", "dual-clip PPO for A < 0, c = 3", stage="loss", metric="clip/dual_frac",
-               settings={"c": Knob(low=1, low_open=True, optional=True,   # handed to the policy loss as dual_clip_c
+               settings={"c": Allowed(low=1, low_open=True, optional=True,   # handed to the policy loss as dual_clip_c
                                    note="the loss of a negative-advantage token is capped at -c A")})
 EPS = {"eps_low": POSITIVE, "eps_high": POSITIVE}
 RATIO_MOVES = Activity("ppo/kl")   # equal to PPO-clip's gradient while rho == 1: the ratio must move
@@ -295,7 +295,7 @@ def _covariance(advantages, logp, mask) -> torch.Tensor:
 
 
 @register("clip", "clip_cov",
-          knobs={**EPS, "ratio": Knob(low=0, high=1, low_open=True), "cov_low": NUMBER, "cov_high": NUMBER},
+          knobs={**EPS, "ratio": Allowed(low=0, high=1, low_open=True), "cov_low": NUMBER, "cov_high": NUMBER},
           checks=lambda cfg: None if cfg.clip.cov_low < cfg.clip.cov_high else (
               f"clip.cov_low={cfg.clip.cov_low} and clip.cov_high={cfg.clip.cov_high} leave an empty band; "
               "cov_low must be < cov_high"),
@@ -342,7 +342,7 @@ def clip_cov_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.2, eps
 
 
 @register("clip", "kl_cov", off_policy_only=True,
-          knobs={"ratio": Knob(low=0, high=1, low_open=True), "kl_coef": NON_NEGATIVE},
+          knobs={"ratio": Allowed(low=0, high=1, low_open=True), "kl_coef": NON_NEGATIVE},
           inert=ONE_STEP,
           activity=Activity("kl_cov/penalty"),
           writes=("kl_cov/frac",),

@@ -22,14 +22,14 @@ from __future__ import annotations
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.conditions import no_kl_term
-from grpo_ablate.tricks.registry import (NON_NEGATIVE, POSITIVE, SEED_REVIEW, Activity, Claim, Inert, Knob, Trick,
-                                         declare_family, register)
+from grpo_ablate.tricks.registry import (NON_NEGATIVE, POSITIVE, SEED_REVIEW, Activity, Allowed, Claim, Inert, Trick,
+                                         declare_family, options_of, register)
 
 declare_family("kl", "KL to the frozen start; `none` has no reference model at all, `adaptive` a threshold, "
                "`adaptive_target` Ziegler/verl's controller, `in_reward` charges the reward (verl), `two_layer` "
                "adds a KL to the policy of `prev_lag` steps ago; `kl.estimator=k1|k2|k3|abs|k1_st|k3_st|k3_iw` "
                "(straight-through and importance-weighted too)", stage="loss", default="fixed", metric="kl/beta",
-               settings={"estimator": Knob("choice", options_of="kl.estimator")})   # the per-token KL
+               settings={"estimator": options_of("kl.estimator")})   # the per-token KL
 
 # the rules of a KL term's options and estimators
 NO_KL = Inert(no_kl_term, "cannot act with kl.beta=0", "set kl.beta > 0", "kl.beta > 0")
@@ -230,7 +230,7 @@ class InRewardKL(FixedKL):
 
 
 @register("kl", "two_layer",
-          knobs={"beta": NON_NEGATIVE, "beta_prev": NON_NEGATIVE, "prev_lag": Knob("integer", low=1)},
+          knobs={"beta": NON_NEGATIVE, "beta_prev": NON_NEGATIVE, "prev_lag": Allowed("integer", low=1)},
           activity=Activity("kl/prev_k3"),
           inert=NO_KL,
           writes=("kl/beta", "kl/prev_k3"),

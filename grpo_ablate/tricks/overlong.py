@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
-from grpo_ablate.tricks.registry import (DAPO, NON_NEGATIVE, Activity, Claim, Knob, Trick, declare_family, register)
+from grpo_ablate.tricks.registry import (DAPO, NON_NEGATIVE, Activity, Claim, Allowed, Trick, declare_family, register)
 
 declare_family("overlong", "truncated completions: masked out, or a DAPO length penalty", stage="reward",
                metric="overlong/penalty_mean")
@@ -50,7 +50,7 @@ def overlong_filter(rewards, lengths, truncated, max_len):
 
 
 @register("overlong", "soft_punish", shapes_reward=True,
-          knobs={"buffer": Knob("integer", low=1, high="rollout.max_new_tokens"), "factor": NON_NEGATIVE},
+          knobs={"buffer": Allowed("integer", low=1, high="rollout.max_new_tokens"), "factor": NON_NEGATIVE},
           activity=Activity("overlong/penalty_mean"),
           tricks=(Trick("overlong_punish",
                         what="DAPO soft overlong punishment",

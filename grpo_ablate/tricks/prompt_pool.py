@@ -40,12 +40,12 @@ from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
-from grpo_ablate.tricks.registry import (FRACTION, Activity, Claim, Inert, Knob, Trick, declare_family, register)
+from grpo_ablate.tricks.registry import (FRACTION, Activity, Claim, Inert, Allowed, Trick, declare_family, register)
 
 declare_family("prompt_pool", "which prompts a step draws: the task's own order, or a finite pool in epochs, with "
                "prompts of pass rate >= `max_pass` retired (ScaleRL no-positive-resampling), or prime-rl's "
                "easy/normal/hard difficulty pools", stage="batch", default="task", metric="pool/retired",
-               settings={"size": (Knob("integer", low=0, low_open=True, optional=True,
+               settings={"size": (Allowed("integer", low=0, low_open=True, optional=True,
                                        note="the pool's prompts; null: a data task's whole training set"), "pooled")})
 
 SCALERL = "ScaleRL (Khatri et al. 2025, arXiv 2510.13786)"
@@ -116,7 +116,7 @@ def epoch_order(pass_rate: torch.Tensor, retired: torch.Tensor, n: int, generato
 
 
 @register("prompt_pool", "no_positive_resampling", pooled=True, epochs=True,
-          knobs={"max_pass": Knob(low=0, low_open=True, high=1,
+          knobs={"max_pass": Allowed(low=0, low_open=True, high=1,
                                   note="a prompt whose latest pass rate reaches it leaves the pool")},
           activity=Activity("pool/retired"), inert=ONE_EPOCH, checks=_check_size,
           tricks=(Trick("no_positive_resampling",

@@ -9,7 +9,7 @@ the command line that is not a knob of the chosen option (a typo: `+adv.epz=0.1`
 error that names the knobs the option has, never a silently ignored setting.
 
 Everything else that is known about an option is given where it is registered, and every
-other place reads it from here: the range and type of each knob (`Knob`: config.py checks
+other place reads it from here: the range and type of each knob (`Allowed`: config.py checks
 them; an option whose knob has none is refused at registration), its activity metric (what
 shows in a run that it acted: the report's *inert here*), the conditions under which it
 cannot act (`Inert`: train warns, sweep and doctor refuse), checks that involve other settings,
@@ -26,16 +26,19 @@ a statistic needs G >= 2) are flags given at registration and read as attributes
 A family is declared once (`declare_family`: its one-line summary, the settings of its
 config group that the trainer reads itself, the knobs the trainer supplies); a family whose
 options have no function of their own (dual_clip, updates) registers them with `declare`.
-This module imports nothing outside the standard library.
+This module imports only the standard library and grpo_ablate.allowed.
 """
 from __future__ import annotations
 
 import functools
 import inspect
-import math
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from grpo_ablate.allowed import FLAG, FRACTION, NON_NEGATIVE, NUMBER, POSITIVE, POSITIVE_INT, Allowed, choice
+
+__all__ = ["FLAG", "FRACTION", "NON_NEGATIVE", "NUMBER", "POSITIVE", "POSITIVE_INT", "Allowed", "choice"]
 
 _FAMILIES: dict[str, dict[str, "Option"]] = {}
 _DECLARED: dict[str, "Family"] = {}
@@ -43,100 +46,12 @@ _FLAGS: set[str] = set()   # every capability flag some option was registered wi
 
 
 # ------------------------------------------------------------------------------ the facts
-@dataclass(frozen=True)
-class Knob:
-    """What a knob may be set to. `low`/`high` are numbers or config keys (`rollout.max_new_tokens`,
-    read from the composed config); `optional`: null is allowed too; `note`: why, for the message."""
-    kind: str = "number"                 # number | integer | bool | choice | numbers (a list of numbers)
-                                         # | weights (name -> number; choices: the names)
-    low: float | str | None = None
-    high: float | str | None = None
-    low_open: bool = False               # low < value (else low <= value)
-    high_open: bool = False
-    choices: tuple = ()                  # kind choice: the allowed values
-    options_of: str | None = None        # kind choice: the allowed values are this registry family's options
-    optional: bool = False
-    note: str = ""
-
-    def allowed(self, cfg=None) -> str:
-        """What the value must be, in words: 'it must be a number > 0', 'allowed: raw, centered'."""
-        if self.kind == "bool":
-            return "allowed: true, false"
-        if self.kind == "choice":
-            return "allowed: " + ", ".join(map(str, self._choices()))
-        if self.kind == "weights":
-            return f"it must map names to numbers ({{{self.choices[0]}: 2}}); names: {', '.join(self.choices)}"
-        what = {"number": "a number", "integer": "an integer", "numbers": "a list of numbers"}[self.kind]
-        low, high = _bound(self.low, cfg), _bound(self.high, cfg)
-        if self.low is not None and self.high is not None and self.kind == "integer" and not (
-                self.low_open or self.high_open):
-            what += f" in {_show(self.low, low)}..{_show(self.high, high)}"
-        elif self.low is not None and self.high is not None:
-            what += (f" in {'(' if self.low_open else '['}{_show(self.low, low)}, "
-                     f"{_show(self.high, high)}{')' if self.high_open else ']'}")
-        elif self.low is not None:
-            what += f" {'>' if self.low_open else '>='} {_show(self.low, low)}"
-        elif self.high is not None:
-            what += f" {'<' if self.high_open else '<='} {_show(self.high, high)}"
-        return f"it must be {what}" + (f" ({self.note})" if self.note else "")
-
-    def ok(self, value, cfg=None) -> bool:
-        """Whether `value` is allowed (bounds given as config keys are read from `cfg`)."""
-        if value is None:
-            return self.optional
-        if self.kind == "bool":
-            return isinstance(value, bool)
-        if self.kind == "choice":
-            return value in self._choices()
-        if self.kind == "weights":   # a dict, or omegaconf's DictConfig (not imported here)
-            return hasattr(value, "items") and all(k in self.choices and _finite_number(v) for k, v in value.items())
-        if self.kind == "numbers":
-            return (isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig") and all(
-                _finite_number(v) for v in value)
-        if not _finite_number(value) or (self.kind == "integer" and not float(value).is_integer()):
-            return False
-        low, high = _bound(self.low, cfg), _bound(self.high, cfg)
-        if low is not None and (value <= low if self.low_open else value < low):
-            return False
-        return high is None or not (value >= high if self.high_open else value > high)
-
-    def _choices(self) -> tuple:
-        return tuple(sorted(_FAMILIES.get(self.options_of, {}))) if self.options_of else self.choices
+# A knob's range is an `Allowed` (grpo_ablate/allowed.py: the one type every user value is
+# checked with); `options_of(family)` lists a registry family's options as the allowed choices.
 
 
-def _finite_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _bound(bound, cfg):
-    """A bound's value: a number, or the value of a config key in `cfg` (None without a cfg)."""
-    if isinstance(bound, str):
-        if cfg is None:
-            return None
-        node = cfg
-        for part in bound.split("."):
-            node = node[part]
-        return node
-    return bound
-
-
-def _show(bound, value) -> str:
-    if isinstance(bound, str):
-        return bound if value is None else f"{bound} ({value})"
-    return f"{bound:g}"
-
-
-# the ranges most knobs have
-NUMBER = Knob()
-POSITIVE = Knob(low=0, low_open=True)
-NON_NEGATIVE = Knob(low=0)
-FRACTION = Knob(low=0, high=1)
-POSITIVE_INT = Knob("integer", low=0, low_open=True)
-FLAG = Knob("bool")
-
-
-def choice(*values) -> Knob:
-    return Knob("choice", choices=tuple(values))
+def options_of(family: str) -> Allowed:
+    return Allowed("choice", choices=lambda: tuple(sorted(_FAMILIES.get(family, {}))))
 
 
 @dataclass(frozen=True)
@@ -219,7 +134,7 @@ class Trick:
 @dataclass(frozen=True)
 class Family:
     """A trick family: its summary (docs/config.md's option table), the settings of its config group
-    that the trainer reads itself (name -> (Knob, the capability flag an option needs to have
+    that the trainer reads itself (name -> (Allowed, the capability flag an option needs to have
     the setting, or None)), and the knobs of its options that the trainer supplies (name -> by what)."""
     name: str
     summary: str
@@ -239,7 +154,7 @@ STAGES = ("reward", "batch", "advantage", "loss", "async", "model", "optimizer")
 def declare_family(name: str, summary: str, *, stage: str, default: str = "none", metric: str = "loss",
                    settings: dict | None = None, supplied: dict | None = None) -> None:
     """Declare a family once, in its module. stage: one of STAGES; default: the option a run
-    takes unless told otherwise; settings: {key: Knob or (Knob, flag)}."""
+    takes unless told otherwise; settings: {key: Allowed or (Allowed, flag)}."""
     if name in _DECLARED:
         raise ValueError(f"trick family {name!r} is declared twice")
     if stage not in STAGES:
@@ -265,7 +180,7 @@ class Option:
     name: str
     impl: Callable[..., Any] | None      # None: a config-only option (declare), the trainer reads its settings
     flags: dict = field(default_factory=dict)
-    ranges: dict = field(default_factory=dict)      # knob -> Knob
+    ranges: dict = field(default_factory=dict)      # knob -> Allowed
     activity: Activity | None = None
     inert: tuple = ()                               # Inert rules
     checks: tuple = ()                              # cfg -> a message (the config is refused) or None
@@ -308,7 +223,7 @@ class Option:
 def register(family: str, name: str, *, knobs: dict | None = None, activity: Activity | None = None,
              inert=(), checks=(), tricks=(), writes=(), **flags):
     """Register the decorated function or class as option `name` of `family`, with its facts:
-    knobs {knob: Knob} (every keyword-only argument that the trainer does not supply), activity,
+    knobs {knob: Allowed} (every keyword-only argument that the trainer does not supply), activity,
     inert (an Inert or several), checks (cfg -> message or None), tricks (the named Tricks),
     writes (the metrics it writes every step, when not its family's)."""
     def wrap(impl):
@@ -345,7 +260,7 @@ def _add(new: Option) -> None:
     missing = [k for k in new.knobs if k not in new.ranges and k not in supplied]
     if missing:
         raise TypeError(f"{family}={name}: knob {', '.join(missing)} has no declared range: "
-                        f"register(..., knobs={{{missing[0]!r}: Knob(...)}})")
+                        f"register(..., knobs={{{missing[0]!r}: Allowed(...)}})")
     extra = [k for k in new.ranges if k not in new.knobs]
     if extra:
         raise TypeError(f"{family}={name}: knobs={{{', '.join(map(repr, extra))}: ...}} is not a keyword-only "

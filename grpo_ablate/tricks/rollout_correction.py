@@ -31,7 +31,7 @@ from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick
 from grpo_ablate.tricks.behaviour import known_or
 from grpo_ablate.tricks.behaviour import log_ratio as behaviour_log_ratio
 from grpo_ablate.tricks.conditions import same_sampler_and_trainer
-from grpo_ablate.tricks.registry import (FLAG, POSITIVE, Activity, Claim, Inert, Knob, Trick, choice, declare_family,
+from grpo_ablate.tricks.registry import (FLAG, POSITIVE, Activity, Claim, Inert, Allowed, Trick, choice, declare_family,
                                          register)
 
 declare_family("rollout_correction", "importance weights π_old / π_sampler on the policy loss, with verl's mismatch "
@@ -120,7 +120,7 @@ def _option(level: str, rule: str, default_high: float, default_low):
 
 # Defaults: verl's TIS threshold 2.0 for the truncations; TRL's default mode and bound (3.0, no
 # lower bound) for sequence_mask; verl's IcePop example bounds 0.5_5.0 for token_mask.
-KNOBS = {"high": POSITIVE, "low": Knob(low=0, low_open=True, high="rollout_correction.high", optional=True),
+KNOBS = {"high": POSITIVE, "low": Allowed(low=0, low_open=True, high="rollout_correction.high", optional=True),
          "renormalize": FLAG}
 SAMPLER_IS_TRAINER = Inert(same_sampler_and_trainer, "cannot act when the sampler is the trainer itself (same model, "
                            "same dtype, no staleness): pi_old / pi_sampler ≡ 1",
@@ -296,7 +296,7 @@ def _check_rejection(cfg):
 REJECTION_KNOBS = {"metric": choice("ratio", "k1", "k2", "k3", "k3_areal", "prob_diff"),
                    "level": choice("token", "sequence"), "aggregation": choice("sum", "mean", "max", "all"),
                    "action": choice("mask", "clamp"), "weighted": FLAG, "denominator": choice("trained", "kept"),
-                   "high": Knob(), "low": Knob(high="rollout_correction.high", optional=True)}
+                   "high": Allowed(), "low": Allowed(high="rollout_correction.high", optional=True)}
 TRUST_REGION_MASK = Trick(
     "trust_region_mask", what="mask every sequence whose mean k3 divergence r - 1 - log r from the sampler exceeds "
     "0.01 (Trust Region Masking)",

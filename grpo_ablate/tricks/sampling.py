@@ -19,15 +19,15 @@ from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
-from grpo_ablate.tricks.registry import (DAPO, NUMBER, POSITIVE_INT, SEED_REVIEW, Activity, Claim, Knob, Trick,
+from grpo_ablate.tricks.registry import (DAPO, NUMBER, POSITIVE_INT, SEED_REVIEW, Activity, Claim, Allowed, Trick,
                                          declare_family, register)
 
 declare_family("sampling", "which groups form the batch; `dynamic` is DAPO's, refilling up to `max_rounds`; "
                "`dynamic_group` grows flat groups up to `g_max`",
                stage="batch", default="static", metric="sampling/kept_group_frac",
                settings={"max_rounds": POSITIVE_INT,   # sampling rounds (dynamic), group growth (dynamic_group)
-                         "g_step": Knob("integer", low=0, low_open=True, optional=True),
-                         "g_max": Knob("integer", low="rollout.group_size", optional=True)})
+                         "g_step": Allowed("integer", low=0, low_open=True, optional=True),
+                         "g_max": Allowed("integer", low="rollout.group_size", optional=True)})
 
 
 def _one_round(cfg) -> str | None:
@@ -84,7 +84,7 @@ def keep_varied_groups(scores: torch.Tensor) -> torch.Tensor:
 # [reject_min, reject_max] (AdvRangeGateConfig default [0, 0]: no learning signal). The advantages
 # are prime-rl's default r - mean(r) over the group, from the verifier's rewards; rejected groups are
 # refilled like dynamic's (prime-rl's orchestrator keeps sampling until the batch is full).
-@register("sampling", "advantage_range", knobs={"reject_min": NUMBER, "reject_max": Knob(low="sampling.reject_min")},
+@register("sampling", "advantage_range", knobs={"reject_min": NUMBER, "reject_max": Allowed(low="sampling.reject_min")},
           activity=Activity("sampling/extra_generations"),
           tricks=(Trick("advantage_range_gate",
                         what="drop groups whose advantages r - mean(r) all lie in [reject_min, reject_max], refill",

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
-from grpo_ablate.tricks.registry import (FRACTION, POSITIVE_INT, Activity, Claim, Inert, Knob, Trick, declare_family,
+from grpo_ablate.tricks.registry import (FRACTION, POSITIVE_INT, Activity, Claim, Inert, Allowed, Trick, declare_family,
                                          register)
 
 declare_family("staleness", "rollouts from the policy of k steps ago (asynchronous RL, reproduced exactly): "
@@ -102,7 +102,7 @@ def mixed_ages(groups: int, oldest: int, generator: torch.Generator, *, k: int =
 
 
 @register("staleness", "spread", stale=True,
-          knobs={"k": POSITIVE_INT, "max_age": Knob("integer", low=0, high="staleness.k", optional=True,
+          knobs={"k": POSITIVE_INT, "max_age": Allowed("integer", low=0, high="staleness.k", optional=True,
                                                     note="groups older than it are dropped; null keeps all")},
           activity=STALE_ACTS, checks=_check_swappable,
           tricks=(Trick("spread_staleness",
