@@ -59,6 +59,7 @@ class Anchors:
     old: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     prev: torch.Tensor | None = None
+    energy: torch.Tensor | None = None     # pi_old's logit-gradient energy per token (an estimator that reads it)
 
 
 @dataclass
@@ -118,6 +119,7 @@ class GRPOTrainer:
         self.weights_of = option("loss_agg", cfg.loss_agg.name).impl   # (mask, max_len, group_index) -> w
         self.proximal = trick(cfg, "proximal")     # pi_prox from pi_old and the sampler's log-probs
         self.greedy_baseline = option("adv", cfg.adv.name).greedy_baseline   # adv=remax: one greedy completion a prompt
+        self.token_energy = option("adv", cfg.adv.name).reads_token_energy   # adv=optimal_token_baseline
         critic = list(policies.value_head.parameters()) if policies.value_head is not None else []
         self.trained = [p for p in policies.policy.parameters() if p.requires_grad] + critic   # LoRA: adapters
         # trained tensors outside the policy, whose gradients DDP does not average (torchrun)
@@ -131,7 +133,7 @@ class GRPOTrainer:
         # policy (a plugin's sampler); otherwise pi_old is the policy itself and the ratio is exactly 1
         self.needs_old = (int(cfg.updates.mini_batches) * int(cfg.updates.epochs) > 1
                           or any(plugin.samples_older_policies for plugin in self.plugins)
-                          or controllers.kl.reward_beta > 0 or policies.value_head is not None
+                          or controllers.kl.reward_beta > 0 or policies.value_head is not None or self.token_energy
                           or corrects or option("off_policy_mask", cfg.off_policy_mask.name).needs_sampler_logprobs)
         # gradient-conflict diagnostics (diag.grad_conflict=true) every diag.every steps; off: 0
         self.diag_every = int(cfg.diag.every) if cfg.diag.grad_conflict else 0
@@ -186,9 +188,11 @@ class GRPOTrainer:
             batch = plugin.after_sampling(batch, step, self.rollouts.pad_id)
         return batch
 
-    def token_logprobs(self, model, roll: Rollout, T, value_head=None, entropy_grad: bool = False):
-        """(log-probs, entropy, values) of a rollout under `model` (train/forward.py)."""
-        return token_logprobs(model, roll, T, value_head, entropy_grad, remove_padding=self.remove_padding)
+    def token_logprobs(self, model, roll: Rollout, T, value_head=None, entropy_grad: bool = False,
+                       energy: bool = False):
+        """(log-probs, entropy, values[, energy]) of a rollout under `model` (train/forward.py)."""
+        return token_logprobs(model, roll, T, value_head, entropy_grad, remove_padding=self.remove_padding,
+                              energy=energy)
 
     @torch.no_grad()
     def anchor_logprobs(self, part: Rollout, T: float) -> Anchors:
@@ -198,8 +202,9 @@ class GRPOTrainer:
         if p.reference is not None:
             out.ref = dp.gather_rows(self.token_logprobs(p.reference, part, T)[0])
         if self.needs_old:
-            old, _, values = self.token_logprobs(p.policy, part, T, p.value_head)
+            old, _, values, *energy = self.token_logprobs(p.policy, part, T, p.value_head, energy=self.token_energy)
             out.old, out.old_values = dp.gather_rows(old), dp.gather_rows(values)
+            out.energy = dp.gather_rows(energy[0]) if energy else None
         forward = lambda model, roll, temperature: dp.gather_rows(self.token_logprobs(model, roll, temperature)[0])
         for plugin in self.plugins:
             out = replace(out, **plugin.anchors(part, T, forward, self.history))
@@ -217,10 +222,6 @@ class GRPOTrainer:
         if batch.roll.kept is not None:
             kept = batch.roll.kept.to(self.device)
             shaped = replace(shaped, keep=shaped.keep & kept, mask=shaped.mask * kept[:, None])
-        values = self.greedy_rewards(batch, step) if self.greedy_baseline else anchors.old_values
-        adv = self.advantages(shaped.rewards, group_index, shaped.mask, values, shaped.components)
-        returns = (self.advantages.critic_returns(adv.rewards, shaped.mask, anchors.old_values)
-                   if self.p.value_head is not None else None)
         sampler = batch.roll.sampler_logprobs
         sampler = sampler.to(self.device) if sampler is not None else None
         old, mismatch = anchors.old, {}
@@ -231,9 +232,22 @@ class GRPOTrainer:
         if self.rollout_correction is not None and sampler is not None:
             weights, corrected = self.rollout_correction(old, sampler, shaped.mask)
             mismatch = {**mismatch, **corrected}
+        adv = self.advantages(shaped.rewards, group_index, shaped.mask, self.estimator_input(batch, anchors, weights,
+                                                                                            step), shaped.components)
+        returns = (self.advantages.critic_returns(adv.rewards, shaped.mask, anchors.old_values)
+                   if self.p.value_head is not None else None)
         inputs = LossInputs(shaped.mask, adv.per_token, old, anchors.ref, anchors.prev,
                             anchors.old_values, returns, sampler, weights)
         return shaped, adv, inputs, mismatch
+
+    def estimator_input(self, batch: SampledGroups, anchors: Anchors, weights, step: int):
+        """What the advantage estimator reads beside the rewards (`values`): ReMax's greedy rewards,
+        OTB's per-token energy (times the rollout-correction weight squared, verl's rho-bar^2), or V_old."""
+        if self.greedy_baseline:
+            return self.greedy_rewards(batch, step)
+        if self.token_energy:
+            return anchors.energy if weights is None else anchors.energy * weights ** 2
+        return anchors.old_values
 
     @torch.no_grad()
     def greedy_rewards(self, batch: SampledGroups, step: int) -> torch.Tensor:
@@ -384,6 +398,8 @@ class GRPOTrainer:
                "kl/beta": self.ctl.kl.beta, "optim/grad_norm": update.grad_norm,
                "optim/lr": self.optim.schedule.get_last_lr()[0], "optim/skipped_steps": self.skipped_steps,
                **m.kl_metrics(update.logp, anchors.ref, anchors.prev, mask)}
+        if anchors.energy is not None:
+            out["adv/token_energy"] = masked_mean(anchors.energy, mask).item()
         if update.values is not None:
             out.update(m.critic_metrics(update.values, self.advantages.critic_returns(
                 adv.rewards, mask, anchors.old_values), mask))

@@ -1,0 +1,134 @@
+"""The rest of issue 35's options against their references, in float64. Each expected number is
+worked by hand (plain floats) from the cited source:
+- verl verl/trainer/ppo/core_algos.py `compute_optimal_token_baseline_advantage` and
+  `compute_multi_turn_optimal_token_baseline_advantage`, verl/utils/torch_functional.py
+  `calculate_sum_pi_squared_from_logits` (commit b178a3cd56f58b2d502255daba591e92833930a7).
+"""
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import cli
+from grpo_ablate.config import ConfigError, compose, validate
+from grpo_ablate.rundir import read_rows
+from grpo_ablate.sampling.decode import Rollout
+from grpo_ablate.train.forward import completion_logprobs
+from grpo_ablate.train.grpo import train
+from grpo_ablate.tricks import option
+
+D = torch.float64
+
+
+# ------------------------------------------------------------------ optimal token baseline
+def otb(rewards, groups, mask, energy, **knobs):
+    return option("adv", "optimal_token_baseline").bind(knobs)(
+        torch.tensor(rewards, dtype=D), torch.tensor(groups), torch.tensor(mask, dtype=D),
+        torch.tensor(energy, dtype=D), {})
+
+
+# group 0: a (r 1, 3 tokens, w .5 .2 .1 -> W .5 .7 .8), b (r 0, 2 tokens, w .3 .4 -> W .3 .7);
+# group 1: c alone (r .5). B_t = sum G W / sum W: B_0 = .5/.8 = .625, B_1 = .7/1.4 = .5, B_2 = .8/.8 = 1
+REWARDS, GROUPS = [1.0, 0.0, 0.5], [0, 0, 1]
+MASK = [[1, 1, 1], [1, 1, 0], [1, 1, 1]]
+ENERGY = [[0.5, 0.2, 0.1], [0.3, 0.4, 9.0], [0.2, 0.2, 0.2]]
+
+
+def test_otb_is_verls_per_token_baseline():
+    got = otb(REWARDS, GROUPS, MASK, ENERGY)
+    expected = [[1 - 0.625, 1 - 0.5, 1 - 1.0], [-0.625, -0.5, 0.0], [0.5, 0.5, 0.5]]   # c alone: B = 0
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=D), atol=1e-7, rtol=0)
+
+
+def test_otb_zero_tail_drops_the_baseline_past_the_second_longest_row():
+    got = otb(REWARDS, GROUPS, MASK, ENERGY, zero_tail=True)   # a is strictly longest: B_a,2 = 0
+    expected = [[0.375, 0.5, 1.0], [-0.625, -0.5, 0.0], [0.5, 0.5, 0.5]]
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=D), atol=1e-7, rtol=0)
+    tied = otb([1.0, 0.0], [0, 0], [[1, 1], [1, 1]], [[0.5, 0.5], [0.5, 0.5]], zero_tail=True)
+    torch.testing.assert_close(tied, torch.tensor([[0.5, 0.5], [-0.5, -0.5]], dtype=D), atol=1e-7, rtol=0)
+
+
+def test_otb_positions_trained_is_tir_on_a_row_with_a_hole():
+    # d: r 1, mask 1 0 1, w .5 (9) .1; e: r 0, mask 1 1 0, w .3 .4
+    rewards, groups, mask, energy = [1.0, 0.0], [0, 0], [[1, 0, 1], [1, 1, 0]], [[0.5, 9.0, 0.1], [0.3, 0.4, 0.0]]
+    # absolute (OTB): W_d = .5 .5 .6, W_e = .3 .7; B_0 = .5/.8, B_1 = 0 (e alone), B_2 = .6/.6 = 1
+    absolute = [[1 - 0.625, 0.0, 0.0], [-0.625, 0.0, 0.0]]
+    torch.testing.assert_close(otb(rewards, groups, mask, energy), torch.tensor(absolute, dtype=D), atol=1e-7, rtol=0)
+    # trained (tir): d's own tokens W = .5 .6, e's W = .3 .7: B_0 = .5/.8, B_1 = .6/1.3
+    trained = [[1 - 0.625, 0.0, 1 - 0.6 / 1.3], [-0.625, -0.6 / 1.3, 0.0]]
+    torch.testing.assert_close(otb(rewards, groups, mask, energy, positions="trained"),
+                               torch.tensor(trained, dtype=D), atol=1e-7, rtol=0)
+
+
+def test_otb_positions_agree_on_single_turn_rows_and_tir_drops_empty_rows_from_the_count():
+    absolute = otb(REWARDS, GROUPS, MASK, ENERGY, zero_tail=True)
+    torch.testing.assert_close(otb(REWARDS, GROUPS, MASK, ENERGY, zero_tail=True, positions="trained"), absolute)
+    # a row masked out entirely (overlong filter): tir leaves f alone in its group (B = 0, A = r);
+    # OTB counts two rows, and its zero tail then gives f B = 0 as well
+    args = ([1.0, 0.0], [0, 0], [[1, 1], [0, 0]], [[0.5, 0.5], [0.5, 0.5]])
+    lone = torch.tensor([[1.0, 1.0], [0.0, 0.0]], dtype=D)
+    torch.testing.assert_close(otb(*args, positions="trained"), lone)
+    torch.testing.assert_close(otb(*args, zero_tail=True), lone)
+
+
+def test_energy_of_the_forward_is_one_minus_two_pi_plus_sum_pi_squared():
+    logits = torch.tensor([[[2.0, 0.0, -1.0, 0.5], [0.1, 0.2, 0.3, 0.4], [3.0, -2.0, 0.0, 0.0]]], dtype=D)
+    ids = torch.tensor([[5, 0, 3, 1]])       # one prompt token, then completion tokens 0, 3, 1
+
+    class Model:   # a forward that returns fixed logits for the positions before each completion token
+        def __call__(self, **_):
+            return SimpleNamespace(logits=torch.cat([logits, logits[:, -1:]], dim=1))
+
+    roll = Rollout(ids, torch.ones_like(ids), 1, torch.ones(1, 3), torch.zeros(1, dtype=torch.bool))
+    T = 0.7
+    logp, _, energy = completion_logprobs(Model(), roll, temperature=T, return_energy=True)
+    for t, token in enumerate((0, 3, 1)):
+        z = [v / T for v in logits[0, t].tolist()]
+        norm = sum(math.exp(v) for v in z)
+        pi = [math.exp(v) / norm for v in z]
+        # verl: sum pi^2 = exp(logsumexp(2 z) - 2 logsumexp(z)); the energy is ||e_o - pi||^2
+        sum_sq = math.exp(math.log(sum(math.exp(2 * v) for v in z)) - 2 * math.log(norm))
+        assert energy[0, t].item() == pytest.approx(1 - 2 * pi[token] + sum_sq, abs=1e-12)
+        assert energy[0, t].item() == pytest.approx(sum(((v == token) - p) ** 2 for v, p in enumerate(pi)), abs=1e-12)
+        assert logp[0, t].item() == pytest.approx(math.log(pi[token]), abs=1e-12)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["adv=optimal_token_baseline", "adv.positions=turns"], "adv.positions='turns' is not allowed"),
+    (["adv=optimal_token_baseline", "adv.eps=0"], "adv.eps=0 is not allowed"),
+    (["adv=optimal_token_baseline", "adv.zero_tail=1"], "adv.zero_tail=1 is not allowed"),
+    (["adv=optimal_token_baseline", "diag.grad_conflict=true"], "per-component advantages have not"),
+])
+def test_bad_settings_of_the_rest_of_issue_35_are_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(compose(overrides))
+
+
+# every new knob's bad value, as a user meets it: one `error:` line, exit 2, nothing written
+CLI_REFUSALS = [
+    ("adv=optimal_token_baseline adv.positions=turns", "adv.positions"),
+]
+
+
+@pytest.mark.parametrize("overrides, needle", CLI_REFUSALS)
+def test_a_bad_value_of_every_new_knob_is_one_line_exit_2_and_no_run_dir(tmp_path, overrides, needle):
+    out = cli("train", *overrides.split(), cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], out.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_named_otb_tricks_compose():
+    cfg = compose(["+trick=tir_optimal_token_baseline"])
+    validate(cfg)
+    assert (cfg.adv.name, cfg.adv.positions, cfg.adv.zero_tail) == ("optimal_token_baseline", "trained", True)
+    assert compose(["+trick=optimal_token_baseline"]).adv.positions == "absolute"
+
+
+def test_otb_trains_and_reports_its_energy(small, tmp_path):
+    overrides = small + ["steps=2", "+trick=tir_optimal_token_baseline"]
+    train(compose(overrides), tmp_path / "run", overrides)
+    rows = read_rows(tmp_path / "run" / "metrics.jsonl")[1:]
+    assert all(r["adv/token_energy"] > 0 and r["adv/std"] > 0 and r["loss"] is not None for r in rows)
