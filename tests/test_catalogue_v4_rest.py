@@ -3,6 +3,8 @@ worked by hand (plain floats) from the cited source:
 - verl verl/trainer/ppo/core_algos.py `compute_optimal_token_baseline_advantage` and
   `compute_multi_turn_optimal_token_baseline_advantage`, verl/utils/torch_functional.py
   `calculate_sum_pi_squared_from_logits` (commit b178a3cd56f58b2d502255daba591e92833930a7).
+- PipelineRL pipelinerl/actor.py (difficulty-aware length penalty) and pipelinerl/domains/math/
+  rollouts.py `length_penalty` (commit 58d393458625ad63ed539f2dcd072c85700c557f).
 """
 import math
 from types import SimpleNamespace
@@ -99,15 +101,39 @@ def test_energy_of_the_forward_is_one_minus_two_pi_plus_sum_pi_squared():
     (["adv=optimal_token_baseline", "adv.eps=0"], "adv.eps=0 is not allowed"),
     (["adv=optimal_token_baseline", "adv.zero_tail=1"], "adv.zero_tail=1 is not allowed"),
     (["adv=optimal_token_baseline", "diag.grad_conflict=true"], "per-component advantages have not"),
+    (["overlong=soft_punish", "overlong.gamma=1", "adv=gae", "rollout.group_size=1"], "a group of one has not"),
 ])
 def test_bad_settings_of_the_rest_of_issue_35_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):
         validate(compose(overrides))
 
 
+# ------------------------------------------------------------------ difficulty-aware overlong penalty
+def test_difficulty_aware_penalty_is_pipelinerls():
+    # max_tokens 8, buffer 4: length_penalty = (4 - |o|) / 4 past 4 tokens. Group 0 solves 2 of 4 (rate .5),
+    # group 1 both (rate 1), one of them truncated (the hard cap guard keeps its full penalty)
+    rewards = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 1.0], dtype=D)
+    lengths = torch.tensor([7, 6, 7, 3, 8, 5])
+    truncated = torch.tensor([False, False, False, False, True, False])
+    groups = torch.tensor([0, 0, 0, 0, 1, 1])
+    correct = rewards > 0
+    punish = option("overlong", "soft_punish")
+    _, _, dapo = punish.bind({"buffer": 4})(rewards, lengths, truncated, groups, correct, 8)
+    torch.testing.assert_close(dapo, torch.tensor([-0.75, -0.5, -0.75, 0.0, -1.0, -0.25], dtype=D))
+    shaped, keep, penalty = punish.bind({"buffer": 4, "gamma": 2.0, "failure_scale": 0.5})(
+        rewards, lengths, truncated, groups, correct, 8)
+    # successes x .5^2 in group 0, x 1^2 in group 1 (x 1 when truncated); the failure x .5
+    expected = [-0.75 * 0.25, -0.5 * 0.25, -0.75 * 0.5, 0.0, -1.0, -0.25]
+    torch.testing.assert_close(penalty, torch.tensor(expected, dtype=D))
+    torch.testing.assert_close(shaped, rewards + penalty)
+    assert keep.all()
+
+
 # every new knob's bad value, as a user meets it: one `error:` line, exit 2, nothing written
 CLI_REFUSALS = [
     ("adv=optimal_token_baseline adv.positions=turns", "adv.positions"),
+    ("overlong=soft_punish overlong.gamma=-1", "overlong.gamma"),
+    ("overlong=soft_punish overlong.failure_scale=1.5", "overlong.failure_scale"),
 ]
 
 
@@ -120,6 +146,12 @@ def test_a_bad_value_of_every_new_knob_is_one_line_exit_2_and_no_run_dir(tmp_pat
     assert not any(tmp_path.iterdir())
 
 
+def test_named_tricks_of_the_rest_compose():
+    cfg = compose(["+trick=difficulty_aware_penalty"])
+    validate(cfg)
+    assert (cfg.overlong.name, cfg.overlong.gamma, cfg.overlong.failure_scale) == ("soft_punish", 1.0, 1.0)
+
+
 def test_named_otb_tricks_compose():
     cfg = compose(["+trick=tir_optimal_token_baseline"])
     validate(cfg)
@@ -127,8 +159,8 @@ def test_named_otb_tricks_compose():
     assert compose(["+trick=optimal_token_baseline"]).adv.positions == "absolute"
 
 
-def test_otb_trains_and_reports_its_energy(small, tmp_path):
-    overrides = small + ["steps=2", "+trick=tir_optimal_token_baseline"]
+def test_otb_and_the_difficulty_aware_penalty_train(small, tmp_path):
+    overrides = small + ["steps=2", "+trick=[tir_optimal_token_baseline,difficulty_aware_penalty]"]
     train(compose(overrides), tmp_path / "run", overrides)
     rows = read_rows(tmp_path / "run" / "metrics.jsonl")[1:]
     assert all(r["adv/token_energy"] > 0 and r["adv/std"] > 0 and r["loss"] is not None for r in rows)
