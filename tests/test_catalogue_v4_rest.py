@@ -5,6 +5,8 @@ worked by hand (plain floats) from the cited source:
   `calculate_sum_pi_squared_from_logits` (commit b178a3cd56f58b2d502255daba591e92833930a7).
 - PipelineRL pipelinerl/actor.py (difficulty-aware length penalty) and pipelinerl/domains/math/
   rollouts.py `length_penalty` (commit 58d393458625ad63ed539f2dcd072c85700c557f).
+- SkyRL skyrl/train/utils/trainer_utils.py `handle_replace_sampling`, `get_bad_sample_replacements`
+  (commit a9564572eb8e91076be43c1bd5e4615e3de17265).
 """
 import math
 from types import SimpleNamespace
@@ -129,11 +131,53 @@ def test_difficulty_aware_penalty_is_pipelinerls():
     assert keep.all()
 
 
+# ------------------------------------------------------------------ SkyRL replace sampling
+def replace_batch(scores):
+    from grpo_ablate.train.batch import SampledGroups
+    n, width = len(scores), 3
+    roll = Rollout(torch.arange(n * (2 + width)).view(n, 2 + width), torch.ones(n, 2 + width, dtype=torch.long),
+                   2, torch.ones(n, width), torch.zeros(n, dtype=torch.bool))
+    return SampledGroups(roll, [f"p{g}" for g in range(n // 2)], [f"t{i}" for i in range(n)],
+                         torch.tensor(scores, dtype=torch.float32), torch.arange(n // 2).repeat_interleave(2), 1)
+
+
+def test_replace_sampling_is_skyrls():
+    from grpo_ablate.train.replace_groups import ReplaceFlatGroups
+    scores = [1, 0, 1, 1, 0, 0, 1, 0]               # groups 0 and 3 vary, 1 and 2 are flat (G = 2)
+    keep = option("sampling", "replace").impl
+    grouped = torch.tensor(scores, dtype=D).view(4, 2)
+    # SkyRL: usable when the varied groups are MORE than min_replace_ratio of the batch (2 > 1.2; not 2 > 2)
+    assert keep(grouped).tolist() == [True] * 4
+    assert keep(grouped, min_replace_ratio=0.5).tolist() == [False] * 4
+    assert ReplaceFlatGroups(0.5, seed=0).after_sampling(replace_batch(scores), 1, 0).replaced == 0
+    out = ReplaceFlatGroups(0.3, seed=0).after_sampling(replace_batch(scores), step=1, pad_id=0)
+    assert out.replaced == 2 and out.problems == ["p0", "p3"]
+    # each flat group's rows overwritten row for row by a different varied group's (2 varied >= 2 flat:
+    # drawn without replacement), and the copy joins its source's group (SkyRL's shared uid)
+    copied = [out.texts[2:4], out.texts[4:6]]
+    assert sorted(copied) == [["t0", "t1"], ["t6", "t7"]] and out.texts[:2] == ["t0", "t1"]
+    assert out.scores.tolist() == [1, 0, *out.scores[2:6].tolist(), 1, 0] and out.scores[2:6].sum() == 2
+    for rows, text in ((slice(2, 4), out.texts[2]), (slice(4, 6), out.texts[4])):
+        assert out.group_index[rows].tolist() == ([0, 0] if text == "t0" else [1, 1])
+    assert torch.bincount(out.group_index).tolist() == [4, 4]
+    assert torch.equal(out.roll.sequences[2:4], out.roll.sequences[0:2] if out.texts[2] == "t0"
+                       else out.roll.sequences[6:8])
+
+
+def test_replace_sampling_draws_with_replacement_when_varied_groups_are_fewer():
+    from grpo_ablate.train.replace_groups import ReplaceFlatGroups
+    scores = [1, 0, 1, 1, 0, 0, 1, 1]               # one varied group, three flat: ratio 0.2 lets it through
+    out = ReplaceFlatGroups(0.2, seed=0).after_sampling(replace_batch(scores), step=1, pad_id=0)
+    assert out.replaced == 3 and out.problems == ["p0"] and out.texts == ["t0", "t1"] * 4
+    assert out.group_index.tolist() == [0] * 8
+
+
 # every new knob's bad value, as a user meets it: one `error:` line, exit 2, nothing written
 CLI_REFUSALS = [
     ("adv=optimal_token_baseline adv.positions=turns", "adv.positions"),
     ("overlong=soft_punish overlong.gamma=-1", "overlong.gamma"),
     ("overlong=soft_punish overlong.failure_scale=1.5", "overlong.failure_scale"),
+    ("sampling=replace sampling.min_replace_ratio=2", "sampling.min_replace_ratio"),
 ]
 
 
@@ -159,8 +203,10 @@ def test_named_otb_tricks_compose():
     assert compose(["+trick=optimal_token_baseline"]).adv.positions == "absolute"
 
 
-def test_otb_and_the_difficulty_aware_penalty_train(small, tmp_path):
-    overrides = small + ["steps=2", "+trick=[tir_optimal_token_baseline,difficulty_aware_penalty]"]
+def test_otb_the_difficulty_aware_penalty_and_replace_sampling_train(small, tmp_path):
+    overrides = small + ["steps=2", "+trick=[tir_optimal_token_baseline,difficulty_aware_penalty,"
+                                    "dynamic_sampling_replace]"]
     train(compose(overrides), tmp_path / "run", overrides)
     rows = read_rows(tmp_path / "run" / "metrics.jsonl")[1:]
     assert all(r["adv/token_energy"] > 0 and r["adv/std"] > 0 and r["loss"] is not None for r in rows)
+    assert all("sampling/replaced_groups" in r for r in rows)

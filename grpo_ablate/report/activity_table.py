@@ -47,6 +47,7 @@ ACTIVITY = {
     ('sampling', 'advantage_range'): ('sampling/extra_generations', 'nonzero', None),
     ('sampling', 'dynamic'): ('sampling/extra_generations', 'nonzero', None),
     ('sampling', 'dynamic_group'): ('sampling/extra_generations', 'nonzero', None),
+    ('sampling', 'replace'): ('sampling/replaced_groups', 'nonzero', None),
     ('sampling', 'replay'): ('sampling/replayed_groups', 'nonzero', None),
     ('staleness', 'fixed'): ('staleness/mean_age', 'nonzero', None),
     ('staleness', 'mixed'): ('staleness/stale_frac', 'nonzero', None),
