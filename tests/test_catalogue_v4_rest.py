@@ -7,6 +7,9 @@ worked by hand (plain floats) from the cited source:
   rollouts.py `length_penalty` (commit 58d393458625ad63ed539f2dcd072c85700c557f).
 - SkyRL skyrl/train/utils/trainer_utils.py `handle_replace_sampling`, `get_bad_sample_replacements`
   (commit a9564572eb8e91076be43c1bd5e4615e3de17265).
+- slime slime/backends/megatron_utils/stateless_adam.py `StatelessAdam.step` and model.py's
+  --reset-optimizer-states block (commit 624b824a898ab0ec1fcb4d373004c7f3852bf515); Adam as
+  torch.optim.AdamW documents it.
 """
 import math
 from types import SimpleNamespace
@@ -172,12 +175,67 @@ def test_replace_sampling_draws_with_replacement_when_varied_groups_are_fewer():
     assert out.group_index.tolist() == [0] * 8
 
 
+# ------------------------------------------------------------------ stateless Adam, reset optimizer states
+LR, BETAS, EPS, WD = 0.1, (0.9, 0.999), 1e-8, 0.01
+GRADS = [[0.5, -0.25], [-1.0, 0.1], [0.3, 0.3]]
+
+
+def adam_by_hand(steps_between_resets):
+    """AdamW (decoupled decay, bias correction) on p0 = (1, -2) with GRADS, its moments restarting
+    after every `steps_between_resets` steps (None: never)."""
+    p, m, v, t = [1.0, -2.0], [0.0, 0.0], [0.0, 0.0], 0
+    for k, g in enumerate(GRADS):
+        if steps_between_resets and k % steps_between_resets == 0:
+            m, v, t = [0.0, 0.0], [0.0, 0.0], 0
+        t += 1
+        for i in range(2):
+            p[i] *= 1 - LR * WD
+            m[i] = BETAS[0] * m[i] + (1 - BETAS[0]) * g[i]
+            v[i] = BETAS[1] * v[i] + (1 - BETAS[1]) * g[i] ** 2
+            p[i] -= LR * (m[i] / (1 - BETAS[0] ** t)) / (math.sqrt(v[i] / (1 - BETAS[1] ** t)) + EPS)
+    return p
+
+
+def slime_stateless_by_hand():
+    """slime StatelessAdam.step (bias_correction, adam_w_mode): p <- p (1 - lr wd); p -= lr g / (|g| + eps)."""
+    p = [1.0, -2.0]
+    for g in GRADS:
+        p = [p[i] * (1 - LR * WD) - LR * g[i] / (abs(g[i]) + EPS) for i in range(2)]
+    return p
+
+
+def adamw_run(every, steps_per_rollout=2):
+    from grpo_ablate.train.optimizer_reset import OptimizerReset
+    param = torch.nn.Parameter(torch.tensor([1.0, -2.0], dtype=D))
+    optimizer = torch.optim.AdamW([param], lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    plugin = None if every is None else OptimizerReset(option("optim_state", "reset").bind({"every": every}), every)
+    for k, g in enumerate(GRADS):
+        param.grad = torch.tensor(g, dtype=D)
+        optimizer.step()
+        if plugin is not None:
+            plugin.after_optimizer_step(optimizer)
+            if (k + 1) % steps_per_rollout == 0:
+                plugin.after_update(optimizer)
+    return param.detach().tolist(), plugin
+
+
+def test_stateless_adam_is_slimes_update_and_reset_after_each_rollout_restarts_adam():
+    got, plugin = adamw_run("step")
+    assert got == pytest.approx(slime_stateless_by_hand(), abs=1e-12)
+    assert got == pytest.approx(adam_by_hand(1), abs=1e-12) and plugin.resets == 3
+    got, plugin = adamw_run("rollout")            # rollouts of 2 optimizer steps: moments kept within one
+    assert got == pytest.approx(adam_by_hand(2), abs=1e-12) and plugin.resets == 1
+    assert adamw_run(None)[0] == pytest.approx(adam_by_hand(None), abs=1e-12)
+    assert adam_by_hand(2) != pytest.approx(adam_by_hand(None), abs=1e-3)   # the reset changes the third step
+
+
 # every new knob's bad value, as a user meets it: one `error:` line, exit 2, nothing written
 CLI_REFUSALS = [
     ("adv=optimal_token_baseline adv.positions=turns", "adv.positions"),
     ("overlong=soft_punish overlong.gamma=-1", "overlong.gamma"),
     ("overlong=soft_punish overlong.failure_scale=1.5", "overlong.failure_scale"),
     ("sampling=replace sampling.min_replace_ratio=2", "sampling.min_replace_ratio"),
+    ("optim_state=reset optim_state.every=epoch", "optim_state.every"),
 ]
 
 
@@ -194,6 +252,15 @@ def test_named_tricks_of_the_rest_compose():
     cfg = compose(["+trick=difficulty_aware_penalty"])
     validate(cfg)
     assert (cfg.overlong.name, cfg.overlong.gamma, cfg.overlong.failure_scale) == ("soft_punish", 1.0, 1.0)
+
+
+def test_optimizer_resets_count_in_a_run(small, tmp_path):
+    for every, resets in (("step", [2, 4]), ("rollout", [1, 2])):
+        overrides = small + ["steps=2", "updates=mini_batches", "updates.mini_batches=2",
+                             f"+trick={'stateless_adam' if every == 'step' else 'reset_optimizer_states'}"]
+        train(compose(overrides), tmp_path / every, overrides)
+        rows = read_rows(tmp_path / every / "metrics.jsonl")[1:]
+        assert [r["optim/state_resets"] for r in rows] == resets
 
 
 def test_named_otb_tricks_compose():

@@ -30,6 +30,7 @@ ACTIVITY = {
     ('length', 'group'): ('length/reward_mean', 'nonzero', None),
     ('length', 'penalty'): ('length/reward_mean', 'nonzero', None),
     ('off_policy_mask', 'sequence'): ('off_policy_mask/dropped_frac', 'nonzero', None),
+    ('optim_state', 'reset'): ('optim/state_resets', 'nonzero', None),
     ('overlong', 'filter'): ('overlong/masked_frac', 'nonzero', None),
     ('overlong', 'soft_punish'): ('overlong/penalty_mean', 'nonzero', None),
     ('prompt_pool', 'difficulty'): ('pool/sorted', 'nonzero', None),

@@ -2,13 +2,14 @@
 
 Each entry is a factory `(cfg, task, policies) -> Plugin | None`, beside its plugin: it reads
 its family's option (a registry flag: `pooled`, `stale`, `replays`, `replaces_flat_groups`,
-`syncs_reference`, or the kl option's previous-policy anchor) and returns None when the option
+`syncs_reference`, `resets_optimizer`, or the kl option's previous-policy anchor) and returns None when the option
 brings no state. A new stateful trick adds its factory here; `GRPOTrainer` only loops over what
 `active_plugins` returns (train/plugin.py has the protocol).
 """
 from __future__ import annotations
 
 from grpo_ablate.train.history import PolicyHistory, previous_policy
+from grpo_ablate.train.optimizer_reset import optimizer_reset
 from grpo_ablate.train.plugin import Plugin
 from grpo_ablate.train.prompt_pool import prompt_pool
 from grpo_ablate.train.reference_sync import reference_sync
@@ -17,7 +18,8 @@ from grpo_ablate.train.replay import replay_buffer
 from grpo_ablate.train.staleness import staleness
 
 # the order is the order of the hooks' calls: the prompts, then the sampler, then the batch
-FACTORIES = (prompt_pool, staleness, replay_buffer, replace_flat_groups, previous_policy, reference_sync)
+FACTORIES = (prompt_pool, staleness, replay_buffer, replace_flat_groups, previous_policy, reference_sync,
+             optimizer_reset)
 
 
 def active_plugins(cfg, task, policies) -> list[Plugin]:

@@ -285,7 +285,7 @@ class GRPOTrainer:
                                           batch.group_index[rows.cpu()])
                 loss, grad_norm, ok = self.optimizer_step(aggregate(total(terms), dp.part(weights)), step)
                 for plugin in self.plugins:
-                    plugin.after_optimizer_step()      # ref_sync: every N optimizer steps
+                    plugin.after_optimizer_step(self.optim.optimizer)   # ref_sync: every N optimizer steps
                 logp, entropy, values = dp.gather_rows(logp), dp.gather_rows(entropy), dp.gather_rows(values)
                 means.add(loss, grad_norm, {**metrics_mod.token_means(
                     {k: dp.gather_rows(v) for k, v in stats.items()}, mb.mask),
@@ -297,6 +297,8 @@ class GRPOTrainer:
                 break
         if ok:
             self.optim.schedule.step()                 # once per rollout, as verl does
+        for plugin in self.plugins:
+            plugin.after_update(self.optim.optimizer)
         self.rollouts.engine.sync(self.p.policy)   # rollout=vllm: the sampler gets the new weights
         loss, grad_norm = means.optimizer()
         return Update(loss, grad_norm, ok, means.steps, last.logp, last.entropy, last.values, means.tokens())
