@@ -10,6 +10,9 @@ worked by hand (plain floats) from the cited source:
 - slime slime/backends/megatron_utils/stateless_adam.py `StatelessAdam.step` and model.py's
   --reset-optimizer-states block (commit 624b824a898ab0ec1fcb4d373004c7f3852bf515); Adam as
   torch.optim.AdamW documents it.
+- verl's v1 replay buffer (trainer.v1.sampler.max_off_policy_threshold / max_off_policy_strategy:
+  `_drop_max_off_policy_samples` drops global_steps - step + 1 > T, `_has_enough_samples` waits
+  while an in-flight group has reached T), as read in the index (verl main, 2026).
 """
 import math
 from types import SimpleNamespace
@@ -107,6 +110,7 @@ def test_energy_of_the_forward_is_one_minus_two_pi_plus_sum_pi_squared():
     (["adv=optimal_token_baseline", "adv.zero_tail=1"], "adv.zero_tail=1 is not allowed"),
     (["adv=optimal_token_baseline", "diag.grad_conflict=true"], "per-component advantages have not"),
     (["overlong=soft_punish", "overlong.gamma=1", "adv=gae", "rollout.group_size=1"], "a group of one has not"),
+    (["staleness=spread", "staleness.strategy=wait"], "staleness.strategy=wait caps the ages"),
 ])
 def test_bad_settings_of_the_rest_of_issue_35_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -229,6 +233,22 @@ def test_stateless_adam_is_slimes_update_and_reset_after_each_rollout_restarts_a
     assert adam_by_hand(2) != pytest.approx(adam_by_hand(None), abs=1e-3)   # the reset changes the third step
 
 
+# ------------------------------------------------------------------ verl staleness control drop | wait
+def test_staleness_control_is_verls_threshold():
+    from grpo_ablate.tricks.staleness import capped_ages
+    ages = torch.tensor([0, 1, 2, 3, 4])
+    # T = 3 (max_age 2): a group spans age + 1 versions, 1..5; drop those over 3, or wait so none exceeds it
+    kept_ages, keep = capped_ages(ages, 2, "drop")
+    assert kept_ages.tolist() == [0, 1, 2, 3, 4] and keep.tolist() == [True, True, True, False, False]
+    kept_ages, keep = capped_ages(ages, 2, "wait")
+    assert kept_ages.tolist() == [0, 1, 2, 2, 2] and keep.all()
+    spread = option("staleness", "spread").impl
+    drop = spread(64, 4, torch.Generator().manual_seed(0), k=4, max_age=1)
+    wait = spread(64, 4, torch.Generator().manual_seed(0), k=4, max_age=1, strategy="wait")
+    assert torch.equal(wait[0], drop[0].clamp(max=1)) and wait[1].all() and torch.equal(drop[1], drop[0] <= 1)
+    assert not drop[1].all()
+
+
 # every new knob's bad value, as a user meets it: one `error:` line, exit 2, nothing written
 CLI_REFUSALS = [
     ("adv=optimal_token_baseline adv.positions=turns", "adv.positions"),
@@ -236,6 +256,7 @@ CLI_REFUSALS = [
     ("overlong=soft_punish overlong.failure_scale=1.5", "overlong.failure_scale"),
     ("sampling=replace sampling.min_replace_ratio=2", "sampling.min_replace_ratio"),
     ("optim_state=reset optim_state.every=epoch", "optim_state.every"),
+    ("staleness=spread staleness.strategy=block", "staleness.strategy"),
 ]
 
 
@@ -252,6 +273,9 @@ def test_named_tricks_of_the_rest_compose():
     cfg = compose(["+trick=difficulty_aware_penalty"])
     validate(cfg)
     assert (cfg.overlong.name, cfg.overlong.gamma, cfg.overlong.failure_scale) == ("soft_punish", 1.0, 1.0)
+    cfg = compose(["+trick=staleness_wait"])
+    validate(cfg)
+    assert (cfg.staleness.name, cfg.staleness.max_age, cfg.staleness.strategy) == ("spread", 2, "wait")
 
 
 def test_optimizer_resets_count_in_a_run(small, tmp_path):
@@ -261,6 +285,13 @@ def test_optimizer_resets_count_in_a_run(small, tmp_path):
         train(compose(overrides), tmp_path / every, overrides)
         rows = read_rows(tmp_path / every / "metrics.jsonl")[1:]
         assert [r["optim/state_resets"] for r in rows] == resets
+
+
+def test_staleness_wait_trains_no_group_older_than_max_age(small, tmp_path):
+    overrides = small + ["steps=3", "+trick=staleness_wait", "staleness.max_age=0"]
+    train(compose(overrides), tmp_path / "run", overrides)
+    rows = read_rows(tmp_path / "run" / "metrics.jsonl")[1:]
+    assert all(r["staleness/max_age"] == 0 and r["staleness/dropped_frac"] == 0 for r in rows)
 
 
 def test_named_otb_tricks_compose():
