@@ -13,6 +13,8 @@ worked by hand (plain floats) from the cited source:
 - verl's v1 replay buffer (trainer.v1.sampler.max_off_policy_threshold / max_off_policy_strategy:
   `_drop_max_off_policy_samples` drops global_steps - step + 1 > T, `_has_enough_samples` waits
   while an in-flight group has reached T), as read in the index (verl main, 2026).
+- prime-rl src/prime_rl/orchestrator/curriculum/samplers/pool.py `DifficultyPoolSampler` and
+  DifficultyPoolSamplerConfig's default pools (commit 559b44772e471d1538537b8805cc77f3824a5e64).
 """
 import math
 from types import SimpleNamespace
@@ -111,6 +113,8 @@ def test_energy_of_the_forward_is_one_minus_two_pi_plus_sum_pi_squared():
     (["adv=optimal_token_baseline", "diag.grad_conflict=true"], "per-component advantages have not"),
     (["overlong=soft_punish", "overlong.gamma=1", "adv=gae", "rollout.group_size=1"], "a group of one has not"),
     (["staleness=spread", "staleness.strategy=wait"], "staleness.strategy=wait caps the ages"),
+    (["prompt_pool=difficulty", "prompt_pool.draw=weights", "prompt_pool.easy_weight=0",
+      "prompt_pool.normal_weight=0", "prompt_pool.hard_weight=0"], "needs a pool with a positive weight"),
 ])
 def test_bad_settings_of_the_rest_of_issue_35_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -249,6 +253,21 @@ def test_staleness_control_is_verls_threshold():
     assert not drop[1].all()
 
 
+# ------------------------------------------------------------------ prime-rl DifficultyPoolSampler weights
+def test_difficulty_pool_sampler_weights_are_prime_rls():
+    from grpo_ablate.tricks.prompt_pool import pool_weights
+    # prime-rl's pools: hard <= .25 (weight .2), normal <= .75 (1), easy the rest (.2); unseen 1
+    rates = torch.tensor([float("nan"), 0.0, 0.25, 0.5, 0.75, 0.875, 1.0])
+    assert pool_weights(rates, (0.75, 0.25), (0.2, 1.0, 0.2)).tolist() == [1.0, 0.2, 0.2, 1.0, 1.0, 0.2, 0.2]
+    draw = option("prompt_pool", "difficulty").bind(
+        {"draw": "weights", "easy_border": 0.75, "hard_border": 0.25})
+    chosen, retired = draw(rates, torch.zeros(7, dtype=torch.bool), 46000, torch.Generator().manual_seed(0))
+    share = torch.bincount(chosen, minlength=7).double() / 46000        # with replacement, in proportion
+    expected = torch.tensor([1.0, 0.2, 0.2, 1.0, 1.0, 0.2, 0.2], dtype=D) / 3.8
+    torch.testing.assert_close(share, expected, atol=0.01, rtol=0)
+    assert not retired.any()
+
+
 # every new knob's bad value, as a user meets it: one `error:` line, exit 2, nothing written
 CLI_REFUSALS = [
     ("adv=optimal_token_baseline adv.positions=turns", "adv.positions"),
@@ -257,6 +276,8 @@ CLI_REFUSALS = [
     ("sampling=replace sampling.min_replace_ratio=2", "sampling.min_replace_ratio"),
     ("optim_state=reset optim_state.every=epoch", "optim_state.every"),
     ("staleness=spread staleness.strategy=block", "staleness.strategy"),
+    ("prompt_pool=difficulty prompt_pool.draw=pools", "prompt_pool.draw"),
+    ("prompt_pool=difficulty prompt_pool.hard_weight=-1", "prompt_pool.hard_weight"),
 ]
 
 
@@ -273,6 +294,9 @@ def test_named_tricks_of_the_rest_compose():
     cfg = compose(["+trick=difficulty_aware_penalty"])
     validate(cfg)
     assert (cfg.overlong.name, cfg.overlong.gamma, cfg.overlong.failure_scale) == ("soft_punish", 1.0, 1.0)
+    cfg = compose(["+trick=difficulty_pool_sampler"])
+    validate(cfg)
+    assert (cfg.prompt_pool.draw, cfg.prompt_pool.hard_border, cfg.prompt_pool.easy_border) == ("weights", 0.25, 0.75)
     cfg = compose(["+trick=staleness_wait"])
     validate(cfg)
     assert (cfg.staleness.name, cfg.staleness.max_age, cfg.staleness.strategy) == ("spread", 2, "wait")
@@ -301,10 +325,10 @@ def test_named_otb_tricks_compose():
     assert compose(["+trick=optimal_token_baseline"]).adv.positions == "absolute"
 
 
-def test_otb_the_difficulty_aware_penalty_and_replace_sampling_train(small, tmp_path):
+def test_otb_difficulty_penalty_replace_sampling_and_pool_weights_train(small, tmp_path):
     overrides = small + ["steps=2", "+trick=[tir_optimal_token_baseline,difficulty_aware_penalty,"
-                                    "dynamic_sampling_replace]"]
+                                    "dynamic_sampling_replace,difficulty_pool_sampler]"]
     train(compose(overrides), tmp_path / "run", overrides)
     rows = read_rows(tmp_path / "run" / "metrics.jsonl")[1:]
     assert all(r["adv/token_energy"] > 0 and r["adv/std"] > 0 and r["loss"] is not None for r in rows)
-    assert all("sampling/replaced_groups" in r for r in rows)
+    assert all("sampling/replaced_groups" in r and "pool/sorted" in r for r in rows)
