@@ -14,7 +14,8 @@ worked by hand (plain floats) from the cited source:
   `_drop_max_off_policy_samples` drops global_steps - step + 1 > T, `_has_enough_samples` waits
   while an in-flight group has reached T), as read in the index (verl main, 2026).
 - prime-rl src/prime_rl/orchestrator/curriculum/samplers/pool.py `DifficultyPoolSampler` and
-  DifficultyPoolSamplerConfig's default pools (commit 559b44772e471d1538537b8805cc77f3824a5e64).
+  DifficultyPoolSamplerConfig's default pools, src/prime_rl/orchestrator/algo/rae.py `RAEAlgorithm`
+  (commit 559b44772e471d1538537b8805cc77f3824a5e64).
 """
 import math
 from types import SimpleNamespace
@@ -111,6 +112,7 @@ def test_energy_of_the_forward_is_one_minus_two_pi_plus_sum_pi_squared():
     (["adv=optimal_token_baseline", "adv.eps=0"], "adv.eps=0 is not allowed"),
     (["adv=optimal_token_baseline", "adv.zero_tail=1"], "adv.zero_tail=1 is not allowed"),
     (["adv=optimal_token_baseline", "diag.grad_conflict=true"], "per-component advantages have not"),
+    (["adv=rae", "diag.grad_conflict=true"], "adv=rae reads its EMA baseline"),
     (["overlong=soft_punish", "overlong.gamma=1", "adv=gae", "rollout.group_size=1"], "a group of one has not"),
     (["staleness=spread", "staleness.strategy=wait"], "staleness.strategy=wait caps the ages"),
     (["prompt_pool=difficulty", "prompt_pool.draw=weights", "prompt_pool.easy_weight=0",
@@ -268,6 +270,32 @@ def test_difficulty_pool_sampler_weights_are_prime_rls():
     assert not retired.any()
 
 
+# ------------------------------------------------------------------ prime-rl RAE
+def test_rae_scores_each_row_against_the_ema_before_it_and_carries_it():
+    from grpo_ablate.train.ema_baseline import EmaBaseline
+    rae = option("adv", "rae").bind({"decay": 0.5})
+    rewards, groups = torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=D), torch.tensor([0, 0, 1, 1])
+    # b before each row: 0, .5, .25, .625 (b <- .5 b + .5 r after scoring); after the batch: .8125
+    torch.testing.assert_close(rae(rewards, groups, None, torch.tensor([0.0], dtype=D), {}),
+                               torch.tensor([1.0, -0.5, 0.75, 0.375], dtype=D))
+    plugin = EmaBaseline(0.5)
+    plugin.after_advantages(rewards)
+    assert plugin.estimator_input().tolist() == [0.8125] and plugin.metrics(None) == {"adv/ema_baseline": 0.8125}
+    # the next batch starts from it: b .8125 then .40625
+    torch.testing.assert_close(rae(torch.tensor([0.0, 1.0], dtype=D), torch.tensor([0, 0]), None,
+                                   plugin.estimator_input(), {}), torch.tensor([-0.8125, 1 - 0.40625], dtype=D))
+    restored = EmaBaseline(0.5)
+    restored.load_state_dict(plugin.state_dict())
+    assert restored.baseline == 0.8125
+
+
+def test_rae_trains_with_groups_of_one(small, tmp_path):
+    overrides = small + ["steps=2", "+trick=rae", "rollout.group_size=1", "kl=none"]
+    train(compose(overrides), tmp_path / "run", overrides)
+    rows = read_rows(tmp_path / "run" / "metrics.jsonl")[1:]
+    assert len({r["adv/ema_baseline"] for r in rows}) == 2 and all(r["loss"] is not None for r in rows)
+
+
 # every new knob's bad value, as a user meets it: one `error:` line, exit 2, nothing written
 CLI_REFUSALS = [
     ("adv=optimal_token_baseline adv.positions=turns", "adv.positions"),
@@ -278,6 +306,7 @@ CLI_REFUSALS = [
     ("staleness=spread staleness.strategy=block", "staleness.strategy"),
     ("prompt_pool=difficulty prompt_pool.draw=pools", "prompt_pool.draw"),
     ("prompt_pool=difficulty prompt_pool.hard_weight=-1", "prompt_pool.hard_weight"),
+    ("adv=rae adv.decay=1", "adv.decay"),
 ]
 
 

@@ -3,6 +3,7 @@ do not edit (tests/test_catalogue.py fails while it differs from the registry). 
 reads it without importing torch. (family, option) -> (metric, kind, threshold)."""
 ACTIVITY = {
     ('adv', 'optimal_token_baseline'): ('adv/token_energy', 'nonzero', None),
+    ('adv', 'rae'): ('adv/ema_baseline', 'changes', None),
     ('adv_clip', 'clip'): ('adv/clipped_frac', 'nonzero', None),
     ('clip', 'cispo'): ('ppo/kl', 'nonzero', None),
     ('clip', 'cispo_trl'): ('ppo/kl', 'nonzero', None),

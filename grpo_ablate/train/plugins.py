@@ -2,12 +2,13 @@
 
 Each entry is a factory `(cfg, task, policies) -> Plugin | None`, beside its plugin: it reads
 its family's option (a registry flag: `pooled`, `stale`, `replays`, `replaces_flat_groups`,
-`syncs_reference`, `resets_optimizer`, or the kl option's previous-policy anchor) and returns None when the option
-brings no state. A new stateful trick adds its factory here; `GRPOTrainer` only loops over what
-`active_plugins` returns (train/plugin.py has the protocol).
+`syncs_reference`, `resets_optimizer`, `carries_baseline`, or the kl option's previous-policy
+anchor) and returns None when the option brings no state. A new stateful trick adds its factory
+here; `GRPOTrainer` only loops over what `active_plugins` returns (train/plugin.py has the protocol).
 """
 from __future__ import annotations
 
+from grpo_ablate.train.ema_baseline import ema_baseline
 from grpo_ablate.train.history import PolicyHistory, previous_policy
 from grpo_ablate.train.optimizer_reset import optimizer_reset
 from grpo_ablate.train.plugin import Plugin
@@ -18,8 +19,8 @@ from grpo_ablate.train.replay import replay_buffer
 from grpo_ablate.train.staleness import staleness
 
 # the order is the order of the hooks' calls: the prompts, then the sampler, then the batch
-FACTORIES = (prompt_pool, staleness, replay_buffer, replace_flat_groups, previous_policy, reference_sync,
-             optimizer_reset)
+FACTORIES = (prompt_pool, staleness, replay_buffer, replace_flat_groups, previous_policy, ema_baseline,
+             reference_sync, optimizer_reset)
 
 
 def active_plugins(cfg, task, policies) -> list[Plugin]:

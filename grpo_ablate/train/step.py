@@ -234,6 +234,8 @@ class GRPOTrainer:
             mismatch = {**mismatch, **corrected}
         adv = self.advantages(shaped.rewards, group_index, shaped.mask, self.estimator_input(batch, anchors, weights,
                                                                                             step), shaped.components)
+        for plugin in self.plugins:
+            plugin.after_advantages(adv.rewards)
         returns = (self.advantages.critic_returns(adv.rewards, shaped.mask, anchors.old_values)
                    if self.p.value_head is not None else None)
         inputs = LossInputs(shaped.mask, adv.per_token, old, anchors.ref, anchors.prev,
@@ -242,7 +244,12 @@ class GRPOTrainer:
 
     def estimator_input(self, batch: SampledGroups, anchors: Anchors, weights, step: int):
         """What the advantage estimator reads beside the rewards (`values`): ReMax's greedy rewards,
-        OTB's per-token energy (times the rollout-correction weight squared, verl's rho-bar^2), or V_old."""
+        OTB's per-token energy (times the rollout-correction weight squared, verl's rho-bar^2), a plugin's
+        (a baseline carried across steps), or V_old."""
+        for plugin in self.plugins:
+            given = plugin.estimator_input()
+            if given is not None:
+                return given.to(self.device)
         if self.greedy_baseline:
             return self.greedy_rewards(batch, step)
         if self.token_energy:
