@@ -75,6 +75,19 @@ class Update:
     step_means: dict         # token statistics (clip fractions, ratio, critic loss), over the steps
 
 
+@contextlib.contextmanager
+def scaled_lr(optimizer, scale: float):
+    """Every parameter group's learning rate times `scale` for one optimizer step, then restored."""
+    rates = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = group["lr"] * scale
+    try:
+        yield
+    finally:
+        for group, rate in zip(optimizer.param_groups, rates):
+            group["lr"] = rate
+
+
 class LastPass:
     """Every row's log-probs, entropy and values from the last forward that saw it: the
     policy as it was trained on this rollout, for the metrics."""
@@ -117,6 +130,9 @@ class GRPOTrainer:
         corrects = option("rollout_correction", cfg.rollout_correction.name).needs_sampler_logprobs
         self.rollout_correction = trick(cfg, "rollout_correction") if corrects else None
         self.weights_of = option("loss_agg", cfg.loss_agg.name).impl   # (mask, max_len, group_index) -> w
+        # lr_scale: each optimizer step's learning-rate factor from its rows (None: the schedule's rate)
+        scales_lr = option("lr_scale", cfg.lr_scale.name).needs_sampler_logprobs
+        self.lr_scale = trick(cfg, "lr_scale") if scales_lr else None
         self.proximal = trick(cfg, "proximal")     # pi_prox from pi_old and the sampler's log-probs
         self.greedy_baseline = option("adv", cfg.adv.name).greedy_baseline   # adv=remax: one greedy completion a prompt
         self.token_energy = option("adv", cfg.adv.name).reads_token_energy   # adv=optimal_token_baseline
@@ -134,7 +150,8 @@ class GRPOTrainer:
         self.needs_old = (int(cfg.updates.mini_batches) * int(cfg.updates.epochs) > 1
                           or any(plugin.samples_older_policies for plugin in self.plugins)
                           or controllers.kl.reward_beta > 0 or policies.value_head is not None or self.token_energy
-                          or corrects or option("off_policy_mask", cfg.off_policy_mask.name).needs_sampler_logprobs)
+                          or corrects or scales_lr
+                          or option("off_policy_mask", cfg.off_policy_mask.name).needs_sampler_logprobs)
         # gradient-conflict diagnostics (diag.grad_conflict=true) every diag.every steps; off: 0
         self.diag_every = int(cfg.diag.every) if cfg.diag.grad_conflict else 0
         self.diag_params = (diagnostics.last_layer_params(policies.policy, cfg.diag.last_layers)
@@ -290,13 +307,16 @@ class GRPOTrainer:
                 terms, stats = self.loss_terms(logp, entropy, values, mb.rows(dp.share(len(mb.mask))), coef, dp)
                 weights = self.weights_of(mb.mask, max_new, batch.group_index if rows is None else
                                           batch.group_index[rows.cpu()])
-                loss, grad_norm, ok = self.optimizer_step(aggregate(total(terms), dp.part(weights)), step)
+                scale, scaled = self.lr_scale(mb.old_logp, mb.sampler_logp, mb.mask) if self.lr_scale else (1.0, {})
+                with scaled_lr(self.optim.optimizer, scale):
+                    loss, grad_norm, ok = self.optimizer_step(aggregate(total(terms), dp.part(weights)), step)
                 for plugin in self.plugins:
                     plugin.after_optimizer_step(self.optim.optimizer)   # ref_sync: every N optimizer steps
                 logp, entropy, values = dp.gather_rows(logp), dp.gather_rows(entropy), dp.gather_rows(values)
                 means.add(loss, grad_norm, {**metrics_mod.token_means(
                     {k: dp.gather_rows(v) for k, v in stats.items()}, mb.mask),
-                    **metrics_mod.ratio_metrics(logp, mb.old_logp, mb.mask)})
+                    **metrics_mod.ratio_metrics(logp, mb.old_logp, mb.mask),
+                    **({"optim/lr_scale": scale, **scaled} if self.lr_scale else {})})
                 last.put(rows, logp, entropy, values)
                 if not ok:
                     break

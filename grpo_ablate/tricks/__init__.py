@@ -21,7 +21,7 @@ from grpo_ablate.tricks.registry import Option, UnknownOption, families, option,
 FAMILIES = ("overlong", "length", "reward_norm", "sampling", "prompt_pool", "adv", "value_clip", "adv_clip", "clip",
             "dual_clip", "loss_agg", "kl", "kl_weight", "entropy", "token_mask", "off_policy_mask",
             "rollout_correction", "staleness", "proximal", "ref_sync", "temperature", "lm_head", "updates",
-            "optim_state")
+            "optim_state", "lr_scale")
 # every module of the package, imported for its declarations and registrations
 FAMILY_MODULES = tuple(importlib.import_module(f"{__name__}.{m.name}") for m in pkgutil.iter_modules(__path__)
                        if m.name not in ("registry", "conditions", "behaviour"))
