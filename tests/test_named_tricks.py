@@ -64,6 +64,10 @@ ACTS_WITH = {
     # issue 35: trust-region masking acts once a stale policy samples and the bound is below its drift
     "trust_region_mask": ["staleness=fixed", "rollout_correction.high=1e-8"],
     "ref_update_interval": ["ref_sync.every=2"],
+    # the rest of issue 35: the ramp over every length, any flat group replaced, a stale sampler
+    "difficulty_aware_penalty": ["overlong.buffer=32"],
+    "dynamic_sampling_replace": ["sampling.min_replace_ratio=0.0"],
+    "vcpo_ess_lr": ["staleness=fixed"],
 }
 
 

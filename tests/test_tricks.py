@@ -298,7 +298,9 @@ def test_overlong_soft_punish_adds_to_the_reward():
     rewards = torch.tensor([1.0, 1.0, 0.0], dtype=D)
     lengths = torch.tensor([4.0, 7.0, 8.0], dtype=D)
     truncated = torch.tensor([False, False, True])
-    shaped, keep, penalty = impl("overlong", "soft_punish")(rewards, lengths, truncated, 8, buffer=4, factor=1.0)
+    one_group = torch.zeros(3, dtype=torch.long)
+    shaped, keep, penalty = impl("overlong", "soft_punish")(rewards, lengths, truncated, one_group, truncated, 8,
+                                                            buffer=4, factor=1.0)
     torch.testing.assert_close(penalty, torch.tensor([0.0, -0.75, -1.0], dtype=D))
     torch.testing.assert_close(shaped, rewards + penalty)
     assert keep.all()
@@ -308,7 +310,8 @@ def test_overlong_filter_zero_gradient_but_still_in_the_group_mean():
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0], dtype=D)
     truncated = torch.tensor([False, False, True, False])
     lengths = torch.tensor([3.0, 3.0, 4.0, 2.0], dtype=D)
-    shaped, keep, _ = impl("overlong", "filter")(rewards, lengths, truncated, 4)
+    shaped, keep, _ = impl("overlong", "filter")(rewards, lengths, truncated, torch.zeros(4, dtype=torch.long),
+                                                 truncated, 4)
     assert torch.equal(shaped, rewards) and keep.tolist() == [True, True, False, True]
     groups = torch.zeros(4, dtype=torch.long)
     a = adv("grpo", shaped, groups)
@@ -480,7 +483,8 @@ def test_registry_refuses_a_duplicate_name_and_a_different_calling_convention():
 def test_registry_miss_lists_the_allowed_names_and_bind_checks_knobs():
     with pytest.raises(LookupError, match="adv=nope is not allowed; allowed: batch, dr_grpo, gae, gdpo, gdpo_trl, gpg"):
         option("adv", "nope")
-    assert option("overlong", "soft_punish").knobs == {"buffer": 4096, "factor": 1.0}
+    assert option("overlong", "soft_punish").knobs == {"buffer": 4096, "factor": 1.0, "gamma": 0.0,
+                                                      "failure_scale": 1.0}
     with pytest.raises(TypeError, match="overlong=soft_punish has no option bufer; allowed: buffer, factor"):
         option("overlong", "soft_punish").bind({"bufer": 3})
     bound = option("reward_norm", "batch").bind({"eps": 0.0})

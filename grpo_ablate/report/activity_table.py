@@ -2,6 +2,8 @@
 do not edit (tests/test_catalogue.py fails while it differs from the registry). The report
 reads it without importing torch. (family, option) -> (metric, kind, threshold)."""
 ACTIVITY = {
+    ('adv', 'optimal_token_baseline'): ('adv/token_energy', 'nonzero', None),
+    ('adv', 'rae'): ('adv/ema_baseline', 'changes', None),
     ('adv_clip', 'clip'): ('adv/clipped_frac', 'nonzero', None),
     ('clip', 'cispo'): ('ppo/kl', 'nonzero', None),
     ('clip', 'cispo_trl'): ('ppo/kl', 'nonzero', None),
@@ -28,7 +30,9 @@ ACTIVITY = {
     ('kl', 'two_layer'): ('kl/prev_k3', 'nonzero', None),
     ('length', 'group'): ('length/reward_mean', 'nonzero', None),
     ('length', 'penalty'): ('length/reward_mean', 'nonzero', None),
+    ('lr_scale', 'ess'): ('optim/lr_scale', 'changes', None),
     ('off_policy_mask', 'sequence'): ('off_policy_mask/dropped_frac', 'nonzero', None),
+    ('optim_state', 'reset'): ('optim/state_resets', 'nonzero', None),
     ('overlong', 'filter'): ('overlong/masked_frac', 'nonzero', None),
     ('overlong', 'soft_punish'): ('overlong/penalty_mean', 'nonzero', None),
     ('prompt_pool', 'difficulty'): ('pool/sorted', 'nonzero', None),
@@ -46,6 +50,7 @@ ACTIVITY = {
     ('sampling', 'advantage_range'): ('sampling/extra_generations', 'nonzero', None),
     ('sampling', 'dynamic'): ('sampling/extra_generations', 'nonzero', None),
     ('sampling', 'dynamic_group'): ('sampling/extra_generations', 'nonzero', None),
+    ('sampling', 'replace'): ('sampling/replaced_groups', 'nonzero', None),
     ('sampling', 'replay'): ('sampling/replayed_groups', 'nonzero', None),
     ('staleness', 'fixed'): ('staleness/mean_age', 'nonzero', None),
     ('staleness', 'mixed'): ('staleness/stale_frac', 'nonzero', None),

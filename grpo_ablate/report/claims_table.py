@@ -132,4 +132,10 @@ CLAIMS = {'batch_norm': [{'effect': 'hurts',
  'value_clip': [{'effect': 'does not help',
                  'where': '',
                  'source': "the seed review's table (seeds/000)",
-                 'says': 'value clipping: no gain, no stability (completely unnecessary)'}]}
+                 'says': 'value clipping: no gain, no stability (completely unnecessary)'}],
+ 'vcpo_ess_lr': [{'effect': 'helps',
+                  'where': '',
+                  'source': 'VCPO (Huang et al. 2026, arXiv 2602.17616)',
+                  'says': 'scaling the learning rate by the effective sample size (with its off-policy '
+                          'baseline) keeps asynchronous training stable, even 128 steps off-policy, where '
+                          'masking and clipping stabilizers collapse'}]}

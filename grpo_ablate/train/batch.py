@@ -41,6 +41,7 @@ class SampledGroups:
     rounds: int
     sampled_tokens: int = 0  # every completion token generated for this batch, kept or not (compute)
     replayed: int = 0        # groups replaced from the replay buffer (sampling=replay)
+    replaced: int = 0        # flat groups replaced by copies of the batch's varied ones (sampling=replace)
 
 
 def mini_batch_rows(group_index: torch.Tensor, mini_batches: int, shuffle_seed: int | None) -> list:

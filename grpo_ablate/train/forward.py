@@ -96,7 +96,8 @@ def pack(rollout: Rollout) -> Packing | None:
 
 
 def completion_logprobs(model, rollout: Rollout, temperature: float = 1.0,
-                        entropy_grad: bool = False, return_hidden: bool = False, remove_padding: bool = True):
+                        entropy_grad: bool = False, return_hidden: bool = False, remove_padding: bool = True,
+                        return_energy: bool = False):
     """Per-token log pi(o_t | q, o_<t) of the completion tokens and the per-token entropy.
 
     Log-probs come from logits / T as in TRL and verl, so the loss scores the distribution
@@ -104,6 +105,10 @@ def completion_logprobs(model, rollout: Rollout, temperature: float = 1.0,
     head. The entropy is over the full vocabulary and carries a gradient only when a trick
     needs it. With `return_hidden`, the matching last-layer hidden states come third (for a
     critic). `remove_padding`: run the packed rows (module docstring) where the model allows.
+    With `return_energy`, the last is each token's logit-gradient energy (no gradient):
+    ||d log pi(o_t) / d logits||^2 = ||e_{o_t} - pi||^2 = 1 - 2 pi(o_t) + sum_v pi_v^2, verl's
+    `sum_pi_squared` (exp(logsumexp(2 z) - 2 logsumexp(z)) of the logits z / T) put together
+    with the sampled token's probability (adv=optimal_token_baseline reads it).
     """
     packing = pack(rollout) if remove_padding and packs(model) else None
     if packing is None:
@@ -124,18 +129,23 @@ def completion_logprobs(model, rollout: Rollout, temperature: float = 1.0,
     token_logp = log_probs.gather(-1, rollout.completion_ids.unsqueeze(-1)).squeeze(-1)
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         entropy = -(log_probs.exp() * log_probs).sum(dim=-1)
+    out = (token_logp, entropy)
     if return_hidden:  # the last layer's state before each completion token (for a value head)
-        return token_logp, entropy, hidden.to(at_least_float32)
-    return token_logp, entropy
+        out += (hidden.to(at_least_float32),)
+    if return_energy:
+        with torch.no_grad():
+            sum_pi_squared = torch.exp(torch.logsumexp(2.0 * log_probs, dim=-1))   # log_probs are normalized
+            out += (1.0 - 2.0 * token_logp.exp() + sum_pi_squared,)
+    return out
 
 
 def token_logprobs(model, rollout: Rollout, temperature, value_head=None, entropy_grad: bool = False,
-                   remove_padding: bool = True):
+                   remove_padding: bool = True, energy: bool = False):
     """(log-probs [N, T], entropy [N, T], values [N, T] or None): a model's forward over the
     batch, and the critic's value of each completion token when there is a critic (a head on
-    the policy's last layer)."""
-    logp, entropy, *hidden = completion_logprobs(model, rollout, temperature, entropy_grad=entropy_grad,
-                                                 return_hidden=value_head is not None,
-                                                 remove_padding=remove_padding)
-    values = value_head(hidden[0]).squeeze(-1) if value_head is not None else None
-    return logp, entropy, values
+    the policy's last layer); with `energy`, a fourth: each token's logit-gradient energy [N, T]."""
+    logp, entropy, *rest = completion_logprobs(model, rollout, temperature, entropy_grad=entropy_grad,
+                                               return_hidden=value_head is not None,
+                                               remove_padding=remove_padding, return_energy=energy)
+    values = value_head(rest[0]).squeeze(-1) if value_head is not None else None
+    return (logp, entropy, values, rest[-1]) if energy else (logp, entropy, values)

@@ -10,7 +10,10 @@ and a plugin overrides only the hooks it needs:
     sampler(rollouts, model, history)   this step's sampler (a wrapper around the trainer's)
     after_sampling(batch, step, pad_id) the batch that is trained on
     anchors(part, T, forward, history)  frozen-policy log-probs by `Anchors` field (no gradient)
-    after_optimizer_step()          once after every optimizer step
+    estimator_input()               what the advantage estimator reads (`values`), or None
+    after_advantages(rewards)       the rewards the estimator saw, once the advantages are taken
+    after_optimizer_step(optimizer) once after every optimizer step
+    after_update(optimizer)         once a rollout's optimizer steps are done
     metrics(batch)                  this step's metrics of its own
     state_dict(), load_state_dict() checkpointed with the run under `key`
 
@@ -42,7 +45,16 @@ class Plugin:
     def anchors(self, part, temperature: float, forward, history) -> dict:
         return {}
 
-    def after_optimizer_step(self) -> None:
+    def estimator_input(self):
+        return None
+
+    def after_advantages(self, rewards) -> None:
+        return None
+
+    def after_optimizer_step(self, optimizer) -> None:
+        return None
+
+    def after_update(self, optimizer) -> None:
         return None
 
     def metrics(self, batch) -> dict:

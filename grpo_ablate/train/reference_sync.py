@@ -21,7 +21,7 @@ class ReferenceSync(Plugin):
         self.reference, self.policy = reference, policy
         self.optimizer_steps, self.syncs = 0, 0
 
-    def after_optimizer_step(self) -> None:
+    def after_optimizer_step(self, optimizer) -> None:
         self.optimizer_steps += 1
         if self.optimizer_steps % self.every == 0:
             self.mix(self.reference.parameters(), self.policy.parameters())

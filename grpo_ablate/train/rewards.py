@@ -52,7 +52,8 @@ class RewardShaping:
             formatted["format_reward"] = self.format_reward * torch.tensor(
                 [float(self.formatted(t)) for t in texts], device=rewards.device)
             rewards = rewards + formatted["format_reward"]
-        rewards, keep, overlong_penalty = self.overlong(rewards, roll.lengths, roll.truncated, self.max_new)
+        rewards, keep, overlong_penalty = self.overlong(rewards, roll.lengths, roll.truncated, group_index, scores > 0,
+                                                        self.max_new)
         mask = roll.completion_mask * keep[:, None]   # [N, T] 1 up to and incl. EOS, if trained
         rewards, length_reward = self.length(rewards, roll.lengths, group_index, scores > 0, self.max_new)
         components = {"task_reward": task, "overlong_reward": overlong_penalty, "length_reward": length_reward,

@@ -58,6 +58,7 @@ class Anchors:
     old: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     prev: torch.Tensor | None = None
+    energy: torch.Tensor | None = None     # pi_old's logit-gradient energy per token (an estimator that reads it)
 
 
 @dataclass
@@ -71,6 +72,19 @@ class Update:
     entropy: torch.Tensor    # [N, T] likewise
     values: torch.Tensor | None
     step_means: dict         # token statistics (clip fractions, ratio, critic loss), over the steps
+
+
+@contextlib.contextmanager
+def scaled_lr(optimizer, scale: float):
+    """Every parameter group's learning rate times `scale` for one optimizer step, then restored."""
+    rates = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = group["lr"] * scale
+    try:
+        yield
+    finally:
+        for group, rate in zip(optimizer.param_groups, rates):
+            group["lr"] = rate
 
 
 class LastPass:
@@ -119,8 +133,12 @@ class GRPOTrainer:
         corrects = tricks["rollout_correction"].option.needs_sampler_logprobs
         self.rollout_correction = tricks["rollout_correction"].fn if corrects else None
         self.weights_of = tricks["loss_agg"].option.impl   # (mask, max_len, group_index) -> w
+        # lr_scale: each optimizer step's learning-rate factor from its rows (None: the schedule's rate)
+        scales_lr = tricks["lr_scale"].option.needs_sampler_logprobs
+        self.lr_scale = tricks["lr_scale"].fn if scales_lr else None
         self.proximal = tricks["proximal"].fn     # pi_prox from pi_old and the sampler's log-probs
         self.greedy_baseline = tricks["adv"].option.greedy_baseline   # adv=remax: one greedy completion a prompt
+        self.token_energy = tricks["adv"].option.reads_token_energy   # adv=optimal_token_baseline
         critic = list(policies.value_head.parameters()) if policies.value_head is not None else []
         self.trained = [p for p in policies.policy.parameters() if p.requires_grad] + critic   # LoRA: adapters
         # trained tensors outside the policy, whose gradients DDP does not average (torchrun)
@@ -134,8 +152,8 @@ class GRPOTrainer:
         # policy (a plugin's sampler); otherwise pi_old is the policy itself and the ratio is exactly 1
         self.needs_old = (spec.updates.mini_batches * spec.updates.epochs > 1
                           or any(plugin.samples_older_policies for plugin in self.plugins)
-                          or controllers.kl.reward_beta > 0 or policies.value_head is not None
-                          or corrects or tricks["off_policy_mask"].option.needs_sampler_logprobs)
+                          or controllers.kl.reward_beta > 0 or policies.value_head is not None or self.token_energy
+                          or corrects or scales_lr or tricks["off_policy_mask"].option.needs_sampler_logprobs)
         # gradient-conflict diagnostics (diag.grad_conflict=true) every diag.every steps; off: 0
         self.diag_every = spec.diag.every if spec.diag.grad_conflict else 0
         self.diag_params = (diagnostics.last_layer_params(policies.policy, spec.diag.last_layers)
@@ -191,9 +209,11 @@ class GRPOTrainer:
             batch = plugin.after_sampling(batch, step, self.rollouts.pad_id)
         return batch
 
-    def token_logprobs(self, model, roll: Rollout, T, value_head=None, entropy_grad: bool = False):
-        """(log-probs, entropy, values) of a rollout under `model` (train/forward.py)."""
-        return token_logprobs(model, roll, T, value_head, entropy_grad, remove_padding=self.remove_padding)
+    def token_logprobs(self, model, roll: Rollout, T, value_head=None, entropy_grad: bool = False,
+                       energy: bool = False):
+        """(log-probs, entropy, values[, energy]) of a rollout under `model` (train/forward.py)."""
+        return token_logprobs(model, roll, T, value_head, entropy_grad, remove_padding=self.remove_padding,
+                              energy=energy)
 
     @torch.no_grad()
     def anchor_logprobs(self, part: Rollout, T: float) -> Anchors:
@@ -203,8 +223,9 @@ class GRPOTrainer:
         if p.reference is not None:
             out.ref = dp.gather_rows(self.token_logprobs(p.reference, part, T)[0])
         if self.needs_old:
-            old, _, values = self.token_logprobs(p.policy, part, T, p.value_head)
+            old, _, values, *energy = self.token_logprobs(p.policy, part, T, p.value_head, energy=self.token_energy)
             out.old, out.old_values = dp.gather_rows(old), dp.gather_rows(values)
+            out.energy = dp.gather_rows(energy[0]) if energy else None
         forward = lambda model, roll, temperature: dp.gather_rows(self.token_logprobs(model, roll, temperature)[0])
         for plugin in self.plugins:
             out = replace(out, **plugin.anchors(part, T, forward, self.history))
@@ -222,10 +243,6 @@ class GRPOTrainer:
         if batch.roll.kept is not None:
             kept = batch.roll.kept.to(self.device)
             shaped = replace(shaped, keep=shaped.keep & kept, mask=shaped.mask * kept[:, None])
-        values = self.greedy_rewards(batch, step) if self.greedy_baseline else anchors.old_values
-        adv = self.advantages(shaped.rewards, group_index, shaped.mask, values, shaped.components)
-        returns = (self.advantages.critic_returns(adv.rewards, shaped.mask, anchors.old_values)
-                   if self.p.value_head is not None else None)
         sampler = batch.roll.sampler_logprobs
         sampler = sampler.to(self.device) if sampler is not None else None
         old, mismatch = anchors.old, {}
@@ -236,9 +253,29 @@ class GRPOTrainer:
         if self.rollout_correction is not None and sampler is not None:
             weights, corrected = self.rollout_correction(old, sampler, shaped.mask)
             mismatch = {**mismatch, **corrected}
+        adv = self.advantages(shaped.rewards, group_index, shaped.mask, self.estimator_input(batch, anchors, weights,
+                                                                                            step), shaped.components)
+        for plugin in self.plugins:
+            plugin.after_advantages(adv.rewards)
+        returns = (self.advantages.critic_returns(adv.rewards, shaped.mask, anchors.old_values)
+                   if self.p.value_head is not None else None)
         inputs = LossInputs(shaped.mask, adv.per_token, old, anchors.ref, anchors.prev,
                             anchors.old_values, returns, sampler, weights)
         return shaped, adv, inputs, mismatch
+
+    def estimator_input(self, batch: SampledGroups, anchors: Anchors, weights, step: int):
+        """What the advantage estimator reads beside the rewards (`values`): ReMax's greedy rewards,
+        OTB's per-token energy (times the rollout-correction weight squared, verl's rho-bar^2), a plugin's
+        (a baseline carried across steps), or V_old."""
+        for plugin in self.plugins:
+            given = plugin.estimator_input()
+            if given is not None:
+                return given.to(self.device)
+        if self.greedy_baseline:
+            return self.greedy_rewards(batch, step)
+        if self.token_energy:
+            return anchors.energy if weights is None else anchors.energy * weights ** 2
+        return anchors.old_values
 
     @torch.no_grad()
     def greedy_rewards(self, batch: SampledGroups, step: int) -> torch.Tensor:
@@ -275,13 +312,16 @@ class GRPOTrainer:
                 terms, stats = self.loss_terms(logp, entropy, values, mb.rows(dp.share(len(mb.mask))), coef, dp)
                 weights = self.weights_of(mb.mask, max_new, batch.group_index if rows is None else
                                           batch.group_index[rows.cpu()])
-                loss, grad_norm, ok = self.optimizer_step(aggregate(total(terms), dp.part(weights)), step)
+                scale, scaled = self.lr_scale(mb.old_logp, mb.sampler_logp, mb.mask) if self.lr_scale else (1.0, {})
+                with scaled_lr(self.optim.optimizer, scale):
+                    loss, grad_norm, ok = self.optimizer_step(aggregate(total(terms), dp.part(weights)), step)
                 for plugin in self.plugins:
-                    plugin.after_optimizer_step()      # ref_sync: every N optimizer steps
+                    plugin.after_optimizer_step(self.optim.optimizer)   # ref_sync: every N optimizer steps
                 logp, entropy, values = dp.gather_rows(logp), dp.gather_rows(entropy), dp.gather_rows(values)
                 means.add(loss, grad_norm, {**metrics_mod.token_means(
                     {k: dp.gather_rows(v) for k, v in stats.items()}, mb.mask),
-                    **metrics_mod.ratio_metrics(logp, mb.old_logp, mb.mask)})
+                    **metrics_mod.ratio_metrics(logp, mb.old_logp, mb.mask),
+                    **({"optim/lr_scale": scale, **scaled} if self.lr_scale else {})})
                 last.put(rows, logp, entropy, values)
                 if not ok:
                     break
@@ -289,6 +329,8 @@ class GRPOTrainer:
                 break
         if ok:
             self.optim.schedule.step()                 # once per rollout, as verl does
+        for plugin in self.plugins:
+            plugin.after_update(self.optim.optimizer)
         self.rollouts.engine.sync(self.p.policy)   # rollout=vllm: the sampler gets the new weights
         loss, grad_norm = means.optimizer()
         return Update(loss, grad_norm, ok, means.steps, last.logp, last.entropy, last.values, means.tokens())
@@ -390,6 +432,8 @@ class GRPOTrainer:
                "kl/beta": self.ctl.kl.beta, "optim/grad_norm": update.grad_norm,
                "optim/lr": self.optim.schedule.get_last_lr()[0], "optim/skipped_steps": self.skipped_steps,
                **m.kl_metrics(update.logp, anchors.ref, anchors.prev, mask)}
+        if anchors.energy is not None:
+            out["adv/token_energy"] = masked_mean(anchors.energy, mask).item()
         if update.values is not None:
             out.update(m.critic_metrics(update.values, self.advantages.critic_returns(
                 adv.rewards, mask, anchors.old_values), mask))

@@ -1,6 +1,7 @@
 """Family `overlong`: what happens to truncated completions (no EOS within max_new_tokens).
 
-Every option returns (rewards, keep, penalty): `keep` [N] is False for completions whose
+Every option takes (rewards [N], lengths [N], truncated [N] bool, group_index [N], correct [N]
+bool: the verifier's success, max_len) and returns (rewards, keep, penalty): `keep` [N] is False for completions whose
 tokens must get no gradient, `penalty` [N] is what was added to the reward.
 
 `filter` (DAPO overlong filtering; TRL `mask_truncated_completions`): a truncated completion
@@ -11,13 +12,14 @@ reward manager): with L = max_new_tokens, buffer L_c and factor f,
     R_len = 0                       if |o| <= L - L_c
           = f ((L - L_c) - |o|) / L_c   if L - L_c < |o| <= L
           = -f                      beyond,
-added to the task reward.
+added to the task reward. PipelineRL's difficulty-aware penalty is its knob `gamma`.
 """
 from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
-from grpo_ablate.tricks.registry import (DAPO, NON_NEGATIVE, Activity, Claim, Allowed, Trick, declare_family, register)
+from grpo_ablate.tricks.registry import (DAPO, FRACTION, NON_NEGATIVE, Activity, Claim, Allowed, Trick,
+                                         declare_family, register)
 
 declare_family("overlong", "truncated completions: masked out, or a DAPO length penalty", stage="reward",
                metric="overlong/penalty_mean")
@@ -32,7 +34,7 @@ def soft_overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, fact
 
 
 @register("overlong", "none")
-def no_overlong(rewards, lengths, truncated, max_len):
+def no_overlong(rewards, lengths, truncated, group_index, correct, max_len):
     return rewards, torch.ones_like(truncated, dtype=torch.bool), torch.zeros_like(rewards)
 
 
@@ -45,13 +47,25 @@ def no_overlong(rewards, lengths, truncated, max_len):
                         claims=(
                             Claim("helps", "model=base", DAPO,
                                   "masking truncated completions (overlong filtering) steadies training"),)),))
-def overlong_filter(rewards, lengths, truncated, max_len):
+def overlong_filter(rewards, lengths, truncated, group_index, correct, max_len):
     return rewards, ~truncated, torch.zeros_like(rewards)
 
 
+def solve_rates(correct: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
+    """[N] the fraction of each row's group that the verifier accepted."""
+    n_groups = int(group_index.max()) + 1 if group_index.numel() else 0
+    solved = torch.zeros(n_groups, dtype=torch.float64, device=correct.device).index_add_(
+        0, group_index, correct.to(torch.float64))
+    return (solved / torch.bincount(group_index, minlength=n_groups).clamp(min=1))[group_index]
+
+
 @register("overlong", "soft_punish", shapes_reward=True,
-          knobs={"buffer": Allowed("integer", low=1, high="rollout.max_new_tokens"), "factor": NON_NEGATIVE},
+          knobs={"buffer": Allowed("integer", low=1, high="rollout.max_new_tokens"), "factor": NON_NEGATIVE,
+                 "gamma": NON_NEGATIVE, "failure_scale": FRACTION},
           activity=Activity("overlong/penalty_mean"),
+          checks=lambda cfg: ("overlong.gamma > 0 scales a success's penalty by its group's solve rate, which a "
+                              "group of one has not: rollout.group_size >= 2"
+                              if float(cfg.overlong.get("gamma") or 0) > 0 and cfg.rollout.group_size == 1 else None),
           tricks=(Trick("overlong_punish",
                         what="DAPO soft overlong punishment",
                         source="verl DAPO reward manager; TRL get_soft_overlong_punishment",
@@ -59,10 +73,35 @@ def overlong_filter(rewards, lengths, truncated, max_len):
                         claims=(
                             Claim("helps", "model=base", DAPO,
                                   "soft overlong punishment reduces reward noise from truncation and steadies "
-                                  "training: one of DAPO's four techniques"),)),))
-def overlong_soft_punish(rewards, lengths, truncated, max_len, *, buffer: int = 4096, factor: float = 1.0):
+                                  "training: one of DAPO's four techniques"),)),
+                  Trick("difficulty_aware_penalty",
+                        what="the soft overlong penalty of a success scaled by its group's solve rate^gamma; "
+                             "failures keep it whole",
+                        source="PipelineRL actor.difficulty_aware_penalty (gamma, failure_scale)",
+                        verdict="not_in_review", settings={"gamma": 1.0, "failure_scale": 1.0})))
+def overlong_soft_punish(rewards, lengths, truncated, group_index, correct, max_len, *, buffer: int = 4096,
+                         factor: float = 1.0, gamma: float = 0.0, failure_scale: float = 1.0):
+    """DAPO's soft overlong punishment (module docstring), and PipelineRL's difficulty-aware form:
+
+        penalty_i = R_len(|o_i|) * s_i,   s_i = p_g^gamma   if o_i was solved and not truncated
+                                              = 1             if o_i was solved but truncated
+                                              = failure_scale otherwise
+
+    p_g is the fraction of o_i's group that was solved: on a hard prompt (few successes) a
+    success that needed length pays little; failures keep the full penalty. gamma = 0 (and
+    failure_scale = 1) is DAPO's penalty unchanged (0^0 = 1, as Python's). Reference:
+    PipelineRL pipelinerl/actor.py (difficulty-aware length penalty; commit 58d3934),
+    `length_penalty` in pipelinerl/domains/math/rollouts.py (the DAPO ramp with factor 1, 0 past
+    max_tokens). Difference: PipelineRL's "hard cap guard" asks for output_tokens >= max_tokens
+    and not finished; here that is `truncated`. Its success is the domain's `metrics.success`;
+    here the verifier's score > 0 (`correct`), as the `length` family reads it.
+    """
     if not 0 < buffer <= max_len:
         raise ValueError(f"overlong.buffer={buffer} is not allowed; it must be in 1..max_new_tokens ({max_len})")
     penalty = soft_overlong_penalty(lengths.to(rewards.dtype), max_len, buffer, factor)
+    if gamma != 0 or failure_scale != 1:
+        success = solve_rates(correct, group_index).to(rewards.dtype) ** gamma
+        scale = torch.where(correct & ~truncated, success, torch.ones_like(success))
+        penalty = penalty * torch.where(correct, scale, torch.full_like(scale, failure_scale))
     return rewards + penalty, torch.ones_like(truncated, dtype=torch.bool), penalty
 

@@ -40,7 +40,8 @@ from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
-from grpo_ablate.tricks.registry import (FRACTION, Activity, Claim, Inert, Allowed, Trick, declare_family, register)
+from grpo_ablate.tricks.registry import (FRACTION, NON_NEGATIVE, Activity, Claim, Inert, Allowed, Trick, choice,
+                                         declare_family, register)
 
 declare_family("prompt_pool", "which prompts a step draws: the task's own order, or a finite pool in epochs, with "
                "prompts of pass rate >= `max_pass` retired (ScaleRL no-positive-resampling), or prime-rl's "
@@ -68,12 +69,16 @@ ONE_EPOCH = Inert(_one_epoch, "cannot act: the run draws no more prompts (steps 
 
 def _no_pool_reachable(cfg) -> bool:
     p = cfg.prompt_pool
+    if p.get("draw", "fractions") == "weights":    # every pool weighs as an unseen prompt: a uniform draw
+        return float(p.easy_weight) == float(p.normal_weight) == float(p.hard_weight) == 1
     return float(p.easy_border) >= 1 and float(p.hard_border) <= 0
 
 
 NO_POOLS = Inert(_no_pool_reachable, "cannot act: no pass rate is above easy_border=1 or below hard_border=0, "
-                 "so every prompt stays normal and the draw is uniform", "set easy_border < 1 or hard_border > 0",
-                 "easy_border < 1 or hard_border > 0")
+                 "so every prompt stays normal and the draw is uniform (draw=weights: every pool weighs 1, as an "
+                 "unseen prompt does)",
+                 "set easy_border < 1 or hard_border > 0 (draw=weights: a pool weight other than 1)",
+                 "easy_border < 1 or hard_border > 0; with draw=weights, a pool weight other than 1")
 
 
 def _check_size(cfg):
@@ -93,6 +98,9 @@ def _check_borders(cfg):
     if float(p.hard_border) > float(p.easy_border):
         return (f"prompt_pool.hard_border={p.hard_border} is above easy_border={p.easy_border}: "
                 "a prompt cannot be both hard and easy")
+    if p.get("draw", "fractions") == "weights" and not max(float(p.easy_weight), float(p.normal_weight),
+                                                           float(p.hard_weight)) > 0:
+        return "prompt_pool.draw=weights needs a pool with a positive weight (easy_weight, normal_weight, hard_weight)"
     if float(p.easy_fraction) + float(p.hard_fraction) > 1:
         return (f"prompt_pool.easy_fraction + hard_fraction = {float(p.easy_fraction) + float(p.hard_fraction):g} "
                 "is above 1")
@@ -139,22 +147,55 @@ def retire_solved(pass_rate: torch.Tensor, retired: torch.Tensor, n: int, genera
     return _permutation(active, generator)[:n], retired
 
 
+def pool_weights(pass_rate: torch.Tensor, borders: tuple, weights: tuple) -> torch.Tensor:
+    """[N] prime-rl DifficultyPoolSampler's weight of each prompt: (easy, normal, hard) weights by
+    p > easy_border, hard_border < p <= easy_border, p <= hard_border; 1 for an unseen prompt (NaN)."""
+    (easy_border, hard_border), (easy, normal, hard) = borders, weights
+    pass_rate = pass_rate.to(torch.float64)
+    out = torch.full_like(pass_rate, float(easy))
+    out[pass_rate <= float(easy_border)] = float(normal)
+    out[pass_rate <= float(hard_border)] = float(hard)
+    out[torch.isnan(pass_rate)] = 1.0
+    return out
+
+
 @register("prompt_pool", "difficulty", pooled=True,
           knobs={"easy_border": FRACTION, "hard_border": FRACTION, "easy_fraction": FRACTION,
-                 "hard_fraction": FRACTION},
+                 "hard_fraction": FRACTION, "draw": choice("fractions", "weights"), "easy_weight": NON_NEGATIVE,
+                 "normal_weight": NON_NEGATIVE, "hard_weight": NON_NEGATIVE},
           activity=Activity("pool/sorted"), inert=NO_POOLS, checks=(_check_size, _check_borders),
           tricks=(Trick("difficulty_curriculum",
                         what="prompts bucketed easy/normal/hard by their last pass rate, drawn in set ratios "
                              "(10% easy, 10% hard, the rest normal)",
                         source="prime-rl orchestrator buffer type=difficulty-pool (easy_border 0.8, hard_border "
                                "0.2, easy_fraction 0.1, hard_fraction 0.1)",
-                        verdict="not_in_review", cost="none"),))
+                        verdict="not_in_review", cost="none"),
+                  Trick("difficulty_pool_sampler",
+                        what="each prompt drawn with a weight by its pool: 0.2 hard (p <= 0.25), 1 normal, 0.2 easy "
+                             "(p > 0.75), 1 unseen",
+                        source="prime-rl curriculum sampler type=difficulty_pool (DifficultyPoolSampler)",
+                        verdict="not_in_review", cost="none",
+                        settings={"draw": "weights", "easy_border": 0.75, "hard_border": 0.25})))
 def difficulty_pools(pass_rate: torch.Tensor, retired: torch.Tensor, n: int, generator: torch.Generator, *,
                      easy_border: float = 0.8, hard_border: float = 0.2, easy_fraction: float = 0.1,
-                     hard_fraction: float = 0.1):
-    """n prompts: floor(n easy_fraction) easy (p > easy_border), floor(n hard_fraction) hard
-    (p < hard_border), the rest normal (unseen prompts are normal), each without replacement;
-    a short pool's deficit is drawn from normal, then from any prompt not yet taken."""
+                     hard_fraction: float = 0.1, draw: str = "fractions", easy_weight: float = 0.2,
+                     normal_weight: float = 1.0, hard_weight: float = 0.2):
+    """`draw: fractions` (prime-rl's difficulty-pool buffer): n prompts, floor(n easy_fraction) easy
+    (p > easy_border), floor(n hard_fraction) hard (p < hard_border), the rest normal (unseen prompts
+    are normal), each without replacement; a short pool's deficit is drawn from normal, then from
+    any prompt not yet taken.
+
+    `draw: weights` (prime-rl's `DifficultyPoolSampler`, src/prime_rl/orchestrator/curriculum/samplers/
+    pool.py, commit 559b447; DifficultyPoolSamplerConfig's pools hard <= 0.25 weight 0.2, normal
+    <= 0.75 weight 1, easy the rest weight 0.2): each of the n prompts drawn independently, with
+    replacement, with probability proportional to its pool's weight: hard_weight when p <= hard_border
+    (inclusive, as prime-rl's thresholds), normal_weight when p <= easy_border, else easy_weight; an
+    unseen prompt weighs 1. Differences: prime-rl raises when every weight is 0; here that config is
+    refused, and a draw whose prompts all weigh 0 falls back to uniform. pool/hard counts p < hard_border."""
+    if draw == "weights":
+        weights = pool_weights(pass_rate, (easy_border, hard_border), (easy_weight, normal_weight, hard_weight))
+        weights = weights if weights.sum() > 0 else torch.ones_like(weights)
+        return torch.multinomial(weights, n, replacement=True, generator=generator), retired
     easy = pass_rate > float(easy_border)
     hard = pass_rate < float(hard_border)
     normal = ~(easy | hard)                       # NaN compares False: unseen prompts are normal

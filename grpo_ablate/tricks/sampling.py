@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
-from grpo_ablate.tricks.registry import (DAPO, NUMBER, POSITIVE_INT, SEED_REVIEW, Activity, Claim, Allowed, Trick,
-                                         declare_family, register)
+from grpo_ablate.tricks.registry import (DAPO, FRACTION, NUMBER, POSITIVE_INT, SEED_REVIEW, Activity, Claim, Inert,
+                                         Allowed, Trick, declare_family, register)
 
 declare_family("sampling", "which groups form the batch; `dynamic` is DAPO's, refilling up to `max_rounds`; "
                "`dynamic_group` grows flat groups up to `g_max`",
@@ -95,6 +95,33 @@ def keep_groups_outside_advantage_range(scores: torch.Tensor, *, reject_min: flo
                                         reject_max: float = 0.0) -> torch.Tensor:
     advantages = scores - scores.mean(dim=1, keepdim=True)
     return ~((advantages >= reject_min) & (advantages <= reject_max)).all(dim=1)
+
+
+def _varied_groups_too_few(scores: torch.Tensor, min_replace_ratio: float) -> bool:
+    """SkyRL's rule: a batch is usable when more than min_replace_ratio of its groups have reward variance."""
+    return not int(keep_varied_groups(scores).sum()) > scores.shape[0] * min_replace_ratio
+
+
+@register("sampling", "replace", replaces_flat_groups=True, knobs={"min_replace_ratio": FRACTION},
+          activity=Activity("sampling/replaced_groups"),
+          writes=("sampling/kept_group_frac", "sampling/replaced_groups"),
+          inert=Inert(lambda cfg: int(cfg.rollout.group_size) == 1,
+                      "a group of one has no reward variance to judge, so no group is ever replaced",
+                      "rollout.group_size=8", "groups of at least 2 completions"),
+          tricks=(Trick("dynamic_sampling_replace",
+                        what="replace zero-variance groups by copies of the batch's varied ones (POLARIS); "
+                             "resample the batch when too few are varied",
+                        source="SkyRL trainer.algorithm.dynamic_sampling.type=replace (min_replace_ratio 0.3)",
+                        verdict="not_in_review", cost="a resampled batch when too few groups are varied"),))
+def keep_batches_with_enough_varied_groups(scores: torch.Tensor, *, min_replace_ratio: float = 0.3) -> torch.Tensor:
+    """SkyRL `handle_replace_sampling` (dynamic_sampling.type=replace; POLARIS, WebSailor): a batch in
+    which more than `min_replace_ratio` of the groups have reward variance is kept whole (then
+    train/replace_groups.py writes a copy of a varied group over each flat one); otherwise the whole
+    batch is dropped and a fresh one sampled, up to `max_rounds` (SkyRL's max_sample_batches, 30).
+    Difference: SkyRL raises when the batches run out; here the last one is trained on as it is
+    (as every sampling option does). Reference: skyrl/train/utils/trainer_utils.py, commit a956457."""
+    keep = not _varied_groups_too_few(scores, min_replace_ratio)
+    return torch.full((scores.shape[0],), keep, dtype=torch.bool)
 
 
 @register("sampling", "replay", replays=True, knobs={"size": POSITIVE_INT}, checks=_one_round,

@@ -37,8 +37,8 @@ from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
-from grpo_ablate.tricks.registry import (FRACTION, POSITIVE_INT, Activity, Claim, Inert, Allowed, Trick, declare_family,
-                                         register)
+from grpo_ablate.tricks.registry import (FRACTION, POSITIVE_INT, Activity, Claim, Inert, Allowed, Trick, choice,
+                                         declare_family, register)
 
 declare_family("staleness", "rollouts from the policy of k steps ago (asynchronous RL, reproduced exactly): "
                "`fixed` k (verl one-step-off, AReaL max_head_offpolicyness), `mixed` (a stale fraction, verl "
@@ -101,18 +101,55 @@ def mixed_ages(groups: int, oldest: int, generator: torch.Generator, *, k: int =
     return stale.long() * min(int(k), oldest), torch.ones(groups, dtype=torch.bool)
 
 
+def _wait_needs_a_bound(cfg):
+    if cfg.staleness.get("strategy", "drop") == "wait" and cfg.staleness.get("max_age") is None:
+        return "staleness.strategy=wait caps the ages at staleness.max_age, which is null: give max_age (verl's " \
+               "max_off_policy_threshold - 1)"
+    return _check_swappable(cfg)
+
+
+def capped_ages(ages: torch.Tensor, max_age: int | None, strategy: str = "drop"):
+    """(ages, keep) under verl's staleness control with threshold T = max_age + 1 (a group spans
+    age + 1 policy versions from its sampling to its training: verl's global_steps - its step + 1).
+    `drop`: a group spanning more than T versions is dropped (verl replay_buffer
+    `_drop_max_off_policy_samples`: > T). `wait`: the trainer does not step while an in-flight group
+    has reached T (verl `_has_enough_samples`: >= T blocks sampling), so no group is trained older
+    than max_age: its age is capped there and it is kept. None: every group kept as drawn."""
+    if strategy not in ("drop", "wait"):
+        raise ValueError(f"staleness.strategy={strategy!r} is not allowed; allowed: drop, wait")
+    if max_age is None:
+        return ages, torch.ones_like(ages, dtype=torch.bool)
+    if strategy == "wait":
+        return ages.clamp(max=int(max_age)), torch.ones_like(ages, dtype=torch.bool)
+    return ages, ages <= int(max_age)
+
+
 @register("staleness", "spread", stale=True,
           knobs={"k": POSITIVE_INT, "max_age": Allowed("integer", low=0, high="staleness.k", optional=True,
-                                                    note="groups older than it are dropped; null keeps all")},
-          activity=STALE_ACTS, checks=_check_swappable,
+                                                    note="groups older than it are dropped; null keeps all"),
+                 "strategy": choice("drop", "wait")},
+          activity=STALE_ACTS, checks=_wait_needs_a_bound,
           tricks=(Trick("spread_staleness",
                         what="group ages uniform in 0..k (rollouts in flight over k updates); older than max_age "
                              "dropped",
-                        source="prime-rl orchestrator.max_off_policy_steps; TRL AsyncGRPO max_staleness; PipelineRL",
+                        source="prime-rl orchestrator.max_off_policy_steps; TRL AsyncGRPO max_staleness; PipelineRL; "
+                               "verl trainer.v1.sampler max_off_policy_threshold (max_age + 1), strategy drop",
                         verdict="not_in_review",
-                        cost="k weight snapshots; a pi_old forward per step; dropped groups' sampling"),))
-def spread_ages(groups: int, oldest: int, generator: torch.Generator, *, k: int = 4, max_age: int | None = None):
-    """Ages drawn uniformly from 0..k (then clamped to `oldest`); keep those no older than max_age (None: all)."""
+                        cost="k weight snapshots; a pi_old forward per step; dropped groups' sampling"),
+                  Trick("staleness_wait",
+                        what="group ages uniform in 0..4, none trained older than 2: the trainer waits for them "
+                             "instead of dropping them",
+                        source="verl trainer.v1.sampler max_off_policy_threshold=3 max_off_policy_strategy=wait",
+                        verdict="not_in_review",
+                        cost="k weight snapshots; a pi_old forward per step; the trainer's wait (not simulated)",
+                        settings={"k": 4, "max_age": 2, "strategy": "wait"})))   # verl max_off_policy_threshold = 3
+def spread_ages(groups: int, oldest: int, generator: torch.Generator, *, k: int = 4, max_age: int | None = None,
+                strategy: str = "drop"):
+    """Ages drawn uniformly from 0..k (then clamped to `oldest`); those older than max_age dropped
+    (`strategy: drop`) or trained at max_age (`wait`); None: all kept (`capped_ages`).
+
+    verl's staleness control (trainer.v1.sampler.max_off_policy_threshold T, max_off_policy_strategy;
+    verl/trainer/v1 replay buffer) is this with max_age = T - 1. Difference: on one machine nothing
+    runs while the trainer waits, so `wait` costs no time here; in verl it stalls training."""
     ages = torch.randint(0, int(k) + 1, (groups,), generator=generator).clamp(max=oldest)
-    keep = torch.ones(groups, dtype=torch.bool) if max_age is None else ages <= int(max_age)
-    return ages, keep
+    return capped_ages(ages, max_age, strategy)

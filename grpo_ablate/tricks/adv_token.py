@@ -1,0 +1,154 @@
+"""Family `adv`, baselines beyond the group mean: verl's Optimal Token Baseline (OTB, per token),
+prime-rl's RAE (an EMA of the rewards carried across steps).
+
+An estimator here reads, in `values`, each token's logit-gradient energy
+w_t = ||e_{o_t} - pi_t||^2 = 1 - 2 pi(o_t) + sum_v pi_v^2 under pi_old (the trainer computes it in
+pi_old's forward for an estimator registered with `reads_token_energy`; train/forward.py), and
+returns per-token advantages [N, T].
+"""
+from __future__ import annotations
+
+from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
+
+from grpo_ablate.tricks.registry import FLAG, POSITIVE, Activity, Allowed, Trick, choice, register
+
+OTB_PAPER = "arXiv 2602.07078"
+
+
+def _otb_cannot_take(cfg):
+    if cfg.diag.grad_conflict:
+        return ("adv=optimal_token_baseline reads pi_old's per-token energy, which the gradient diagnostics' "
+                "per-component advantages have not: use diag.grad_conflict=false")
+    return None
+
+
+def _compact(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each row's trained tokens moved to the left, in order (zeros after): position k is the
+    row's k-th trained token (verl's tir_ variant concatenates a multi-turn row's own tokens)."""
+    keep = mask.bool()
+    out = torch.zeros_like(x)
+    k = (keep.cumsum(dim=1) - 1).clamp(min=0)
+    rows = torch.arange(x.shape[0], device=x.device)[:, None].expand_as(x)
+    out[rows[keep], k[keep]] = x[keep]
+    return out
+
+
+def _zero_tails(baseline, lengths, group_index, counted, n_groups):
+    """Where one row of a group is strictly the longest, its baseline past the group's
+    second-longest length is 0 (verl handle_zero_tail): nobody else's return is there to average."""
+    neg = torch.full((n_groups,), -1, dtype=lengths.dtype, device=lengths.device)
+    longest = neg.clone().scatter_reduce_(0, group_index[counted], lengths[counted], "amax")
+    at_max = counted & (lengths == longest[group_index])
+    n_at_max = torch.zeros(n_groups, dtype=torch.long, device=lengths.device).index_add_(
+        0, group_index, at_max.long())
+    shorter = counted & ~at_max
+    second = neg.clone().scatter_reduce_(0, group_index[shorter], lengths[shorter], "amax").clamp(min=0)
+    size = torch.zeros(n_groups, dtype=torch.long, device=lengths.device).index_add_(0, group_index, counted.long())
+    lone = at_max & (n_at_max[group_index] == 1) & (size[group_index] > 1)
+    cols = torch.arange(baseline.shape[1], device=baseline.device)
+    tail = lone[:, None] & (cols[None, :] >= second[group_index][:, None])
+    return baseline.masked_fill(tail, 0.0)
+
+
+@register("adv", "optimal_token_baseline", uses_group_statistic=True, reads_token_energy=True,
+          knobs={"positions": choice("absolute", "trained"), "zero_tail": FLAG, "eps": POSITIVE},
+          activity=Activity("adv/token_energy"), checks=_otb_cannot_take, writes=("adv/std", "adv/token_energy"),
+          tricks=(Trick("optimal_token_baseline",
+                        what="OTB: a per-token group baseline weighted by the accumulated logit-gradient energy",
+                        source=f"verl adv_estimator=optimal_token_baseline ({OTB_PAPER})",
+                        verdict="not_in_review", cost="pi_old's forward each step (Σπ² over the vocabulary)"),
+                  Trick("tir_optimal_token_baseline",
+                        what="OTB over each row's own trained tokens (multi-turn), zero tail on",
+                        source=f"verl adv_estimator=tir_optimal_token_baseline ({OTB_PAPER})",
+                        verdict="not_in_review", cost="pi_old's forward each step (Σπ² over the vocabulary)",
+                        settings={"positions": "trained", "zero_tail": True})))
+def optimal_token_baseline_advantage(rewards, group_index, mask, values, components, *, positions: str = "absolute",
+                                     zero_tail: bool = False, eps: float = 1e-8):
+    """Optimal Token Baseline (arXiv 2602.07078), verl's form: one baseline per group and token,
+
+        W_t = sum_{j<=t} w_j,   w_j = 1 - 2 pi_old(o_j) + sum_v pi_old(v)^2   (`values`, per token)
+        B_t = sum_i G_t^i W_t^i m_t^i / (sum_i W_t^i m_t^i + eps),   A_t = (G_t - B_t) m_t
+
+    G_t is the reward-to-go (the outcome reward on the last trained token: r on every trained
+    token); the sums run over the group's rows; a group of one has B = 0 (A = r). W is the
+    "realized energy" up to t: a token on a path that has been uncertain weighs more in the
+    baseline. Reference: verl core_algos `compute_optimal_token_baseline_advantage`
+    (adv_estimator=optimal_token_baseline) and `compute_multi_turn_optimal_token_baseline_advantage`
+    (tir_optimal_token_baseline), commit b178a3c; verl_F `calculate_sum_pi_squared_from_logits`.
+    `positions`: `absolute` (OTB: t is the column) or `trained` (tir: t counts the row's own trained
+    tokens, and rows without any leave their group's count). The two agree whenever every row's
+    trained tokens are one run from its first column, as in this trainer's single-turn rows.
+    `zero_tail` (verl handle_zero_tail; default False for OTB, True for tir at b178a3c): a group's
+    strictly longest row gets B = 0 beyond the second-longest length. eps 1e-8 as verl.
+    Differences: the energy comes from this trainer's pi_old forward at the sampling temperature
+    (verl's `old_log_probs` forward, logits / T); with rollout_correction on, the trainer scales
+    w_t by the weight^2 as verl does with its `rollout_is_weights`; no std division, as verl.
+    """
+    if positions not in ("absolute", "trained"):
+        raise ValueError(f"adv.positions={positions!r} is not allowed; allowed: absolute, trained")
+    m = mask.to(rewards.dtype)
+    energy = values.to(rewards.dtype) * m
+    cumulative = energy.cumsum(dim=1)
+    returns = rewards[:, None] * m                        # reward-to-go of an outcome reward
+    counted = torch.ones_like(rewards, dtype=torch.bool)
+    if positions == "trained":
+        cumulative, returns, m = _compact(cumulative, mask), _compact(returns, mask), _compact(m, mask)
+        counted = mask.sum(dim=1) > 0
+    n_groups = int(group_index.max()) + 1 if group_index.numel() else 0
+    weighted = torch.zeros(n_groups, m.shape[1], dtype=rewards.dtype, device=rewards.device)
+    numerator = weighted.index_add(0, group_index, returns * cumulative * m)
+    denominator = weighted.index_add(0, group_index, cumulative * m) + eps
+    size = torch.zeros(n_groups, dtype=torch.long, device=rewards.device).index_add_(0, group_index, counted.long())
+    baseline = torch.where((size[group_index] > 1)[:, None], (numerator / denominator)[group_index],
+                           torch.zeros_like(returns))
+    if zero_tail:
+        baseline = _zero_tails(baseline, m.sum(dim=1).long(), group_index, counted, n_groups)
+    advantages = (returns - baseline) * m
+    if positions == "trained":   # back to the columns the tokens came from
+        k = (mask.bool().cumsum(dim=1) - 1).clamp(min=0)
+        advantages = advantages.gather(1, k) * mask.to(rewards.dtype)
+    return advantages
+
+
+# ---------------------------------------------------------------- a baseline carried across steps
+def ema_baselines(rewards: torch.Tensor, start: float, decay: float) -> tuple[torch.Tensor, float]:
+    """([N] the baseline each row is scored against, the baseline after the last row): rows in order,
+    each against the EMA before its own reward moves it, b <- decay b + (1 - decay) r."""
+    before, b = [], float(start)
+    for r in rewards.tolist():
+        before.append(b)
+        b = decay * b + (1.0 - decay) * r
+    return torch.tensor(before, dtype=rewards.dtype, device=rewards.device), b
+
+
+def _rae_cannot_take(cfg):
+    if cfg.diag.grad_conflict:
+        return ("adv=rae reads its EMA baseline, which the gradient diagnostics' per-component advantages have not: "
+                "use diag.grad_conflict=false")
+    return None
+
+
+@register("adv", "rae", carries_baseline=True,
+          knobs={"decay": Allowed(low=0, high=1, high_open=True)},
+          activity=Activity("adv/ema_baseline", "changes"), checks=_rae_cannot_take,
+          writes=("adv/std", "adv/ema_baseline"),
+          tricks=(Trick("rae",
+                        what="REINFORCE against an EMA of the rewards seen so far (per agent; one agent here)",
+                        source="prime-rl algo.type=rae (SPIRAL role-conditioned advantage estimation, arXiv "
+                               "2506.24119)",
+                        verdict="not_in_review"),))
+def rae_advantage(rewards, group_index, mask, values, components, *, decay: float = 0.95):
+    """RAE (SPIRAL, arXiv 2506.24119), prime-rl's form: A_j = r_j - b_j, where b is an exponential
+    moving average of the rewards, b <- decay b + (1 - decay) r, updated trace by trace after the
+    trace is scored (the unbiased order), starting at 0 and carried across steps.
+
+    `values` carries b before this batch ([1]; the trainer's plugin keeps it, train/ema_baseline.py,
+    and moves it with the same scan once the advantages are taken). Reference: prime-rl
+    src/prime_rl/orchestrator/algo/rae.py `RAEAlgorithm.score_group` and RAEAlgoConfig (decay 0.95,
+    in [0, 1)), commit 559b447. prime-rl keys a baseline per (env, agent) for multi-agent
+    self-play; a single-agent task has one, as here. Differences: prime-rl scores groups in the order
+    they finish (asynchronously); here the batch's rows in order. Its baselines live in memory
+    (a restart re-warms them); here the baseline is checkpointed. No group statistic: any group size.
+    """
+    start = float(values.reshape(-1)[0]) if values is not None else 0.0
+    return rewards - ema_baselines(rewards, start, float(decay))[0]
