@@ -132,8 +132,8 @@ class ReportRequest:
             if (problem := allowed.problem(value, given(name, value))) is not None:
                 return problem
         allowed = ACCURACY_EFFECT if "accuracy" in self.metric else POSITIVE
-        if (problem := allowed.problem(self.effect, f"--effect {self.effect} for {self.metric}")) is not None:
-            return problem
+        if self.effect is not None and not allowed.ok(self.effect):   # null: the metric's default
+            return f"--effect {self.effect} is not allowed for {self.metric}; {allowed.words()}"
         if self.last_k is not None and (self.summary or "").lower() != "last_k":
             return f"--last-k {self.last_k} belongs to --summary last_k (or give --summary last_{self.last_k})"
         return None

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import cli, cli_here
 from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
+from grpo_ablate.tricks import options
 
 
 def test_help_lists_every_command_with_one_line():
@@ -20,8 +21,7 @@ def test_help_lists_every_command_with_one_line():
 
 
 @pytest.mark.parametrize("override, needle", [
-    ("adv=nope", "allowed: batch, dr_grpo, gae, gdpo, gdpo_trl, gpg, grpo, lite, maxrl, opo, passk, remax, rloo, "
-                 "rpp_baseline"),
+    ("adv=nope", "allowed: " + ", ".join(sorted(options("adv")))),   # every option, from the registry
     ("optim.lrr=1", "unknown config key 'optim.lrr'"),
     ("optim.lr=-1", "optim.lr=-1"),
     ("optim.lr=0", "must be a number > 0"),

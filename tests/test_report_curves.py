@@ -366,7 +366,7 @@ def test_the_report_carries_the_aggregates(tmp_path):
     (["--summary", "mean"], "summary 'mean' is not allowed; allowed: final, auc, best, last_k"),
     (["--summary", "last_0"], "last_k needs k >= 1"),
     (["--last-k", "4"], "--last-k 4 belongs to --summary last_k (or give --summary last_4)"),
-    (["--predict-from", "1.5"], "--predict-from 1.5 is not allowed; give the fraction of each run's steps"),
+    (["--predict-from", "1.5"], "--predict-from 1.5 is not allowed; it must be a number in (0, 1)"),
     (["--compute", "flops"], "--compute 'flops' is not allowed; allowed: tokens, wall"),
 ])
 def test_bad_summary_options_are_one_line_and_write_nothing(args, message, tmp_path):

@@ -18,7 +18,7 @@ import pandas as pd
 
 from grpo_ablate.errors import ReportError
 from grpo_ablate.report.curves import kl_column
-from grpo_ablate.allowed import POSITIVE, POSITIVE_INT, Allowed
+from grpo_ablate.allowed import POSITIVE, Allowed
 
 # Flags that mean training broke. kl_drift is a warning only: a policy may legitimately move
 # far from its start, and a variant without a KL term is free to.
@@ -40,7 +40,7 @@ class HealthThresholds:
 
 # what each threshold may be (a fraction of a first value or of the length cap, a count of steps, a KL)
 FRACTION = Allowed("number", low=0, high=1, low_open=True)   # null (not a number) is refused
-THRESHOLD_RANGES = {"entropy_collapse_frac": FRACTION, "patience": POSITIVE_INT, "length_cap_frac": FRACTION,
+THRESHOLD_RANGES = {"entropy_collapse_frac": FRACTION, "patience": Allowed("integer", low=1), "length_cap_frac": FRACTION,
                     "truncated_frac": FRACTION, "repetition_distinct_frac": FRACTION,
                     "repetition_same_frac": FRACTION, "kl_drift_threshold": POSITIVE}
 
