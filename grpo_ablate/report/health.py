@@ -40,8 +40,8 @@ class HealthThresholds:
 
 # what each threshold may be (a fraction of a first value or of the length cap, a count of steps, a KL)
 FRACTION = Allowed("number", low=0, high=1, low_open=True)   # null (not a number) is refused
-THRESHOLD_RANGES = {"entropy_collapse_frac": FRACTION, "patience": Allowed("integer", low=1), "length_cap_frac": FRACTION,
-                    "truncated_frac": FRACTION, "repetition_distinct_frac": FRACTION,
+THRESHOLD_RANGES = {"entropy_collapse_frac": FRACTION, "patience": Allowed("integer", low=1),
+                    "length_cap_frac": FRACTION, "truncated_frac": FRACTION, "repetition_distinct_frac": FRACTION,
                     "repetition_same_frac": FRACTION, "kl_drift_threshold": POSITIVE}
 
 
