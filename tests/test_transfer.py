@@ -20,7 +20,8 @@ from grpo_ablate.report.transfer import (AGREES, CONTEXT_DEPENDENT, CONTRADICTS,
                                          UNDECIDED, UNDECIDED_HERE, Cell, context_tags, judge,
                                          transfer_verdicts, welch_p)
 from grpo_ablate.report.verdicts import HELPS, HURTS, INERT, NO_EVIDENCE, decide_by_delta
-from grpo_ablate.sweep.contexts import Context, across_contexts, check_contexts, file_contexts, with_contexts
+from grpo_ablate.design import Context
+from grpo_ablate.sweep.contexts import across_contexts, check_contexts, file_contexts, with_contexts
 from grpo_ablate.sweep.matrix import SweepError, build_matrix, variants_matrix
 from report_fixtures import make_sweep
 

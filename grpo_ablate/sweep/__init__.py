@@ -1,6 +1,7 @@
 """Sweeps: many ordinary training runs, planned as a matrix and launched through Hydra.
 
-    matrix.py              the ablation matrix, pure Python: variants, contrasts, jobs, seeds
+    matrix.py              the ablation matrix, pure Python: variants, contrasts, jobs, seeds (the
+                           Variant, Contrast and Context types are grpo_ablate/design.py's)
     contexts.py            the contexts a matrix is repeated in (--across, a file's contexts:)
     controls.py            the no-RL controls a sweep adds (untrained base, SFT)
     plan.py                what runs: a SweepRequest -> the manifest of a new sweep, every run

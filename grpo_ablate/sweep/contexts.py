@@ -10,21 +10,12 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import yaml
 
-from grpo_ablate.sweep.matrix import NAME_PATTERN, Contrast, Matrix, SweepError, split_top_level, value_label
-
-
-@dataclass(frozen=True)
-class Context:
-    """One setting the whole matrix is repeated in: a name and the overrides that make it."""
-    name: str
-    overrides: tuple[str, ...] = ()
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "overrides": list(self.overrides)}
+from grpo_ablate.design import Context, Contrast
+from grpo_ablate.sweep.matrix import NAME_PATTERN, Matrix, SweepError, split_top_level, value_label
 
 
 # what a context may not set: the sweep sets these for every run (seeds, labels, which tricks)

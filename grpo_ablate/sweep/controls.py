@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from grpo_ablate.sweep.matrix import CONTROLS, Matrix, Variant
+from grpo_ablate.design import Variant
+from grpo_ablate.sweep.matrix import CONTROLS, Matrix
 
 # the base control a sweep plans: the eval of the start alone (train/controls.py)
 BASE_OVERRIDES = ("control=base", "control.sample=false")

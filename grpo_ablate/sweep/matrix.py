@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from grpo_ablate.design import Contrast, Variant
 from grpo_ablate.errors import UserError
 
 
@@ -47,45 +49,6 @@ DEFAULT_MAX_RUNS = 128
 
 class SweepError(UserError, ValueError):
     """Bad sweep input: the message is the one line the user sees."""
-
-
-@dataclass(frozen=True)
-class Variant:
-    name: str
-    tricks_on: tuple[str, ...] = ()
-    overrides: tuple[str, ...] = ()     # what makes this variant: named tricks, family options
-    reference: str | None = None        # the variant its difference is measured against
-    kind: str = "treatment"             # treatment | control
-    axes: dict = field(default_factory=dict)   # factorial over families: key -> value
-    expect: tuple[str, ...] = ()        # `variants` files: the verdicts a correct report gives it
-    context: str | None = None          # the context it runs in (a sweep with contexts)
-    contexts: tuple[str, ...] = ()      # `variants` files: the only contexts it runs in (none: all)
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "tricks_on": list(self.tricks_on), "overrides": list(self.overrides),
-                "reference": self.reference, "kind": self.kind, **({"axes": self.axes} if self.axes else {}),
-                **({"expect": list(self.expect)} if self.expect else {}),
-                **({"context": self.context} if self.context else {})}
-
-
-@dataclass(frozen=True)
-class Contrast:
-    """The effect of `trick` = metric(variant `with_`) - metric(variant `without`). In a sweep
-    with contexts, `trick` names the contrast (`<trick>@<context>`), `tests` the trick itself."""
-    trick: str
-    with_: str
-    without: str
-    context: str | None = None
-    tests: str | None = None
-
-    @property
-    def tested(self) -> str:
-        """The trick (or variant) this contrast measures, whatever context it is in."""
-        return self.tests or self.trick
-
-    def to_json(self) -> dict:
-        return {"trick": self.trick, "with": self.with_, "without": self.without,
-                **({"context": self.context, "tests": self.tested} if self.context else {})}
 
 
 @dataclass

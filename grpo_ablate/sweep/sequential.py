@@ -42,7 +42,8 @@ from grpo_ablate.sweep.launch import check_launcher, run_jobs
 from grpo_ablate.sweep.launch import resume as resume_fixed
 from grpo_ablate.sweep.manifest import FINISHED, MANIFEST, create_sweep_dir, read_manifest, timestamp, write_manifest
 from grpo_ablate.sweep.controls import control_in
-from grpo_ablate.sweep.matrix import Matrix, SweepError, Variant, expand_jobs
+from grpo_ablate.design import Variant
+from grpo_ablate.sweep.matrix import Matrix, SweepError, expand_jobs
 from grpo_ablate.sweep.plan import DECISION_SUMMARY, SweepRequest, run_entry
 from grpo_ablate.sweep.plan import plan as plan_fixed
 from grpo_ablate.sweep.sequential_console import UNDECIDED, look_text, planner_text, print_decisions, say
@@ -349,10 +350,8 @@ def add_look(manifest: dict, make_entry=None) -> list[dict]:
     seed = max(r["seed"] for r in manifest["runs"]) + 1
     labels = {"name": manifest["name"], "id": manifest["sweep_id"], "group": manifest["wandb_group"],
               "tricks": list(manifest.get("tricks") or [])}
-    matrix = Matrix(manifest["mode"], [Variant(v["name"], tuple(v["tricks_on"]), tuple(v.get("overrides") or []),
-                                               v.get("reference"), v.get("kind", "treatment"),
-                                               context=v.get("context"))
-                                       for v in manifest["variants"] if v["name"] in variants], [])
+    matrix = Matrix(manifest["mode"], [Variant.from_json(v) for v in manifest["variants"] if v["name"] in variants],
+                    [])
     entries = [(make_entry or run_entry)(job)
                for job in expand_jobs(matrix, [seed], list(manifest["overrides"]), labels)]
     manifest["runs"] += entries
