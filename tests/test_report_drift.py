@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from grpo_ablate.design import Contrast, Variant
 from grpo_ablate.report import scaling
 from grpo_ablate.report.curves import Curve, Summary
 from grpo_ablate.report.drift import DRIFT_ALPHA, arm_drift, drift, late_window
@@ -135,8 +136,8 @@ def sim_sweep(values_of: dict, steps: np.ndarray) -> tuple[Sweep, dict]:
                             metrics=pd.DataFrame({"step": steps, "eval/accuracy": v}),
                             config={"task": {"eval_size": EVAL_SIZE}}))
             curves.setdefault(name, {})[seed] = Curve(steps, steps * TOKENS, v)
-    sweep = Sweep(Path("sim"), "sim", variants=[{"name": "all"}, {"name": "drop-t"}], runs=runs,
-                  contrasts=[{"trick": "t", "with": "all", "without": "drop-t"}])
+    sweep = Sweep(Path("sim"), "sim", variants=[Variant("all"), Variant("drop-t")], runs=runs,
+                  contrasts=[Contrast("t", "all", "drop-t")])
     return sweep, curves
 
 
@@ -266,8 +267,8 @@ def test_forecast_intervals_cover_the_measured_delta_when_nothing_happens_late()
                                 metrics=pd.DataFrame({"step": steps, "eval/accuracy": v}),
                                 config={"steps": 30, "eval": {"every": 5}, "task": {"eval_size": EVAL_SIZE}}))
                 measured.setdefault(name, []).append(v[-1])
-        sweep = Sweep(Path("sim"), "sim", variants=[{"name": "all"}, {"name": "drop-t"}], runs=runs,
-                      contrasts=[{"trick": "t", "with": "all", "without": "drop-t"}])
+        sweep = Sweep(Path("sim"), "sim", variants=[Variant("all"), Variant("drop-t")], runs=runs,
+                      contrasts=[Contrast("t", "all", "drop-t")])
         p = scaling.predict_section(sweep, "eval/accuracy", Summary("final"), True, 0.5, decide_by_delta)
         d, truth = p["contrasts"][0]["delta"], np.mean(measured["all"]) - np.mean(measured["drop-t"])
         covered += d.low <= truth <= d.high

@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grpo_ablate.design import Variant
 from grpo_ablate.errors import ReportError
 from grpo_ablate.report.curves import DEFAULT_K, Summary, curve, final_value, kl_column
 from grpo_ablate.report.diagnostics import analyse as analyse_diagnostics
@@ -128,7 +129,7 @@ def check_logged(sweep: Sweep, metric: str) -> None:
 def read_curves(sweep: Sweep, metric: str, compute: str) -> tuple[dict, dict]:
     """(variant -> its runs, variant -> {seed: Curve} of its completed runs). A NaN or Inf where the
     metric should be is not a number to average: the run is noted and left out of every statistic."""
-    runs_of = {v["name"]: [r for r in sweep.runs if r.variant == v["name"]] for v in sweep.variants}
+    runs_of = {v.name: [r for r in sweep.runs if r.variant == v.name] for v in sweep.variants}
     for r in sweep.runs:
         if r.state == "completed" and metric in r.nonfinite:
             r.notes.append(f"`{metric}` is not finite at step {r.nonfinite[metric]}: this run is left out of "
@@ -183,10 +184,10 @@ def aggregates(sweep: Sweep, values: dict, metric: Metric) -> dict:
     bootstrap intervals. One sweep is one task (stratum)."""
     task = "this sweep"
     return {"variants": {name: aggregate_iqm({task: list(v.values())}) for name, v in values.items()},
-            "contrasts": [{"trick": c["trick"], "with": c["with"], "without": c["without"],
+            "contrasts": [{"trick": c.trick, "with": c.with_, "without": c.without,
                            "improvement": probability_of_improvement(
-                               {task: list(values.get(c["with"], {}).values())},
-                               {task: list(values.get(c["without"], {}).values())},
+                               {task: list(values.get(c.with_, {}).values())},
+                               {task: list(values.get(c.without, {}).values())},
                                higher_is_better=metric.higher_is_better)} for c in sweep.contrasts]}
 
 
@@ -213,32 +214,32 @@ def compare_summaries(sweep: Sweep, per_run, runs_of: dict, curves: dict, areas:
 def check_known_answers(sweep: Sweep, verdicts: list[dict]) -> None:
     """A `variants` sweep file's known answers: each contrast whose variant says what verdict a
     correct report gives it gets `expected` (those verdicts) and `as_expected` (whether it got one)."""
-    expected = {v["name"]: v.get("expect") or [] for v in sweep.variants}
+    expected = {v.name: v.expect for v in sweep.variants}
     for v in verdicts:
         if expected.get(v["with"]):
             v["expected"] = list(expected[v["with"]])
             v["as_expected"] = v["verdict"] in v["expected"]
 
 
-def variant_row(sweep: Sweep, v: dict, runs_of: dict[str, list[Run]], finals: dict, areas: dict, values: dict,
+def variant_row(sweep: Sweep, v: Variant, runs_of: dict[str, list[Run]], finals: dict, areas: dict, values: dict,
                 summary: Summary, evidence: Evidence) -> dict:
     """One row of the variants table: its runs' states, the metric's final value and AUC with
     their CIs (and the compared summary's, when it is neither), Δ vs its reference and vs each
     control on the compared summary, the last logged health numbers."""
-    runs = runs_of[v["name"]]
+    runs = runs_of[v.name]
     done = [r for r in runs if r.state == "completed"]
-    reference = v.get("reference") if v.get("reference") in runs_of else None
+    reference = v.reference if v.reference in runs_of else None
     row = {
-        "variant": v["name"], "kind": v.get("kind", "treatment"), "tricks_on": v["tricks_on"],
+        "variant": v.name, "kind": v.kind, "tricks_on": list(v.tricks_on),
         "reference": reference,
         "seeds": sorted({r.seed for r in runs if r.state != "missing" and r.seed is not None}),
         "status": Counter(r.state for r in runs),
         "diverged_steps": [r.step for r in runs if r.state == "diverged"],
         "running_steps": [r.step for r in runs if r.state == "running"],
-        "final": mean_ci(finals[v["name"]].values()),
-        "auc": mean_ci(areas[v["name"]].values()),
-        **({} if summary.how in ("final", "auc") else {"summary": mean_ci(values[v["name"]].values())}),
-        "delta": evidence.delta(v["name"], reference) if reference else None,
+        "final": mean_ci(finals[v.name].values()),
+        "auc": mean_ci(areas[v.name].values()),
+        **({} if summary.how in ("final", "auc") else {"summary": mean_ci(values[v.name].values())}),
+        "delta": evidence.delta(v.name, reference) if reference else None,
         "length": finite_mean([final_value(r.metrics, "length/mean") for r in done]),
         "truncated": finite_mean([final_value(r.metrics, "length/truncated_frac") for r in done]),
         "entropy": finite_mean([final_value(r.metrics, "policy/entropy") for r in done]),
@@ -246,11 +247,11 @@ def variant_row(sweep: Sweep, v: dict, runs_of: dict[str, list[Run]], finals: di
         "wall_time_s": finite_mean([r.wall_time_s for r in done]),
         "flags": Counter(f.name for r in runs for f in r.flags),
     }
-    if v["kind"] == "control":
-        row["control"] = v.get("control")
+    if v.kind == "control":
+        row["control"] = v.control
         row["budget"] = next((str(b) for r in runs if (b := nested_value(r.config, "control", "budget"))), None)
     # the controls' columns: only when the sweep has them, so a sweep without is unchanged
     for role in sweep.controls:
-        control = sweep.control_of(v, role)   # its own context's, in a sweep across contexts
-        row[f"delta_vs_{role}"] = None if control in (None, v["name"]) else evidence.delta(v["name"], control)
+        control = sweep.control_of(v.context, role)   # its own context's, in a sweep across contexts
+        row[f"delta_vs_{role}"] = None if control in (None, v.name) else evidence.delta(v.name, control)
     return row

@@ -66,7 +66,7 @@ def gradient_conflicts(report, threshold: float) -> list[dict]:
     """Per variant that logged gradient cosines: every pair's summary, conflicting ones marked."""
     out = []
     for v in report.sweep.variants:
-        runs = [r for r in report.sweep.runs if r.variant == v["name"]]
+        runs = [r for r in report.sweep.runs if r.variant == v.name]
         columns = sorted({c for r in runs for c in r.metrics.columns if c.startswith(COS_PREFIX)})
         pairs = []
         for column in columns:
@@ -75,7 +75,7 @@ def gradient_conflicts(report, threshold: float) -> list[dict]:
                 a, b = column[len(COS_PREFIX):].split("__", 1)
                 pairs.append({"a": a, "b": b, **pair_summary(values, threshold)})
         if pairs:
-            out.append({"variant": v["name"], "runs": sum(any(c.startswith(COS_PREFIX) for c in r.metrics.columns)
+            out.append({"variant": v.name, "runs": sum(any(c.startswith(COS_PREFIX) for c in r.metrics.columns)
                                                           for r in runs), "pairs": pairs})
     return out
 
@@ -108,7 +108,7 @@ def _conflict_lines(section: dict) -> list[str]:
 # --------------------------------------------------------------------------- interactions
 def _finals(report) -> dict[str, dict]:
     """variant -> {seed: the report's summary of the metric} over its completed runs (as its verdicts)."""
-    out = {v["name"]: {} for v in report.sweep.variants}
+    out = {v.name: {} for v in report.sweep.variants}
     for r in report.sweep.runs:
         if r.state == "completed" and r.variant in out:
             value = report.summary(r.metrics, report.metric, report.higher_is_better)
@@ -158,15 +158,15 @@ def _reading(est: Estimate, higher_is_better: bool) -> str:
 
 def interactions(report) -> list[dict]:
     """Every pair of tricks whose base, singles and pair are all in the sweep."""
-    by_set = {frozenset(v["tricks_on"]): v["name"] for v in report.sweep.variants}
+    by_set = {frozenset(v.tricks_on): v.name for v in report.sweep.variants}
     base = by_set.get(frozenset())
     if base is None:
         return []
     singles = [next(iter(s)) for s in by_set if len(s) == 1]
-    order = {t: i for i, t in enumerate(t for v in report.sweep.variants for t in v["tricks_on"])}
+    order = {t: i for i, t in enumerate(t for v in report.sweep.variants for t in v.tricks_on)}
     singles.sort(key=lambda t: order.get(t, 0))
     finals = _finals(report)
-    runs_of = {v["name"]: [r for r in report.sweep.runs if r.variant == v["name"]] for v in report.sweep.variants}
+    runs_of = {v.name: [r for r in report.sweep.runs if r.variant == v.name] for v in report.sweep.variants}
     out = []
     for a, b in itertools.combinations(singles, 2):
         pair = by_set.get(frozenset((a, b)))
@@ -238,7 +238,7 @@ def _agreement(d1: str, d2: str) -> str:
 
 def conflict_check(report, threshold: float) -> dict | None:
     """A conflict sweep's three variants: base, trick-X, reward-Y."""
-    names = {v["name"] for v in report.sweep.variants}
+    names = {v.name for v in report.sweep.variants}
     trick = next((n for n in names if n.startswith("trick-")), None)
     reward = next((n for n in names if n.startswith("reward-")), None)
     if report.sweep.mode != "conflict" or "base" not in names or trick is None or reward is None:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import yaml
 
+from grpo_ablate.design import Context, Contrast, Variant
 from grpo_ablate.errors import ReportError
 from grpo_ablate.report.health import BREAKING_FLAGS, HealthThresholds, health_flags
 from grpo_ablate.rundir import EVALS, read_jsonl, read_status, unpack_scores
@@ -72,25 +73,25 @@ class Sweep:
     mode: str | None = None
     base: str | None = None
     seeds: list = field(default_factory=list)
-    variants: list = field(default_factory=list)    # {name, tricks_on, reference, kind, control}
-    contrasts: list = field(default_factory=list)   # {trick, with, without}
+    variants: list[Variant] = field(default_factory=list)     # controls last, with their role
+    contrasts: list[Contrast] = field(default_factory=list)   # none with a control on either side
     runs: list = field(default_factory=list)
     wandb_group: str | None = None
     manifest_found: bool = True
     notes: list = field(default_factory=list)
     controls: dict = field(default_factory=dict)    # role (base | sft) -> control variant name
     sequential: dict | None = None                  # a --seeds auto sweep's looks (manifest `sequential`)
-    contexts: list = field(default_factory=list)    # a sweep across contexts: {name, overrides} (report/transfer.py)
+    contexts: list[Context] = field(default_factory=list)    # a sweep across contexts (report/transfer.py)
     decides_on: dict | None = None                  # {metric, summary} fixed in the manifest before the first run
     # a sweep across contexts: context -> role -> that context's control (`controls` then names
     # them as `control-base@<context>`, for the columns and the text)
     context_controls: dict = field(default_factory=dict)
     checks_training: bool = False                   # the manifest fixed the training-vs-start test (issue 36)
 
-    def control_of(self, variant: dict, role: str) -> str | None:
-        """The `role` control a variant is compared with: its own context's, in a sweep across contexts."""
+    def control_of(self, context: str | None, role: str) -> str | None:
+        """The `role` control the variants of `context` (None: the sweep's only one) are compared with."""
         if self.context_controls:
-            return self.context_controls.get(variant.get("context"), {}).get(role)
+            return self.context_controls.get(context, {}).get(role)
         return self.controls.get(role)
 
 
@@ -238,29 +239,25 @@ def _sweep_from_manifest(sweep_dir: Path, manifest: dict, thresholds: HealthThre
                   checks_training=manifest.get("checks_training") is True)
     if manifest.get("version", 1) != 1:
         sweep.notes.append(f"manifest version {manifest.get('version')!r}; read as version 1")
-    for v in manifest.get("variants") or []:
-        if isinstance(v, dict) and v.get("name"):
-            sweep.variants.append({"name": str(v["name"]), "tricks_on": list(v.get("tricks_on") or []),
-                                   "reference": v.get("reference"), "kind": v.get("kind") or "treatment",
-                                   "overrides": [str(o) for o in v.get("overrides") or []],
-                                   # a `variants` file's known answer: the verdicts a correct report gives it
-                                   "expect": [str(e) for e in v.get("expect") or []],
-                                   **({"context": str(v["context"])} if v.get("context") else {})})
-    sweep.contexts = [c for c in manifest.get("contexts") or [] if isinstance(c, dict) and c.get("name")]
-    sweep.contrasts = [c for c in manifest.get("contrasts") or []
+    # the design is read here, once; an entry without its name (or a contrast without a side) is skipped
+    sweep.variants = [Variant.from_json(v) for v in manifest.get("variants") or []
+                      if isinstance(v, dict) and v.get("name")]
+    sweep.contexts = [Context.from_json(c) for c in manifest.get("contexts") or []
+                      if isinstance(c, dict) and c.get("name")]
+    sweep.contrasts = [Contrast.from_json(c) for c in manifest.get("contrasts") or []
                        if isinstance(c, dict) and {"trick", "with", "without"} <= c.keys()]
     entries = manifest.get("runs")
     if not isinstance(entries, list):  # a manifest without its run list: the matrix says what to expect
         sweep.notes.append("manifest.json lists no runs: expected <variant>-s<seed> for every variant and seed")
-        entries = [{"variant": v["name"], "seed": s} for v in sweep.variants for s in sweep.seeds]
-    known = {v["name"] for v in sweep.variants}
+        entries = [{"variant": v.name, "seed": s} for v in sweep.variants for s in sweep.seeds]
+    known = {v.name for v in sweep.variants}
     for entry in entries:
         if not isinstance(entry, dict) or not entry.get("variant"):
             continue
         variant, seed = str(entry["variant"]), entry.get("seed")
         if variant not in known:
             known.add(variant)
-            sweep.variants.append({"name": variant, "tricks_on": [], "reference": None, "kind": "treatment"})
+            sweep.variants.append(Variant(variant))
         run_dir = sweep_dir / str(entry.get("run_dir") or f"{variant}-s{seed}")
         run = load_run(run_dir, variant, seed, thresholds)
         planned, trained = entry.get("config_hash"), run.config_hash
@@ -282,15 +279,14 @@ def _scan_sweep(sweep_dir: Path, thresholds: HealthThresholds) -> Sweep:
         raise ReportError(f"{sweep_dir}: no manifest.json and no run dirs in it "
                           "(subdirectories with config.yaml, status.json or metrics.jsonl)")
     sweep = Sweep(dir=sweep_dir, name=sweep_dir.name, manifest_found=False)
-    variants: dict[str, dict] = {}
+    variants: dict[str, Variant] = {}
     for d in dirs:
         config = _read_yaml(d / "config.yaml", []) if (d / "config.yaml").exists() else {}
         variant = str(nested_value(config, "sweep", "variant") or nested_value(config, "run", "job_type") or d.name)
         seed = config.get("seed") if isinstance(config.get("seed"), int) else None
         sweep.runs.append(load_run(d, variant, seed, thresholds))
         tricks = config.get("tricks") if isinstance(config.get("tricks"), dict) else {}
-        variants.setdefault(variant, {"name": variant, "tricks_on": sorted(tricks), "reference": None,
-                                      "kind": "treatment"})
+        variants.setdefault(variant, Variant(variant, tuple(sorted(tricks))))
         sweep.name = str(nested_value(config, "sweep", "name") or sweep.name)
         sweep.sweep_id = nested_value(config, "sweep", "id") or sweep.sweep_id
         sweep.mode = nested_value(config, "sweep", "mode") or sweep.mode
@@ -300,7 +296,11 @@ def _scan_sweep(sweep_dir: Path, thresholds: HealthThresholds) -> Sweep:
     sweep.seeds = sorted({r.seed for r in sweep.runs if r.seed is not None})
     identify_controls(sweep, None, by_name=True)
     # a control's tricks (none, or the base's) would pair it with a treatment as a "contrast"
-    sweep.contrasts = infer_contrasts([v for v in sweep.variants if v["kind"] != "control"], sweep.mode)
+    treatments = [v for v in sweep.variants if v.kind != "control"]
+    sweep.contrasts = infer_contrasts(treatments)
+    references = inferred_references(treatments, sweep.contrasts, sweep.mode)
+    sweep.variants = [replace(v, reference=references[v.name]) if v.name in references else v
+                      for v in sweep.variants]
     return sweep
 
 
@@ -327,14 +327,14 @@ def _one_sweep_only(sweep_dir: Path, dirs: list[Path], runs: list[Run]) -> None:
 
 
 # --------------------------------------------------------------------------- controls and contrasts
-def _control_role(variant: dict, runs: list[Run]) -> str | None:
+def _control_role(variant: Variant, runs: list[Run]) -> str | None:
     """What a variant's runs say it controls for: config.yaml's `control.name` (none = a GRPO
     run), else a `control=X` override in the manifest, else None."""
     for r in runs:
         name = nested_value(r.config, "control", "name")
         if name is not None:
             return None if str(name).lower() in ("none", "null", "") else str(name)
-    for o in variant.get("overrides") or []:
+    for o in variant.overrides:
         key, _, value = o.lstrip("+~").partition("=")
         if key == "control" and value and value.lower() != "none":
             return value
@@ -343,7 +343,7 @@ def _control_role(variant: dict, runs: list[Run]) -> str | None:
 
 def _declared_roles(sweep: Sweep, declared) -> dict[str, str]:
     """variant name -> role from the manifest's top-level `controls` map (bad entries are notes)."""
-    names = {v["name"] for v in sweep.variants}
+    names = {v.name for v in sweep.variants}
     declared_role = {}
     if declared is not None and not isinstance(declared, dict):
         sweep.notes.append("manifest.json `controls` is not an object: ignored")
@@ -366,61 +366,67 @@ def identify_controls(sweep: Sweep, declared, by_name: bool) -> None:
     (no manifest to go by), when it is named `control-*`. Controls are listed after the
     treatments (base, then sft), lose any reference, and take part in no trick contrast."""
     declared_role = _declared_roles(sweep, declared)
-    for v in sweep.variants:
-        runs = [r for r in sweep.runs if r.variant == v["name"]]
+    for i, v in enumerate(sweep.variants):
+        runs = [r for r in sweep.runs if r.variant == v.name]
         config_role = _control_role(v, runs)
-        named = by_name and (v["name"] == "control" or v["name"].startswith("control-"))
-        if not (v["kind"] == "control" or v["name"] in declared_role or config_role or named):
+        named = by_name and (v.name == "control" or v.name.startswith("control-"))
+        if not (v.kind == "control" or v.name in declared_role or config_role or named):
             continue
-        role = declared_role.get(v["name"]) or config_role
-        if role is None and v["name"].startswith("control-"):
-            role = v["name"][len("control-"):]
-        v.update(kind="control", control=role, reference=None)
-        if v.get("context") and role in CONTROL_ROLES:   # one control of each role per context
-            sweep.context_controls.setdefault(v["context"], {})[role] = v["name"]
+        role = declared_role.get(v.name) or config_role
+        if role is None and v.name.startswith("control-"):
+            role = v.name[len("control-"):]
+        v = sweep.variants[i] = replace(v, kind="control", control=role, reference=None)
+        if v.context and role in CONTROL_ROLES:   # one control of each role per context
+            sweep.context_controls.setdefault(v.context, {})[role] = v.name
             sweep.controls[role] = f"{CONTROL_NAMES[role]}@<context>"
-        elif role in sweep.controls and sweep.controls[role] != v["name"]:
-            sweep.notes.append(f"two {role} controls ({sweep.controls[role]}, {v['name']}): "
+        elif role in sweep.controls and sweep.controls[role] != v.name:
+            sweep.notes.append(f"two {role} controls ({sweep.controls[role]}, {v.name}): "
                                f"the Δ vs {role} column uses {sweep.controls[role]}")
         elif role in CONTROL_ROLES:
-            sweep.controls[role] = v["name"]
+            sweep.controls[role] = v.name
         else:
-            sweep.notes.append(f"control {v['name']}: role {role!r} is not one of {', '.join(CONTROL_ROLES)}; "
+            sweep.notes.append(f"control {v.name}: role {role!r} is not one of {', '.join(CONTROL_ROLES)}; "
                                "shown as a row, with no Δ column")
     # the roles in their fixed order, so the columns and the rows come out the same every time
     sweep.controls = {role: sweep.controls[role] for role in CONTROL_ROLES if role in sweep.controls}
     order = {name: i for i, name in enumerate(sweep.controls.values())}
     order.update({name: i for by_role in sweep.context_controls.values()
                   for i, name in enumerate(by_role[r] for r in CONTROL_ROLES if r in by_role)})
-    sweep.variants.sort(key=lambda v: (v["kind"] == "control", order.get(v["name"], len(order))))
-    controls = {v["name"] for v in sweep.variants if v["kind"] == "control"}
-    dropped = [c for c in sweep.contrasts if c["with"] in controls or c["without"] in controls]
+    sweep.variants.sort(key=lambda v: (v.kind == "control", order.get(v.name, len(order))))
+    controls = {v.name for v in sweep.variants if v.kind == "control"}
+    dropped = [c for c in sweep.contrasts if c.with_ in controls or c.without in controls]
     if dropped:
         sweep.notes.append("contrasts with a control left out of the trick verdicts: "
-                           + ", ".join(f"{c['trick']} ({c['with']} vs {c['without']})" for c in dropped))
+                           + ", ".join(f"{c.trick} ({c.with_} vs {c.without})" for c in dropped))
         sweep.contrasts = [c for c in sweep.contrasts if c not in dropped]
 
 
-def infer_contrasts(variants: list[dict], mode: str | None) -> list[dict]:
+def infer_contrasts(variants: list[Variant]) -> list[Contrast]:
     """Without a manifest: a trick's contrast is any pair of variants whose tricks differ by
-    exactly that trick. Sets each variant's reference: the one-more-trick partner for
-    leave-one-out (drop-x vs all), the one-fewer-trick partner otherwise (add-one-in, ladder),
-    none where that is ambiguous (factorial). With no mode recorded, a variant named `all`
-    means leave-one-out."""
-    by_tricks = {frozenset(v["tricks_on"]): v["name"] for v in variants}
+    exactly that trick."""
+    by_tricks = {frozenset(v.tricks_on): v.name for v in variants}
     contrasts = []
     for v in variants:
-        on = frozenset(v["tricks_on"])
+        on = frozenset(v.tricks_on)
         for trick in sorted(on):
             without = by_tricks.get(on - {trick})
             if without is not None:
-                contrasts.append({"trick": trick, "with": v["name"], "without": without})
-    if mode is None and "all" in {v["name"] for v in variants}:
+                contrasts.append(Contrast(trick, v.name, without))
+    return contrasts
+
+
+def inferred_references(variants: list[Variant], contrasts: list[Contrast], mode: str | None) -> dict[str, str | None]:
+    """Without a manifest: variant name -> its reference, the one-more-trick partner for
+    leave-one-out (drop-x vs all), the one-fewer-trick partner otherwise (add-one-in, ladder),
+    none where that is ambiguous (factorial). With no mode recorded, a variant named `all`
+    means leave-one-out."""
+    if mode is None and "all" in {v.name for v in variants}:
         mode = "leave-one-out"   # the sweep command's name for the all-on variant
+    references = {}
     for v in variants:
         if mode == "leave-one-out":
-            partners = [c["with"] for c in contrasts if c["without"] == v["name"]]
+            partners = [c.with_ for c in contrasts if c.without == v.name]
         else:
-            partners = [c["without"] for c in contrasts if c["with"] == v["name"]]
-        v["reference"] = partners[0] if len(partners) == 1 else None
-    return contrasts
+            partners = [c.without for c in contrasts if c.with_ == v.name]
+        references[v.name] = partners[0] if len(partners) == 1 else None
+    return references

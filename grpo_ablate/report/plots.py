@@ -56,17 +56,17 @@ def save(fig: Figure, out_dir: Path, name: str) -> str:
 
 def variant_styles(report: Report) -> tuple[dict, dict]:
     """variant -> colour and variant -> dashes."""
-    treatments = [v for v in report.sweep.variants if v["kind"] != "control"]
+    treatments = [v for v in report.sweep.variants if v.kind != "control"]
     import matplotlib
 
     tab10 = matplotlib.colormaps["tab10"]
-    colors = {v["name"]: tab10(i % 10) for i, v in enumerate(treatments)}
+    colors = {v.name: tab10(i % 10) for i, v in enumerate(treatments)}
     # identical variants (a trick that changes nothing) would hide each other: vary the dashes
-    styles = {v["name"]: ("-", "--", ":", "-.")[i % 4] for i, v in enumerate(treatments)}
+    styles = {v.name: ("-", "--", ":", "-.")[i % 4] for i, v in enumerate(treatments)}
     # controls are reference lines, not contenders: grey/black, dashed, thinner, drawn underneath
     for v in report.sweep.variants:
-        if v["kind"] == "control":
-            colors[v["name"]], styles[v["name"]] = CONTROL_STYLES.get(v.get("control"), ("gray", ":"))
+        if v.kind == "control":
+            colors[v.name], styles[v.name] = CONTROL_STYLES.get(v.control, ("gray", ":"))
     return colors, styles
 
 
@@ -91,22 +91,22 @@ def curve_figure(report: Report, column: str, colors: dict, styles: dict) -> Fig
     ax = fig.subplots()
     drawn, flag_marks = False, False
     for v in report.sweep.variants:
-        table = variant_curves(report, v["name"], column)
+        table = variant_curves(report, v.name, column)
         if table.empty:
             continue
-        control, color, n = v["kind"] == "control", colors[v["name"]], len(table.columns)
+        control, color, n = v.kind == "control", colors[v.name], len(table.columns)
         mean = table.mean(axis=1)
         if control:
-            ax.plot(mean.index, mean.values, color=color, ls=styles[v["name"]], lw=1.4, zorder=1.5,
-                    label=f"control: {v.get('control') or v['name']} (n={n})")
+            ax.plot(mean.index, mean.values, color=color, ls=styles[v.name], lw=1.4, zorder=1.5,
+                    label=f"control: {v.control or v.name} (n={n})")
         else:
-            ax.plot(mean.index, mean.values, color=color, ls=styles[v["name"]], lw=1.8,
-                    marker="o" if len(mean) <= 40 else None, ms=3, label=f"{v['name']} (n={n})")
+            ax.plot(mean.index, mean.values, color=color, ls=styles[v.name], lw=1.8,
+                    marker="o" if len(mean) <= 40 else None, ms=3, label=f"{v.name} (n={n})")
         if n > 1:
             ax.fill_between(table.index, table.min(axis=1), table.max(axis=1), color=color,
                             alpha=0.08 if control else 0.18, lw=0, zorder=1 if control else None)
         for r in report.sweep.runs:
-            for f in r.flags if r.variant == v["name"] else []:
+            for f in r.flags if r.variant == v.name else []:
                 y = float(np.interp(f.step, mean.index.to_numpy(float), mean.to_numpy(float)))
                 ax.plot([f.step], [y], marker="x" if f.name == "diverged" else "v", ms=9, mew=2,
                         color=color, ls="none")

@@ -43,6 +43,7 @@ import statistics
 
 import numpy as np
 
+from grpo_ablate.design import Contrast
 from grpo_ablate.report.curves import Curve, Summary, curve
 from grpo_ablate.report.drift import DRIFT_ALPHA, arm_drift, binomial_se
 from grpo_ablate.report.fits import CEILING_TOLERANCE, Fit, fit, pooled
@@ -83,16 +84,16 @@ def fit_section(sweep: Sweep, metric: str, higher_is_better: bool, curves: dict)
     why = applicable(sweep, metric, higher_is_better)
     if why:
         return {"applicable": False, "why": why, "variants": [], "contrasts": []}
-    runs_of = {v["name"]: [r for r in sweep.runs if r.variant == v["name"] and r.state == "completed"]
+    runs_of = {v.name: [r for r in sweep.runs if r.variant == v.name and r.state == "completed"]
                for v in sweep.variants}
     eval_sizes = {name: {r.key: n_eval(r) for r in runs} for name, runs in runs_of.items()}
     fits = {name: {k: fit(c, eval_sizes[name][k]) for k, c in cs.items()} for name, cs in curves.items()}
-    treatments = {v["name"] for v in sweep.variants if v.get("kind") != "control"}
+    treatments = {v.name for v in sweep.variants if v.kind != "control"}
     units = {c.unit for name, cs in curves.items() if name in treatments for c in cs.values() if len(c)}
     variants = []
     for v in sweep.variants:
-        name = v["name"]
-        if v.get("kind") == "control":
+        name = v.name
+        if v.kind == "control":
             continue      # controls take part in no trick verdict (and the SFT control samples nothing to count)
         good = [f for f in fits[name].values() if f.ok]
         drift_p = arm_drift([f.drift for f in fits[name].values()])
@@ -109,15 +110,15 @@ def fit_section(sweep: Sweep, metric: str, higher_is_better: bool, curves: dict)
                          "drift_p": drift_p, "unstable": drift_p is not None and drift_p < DRIFT_ALPHA,
                          "fits": fits[name], "curves": curves[name]})
     contrasts = [contrast_split(c, curves, fits, eval_sizes) for c in sweep.contrasts
-                 if c["with"] in fits and c["without"] in fits]
+                 if c.with_ in fits and c.without in fits]
     return {"applicable": True, "why": None, "unit": units.pop() if len(units) == 1 else "mixed",
             "variants": variants, "contrasts": contrasts}
 
 
-def contrast_split(c: dict, curves: dict, fits: dict, eval_sizes: dict) -> dict:
+def contrast_split(c: Contrast, curves: dict, fits: dict, eval_sizes: dict) -> dict:
     """ΔA over the seeds where both sides fit well; ΔB after refitting each pair at a shared A;
     both withheld when the fits used differ by arm (a drifting arm, or exclusion that differs)."""
-    with_, without = c["with"], c["without"]
+    with_, without = c.with_, c.without
     keys = sorted(set(fits[with_]) & set(fits[without]), key=str)
     both = [k for k in keys if fits[with_][k].ok and fits[without][k].ok]
     counts = {"with": exclusion_counts(fits[with_], keys), "without": exclusion_counts(fits[without], keys)}
@@ -126,7 +127,7 @@ def contrast_split(c: dict, curves: dict, fits: dict, eval_sizes: dict) -> dict:
     exclusion_p = exclusion_test(counts["with"], counts["without"])
     drifts = drift_verdict(drift_p["with"], drift_p["without"])
     selected = exclusion_p is not None and exclusion_p < EXCLUSION_ALPHA
-    out = {"trick": c["trick"], "with": with_, "without": without, "pairs": len(keys), "both_ok": len(both),
+    out = {"trick": c.trick, "with": with_, "without": without, "pairs": len(keys), "both_ok": len(both),
            "dA": Estimate(), "dB": Estimate(), "ceiling": None, "speed": None, "excluded": counts,
            "exclusion_p": exclusion_p, "drift_p": drift_p, "drift": drifts,
            "withheld": withheld_because(drifts, drift_p, selected, exclusion_p)}
@@ -328,13 +329,13 @@ def predict_section(sweep: Sweep, metric: str, summary: Summary, higher_is_bette
             hows[how] = hows.get(how, 0) + 1
     contrasts = []
     for c in sweep.contrasts:
-        with_, without = values.get(c["with"], {}), values.get(c["without"], {})
+        with_, without = values.get(c.with_, {}), values.get(c.without, {})
         seeds = delta_ci(with_, without)
-        extra = mean_variance(variances.get(c["with"], {}), with_) + mean_variance(
-            variances.get(c["without"], {}), without)
+        extra = mean_variance(variances.get(c.with_, {}), with_) + mean_variance(
+            variances.get(c.without, {}), without)
         delta = widen(seeds, extra)
         verdict, why = decide(delta, higher_is_better)
-        contrasts.append({"trick": c["trick"], "with": c["with"], "without": c["without"], "delta": delta,
+        contrasts.append({"trick": c.trick, "with": c.with_, "without": c.without, "delta": delta,
                           "seeds_only": seeds, "verdict": verdict, "why": why})
     return {"fraction": fraction, "running": len(running), "runs": sum(len(v) for v in values.values()), "how": hows,
             "values": values, "variances": variances, "contrasts": contrasts}

@@ -36,7 +36,7 @@ def training_section(sweep: Sweep, evidence: Evidence, curves: dict, against: li
     """{contexts: [...], family} or None when the sweep fixed no such test (planned before issue 36)."""
     if not (sweep.checks_training or sweep.context_controls):
         return None
-    contexts = [c["name"] for c in sweep.contexts] or [None]
+    contexts = [c.name for c in sweep.contexts] or [None]
     checks = [c for c in (context_check(sweep, evidence, curves, ctx) for ctx in contexts) if c is not None]
     if not checks:
         return None
@@ -53,12 +53,12 @@ def training_section(sweep: Sweep, evidence: Evidence, curves: dict, against: li
 def context_check(sweep: Sweep, evidence: Evidence, curves: dict, context: str | None) -> dict | None:
     """The reference of `context` against its start (the verdict left to the family), or None
     when the context has no reference with a completed run."""
-    treatments = [v for v in sweep.variants if v["kind"] != "control" and v.get("context") == context]
-    names = {v["name"] for v in treatments}
-    reference = next((v["name"] for v in treatments if v.get("reference") not in names), None)
+    treatments = [v for v in sweep.variants if v.kind != "control" and v.context == context]
+    names = {v.name for v in treatments}
+    reference = next((v.name for v in treatments if v.reference not in names), None)
     if reference is None or not evidence.values.get(reference):
         return None
-    control = sweep.control_of({"context": context}, "base")
+    control = sweep.control_of(context, "base")
     if control and any(x is not None for x in evidence.values.get(control, {}).values()):
         delta, against, start = evidence.delta(reference, control), control, evidence.values[control]
     else:   # no base control: each run's own eval at step 0, paired with its end

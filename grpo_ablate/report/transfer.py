@@ -249,13 +249,13 @@ def transfer_section(sweep, verdicts: list[dict], values: dict, metric: Metric) 
             higher_is_better=metric.higher_is_better)
     config_of = {}
     for r in sweep.runs:
-        context = next((v.get("context") for v in sweep.variants if v["name"] == r.variant), None)
+        context = next((v.context for v in sweep.variants if v.name == r.variant), None)
         if context and r.config and context not in config_of:
             config_of[context] = r.config
-    tags = {c["name"]: context_tags(config_of.get(c["name"])) for c in sweep.contexts}
+    tags = {c.name: context_tags(config_of.get(c.name)) for c in sweep.contexts}
     named = {trick: _named_trick(trick, sides[trick], sweep) for trick in cells}
     claimed = {trick: CLAIMS[name] for trick, name in named.items() if name in CLAIMS}
-    return {"contexts": [{"name": c["name"], "overrides": list(c.get("overrides") or []), "tags": tags[c["name"]]}
+    return {"contexts": [{"name": c.name, "overrides": list(c.overrides), "tags": tags[c.name]}
                          for c in sweep.contexts],
             "tricks": tricks, "alpha": ALPHA, "tests": tricks[0]["tests"] if tricks else 0,
             "named": named, "claims": claims_rows(claimed, cells, tags)}

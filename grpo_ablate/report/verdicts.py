@@ -65,19 +65,19 @@ def contrast_verdicts(sweep: Sweep, evidence: Evidence, areas: dict, sequential:
     this report (power.sequential_section). A fixed sweep's tests form one family, adjusted by the
     evidence's error control: Δ = 0 for every contrast that is not inert, and "breaks no more often
     with it" for every contrast in which a run broke."""
-    runs_of = {v["name"]: [r for r in sweep.runs if r.variant == v["name"]] for v in sweep.variants}
+    runs_of = {v.name: [r for r in sweep.runs if r.variant == v.name] for v in sweep.variants}
     verdicts = []
     for c in sweep.contrasts:
-        if c["with"] not in runs_of or c["without"] not in runs_of:
-            verdicts.append({**c, "verdict": NO_VERDICT, "delta": Estimate(), "auc_delta": Estimate(),
+        if c.with_ not in runs_of or c.without not in runs_of:
+            verdicts.append({**c.to_json(), "verdict": NO_VERDICT, "delta": Estimate(), "auc_delta": Estimate(),
                              "why": "a variant of this contrast is not in the sweep", "broke": None,
                              "power": power_numbers(None, effect)})
             continue
-        delta = evidence.delta(c["with"], c["without"])
-        inert = inertness(runs_of[c["with"]], runs_of[c["without"]], c.get("tests", c["trick"]))
-        verdicts.append({**c, "verdict": INERT if inert else None, "why": inert, "delta": delta,
-                         "auc_delta": delta_ci(areas[c["with"]], areas[c["without"]]),
-                         "broke": None if inert else broken_counts(runs_of[c["with"]], runs_of[c["without"]])})
+        delta = evidence.delta(c.with_, c.without)
+        inert = inertness(runs_of[c.with_], runs_of[c.without], c.tested)
+        verdicts.append({**c.to_json(), "verdict": INERT if inert else None, "why": inert, "delta": delta,
+                         "auc_delta": delta_ci(areas[c.with_], areas[c.without]),
+                         "broke": None if inert else broken_counts(runs_of[c.with_], runs_of[c.without])})
     higher_is_better = evidence.metric.higher_is_better
     if sequential is not None:
         for v in verdicts:
@@ -302,14 +302,14 @@ def against_controls(sweep: Sweep, evidence: Evidence, sequential: dict | None =
     evidence's error control), apart from the trick contrasts: the report says so."""
     against = []
     for v in sweep.variants:
-        if v["kind"] == "control":
+        if v.kind == "control":
             continue
         for role in sweep.controls:
-            control = sweep.control_of(v, role)   # its own context's, in a sweep across contexts
+            control = sweep.control_of(v.context, role)   # its own context's, in a sweep across contexts
             if control is None:
                 continue
-            delta = evidence.delta(v["name"], control)
-            against.append({"variant": v["name"], "control": control, "role": role, "delta": delta})
+            delta = evidence.delta(v.name, control)
+            against.append({"variant": v.name, "control": control, "role": role, "delta": delta})
     sign = evidence.metric.sign
     one_sided = [None if c["delta"].p is None or not c["delta"].se else
                  2.0 * t_tail(sign * c["delta"].mean / c["delta"].se, c["delta"].df) for c in against]

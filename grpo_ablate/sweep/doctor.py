@@ -30,8 +30,8 @@ from grpo_ablate.sweep import launch
 from grpo_ablate.sweep.console import print_matrix
 from grpo_ablate.sweep.launch import check_launcher
 from grpo_ablate.sweep.manifest import MANIFEST, read_manifest
-from grpo_ablate.sweep.matrix import (Matrix, SweepError, Variant, check_exclusive, check_known, parse_seeds,
-                                      trick_overrides)
+from grpo_ablate.design import Variant
+from grpo_ablate.sweep.matrix import Matrix, SweepError, check_exclusive, check_known, parse_seeds, trick_overrides
 from grpo_ablate.sweep.plan import DEFAULT_BASE, DEFAULT_TRICKS, SweepRequest, plan
 
 
@@ -228,7 +228,7 @@ def read_stage(stage_dir: Path, tricks: list[str], thresholds) -> dict:
     sweep = rep.load_sweep(stage_dir, thresholds)
     out = {}
     for v in sweep.variants:
-        runs = [r for r in sweep.runs if r.variant == v["name"]]
+        runs = [r for r in sweep.runs if r.variant == v.name]
         evidence = []
         for r in runs:
             flags = [asdict(f) for f in r.flags if f.name in rep.BREAKING_FLAGS]
@@ -236,7 +236,7 @@ def read_stage(stage_dir: Path, tricks: list[str], thresholds) -> dict:
                 flags.append({"name": "failed", "step": r.step, "detail": r.reason or "the run crashed"})
             evidence.append({"run": f"{stage_dir.name}/{r.name}", "state": r.state, "step": r.step, "flags": flags})
         broken = any(r.broken or r.state == "failed" for r in runs)
-        out[frozenset(v["tricks_on"])] = SetResult(broken, tuple(evidence), stage_dir.name)
+        out[frozenset(v.tricks_on)] = SetResult(broken, tuple(evidence), stage_dir.name)
     return out
 
 
