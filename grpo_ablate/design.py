@@ -87,3 +87,8 @@ class Context:
     @classmethod
     def from_json(cls, data: dict) -> Context:
         return cls(str(data["name"]), _strings(data.get("overrides")))
+
+
+def manifest_variants(manifest: dict) -> list[Variant]:
+    """The variants a manifest.json holds, typed (the sweep's readers and the report's alike)."""
+    return [Variant.from_json(v) for v in manifest.get("variants") or []]

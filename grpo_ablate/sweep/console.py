@@ -12,6 +12,7 @@ import os
 import statistics
 from pathlib import Path
 
+from grpo_ablate.design import manifest_variants
 from grpo_ablate.rundir import read_status
 from grpo_ablate.stopping import INTERRUPTED
 from grpo_ablate.sweep.plan import SweepRequest
@@ -30,9 +31,9 @@ def print_matrix(manifest: dict, console) -> None:
     table.add_column("tricks on", overflow="fold")
     table.add_column("overrides", overflow="fold")
     common = " ".join(manifest["overrides"])
-    for v in manifest["variants"]:
-        table.add_row(v["name"], ", ".join(v["tricks_on"]) or "-",   # Text: "[a,b]" is not markup
-                      Text(" ".join(filter(None, [common, *v["overrides"]])) or "(the defaults)"))
+    for v in manifest_variants(manifest):
+        table.add_row(v.name, ", ".join(v.tricks_on) or "-",   # Text: "[a,b]" is not markup
+                      Text(" ".join(filter(None, [common, *v.overrides])) or "(the defaults)"))
     console.print(table)
 
 
@@ -40,8 +41,8 @@ def contexts_text(manifest: dict, req: SweepRequest, wall: bool = True) -> str:
     """--dry-run across contexts: the runs in each context, and (`wall`) what the grid costs."""
     lines = []
     for c in manifest["contexts"]:
-        variants = [v for v in manifest["variants"] if v.get("context") == c["name"]]
-        runs = [r for r in manifest["runs"] if r["variant"] in {v["name"] for v in variants}]
+        variants = [v for v in manifest_variants(manifest) if v.context == c["name"]]
+        runs = [r for r in manifest["runs"] if r["variant"] in {v.name for v in variants}]
         lines.append(f"  {c['name']}: {len(variants)} variants, {len(runs)} runs "
                      f"({' '.join(c['overrides']) or 'no overrides'})")
     contrasts = len(manifest["contrasts"])
@@ -60,10 +61,10 @@ def print_summary(manifest: dict, console, sweep_dir: Path) -> None:
     table.add_column("variant", no_wrap=True)
     for s in seeds:
         table.add_column(f"seed {s}", justify="right")
-    for v in manifest["variants"]:
+    for v in manifest_variants(manifest):
         cells = []
         for s in seeds:
-            run = by_key.get((v["name"], s))
+            run = by_key.get((v.name, s))
             if run is None:
                 cells.append("-")
             elif run["status"] == "completed" and run["final_accuracy"] is not None:
@@ -72,7 +73,7 @@ def print_summary(manifest: dict, console, sweep_dir: Path) -> None:
                 cells.append(f"diverged@{run['step']}")
             else:
                 cells.append(run["status"] + (f"@{run['step']}" if run["step"] else ""))
-        table.add_row(v["name"], *cells)
+        table.add_row(v.name, *cells)
     console.print(table)
     counts = {}
     for run in manifest["runs"]:

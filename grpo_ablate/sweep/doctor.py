@@ -30,7 +30,7 @@ from grpo_ablate.sweep import launch
 from grpo_ablate.sweep.console import print_matrix
 from grpo_ablate.sweep.launch import check_launcher
 from grpo_ablate.sweep.manifest import MANIFEST, read_manifest
-from grpo_ablate.design import Variant
+from grpo_ablate.design import Variant, manifest_variants
 from grpo_ablate.sweep.matrix import Matrix, SweepError, check_exclusive, check_known, parse_seeds, trick_overrides
 from grpo_ablate.sweep.plan import DEFAULT_BASE, DEFAULT_TRICKS, SweepRequest, plan
 
@@ -260,7 +260,7 @@ def run(req: DoctorRequest, doctor_dir: Path, console, resume: bool = False) -> 
         stage_dir = doctor_dir / f"{len(stages) + 1}-{stage.kind}"
         planned = {set_name(s, req.tricks) for s in stage.sets}
         if (stage_dir / MANIFEST).exists():     # resuming: the same search asks for the same sets
-            found = {v["name"] for v in read_manifest(stage_dir)["variants"]}
+            found = {v.name for v in manifest_variants(read_manifest(stage_dir))}
             if found != planned:
                 raise SweepError(f"{stage_dir} holds {', '.join(sorted(found))}, but the search now asks for "
                                  f"{', '.join(sorted(planned))}; start a new doctor dir")

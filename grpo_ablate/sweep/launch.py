@@ -15,6 +15,7 @@ import statistics
 import time
 from pathlib import Path
 
+from grpo_ablate.design import manifest_variants
 from grpo_ablate.errors import DamagedFile
 from grpo_ablate.model_source import gguf_source
 from grpo_ablate.rundir import DirLock, atomic_write_text, read_rows, read_status
@@ -182,7 +183,7 @@ def _launch_now_and_later(sweep_dir: Path, manifest: dict, todo: list[dict], lau
         outcomes.update(_launch(sweep_dir, manifest, now, launcher, jobs, hydra_args, console, resume))
     if later:   # SFT controls on a wall-clock budget: the treatments' training time, known now
         refresh_statuses(sweep_dir, manifest, outcomes)
-        context_of = {v["name"]: v.get("context") for v in manifest["variants"]}
+        context_of = {v.name: v.context for v in manifest_variants(manifest)}
         for run in later:   # the treatments of its own context (a sweep across contexts)
             wall_s = treatment_train_seconds(sweep_dir, manifest, context_of.get(run["variant"]))
             if wall_s is None:
@@ -206,8 +207,8 @@ def _launch_now_and_later(sweep_dir: Path, manifest: dict, todo: list[dict], lau
 def treatment_train_seconds(sweep_dir: Path, manifest: dict, context: str | None = None) -> float | None:
     """Median training time (the sum of time/step_s: eval excluded) of the completed treatment runs
     (of `context`, in a sweep across contexts)."""
-    treatments = {v["name"] for v in manifest["variants"]
-                  if v.get("kind", "treatment") == "treatment" and (context is None or v.get("context") == context)}
+    treatments = {v.name for v in manifest_variants(manifest)
+                  if v.kind == "treatment" and (context is None or v.context == context)}
     seconds = [sum(r.get("time/step_s") or 0.0 for r in read_rows(Path(sweep_dir) / run["run_dir"] / "metrics.jsonl"))
                for run in manifest["runs"] if run["variant"] in treatments and run["status"] == "completed"]
     return statistics.median(seconds) if seconds else None
