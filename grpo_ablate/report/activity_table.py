@@ -2,6 +2,7 @@
 do not edit (tests/test_catalogue.py fails while it differs from the registry). The report
 reads it without importing torch. (family, option) -> (metric, kind, threshold)."""
 ACTIVITY = {
+    ('adv', 'opob'): ('adv/score_norm_cv', 'nonzero', None),
     ('adv', 'optimal_token_baseline'): ('adv/token_energy', 'nonzero', None),
     ('adv', 'rae'): ('adv/ema_baseline', 'changes', None),
     ('adv_clip', 'clip'): ('adv/clipped_frac', 'nonzero', None),

@@ -87,16 +87,7 @@ class DataParallel:
 
     def gather_rows(self, tensor):
         """The whole batch's rows from every rank's `part` (None stays None)."""
-        if self.world == 1 or tensor is None:
-            return tensor
-        size = torch.tensor([tensor.shape[0]], device=tensor.device)
-        sizes = [torch.zeros_like(size) for _ in range(self.world)]
-        dist.all_gather(sizes, size)                         # all_gather needs equal shapes: pad
-        padded = torch.zeros((int(max(sizes)), *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
-        padded[:tensor.shape[0]] = tensor.detach()
-        pieces = [torch.empty_like(padded) for _ in range(self.world)]
-        dist.all_gather(pieces, padded)
-        return torch.cat([piece[:int(n)] for piece, n in zip(pieces, sizes)])
+        return gather_rows(tensor, self.world)
 
     def sum(self, value: float) -> float:
         """A number summed over ranks (the step's loss: each rank holds its part)."""
@@ -183,3 +174,17 @@ class DataParallel:
         calls it) and load_state_dict() takes that full state back; otherwise nothing to do."""
         if self.fsdp:
             fsdp.checkpoint_full_optimizer_state(optimizer)
+
+
+def gather_rows(tensor, world: int):
+    """The whole batch's rows from every one of `world` ranks' parts, in rank order (None stays None)."""
+    if world == 1 or tensor is None:
+        return tensor
+    size = torch.tensor([tensor.shape[0]], device=tensor.device)
+    sizes = [torch.zeros_like(size) for _ in range(world)]
+    dist.all_gather(sizes, size)                         # all_gather needs equal shapes: pad
+    padded = torch.zeros((int(max(sizes)), *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+    padded[:tensor.shape[0]] = tensor.detach()
+    pieces = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(pieces, padded)
+    return torch.cat([piece[:int(n)] for piece, n in zip(pieces, sizes)])

@@ -2,12 +2,11 @@
 
 Each entry is a factory `(spec, task, policies) -> Plugin | None`, beside its plugin: it reads
 its family's bound option from the run spec (`spec.tricks[family]`: a registry flag, `pooled`,
-`stale`, `replays`, `replaces_flat_groups`,
-`syncs_reference`, `resets_optimizer`, `carries_baseline`, its knobs and function; or the kl option's
+`stale`, `replays`, `replaces_flat_groups`, `syncs_reference`, `resets_optimizer`,
+`carries_baseline`, `reads_score_norms`, its knobs and function; or the kl option's
 previous-policy anchor), returns None when the option brings no state, and hands its plugin
-only what that plugin uses. A new
-stateful trick adds its factory here; `GRPOTrainer` only loops over what `active_plugins`
-returns (train/plugin.py has the protocol).
+only what that plugin uses. A new stateful trick adds its factory here; `GRPOTrainer` only
+loops over what `active_plugins` returns (train/plugin.py has the protocol).
 """
 from __future__ import annotations
 
@@ -20,11 +19,12 @@ from grpo_ablate.train.prompt_pool import prompt_pool
 from grpo_ablate.train.reference_sync import reference_sync
 from grpo_ablate.train.replace_groups import replace_flat_groups
 from grpo_ablate.train.replay import replay_buffer
+from grpo_ablate.train.score_norms import score_norm_plugin
 from grpo_ablate.train.staleness import staleness
 
 # the order is the order of the hooks' calls: the prompts, then the sampler, then the batch
 FACTORIES = (prompt_pool, staleness, replay_buffer, replace_flat_groups, previous_policy, ema_baseline,
-             reference_sync, optimizer_reset)
+             score_norm_plugin, reference_sync, optimizer_reset)
 
 
 def active_plugins(spec: RunSpec, task, policies) -> list[Plugin]:

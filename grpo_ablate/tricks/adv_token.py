@@ -1,5 +1,6 @@
 """Family `adv`, baselines beyond the group mean: verl's Optimal Token Baseline (OTB, per token),
-prime-rl's RAE (an EMA of the rewards carried across steps).
+VCPO's optimal off-policy baseline (OPOB, per trajectory), prime-rl's RAE (an EMA of the rewards
+carried across steps).
 
 An estimator here reads, in `values`, each token's logit-gradient energy
 w_t = ||e_{o_t} - pi_t||^2 = 1 - 2 pi(o_t) + sum_v pi_v^2 under pi_old (the trainer computes it in
@@ -107,6 +108,74 @@ def optimal_token_baseline_advantage(rewards, group_index, mask, values, compone
     if positions == "trained":   # back to the columns the tokens came from
         k = (mask.bool().cumsum(dim=1) - 1).clamp(min=0)
         advantages = advantages.gather(1, k) * mask.to(rewards.dtype)
+    return advantages
+
+
+# ---------------------------------------------------------------- a baseline from per-trajectory gradients
+VCPO = "arXiv 2602.17616"
+
+
+def _opob_cannot_take(cfg):
+    if cfg.diag.grad_conflict:
+        return ("adv=opob reads each trajectory's score-gradient norm, which the gradient diagnostics' "
+                "per-component advantages have not: use diag.grad_conflict=false")
+    if cfg.model.fsdp:
+        return "adv=opob needs each trajectory's whole gradient, which model.fsdp=true shards: use model.fsdp=false"
+    return None
+
+
+def opob_weights(values, mask, *, is_weights: bool, length_normalize: bool):
+    """[N] W_i = ||g_i||^2 (x rho_i^2) (/ L_i^2): `values` [N, 2] holds ||g_i||^2 and log rho_i, the
+    sequence's log importance ratio log pi_old/mu (0 where mu is unknown); L_i the trained tokens.
+    A row without a trained token weighs 0."""
+    lengths = mask.to(values.dtype).sum(dim=1)
+    w = values[:, 0].clone()
+    if is_weights:
+        w = w * torch.exp(2.0 * values[:, 1].clamp(-20.0, 20.0))
+    if length_normalize:
+        w = w / lengths.clamp(min=1.0) ** 2
+    return torch.where(lengths > 0, w, torch.zeros_like(w))
+
+
+@register("adv", "opob", uses_group_statistic=True, reads_score_norms=True,
+          knobs={"is_weights": FLAG, "length_normalize": FLAG, "std_normalize": FLAG, "eps": POSITIVE},
+          activity=Activity("adv/score_norm_cv"), checks=_opob_cannot_take,
+          writes=("adv/std", "adv/score_norm", "adv/score_norm_cv"),
+          tricks=(Trick("vcpo_opob",
+                        what="VCPO's optimal off-policy baseline: each group's rewards averaged with weights "
+                             "||grad log pi(o_i)||^2 x (pi_old/mu)^2, the baseline of least gradient variance",
+                        source=f"VCPO actor.grad_baselining ({VCPO})", verdict="not_in_review",
+                        cost="one forward and backward per trajectory each step"),))
+def opob_advantage(rewards, group_index, mask, values, components, *, is_weights: bool = True,
+                   length_normalize: bool = False, std_normalize: bool = False, eps: float = 1e-8):
+    """VCPO's optimal off-policy baseline (OPOB, arXiv 2602.17616): per group,
+
+        b = sum_i W_i r_i / (sum_i W_i + eps),   W_i = ||g_i||^2 rho_i^2 [/ L_i^2],   A_i = r_i - b
+
+    g_i = grad_theta sum_t log pi(o_t) is trajectory i's score gradient (under pi_old, before the
+    update), rho_i = prod_t pi_old(o_t)/mu(o_t) its sequence importance ratio. b minimizes
+    sum_i W_i (r_i - b)^2, the second moment of the weighted per-trajectory gradients
+    rho_i g_i (r_i - b): the baseline of least variance, where GRPO's mean weighs every
+    trajectory alike. `values` [N, 2]: ||g_i||^2 and log rho_i (the trainer's plugin computes
+    them, train/score_norms.py, with one forward and backward per trajectory).
+    Reference: mit-han-lab/vcpo c7f030f, recipe/fully_async_policy/vcpo.py `compute_opob_baseline`
+    (agg_mode mean, scope group; use_is_weights true, normalize_by_length false) and the Megatron
+    actor's `_update_grad_buffers` (norm_by_std: (r - b)/std with the population std, only where
+    std > 1e-8). Differences: VCPO's g_i carries its token TIS weights and the loss's length
+    scaling; here it is the plain score gradient. Its `use_clipped_is_ratios`, `agg_mode`
+    median / winsorized_mean and `scope=minibatch` are not offered. A row without a trained token
+    weighs 0; a group whose weights are all 0 gets b = 0.
+    """
+    w = opob_weights(values.to(rewards.dtype), mask, is_weights=is_weights, length_normalize=length_normalize)
+    n_groups = int(group_index.max()) + 1 if group_index.numel() else 0
+    zeros = torch.zeros(n_groups, dtype=rewards.dtype, device=rewards.device)
+    baseline = zeros.index_add(0, group_index, w * rewards) / (zeros.index_add(0, group_index, w) + eps)
+    advantages = rewards - baseline[group_index]
+    if std_normalize:
+        count = zeros.index_add(0, group_index, torch.ones_like(rewards))
+        mean = zeros.index_add(0, group_index, rewards) / count
+        std = (zeros.index_add(0, group_index, (rewards - mean[group_index]) ** 2) / count).sqrt()[group_index]
+        advantages = torch.where(std > 1e-8, advantages / std, advantages)
     return advantages
 
 

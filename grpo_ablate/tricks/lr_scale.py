@@ -48,8 +48,8 @@ def ess_lr_scale(old_logp, sampler_logp, mask, *, rule: str = "sqrt", base_ess_r
     exp(sum_t log pi_old/mu) over the row's trained tokens (log-ratio clamped to [-20, 20]; an
     unknown mu log-prob reads as pi_old's, tricks/behaviour.py); rows without a trained token do
     not count. Over the whole mini-batch of the step, as VCPO gathers it over data-parallel ranks.
-    Differences: VCPO's `use_clipped` (ESS of the truncated weights) is not offered; its other half,
-    the minimum-variance baseline from per-trajectory gradients (grad_baselining), is not implemented.
+    Differences: VCPO's `use_clipped` (ESS of the truncated weights) is not offered. Its other half,
+    the minimum-variance baseline from per-trajectory gradients (grad_baselining), is `adv=opob`.
     """
     if rule not in ("sqrt", "linear"):
         raise ValueError(f"lr_scale.rule={rule!r} is not allowed; allowed: sqrt, linear")

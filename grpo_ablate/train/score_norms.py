@@ -1,0 +1,73 @@
+"""adv=opob: each trajectory's score-gradient norm, for VCPO's optimal off-policy baseline.
+
+The option (tricks/adv_token.py `opob_advantage`) weighs each row's reward by ||g_i||^2 rho_i^2,
+g_i = grad_theta sum_t log pi(o_t) under the policy the step starts from (pi_old) and rho_i its
+sequence importance ratio pi_old/mu. A gradient per trajectory needs a backward per trajectory:
+this plugin runs them beside the frozen forwards (`anchors`, before any update), one row at a time
+and with `torch.autograd.grad`, so the optimizer's gradients are never touched, and hands the
+estimator [N, 2] = (||g_i||^2, log rho_i) (`estimator_input`). VCPO does the same, one
+trajectory per micro-batch. Nothing is carried across steps: nothing is checkpointed.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from grpo_ablate.sampling.decode import select_rows
+from grpo_ablate.spec import RunSpec
+from grpo_ablate.train.distributed import gather_rows
+from grpo_ablate.train.forward import token_logprobs
+from grpo_ablate.train.plugin import Plugin
+from grpo_ablate.tricks.behaviour import log_ratio
+
+
+def score_norms(model, roll, temperature: float, remove_padding: bool = True) -> torch.Tensor:
+    """[N, 2] float64: each row's ||grad_theta sum_t log pi(o_t)||^2 over the model's trained
+    parameters, and its log rho = sum_t log pi(o_t)/mu(o_t) (0 where mu is not known)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    out = torch.zeros(roll.completion_mask.shape[0], 2, dtype=torch.float64)
+    with torch.enable_grad():
+        for i in range(out.shape[0]):
+            row = select_rows(roll, torch.tensor([i]))
+            mask = row.completion_mask.to(torch.float64)
+            logp = token_logprobs(model, row, temperature, remove_padding=remove_padding)[0]
+            grads = torch.autograd.grad((logp * mask.to(logp.dtype)).sum(), params, allow_unused=True)
+            out[i, 0] = sum(float(g.double().pow(2).sum()) for g in grads if g is not None)
+            if row.sampler_logprobs is not None:
+                ratio = log_ratio(logp.detach().double(), row.sampler_logprobs.to(logp.device).double())
+                out[i, 1] = float((ratio * mask.to(logp.device)).sum())
+    return out
+
+
+class ScoreNorms(Plugin):
+    key = ""     # no state across steps
+
+    def __init__(self, policy, remove_padding: bool):
+        self.policy, self.remove_padding, self.values = policy, remove_padding, None
+
+    def anchors(self, part, temperature: float, forward, history) -> dict:
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        self.values = gather_rows(score_norms(self.policy, part, temperature, self.remove_padding), world)
+        return {}
+
+    def estimator_input(self):
+        return self.values
+
+    def metrics(self, batch) -> dict:
+        """adv/score_norm: the rows' mean ||g_i||; adv/score_norm_cv: the mean over groups of the
+        coefficient of variation of ||g_i||^2 (0: the weights are equal, and OPOB is the group mean)."""
+        squared, group_index = self.values[:, 0], batch.group_index
+        cvs = []
+        for g in group_index.unique():
+            w = squared[group_index == g]
+            if w.numel() > 1 and float(w.mean()) > 0:
+                cvs.append(float(w.std(unbiased=False) / w.mean()))
+        return {"adv/score_norm": float(squared.sqrt().mean()),
+                "adv/score_norm_cv": sum(cvs) / len(cvs) if cvs else 0.0}
+
+
+def score_norm_plugin(spec: RunSpec, task, policies) -> ScoreNorms | None:
+    """The plugin when the adv option reads per-trajectory score-gradient norms, else None."""
+    if not spec.tricks["adv"].option.reads_score_norms:
+        return None
+    return ScoreNorms(policies.policy, spec.model.remove_padding)
