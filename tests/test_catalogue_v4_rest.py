@@ -345,6 +345,10 @@ CLI_REFUSALS = [
     ("adv=rae adv.decay=1", "adv.decay"),
     ("lr_scale=ess lr_scale.rule=log", "lr_scale.rule"),
     ("lr_scale=ess lr_scale.base_ess_ratio=0", "lr_scale.base_ess_ratio"),
+    ("rollout_correction=rejection rollout_correction.criteria=[token_k9] rollout_correction.thresholds=[1]",
+     "rollout_correction.criteria"),
+    ("rollout_correction=rejection rollout_correction.criteria=[token_k1] rollout_correction.thresholds=[1]",
+     "rollout_correction.thresholds"),
 ]
 
 

@@ -119,6 +119,42 @@ def test_kept_denominator_and_the_gradient_of_the_weighted_loss():
         torch.testing.assert_close(logp.grad, torch.tensor(expected, dtype=D))
 
 
+def verl_chain(criteria, thresholds):
+    """verl compute_rollout_rejection_mask for a chain, in plain floats: token_k1 = -lr within
+    [log l, log u]; seq_max_k3 = the row's largest e^lr - 1 - lr <= u; the masks multiplied."""
+    out = []
+    for row, mask in zip(LR, MASK.tolist()):
+        keep = [1.0] * len(row)
+        for name, bound in zip(criteria, thresholds):
+            trained = [lr for lr, m in zip(row, mask) if m]
+            if name == "token_k1":
+                one = [1.0 if math.log(bound[0]) <= -lr <= math.log(bound[1]) else 0.0 for lr in row]
+            elif name == "seq_max_k3":
+                one = [1.0 if max(k3(lr) for lr in trained) <= bound else 0.0] * len(row)
+            else:   # seq_mean_k1
+                mean = sum(-lr for lr in trained) / len(trained)
+                one = [1.0 if math.log(bound[0]) <= mean <= math.log(bound[1]) else 0.0] * len(row)
+            keep = [a * b for a, b in zip(keep, one)]
+        out.append([k * m for k, m in zip(keep, mask)])
+    return out
+
+
+@pytest.mark.parametrize("criteria, thresholds, expected", [
+    (["token_k1", "seq_max_k3"], [[0.95, 1.15], 0.1], [[0, 0, 1], [0, 0, 0]]),   # token_k1 alone decides
+    (["seq_max_k3"], [0.09], [[1, 1, 1], [0, 0, 0]]),                             # row 1: k3(.4) = .0918
+    (["token_k1", "seq_max_k3"], [[0.5, 2.0], 0.09], [[1, 1, 1], [0, 0, 0]]),     # seq_max_k3 alone decides
+    (["seq_mean_k1"], [[0.75, 1.05]], [[1, 1, 1], [0, 0, 0]]),   # mean -lr: row 0 .017 in, row 1 -.35 < log .75
+])
+def test_chained_criteria_are_verls_comma_separated_rollout_rs(criteria, thresholds, expected):
+    weights, metrics = REJECT(OLD, MU, MASK, criteria=criteria, thresholds=thresholds)
+    assert weights.tolist() == verl_chain(criteria, thresholds) == [[float(v) for v in row] for row in expected]
+    kept = sum(map(sum, expected))
+    assert metrics["rollout_corr/rejected_frac"] == pytest.approx(1 - kept / 5)
+    logp = OLD.clone().requires_grad_(True)      # a rejected token carries no gradient
+    (-(logp * weights * MASK).sum()).backward()
+    assert logp.grad.tolist() == [[-float(v) for v in row] for row in weights.tolist()]
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["rollout_correction=rejection", "rollout_correction.metric=k4"], "rollout_correction.metric='k4' is not allowed"),
     (["rollout_correction=rejection", "rollout_correction.level=segment"], "rollout_correction.level='segment'"),
@@ -128,6 +164,16 @@ def test_kept_denominator_and_the_gradient_of_the_weighted_loss():
     (["rollout_correction=rejection", "rollout_correction.action=clamp"], "clamps the importance weight"),
     (["rollout_correction=m2po", "rollout_correction.denominator=all"], "rollout_correction.denominator='all'"),
     (["proximal=loglinear", "proximal.versions=v2"], "proximal.versions='v2' is not allowed"),
+    (["rollout_correction=rejection", "rollout_correction.criteria=[token_k4]", "rollout_correction.thresholds=[1]"],
+     "a list of verl rollout_rs criteria"),
+    (["rollout_correction=rejection", "rollout_correction.criteria=[token_k2,seq_max_k3]",
+      "rollout_correction.thresholds=[0.1]"], "one threshold per criterion"),
+    (["rollout_correction=rejection", "rollout_correction.criteria=[token_k1]", "rollout_correction.thresholds=[2.0]"],
+     r"token_k1 takes \[lower, upper\]"),
+    (["rollout_correction=rejection", "rollout_correction.criteria=[seq_mean_k3]",
+      "rollout_correction.thresholds=[[1,2]]"], "seq_mean_k3 takes one positive number"),
+    (["rollout_correction=rejection", "rollout_correction.criteria=[token_k1]",
+      "rollout_correction.thresholds=[[2.0,1.0]]"], "lower <= upper"),
 ])
 def test_bad_settings_are_one_line_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):

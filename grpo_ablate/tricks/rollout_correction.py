@@ -26,6 +26,8 @@ trained tokens at both levels (verl counts sequences at sequence level).
 """
 from __future__ import annotations
 
+import math
+
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.behaviour import known_or
@@ -285,18 +287,77 @@ def _rejection_weights(log_ratio, mask, keep, *, metric, level, action, weighted
     return weight * keep.to(weight.dtype) * mask
 
 
+# verl's rollout_rs criteria, each as this option's settings: (metric, level, aggregation). A k1
+# criterion bounds -lr = log mu/pi_old in [log l, log u], i.e. the ratio r in [1/u, 1/l]; the
+# others bound k2 / k3 above by u.
+VERL_CRITERIA = {f"token_{k}": ("ratio" if k == "k1" else k, "token", "mean") for k in ("k1", "k2", "k3")}
+VERL_CRITERIA.update({f"seq_{agg}_{k}": ("ratio" if k == "k1" else k, "sequence", agg)
+                      for agg in ("sum", "mean") for k in ("k1", "k2", "k3")})
+VERL_CRITERIA.update({f"seq_max_{k}": (k, "sequence", "max") for k in ("k2", "k3")})
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def _criteria_problem(criteria, thresholds) -> str | None:
+    """Why a `criteria` / `thresholds` pair is not verl's chained rollout_rs, or None."""
+    if not isinstance(criteria, (list, tuple)) or not all(c in VERL_CRITERIA for c in criteria):
+        return (f"rollout_correction.criteria={criteria!r} is not allowed; allowed: a list of verl rollout_rs "
+                f"criteria ({', '.join(VERL_CRITERIA)})")
+    if not isinstance(thresholds, (list, tuple)) or len(thresholds) != len(criteria):
+        return (f"rollout_correction.thresholds={thresholds!r} is not allowed; allowed: one threshold per criterion "
+                f"({len(criteria)})")
+    for name, bound in zip(criteria, thresholds):
+        if name.endswith("k1"):
+            if not (isinstance(bound, (list, tuple)) and len(bound) == 2 and all(map(_number, bound))
+                    and bound[0] <= bound[1]):
+                return (f"rollout_correction.thresholds: {name} takes [lower, upper], two positive numbers with "
+                        f"lower <= upper (verl's \"l_u\"); given {bound!r}")
+        elif not _number(bound):
+            return f"rollout_correction.thresholds: {name} takes one positive number (its upper bound); given {bound!r}"
+    return None
+
+
 def _check_rejection(cfg):
     rc = cfg.rollout_correction
-    if rc.name == "rejection" and rc.action == "clamp" and not rc.weighted:
+    if rc.name != "rejection":
+        return None
+    if rc.action == "clamp" and not rc.weighted:
         return ("rollout_correction.action=clamp clamps the importance weight, but rollout_correction.weighted=false "
                 "has none; set weighted=true or action=mask")
+    criteria, thresholds = list(rc.criteria or []), list(rc.thresholds or [])
+    if criteria or thresholds:
+        plain = [b if isinstance(b, str) or not hasattr(b, "__iter__") else list(b) for b in thresholds]
+        problem = _criteria_problem(criteria, plain)     # (a config's lists are not Python lists)
+        if problem:
+            return problem
+        if rc.action == "clamp":
+            return "rollout_correction.criteria (verl's chained rollout_rs) masks; use action=mask"
     return None
+
+
+def _verl_keep(stat_of, log_ratio, mask, criteria, thresholds) -> torch.Tensor:
+    """[N, T] bool: every listed criterion passes (verl ANDs them), each as this option's settings."""
+    keep = torch.ones_like(mask, dtype=torch.bool)
+    for name, bound in zip(criteria, thresholds):
+        metric, level, aggregation = VERL_CRITERIA[name]
+        if name.endswith("k1"):
+            low, high = 1.0 / float(bound[1]), 1.0 / float(bound[0])
+        else:
+            low, high = None, float(bound)
+        stat = stat_of(metric)
+        one = (_in_bounds(stat, low, high) if level == "token" else
+               _sequence_keep(stat, log_ratio, mask, metric=metric, aggregation=aggregation, low=low, high=high))
+        keep = keep & one.expand_as(keep)
+    return keep
 
 
 REJECTION_KNOBS = {"metric": choice("ratio", "k1", "k2", "k3", "k3_areal", "prob_diff"),
                    "level": choice("token", "sequence"), "aggregation": choice("sum", "mean", "max", "all"),
                    "action": choice("mask", "clamp"), "weighted": FLAG, "denominator": choice("trained", "kept"),
-                   "high": Allowed(), "low": Allowed(high="rollout_correction.high", optional=True)}
+                   "high": Allowed(), "low": Allowed(high="rollout_correction.high", optional=True),
+                   "criteria": Allowed("texts"), "thresholds": Allowed("any")}
 TRUST_REGION_MASK = Trick(
     "trust_region_mask", what="mask every sequence whose mean k3 divergence r - 1 - log r from the sampler exceeds "
     "0.01 (Trust Region Masking)",
@@ -312,7 +373,8 @@ TRUST_REGION_MASK = Trick(
           tricks=TRUST_REGION_MASK)
 def rejection_weights(old_logp, sampler_logp, mask, *, metric: str = "k3", level: str = "sequence",
                       aggregation: str = "mean", action: str = "mask", weighted: bool = False,
-                      denominator: str = "trained", high: float = 0.01, low: float | None = None):
+                      denominator: str = "trained", high: float = 0.01, low: float | None = None,
+                      criteria: tuple = (), thresholds: tuple = ()):
     """Rejection sampling on a divergence of pi_old from the sampler mu; lr = log pi_old - log mu, r = e^lr:
 
         metric     ratio r | k1 lr | k2 lr^2/2 | k3 r - 1 - lr | k3_areal 1/r - 1 + lr | prob_diff pi_old - mu
@@ -335,14 +397,27 @@ def rejection_weights(old_logp, sampler_logp, mask, *, metric: str = "k3", level
     sequence masks: metric ratio, aggregation mean / sum; outlier_token_is_threshold_low/high 1e-4/100:
     level sequence, aggregation all); ROLL train_infer_correction (filters on ratio or prob_diff,
     agg_type token | geometric = mean | sequence = sum); OpenRLHF is_correction_type tis | icepop |
-    seq-mask-tis are token_truncate, token_mask and sequence_mask. Not here: ROLL's `segment` level
-    (multi-turn segments) and verl's comma-chained criteria (one criterion a run)."""
+    seq-mask-tis are token_truncate, token_mask and sequence_mask.
+
+        criteria   verl's chained rollout_rs (its comma-separated list, e.g. [token_k1, seq_max_k3]):
+                   when given, a token is kept where every listed criterion passes, and they replace
+                   metric / level / aggregation / low / high; `thresholds` one per criterion as verl's
+                   rollout_rs_threshold, [l, u] for a k1 criterion (verl's "l_u"), else the upper bound
+                   (so [[0.5, 2.0], 3.0] is verl's "0.5_2.0,3.0"); action mask only
+    Not here: ROLL's `segment` level (a multi-turn row's segments; every row here is one turn, whose
+    one segment is the sequence)."""
     with torch.no_grad():
         mask_f = mask.to(old_logp.dtype)
         log_ratio = behaviour_log_ratio(old_logp, sampler_logp) * mask_f
         stat = _token_divergence(log_ratio, old_logp, sampler_logp, metric)
-        keep = (_in_bounds(stat, low, high) if level == "token" else
-                _sequence_keep(stat, log_ratio, mask_f, metric=metric, aggregation=aggregation, low=low, high=high))
+        if criteria:
+            keep = _verl_keep(lambda m: _token_divergence(log_ratio, old_logp, sampler_logp, m), log_ratio, mask_f,
+                              list(criteria), list(thresholds))
+            metric, level = "k3", "token"      # weighted=true: each token's own importance ratio
+        else:
+            keep = (_in_bounds(stat, low, high) if level == "token" else
+                    _sequence_keep(stat, log_ratio, mask_f, metric=metric, aggregation=aggregation, low=low,
+                                   high=high))
         keep = keep.expand_as(mask_f) | (mask_f == 0)
         weights = _rejection_weights(log_ratio, mask_f, keep, metric=metric, level=level, action=action,
                                      weighted=weighted, low=low, high=high)
