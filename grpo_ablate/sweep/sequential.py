@@ -42,7 +42,7 @@ from grpo_ablate.sweep.launch import check_launcher, run_jobs
 from grpo_ablate.sweep.launch import resume as resume_fixed
 from grpo_ablate.sweep.manifest import FINISHED, MANIFEST, create_sweep_dir, read_manifest, timestamp, write_manifest
 from grpo_ablate.sweep.controls import control_in
-from grpo_ablate.design import Variant
+from grpo_ablate.design import manifest_variants
 from grpo_ablate.sweep.matrix import Matrix, SweepError, expand_jobs
 from grpo_ablate.sweep.plan import DECISION_SUMMARY, SweepRequest, run_entry
 from grpo_ablate.sweep.plan import plan as plan_fixed
@@ -165,15 +165,16 @@ def contrasts_of(manifest: dict) -> list[dict]:
     out = [{"name": c["trick"], "kind": "trick", "with": c["with"], "without": c["without"],
             **({"context": c["context"], "tests": c["tests"]} if c.get("context") else {})}
            for c in manifest.get("contrasts") or []]
-    controls, names = manifest.get("controls") or {}, {v["name"] for v in manifest["variants"]}
-    for v in manifest["variants"]:
-        if v.get("kind", "treatment") == "control":
+    variants = manifest_variants(manifest)
+    controls, names = manifest.get("controls") or {}, {v.name for v in variants}
+    for v in variants:
+        if v.kind == "control":
             continue
         for role in controls:   # the control of the variant's own context (sweep/controls.py)
-            control = control_in(controls, role, v.get("context"))
+            control = control_in(controls, role, v.context)
             if control in names:
-                out.append({"name": f"{v['name']} vs {control}", "kind": "control", "role": role,
-                            "with": v["name"], "without": control})
+                out.append({"name": f"{v.name} vs {control}", "kind": "control", "role": role,
+                            "with": v.name, "without": control})
     return out
 
 
@@ -307,7 +308,7 @@ def _finite(x):
 # ------------------------------------------------------------------------------ the next look
 def seeds_of(manifest: dict) -> dict:
     """variant -> its seeds in the manifest (started or not)."""
-    out = {v["name"]: [] for v in manifest["variants"]}
+    out = {v.name: [] for v in manifest_variants(manifest)}
     for r in manifest["runs"]:
         out.setdefault(r["variant"], []).append(r["seed"])
     return out
@@ -325,7 +326,7 @@ def needed_variants(manifest: dict) -> list[str]:
     for d in section["looks"][-1]["decisions"] or []:
         if d["outcome"] == UNDECIDED and min(len(have[d["with"]]), len(have[d["without"]])) < section["max_seeds"]:
             needed |= {d["with"], d["without"]}
-    return [v["name"] for v in manifest["variants"] if v["name"] in needed]
+    return [v.name for v in manifest_variants(manifest) if v.name in needed]
 
 
 def stopping_reason(manifest: dict, next_runs: int) -> str | None:
@@ -350,8 +351,7 @@ def add_look(manifest: dict, make_entry=None) -> list[dict]:
     seed = max(r["seed"] for r in manifest["runs"]) + 1
     labels = {"name": manifest["name"], "id": manifest["sweep_id"], "group": manifest["wandb_group"],
               "tricks": list(manifest.get("tricks") or [])}
-    matrix = Matrix(manifest["mode"], [Variant.from_json(v) for v in manifest["variants"] if v["name"] in variants],
-                    [])
+    matrix = Matrix(manifest["mode"], [v for v in manifest_variants(manifest) if v.name in variants], [])
     entries = [(make_entry or run_entry)(job)
                for job in expand_jobs(matrix, [seed], list(manifest["overrides"]), labels)]
     manifest["runs"] += entries
