@@ -44,11 +44,12 @@ demo-real: install
 # parallel launchers). `make test-all` runs both. CI (.ci/run) runs `make test`.
 # The SLURM tests need the local one-node cluster: brought up first (installed where missing,
 # as root); where it cannot run, scripts/slurm.sh says why and those tests skip.
-# Two workers (pytest-xdist, a test file each at a time): the tests are single-threaded.
+# Two workers (pytest-xdist, a test file each at a time): the tests are single-threaded. The fast
+# tier prints its 15 slowest tests: the 10-minute budget is watched where it is spent.
 PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile
 
 test: install lint docs
-	$(PYTEST) -m "not slow"
+	$(PYTEST) -m "not slow" --durations=15
 
 ## ruff check (pyproject.toml [tool.ruff]: pyflakes, pycodestyle, lines up to 120 characters)
 lint: install
