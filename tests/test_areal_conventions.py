@@ -126,3 +126,54 @@ def test_the_sampler_gap_and_staleness_metrics_read_an_unknown_mu_as_no_gap():
     stale = age_metrics(torch.tensor([2]), None, OLD, SAMPLER, ONES)
     # E[log mu - log pi_old] with lr = log pi_old - log mu = (0.2, 0, 0): -0.2 / 3
     assert stale["staleness/behaviour_kl"] == pytest.approx(-0.2 / 3)
+
+
+# ---------------------------------------------------------------- prox_logp_method=reuse_train_logp
+def test_reuse_train_logp_takes_the_ratio_against_the_forwards_own_log_probs():
+    """AReaL grpo_loss_fn with REUSE_TRAIN_LOGP: prox_logp = logprobs.detach(), so ppo_actor_loss_fn's
+    ratio exp(logp - prox) is 1 and the clip never binds: per token -A, gradient -A d log pi. With
+    recompute the same tokens (ratio e^0.5 = 1.65 for A > 0, e^-0.5 = 0.61 for A < 0, outside
+    [0.8, 1.2]) are clipped: value -A clip(r), gradient 0."""
+    from grpo_ablate.config import compose
+    from grpo_ablate.spec import run_spec
+    from grpo_ablate.train.losses import LossInputs, LossTerms
+    from grpo_ablate.train.step import Coefficients
+    none = Coefficients(kl=0.0, kl_prev=0.0, entropy=0.0, value=0.0)
+    mask = torch.ones(2, 2, dtype=D)
+    advantages = torch.tensor([[1.0], [-1.0]], dtype=D)
+    pi_old = torch.tensor([[-1.0, -2.0], [-1.5, -0.5]], dtype=D)
+    theta = pi_old + torch.tensor([[0.5], [-0.5]], dtype=D)     # the policy has moved since pi_old
+    for name, value, grad, gap in (("train_logp", [[-1, -1], [1, 1]], [[-1, -1], [1, 1]], 0.5),
+                                   ("recompute", [[-1.2, -1.2], [0.8, 0.8]], [[0, 0], [0, 0]], None)):
+        logp = theta.clone().requires_grad_()
+        terms, stats = LossTerms(run_spec(compose([f"proximal={name}"])).tricks)(
+            logp, torch.zeros_like(logp), None, LossInputs(mask, advantages, old_logp=pi_old), none)
+        terms["policy"].sum().backward()
+        torch.testing.assert_close(terms["policy"].detach(), torch.tensor(value, dtype=D), rtol=0, atol=1e-12)
+        torch.testing.assert_close(logp.grad, torch.tensor(grad, dtype=D), rtol=0, atol=1e-12)
+        if gap is None:
+            assert "proximal/train_logp_gap" not in stats
+        else:
+            torch.testing.assert_close(stats["proximal/train_logp_gap"], torch.full((2, 2), gap, dtype=D))
+
+
+def test_reuse_train_logp_makes_every_ratio_trick_inert_and_is_itself_inert_with_one_step():
+    from grpo_ablate.config import compose
+    from grpo_ablate.inert import inert_reason
+    assert "is recompute with one optimizer step" in inert_reason(compose(["proximal=train_logp"]), "proximal",
+                                                                    "train_logp")
+    several = compose(["proximal=train_logp", "updates=mini_batches"])
+    assert inert_reason(several, "proximal", "train_logp") is None
+    assert "cannot act with proximal=train_logp" in inert_reason(several, "clip", "higher")
+    assert inert_reason(compose(["updates=mini_batches"]), "clip", "higher") is None     # recompute: it acts
+
+
+def test_reuse_train_logp_trains_and_its_gap_opens_after_the_first_mini_batch(small, tmp_path):
+    from grpo_ablate.config import compose
+    from grpo_ablate.rundir import read_rows
+    from grpo_ablate.train.grpo import train
+    overrides = small + ["steps=2", "+trick=reuse_train_logp", "updates=mini_batches", "updates.mini_batches=2"]
+    train(compose(overrides), tmp_path / "run", overrides)
+    rows = read_rows(tmp_path / "run" / "metrics.jsonl")[1:]
+    assert len(rows) == 2 and all(math.isfinite(r["loss"]) for r in rows)
+    assert all(r["proximal/train_logp_gap"] > 0 for r in rows)     # the second mini-batch's forward has moved

@@ -40,6 +40,7 @@ ACTIVITY = {
     ('prompt_pool', 'no_positive_resampling'): ('pool/retired', 'nonzero', None),
     ('proximal', 'behaviour'): ('proximal/gap', 'nonzero', None),
     ('proximal', 'loglinear'): ('proximal/gap', 'nonzero', None),
+    ('proximal', 'train_logp'): ('proximal/train_logp_gap', 'nonzero', None),
     ('ref_sync', 'mixup'): ('ref_sync/syncs', 'nonzero', None),
     ('rollout_correction', 'decoupled'): ('rollout_corr/logp_diff_mean', 'nonzero', None),
     ('rollout_correction', 'm2po'): ('rollout_corr/masked_frac', 'nonzero', None),

@@ -118,6 +118,8 @@ class LossTerms:
         # clip.is_weights=token
         self.sequence_is_weights = (clip.option.per_sequence_loss
                                     and clip.values.get("is_weights", "geometric") == "geometric")
+        # proximal=train_logp (AReaL reuse_train_logp): the ratio's denominator is this forward's own log-probs
+        self.reuses_train_logp = tricks["proximal"].option.reuses_train_logp
 
     def policy(self, logp, old_logp, advantages, mask, factor=None):
         """(per-token policy loss, per-token clip statistics); old_logp None: rho = 1. `factor`:
@@ -159,9 +161,14 @@ class LossTerms:
         critic loss is a statistic too (`value/loss`), before value_coef weighs it. spread: the
         DataParallel whose ranks share the mini-batch (None: one process has all its rows)."""
         old_logp = logp.detach() if inputs.old_logp is None else inputs.old_logp
+        gap = None
+        if self.reuses_train_logp:   # how far pi_old is from the pi_prox used, then pi_prox = pi_theta.detach()
+            gap, old_logp = (logp.detach() - old_logp).abs(), logp.detach()
         factor, factor_stats = self.policy_factor(logp, entropy, inputs, spread)
         policy, stats = self.policy(logp, old_logp, inputs.advantages, inputs.mask, factor)
         stats.update(factor_stats)
+        if gap is not None:
+            stats["proximal/train_logp_gap"] = gap
         terms = {"policy": policy}
         if values is not None:
             stats["value/loss"] = self.value_loss(values, inputs.old_values, inputs.returns)

@@ -39,16 +39,26 @@ def no_kl_term(cfg) -> bool:
 
 def ratio_is_one(cfg) -> bool:
     """One optimizer step and the ratio's denominator pi_old itself (proximal=recompute), or the
-    sampler's log-probs when they equal pi_old's: rho == 1."""
+    sampler's log-probs when they equal pi_old's: rho == 1. With proximal=train_logp the
+    denominator is the training forward's own log-probs: rho == 1 at every step (ratio_is_reused)."""
     proximal = cfg.get("proximal")
     return one_optimizer_step(cfg) and (proximal is None or proximal.name == "recompute"
                                         or same_sampler_and_trainer(cfg))
 
 
-# the rule every ratio-based option shares (registered with off_policy_only=True)
-ONE_STEP = Inert(ratio_is_one, "cannot act with one optimizer step per rollout (ρ ≡ 1)",
-                 "add updates.mini_batches=4",
-                 "several optimizer steps per rollout (updates.mini_batches > 1 or updates.epochs > 1)")
+def ratio_is_reused(cfg) -> bool:
+    """proximal=train_logp: the ratio's denominator is the training forward itself, rho == 1 always."""
+    proximal = cfg.get("proximal")
+    return proximal is not None and proximal.name == "train_logp"
+
+
+# the rules every ratio-based option shares (registered with off_policy_only=True)
+ONE_STEP = (Inert(ratio_is_one, "cannot act with one optimizer step per rollout (ρ ≡ 1)",
+                  "add updates.mini_batches=4",
+                  "several optimizer steps per rollout (updates.mini_batches > 1 or updates.epochs > 1)"),
+            Inert(ratio_is_reused, "cannot act with proximal=train_logp (ρ ≡ 1: the ratio is against the training "
+                  "forward's own log-probs)", "use proximal=recompute",
+                  "a ratio against π_old (not proximal=train_logp)"))
 
 
 def shapes_the_reward(cfg) -> bool:

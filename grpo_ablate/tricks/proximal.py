@@ -17,6 +17,10 @@ family `staleness`) and the trained-token mask -- and returns the proximal log-p
                 prox_approx). Which versions: knob `versions`, below.
     behaviour   pi_prox = mu: the ratio against the sampler's log-probs directly (verl
                 `use_rollout_log_probs=true` / one-step-off's bypass, prime-rl, TRL AsyncGRPO).
+    train_logp  pi_prox = the training forward's own log-probs, detached (AReaL
+                `prox_logp_method=reuse_train_logp`): no proximal forward, the ratio is 1 in
+                every mini-batch, so the clip never binds and only the importance weights
+                (`rollout_correction`, AReaL's behaviour weight) keep the update off-policy-aware.
 
 loglinear's versions (issue 35). AReaL's bookkeeping: the trainer's engine and the rollout
 engine both hold version V = global_step + 1 after an update, a token is tagged with the version
@@ -47,10 +51,12 @@ from __future__ import annotations
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.behaviour import known_or
+from grpo_ablate.tricks.conditions import one_optimizer_step
 from grpo_ablate.tricks.registry import Activity, Inert, Trick, choice, declare_family, register
 
 declare_family("proximal", "the PPO ratio's denominator under stale rollouts: `recompute` π_old (AReaL's default), "
-               "AReaL's `loglinear` approximation, or the `behaviour` policy's own log-probs",
+               "AReaL's `loglinear` approximation, the `behaviour` policy's own log-probs, or the training "
+               "forward's own (`train_logp`)",
                stage="async", default="recompute",
                metric="proximal/gap")
 
@@ -110,3 +116,25 @@ def behaviour_proximal(old_logp, sampler_logp, ages, mask):
     with torch.no_grad():
         proximal = torch.where(mask > 0, known_or(sampler_logp, old_logp), old_logp)
         return proximal, _gap(proximal, old_logp, mask)
+
+
+@register("proximal", "train_logp", reuses_train_logp=True, activity=Activity("proximal/train_logp_gap"),
+          inert=Inert(one_optimizer_step, "is recompute with one optimizer step per rollout: the training forward "
+                      "is pi_old", "add updates.mini_batches=4",
+                      "several optimizer steps per rollout (updates.mini_batches > 1 or updates.epochs > 1)"),
+          tricks=(Trick("reuse_train_logp",
+                        what="the PPO ratio against the training forward's own detached log-probs (rho = 1): no "
+                             "proximal forward, the clip never binds",
+                        source="AReaL actor.prox_logp_method=reuse_train_logp", verdict="not_in_review",
+                        cost="none (saves AReaL's proximal forward; here pi_old's forward still runs when "
+                             "another trick reads it)"),))
+def train_logp_proximal(old_logp, sampler_logp, ages, mask):
+    """pi_prox = pi_theta.detach() of each mini-batch's own forward (AReaL areal/trainer/ppo/actor.py
+    `grpo_loss_fn`: `if prox_logp_method == REUSE_TRAIN_LOGP: prox_logp_gt = logprobs.detach()`, commit
+    4aef98d). The substitution happens in the loss (train/losses.py, by the `reuses_train_logp` flag),
+    where the forward is; this function hands pi_old on for what is computed once per rollout.
+    Difference: AReaL's behaviour weight pi_prox / mu is then this forward's over mu, per mini-batch;
+    here `rollout_correction`'s weights are pi_old / mu, computed once per rollout (the same on the
+    rollout's first optimizer step). `proximal/train_logp_gap` is |log pi_theta - log pi_old| over the
+    trained tokens: 0 on a rollout's first optimizer step, and how far the clip would have looked after."""
+    return old_logp, {}
