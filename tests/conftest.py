@@ -96,6 +96,16 @@ def cli(*args, cwd=None, timeout=300, env=None):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def refused_train(overrides: str, needle: str, cwd) -> None:
+    """`grpo-ablate train <overrides>` as a user meets a bad value: exit 2, one `error:` line that
+    names `needle`, no traceback, and nothing written into `cwd` (an empty dir)."""
+    out = cli("train", *overrides.split(), cwd=cwd)
+    assert out.returncode == 2, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], out.stderr
+    assert not any(Path(cwd).iterdir())
+
+
 def cli_here(*args, cwd):
     """`grpo-ablate ...` in this process through typer's runner, from `cwd`: the same code as
     `cli`, without a process's 3-4 s of imports (for checks that refuse or plan; runs that

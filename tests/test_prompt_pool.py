@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from conftest import cli
+from conftest import refused_train
 from grpo_ablate.config import compose, validate
 from grpo_ablate.inert import inert_reason
 from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
@@ -135,11 +135,7 @@ def test_inert_when_the_run_never_starts_a_second_epoch_or_no_pool_is_reachable(
     ("prompt_pool=epochs prompt_pool.size=null", "prompt_pool.size=null"),
 ])
 def test_bad_pool_settings_are_one_line_exit_2_and_no_run_dir(tmp_path, override, needle):
-    out = cli("train", *override.split(), cwd=tmp_path)
-    assert out.returncode == 2, out.stderr
-    lines = [line for line in out.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], out.stderr
-    assert not any(tmp_path.iterdir())
+    refused_train(override, needle, tmp_path)
 
 
 def test_bad_fractions_are_refused():
