@@ -326,7 +326,7 @@ def _check_rejection(cfg):
     if rc.action == "clamp" and not rc.weighted:
         return ("rollout_correction.action=clamp clamps the importance weight, but rollout_correction.weighted=false "
                 "has none; set weighted=true or action=mask")
-    criteria, thresholds = list(rc.criteria or []), list(rc.thresholds or [])
+    criteria, thresholds = list(rc.get("criteria") or []), list(rc.get("thresholds") or [])
     if criteria or thresholds:
         plain = [b if isinstance(b, str) or not hasattr(b, "__iter__") else list(b) for b in thresholds]
         problem = _criteria_problem(criteria, plain)     # (a config's lists are not Python lists)
