@@ -119,6 +119,7 @@ def behaviour_proximal(old_logp, sampler_logp, ages, mask):
 
 
 @register("proximal", "train_logp", reuses_train_logp=True, activity=Activity("proximal/train_logp_gap"),
+          writes=("proximal/gap", "proximal/train_logp_gap"),
           inert=Inert(one_optimizer_step, "is recompute with one optimizer step per rollout: the training forward "
                       "is pi_old", "add updates.mini_batches=4",
                       "several optimizer steps per rollout (updates.mini_batches > 1 or updates.epochs > 1)"),
@@ -136,5 +137,6 @@ def train_logp_proximal(old_logp, sampler_logp, ages, mask):
     Difference: AReaL's behaviour weight pi_prox / mu is then this forward's over mu, per mini-batch;
     here `rollout_correction`'s weights are pi_old / mu, computed once per rollout (the same on the
     rollout's first optimizer step). `proximal/train_logp_gap` is |log pi_theta - log pi_old| over the
-    trained tokens: 0 on a rollout's first optimizer step, and how far the clip would have looked after."""
-    return old_logp, {}
+    trained tokens: 0 on a rollout's first optimizer step, and how far the clip would have looked after;
+    `proximal/gap` is 0 (what is handed on is pi_old itself)."""
+    return old_logp, _gap(old_logp, old_logp, mask)
