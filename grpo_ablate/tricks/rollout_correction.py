@@ -272,6 +272,13 @@ def _sequence_keep(stat, log_ratio, mask, *, metric, aggregation, low, high) -> 
     return _in_bounds(per_sequence, low, high)
 
 
+def _criterion_keep(stat, log_ratio, mask, *, metric, level, aggregation, low, high) -> torch.Tensor:
+    """One criterion's kept tokens ([N, T]) or sequences ([N, 1])."""
+    if level == "token":
+        return _in_bounds(stat, low, high)
+    return _sequence_keep(stat, log_ratio, mask, metric=metric, aggregation=aggregation, low=low, high=high)
+
+
 def _rejection_weights(log_ratio, mask, keep, *, metric, level, action, weighted, low, high) -> torch.Tensor:
     """The weights before the denominator: the importance weight (or 1), 0 where rejected (mask) or
     clamped to [low or 0, high] where out of bounds (clamp, AReaL)."""
@@ -346,9 +353,8 @@ def _verl_keep(stat_of, log_ratio, mask, criteria, thresholds) -> torch.Tensor:
             low, high = 1.0 / float(bound[1]), 1.0 / float(bound[0])
         else:
             low, high = None, float(bound)
-        stat = stat_of(metric)
-        one = (_in_bounds(stat, low, high) if level == "token" else
-               _sequence_keep(stat, log_ratio, mask, metric=metric, aggregation=aggregation, low=low, high=high))
+        one = _criterion_keep(stat_of(metric), log_ratio, mask, metric=metric, level=level, aggregation=aggregation,
+                              low=low, high=high)
         keep = keep & one.expand_as(keep)
     return keep
 
@@ -415,9 +421,8 @@ def rejection_weights(old_logp, sampler_logp, mask, *, metric: str = "k3", level
                               list(criteria), list(thresholds))
             metric, level = "k3", "token"      # weighted=true: each token's own importance ratio
         else:
-            keep = (_in_bounds(stat, low, high) if level == "token" else
-                    _sequence_keep(stat, log_ratio, mask_f, metric=metric, aggregation=aggregation, low=low,
-                                   high=high))
+            keep = _criterion_keep(stat, log_ratio, mask_f, metric=metric, level=level, aggregation=aggregation,
+                                   low=low, high=high)
         keep = keep.expand_as(mask_f) | (mask_f == 0)
         weights = _rejection_weights(log_ratio, mask_f, keep, metric=metric, level=level, action=action,
                                      weighted=weighted, low=low, high=high)
