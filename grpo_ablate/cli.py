@@ -277,6 +277,7 @@ def report(
     lower_is_better: bool = opt.REPORT_LOWER_IS_BETTER,
     effect: Optional[float] = opt.REPORT_EFFECT,
     error_control: str = opt.REPORT_ERROR_CONTROL,
+    test: str = opt.REPORT_TEST,
     alpha: float = opt.REPORT_ALPHA,
     conflict_threshold: float = opt.REPORT_CONFLICT_THRESHOLD,
     figures: bool = opt.REPORT_FIGURES,
@@ -287,8 +288,8 @@ def report(
     req = ReportRequest(
         sweep_dir=sweep_dir, metric=metric, summary=summary, last_k=last_k, compute=compute, predict_from=predict_from,
         fmt=fmt, out=out, watch=watch, threshold=tuple(threshold), lower_is_better=lower_is_better, effect=effect,
-        error_control=error_control, alpha=alpha, conflict_threshold=conflict_threshold, figures=figures,
-        use_wandb=use_wandb, wandb_report=wandb_report)
+        error_control=error_control, test=test, alpha=alpha, conflict_threshold=conflict_threshold,
+        figures=figures, use_wandb=use_wandb, wandb_report=wandb_report)
     problem = req.problem()
     if problem:   # every check before the report's imports (pandas, scipy: seconds)
         fail(problem)
@@ -296,7 +297,7 @@ def report(
 
     options = {"metric": metric, "higher_is_better": not lower_is_better, "conflict_threshold": conflict_threshold,
                "effect": effect, "summary": parse_summary(summary, last_k), "predict_from": predict_from,
-               "compute": compute, "error_control": error_control, "alpha": alpha}
+               "compute": compute, "error_control": error_control, "alpha": alpha, "test": test}
     try:
         _write_report(rep, req, options)
     except UserError as err:

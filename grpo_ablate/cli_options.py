@@ -105,6 +105,10 @@ REPORT_ERROR_CONTROL = typer.Option(
     "holm", "--error-control", help="How the report's tests are adjusted together: holm (the chance of any false "
     "helps/hurts/breaks-training in the report ≤ alpha), bh (Benjamini–Hochberg: false discovery rate ≤ alpha) "
     "or none (each contrast at alpha on its own).")
+REPORT_TEST = typer.Option(
+    "blocked", "--test", help="How each contrast is tested: blocked (a sweep's star families, e.g. leave-one-out's "
+    "all vs each drop, as one block design with seeds as blocks and moderated variances: docs/statistics.md) or "
+    "paired (a paired t per contrast, its own n − 1 df; the report shows it as a sensitivity line).")
 REPORT_ALPHA = typer.Option(0.05, "--alpha", help="The report's error level (family-wise for holm, FDR for bh).")
 REPORT_CONFLICT_THRESHOLD = typer.Option(
     -0.1, "--conflict-threshold", help="Gradient cosine below which two terms conflict (at > half the steps).")

@@ -86,6 +86,7 @@ REPORT_OPTIONS = {
     "last_k": ("--last-k", Allowed("integer", low=1, optional=True)),
     "compute": ("--compute", choice("tokens", "wall")),
     "error_control": ("--error-control", choice("holm", "bh", "none")),
+    "test": ("--test", choice("blocked", "paired")),
     "alpha": ("--alpha", Allowed(low=0, high=0.5, low_open=True, high_open=True)),
     "predict_from": ("--predict-from", Allowed(low=0, high=1, low_open=True, high_open=True, optional=True,
                                                note="the fraction of each run's steps the fit may see")),
@@ -113,6 +114,7 @@ class ReportRequest:
     lower_is_better: bool = False
     effect: float | None = None
     error_control: str = "holm"
+    test: str = "blocked"
     alpha: float = 0.05
     conflict_threshold: float = -0.1
     figures: bool = True

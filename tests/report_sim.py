@@ -14,6 +14,7 @@ by as much (zero mean on the probability scale, so no effect on the task's accur
 Its final eval/accuracy is the mean of its P Bernoulli draws, so it lies on the 1/P grid.
 """
 import json
+import math
 
 import numpy as np
 import yaml
@@ -29,10 +30,12 @@ def logistic(x):
 
 
 def simulate(rng, tricks=6, seeds=5, problems=200, effects=None, seed_sd=0.25, run_sd=0.25, problem_spread=0.0,
-             base_logit=1.5, difficulty_sd=1.5):
+             base_logit=1.5, difficulty_sd=1.5, sd_scale=None, noise="normal"):
     """(variants, scores): variants name -> (tricks on, reference, true δ); scores name -> {seed:
     {eval step: per-problem 0/1 scores}} of a leave-one-out sweep (module docstring). `effects`:
-    trick -> its true δ on the logit scale (dropping it moves the logit by −δ)."""
+    trick -> its true δ on the logit scale (dropping it moves the logit by −δ). `sd_scale`: variant ->
+    a factor on its run noise w_vs (unequal variances); `noise`: "normal", or "t3" (Student t with 3 df,
+    scaled to the same SD: heavy tails)."""
     names = [f"t{i}" for i in range(tricks)]
     effects = effects or {}
     theta = base_logit + difficulty_sd * rng.standard_normal(problems)
@@ -44,14 +47,15 @@ def simulate(rng, tricks=6, seeds=5, problems=200, effects=None, seed_sd=0.25, r
     for v, (_, _, delta) in variants.items():
         beta = problem_spread * rng.choice([-1.0, 1.0], problems) if v != "all" else np.zeros(problems)
         for s in range(seeds):
-            q = logistic(theta + u[s] + run_sd * rng.standard_normal() + delta)
+            w = rng.standard_t(3) / math.sqrt(3) if noise == "t3" else rng.standard_normal()
+            q = logistic(theta + u[s] + run_sd * (sd_scale or {}).get(v, 1.0) * w + delta)
             p = q + beta * np.minimum(q, 1.0 - q)
             scores.setdefault(v, {})[s] = {step: (rng.random(problems) < p).astype(float)
                                            for step in range(0, STEPS + 1, EVAL_EVERY)}
     return variants, scores
 
 
-def fast_verdicts(scores, method="holm", alpha=0.05, summary="final", seeds_only=False):
+def fast_verdicts(scores, method="holm", alpha=0.05, summary="final", seeds_only=False, test="blocked"):
     """The report's verdicts on simulated scores through its own functions (evidence, settle_family),
     without the run dirs: what `grpo-ablate report` decides on the same numbers (tested to agree)."""
     from grpo_ablate.report.evidence import Evidence
@@ -64,7 +68,8 @@ def fast_verdicts(scores, method="holm", alpha=0.05, summary="final", seeds_only
     values = {v: {s: float(of(e).mean()) for s, e in by_seed.items()} for v, by_seed in scores.items()}
     evidence = Evidence(values, 1.0 / (problems * k), {} if seeds_only else
                         {v: {s: of(e) for s, e in by_seed.items()} for v, by_seed in scores.items()},
-                        method, alpha)
+                        method, alpha, test=test)
+    evidence.model([("all", v) for v in scores if v != "all"])
     verdicts = [{"trick": v[len("drop-"):], "with": "all", "without": v, "verdict": None, "broke": None,
                  "delta": evidence.delta("all", v)} for v in scores if v != "all"]
     settle_family(verdicts, evidence, True, None)

@@ -34,6 +34,7 @@ def test_sweep_without_controls_has_no_control_columns(tmp_path):
 
 
 def test_controls_drawn_as_reference_lines(tmp_path, monkeypatch):
+    # hand-computed paired intervals: the paired test (--test paired); the blocked model: test_report_blocked.py
     import matplotlib
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
@@ -47,7 +48,7 @@ def test_controls_drawn_as_reference_lines(tmp_path, monkeypatch):
         return save(fig, path, *args, **kwargs)
 
     monkeypatch.setattr(Figure, "savefig", recording_savefig)
-    report = build_report(make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS, controls=CONTROLS))
+    report = build_report(make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS, controls=CONTROLS), test="paired")
     out = tmp_path / "out"
     write_report(report, out)
     assert legends["curve_eval_accuracy.png"][-2:] == ["control: base (n=3)", "control: sft (n=3)"]

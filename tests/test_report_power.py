@@ -107,8 +107,9 @@ def test_sequential_beats_the_control_is_one_sided(tmp_path):
 
 # ----------------------------------------------------------------------------- fixed sweeps
 def test_fixed_sweep_power_and_the_cost_of_deciding_the_rest(tmp_path):
+    # hand-computed paired intervals: the paired test (--test paired); the blocked model: test_report_blocked.py
     path = make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS)
-    report = build_report(path)
+    report = build_report(path, test="paired")
     b = verdict(report, "b")
     assert b["verdict"] == "no evidence" and b["power"]["look"] is None and not b["power"]["sequential"]
     d = np.array([0.80, 0.84, 0.82]) - np.array([0.85, 0.80, 0.83])
@@ -126,7 +127,7 @@ def test_fixed_sweep_power_and_the_cost_of_deciding_the_rest(tmp_path):
     assert first.startswith("**2 of 3 contrasts decided** (3 contrasts, 3 tests, Holm, 5%: the chance of any false "
                             "*helps*, *hurts* or *breaks training* in this report ≤ 5%). No seed count for b")
     # with the smallest effect that matters named, the rest is priced: seeds × variants × the median run
-    priced = build_report(path, effect=0.05)
+    priced = build_report(path, effect=0.05, test="paired")
     p, needed_for = priced.power, seq.seeds_needed(0.05, sd)
     walls = [10.0 + s for s in (0, 1, 2)] * 4                         # the fixture's wall_time_s
     assert (p["decided"], p["contrasts"]) == (2, 3)
@@ -141,12 +142,14 @@ def test_fixed_sweep_power_and_the_cost_of_deciding_the_rest(tmp_path):
 
 
 def test_effect_turns_a_tight_interval_into_no_effect_and_sizes_the_seeds(tmp_path):
+    # hand-computed paired intervals: the paired test (--test paired); the blocked model: test_report_blocked.py
     path = make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS)
     # the no-effect claim is made on the family's Bonferroni interval (98.3% for 3 tests): the 95% CI
     # [-0.119, +0.105] lies inside ±0.2 but the 98.3% one [-0.206, +0.192] does not
-    b = verdict(build_report(path, effect=0.2), "b")
+    b = verdict(build_report(path, effect=0.2, test="paired"), "b")
     assert -0.2 < b["delta"].low and b["delta"].high < 0.2 and b["verdict"] == "no evidence"
-    b = verdict(build_report(path, effect=0.25), "b")
+    b = verdict(build_report(path, effect=0.25, test="paired"), "b")
     assert b["verdict"] == "no effect" and "no effect ≥ 0.25" in b["why"] and "98.33% CI" in b["why"]
     assert b["power"]["look"] == 1 and b["power"]["seeds_needed_for"] == 0.25
-    assert verdict(build_report(path, effect=0.05), "b")["verdict"] == "no evidence"   # the CI is wider than ±0.05
+    # the CI is wider than ±0.05
+    assert verdict(build_report(path, effect=0.05, test="paired"), "b")["verdict"] == "no evidence"

@@ -12,7 +12,8 @@ from report_fixtures import ALL, CONTROLS, LOO, LOO_CONTRASTS, SFT, T_975, hand_
 
 
 def test_cis_deltas_and_verdicts(tmp_path):
-    report = build_report(make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS))
+    # hand-computed paired intervals: the paired test (--test paired); the blocked model: test_report_blocked.py
+    report = build_report(make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS), test="paired")
     rows = {r["variant"]: r for r in report.rows}
     mean, low, high = hand_ci(list(ALL.values()), T_975[2])        # 0.82 ± 0.049683
     final = rows["all"]["final"]
@@ -45,7 +46,8 @@ def test_cis_deltas_and_verdicts(tmp_path):
     assert f"0.820 ± {high - mean:.3f}" in text
     assert "No flag fired." in text
     # the same numbers with the metric read as a cost flip helps and hurts
-    flipped = {v["trick"]: v["verdict"] for v in build_report(tmp_path / "s", higher_is_better=False).verdicts}
+    flipped = {v["trick"]: v["verdict"]
+               for v in build_report(tmp_path / "s", higher_is_better=False, test="paired").verdicts}
     assert flipped == {"a": "hurts", "b": "no evidence", "c": "helps"}
 
 
@@ -157,7 +159,8 @@ def section(text, title):
 
 
 def test_control_rows_and_deltas(tmp_path):
-    report = build_report(make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS, controls=CONTROLS))
+    # hand-computed paired intervals: the paired test (--test paired); the blocked model: test_report_blocked.py
+    report = build_report(make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS, controls=CONTROLS), test="paired")
     rows = {r["variant"]: r for r in report.rows}
     assert [r["variant"] for r in report.rows] == list(LOO) + ["control-base", "control-sft"]
     assert report.controls == {"base": "control-base", "sft": "control-sft"}
@@ -196,7 +199,8 @@ def test_control_rows_and_deltas(tmp_path):
 
 
 def test_against_the_controls_verdicts(tmp_path):
-    report = build_report(make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS, controls=CONTROLS))
+    # hand-computed paired intervals: the paired test (--test paired); the blocked model: test_report_blocked.py
+    report = build_report(make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS, controls=CONTROLS), test="paired")
     vs = against(report)
     assert {(v, r): c["outcome"] for (v, r), c in vs.items()} == {
         ("all", "base"): "beats", ("all", "sft"): "not shown",             # CI spans zero
@@ -220,7 +224,7 @@ def test_against_the_controls_verdicts(tmp_path):
 
     # a stronger SFT control and a better base: nothing beats SFT; drop-a is not above the base
     strong = {"base": {"final": {0: 0.71, 1: 0.71, 2: 0.71}}, "sft": {"final": {0: 0.95, 1: 0.96, 2: 0.95}}}
-    report = build_report(make_sweep(tmp_path / "strong", LOO, contrasts=LOO_CONTRASTS, controls=strong))
+    report = build_report(make_sweep(tmp_path / "strong", LOO, contrasts=LOO_CONTRASTS, controls=strong), test="paired")
     text = render_markdown(report)
     assert text.splitlines()[2].startswith("**No variant beats the SFT control (`control-sft`) on `eval/accuracy`: "
                                                "RL not shown to help here**")
@@ -234,10 +238,10 @@ def test_against_the_controls_verdicts(tmp_path):
     # all − base = +0.09, +0.13, +0.11: one-sided p = 0.0095, but one of 8 comparisons (Holm): not shown;
     # without error control the 95% CI lies above zero and it would be called
     assert against(report)["all", "base"]["outcome"] == "not shown" and "8 tests, Holm" in lines["all"]
-    alone = against(build_report(tmp_path / "strong", error_control="none"))["all", "base"]
+    alone = against(build_report(tmp_path / "strong", error_control="none", test="paired"))["all", "base"]
     assert alone["outcome"] == "beats" and alone["delta"].low > 0
     # a cost metric flips the direction: below the control is better
-    flipped = against(build_report(tmp_path / "strong", higher_is_better=False))
+    flipped = against(build_report(tmp_path / "strong", higher_is_better=False, test="paired"))
     assert flipped["drop-a", "sft"]["outcome"] == "beats" and flipped["drop-a", "sft"]["delta"].high < 0
 
 

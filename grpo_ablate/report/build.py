@@ -50,6 +50,7 @@ class Report:
     exploratory: str | None = None                         # why these verdicts are not the sweep's fixed test
     compute: str = "tokens"                                # the x axis of auc and the fits: tokens | wall
     training: dict | None = None                           # training.training_section: training vs its start
+    sensitivity: dict | None = None                        # the trick verdicts again under --test paired
 
     @property
     def controls(self) -> dict:
@@ -70,14 +71,15 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
                  higher_is_better: bool = True, conflict_threshold: float = -0.1,
                  effect: float | None = None, summary: Summary | str | None = None,
                  predict_from: float | None = None, compute: str = "tokens", error_control: str = "holm",
-                 alpha: float = ALPHA) -> Report:
+                 alpha: float = ALPHA, test: str = "blocked") -> Report:
     """Everything the table, verdicts and pictures say, computed once. Raises ReportError
     for a missing dir or a metric that no run logged. `effect`: the smallest Δ that matters
     (no-effect verdicts, and the seeds needed to detect it). `summary`: how a run's curve
     becomes the number compared (report/curves.py). `predict_from`: predict every contrast's
     verdict from this fraction of each run's steps (a sweep still running is predicted anyway).
     `compute`: the x axis of auc and the fits, tokens or wall (report/curves.py). `error_control`
-    (holm | bh | none) and `alpha`: how the report's family of tests is adjusted (stats/error_control.py)."""
+    (holm | bh | none) and `alpha`: how the report's family of tests is adjusted (stats/error_control.py);
+    `test`: blocked (each star family of contrasts as a block design, stats/blocked.py) or paired."""
     thresholds = thresholds or HealthThresholds()
     sweep = load_sweep(sweep_dir, thresholds)
     metric = normalize_metric(metric)
@@ -92,15 +94,19 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
     finals, areas = per_run(Summary("final")), per_run(Summary("auc"))
     values = finals if summary.how == "final" else per_run(summary)     # what the verdicts compare
     sequential, not_sequential = sequential_section(sweep, measured, summary.label)
-    evidence = gather(values, runs_of, curves, measured, summary, error_control, alpha)
+    evidence = gather(values, runs_of, curves, measured, summary, error_control, alpha, test)
+    model_families(sweep, evidence)
     rows = [variant_row(sweep, v, runs_of, finals, areas, values, summary, evidence) for v in sweep.variants]
     against = against_controls(sweep, evidence, sequential)
     for c in against:   # the verdict against each control, as a column of the variant's row
         next(r for r in rows if r["variant"] == c["variant"])[f"beats_{c['role']}"] = c["beats"]
     verdicts = contrast_verdicts(sweep, evidence, areas, sequential, effect)
     check_known_answers(sweep, verdicts)
+    sensitivity = None if sequential is not None or test == "paired" else paired_sensitivity(
+        sweep, gather(values, runs_of, curves, measured, summary, error_control, alpha, "paired"), areas, effect)
     report = Report(sweep, metric, higher_is_better, thresholds, rows, verdicts, against, summary=summary,
-                    evidence=evidence, exploratory=exploratory(fixed, metric, summary), compute=compute)
+                    evidence=evidence, exploratory=exploratory(fixed, metric, summary), compute=compute,
+                    sensitivity=sensitivity)
     report.training = training_section(sweep, evidence, curves, against)
     report.diagnostics = analyse_diagnostics(report, conflict_threshold)
     report.power = power_section(sweep, verdicts, sequential, not_sequential, effect)
@@ -116,6 +122,28 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
         for p in report.predictions["contrasts"]:
             p["measured"] = measured.get(p["trick"])
     return report
+
+
+def model_families(sweep: Sweep, evidence: Evidence) -> None:
+    """Give the evidence the report's two families, the trick contrasts and every treatment against each
+    control, so that each star among them is tested as a block design (stats/blocked.py)."""
+    evidence.model([(c.with_, c.without) for c in sweep.contrasts])
+    for role in sweep.controls:
+        evidence.model([(v.name, control) for v in sweep.variants if v.kind != "control"
+                        and (control := sweep.control_of(v.context, role)) is not None])
+
+
+def paired_sensitivity(sweep: Sweep, paired: Evidence, areas: dict, effect: float | None) -> dict | None:
+    """The trick verdicts again with a paired t per contrast (the report's error control): how much of
+    what the blocked model decides rests on its borrowing. None without contrasts."""
+    if not sweep.contrasts:
+        return None
+    verdicts = contrast_verdicts(sweep, paired, areas, None, effect)
+    return {"test": "paired", "label": verdicts[0]["family"]["label"],
+            "decided": sum(v["verdict"] not in UNDECIDED for v in verdicts),
+            "contrasts": len(verdicts),
+            "verdicts": {v["trick"]: {"verdict": v["verdict"], "p_adjusted": v["delta"].p_adjusted}
+                         for v in verdicts}}
 
 
 def check_logged(sweep: Sweep, metric: str) -> None:
@@ -199,7 +227,8 @@ def compare_summaries(sweep: Sweep, per_run, runs_of: dict, curves: dict, areas:
     out = []
     for how in COMPARED_SUMMARIES:
         s = Summary(how, chosen.k if chosen.how == "last_k" else DEFAULT_K)
-        other = gather(per_run(s), runs_of, curves, evidence.metric, s, evidence.method, evidence.alpha)
+        other = gather(per_run(s), runs_of, curves, evidence.metric, s, evidence.method, evidence.alpha, evidence.test)
+        model_families(sweep, other)
         verdicts = contrast_verdicts(sweep, other, areas, None, effect)
         out.append({"summary": s.label, "chosen": s == chosen or (how == chosen.how == "final"),
                     "decided": sum(v["verdict"] not in UNDECIDED for v in verdicts),

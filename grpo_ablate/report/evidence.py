@@ -20,8 +20,11 @@ import numpy as np
 from grpo_ablate.report.curves import Curve, Summary
 from grpo_ablate.report.load import nested_value
 from grpo_ablate.report.metric import Metric
+from grpo_ablate.stats.blocked import BlockedFit, blocked_delta, fit_star, stars
 from grpo_ablate.stats.error_control import ALPHA
 from grpo_ablate.stats.intervals import Estimate, delta_ci
+
+TESTS = {"blocked": "blocked model (seeds as blocks), moderated variances", "paired": "paired t per contrast"}
 
 ACCURACY = "eval/accuracy"     # the metric evals.jsonl breaks down by problem
 
@@ -29,8 +32,10 @@ ACCURACY = "eval/accuracy"     # the metric evals.jsonl breaks down by problem
 @dataclass
 class Evidence:
     """variant -> {seed: number}, the grid of the numbers, variant -> {seed: per-problem scores},
-    the error control of the report (method, alpha), and the metric the numbers are of (which way
-    is better)."""
+    the error control of the report (method, alpha), the metric the numbers are of (which way
+    is better), and the test: `blocked` fits each star family of contrasts (one shared arm) as a
+    block design (stats/blocked.py) once `model` has been given the family; `paired` tests each
+    contrast on its own paired differences."""
     values: dict
     granularity: float | None = None
     scores: dict = field(default_factory=dict)
@@ -38,23 +43,60 @@ class Evidence:
     alpha: float = ALPHA
     why_no_scores: str | None = None     # why the eval set's noise is not in the intervals, when it is not
     metric: Metric = Metric()
+    test: str = "blocked"
+    fits: dict = field(default_factory=dict)        # hub -> BlockedFit of its star
+    star_of: dict = field(default_factory=dict)     # (with, without) -> the hub whose fit tests it
+
+    def model(self, pairs: list[tuple[str, str]]) -> list[BlockedFit]:
+        """Fit the star families among a family's contrasts (with, without) as block designs (with the
+        blocked test); every later `delta` of one of their pairs is the model's. Returns the fits."""
+        if self.test != "blocked":
+            return []
+        fitted = []
+        for hub, leaves in stars(pairs).items():
+            fit = fit_star(self.values, hub, leaves)
+            if fit is None:
+                continue
+            self.fits[hub] = fit
+            fitted.append(fit)
+            for a, b in pairs:
+                if (a == hub and b in fit.var) or (b == hub and a in fit.var):
+                    self.star_of[(a, b)] = hub
+        return fitted
+
+    def describe(self, pairs: list[tuple[str, str]]) -> str:
+        """How a family's contrasts were tested, in one line: the blocked model(s) and what they
+        borrowed, the contrasts left paired (not in a star, or a side missing a block)."""
+        hubs = [self.star_of.get(p) for p in pairs]
+        fits = [self.fits[h] for h in dict.fromkeys(h for h in hubs if h is not None)]
+        paired = sum(h is None for h in hubs)
+        if not fits:
+            why = "" if self.test == "paired" else " (no star of contrasts with a shared arm complete on two seeds)"
+            return f"{TESTS['paired']}{why}"
+        text = "; ".join(f.describe() for f in fits)
+        return text + (f"; {paired} contrast{'s' * (paired != 1)} paired (a side misses a block, or no shared "
+                       "arm)" if paired else "")
 
     def delta(self, with_: str, without: str) -> Estimate:
-        """Δ = with − without, paired on seeds, on the grid, with the eval-noise term where both sides
-        have the per-problem scores of every shared seed."""
+        """Δ = with − without: the blocked model's where a fitted star holds the pair, else paired on
+        seeds; on the grid, with the eval-noise term where both sides have the per-problem scores of
+        every seed tested."""
         a, b = self.values.get(with_, {}), self.values.get(without, {})
         sa, sb = self.scores.get(with_, {}), self.scores.get(without, {})
         shared = set(a) & set(b)
         problems = {s: (sa[s], sb[s]) for s in shared if s in sa and s in sb}
+        hub = self.star_of.get((with_, without))
+        if hub is not None:
+            return blocked_delta(self.fits[hub], with_, without, self.values, self.granularity, problems or None)
         return delta_ci(a, b, granularity=self.granularity,
                         problems=problems if problems and len(problems) == len(shared) else None)
 
 
 def gather(values: dict, runs_of: dict, curves: dict, metric: Metric, summary: Summary, method: str = "holm",
-           alpha: float = ALPHA) -> Evidence:
+           alpha: float = ALPHA, test: str = "blocked") -> Evidence:
     """The Evidence of a report: `values` variant -> {seed: number}; `runs_of` variant -> runs;
     `curves` variant -> {seed: Curve} of the runs the numbers came from."""
-    evidence = Evidence(values, method=method, alpha=alpha, metric=metric)
+    evidence = Evidence(values, method=method, alpha=alpha, metric=metric, test=test)
     if metric.name != ACCURACY:
         evidence.why_no_scores = f"`{metric.name}` is not broken down by problem (only {ACCURACY} is)"
         return evidence

@@ -116,7 +116,8 @@ def inference_json(report: Report) -> dict:
             "exploratory": report.exploratory, "error_control": e.method if e else None,
             "alpha": e.alpha if e else None, "granularity": e.granularity if e else None,
             "intervals_count": "seeds x problems" if e is not None and e.scores else "seeds",
-            "why_seeds_only": e.why_no_scores if e else None, "compute": report.compute}
+            "why_seeds_only": e.why_no_scores if e else None, "compute": report.compute,
+            "test": e.test if e else None, "sensitivity": report.sensitivity}
 
 
 def noise_basis(report: Report) -> str:

@@ -127,7 +127,8 @@ def settle_family(verdicts: list[dict], evidence: Evidence, higher_is_better: bo
             v["delta"].p_adjusted = p
     m = len(tests)
     family = {"tests": m, "contrasts": len(verdicts), "method": evidence.method, "alpha": evidence.alpha,
-              "label": family_label(m, evidence.method, evidence.alpha)}
+              "label": family_label(m, evidence.method, evidence.alpha), "test": evidence.test,
+              "model": evidence.describe([(v["with"], v["without"]) for v in verdicts])}
     for v in verdicts:
         if v["verdict"] is None:
             v["verdict"], v["why"] = settle(v, evidence, higher_is_better, effect, family)
@@ -316,7 +317,8 @@ def against_controls(sweep: Sweep, evidence: Evidence, sequential: dict | None =
     adjusted = adjust([None if p is None else min(1.0, p) for p in one_sided], evidence.method, evidence.alpha)
     tested = sum(p is not None for p in one_sided)
     family = {"tests": tested, "method": evidence.method, "alpha": evidence.alpha,
-              "label": family_label(tested, evidence.method, evidence.alpha)}
+              "label": family_label(tested, evidence.method, evidence.alpha), "test": evidence.test,
+              "model": evidence.describe([(c["variant"], c["control"]) for c in against])}
     for c, p, p_adj in zip(against, one_sided, adjusted):
         c["p_beats"], c["p_beats_adjusted"], c["family"] = p, p_adj, family
         outcome, beats, why = compare_with_control(c["delta"], evidence.values.get(c["control"], {}),

@@ -134,13 +134,7 @@ def paired_ci(diffs: dict, level: float = 0.95, granularity: float | None = None
     if dropped:
         basis += f" ({len(dropped)} dropped: " + "; ".join(f"seed {s} {why}" for s, why in sorted(
             dropped.items(), key=lambda kv: str(kv[0]))) + ")"
-    units = np.round(d / granularity) if granularity else None
-    if units is not None and np.abs(d / granularity - units).max() < 1e-6:   # on the grid: count in problems
-        mean, sd = float(units.mean() * granularity), float(units.std(ddof=1) * granularity) if n > 1 else 0.0
-    else:
-        mean, sd = float(d.mean()), float(d.std(ddof=1)) if n > 1 else 0.0
-        if sd <= ZERO_SPREAD * max(1.0, float(np.abs(d).max())):    # equal Δs up to float noise
-            sd = 0.0
+    mean, sd = grid_mean_sd(d, granularity)
     est = Estimate(mean, None, None, n, basis, granularity=granularity, dropped=dict(dropped or {}))
     if n < 2:
         est.basis += ", no CI"
@@ -155,6 +149,20 @@ def paired_ci(diffs: dict, level: float = 0.95, granularity: float | None = None
     est.low, est.high = mean - half, mean + half
     est.p = None if se == 0.0 else 2.0 * t_tail(abs(mean) / se, n - 1)
     return est
+
+
+def grid_mean_sd(d: np.ndarray, granularity: float | None) -> tuple[float, float]:
+    """The mean and SD (ddof 1; 0 for one value) of paired differences, counted in eval problems when
+    every one lies on the grid (module docstring), else as floats with a spread below ZERO_SPREAD of
+    their scale read as none."""
+    n = len(d)
+    units = np.round(d / granularity) if granularity else None
+    if units is not None and np.abs(d / granularity - units).max() < 1e-6:   # on the grid: count in problems
+        return float(units.mean() * granularity), float(units.std(ddof=1) * granularity) if n > 1 else 0.0
+    mean, sd = float(d.mean()), float(d.std(ddof=1)) if n > 1 else 0.0
+    if sd <= ZERO_SPREAD * max(1.0, float(np.abs(d).max())):    # equal Δs up to float noise
+        sd = 0.0
+    return mean, sd
 
 
 def satterthwaite(parts: list[tuple[float, int]]) -> tuple[float, float] | None:
