@@ -207,7 +207,10 @@ def test_the_summary_fixed_before_the_first_run_decides_and_another_is_explorato
     assert "exploratory" in other.exploratory and "fixed `last_3`" in other.exploratory
     from grpo_ablate.report.render import render_markdown
 
-    assert "contrasts decided, exploratory**" in render_markdown(other)
+    text = render_markdown(other)
+    assert text.splitlines()[2].startswith("- **Verdicts** (**exploratory**: the sweep fixed another summary")
+    assert f"**Exploratory**: {other.exploratory}." in text.split("## How to read this")[1]
+    assert "exploratory" not in render_markdown(fixed).splitlines()[2]
 
 
 @pytest.mark.parametrize("seeds", [2, 3, 5])

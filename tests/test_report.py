@@ -214,3 +214,57 @@ def test_watch_follows_a_running_sweep_and_stops_on_ctrl_c(tmp_path):
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0 and "Traceback" not in err and "stopped watching" in err, err
     assert "1 running@40" in (sweep / "report.md").read_text()
+
+
+@pytest.mark.parametrize("kind", ["leave-one-out", "contexts with controls"])
+def test_report_md_opens_with_the_verdict_table(kind, tmp_path):
+    """Issue 43: the verdicts first. report.md's first table is the verdict table, within its first
+    8 lines, with at most three lines between the title and it (the family and its error control,
+    training against its untrained start, the cost of deciding the rest); the method text is below."""
+    from report_sim import write_sweep
+    from training_sim import write_context_sweep
+
+    rng = np.random.default_rng(4)
+    path = (write_sweep(tmp_path / "s", rng, tricks=6, seeds=5, effects={"t0": 0.8, "t1": -0.8})[0]
+            if kind == "leave-one-out" else
+            write_context_sweep(tmp_path / "s", rng, training={"down": -1.5, "up": 1.0}, effects={"t0": 1.0})[0])
+    result = cli_here("report", path, "--no-figures", cwd=tmp_path)
+    assert result.exit_code == 0, result.stdout
+    md = (path / "report.md").read_text()
+    lines = md.splitlines()
+    first_table = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    assert lines[0].startswith("# Report: ") and first_table < 8
+    assert lines[first_table] == "| trick | Δ (with − without) [95% CI] | adjusted p | verdict |"
+    between = [line for line in lines[1:first_table] if line.strip()]
+    assert len(between) <= 3 and between[0].startswith("- **Verdicts**: ")
+    assert between[-1].startswith("- **") and "contrasts decided" in between[-1]
+    if kind != "leave-one-out":
+        assert len(between) == 3 and between[1].startswith("- **Training vs its untrained start** (2 tests, Holm")
+    verdicts = json.loads((path / "report.json").read_text())["verdicts"]
+    rows = lines[first_table + 2:first_table + 2 + len(verdicts)]
+    assert len(rows) == len(verdicts) and lines[first_table + 2 + len(verdicts)] == ""
+    for row, v in zip(rows, verdicts):
+        trick, delta, p, verdict = row.strip("| ").split(" | ")
+        assert trick == v["trick"] and verdict.strip("*") == v["verdict"]
+        assert delta.startswith(f"{v['delta']['mean']:+.3f} [{v['delta']['low']:+.3f}, ")
+        assert p == f"{v['delta']['p_adjusted']:.2g}"
+    assert any(v["verdict"] in ("helps", "hurts") for v in verdicts)         # a decided row, in bold
+    # the method paragraph and the sweep's facts are below the verdicts, not above them
+    assert md.index("## Verdicts per trick") < md.index("## How to read this") < md.index("Metric: `eval/accuracy`")
+    assert result.stdout.startswith("\n".join(lines[:first_table + 2]))      # stdout prints the same report
+
+
+def test_the_first_line_names_the_familys_model_when_it_has_one(tmp_path):
+    """The family may say which model its tests came from (issue 43, item 1): the line above the
+    verdict table carries it; a family without one reads as before."""
+    from grpo_ablate.report.render import render_markdown
+
+    report = build_report(make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS))
+    plain = render_markdown(report).splitlines()[2]
+    assert plain == ("- **Verdicts**: 3 tests, Holm, 5% family-wise; compared on each run's final `eval/accuracy` "
+                     "(higher is better).")
+    report.verdicts[0]["family"]["model"] = "blocked model (seeds as blocks), df 19.4; variances alike"
+    assert render_markdown(report).splitlines()[2] == (
+        "- **Verdicts**: 3 tests, Holm, 5% family-wise (blocked model (seeds as blocks), df 19.4; variances alike); "
+        "compared on each run's final `eval/accuracy` (higher is better).")
+    assert "in this report ≤ 5%; blocked model (seeds as blocks)" in render_markdown(report)

@@ -70,9 +70,13 @@ def test_a_sequential_sweep_is_decided_by_its_boundaries_not_the_fixed_interval(
     assert c["verdict"] == "hurts" and c["power"]["look"] == 2 and "at look 2 (4 seeds)" in c["why"]
     recorded = {x["name"]: x["outcome"] for x in manifest["sequential"]["looks"][-1]["decisions"]}
     assert (recorded["a"], recorded["c"]) == ("undecided", "hurts")                # the sweep agreed
-    text = render_markdown(report)
-    assert text.splitlines()[2].startswith("**1 of 3 contrasts decided** (sequential: 2 look(s) up to 8 seeds, "
-                                           "stopped: budget; false helps/hurts ≤ 5% over all looks")
+    lines = render_markdown(report).splitlines()
+    assert lines[2].startswith("- **Verdicts**: sequential, 2 look(s) up to 8 seeds, stopped: budget; "
+                               "false helps/hurts ≤ 5% over all looks")
+    assert lines[3].startswith("- **1 of 3 contrasts decided**")
+    assert lines[5] == "| trick | Δ (with − without) [95% CI] | decided at look | verdict |"   # no adjusted p here
+    assert "**The verdicts**: sequential: 2 look(s) up to 8 seeds, stopped: budget; " in render_markdown(report).split(
+        "## How to read this")[1]
 
 
 def test_a_contrast_decided_at_a_look_says_which(tmp_path):
@@ -84,7 +88,8 @@ def test_a_contrast_decided_at_a_look_says_which(tmp_path):
     assert a["verdict"] == "helps" and "crossed the sequential boundary at look 1 (3 seeds)" in a["why"]
     assert (a["power"]["look"], a["power"]["seeds"]) == (1, 3)
     assert "**1 of 1 contrasts decided**" not in render_markdown(build_report(path))
-    assert "**All 1 contrasts decided** (sequential" in render_markdown(build_report(path))
+    head = render_markdown(build_report(path)).splitlines()[:6]
+    assert head[2].startswith("- **Verdicts**: sequential, 1 look(s)") and head[3] == "- **All 1 contrasts decided.**"
     lower = verdict(build_report(path, higher_is_better=False), "a")                # not the sweep's direction
     assert lower["verdict"] == "hurts" and not lower["power"]["sequential"]
     assert "decided its looks on `eval/accuracy` (higher is better)" in render_markdown(
@@ -123,9 +128,14 @@ def test_fixed_sweep_power_and_the_cost_of_deciding_the_rest(tmp_path):
     # 362 seeds for the observed |Δ| 0.007: post-hoc, past PRICED_SEEDS, so named, not priced
     p = report.power
     assert needed > PRICED_SEEDS and p["extra_seeds"] == {} and p["unpriced"] == ["b"] and p["runs"] == 0
-    first = render_markdown(report).splitlines()[2]
-    assert first.startswith("**2 of 3 contrasts decided** (3 contrasts, 3 tests, Holm, 5%: the chance of any false "
-                            "*helps*, *hurts* or *breaks training* in this report ≤ 5%). No seed count for b")
+    text = render_markdown(report)
+    first, cost = text.splitlines()[2:4]
+    assert first == ("- **Verdicts**: 3 tests, Holm, 5% family-wise; compared on each run's final `eval/accuracy` "
+                     "(higher is better).")
+    assert cost.startswith("- **2 of 3 contrasts decided**; no seed count for b, whose Δ is about zero")
+    assert ("**The verdicts**: 3 contrasts, 3 tests, Holm, 5%: the chance of any false *helps*, *hurts* or *breaks "
+            "training* in this report ≤ 5%.") in text.split("## How to read this")[1]
+    assert "No seed count for b (Δ about zero against its spread: more than 64 seeds" in text.split("## Power")[1]
     # with the smallest effect that matters named, the rest is priced: seeds × variants × the median run
     priced = build_report(path, effect=0.05, test="paired")
     p, needed_for = priced.power, seq.seeds_needed(0.05, sd)
@@ -133,8 +143,11 @@ def test_fixed_sweep_power_and_the_cost_of_deciding_the_rest(tmp_path):
     assert (p["decided"], p["contrasts"]) == (2, 3)
     assert p["extra_seeds"] == {"all": needed_for - 3, "drop-b": needed_for - 3} and p["runs"] == 2 * (needed_for - 3)
     assert p["seconds"] == pytest.approx(p["runs"] * statistics.median(walls))
+    priced_text = render_markdown(priced)
+    assert (f"; deciding the other 1: about {2 * (needed_for - 3)} more runs (up to {needed_for - 3} more "
+            "seeds for 2 variants) ≈ ") in priced_text.splitlines()[3]
     assert (f"Deciding the other 1 would take about {2 * (needed_for - 3)} more runs (up to {needed_for - 3} more "
-            "seeds for 2 variants)") in render_markdown(priced).splitlines()[2]
+            "seeds for 2 variants)") in priced_text.split("## Power")[1]
     table = render_markdown(report).split("## Power")[1]
     detectable = b["power"]["detectable_effect"]
     assert f"| b | no evidence | 3 | — | -0.007 | {sd:.3f} | {detectable:.3f} | ~{needed} |" in table

@@ -140,7 +140,7 @@ def test_one_seed_gives_no_verdict_not_even_breaks_training(tmp_path):
     assert verdicts == {"a": "no verdict", "z": "no verdict", "w": "no verdict"}
     assert "runs that broke: 1 of 1 with it, 0 of 1 without" in report.verdicts[2]["why"]
     text = render_markdown(report)
-    verdict_section = text.split("## Verdicts per trick")[1].split("## Health flags")[0]
+    verdict_section = section(text, "Verdicts per trick")
     for word in ("*helps*", "*hurts*", "*no evidence*"):
         assert word not in verdict_section
     assert "one seed" in verdict_section
@@ -226,8 +226,9 @@ def test_against_the_controls_verdicts(tmp_path):
     strong = {"base": {"final": {0: 0.71, 1: 0.71, 2: 0.71}}, "sft": {"final": {0: 0.95, 1: 0.96, 2: 0.95}}}
     report = build_report(make_sweep(tmp_path / "strong", LOO, contrasts=LOO_CONTRASTS, controls=strong), test="paired")
     text = render_markdown(report)
-    assert text.splitlines()[2].startswith("**No variant beats the SFT control (`control-sft`) on `eval/accuracy`: "
-                                               "RL not shown to help here**")
+    assert section(text, "Against the controls").lstrip().startswith(   # the controls' own headline, below the verdicts
+        "**No variant beats the SFT control (`control-sft`) on `eval/accuracy`: RL not shown to help here**")
+    assert "No variant beats" not in text.split("## Verdicts per trick")[0]
     lines = {line.split("**")[1]: line for line in section(text, "Against the controls").splitlines()
              if line.startswith("- **")}
     assert all("RL not shown to help here" in lines[v] for v in LOO)
@@ -255,7 +256,7 @@ def test_controls_with_one_seed_give_point_estimates_only(tmp_path):
     assert "one seed: no comparison is possible beyond the point estimate" in part
     assert "Δ = +0.300" in part                                                        # drop-c − sft, 0.90 − 0.60
     assert "With one seed per variant no comparison with the controls is possible beyond point estimates." in part
-    top = text.splitlines()[2]
+    top = part.lstrip().splitlines()[0]
     assert "RL not shown to help here**" in top and "(One seed: point estimates only" in top
     assert "0.300 (n=1, no CI)" in variants_table(report)
 

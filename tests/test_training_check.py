@@ -19,20 +19,29 @@ DECIDED = ("helps", "hurts")
 
 
 def head(report, lines=8):
+    """The report's top: the title, the lines above the verdict table and its first rows."""
     return "\n".join(render_markdown(report).splitlines()[:lines])
+
+
+def training_part(report):
+    """The section below the verdicts that gives each context's test in full."""
+    return render_markdown(report).split("## Does training beat its untrained start?")[1].split("\n## ")[0]
 
 
 def test_the_first_lines_name_the_context_where_training_lowers_the_metric(tmp_path):
     path, _, _ = write_context_sweep(tmp_path / "s", np.random.default_rng(1), training={"down": -1.5, "up": 1.0})
     report = build_report(path)
     text = head(report)
-    assert text.splitlines()[2].startswith("**Does training beat its untrained start?**")
+    assert text.splitlines()[3].startswith("- **Training vs its untrained start** (2 tests, Holm, 5%")
     assert "**training lowers eval/accuracy in down: " in text and "**training raises eval/accuracy in up: " in text
-    assert "the trick contrasts there compare ways of getting worse" in text
+    assert "every variant ends below its start" in text.splitlines()[3]
     full = render_markdown(report)
-    assert full.index("in down") < full.index("contrasts decided**")     # before any trick verdict
-    assert "What usually causes this, and what to try (suggestions, not verdicts)" in text
-    assert "length cap: rollout.max_new_tokens=32" in text
+    assert full.index("in down") < full.index("contrasts decided**") < full.index("| trick |")  # before any verdict
+    part = training_part(report)                                    # in full, below the verdicts
+    assert "**training lowers eval/accuracy in down: " in part and "**training raises eval/accuracy in up: " in part
+    assert "the trick contrasts there compare ways of getting worse" in part
+    assert "What usually causes this, and what to try (suggestions, not verdicts)" in part
+    assert "length cap: rollout.max_new_tokens=32" in part
     down, up = report.training["contexts"]
     assert (down["context"], down["verdict"], down["without"]) == ("down", "hurts", "control-base@down")
     assert down["all_worse"] and down["advice"] and not up["advice"] and up["verdict"] == "helps"
@@ -43,10 +52,13 @@ def test_the_first_lines_name_the_context_where_training_lowers_the_metric(tmp_p
 
 def test_a_sweep_where_training_helps_everywhere_says_so(tmp_path):
     path, _, _ = write_context_sweep(tmp_path / "s", np.random.default_rng(2), training={"a": 1.5, "b": 1.5})
-    text = head(build_report(path), 12)
+    report = build_report(path)
+    text = head(report)
     assert "**training raises eval/accuracy in a: " in text and "**training raises eval/accuracy in b: " in text
-    assert "Training beats its untrained start in every context" in text
-    assert "ways of getting worse" not in text and "suggestions, not verdicts" not in text
+    assert "Fix the training set-up" not in text
+    part = training_part(report)
+    assert "Training beats its untrained start in every context" in part
+    assert "ways of getting worse" not in part and "suggestions, not verdicts" not in part
 
 
 def test_without_a_base_control_the_runs_own_step_0_is_the_start(tmp_path):
@@ -59,7 +71,8 @@ def test_without_a_base_control_the_runs_own_step_0_is_the_start(tmp_path):
     report, reference = build_report(path), build_report(with_control)
     down = report.training["contexts"][0]
     assert down["without"] == "step 0" and down["verdict"] == "hurts"
-    assert "its runs' own eval at step 0 (no base control)" in head(report)
+    assert "- **Training vs its runs' own step-0 eval (no base control)**" in head(report)
+    assert "its runs' own eval at step 0 (no base control)" in training_part(report)
     # the start is the same eval set answered the same way, so the test is the same one
     assert down["delta"].mean == pytest.approx(reference.training["contexts"][0]["delta"].mean, abs=1e-12)
     assert down["delta"].p == pytest.approx(reference.training["contexts"][0]["delta"].p, rel=1e-9)
@@ -89,7 +102,7 @@ def test_the_cli_decides_as_the_functions_do(tmp_path):
     for v in got["verdicts"]:
         assert v["verdict"] == tricks[v["trick"]]["verdict"]
         assert v["delta"]["p_adjusted"] == pytest.approx(tricks[v["trick"]]["delta"].p_adjusted, rel=1e-9)
-    assert (path / "report.md").read_text().splitlines()[2].startswith("**Does training beat")
+    assert (path / "report.md").read_text().splitlines()[3].startswith("- **Training vs its untrained start**")
 
 
 @pytest.mark.parametrize("sweeps", [200, pytest.param(2000, marks=pytest.mark.slow)])
@@ -125,7 +138,8 @@ def test_a_sweep_without_contexts_tests_once_and_says_so_plainly(tmp_path):
     report = build_report(path)
     [check] = report.training["contexts"]
     assert check["context"] is None and check["without"] == "step 0" and check["verdict"] == "no evidence"
-    text = head(report)
+    assert "**in this sweep, training is not shown to change" in head(report)
+    text = training_part(report)
     assert "one test (1 test, Holm, 5%" in text and "**in this sweep, training is not shown to change" in text
     assert "(by 0.011 on average; not decided)" in text and "ways of getting worse" not in text
     assert not check["advice"] and "suggestions, not verdicts" not in text

@@ -33,7 +33,8 @@ variant's Δ against each is given the same way; they take part in no trick verd
     build.py            Report: everything above computed once (build_report)
     formatting.py       how numbers and intervals are written
     render.py           report.md, report.csv, report.json, stdout
-    render_training.py  the report's first lines: training against its untrained start
+    render_head.py      report.md's top: three short lines and the verdict table
+    render_training.py  training against its untrained start: a line at the top, a section below
     render_curves.py    the curve sections of report.md / report.json
     render_transfer.py  the section across contexts and its picture
     plots.py            the PNGs

@@ -18,6 +18,11 @@ def fmt_sig(value) -> str:
     return "—" if value is None else f"{value:.3g}"
 
 
+def fmt_p(p: float | None) -> str:
+    """A p-value to two significant digits, in e-notation below 0.001 (as the verdicts' reasons write it)."""
+    return "—" if p is None else f"{p:.2g}" if p >= 0.001 else f"{p:.1e}"
+
+
 def fmt_estimate(est: Estimate | None, signed: bool = False) -> str:
     """mean ± half-width of the 95% CI, `(Welch)` when the seeds differ, `(n=1, no CI)` without one."""
     if est is None or est.mean is None:

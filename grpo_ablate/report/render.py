@@ -16,11 +16,12 @@ from grpo_ablate.report.diagnostics import markdown_sections as diagnostics_sect
 from grpo_ablate.report.formatting import fmt_delta, fmt_estimate, fmt_num, fmt_sig
 from grpo_ablate.report.health import BREAKING_FLAGS
 from grpo_ablate.report.load import CONTROL_COLUMNS, CONTROL_LABELS
-from grpo_ablate.report.power import PRICED_SEEDS, sequential_guarantee
+from grpo_ablate.report.power import sequential_guarantee
 from grpo_ablate.report.render_curves import json_sections, markdown_sections as curve_sections
-from grpo_ablate.report.render_training import training_head
+from grpo_ablate.report.render_head import controls_summary, cost_lines, family, head_lines
+from grpo_ablate.report.render_training import training_section
 from grpo_ablate.report.render_transfer import markdown_section as transfer_section
-from grpo_ablate.report.verdicts import BEATS, BREAKS_TRAINING, NOT_SHOWN, NO_COMPARISON
+from grpo_ablate.report.verdicts import BEATS, BREAKS_TRAINING, NOT_SHOWN
 from grpo_ablate.stats.error_control import ERROR_CONTROL
 from grpo_ablate.stats.intervals import Estimate
 
@@ -38,16 +39,13 @@ def render_stdout(report: Report, fmt: str) -> str:
 
 # --------------------------------------------------------------------------- report.md
 def render_markdown(report: Report, figures: list[tuple[str, str]] | None = None) -> str:
-    """report.md; `figures` are (title, file name next to report.md); None leaves them out."""
-    s = report.sweep
-    out = header_lines(report)
-    if not s.manifest_found or any(r.notes for r in s.runs) or s.notes:
-        out += ["**What is missing**", ""]
-        out += [f"- {n}" for n in s.notes]
-        out += [f"- `{r.name}`: {'; '.join(r.notes)}" for r in s.runs if r.notes]
-        out.append("")
-    out += ["## Variants", "", variants_table(report), "", "## Verdicts per trick", ""]
-    out += verdict_lines(report)
+    """report.md; `figures` are (title, file name next to report.md); None leaves them out. The
+    verdicts come first (render_head.py); how to read them, below them."""
+    out = head_lines(report)
+    if report.verdicts:
+        out += ["## Verdicts per trick", ""] + verdict_lines(report) + [""]
+    out += training_section(report)
+    out += ["## Variants", "", variants_table(report), "", "## How to read this", ""] + method_lines(report)
     if report.transfer:
         out += [""] + transfer_section(report)
     checks = [v for v in report.verdicts if "expected" in v]
@@ -56,7 +54,7 @@ def render_markdown(report: Report, figures: list[tuple[str, str]] | None = None
     if report.verdicts and all(v["delta"].n <= 1 for v in report.verdicts):
         out += ["", "With one seed per variant no verdict is possible: a run that broke is counted, not tested."]
     if report.verdicts:
-        out += ["", "## Power", ""] + power_lines(report)
+        out += ["", "## Power", ""] + cost_lines(report) + power_lines(report)
         noise = eval_noise_lines(report)
         if noise:
             out += ["", "## Eval noise", ""] + noise
@@ -74,20 +72,54 @@ def render_markdown(report: Report, figures: list[tuple[str, str]] | None = None
     return "\n".join(out)
 
 
-def header_lines(report: Report) -> list[str]:
-    """Title, the one-line controls summary, the sweep's facts and how to read the numbers."""
+def method_lines(report: Report) -> list[str]:
+    """The sweep's facts, how the verdicts were decided, how to read the numbers, and what is missing."""
     s = report.sweep
     states = Counter(r.state for r in s.runs)
-    title = f"# Report: {s.name}" + (f" ({s.sweep_id})" if s.sweep_id else "")
     facts = [f"mode {s.mode}" if s.mode else None, f"base {s.base}" if s.base else None,
              f"seeds {', '.join(map(str, s.seeds))}" if s.seeds else None,
              f"{len(s.runs)} runs: " + ", ".join(f"{n} {k}" for k, n in states.most_common())]
+    decided = decided_how(report)
+    out = ["; ".join(f for f in facts if f) + ".", "", *([decided, ""] if decided else []), numbers_paragraph(report)]
+    if not s.manifest_found or any(r.notes for r in s.runs) or s.notes:
+        out += ["", "**What is missing**", ""]
+        out += [f"- {n}" for n in s.notes]
+        out += [f"- `{r.name}`: {'; '.join(r.notes)}" for r in s.runs if r.notes]
+    return out
+
+
+def decided_how(report: Report) -> str | None:
+    """The verdicts' error control in full (the line above the verdict table says it in short),
+    and why they are exploratory or not the sweep's sequential looks, when they are."""
+    p = report.power
+    if not p.get("contrasts"):
+        return None
+    fam = family(report)
+    if p["sequential"]:
+        how = (f"sequential: {p['looks']} look(s) up to {p['max_seeds']} seeds, stopped: "
+               f"{p.get('stopped') or 'not yet'}; " + sequential_guarantee(report.sweep.sequential))
+    elif fam:
+        level = f"{100 * fam['alpha']:g}%"
+        how = f"{p['contrasts']} contrasts, {fam['label']}: " + {
+            "holm": f"the chance of any false *helps*, *hurts* or *breaks training* in this report ≤ {level}",
+            "bh": f"false calls ≤ {level} of those made, on average",
+            "none": f"each contrast at {level} on its own; none for the report as a whole"}.get(
+                fam["method"], f"the family's error rate ≤ {level}")
+        how += f"; {fam['model']}" if fam.get("model") else ""
+    else:
+        how = "fixed 95% intervals"
+    line = f"**The verdicts**: {how}."
+    if p.get("note"):
+        line += f" Note: {p['note']}."
+    if report.exploratory:
+        line += f" **Exploratory**: {report.exploratory}."
+    return line
+
+
+def numbers_paragraph(report: Report) -> str:
+    """What each column and Δ is, how the intervals were computed, and what the controls are."""
     direction = "higher" if report.higher_is_better else "lower"
-    summary = controls_summary(report) if report.controls else None
-    decided = decided_summary(report)
-    return [title, "", *training_head(report), *([summary, ""] if summary else []), *([decided, ""] if decided else []),
-            "; ".join(f for f in facts if f) + ".", "",
-            f"Metric: `{report.metric}` ({direction} is better). Final = the last value a run logged; "
+    return (f"Metric: `{report.metric}` ({direction} is better). Final = the last value a run logged; "
             "a variant's numbers are means over its completed runs, ± the half-width of the 95% "
             "t-interval over seeds. AUC = the metric averaged over its curve (trapezoid over compute: "
             + ("sampled + trained tokens" if report.compute == "tokens"
@@ -98,14 +130,14 @@ def header_lines(report: Report) -> list[str]:
                "the controls' comparisons are on it. ")
             + "Δ = variant − reference, paired on the seeds both sides completed (a seed missing on one side is "
             "dropped and named), Welch only when they share none; the 95% CIs are unadjusted, the verdicts use "
-            "p-values adjusted over the report's family (its first line). "
+            "p-values adjusted over the report's family (the first line above the verdict table). "
             + noise_basis(report)
             + "length, truncated, entropy, KL = last logged `length/mean`, `length/truncated_frac`, "
             "`policy/entropy`, `kl/k3` (else `kl/k1`); wall s = status.json's wall time."
             + (" Controls: " + ", ".join(f"`{name}` ({CONTROL_LABELS[role]})" for role, name in report.controls.items())
                + "; " + " and ".join(f"{CONTROL_COLUMNS[role]} = variant − `{name}`"
                                      for role, name in report.controls.items())
-               + ", the same way; controls take part in no trick verdict." if report.controls else ""), ""]
+               + ", the same way; controls take part in no trick verdict." if report.controls else ""))
 
 
 def inference_json(report: Report) -> dict:
@@ -129,50 +161,6 @@ def noise_basis(report: Report) -> str:
     if e is not None and e.why_no_scores:
         return f"Intervals count seeds only: {e.why_no_scores}. "
     return ""
-
-
-def decided_summary(report: Report) -> str | None:
-    """The report's first line: how many contrasts were decided, and what the rest would cost."""
-    p = report.power
-    if not p.get("contrasts"):
-        return None
-    family = next((v["family"] for v in report.verdicts if v.get("family")), None)
-    if p["sequential"]:
-        how = (f"sequential: {p['looks']} look(s) up to {p['max_seeds']} seeds, stopped: "
-               f"{p.get('stopped') or 'not yet'}; " + sequential_guarantee(report.sweep.sequential))
-    elif family:
-        level = f"{100 * family['alpha']:g}%"
-        how = f"{p['contrasts']} contrasts, {family['label']}: " + {
-            "holm": f"the chance of any false *helps*, *hurts* or *breaks training* in this report ≤ {level}",
-            "bh": f"false calls ≤ {level} of those made, on average",
-            "none": f"each contrast at {level} on its own; none for the report as a whole"}[family["method"]]
-    else:
-        how = "fixed 95% intervals"
-    undecided = p["contrasts"] - p["decided"]
-    line = (f"**{'All ' + str(p['contrasts']) if not undecided else str(p['decided']) + ' of ' + str(p['contrasts'])} "
-            f"contrasts decided** ({how}).")
-    if report.exploratory:
-        line = line.replace("contrasts decided**", "contrasts decided, exploratory**", 1)
-    note = f" Note: {p['note']}." if p.get("note") else ""
-    if report.exploratory:
-        note += f" **Exploratory**: {report.exploratory}."
-    if not undecided:
-        return line + note
-    if p["runs"]:
-        most = max(p["extra_seeds"].values())
-        cost = (f"≈ {fmt_duration(p['seconds'])} at {p['run_seconds']:.3g} s a run "
-                "(median of this sweep's completed runs)"
-                if p["seconds"] is not None else "(no completed run to time)")
-        line += (f" Deciding the other {undecided - len(p['unpriced'])} would take about {p['runs']} more runs "
-                 f"(up to {most} more seeds for {len(p['extra_seeds'])} variants) {cost}")
-        line += (" — past this sweep's --max-seeds: `grpo-ablate sweep --resume DIR --max-seeds N` re-plans "
-                 "them (about 7% false helps/hurts, not 5%)." if p["sequential"] and p.get("stopped") == "max seeds"
-                 else ".")
-    if p["unpriced"]:
-        line += (f" No seed count for {', '.join(p['unpriced'])} (Δ about zero against its spread: more than "
-                 f"{PRICED_SEEDS} seeds, or no spread over seeds): name the smallest effect that matters with "
-                 "`--effect`.")
-    return line + note
 
 
 def power_lines(report: Report) -> list[str]:
@@ -220,12 +208,6 @@ def eval_noise_lines(report: Report) -> list[str]:
         lines.append(f"| {v['trick']} | {100 * e.share:.0f}% | {e.se_seeds:.4f} | {e.se:.4f} | {e.se_at[2]:.4f} | "
                      f"{e.se_at[4]:.4f} |")
     return lines
-
-
-def fmt_duration(seconds: float) -> str:
-    if seconds >= 5400:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
 def health_lines(report: Report) -> list[str]:
@@ -283,7 +265,9 @@ def control_lines(report: Report) -> list[str]:
             f"{ERROR_CONTROL[family['method']]}'s adjustment over these {family['tests']} comparisons (a family of "
             "its own, apart from the trick contrasts)"
             if family and family["method"] != "none" else f"the 95% CI of Δ lies entirely {direction} zero")
-    lines = [f"Δ = variant − control on the {report.summary.label} `{report.metric}`, paired on the seeds both "
+    summary = controls_summary(report)
+    lines = [*([summary, ""] if summary else []),
+             f"Δ = variant − control on the {report.summary.label} `{report.metric}`, paired on the seeds both "
              f"completed. A variant *beats* a control only when {rule}. The SFT control trains on the task's "
              "gold solutions: not beating it says RL did no better than imitation with those, not that RL "
              "fails.", ""]
@@ -323,20 +307,6 @@ def sft_rows(report: Report) -> list[tuple[str, dict]]:
     rows = {r["variant"]: r for r in report.rows}
     return [(where, rows[by_role["sft"]]) for where, by_role in pairs
             if by_role.get("base") and by_role.get("sft") in rows]
-
-
-def controls_summary(report: Report) -> str | None:
-    """One line for the top of the report when no variant beats the SFT control."""
-    sft = report.controls.get("sft")
-    versus_sft = [c for c in report.against_controls if c["role"] == "sft"]
-    if not sft or not versus_sft or any(c["outcome"] == BEATS for c in versus_sft):
-        return None
-    if all(c["outcome"] == NO_COMPARISON for c in versus_sft):
-        return None   # the control itself has nothing to compare with: "Against the controls" says why
-    one_seed = all(not c["delta"].has_ci for c in versus_sft)
-    return (f"**No variant beats the SFT control (`{sft}`) on `{report.metric}`: RL not shown to help here** "
-            "(the SFT control imitates the task's gold solutions for the same budget)."
-            + (" (One seed: point estimates only, no comparison is possible.)" if one_seed else ""))
 
 
 # --------------------------------------------------------------------------- tables

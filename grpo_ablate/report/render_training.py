@@ -1,15 +1,36 @@
-"""The report's first lines: per context, whether training beat its untrained start
-(report/training.py), before any trick verdict."""
+"""Whether training beat its untrained start, per context (report/training.py): one line above
+the verdict table, and the section with each context's numbers, the SFT control and advice."""
 from __future__ import annotations
 
-from grpo_ablate.report.formatting import fmt_delta, fmt_num
+from grpo_ablate.report.formatting import fmt_delta, fmt_num, fmt_p
 from grpo_ablate.report.verdicts import BEATS, NO_COMPARISON
 
 LABELS = {None: "this sweep"}
 
 
-def training_head(report) -> list[str]:
-    """The lines that open report.md (with a blank line after), or none when the sweep has no such test."""
+def training_line(report) -> str | None:
+    """One sentence above the verdict table: per context the decided direction (or not) with its
+    adjusted p; None when the sweep has no such test."""
+    section = report.training
+    if not section:
+        return None
+    checks = section["contexts"]
+    start = "its untrained start" if checks[0]["without"] != "step 0" else "its runs' own step-0 eval (no base control)"
+    parts = []
+    for c in checks:
+        p = c["delta"].p_adjusted if c["delta"].p_adjusted is not None else c["delta"].p
+        numbers = f"adjusted p {fmt_p(p)}" if p is not None else c["verdict"]
+        parts.append(f"{context_head(c, report.metric)} ({numbers}"
+                     + ("; every variant ends below its start" if c["all_worse"] and c["worse"] else "") + ")")
+    line = (f"**Training vs {start}** ({section['family']['label']}, a family apart from the tricks): "
+            + "; ".join(parts) + ".")
+    if all(c["worse"] for c in checks):
+        line += " **Fix the training set-up before comparing tricks.**"
+    return line
+
+
+def training_section(report) -> list[str]:
+    """The section below the verdicts: each context's test in full; none when the sweep has no such test."""
     section = report.training
     if not section:
         return []
@@ -19,7 +40,8 @@ def training_head(report) -> list[str]:
     per = "one test per context" if first["context"] is not None else "one test"
     against = ("the untrained base (`control-base`: an eval of the context's warm start)"
                if first["without"] != "step 0" else "its runs' own eval at step 0 (no base control)")
-    lines = [f"**Does training beat its untrained start?** The reference variant against {against}, on the "
+    lines = ["## Does training beat its untrained start?", "",
+             f"The reference variant against {against}, on the "
              f"{report.summary.label} of `{report.metric}`, {per} ({family['label']}: a family "
              "of its own, apart from the trick contrasts, whose error rate it leaves as stated):"]
     for c in checks:
@@ -32,20 +54,24 @@ def training_head(report) -> list[str]:
         lines.append("**Training lowers the metric everywhere here: fix the training set-up before comparing "
                      "tricks.**")
     elif not worse and all(c["better"] for c in checks):
-        lines.append("Training beats its untrained start in every context; the trick verdicts below compare ways "
+        lines.append("Training beats its untrained start in every context; the trick verdicts compare ways "
                      "of improving on it.")
     return lines + [""]
+
+
+def context_head(c: dict, metric: str) -> str:
+    """The decided direction, or that there is none, with the metric's move from start to end."""
+    where = LABELS.get(c["context"], c["context"])
+    move = f"{fmt_num(c['start'])} → {fmt_num(c['end'])}"
+    if c["worse"] or c["better"]:
+        return f"**training {c['direction']} {metric} in {where}: {move}**"
+    return f"**in {where}, training is not shown to change {metric}: {move}** (*{c['verdict']}*)"
 
 
 def context_line(c: dict, metric: str) -> str:
     """One context: the decided direction (or not), its numbers, the plain statement when every
     variant ended below its start, and the SFT control."""
-    where = LABELS.get(c["context"], c["context"])
-    move = f"{fmt_num(c['start'])} → {fmt_num(c['end'])}"
-    if c["worse"] or c["better"]:
-        head = f"**training {c['direction']} {metric} in {where}: {move}**"
-    else:
-        head = f"**in {where}, training is not shown to change {metric}: {move}** (*{c['verdict']}*)"
+    head = context_head(c, metric)
     numbers = fmt_delta(c["delta"])
     line = f"- {head} (`{c['with']}` vs `{c['without']}`: {numbers + '; ' if numbers else ''}{c['why']})."
     if c["all_worse"] and c["worse"]:

@@ -1,0 +1,145 @@
+"""The top of report.md: the title, at most three one-sentence lines (the family and its error
+control, training against its untrained start, the cost of deciding the rest) and the verdict
+table, so that a reader meets the verdicts first (issue 43); the full cost of the open
+contrasts for the Power section and the SFT control's headline for the controls section."""
+from __future__ import annotations
+
+from grpo_ablate.report.build import Report
+from grpo_ablate.report.formatting import fmt_num, fmt_p
+from grpo_ablate.report.power import PRICED_SEEDS, sequential_guarantee
+from grpo_ablate.report.render_training import training_line
+from grpo_ablate.report.verdicts import BEATS, BREAKS_TRAINING, NO_COMPARISON, UNDECIDED
+
+# what each error control holds its level to, after the family's label ("6 tests, Holm, 5%")
+HOLDS = {"holm": "family-wise", "bh": "false discovery rate", "none": "per test"}
+
+
+def head_lines(report: Report) -> list[str]:
+    """Title, the lines above the verdict table, the table, and a blank line: report.md's first
+    table is the verdict table, within its first 8 lines (tests/test_report.py)."""
+    s = report.sweep
+    title = f"# Report: {s.name}" + (f" ({s.sweep_id})" if s.sweep_id else "")
+    if not report.verdicts:
+        return [title, "", *filter(None, [training_line(report)]),
+                "No contrasts: this sweep has no pair of variants that differ by one trick; its variants follow.", ""]
+    lines = [family_line(report), training_line(report), decided_line(report)]
+    return [title, "", *(f"- {line}" for line in lines if line), "", *verdict_table(report), ""]
+
+
+def family(report: Report) -> dict | None:
+    """The trick contrasts' family (verdicts.settle_family); None for a sequential sweep's looks."""
+    return next((v["family"] for v in report.verdicts if v.get("family")), None)
+
+
+def family_line(report: Report) -> str:
+    """Which tests decided, at what error rate, and on what number."""
+    p, fam = report.power, family(report)
+    if p["sequential"]:
+        how = (f"sequential, {p['looks']} look(s) up to {p['max_seeds']} seeds, stopped: "
+               f"{p.get('stopped') or 'not yet'}; " + sequential_guarantee(report.sweep.sequential))
+    elif fam:
+        # .get: a method this renderer does not know yet still reads as its label
+        how = " ".join(filter(None, [fam["label"], HOLDS.get(fam["method"])])) + (
+            f" ({fam['model']})" if fam.get("model") else "")
+    else:
+        how = "fixed 95% intervals"
+    direction = "higher" if report.higher_is_better else "lower"
+    exploratory = " (**exploratory**: the sweep fixed another summary; see How to read this)" if report.exploratory \
+        else ""
+    compared = ("each run's final" if report.summary.how == "final" else f"each run's {report.summary.label} of")
+    return f"**Verdicts**{exploratory}: {how}; compared on {compared} `{report.metric}` ({direction} is better)."
+
+
+def decided_line(report: Report) -> str | None:
+    """How many contrasts were decided and, in short, what deciding the rest would take."""
+    p = report.power
+    if not p.get("contrasts"):
+        return None
+    undecided = p["contrasts"] - p["decided"]
+    if not undecided:
+        return f"**All {p['contrasts']} contrasts decided.**"
+    line = f"**{p['decided']} of {p['contrasts']} contrasts decided**"
+    if p["runs"]:
+        priced = undecided - len(p["unpriced"])
+        which = f"the other {priced}" if priced == undecided else f"{priced} of the other {undecided}"
+        line += (f"; deciding {which}: about {p['runs']} more runs (up to "
+                 f"{max(p['extra_seeds'].values())} more seeds for {len(p['extra_seeds'])} variants)"
+                 + (f" ≈ {fmt_duration(p['seconds'])}" if p["seconds"] is not None else "")
+                 + (", past this sweep's --max-seeds" if past_max_seeds(p) else ""))
+    if p["unpriced"]:
+        line += f"; no seed count for {', '.join(p['unpriced'])}, whose Δ is about zero against its spread"
+    return line + (" (see Power)." if p["runs"] or p["unpriced"] else ".")
+
+
+def past_max_seeds(power: dict) -> bool:
+    return bool(power["sequential"] and power.get("stopped") == "max seeds")
+
+
+def cost_lines(report: Report) -> list[str]:
+    """The Power section's opening: the cost of deciding the open contrasts in full."""
+    p = report.power
+    undecided = p["contrasts"] - p["decided"]
+    if not undecided:
+        return []
+    line = ""
+    if p["runs"]:
+        most = max(p["extra_seeds"].values())
+        cost = (f"≈ {fmt_duration(p['seconds'])} at {p['run_seconds']:.3g} s a run "
+                "(median of this sweep's completed runs)"
+                if p["seconds"] is not None else "(no completed run to time)")
+        line += (f"Deciding the other {undecided - len(p['unpriced'])} would take about {p['runs']} more runs "
+                 f"(up to {most} more seeds for {len(p['extra_seeds'])} variants) {cost}")
+        line += (" — past this sweep's --max-seeds: `grpo-ablate sweep --resume DIR --max-seeds N` re-plans "
+                 "them (about 7% false helps/hurts, not 5%)." if past_max_seeds(p) else ".")
+    if p["unpriced"]:
+        line += (f" No seed count for {', '.join(p['unpriced'])} (Δ about zero against its spread: more than "
+                 f"{PRICED_SEEDS} seeds, or no spread over seeds): name the smallest effect that matters with "
+                 "`--effect`.")
+    return [line.strip(), ""] if line else []
+
+
+def fmt_duration(seconds: float) -> str:
+    if seconds >= 5400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def verdict_table(report: Report) -> list[str]:
+    """One row per contrast: Δ with its unadjusted 95% CI, the p-value that decided it, the verdict."""
+    sequential = report.power["sequential"]
+    fam = family(report)
+    third = "decided at look" if sequential else "p" if fam and fam["method"] == "none" else "adjusted p"
+    lines = [f"| trick | Δ (with − without) [95% CI] | {third} | verdict |", "|---|---|---|---|"]
+    for v in report.verdicts:
+        d = v["delta"]
+        delta = "—" if d.mean is None else fmt_num(d.mean, signed=True) + (
+            f" [{fmt_num(d.low, signed=True)}, {fmt_num(d.high, signed=True)}]" if d.has_ci else f" (n={d.n}, no CI)")
+        decided = str(v["power"].get("look") or "—") if sequential else deciding_p(v)
+        verdict = f"**{v['verdict']}**" if v["verdict"] not in UNDECIDED else v["verdict"]
+        cells = [v["trick"], delta, decided, verdict]
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    return lines
+
+
+def deciding_p(v: dict) -> str:
+    """The family-adjusted p that decided the verdict: the exact test of broken runs for *breaks
+    training*, else Δ's; — where nothing was tested (inert, one seed, zero spread)."""
+    broke = v.get("broke") or {}
+    if v["verdict"] == BREAKS_TRAINING and broke.get("p_adjusted") is not None:
+        return f"{fmt_p(broke['p_adjusted'])} (runs that broke)"
+    d = v["delta"]
+    return fmt_p(d.p_adjusted if d.p_adjusted is not None else d.p)
+
+
+def controls_summary(report: Report) -> str | None:
+    """The controls section's headline when no variant beats the SFT control."""
+    sft = report.controls.get("sft")
+    versus_sft = [c for c in report.against_controls if c["role"] == "sft"]
+    if not sft or not versus_sft or any(c["outcome"] == BEATS for c in versus_sft):
+        return None
+    if all(c["outcome"] == NO_COMPARISON for c in versus_sft):
+        return None   # the control itself has nothing to compare with: the section's lines say why
+    one_seed = all(not c["delta"].has_ci for c in versus_sft)
+    return (f"**No variant beats the SFT control (`{sft}`) on `{report.metric}`: RL not shown to help here** "
+            "(the SFT control imitates the task's gold solutions for the same budget)."
+            + (" (One seed: point estimates only, no comparison is possible.)" if one_seed else ""))
