@@ -130,11 +130,11 @@ def test_fixed_sweep_power_and_the_cost_of_deciding_the_rest(tmp_path):
     assert needed > PRICED_SEEDS and p["extra_seeds"] == {} and p["unpriced"] == ["b"] and p["runs"] == 0
     text = render_markdown(report)
     first, cost = text.splitlines()[2:4]
-    assert first == ("- **Verdicts**: 3 tests, Holm, 5% family-wise; compared on each run's final `eval/accuracy` "
-                     "(higher is better).")
+    assert first == ("- **Verdicts**: 3 tests, Holm, 5% family-wise (paired t per contrast); compared on each run's "
+                     "final `eval/accuracy` (higher is better).")
     assert cost.startswith("- **2 of 3 contrasts decided**; no seed count for b, whose Δ is about zero")
     assert ("**The verdicts**: 3 contrasts, 3 tests, Holm, 5%: the chance of any false *helps*, *hurts* or *breaks "
-            "training* in this report ≤ 5%.") in text.split("## How to read this")[1]
+            "training* in this report ≤ 5%; paired t per contrast.") in text.split("## How to read this")[1]
     assert "No seed count for b (Δ about zero against its spread: more than 64 seeds" in text.split("## Power")[1]
     # with the smallest effect that matters named, the rest is priced: seeds × variants × the median run
     priced = build_report(path, effect=0.05, test="paired")

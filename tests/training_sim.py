@@ -57,6 +57,7 @@ def fast_checks(plan, scores, method="holm", alpha=0.05, k=3):
     values = {v: {s: float(of(e).mean()) for s, e in by_seed.items()} for v, by_seed in scores.items()}
     evidence = Evidence(values, 1.0 / (problems * k), {v: {s: of(e) for s, e in by_seed.items()}
                                                        for v, by_seed in scores.items()}, method, alpha)
+    evidence.model([(v, ref) for v, (_, _, ref, _) in plan.items() if ref is not None])   # the trick stars
     item = lambda name, a, b: {"trick": name, "with": a, "without": b, "verdict": None, "broke": None,
                                "delta": evidence.delta(a, b)}
     tricks = [item(v.split("@")[0][len("add-"):] + "@" + ctx, v, ref)
