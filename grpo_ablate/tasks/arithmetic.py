@@ -100,6 +100,8 @@ class ArithmeticTask:
         self.operand_max = operand_max
         self.digit_range = (lo_digits, hi_digits)
         values = self._values()
+        if not values:
+            raise ValueError(f"task.operand_min={operand_min} is above task.operand_max={operand_max}")
         if all(held_out(f"{a}+{b}=") for a in values for b in values):   # stops at the first training problem
             raise ValueError(f"every problem of {self._space_name()} is held out for the eval, none is left to "
                              "train on; widen task.operand_min..operand_max")

@@ -24,7 +24,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from grpo_ablate.tasks.holdout import EVAL_SHARE, PARTITION, prompt_fraction
+from grpo_ablate.tasks.holdout import EVAL_SHARE, prompt_fraction
 
 KINDS = ("add", "larger", "count")
 WORDS = ("apple", "banana", "cherry", "strawberry", "raspberry", "blueberry", "pineapple", "orange", "mango",
@@ -101,5 +101,4 @@ class QuizTask:
         return before[0] - len(self.train), before[1] - len(self.eval)
 
     def describe(self) -> dict:
-        return {"name": "quiz", "kind": self.kind, "holdout": PARTITION, "train": len(self.train),
-                "eval": len(self.eval)}
+        return {"name": "quiz", "kind": self.kind, "train": len(self.train), "eval": len(self.eval)}
