@@ -12,6 +12,7 @@ from grpo_ablate.config import ConfigError, compose, validate
 from grpo_ablate.models import build_char_tokenizer
 from grpo_ablate.sampling.prompts import PromptEncoder
 from grpo_ablate.tasks import build_task
+from grpo_ablate.tasks.holdout import held_out
 from grpo_ablate.tasks.math_answer import extract_answer, gold_answer, last_boxed
 
 # `datasets` writes its cache at import-time paths: keep it out of the home directory
@@ -56,7 +57,7 @@ def test_math_verify_scores_every_form_of_the_answer(tmp_path, completion, score
 
 def test_word_problems_load_split_and_score():
     task = jsonl_task("task.eval_size=8", "task.difficulty_field=difficulty")
-    assert len(task.train) == 32 and len(task.eval) == 8
+    assert len(task.train) == 31 and len(task.eval) == 8           # 9 of the 40 rows are held out
     assert not {p.prompt for p in task.train} & {p.prompt for p in task.eval}     # held out
     assert jsonl_task("task.eval_size=8").eval == jsonl_task("task.eval_size=8").eval   # deterministic
     snail = next(p for p in task.train + task.eval if p.prompt.startswith("A snail"))
@@ -64,13 +65,48 @@ def test_word_problems_load_split_and_score():
     assert task.reward(r"It gets out on day \boxed{8}.", snail) == 1.0
     assert task.reward("day 7", snail) == 0.0
     # an epoch visits every training problem once, in an order fixed by the seed
-    epoch = [p for step in range(1, 9) for p in task.train_batch(4, seed=0, step=step)]
+    epoch = [p for step in range(1, 32) for p in task.train_batch(1, seed=0, step=step)]   # 31 training rows
     assert sorted(p.prompt for p in epoch) == sorted(p.prompt for p in task.train)
     assert task.train_batch(4, seed=0, step=3) == task.train_batch(4, seed=0, step=3)
     assert task.train_batch(4, seed=1, step=1) != task.train_batch(4, seed=0, step=1)
     easy = jsonl_task("task.difficulty_field=difficulty", "task.difficulties=[easy]", "task.eval_size=2")
     assert {p.difficulty for p in easy.train + easy.eval} == {"easy"}
     assert task.formatted(r"\boxed{3}") and task.formatted("#### 3") and not task.formatted("3")
+
+
+def test_the_held_out_rows_are_fixed_whatever_eval_size_is():
+    """Issue 43: without eval_path a fixed partition of the rows (by a hash of the question) is held
+    out; eval_size takes the first of them in the shuffle_seed's order and moves no row into or out of
+    training; a filter (task.difficulties) keeps each row on its side; more than the partition is one line."""
+    everything = jsonl_task("task.eval_size=null", "task.difficulty_field=difficulty")
+    few = jsonl_task("task.eval_size=3", "task.difficulty_field=difficulty")
+    assert len(everything.eval) == 9 and few.eval == everything.eval[:3]
+    assert few.train == everything.train and len(few.train) == 31
+    assert all(held_out(p.question) for p in everything.eval) and not any(held_out(p.question) for p in few.train)
+    for seed, step, round_ in ((0, 1, 0), (2, 9, 0), (1, 3, 2)):
+        assert few.train_batch(4, seed, step, round_) == everything.train_batch(4, seed, step, round_)
+    assert few.prompt_pool(10, seed=1) == everything.prompt_pool(10, seed=1)
+    reordered = jsonl_task("task.eval_size=null", "task.difficulty_field=difficulty", "task.shuffle_seed=1")
+    assert reordered.train == few.train and sorted(map(str, reordered.eval)) == sorted(map(str, everything.eval))
+    assert reordered.eval != everything.eval                         # the seed orders the partition, never chooses it
+    easy = jsonl_task("task.eval_size=null", "task.difficulty_field=difficulty", "task.difficulties=[easy]")
+    assert {p.question for p in easy.eval} == {p.question for p in everything.eval if p.difficulty == "easy"}
+    with pytest.raises(ConfigError, match="task.eval_size=10 is more than the 9 held-out problems of task.path=") \
+            as err:
+        jsonl_task("task.eval_size=10")
+    assert "\n" not in str(err.value)
+
+
+def test_a_held_out_file_stays_the_eval_and_everything_else_trains(tmp_path):
+    rows = [{"question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(12)]
+    train, held = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows[:8]))
+    held.write_text("".join(json.dumps(r) + "\n" for r in rows[8:]))
+    task = lambda size: build_task(compose(["task=jsonl", f"task.path={train}", f"task.eval_path={held}",
+                                            f"task.eval_size={size}"]).task)
+    assert [p.question for p in task(2).train] == [r["question"] for r in rows[:8]]   # the partition is not applied
+    assert {p.question for p in task("null").eval} == {r["question"] for r in rows[8:]}
+    assert task(2).eval == task("null").eval[:2] and task(2).train == task(4).train
 
 
 def test_malformed_rows_are_reported_with_their_line_numbers(tmp_path):
@@ -176,6 +212,6 @@ def test_prompt_encoder_chat_template_system_prompt_and_limit():
     said = []
     counts = PromptEncoder(tok, task).drop_long_prompts(task, said.append)
     long_ = [p for p in jsonl_task("task.eval_size=5").train if len(PromptEncoder(tok, task)(p)) > 80]
-    assert counts["prompts/dropped"] == len(long_) > 0 and len(task.train) == 35 - len(long_)
+    assert counts["prompts/dropped"] == len(long_) > 0 and len(task.train) == 31 - len(long_)
     assert all(len(PromptEncoder(tok, task)(p)) <= 80 for p in task.train + task.eval)
     assert len(said) == 1 and "task.max_prompt_tokens=80" in said[0]

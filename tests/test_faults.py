@@ -94,6 +94,7 @@ def test_count_options_are_refused_before_the_training_stack_is_imported(tmp_pat
     ("adv=gdpo adv.weights={bogus:2}", "names: task_reward"),
     ("adv=gpg adv.f_norm=0", "adv.f_norm=0 is not allowed"),
     ("task.eval_size=0", "task.eval_size=0 is not allowed; it must be an integer >= 1"),
+    ("task.eval_size=2514", "task.eval_size=2514 is more than the 2513 held-out problems of task.level=easy"),
     ("task.trace=maybe", "task.trace='maybe' is not allowed; allowed: true, false"),
     ("model.disable_dropout=maybe", "allowed: true, false"),
 ])

@@ -22,6 +22,21 @@ def test_quiz_is_deterministic_and_holds_its_eval_split_out(kind):
     assert all(p.prompt.endswith("Answer with the number only.") for p in task.eval_set())
 
 
+@pytest.mark.parametrize("kind, held, total", [("add", 64, 100), ("count", 64, 158), ("larger", 2003, 8010)])
+def test_quiz_eval_size_changes_the_eval_only(kind, held, total):
+    """A fixed held-out set per kind (a quarter, at least 64: the default eval_size fits add's 100):
+    training is the rest whatever eval_size is, and a smaller eval is a prefix of a larger one."""
+    small, large = QuizTask(kind=kind, eval_size=8), QuizTask(kind=kind, eval_size=held)
+    assert small.train == large.train and len(small.train) == total - held
+    assert large.eval_set()[:8] == small.eval_set()
+    for seed, step, round_ in ((0, 1, 0), (3, 7, 0), (1, 2, 2)):
+        assert small.train_batch(8, seed, step, round_) == large.train_batch(8, seed, step, round_)
+    drawn = {p.prompt for step in range(1, 301) for p in small.train_batch(16, seed=0, step=step)}
+    assert not drawn & {p.prompt for p in large.eval_set()}
+    with pytest.raises(ValueError, match=f"task.eval_size={held + 1} is more than the {held} held-out problems"):
+        QuizTask(kind=kind, eval_size=held + 1)
+
+
 def test_quiz_answers_are_right_and_the_reward_reads_the_last_integer():
     add = {p.prompt: p.answer for p in QuizTask(kind="add").train + QuizTask(kind="add").eval_set()}
     assert add["What is 3 + 5? Answer with the number only."] == 8 and len(add) == 100
@@ -38,7 +53,7 @@ def test_quiz_answers_are_right_and_the_reward_reads_the_last_integer():
 
 @pytest.mark.parametrize("options, needle", [
     ({"kind": "mul"}, "task.kind='mul' is not allowed; allowed: add, larger, count"),
-    ({"kind": "add", "eval_size": 100}, "task.eval_size=100 leaves no training problems"),
+    ({"kind": "add", "eval_size": 100}, "task.eval_size=100 is more than the 64 held-out problems of task.kind=add"),
 ])
 def test_bad_quiz_options(options, needle):
     with pytest.raises(ValueError, match=re.escape(needle)):

@@ -1,8 +1,10 @@
 """Proof that a redesign moved nothing: fixed short runs give bit-identical metrics.
 
 The golden files in tests/golden/ were recorded on the code before the trainer was reshaped
-(issue 12), through the same user-facing entrypoint (`grpo-ablate train`'s Hydra app). Every
-metric except timings must come out exactly equal: same floats, same keys, same steps.
+(issue 12), and again when the eval problems became a fixed partition (issue 43: every
+training draw and the warm start changed), through the same user-facing entrypoint
+(`grpo-ablate train`'s Hydra app). Every metric except timings must come out exactly equal:
+same floats, same keys, same steps.
 
 Floating-point results depend on the CPU's vector instructions (torch picks its kernels by
 the CPU's capability: AVX2, AVX-512, ...), so the comparison is exact where the recording's

@@ -107,11 +107,11 @@ def test_a_list_valued_context_runs_the_list_it_names(small, tmp_path):
 
 
 def test_a_dry_run_says_which_warm_start_it_will_build_first(small, tmp_path):
-    r = cli("sweep", "add-one-in", "--tricks", "no_std", "--across", "task.operand_max=9,8", "--seeds", "1",
+    r = cli("sweep", "add-one-in", "--tricks", "no_std", "--across", "task.operand_max=9,10", "--seeds", "1",
             "--dry-run", *[o for o in small if not o.startswith("task.operand_max")], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stdout.splitlines() if line.startswith("first warm-starts")]
-    assert len(lines) == 1 and "base@operand_max-8" in lines[0], r.stdout   # operand_max=9: the cached one
+    assert len(lines) == 1 and "base@operand_max-10" in lines[0], r.stdout   # operand_max=9: the cached one
 
 
 # ------------------------------------------------------------------------------ what runs say

@@ -1,7 +1,14 @@
-"""The embedded arithmetic task: traces, the answer parser, splits, determinism."""
+"""The embedded arithmetic task: traces, the answer parser, the held-out eval partition, determinism."""
+import itertools
+import random
+
 import pytest
 
+from grpo_ablate.config import compose
+from grpo_ablate.model_source import warm_start_dir
+from grpo_ablate.tasks import build_task
 from grpo_ablate.tasks.arithmetic import ArithmeticTask, parse_answer, worked_trace
+from grpo_ablate.tasks.holdout import PARTITION, held_out
 
 
 @pytest.mark.parametrize("a, b, trace", [
@@ -47,14 +54,67 @@ def test_levels_bound_the_operands(level, lo, hi):
         assert lo <= a <= hi and lo <= b <= hi
 
 
-def test_eval_split_is_held_out_and_fixed():
+def test_the_eval_set_is_distinct_fixed_and_inside_the_partition():
     task = ArithmeticTask("easy", eval_size=100)
-    eval_prompts = {p.prompt for p in task.eval_set()}
-    assert len(task.eval_set()) == 100
-    assert [p.prompt for p in ArithmeticTask("easy", eval_size=100).eval_set()] == \
-        [p.prompt for p in task.eval_set()]
-    train = {p.prompt for s in range(50) for p in task.train_batch(64, 0, s)}
-    assert not (train & eval_prompts)
+    prompts = [p.prompt for p in task.eval_set()]
+    assert len(prompts) == len(set(prompts)) == 100                 # distinct: a greedy eval scores each once
+    assert prompts == [p.prompt for p in ArithmeticTask("easy", eval_size=100).eval_set()]
+    assert all(held_out(p) for p in prompts)
+    assert {len(p) for p in prompts} >= {4, 5, 6}                  # short and long sums, as training draws them
+
+
+def test_eval_size_changes_no_training_draw_and_no_warm_start():
+    """Issue 43: task.eval_size=1000 changes the eval only. Every training draw, the prompt pool,
+    the warm start's draws and its cache key are those of eval_size=200, whose eval set is the
+    first 200 problems of eval_size=1000's."""
+    small, large = ArithmeticTask(eval_size=200), ArithmeticTask(eval_size=1000)
+    for seed, step, round_ in itertools.product((0, 1, 7), (1, 2, 30), (0, 1, 3)):
+        assert small.train_batch(16, seed, step, round_) == large.train_batch(16, seed, step, round_)
+    assert small.prompt_pool(256, seed=3) == large.prompt_pool(256, seed=3)
+    rng_small, rng_large = random.Random("warmup/0"), random.Random("warmup/0")   # as models.warm_start
+    for _ in range(5):
+        assert small.warmup_batch(32, rng_small) == large.warmup_batch(32, rng_large)
+    assert large.eval_set()[:200] == small.eval_set()
+    model = compose([]).model
+    assert warm_start_dir(model, small) == warm_start_dir(model, large)
+    assert "eval_size" not in small.describe() and small.describe()["holdout"] == PARTITION
+
+
+def test_eval_size_is_not_in_the_warm_start_a_composed_config_asks_for():
+    """The same through Hydra, as `grpo-ablate train` composes it (no training)."""
+    dirs = {warm_start_dir(cfg.model, build_task(cfg.task))
+            for cfg in (compose([]), compose(["task.eval_size=1000"]), compose(["task.eval_size=2000"]))}
+    assert len(dirs) == 1
+    assert warm_start_dir(compose(["task.level=medium"]).model, build_task(compose(["task.level=medium"]).task)) \
+        not in dirs                                                # what defines training still counts
+
+
+@pytest.mark.parametrize("options", [{"level": "easy"}, {"level": "medium"}, {"operand_max": 9, "eval_size": 16}])
+def test_no_eval_problem_is_ever_drawn_for_training(options):
+    task = ArithmeticTask(**options)
+    trained = {p.prompt for step in range(1, 101) for p in task.train_batch(32, seed=0, step=step)}
+    trained |= {p.prompt for p in task.train_batch(500, seed=1, step=1, round=2) + task.prompt_pool(1000, seed=0)}
+    trained |= {p.prompt for p in task.warmup_batch(1000, random.Random("warmup/0"))}
+    assert not trained & {p.prompt for p in task.eval_set()}
+    assert not any(held_out(p) for p in trained)                   # the partition, not just the drawn eval set
+
+
+@pytest.mark.parametrize("options, held", [({}, 2513), ({"operand_min": 10, "operand_max": 99}, 2060),
+                                           ({"operand_max": 9}, 18)])
+def test_an_eval_larger_than_the_partition_is_one_line(options, held):
+    """The partition's size (measured: easy 2513 of 10,000 ordered pairs, W1's 10..99 2060 of 8100,
+    the test config's 0..9 18 of 100): eval_size up to it works, one more is refused."""
+    assert len(ArithmeticTask(eval_size=held, **options).eval_set()) == held
+    with pytest.raises(ValueError, match=f"task.eval_size={held + 1} is more than the {held} held-out problems") as err:
+        ArithmeticTask(eval_size=held + 1, **options)
+    assert "\n" not in str(err.value)
+
+
+def test_a_space_held_out_whole_is_refused():
+    """Operands 15..15 have one problem, 15+15=, and it is held out: nothing would be left to train on."""
+    assert held_out("15+15=")
+    with pytest.raises(ValueError, match="every problem of operands 15..15 is held out"):
+        ArithmeticTask(operand_min=15, operand_max=15, eval_size=1)
 
 
 def test_train_batches_are_a_function_of_seed_and_step():

@@ -2,7 +2,7 @@
 
 The trainer needs only this protocol:
     task.train_batch(n, seed, step) -> list[Problem]   # deterministic in (seed, step)
-    task.eval_set() -> list[Problem]                    # held out, fixed
+    task.eval_set() -> list[Problem]                    # held out, fixed (tasks/holdout.py)
     task.reward(completion: str, problem) -> float      # 1.0 correct, 0.0 otherwise
 The embedded tiny model's warm start also needs (the arithmetic task has them):
     task.warmup_batch(n, rng) -> list[Problem]          # for the supervised warm start
@@ -10,6 +10,9 @@ The embedded tiny model's warm start also needs (the arithmetic task has them):
 For the prompt_pool family: task.prompt_pool(size, seed) -> list[Problem], a finite pool.
 Optional (the data tasks have them): `format_reward` (a bonus, with `formatted(completion)`),
 `chat_template`, `system_prompt`, `max_prompt_tokens` (see grpo_ablate/sampling/prompts.py).
+Every task holds its eval problems out by construction, a fixed partition by a hash of the
+prompt: training draws (and the warm start) never depend on eval_size, and the eval set is a
+prefix of a fixed ordering of the partition, so eval_size changes the eval alone.
 """
 from __future__ import annotations
 

@@ -11,6 +11,11 @@ so truncation, length penalties and length normalization have something to act o
 Levels follow Tricks or Traps' easy / medium / hard split by operand size. Operands are
 drawn by first choosing a digit count uniformly, so short problems are not drowned out by
 the (far more numerous) long ones.
+
+The eval problems are held out by construction (grpo_ablate/tasks/holdout.py): a quarter of
+the problem space, chosen by a hash of the prompt. Training draws, prompt pools and the warm
+start reject that partition, so they do not depend on `eval_size`; the eval set is the first
+`eval_size` distinct problems of a fixed ordering of it (see `_eval_pairs`).
 """
 from __future__ import annotations
 
@@ -18,8 +23,17 @@ import random
 import re
 from dataclasses import dataclass
 
+from grpo_ablate.tasks.holdout import EVAL_SHARE, PARTITION, held_out
+
 # (min digits, max digits) of each operand
 LEVELS = {"easy": (1, 2), "medium": (1, 3), "hard": (2, 4)}
+
+# Draws that order the eval partition before the rest of it follows in a shuffle (_eval_pairs):
+# enough that an eval of 2,000 of the easy level's 2,513 held-out problems is all in draw order.
+EVAL_DRAWS = 200_000
+# Problem spaces up to this many ordered pairs are enumerated to finish the ordering (medium's
+# 10**6 takes about a second; only an eval_size past what EVAL_DRAWS find pays it).
+ENUMERABLE = 10 ** 6
 
 _ANSWER_AFTER_SEMICOLON = re.compile(r";\s*(-?\d+)\s*$")
 _LAST_INTEGER = re.compile(r"(-?\d+)(?!.*\d)", re.S)
@@ -85,46 +99,98 @@ class ArithmeticTask:
         self.operand_min = operand_min
         self.operand_max = operand_max
         self.digit_range = (lo_digits, hi_digits)
-        self._eval = self._draw(random.Random(f"eval/{level}/{operand_min}/{operand_max}"),
-                                eval_size, exclude=frozenset())
-        self._eval_keys = frozenset(p.prompt for p in self._eval)
+        values = self._values()
+        if not values:
+            raise ValueError(f"task.operand_min={operand_min} is above task.operand_max={operand_max}")
+        if all(held_out(f"{a}+{b}=") for a in values for b in values):   # stops at the first training problem
+            raise ValueError(f"every problem of {self._space_name()} is held out for the eval, none is left to "
+                             "train on; widen task.operand_min..operand_max")
+        self._eval = [self.make(a, b) for a, b in self._eval_pairs(eval_size)]
 
     # -- problem generation -------------------------------------------------------------
     def _operand(self, rng: random.Random) -> int:
         if self.operand_min is not None or self.operand_max is not None:
-            return rng.randint(self.operand_min or 0, self.operand_max or 10 ** self.digit_range[1] - 1)
+            values = self._values()
+            return rng.randint(values.start, values.stop - 1)
         digits = rng.randint(*self.digit_range)
         return rng.randint(0 if digits == 1 else 10 ** (digits - 1), 10 ** digits - 1)
+
+    def _values(self) -> range:
+        """Every value `_operand` can return (their ordered pairs are the problem space)."""
+        lo, hi = self.digit_range
+        if self.operand_min is not None or self.operand_max is not None:
+            return range(self.operand_min or 0, (self.operand_max or 10 ** hi - 1) + 1)
+        return range(0 if lo == 1 else 10 ** (lo - 1), 10 ** hi)
+
+    def _space_name(self) -> str:
+        values = self._values()
+        if self.operand_min is not None or self.operand_max is not None:
+            return f"operands {values.start}..{values.stop - 1}"
+        return f"task.level={self.level}"
 
     def make(self, a: int, b: int) -> Problem:
         answer = a + b
         solution = f"{worked_trace(a, b)};{answer}" if self.trace else str(answer)
         return Problem(prompt=f"{a}+{b}=", answer=answer, solution=solution)
 
-    def _draw(self, rng: random.Random, n: int, exclude: frozenset) -> list[Problem]:
+    def _draw(self, rng: random.Random, n: int) -> list[Problem]:
+        """`n` training problems: the operand distribution outside the eval partition."""
         out: list[Problem] = []
         while len(out) < n:
-            p = self.make(self._operand(rng), self._operand(rng))
-            if p.prompt not in exclude:  # keep the eval split held out of training
-                out.append(p)
+            a, b = self._operand(rng), self._operand(rng)
+            if not held_out(f"{a}+{b}="):
+                out.append(self.make(a, b))
         return out
+
+    def _eval_pairs(self, n: int) -> list[tuple[int, int]]:
+        """The operands of the eval set: the first `n` of a fixed ordering of the held-out problems,
+        so a larger eval_size keeps a smaller one's problems (a prefix), and nothing else depends on n.
+
+        The ordering: distinct held-out problems in the order a fixed-key generator first draws
+        them from the operand distribution (an eval mixes short and long sums as training does,
+        and a greedy eval gains nothing from scoring a problem twice). Near exhaustion such draws
+        find the last rare problems slowly, so after EVAL_DRAWS draws the rest of the partition
+        follows in a seeded shuffle. Refused in one line when the partition holds fewer than n."""
+        rng = random.Random(f"eval/{self.level}/{self.operand_min}/{self.operand_max}")
+        found: dict[str, tuple[int, int]] = {}
+        for _ in range(EVAL_DRAWS):
+            if len(found) == n:
+                return list(found.values())
+            a, b = self._operand(rng), self._operand(rng)
+            prompt = f"{a}+{b}="
+            if prompt not in found and held_out(prompt):
+                found[prompt] = (a, b)
+        if len(found) == n:
+            return list(found.values())
+        values, where = self._values(), self._space_name()
+        if len(values) ** 2 > ENUMERABLE:
+            raise ValueError(f"task.eval_size={n} is more than the {len(found)} held-out problems of {where} "
+                             f"that {EVAL_DRAWS} draws find; lower it")
+        rest = [(a, b) for a in values for b in values if f"{a}+{b}=" not in found and held_out(f"{a}+{b}=")]
+        if len(found) + len(rest) < n:
+            raise ValueError(f"task.eval_size={n} is more than the {len(found) + len(rest)} held-out problems "
+                             f"of {where} ({EVAL_SHARE:.0%} of its problems, by a hash of the prompt); lower it")
+        random.Random(f"eval-rest/{self.level}/{self.operand_min}/{self.operand_max}").shuffle(rest)
+        return list(found.values()) + rest[:n - len(found)]
 
     # -- the task protocol --------------------------------------------------------------
     def train_batch(self, n: int, seed: int, step: int, round: int = 0) -> list[Problem]:
         """Prompts of optimizer step `step` (sampling round `round`): a pure function of its
         arguments, so a resumed run sees exactly the prompts an uninterrupted one would."""
         key = f"train/{seed}/{step}" + (f"/{round}" if round else "")
-        return self._draw(random.Random(key), n, self._eval_keys)
+        return self._draw(random.Random(key), n)
 
     def prompt_pool(self, size: int | None, seed: int) -> list[Problem]:
         """A finite pool of `size` training problems (prompt_pool family), a pure function of
-        (size, seed), held out of the eval split like every training draw."""
+        (size, seed), outside the eval partition like every training draw."""
         if size is None:
             raise ValueError("the arithmetic task generates its problems: prompt_pool.size must be set")
-        return self._draw(random.Random(f"pool/{seed}"), size, self._eval_keys)
+        return self._draw(random.Random(f"pool/{seed}"), size)
 
     def warmup_batch(self, n: int, rng: random.Random) -> list[Problem]:
-        return self._draw(rng, n, self._eval_keys)
+        """The supervised warm start's problems: training draws, so it never sees an eval problem
+        and does not depend on eval_size."""
+        return self._draw(rng, n)
 
     def demonstration(self, problem: Problem, rng: random.Random, slip_prob: float = 0.0) -> str:
         """The warm-up's target text: the reference solution, except that with probability
@@ -150,7 +216,8 @@ class ArithmeticTask:
         return 1.0 if parse_answer(completion) == problem.answer else 0.0
 
     def describe(self) -> dict:
-        """What defines the problem distribution (part of the warm-start cache key)."""
+        """What defines the training distribution (part of the warm-start cache key): not
+        eval_size, which changes the eval set only; the partition rule, which changes training."""
         return {"name": "arithmetic", "level": self.level, "trace": self.trace,
                 "operand_min": self.operand_min, "operand_max": self.operand_max,
-                "eval_size": self.eval_size}
+                "holdout": PARTITION}

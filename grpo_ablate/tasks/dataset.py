@@ -6,11 +6,19 @@ and `answer`, MATH's `problem` and `solution`), optionally a difficulty field. A
 is not an object, lacks a field or has an empty or unparseable answer is an error that
 names its line (JSONL) or row number: a dataset is never silently shortened.
 
-Splits are deterministic: a separate held-out file or split (`eval_path`, `eval_split`), or
-else the last `eval_size` rows of a seeded shuffle. Step s of seed k trains on the next
-prompts_per_step problems of epoch-wise shuffles, so every problem is seen once per epoch
-and a resumed run sees what an uninterrupted one would; the extra rounds of dynamic
-sampling draw at random, keyed by (seed, step, round).
+The eval set is held out by construction. With a separate file or split (`eval_path`,
+`eval_split`) that is the held-out set, and every row of the training data trains. Without
+one, a fixed partition of the rows is held out: a row belongs to it when a hash of its
+question text falls in EVAL_SHARE (a quarter; grpo_ablate/tasks/holdout.py), so membership
+depends on the question alone, not on `eval_size`, the template, the seed or the other rows,
+and the training set is every other row, whatever `eval_size` is (an eval_size larger than
+the partition is refused; a held-out file gives at most its rows). Either way the eval set
+is the first `eval_size` held-out problems (null: all of them) in a shuffle keyed by
+`shuffle_seed`, which orders the held-out set and never chooses it.
+
+Step s of seed k trains on the next prompts_per_step problems of epoch-wise shuffles, so
+every problem is seen once per epoch and a resumed run sees what an uninterrupted one would;
+the extra rounds of dynamic sampling draw at random, keyed by (seed, step, round).
 
 Prompt presentation (chat template, system prompt, length limit) is also set in the task
 group and applied by `grpo_ablate.sampling.prompts.PromptEncoder`.
@@ -24,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_ablate.errors import ConfigError
+from grpo_ablate.tasks.holdout import EVAL_SHARE, held_out
 from grpo_ablate.tasks.math_answer import MathVerifier, extract_answer, gold_answer
 
 
@@ -33,6 +42,7 @@ class MathProblem:
     answer: str                    # the gold final answer, e.g. "1/2"
     difficulty: str | None = None
     where: str = ""                # the row it came from, e.g. "data.jsonl line 12"
+    question: str = ""             # the question as read (stripped): what the eval partition hashes
 
 
 class DatasetTask:
@@ -74,18 +84,24 @@ class DatasetTask:
         self.verifier = MathVerifier()
         label, rows = self._train_rows()
         problems = self._problems(label, rows)
-        held_out = self._eval_rows()
-        if held_out is not None:
+        eval_file = self._eval_rows()
+        if eval_file is not None:
             self.train = problems
-            eval_label, eval_rows = held_out
+            eval_label, eval_rows = eval_file
             self.eval = self._shuffled(self._problems(eval_label, eval_rows))[:self.eval_size]
-        else:
-            size = self.eval_size or 0
-            if size >= len(problems):
-                raise ConfigError(f"task.eval_size={size} leaves no training problems: {label} has "
-                                  f"{len(problems)} usable rows; lower it or give a held-out file/split")
-            shuffled = self._shuffled(problems)
-            self.train, self.eval = shuffled[:len(shuffled) - size], shuffled[len(shuffled) - size:]
+            return self
+        held = [p for p in problems if held_out(p.question)]
+        self.train = [p for p in problems if not held_out(p.question)]
+        why = f"a row is held out when a hash of its question falls in a fixed {EVAL_SHARE:.0%}"
+        if not held or (self.eval_size is not None and self.eval_size > len(held)):
+            asked = "null (all held-out problems)" if self.eval_size is None else self.eval_size
+            raise ConfigError(f"task.eval_size={asked} is more than the {len(held)} held-out problems of "
+                              f"{label} ({why}); lower it or give a held-out file or split (task.eval_path, "
+                              "task.eval_split)")
+        if not self.train:
+            raise ConfigError(f"{label}: all its {len(problems)} rows are held out ({why}), none is left to "
+                              "train on; give more rows")
+        self.eval = self._shuffled(held)[:self.eval_size]
         return self
 
     def _shuffled(self, problems: list) -> list:
@@ -130,7 +146,8 @@ class DatasetTask:
             return None, f"'{self.answer_field}' {gold!r} is not an answer math-verify can read"
         difficulty = row.get(self.difficulty_field) if self.difficulty_field else None
         prompt = self.prompt_template.replace("{question}", question.strip())
-        return MathProblem(prompt, gold, None if difficulty is None else str(difficulty), where), None
+        return MathProblem(prompt, gold, None if difficulty is None else str(difficulty), where,
+                           question.strip()), None
 
     # -- the task protocol --------------------------------------------------------------------
     def train_batch(self, n: int, seed: int, step: int, round: int = 0) -> list[MathProblem]:

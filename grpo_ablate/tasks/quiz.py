@@ -9,19 +9,31 @@ reward is 1 when the last integer of the reply is the answer: a chat model tends
 the question first ("3 + 5 = 8"), so the first integer would score the question, not the
 answer (SmolLM2-135M-Instruct, greedy: 0.06 with the first, 0.60 with the last on `add`,
 docs/smollm2.md). Problems are generated from (seed, step), so a resumed run sees
-the prompts an uninterrupted one would, and the eval split is held out of training.
+the prompts an uninterrupted one would.
+
+The eval problems are held out by construction, as the arithmetic task's (holdout.py): each
+kind holds out its problems of smallest prompt hash, EVAL_SHARE of them but never fewer than
+MIN_HELD_OUT (add: 64 of its 100, count: 64 of 158, larger: 2,003 of 8,010), so the default
+eval_size fits every kind. Training draws from the rest whatever eval_size is; the eval set is
+the first eval_size held-out problems in hash order (a larger eval keeps a smaller one's).
 """
 from __future__ import annotations
 
+import math
 import random
 import re
 from dataclasses import dataclass
+
+from grpo_ablate.tasks.holdout import EVAL_SHARE, prompt_fraction
 
 KINDS = ("add", "larger", "count")
 WORDS = ("apple", "banana", "cherry", "strawberry", "raspberry", "blueberry", "pineapple", "orange", "mango",
          "papaya", "coconut", "watermelon", "lemon", "grapefruit", "kiwi", "peach", "apricot", "tomato",
          "avocado", "blackberry", "cranberry", "gooseberry", "mulberry", "persimmon", "pomegranate", "tangerine")
 _INTEGER = re.compile(r"-?\d+")
+# The default task.eval_size (conf/task/quiz.yaml): a kind holds out at least this many, so it
+# fits every kind, also add's 100 problems, where a quarter would be 25.
+MIN_HELD_OUT = 64
 
 
 @dataclass(frozen=True)
@@ -39,7 +51,7 @@ def last_integer(text: str) -> int | None:
 class QuizTask:
     CHOICES = {"kind": KINDS}   # what `sweep --family task.X` crosses
 
-    def __init__(self, kind: str = "add", eval_size: int = 64, chat_template: str = "auto",
+    def __init__(self, kind: str = "add", eval_size: int = MIN_HELD_OUT, chat_template: str = "auto",
                  system_prompt: str | None = None, max_prompt_tokens: int | None = None):
         if kind not in KINDS:
             raise ValueError(f"task.kind={kind!r} is not allowed; allowed: {', '.join(KINDS)}")
@@ -50,11 +62,13 @@ class QuizTask:
         self.kind, self.eval_size = kind, eval_size
         self.chat_template, self.system_prompt, self.max_prompt_tokens = chat_template, system_prompt, max_prompt_tokens
         universe = self._universe()
-        if eval_size >= len(universe):
-            raise ValueError(f"task.eval_size={eval_size} leaves no training problems: task.kind={kind} has "
-                             f"{len(universe)} distinct problems")
-        random.Random(f"quiz/eval/{kind}").shuffle(universe)
-        self.eval, self.train = universe[:eval_size], universe[eval_size:]
+        by_hash = sorted(range(len(universe)), key=lambda i: prompt_fraction(universe[i].prompt))
+        held = set(by_hash[:max(math.ceil(EVAL_SHARE * len(universe)), MIN_HELD_OUT)])
+        if eval_size > len(held):
+            raise ValueError(f"task.eval_size={eval_size} is more than the {len(held)} held-out problems of "
+                             f"task.kind={kind} (of its {len(universe)}); lower it")
+        self.eval = [universe[i] for i in by_hash[:eval_size]]
+        self.train = [p for i, p in enumerate(universe) if i not in held]   # in the universe's order
 
     def _universe(self) -> list[QuizProblem]:
         """Every distinct problem of the kind, in a fixed order (100, 8010 and a few hundred)."""
