@@ -60,6 +60,7 @@ RUN_SETTINGS = {
     "diag.rows": OPTIONAL_POSITIVE_INT,      # null: the whole batch
     "diag.last_layers": OPTIONAL_POSITIVE_INT,   # null: every parameter
     "rollout.backend": choice("hf", "vllm"),
+    "optim.schedule": choice("constant", "linear", "cosine"),
 }
 ROLLOUT_RNG = choice("auto", "stream", "per_row")
 MODEL_DTYPE = choice("float32", "bfloat16", "float16")

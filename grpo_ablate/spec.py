@@ -70,6 +70,7 @@ class OptimSettings:
     betas: tuple
     max_grad_norm: float
     warmup_steps: int
+    schedule: str = "constant"     # after the warm-up: constant | linear | cosine decay to 0 at the last step
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,8 @@ def run_spec(cfg: DictConfig) -> RunSpec:
         rollout=RolloutSettings(str(r.backend), int(r.prompts_per_step), int(r.group_size), int(r.max_new_tokens),
                                 r.get("dtype", "float32"), bool(r.get("lean_decoder", False)),
                                 str(r.get("rng") or "auto"), _read_only(params(r))),
-        optim=OptimSettings(o.lr, o.weight_decay, tuple(o.betas), o.max_grad_norm, int(o.warmup_steps)),
+        optim=OptimSettings(o.lr, o.weight_decay, tuple(o.betas), o.max_grad_norm, int(o.warmup_steps),
+                            str(o.get("schedule", "constant"))),
         updates=UpdateSettings(int(s.mini_batches), int(s.epochs), bool(s.shuffle)),
         schedule=Schedule(int(cfg.steps), int(cfg.eval.every), int(cfg.eval.max_new_tokens), int(cfg.samples_every),
                           int(cfg.samples_per_log), int(cfg.checkpoint_every), cfg.debug.fail_at_step,

@@ -23,7 +23,20 @@ def head_lines(report: Report) -> list[str]:
         return [title, "", *filter(None, [training_line(report)]),
                 "No contrasts: this sweep has no pair of variants that differ by one trick; its variants follow.", ""]
     lines = [family_line(report), training_line(report), decided_line(report)]
-    return [title, "", *(f"- {line}" for line in lines if line), "", *verdict_table(report), ""]
+    sensitivity = sensitivity_line(report)
+    return [title, "", *(f"- {line}" for line in lines if line), "", *verdict_table(report), "",
+            *([sensitivity, ""] if sensitivity else [])]
+
+
+def sensitivity_line(report: Report) -> str | None:
+    """Below the verdict table: what a paired t per contrast decides on the same numbers (the
+    blocked model's borrowing, shown rather than hidden); None when the report used it already."""
+    s = report.sensitivity
+    if not s:
+        return None
+    decided = [f"{t} {v['verdict']}" for t, v in s["verdicts"].items() if v["verdict"] not in UNDECIDED]
+    return (f"Sensitivity: a paired t per contrast ({s['label']}, `--test paired`) decides {s['decided']} of "
+            f"{s['contrasts']}" + (f": {', '.join(decided)}." if decided else "."))
 
 
 def family(report: Report) -> dict | None:

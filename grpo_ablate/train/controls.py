@@ -75,7 +75,7 @@ class ControlStep:
             disable_dropout(self.model)
         self.model = self.model.to(device)
         self.encode = PromptEncoder(self.tokenizer, self.task)   # the prompts exactly as a GRPO run sees them
-        self.optim = Optimization(self.model.parameters(), spec.optim, spec.seed)
+        self.optim = Optimization(self.model.parameters(), spec.optim, spec.seed, spec.schedule.steps)
         self.rollouts = Rollouts(HFEngine(self.model, spec.rollout.lean_decoder), self.tokenizer, self.encode,
                                  self.task, DataParallel(), device, eos_id=stop_token_ids(self.model, self.tokenizer),
                                  max_new_tokens=spec.rollout.max_new_tokens, seed=spec.seed, rng="stream",

@@ -93,7 +93,8 @@ def build_grpo(spec: RunSpec, device: torch.device, dp: DataParallel, checkpoint
     controllers = Controllers(kl=kl_control, entropy=tricks["entropy"].fn(), temperature=tricks["temperature"].fn())
     critic = list(policies.value_head.parameters()) if policies.value_head is not None else []
     trained = [p for p in policies.policy.parameters() if p.requires_grad] + critic   # LoRA: the adapters only
-    optim = Optimization([{"params": trained}, *controllers.temperature.param_groups()], spec.optim, spec.seed)
+    optim = Optimization([{"params": trained}, *controllers.temperature.param_groups()], spec.optim, spec.seed,
+                         spec.schedule.steps)
     dp.checkpoint_full_optimizer_state(optim.optimizer)   # FSDP: checkpoints hold the full AdamW state
     # Sampling (rollout.backend: the policy itself, or vLLM), decoding, scoring: the whole batch.
     engine = build_engine(spec.rollout, spec.model.dtype, spec.seed, policies.policy, dp, model_path)

@@ -14,7 +14,7 @@ shards: a collective); rank 0 alone writes them.
 from __future__ import annotations
 
 import hashlib
-
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,16 +82,29 @@ def attention_implementation(attn: str | None, device: torch.device) -> str | No
     return ("eager" if device.type == "cpu" else None) if attn == "auto" else attn
 
 
-class Optimization:
-    """AdamW with the linear warm-up every kind of run uses, and the run's random stream (`rng`:
-    sampling, shuffles, seeded draws): everything a checkpoint needs besides the weights and the
-    trainer's own state."""
+def lr_factor(step: int, warmup_steps: int, steps: int, schedule: str) -> float:
+    """The lr multiplier of rollout `step` (0-based): a linear warm-up over `warmup_steps`, then
+    `schedule` - constant, or a linear or cosine decay from the peak to 0 at `steps` (Hugging Face's
+    get_linear_schedule_with_warmup / get_cosine_schedule_with_warmup; TRL's GRPOTrainer decays
+    linearly by default). A decayed run's last steps move the policy little, so its late evals,
+    which a sweep's summary averages, settle instead of drifting."""
+    warmup = max(1, warmup_steps)
+    if step < warmup_steps or schedule == "constant":
+        return min(1.0, (step + 1) / warmup)
+    progress = (step - warmup_steps) / max(1, steps - warmup_steps)
+    return max(0.0, 1.0 - progress) if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
-    def __init__(self, param_groups: list, optim: OptimSettings, seed: int):
+
+class Optimization:
+    """AdamW with the warm-up and decay every kind of run uses (`lr_factor`), and the run's random
+    stream (`rng`: sampling, shuffles, seeded draws): everything a checkpoint needs besides the
+    weights and the trainer's own state."""
+
+    def __init__(self, param_groups: list, optim: OptimSettings, seed: int, steps: int):
         self.optimizer = torch.optim.AdamW(param_groups, lr=optim.lr, betas=optim.betas,
                                            weight_decay=optim.weight_decay)
-        warmup = max(1, optim.warmup_steps)
-        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(s, optim.warmup_steps, steps, optim.schedule))
         self.rng = torch.Generator().manual_seed(seed)   # the only randomness of a step
 
     def state_dict(self) -> dict:
