@@ -67,10 +67,11 @@ class BlockedFit:
 
     def describe(self) -> str:
         """One line: the model, its blocks and whether it borrowed."""
-        how = ("variances alike: the arms share the pooled variance" if self.alike else
-               f"variances differ (empirical-Bayes prior df {self.prior_df:.1f}): each arm mostly its own")
+        how = ("variances alike: every arm gets the pooled variance" if self.alike else
+               f"variances differ: each arm's own ({len(self.seeds) - 1} df) moderated by a prior worth "
+               f"{self.prior_df:.1f} df")
         return (f"blocked model over {len(self.own)} variants × {len(self.seeds)} seeds (residual df "
-                f"{self.pooled_df}); {how}; `{self.hub}`'s never below its own")
+                f"{self.pooled_df}); {how}; `{self.hub}`'s variance never below its own estimate")
 
 
 def stars(pairs: list[tuple[str, str]]) -> dict[str, list[str]]:
