@@ -5,9 +5,10 @@ n problems is the first n of a larger one and nothing else in a run depends on i
 run with `task.eval_size=N` gives the sweep at every n <= N: each copy keeps the first n scores of
 every eval in evals.jsonl, recomputes eval/accuracy from them, and is reported as the sweep would be
 (`build_report`, the manifest's summary, both tests). Its cost is the run's wall time with the evals'
-share (time/eval_s) scaled to n / N. One caveat: greedy decoding batches the eval set, and a batch of
-other problems may round a logit differently; on this model the first n problems' scores are those a
-run at n would write up to that.
+share (time/eval_s) scaled to n / N. Checked once, since greedy decoding batches the eval set and a
+batch of other problems could round a logit differently: the default sweep's all-s5, run again at
+task.eval_size=500, wrote the first 500 scores of its 2000-problem run at every eval, and the same
+training metrics.
 
     .venv/bin/python benchmarks/eval_size.py runs/sweeps/<sweep> --sizes 200,500,1000,2000
 """
