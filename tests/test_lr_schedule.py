@@ -29,3 +29,17 @@ def test_linear_and_cosine_decay_from_the_peak_to_zero_after_the_warm_up():
 
 def test_an_unknown_schedule_is_one_line(tmp_path):
     refused_train("optim.schedule=step", "optim.schedule", tmp_path)
+
+
+def test_resuming_a_decayed_run_with_other_steps_says_the_schedule_changed(small, tmp_path):
+    from conftest import cli
+
+    args = [o for o in small if not o.startswith(("steps=", "optim.schedule="))] + [
+        "optim.schedule=linear", "checkpoint_every=1", f"hydra.run.dir={tmp_path / 'run'}"]
+    assert cli("train", *args, "steps=2", cwd=tmp_path).returncode == 0
+    again = cli("train", "--resume", str(tmp_path / "run"), "steps=3", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "note: optim.schedule=linear decays the lr to 0 at the run's last step, which was 2 and is now 3" \
+        in again.stdout
+    same = cli("train", "--resume", str(tmp_path / "run"), "steps=3", cwd=tmp_path)   # finished: nothing to say
+    assert same.returncode == 0 and "note: optim.schedule" not in same.stdout

@@ -105,11 +105,13 @@ class Optimization:
                                            weight_decay=optim.weight_decay)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, optim.warmup_steps, steps, optim.schedule))
+        self.horizon = {"lr_schedule": optim.schedule, "lr_horizon": steps}   # what a resume with other steps changes
         self.rng = torch.Generator().manual_seed(seed)   # the only randomness of a step
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict(),
-                "sampler": self.rng.get_state()}   # the key older checkpoints were written with
+                "sampler": self.rng.get_state(),   # "sampler": the key older checkpoints were written with
+                **self.horizon}
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
@@ -169,6 +171,11 @@ def run_steps(schedule: Schedule, record: RunRecord, run_dir: Path, overrides, t
         trainer.load_state_dict(state)
         start = state["step"]
         say(f"resuming {run_dir} from step {start}")
+        horizon = state.get("lr_horizon")
+        if state.get("lr_schedule", "constant") != "constant" and horizon not in (None, schedule.steps):
+            say(f"note: optim.schedule={state['lr_schedule']} decays the lr to 0 at the run's last step, which was "
+                f"{horizon} and is now {schedule.steps}: from step {start} on the lr follows the new horizon, so "
+                f"this run is not the one a {schedule.steps}-step run from the start would be")
     log = RunLog(run_dir, record, list(overrides),
                  resume_step=start if checkpoint is not None else None) if writes else Silent()
     result, step, progress = RunResult("running", start, run_dir), start, None
