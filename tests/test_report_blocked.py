@@ -88,6 +88,8 @@ def test_a_leaf_missing_a_block_is_tested_paired_and_the_report_says_so(tmp_path
     by = {v["trick"]: v for v in report.verdicts}
     assert by["t0"]["delta"].basis.startswith("paired over seeds 0, 2, 4")
     assert all(by[t]["delta"].basis.startswith("blocked over seeds 0, 1, 2, 3, 4") for t in ("t1", "t5"))
+    row = next(r for r in report.rows if r["variant"] == "drop-t1")    # the variants table: the same model
+    assert row["delta"].mean == pytest.approx(-by["t1"]["delta"].mean) and row["delta"].se == by["t1"]["delta"].se
     model = by["t1"]["family"]["model"]
     assert "6 variants × 5 seeds" in model and "1 contrast paired" in model
     assert report.sensitivity["test"] == "paired" and set(report.sensitivity["verdicts"]) == set(by)

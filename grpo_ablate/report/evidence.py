@@ -85,7 +85,8 @@ class Evidence:
         sa, sb = self.scores.get(with_, {}), self.scores.get(without, {})
         shared = set(a) & set(b)
         problems = {s: (sa[s], sb[s]) for s in shared if s in sa and s in sb}
-        hub = self.star_of.get((with_, without))
+        # either order: a contrast (with, without), or a variants-table row's Δ vs its reference
+        hub = self.star_of.get((with_, without)) or self.star_of.get((without, with_))
         if hub is not None:
             return blocked_delta(self.fits[hub], with_, without, self.values, self.granularity, problems or None)
         return delta_ci(a, b, granularity=self.granularity,
