@@ -20,11 +20,11 @@ import numpy as np
 from grpo_ablate.report.curves import Curve, Summary
 from grpo_ablate.report.load import nested_value
 from grpo_ablate.report.metric import Metric
-from grpo_ablate.stats.blocked import BlockedFit, blocked_delta, fit_star, stars
+from grpo_ablate.stats.blocked import blocked_delta, fit_star, stars
 from grpo_ablate.stats.error_control import ALPHA
 from grpo_ablate.stats.intervals import Estimate, delta_ci
 
-TESTS = {"blocked": "blocked model (seeds as blocks), moderated variances", "paired": "paired t per contrast"}
+PAIRED = "paired t per contrast"     # how a contrast outside any fitted star is tested
 
 ACCURACY = "eval/accuracy"     # the metric evals.jsonl breaks down by problem
 
@@ -47,22 +47,19 @@ class Evidence:
     fits: dict = field(default_factory=dict)        # hub -> BlockedFit of its star
     star_of: dict = field(default_factory=dict)     # (with, without) -> the hub whose fit tests it
 
-    def model(self, pairs: list[tuple[str, str]]) -> list[BlockedFit]:
+    def model(self, pairs: list[tuple[str, str]]) -> None:
         """Fit the star families among a family's contrasts (with, without) as block designs (with the
-        blocked test); every later `delta` of one of their pairs is the model's. Returns the fits."""
+        blocked test); every later `delta` of one of their pairs is the model's."""
         if self.test != "blocked":
-            return []
-        fitted = []
+            return
         for hub, leaves in stars(pairs).items():
             fit = fit_star(self.values, hub, leaves)
             if fit is None:
                 continue
             self.fits[hub] = fit
-            fitted.append(fit)
             for a, b in pairs:
                 if (a == hub and b in fit.var) or (b == hub and a in fit.var):
                     self.star_of[(a, b)] = hub
-        return fitted
 
     def describe(self, pairs: list[tuple[str, str]]) -> str:
         """How a family's contrasts were tested, in one line: the blocked model(s) and what they
@@ -72,7 +69,7 @@ class Evidence:
         paired = sum(h is None for h in hubs)
         if not fits:
             why = "" if self.test == "paired" else " (no star of contrasts with a shared arm complete on two seeds)"
-            return f"{TESTS['paired']}{why}"
+            return f"{PAIRED}{why}"
         text = "; ".join(f.describe() for f in fits)
         return text + (f"; {paired} contrast{'s' * (paired != 1)} paired (a side misses a block, or no shared "
                        "arm)" if paired else "")
