@@ -128,7 +128,9 @@ def test_clip_cov_and_ref_sync_resume_exactly(small, tmp_path):
     args = small + CLIP_COV_REF_SYNC
     full = rows_of(run(args, tmp_path / "full").run_dir)
     assert [r["ref_sync/syncs"] for r in full[1:]] == [0, 1, 2, 2]     # every 3 of 2 optimizer steps a rollout
-    assert all(r["clip_cov/frac"] > 0 for r in full[1:])
+    # clip_cov acts in the run (so the resume below replays its draws); not in every rollout: a
+    # rollout whose covariance band holds no token is kernel-dependent (ATEN_CPU_CAPABILITY=default)
+    assert any(r["clip_cov/frac"] > 0 for r in full[1:])
     run([*args, "steps=2"], tmp_path / "part")
     run(args + ["resume=true"], tmp_path / "part")
     assert rows_of(tmp_path / "part") == full
