@@ -37,6 +37,7 @@ class Allowed:
     choices: tuple | Callable[[], tuple] = ()
     optional: bool = False
     note: str = ""
+    length: int | None = None            # kind numbers: exactly this many (each in low..high)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -59,9 +60,13 @@ class Allowed:
         if self.kind == "weights":   # a dict, or omegaconf's DictConfig (not imported here)
             return hasattr(value, "items") and all(k in self.listed() and _finite(v) for k, v in value.items())
         if self.kind == "numbers":
-            return _is_list(value) and all(_finite(v) for v in value)
+            return (_is_list(value) and self.length in (None, len(value))
+                    and all(_finite(v) and self._in_range(v, cfg) for v in value))
         if not _finite(value) or (self.kind == "integer" and not float(value).is_integer()):
             return False
+        return self._in_range(value, cfg)
+
+    def _in_range(self, value, cfg) -> bool:
         low, high = _bound(self.low, cfg), _bound(self.high, cfg)
         if low is not None and (value <= low if self.low_open else value < low):
             return False
@@ -74,8 +79,9 @@ class Allowed:
         if self.kind == "weights":
             names = self.listed()
             return f"it must map names to numbers ({{{names[0]}: 2}}); names: {', '.join(names)}"
+        numbers = "a list of numbers" if self.length is None else f"a list of {self.length} numbers"
         what = _WHAT.get(self.kind) or self._range({"number": "a number", "integer": "an integer",
-                                                     "numbers": "a list of numbers"}[self.kind], cfg)
+                                                     "numbers": numbers}[self.kind], cfg)
         return f"it must be {what}" + (f" ({self.note})" if self.note else "")
 
     def _range(self, what: str, cfg) -> str:

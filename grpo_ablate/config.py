@@ -15,9 +15,10 @@ import re
 
 from omegaconf import DictConfig, OmegaConf
 
-from grpo_ablate.allowed import FLAG, POSITIVE, POSITIVE_INT, Allowed, choice
+from grpo_ablate.allowed import Allowed, choice
 from grpo_ablate.errors import ConfigError
 from grpo_ablate.here import check_here  # noqa: F401  (re-exported: the CLI and the trainer check both)
+from grpo_ablate.run_settings import RUN_SETTINGS
 from grpo_ablate.model_source import PACKAGE_PREFIX, ModelPathError, gguf_source, local_path, looks_local
 from grpo_ablate.tasks import TASKS
 from grpo_ablate.tricks import UnknownOption, families, option, options
@@ -46,24 +47,6 @@ def _check(key: str, value, allowed: Allowed, cfg: DictConfig | None = None) -> 
     """The one way a value is checked (grpo_ablate/allowed.py): one line naming what is allowed."""
     problem = allowed.problem(value, f"{key}={value!r}", cfg)
     _require(problem is None, problem or "")
-
-
-# The run's own settings (a trick family's come from the registry) and what each may be.
-NON_NEGATIVE_INT = Allowed("integer", low=0)
-OPTIONAL_POSITIVE_INT = Allowed("integer", low=0, low_open=True, optional=True)
-RUN_SETTINGS = {
-    "seed": NON_NEGATIVE_INT, "steps": POSITIVE_INT, "optim.lr": POSITIVE, "optim.max_grad_norm": POSITIVE,
-    "rollout.prompts_per_step": POSITIVE_INT, "rollout.max_new_tokens": POSITIVE_INT, "eval.every": POSITIVE_INT,
-    "checkpoint_every": POSITIVE_INT, "samples_every": POSITIVE_INT, "on_nonfinite": choice("stop", "skip"),
-    "threads": OPTIONAL_POSITIVE_INT,        # null: torch's default
-    "diag.grad_conflict": FLAG, "diag.every": POSITIVE_INT,
-    "diag.rows": OPTIONAL_POSITIVE_INT,      # null: the whole batch
-    "diag.last_layers": OPTIONAL_POSITIVE_INT,   # null: every parameter
-    "rollout.backend": choice("hf", "vllm"),
-    "optim.schedule": choice("constant", "linear", "cosine"),
-}
-ROLLOUT_RNG = choice("auto", "stream", "per_row")
-MODEL_DTYPE = choice("float32", "bfloat16", "float16")
 
 
 def check_tricks(cfg: DictConfig) -> None:
@@ -142,8 +125,8 @@ def check_family_values(cfg: DictConfig, family: str) -> None:
 
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError on the first bad value. Cheap: no model or data is touched."""
+    check_run_settings(cfg)     # first: the tricks' checks and bounds read the run's settings
     check_trick_settings(cfg)
-    check_run_settings(cfg)
     check_model_and_task(cfg)
 
 
@@ -160,30 +143,23 @@ def check_trick_settings(cfg: DictConfig) -> None:
         _require(isinstance(group, int) and group >= 2,
                  f"rollout.group_size={group!r} is not allowed with adv={cfg.adv.name}: "
                  "a group statistic needs at least 2 completions per prompt (group_size >= 2)")
-    else:
-        _check("rollout.group_size", group, POSITIVE_INT)
-    if cfg.rollout.get("dtype") is not None:   # vLLM samples in float16 too; the HF sampler does not
-        _check("rollout.dtype", cfg.rollout.dtype,
-               MODEL_DTYPE if cfg.rollout.backend == "vllm" else choice("float32", "bfloat16"))
+    if cfg.rollout.get("dtype") is not None and cfg.rollout.backend != "vllm":   # vLLM samples in float16 too
+        _check("rollout.dtype", cfg.rollout.dtype, choice("float32", "bfloat16"))
 
 
 def check_run_settings(cfg: DictConfig) -> None:
-    """The run around the tricks: reward scale, control, budget, schedule, logging."""
-    _require(all(isinstance(cfg.reward[k], (int, float)) and not isinstance(cfg.reward[k], bool)
-                 for k in ("correct", "wrong")) and cfg.reward.correct > cfg.reward.wrong,
+    """The run around the tricks: every key of run_settings.RUN_SETTINGS that this config has
+    (some belong to one option of a group: rollout=hf's lean_decoder), then the rules across keys."""
+    for key, allowed in RUN_SETTINGS.items():
+        value = OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False)   # ???: the model check's
+        if value is not _ABSENT:
+            _check(key, value, allowed)
+    _require(cfg.reward.correct > cfg.reward.wrong,
              f"reward.correct={cfg.reward.correct!r}, reward.wrong={cfg.reward.wrong!r} are not allowed; "
              "they must be numbers with correct > wrong")
-    _check("control", cfg.control.name, choice("none", "base", "sft"))
-    for key, allowed in RUN_SETTINGS.items():
-        _check(key, OmegaConf.select(cfg, key), allowed)
-    if cfg.control.name == "sft":
-        _check("control.budget", cfg.control.budget, choice("tokens", "wall"))
-        if cfg.control.budget == "wall":
-            _require(cfg.control.wall_s is not None, "control.budget=wall needs control.wall_s (seconds of "
-                                                     "supervised training in all)")
-            _check("control.wall_s", cfg.control.wall_s, POSITIVE)
-    if cfg.logger.name == "wandb":
-        _check("logger.mode", cfg.logger.mode, choice("auto", "online", "offline", "disabled"))
+    if cfg.control.name == "sft" and cfg.control.budget == "wall":
+        _require(cfg.control.wall_s is not None, "control.budget=wall needs control.wall_s (seconds of "
+                                                 "supervised training in all)")
 
 
 def check_model_and_task(cfg: DictConfig) -> None:
@@ -206,7 +182,6 @@ def check_model_and_task(cfg: DictConfig) -> None:
                  f"model.path={path!r} does not exist; give a directory with a saved "
                  "transformers model (config.json), or leave it unset for the embedded tiny model")
     _check_model(cfg.model)
-    _check("rollout.rng", cfg.rollout.get("rng") or "auto", ROLLOUT_RNG)
     problem = _fsdp_problem(cfg)
     _require(problem is None, f"model.fsdp=true {problem}")
     _check("task", cfg.task.name, choice(*sorted(TASKS)))
@@ -226,22 +201,10 @@ def check_model_and_task(cfg: DictConfig) -> None:
 
 
 def _check_model(model: DictConfig) -> None:
-    """The model's options (most are model=hf's; the embedded tiny model has fsdp, disable_dropout
-    and remove_padding)."""
-    if model.get("dtype") is not None:
-        _check("model.dtype", model.dtype, MODEL_DTYPE)
+    """The model's device beyond its declaration (run_settings.py): a pattern."""
     device = str(model.get("device") or "cpu")
     _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", device) is not None,
              f"model.device={device!r} is not allowed; allowed: auto, cpu, cuda, cuda:N")
-    _check("model.fsdp", model.get("fsdp", False), FLAG)
-    for flag in ("disable_dropout", "remove_padding"):
-        _check(f"model.{flag}", model.get(flag, True), FLAG)
-    lora = model.get("lora")
-    if lora is not None:
-        _check("model.lora.r", lora.r, NON_NEGATIVE_INT)
-    if lora is not None and lora.r > 0:
-        _check("model.lora.alpha", lora.alpha, POSITIVE)
-        _check("model.lora.dropout", lora.dropout, Allowed(low=0, high=1, high_open=True))
 
 
 def _fsdp_problem(cfg: DictConfig) -> str | None:
