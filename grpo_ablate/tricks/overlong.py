@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
-from grpo_ablate.tricks.registry import (DAPO, FRACTION, NON_NEGATIVE, Activity, Claim, Allowed, Trick,
+from grpo_ablate.tricks.registry import (DAPO, FRACTION, NON_NEGATIVE, Activity, Claim, Allowed, Inert, Trick,
                                          declare_family, register)
 
 declare_family("overlong", "truncated completions: masked out, or a DAPO length penalty", stage="reward",
@@ -63,6 +63,8 @@ def solve_rates(correct: torch.Tensor, group_index: torch.Tensor) -> torch.Tenso
           knobs={"buffer": Allowed("integer", low=1, high="rollout.max_new_tokens"), "factor": NON_NEGATIVE,
                  "gamma": NON_NEGATIVE, "failure_scale": FRACTION},
           activity=Activity("overlong/penalty_mean"),
+          inert=Inert(lambda cfg: float(cfg.overlong.factor) == 0, "cannot act with overlong.factor=0 (the penalty "
+                      "is 0 at every length)", "set overlong.factor > 0 (1.0)", "overlong.factor > 0"),
           checks=lambda cfg: ("overlong.gamma > 0 scales a success's penalty by its group's solve rate, which a "
                               "group of one has not: rollout.group_size >= 2"
                               if float(cfg.overlong.get("gamma") or 0) > 0 and cfg.rollout.group_size == 1 else None),

@@ -107,6 +107,24 @@ def _check_borders(cfg):
     return None
 
 
+# What each draw of prompt_pool=difficulty reads beyond the borders.
+DRAW_READS = {"fractions": ("easy_fraction", "hard_fraction"),
+              "weights": ("easy_weight", "normal_weight", "hard_weight")}
+
+
+def _check_draw(cfg):
+    """A knob only the other draw reads, set away from its default, would be ignored: refused."""
+    p = cfg.prompt_pool
+    draw, defaults = p.get("draw", "fractions"), difficulty_pools.__kwdefaults__
+    for other, keys in DRAW_READS.items():
+        changed = [k for k in keys if other != draw and float(p[k]) != defaults[k]]
+        if changed:
+            return (f"prompt_pool.{changed[0]}={p[changed[0]]} is read only by prompt_pool.draw={other}, and "
+                    f"draw={draw} ignores it; set prompt_pool.draw={other}, or leave {changed[0]} at "
+                    f"{defaults[changed[0]]:g}")
+    return None
+
+
 def _permutation(candidates: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return candidates[torch.randperm(len(candidates), generator=generator)]
 
@@ -163,7 +181,7 @@ def pool_weights(pass_rate: torch.Tensor, borders: tuple, weights: tuple) -> tor
           knobs={"easy_border": FRACTION, "hard_border": FRACTION, "easy_fraction": FRACTION,
                  "hard_fraction": FRACTION, "draw": choice("fractions", "weights"), "easy_weight": NON_NEGATIVE,
                  "normal_weight": NON_NEGATIVE, "hard_weight": NON_NEGATIVE},
-          activity=Activity("pool/sorted"), inert=NO_POOLS, checks=(_check_size, _check_borders),
+          activity=Activity("pool/sorted"), inert=NO_POOLS, checks=(_check_size, _check_draw, _check_borders),
           tricks=(Trick("difficulty_curriculum",
                         what="prompts bucketed easy/normal/hard by their last pass rate, drawn in set ratios "
                              "(10% easy, 10% hard, the rest normal)",

@@ -313,8 +313,8 @@ def _criteria_problem(criteria, thresholds) -> str | None:
         return (f"rollout_correction.criteria={criteria!r} is not allowed; allowed: a list of verl rollout_rs "
                 f"criteria ({', '.join(VERL_CRITERIA)})")
     if not isinstance(thresholds, (list, tuple)) or len(thresholds) != len(criteria):
-        return (f"rollout_correction.thresholds={thresholds!r} is not allowed; allowed: one threshold per criterion "
-                f"({len(criteria)})")
+        return (f"rollout_correction.thresholds={thresholds!r} is not allowed; allowed: a list of one threshold per "
+                f"criterion ({len(criteria)}), e.g. [0.01] (k1: [lower, upper])")
     for name, bound in zip(criteria, thresholds):
         if name.endswith("k1"):
             if not (isinstance(bound, (list, tuple)) and len(bound) == 2 and all(map(_number, bound))
@@ -333,15 +333,25 @@ def _check_rejection(cfg):
     if rc.action == "clamp" and not rc.weighted:
         return ("rollout_correction.action=clamp clamps the importance weight, but rollout_correction.weighted=false "
                 "has none; set weighted=true or action=mask")
-    criteria, thresholds = list(rc.get("criteria") or []), list(rc.get("thresholds") or [])
+    criteria, thresholds = list(rc.get("criteria") or []), rc.get("thresholds") or []
     if criteria or thresholds:
-        plain = [b if isinstance(b, str) or not hasattr(b, "__iter__") else list(b) for b in thresholds]
+        plain = ([b if isinstance(b, str) or not hasattr(b, "__iter__") else list(b) for b in thresholds]
+                 if hasattr(thresholds, "__iter__") and not isinstance(thresholds, str) else thresholds)
         problem = _criteria_problem(criteria, plain)     # (a config's lists are not Python lists)
         if problem:
             return problem
         if rc.action == "clamp":
             return "rollout_correction.criteria (verl's chained rollout_rs) masks; use action=mask"
+        return None
+    floor = NEVER_BELOW.get(rc.metric)
+    if floor is not None and float(rc.high) <= floor:   # nothing inside [low, high]: every token rejected
+        return (f"rollout_correction.high={rc.high} would reject every token: metric={rc.metric} is never below "
+                f"{floor:g}; give a high > {floor:g}")
     return None
+
+
+# The least value each statistic takes (k1 = log r has none): a high at or below it rejects everything.
+NEVER_BELOW = {"ratio": 0.0, "k2": 0.0, "k3": 0.0, "k3_areal": 0.0, "prob_diff": -1.0}
 
 
 def _verl_keep(stat_of, log_ratio, mask, criteria, thresholds) -> torch.Tensor:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
-from grpo_ablate.tricks.registry import (DAPO, FRACTION, NUMBER, POSITIVE_INT, SEED_REVIEW, Activity, Claim, Inert,
+from grpo_ablate.tricks.registry import (DAPO, NUMBER, POSITIVE_INT, SEED_REVIEW, Activity, Claim, Inert,
                                          Allowed, Trick, declare_family, register)
 
 declare_family("sampling", "which groups form the batch; `dynamic` is DAPO's, refilling up to `max_rounds`; "
@@ -79,13 +79,25 @@ def keep_varied_groups(scores: torch.Tensor) -> torch.Tensor:
     return scores.amax(dim=1) > scores.amin(dim=1)
 
 
+def _rejects_every_group(cfg) -> str | None:
+    """An advantage r - mean(r) of verifier scores in [0, 1] lies within +-(1 - 1/G): a range that holds
+    all of that rejects every group in every round (the step trains on nothing)."""
+    s, group = cfg.sampling, int(cfg.rollout.group_size)
+    reach = 1 - 1 / group
+    if float(s.reject_min) <= -reach and float(s.reject_max) >= reach:
+        return (f"sampling.reject_min={s.reject_min}, reject_max={s.reject_max} would drop every group: with "
+                f"rollout.group_size={group} every advantage r - mean(r) lies in [{-reach:g}, {reach:g}]; "
+                "give a narrower range (prime-rl's default: [0, 0], groups without signal)")
+    return None
+
+
 # prime-rl's admission gate (src/prime_rl/orchestrator/curriculum/gates/adv.py AdvRangeGate, commit
 # 559b44772e471d1538537b8805cc77f3824a5e64): a group is rejected when every advantage lies in
 # [reject_min, reject_max] (AdvRangeGateConfig default [0, 0]: no learning signal). The advantages
 # are prime-rl's default r - mean(r) over the group, from the verifier's rewards; rejected groups are
 # refilled like dynamic's (prime-rl's orchestrator keeps sampling until the batch is full).
 @register("sampling", "advantage_range", knobs={"reject_min": NUMBER, "reject_max": Allowed(low="sampling.reject_min")},
-          activity=Activity("sampling/extra_generations"),
+          checks=_rejects_every_group, activity=Activity("sampling/extra_generations"),
           tricks=(Trick("advantage_range_gate",
                         what="drop groups whose advantages r - mean(r) all lie in [reject_min, reject_max], refill",
                         source="prime-rl curriculum gates type=advantage_range (AdvRangeGate)",
@@ -102,7 +114,8 @@ def _varied_groups_too_few(scores: torch.Tensor, min_replace_ratio: float) -> bo
     return not int(keep_varied_groups(scores).sum()) > scores.shape[0] * min_replace_ratio
 
 
-@register("sampling", "replace", replaces_flat_groups=True, knobs={"min_replace_ratio": FRACTION},
+@register("sampling", "replace", replaces_flat_groups=True, knobs={"min_replace_ratio": Allowed(
+              low=0, high=1, high_open=True, note="at 1 no batch is ever usable: every one would be resampled")},
           activity=Activity("sampling/replaced_groups"),
           writes=("sampling/kept_group_frac", "sampling/replaced_groups"),
           inert=Inert(lambda cfg: int(cfg.rollout.group_size) == 1,
