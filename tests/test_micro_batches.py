@@ -114,11 +114,12 @@ def test_every_loss_agg_mode_is_the_same_in_uneven_micro_batches(mode, cache_dir
 
 # the normalising options the issue names, together, each set to act (its metric says it did): token
 # masks (chosen over the whole mini-batch), rejection's and M2PO's masks, the overlong filter of truncated
-# completions, zero-variance filtering, a critic
+# completions, zero-variance filtering, a critic; and the gradient diagnostics, whose forward is split too
 TOGETHER = {"masks": (["token_mask=high_entropy", "token_mask.quantile=0.5", "rollout.dtype=bfloat16",
                        "rollout_correction=rejection", "rollout_correction.high=1e-5", "overlong=filter",
-                       "rollout.max_new_tokens=8", "loss_agg=token_mean"],
-                      ("token_mask/dropped_frac", "rollout_corr/rejected_frac", "overlong/masked_frac")),
+                       "rollout.max_new_tokens=8", "loss_agg=token_mean", "diag.grad_conflict=true", "diag.every=1"],
+                      ("token_mask/dropped_frac", "rollout_corr/rejected_frac", "overlong/masked_frac",
+                       "grad_norm/policy")),
             "m2po, critic": (["rollout.dtype=bfloat16", "rollout_correction=m2po", "rollout_correction.threshold=1e-6",
                               "sampling=zero_variance", "adv=gae", "loss_agg=prompt_mean"],
                              ("rollout_corr/masked_frac", "value/loss"))}
@@ -147,7 +148,7 @@ def test_every_option_that_weighs_the_loss_is_the_same_in_any_micro_batches_or_r
 
 @pytest.mark.parametrize("args, needle", [
     (["updates.micro_batch_size=0"], "updates.micro_batch_size=0 is not allowed; it must be an integer >= 1"),
-    (["updates.max_tokens_per_forward=2.5"], "updates.max_tokens_per_forward=2.5 is not allowed; it must be an integer"),
+    (["updates.max_tokens_per_forward=2.5"], "updates.max_tokens_per_forward=2.5 is not allowed; it must be an"),
     (["clip=clip_cov", "updates.micro_batch_size=4"],
      "clip=clip_cov's covariance and its draw of tokens is over the rows of one forward, so "
      "updates.micro_batch_size=4 would change the loss; allowed: updates.micro_batch_size=null and "
@@ -169,6 +170,12 @@ def test_gmpo_over_live_rows_takes_micro_batches():
     validate(compose(["clip=gmpo", "clip.mean_over=live", "updates.micro_batch_size=4"]))
 
 
+def logged(run_dir) -> list[dict]:
+    """A run's metrics rows without the timings."""
+    rows = read_rows(run_dir / "metrics.jsonl")
+    return [{k: v for k, v in row.items() if not k.startswith(TIMING_PREFIXES)} for row in rows]
+
+
 @pytest.mark.slow
 def test_a_run_in_micro_batches_through_the_cli_logs_what_the_unsplit_run_logs(small, tmp_path):
     """float32: the same metrics within reordering, with mini-batches, a KL term and the token budget."""
@@ -179,9 +186,34 @@ def test_a_run_in_micro_batches_through_the_cli_logs_what_the_unsplit_run_logs(s
                         ("budget", ["updates.max_tokens_per_forward=60"])):
         out = cli("train", *args, *split, f"hydra.run.dir={tmp_path / name}", cwd=tmp_path)
         assert out.returncode == 0, out.stderr[-3000:]
-        runs[name] = [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)}
-                      for r in read_rows(tmp_path / name / "metrics.jsonl")]
+        runs[name] = logged(tmp_path / name)
     for name in ("micro", "budget"):
         for a, b in zip(runs["whole"], runs[name]):
             assert b == {k: pytest.approx(v, rel=1e-4, abs=1e-6) for k, v in a.items()}, name
     assert runs["whole"][-1]["ppo/optimizer_steps"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", list(options("loss_agg")))
+def test_two_ranks_in_micro_batches_match_one_process_in_one_forward(mode, small, tmp_path):
+    """torchrun, 2 ranks (gloo): each rank's share of each mini-batch in micro-batches of at most 3
+    rows and 50 tokens (the ranks' counts of them can differ: DDP reduces once, at the last), token_mask
+    choosing over both ranks' rows, against one process without a split (float32: within reordering)."""
+    from test_distributed import torchrun
+
+    from grpo_ablate.train.grpo import train
+
+    args = small + ["steps=1", "eval.every=1", f"loss_agg={mode}", "kl.beta=0.05", "rollout.rng=per_row",
+                    "updates=mini_batches", "updates.mini_batches=2", "token_mask=high_entropy"]
+    single = train(compose(args), tmp_path / "single", args)
+    assert single.state == "completed"
+    work = tmp_path / "work"
+    work.mkdir()
+    two = torchrun(*args, "updates.micro_batch_size=3", "updates.max_tokens_per_forward=50",
+                   f"hydra.run.dir={work}/run", cwd=work)
+    assert two.returncode == 0, two.stderr[-3000:]
+    one, split = logged(tmp_path / "single"), logged(work / "run")
+    assert len(one) == len(split) == 2
+    for a, b in zip(one, split):
+        assert b == {k: pytest.approx(v, rel=1e-4, abs=1e-6) for k, v in a.items()}
+    assert one[1]["token_mask/dropped_frac"] > 0
