@@ -56,7 +56,9 @@ def overrides_of(family: str, name: str) -> list[str]:
 
 def cases():
     out = [(f, n) for f in NORMALISING for n in options(f)]
-    return out + [("adv", "gae")]   # the critic: its values and loss through the same pieces
+    # the critic (values and loss through the same pieces), a per-token energy from the pi_old forward
+    # (OTB), a plugin's anchor forward (pi_prev)
+    return out + [("adv", "gae"), ("adv", "optimal_token_baseline"), ("kl", "two_layer")]
 
 
 def float64_trainer(overrides, cache_dir):
