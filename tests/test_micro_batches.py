@@ -172,10 +172,14 @@ def test_gmpo_over_live_rows_takes_micro_batches():
     validate(compose(["clip=gmpo", "clip.mean_over=live", "updates.micro_batch_size=4"]))
 
 
+def untimed(rows) -> list[dict]:
+    """Metrics rows without the timings."""
+    return [{k: v for k, v in row.items() if not k.startswith(TIMING_PREFIXES)} for row in rows]
+
+
 def logged(run_dir) -> list[dict]:
     """A run's metrics rows without the timings."""
-    rows = read_rows(run_dir / "metrics.jsonl")
-    return [{k: v for k, v in row.items() if not k.startswith(TIMING_PREFIXES)} for row in rows]
+    return untimed(read_rows(run_dir / "metrics.jsonl"))
 
 
 @pytest.mark.slow
@@ -219,3 +223,18 @@ def test_two_ranks_in_micro_batches_match_one_process_in_one_forward(mode, small
     for a, b in zip(one, split):
         assert b == {k: pytest.approx(v, rel=1e-4, abs=1e-6) for k, v in a.items()}
     assert one[1]["token_mask/dropped_frac"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch, extra", [("llama", ["model.lora.r=4"]), ("gpt2", [])], ids=["lora", "gpt2-padded"])
+def test_saved_models_in_micro_batches_log_what_one_forward_logs(tiny_models, tmp_path, arch, extra):
+    """LoRA (the reference: the adapters off) and GPT-2 (not packable: the padded forward), one row a
+    forward, against one forward (float32: within reordering)."""
+    from test_real_models import MOVES, hf_run, run
+
+    args = hf_run(tiny_models[arch], *MOVES, "kl.beta=0.1", *extra)
+    whole = run(args, tmp_path / "whole")
+    split = run([*args, "updates.micro_batch_size=1"], tmp_path / "split")
+    for a, b in zip(untimed(whole), untimed(split)):
+        assert b == {k: pytest.approx(v, rel=1e-4, abs=1e-6) for k, v in a.items()}
+    assert whole[2]["kl/k3"] > 0
