@@ -123,6 +123,8 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ the step
     def step(self, step: int) -> StepResult:
         ctl, started = self.ctl, time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)   # perf/peak_memory_gib: this step's
         self.model.train()
         T = ctl.temperature.value                                   # this step's sampling temperature
         try:
@@ -142,7 +144,7 @@ class GRPOTrainer:
         metrics = {"step": step, "loss": update.loss,                             # 5. metrics
                    **self.metrics(batch, shaped, adv, anchors, update, coef, T), **mismatch, **diag,
                    **self.timings(started, sampled, scored, rewarded, updated, shaped.mask, batch.sampled_tokens),
-                   "time/elapsed_s": updated - self.started}
+                   "time/elapsed_s": updated - self.started, **metrics_mod.peak_memory_metrics(self.device)}
         if not update.finite and self.spec.on_nonfinite == "stop":
             what = "loss" if not math.isfinite(update.loss) else "grad norm"
             return StepResult(metrics, diverged=f"non-finite {what} at step {step}")
