@@ -75,10 +75,12 @@ class OptimSettings:
 
 @dataclass(frozen=True)
 class UpdateSettings:
-    """The `updates` family: optimizer steps per rollout."""
+    """The `updates` family: optimizer steps per rollout, and the micro-batches of each (None: no split)."""
     mini_batches: int
     epochs: int
     shuffle: bool
+    micro_batch_size: int | None = None         # completions per forward and backward
+    max_tokens_per_forward: int | None = None   # real tokens per forward
 
 
 @dataclass(frozen=True)
@@ -162,7 +164,8 @@ def run_spec(cfg: DictConfig) -> RunSpec:
                                 str(r.get("rng") or "auto"), _read_only(params(r))),
         optim=OptimSettings(o.lr, o.weight_decay, tuple(o.betas), o.max_grad_norm, int(o.warmup_steps),
                             str(o.get("schedule", "constant"))),
-        updates=UpdateSettings(int(s.mini_batches), int(s.epochs), bool(s.shuffle)),
+        updates=UpdateSettings(int(s.mini_batches), int(s.epochs), bool(s.shuffle), _count(s.get("micro_batch_size")),
+                               _count(s.get("max_tokens_per_forward"))),
         schedule=Schedule(int(cfg.steps), int(cfg.eval.every), int(cfg.eval.max_new_tokens), int(cfg.samples_every),
                           int(cfg.samples_per_log), int(cfg.checkpoint_every), cfg.debug.fail_at_step,
                           cfg.debug.nan_loss_at_step),
@@ -208,6 +211,10 @@ def _frozen_group(node: DictConfig) -> DictConfig:
     OmegaConf.set_struct(group, True)
     OmegaConf.set_readonly(group, True)
     return group
+
+
+def _count(value) -> int | None:
+    return None if value is None else int(value)
 
 
 def _read_only(mapping: dict) -> Mapping:

@@ -5,6 +5,8 @@
     sample_groups     the `sampling` family's rounds (static, dynamic, zero_variance, ...) from a
                       prompt source (the task's order, or a plugin's pool), then dynamic_group's growth
     mini_batch_rows   the rows of each PPO mini-batch of one pass over the rollout (whole groups)
+    micro_batches     the consecutive slices of a rank's rows that go through one forward and
+                      backward each (updates.micro_batch_size, updates.max_tokens_per_forward)
 """
 from __future__ import annotations
 
@@ -57,6 +59,22 @@ def mini_batch_rows(group_index: torch.Tensor, mini_batches: int, shuffle_seed: 
     if shuffle_seed is not None:
         order = torch.randperm(groups, generator=torch.Generator().manual_seed(shuffle_seed))
     return [torch.isin(group_index, chunk).nonzero().squeeze(1) for chunk in order.tensor_split(n)]
+
+
+def micro_batches(tokens: list[int], size: int | None, max_tokens: int | None) -> list[slice]:
+    """Consecutive slices of the rows whose real token counts are `tokens`: each holds at most
+    `size` rows and at most `max_tokens` tokens (verl's dynamic batch size, in order; a row longer
+    than the budget goes alone). Neither set: [slice(None)], every row in one forward."""
+    if size is None and max_tokens is None:
+        return [slice(None)]
+    pieces, start, held = [], 0, 0
+    for row, n in enumerate(tokens):
+        full = (size is not None and row - start == size) or (max_tokens is not None and held + n > max_tokens)
+        if full and row > start:
+            pieces.append(slice(start, row))
+            start, held = row, 0
+        held += n
+    return pieces + [slice(start, len(tokens))]
 
 
 def sample_groups(rollouts: Rollouts, prompts, B: int, G: int, sampling: BoundOption, step: int,

@@ -137,3 +137,12 @@ def age_metrics(ages, kept, old_logp, sampler_logp, mask) -> dict:
         out["staleness/behaviour_kl"] = masked_mean(-log_ratio, mask).item()
         out["staleness/behaviour_k3"] = masked_mean(torch.exp(log_ratio.clamp(-20, 20)) - log_ratio - 1, mask).item()
     return out
+
+
+def peak_memory_metrics(device: torch.device) -> dict:
+    """On a GPU, the most memory the step's tensors held (since the step's start resets the
+    count): what micro-batches (updates.micro_batch_size, max_tokens_per_forward) bring down.
+    Nothing on a CPU, where torch keeps no such count."""
+    if device.type != "cuda":
+        return {}
+    return {"perf/peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2 ** 30}

@@ -20,7 +20,8 @@ from grpo_ablate.sampling.decode import NonFiniteLogits, Rollout, derived_seed, 
 from grpo_ablate.sampling.engines import Rollouts
 from grpo_ablate.spec import RunSpec
 from grpo_ablate.train import diagnostics
-from grpo_ablate.train.batch import SampledGroups, TaskPrompts, mini_batch_rows, sample_groups
+from grpo_ablate.train.accumulation import LastPass, Update, accumulating, scaled_lr, stitched
+from grpo_ablate.train.batch import SampledGroups, TaskPrompts, micro_batches, mini_batch_rows, sample_groups
 from grpo_ablate.train import metrics as metrics_mod
 from grpo_ablate.train.distributed import DataParallel
 from grpo_ablate.train.forward import token_logprobs
@@ -59,51 +60,6 @@ class Anchors:
     old_values: torch.Tensor | None = None
     prev: torch.Tensor | None = None
     energy: torch.Tensor | None = None     # pi_old's logit-gradient energy per token (an estimator that reads it)
-
-
-@dataclass
-class Update:
-    """What a rollout's optimizer steps leave for the metrics."""
-    loss: float              # the steps' losses (each the whole mini-batch's, over ranks), averaged
-    grad_norm: float         # averaged over the steps
-    finite: bool             # False: a step's loss or grad norm was not finite (and was not skipped)
-    steps: int               # optimizer steps taken on this rollout
-    logp: torch.Tensor       # [N, T] every row's log-probs from its last forward (the last pass)
-    entropy: torch.Tensor    # [N, T] likewise
-    values: torch.Tensor | None
-    step_means: dict         # token statistics (clip fractions, ratio, critic loss), over the steps
-
-
-@contextlib.contextmanager
-def scaled_lr(optimizer, scale: float):
-    """Every parameter group's learning rate times `scale` for one optimizer step, then restored."""
-    rates = [group["lr"] for group in optimizer.param_groups]
-    for group in optimizer.param_groups:
-        group["lr"] = group["lr"] * scale
-    try:
-        yield
-    finally:
-        for group, rate in zip(optimizer.param_groups, rates):
-            group["lr"] = rate
-
-
-class LastPass:
-    """Every row's log-probs, entropy and values from the last forward that saw it: the
-    policy as it was trained on this rollout, for the metrics."""
-
-    def __init__(self, mask):
-        self.mask, self.logp, self.entropy, self.values = mask, None, None, None
-
-    def put(self, rows, logp, entropy, values) -> None:
-        if rows is None:   # the whole batch in one forward
-            self.logp, self.entropy, self.values = logp, entropy, values
-            return
-        for name, value in (("logp", logp), ("entropy", entropy), ("values", values)):
-            if value is None:
-                continue
-            if getattr(self, name) is None:
-                setattr(self, name, torch.zeros(self.mask.shape, dtype=value.dtype, device=value.device))
-            getattr(self, name)[rows] = value.detach()
 
 
 class GRPOTrainer:
@@ -167,6 +123,8 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ the step
     def step(self, step: int) -> StepResult:
         ctl, started = self.ctl, time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)   # perf/peak_memory_gib: this step's
         self.model.train()
         T = ctl.temperature.value                                   # this step's sampling temperature
         try:
@@ -186,7 +144,7 @@ class GRPOTrainer:
         metrics = {"step": step, "loss": update.loss,                             # 5. metrics
                    **self.metrics(batch, shaped, adv, anchors, update, coef, T), **mismatch, **diag,
                    **self.timings(started, sampled, scored, rewarded, updated, shaped.mask, batch.sampled_tokens),
-                   "time/elapsed_s": updated - self.started}
+                   "time/elapsed_s": updated - self.started, **metrics_mod.peak_memory_metrics(self.device)}
         if not update.finite and self.spec.on_nonfinite == "stop":
             what = "loss" if not math.isfinite(update.loss) else "grad norm"
             return StepResult(metrics, diverged=f"non-finite {what} at step {step}")
@@ -211,9 +169,18 @@ class GRPOTrainer:
 
     def token_logprobs(self, model, roll: Rollout, T, value_head=None, entropy_grad: bool = False,
                        energy: bool = False):
-        """(log-probs, entropy, values[, energy]) of a rollout under `model` (train/forward.py)."""
-        return token_logprobs(model, roll, T, value_head, entropy_grad, remove_padding=self.remove_padding,
-                              energy=energy)
+        """(log-probs, entropy, values[, energy]) of a rollout under `model` (train/forward.py), its
+        rows forwarded in the update's micro-batches (see pieces) and stitched back."""
+        return stitched([token_logprobs(model, select_rows(roll, piece), T, value_head, entropy_grad,
+                                        remove_padding=self.remove_padding, energy=energy)
+                         for piece in self.pieces(roll)])
+
+    def pieces(self, roll: Rollout) -> list[slice]:
+        """The micro-batches of a rollout's rows: updates.micro_batch_size completions and
+        updates.max_tokens_per_forward real tokens at most (one slice, all rows, when unset)."""
+        updates = self.spec.updates
+        return micro_batches(roll.attention_mask.sum(dim=1).tolist(), updates.micro_batch_size,
+                             updates.max_tokens_per_forward)
 
     @torch.no_grad()
     def anchor_logprobs(self, part: Rollout, T: float) -> Anchors:
@@ -294,11 +261,10 @@ class GRPOTrainer:
                step: int) -> Update:
         """updates.epochs passes over the rollout, each in updates.mini_batches optimizer steps
         on disjoint slices of whole groups (verl's PPO mini-batches; one slice, one pass: a single
-        step on the whole batch). Each step: the policy's forward on this rank's rows of the
-        slice (T in the graph: a learnable temperature is trained through the policy loss), the
-        terms' sum aggregated with the slice's own loss_agg weights (verl's agg_loss per
-        mini-batch; global over ranks, so the ranks' losses add up), backward, grad-norm clip,
-        AdamW. The LR schedule steps once per rollout."""
+        step on the whole batch). Each step: the gradient of this rank's rows of the slice
+        (`accumulate`: in micro-batches), its loss the terms' sum aggregated with the slice's own
+        loss_agg weights (verl's agg_loss per mini-batch; global over ranks, so the ranks' losses
+        add up), then grad-norm clip and AdamW. The LR schedule steps once per rollout."""
         updates, dp, max_new = self.spec.updates, self.dp, self.spec.rollout.max_new_tokens
         means, last, ok = metrics_mod.StepMeans(), LastPass(inputs.mask), True
         for epoch in range(updates.epochs):
@@ -307,14 +273,13 @@ class GRPOTrainer:
                 mb = inputs if rows is None else inputs.rows(rows)
                 mine = slice(None) if rows is None else rows[dp.share(len(rows))]
                 roll = part if rows is None else select_rows(batch.roll, mine)
-                logp, entropy, values = self.token_logprobs(self.train_model, roll, self.ctl.temperature.current(),
-                                                            self.p.value_head, entropy_grad=coef.entropy > 0)
-                terms, stats = self.loss_terms(logp, entropy, values, mb.rows(dp.share(len(mb.mask))), coef, dp)
                 weights = self.weights_of(mb.mask, max_new, batch.group_index if rows is None else
                                           batch.group_index[rows.cpu()])
                 scale, scaled = self.lr_scale(mb.old_logp, mb.sampler_logp, mb.mask) if self.lr_scale else (1.0, {})
                 with scaled_lr(self.optim.optimizer, scale):
-                    loss, grad_norm, ok = self.optimizer_step(aggregate(total(terms), dp.part(weights)), step)
+                    loss, (logp, entropy, values, stats) = self.accumulate(
+                        roll, mb.rows(dp.share(len(mb.mask))), dp.part(weights), coef, step)
+                    loss, grad_norm, ok = self.optimizer_step(loss)
                 for plugin in self.plugins:
                     plugin.after_optimizer_step(self.optim.optimizer)   # ref_sync: every N optimizer steps
                 logp, entropy, values = dp.gather_rows(logp), dp.gather_rows(entropy), dp.gather_rows(values)
@@ -335,18 +300,43 @@ class GRPOTrainer:
         loss, grad_norm = means.optimizer()
         return Update(loss, grad_norm, ok, means.steps, last.logp, last.entropy, last.values, means.tokens())
 
-    def optimizer_step(self, loss, step: int) -> tuple[float, float, bool]:
-        """Backward and AdamW on one mini-batch's loss: (the loss over ranks, grad norm, go on?).
+    def accumulate(self, roll: Rollout, mine: LossInputs, weights, coef: Coefficients, step: int):
+        """(this rank's loss of one mini-batch, the forwards' (log-probs, entropy, values, token
+        statistics)): the policy's forward and backward on this rank's rows `roll` in micro-batches
+        (T in the graph: a learnable temperature is trained through the policy loss), each loss
+        the sum of w * l over its rows with the mini-batch's weights `weights`, so the gradients
+        that add up in .grad are the unsplit one's. token_mask's choice is made over the whole
+        mini-batch first (one more forward, only when split)."""
+        pieces, dp, scaler = self.pieces(roll), self.dp, self.scaler
+        if len(pieces) > 1 and self.loss_terms.token_mask is not None:
+            with torch.no_grad():
+                entropy = self.token_logprobs(self.p.policy, roll, self.ctl.temperature.current())[1]
+            mine = replace(mine, token_keep=self.loss_terms.token_keep(entropy, mine.mask, dp))
+        self.optim.optimizer.zero_grad(set_to_none=True)
+        loss, outputs = 0.0, []
+        for i, piece in enumerate(pieces):
+            logp, entropy, values = token_logprobs(self.train_model, select_rows(roll, piece),
+                                                   self.ctl.temperature.current(), self.p.value_head,
+                                                   entropy_grad=coef.entropy > 0, remove_padding=self.remove_padding)
+            terms, stats = self.loss_terms(logp, entropy, values, mine.rows(piece), coef, dp)
+            piece_loss = aggregate(total(terms), weights[piece])
+            if step == self.spec.schedule.nan_loss_at_step:   # fault injection: a divergence
+                piece_loss = piece_loss * float("nan")
+            with accumulating(self.train_model, last=i == len(pieces) - 1):
+                scaler.scale(piece_loss * dp.world).backward()   # DDP (FSDP) averages over ranks: x world = the sum
+            loss = loss + piece_loss.detach()
+            outputs.append((logp.detach(), entropy.detach(), None if values is None else values.detach(),
+                            {name: value.detach() for name, value in stats.items()}))   # value/loss holds a graph
+        return loss, stitched(outputs)
+
+    def optimizer_step(self, loss) -> tuple[float, float, bool]:
+        """AdamW on one mini-batch's accumulated gradients: (the loss over ranks, grad norm, go on?).
         A non-finite loss or gradient is skipped with on_nonfinite=skip, else it stops the run."""
         spec, dp, optimizer, scaler = self.spec, self.dp, self.optim.optimizer, self.scaler
-        if step == spec.schedule.nan_loss_at_step:   # fault injection: a divergence
-            loss = loss * float("nan")
-        optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss * dp.world).backward()     # DDP (FSDP) averages over ranks: x world = the sum
         dp.average_grads(self.outside_ddp)             # a value head, a learnable T (torchrun only)
         scaler.unscale_(optimizer)                     # float16 only: the true gradients, before clipping
         grad_norm = dp.clip_grad_norm(self.trained, spec.optim.max_grad_norm)
-        step_loss = dp.sum(loss.item())                # the whole mini-batch's loss
+        step_loss = dp.sum(float(loss))                # the whole mini-batch's loss
         # (float16: an overflowing gradient is routine; the scaler skips it, lowers its scale)
         finite = math.isfinite(step_loss) and (math.isfinite(grad_norm) or scaler.is_enabled())
         if not finite and spec.on_nonfinite == "skip":

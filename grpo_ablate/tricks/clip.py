@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
-from grpo_ablate.tricks.conditions import ONE_STEP, one_optimizer_step
+from grpo_ablate.tricks.conditions import ONE_STEP, one_forward_statistic, one_optimizer_step
 from grpo_ablate.tricks.registry import (DAPO, NON_NEGATIVE, NUMBER, POSITIVE, TRICKS_OR_TRAPS, Activity, Claim, Inert,
                                          Allowed, Trick, choice, declare, declare_family, option, register)
 
@@ -230,6 +230,8 @@ def sapo_loss(logp, old_logp, advantages, mask, *, tau_pos: float = 1.0, tau_neg
 
 @register("clip", "gmpo", off_policy_only=True, per_sequence_loss=True,
           knobs={**EPS, "mean_over": choice("all", "live")}, inert=ONE_STEP, activity=RATIO_MOVES,
+          checks=one_forward_statistic("clip=gmpo's mean_over=all (the share of live rows)",
+                                       unless=lambda cfg: cfg.clip.mean_over == "live"),
           tricks=(Trick("gmpo",
                         what="GMPO: geometric mean of the token ratios, clipped per token in log space",
                         source="verl loss_mode=geo_mean (arXiv 2507.20673)",
@@ -296,9 +298,10 @@ def _covariance(advantages, logp, mask) -> torch.Tensor:
 
 @register("clip", "clip_cov",
           knobs={**EPS, "ratio": Allowed(low=0, high=1, low_open=True), "cov_low": NUMBER, "cov_high": NUMBER},
-          checks=lambda cfg: None if cfg.clip.cov_low < cfg.clip.cov_high else (
+          checks=(lambda cfg: None if cfg.clip.cov_low < cfg.clip.cov_high else (
               f"clip.cov_low={cfg.clip.cov_low} and clip.cov_high={cfg.clip.cov_high} leave an empty band; "
               "cov_low must be < cov_high"),
+              one_forward_statistic("clip=clip_cov's covariance and its draw of tokens")),
           activity=Activity("clip_cov/frac"),
           writes=("clip/high_frac", "clip_cov/frac"),
           tricks=(Trick("clip_cov",
@@ -343,6 +346,7 @@ def clip_cov_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.2, eps
 
 @register("clip", "kl_cov", off_policy_only=True,
           knobs={"ratio": Allowed(low=0, high=1, low_open=True), "kl_coef": NON_NEGATIVE},
+          checks=one_forward_statistic("clip=kl_cov's covariance and its top tokens"),
           inert=ONE_STEP,
           activity=Activity("kl_cov/penalty"),
           writes=("kl_cov/frac",),

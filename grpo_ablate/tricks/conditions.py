@@ -1,4 +1,4 @@
-"""Conditions of a composed config that the options' inert rules share (registry.Inert).
+"""Conditions of a composed config that the options' inert rules (registry.Inert) and checks share.
 
 Each reads the config by attribute only (a DictConfig, or any object with the same keys), so
 this package still imports nothing but torch. The rules themselves are given where each option
@@ -73,3 +73,24 @@ def grpo_cannot_reach(cfg) -> bool:
     group = int(cfg.rollout.group_size)
     return (cfg.adv.name == "grpo" and not shaped and cfg.sampling.get("g_max") is None
             and float(cfg.adv_clip.c) >= (group - 1) / math.sqrt(group))
+
+
+def splits_forward(cfg) -> str | None:
+    """The setting that splits an optimizer step's forward into micro-batches (None: one forward)."""
+    updates = cfg.updates
+    for key in ("micro_batch_size", "max_tokens_per_forward"):
+        if updates.get(key) is not None:
+            return f"updates.{key}={updates[key]}"
+    return None
+
+
+def one_forward_statistic(what: str, unless=lambda cfg: False):
+    """The check of an option whose loss reads a statistic over the rows of one forward (`what`):
+    micro-batches would change it, so the split is refused (`unless(cfg)`: the option's
+    settings that do without the statistic)."""
+    def check(cfg) -> str | None:
+        split = splits_forward(cfg)
+        return None if split is None or unless(cfg) else (
+            f"{what} is over the rows of one forward, so {split} would change the loss; "
+            "allowed: updates.micro_batch_size=null and updates.max_tokens_per_forward=null with it")
+    return check

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
+from grpo_ablate.tricks.conditions import one_forward_statistic
 from grpo_ablate.tricks.registry import NON_NEGATIVE, POSITIVE, POSITIVE_INT, Inert, Trick, declare_family, register
 
 declare_family("kl_weight", "per-token weights on the KL term", stage="loss", default="uniform", metric="kl/k3")
@@ -48,7 +49,7 @@ def length_budget_kl_weight(mask, entropy, *, budget: int = 16, alpha: float = 1
 
 @register("kl_weight", "entropy",
           knobs={"eps": POSITIVE},
-          checks=_needs_kl_term)
+          checks=(_needs_kl_term, one_forward_statistic("kl_weight=entropy's mean entropy")))
 def entropy_kl_weight(mask, entropy, *, eps: float = 1e-8):
     h = entropy.detach().to(mask.dtype) * mask
     return h / (h.sum() / mask.sum().clamp(min=1) + eps)
