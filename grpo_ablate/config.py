@@ -30,7 +30,10 @@ CONFIG_NAME = "config"
 
 # Keys that may differ between a run and its resumption without changing what it computes.
 # `diag` only observes (gradient diagnostics never change the update: tests/test_diagnostics.py).
-RESUMABLE_KEYS = ("steps", "resume", "logger", "run", "sweep", "threads", "diag")
+# The micro-batch split changes how a step is computed, not what (tests/test_micro_batches.py), as
+# threads do: a run that ran out of memory resumes split, and a split run is the unsplit run's config.
+RESUMABLE_KEYS = ("steps", "resume", "logger", "run", "sweep", "threads", "diag",
+                  "updates.micro_batch_size", "updates.max_tokens_per_forward")
 
 
 def params(group: DictConfig) -> dict:
@@ -259,7 +262,11 @@ def config_hash(cfg: DictConfig) -> str:
     """Hash of everything that determines what a run computes (labels and budget excluded)."""
     data = OmegaConf.to_container(cfg, resolve=True)
     for key in RESUMABLE_KEYS:
-        data.pop(key, None)
+        *parents, leaf = key.split(".")
+        node = data
+        for parent in parents:
+            node = node.get(parent) or {}
+        node.pop(leaf, None)
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -37,7 +37,7 @@ def open_run_dir(cfg: DictConfig, run_dir: Path, restart_without_checkpoint: boo
         return status, None
     if status.get("config_hash") != config_hash(cfg):
         raise ConfigError(f"cannot resume {run_dir}: the config differs from the one it was started "
-                          "with (only steps, logger, run labels and threads may change)")
+                          "with (only steps, logger, run labels, threads and the micro-batch split may change)")
     finished = status["state"] in ("completed", "diverged")
     if restart and finished:
         raise ConfigError(f"run dir {run_dir} is {status['state']} at step {status['step']}: a finished result is "

@@ -182,6 +182,21 @@ def logged(run_dir) -> list[dict]:
     return untimed(read_rows(run_dir / "metrics.jsonl"))
 
 
+def test_the_split_is_not_part_of_what_a_run_computes():
+    """A run that ran out of memory resumes split: the split is out of the config hash, as threads
+    are, and the unsplit default hashes as it did before the settings existed (old runs resume)."""
+    from grpo_ablate.config import config_hash
+    from omegaconf import OmegaConf
+
+    whole = compose([])
+    split = compose(["updates.micro_batch_size=2", "updates.max_tokens_per_forward=64"])
+    assert config_hash(whole) == config_hash(split)
+    before = OmegaConf.create(OmegaConf.to_container(whole))
+    del before.updates["micro_batch_size"], before.updates["max_tokens_per_forward"]
+    assert config_hash(before) == config_hash(whole)
+    assert config_hash(compose(["updates=mini_batches"])) != config_hash(whole)
+
+
 @pytest.mark.slow
 def test_a_run_in_micro_batches_through_the_cli_logs_what_the_unsplit_run_logs(small, tmp_path):
     """float32: the same metrics within reordering, with mini-batches, a KL term and the token budget."""
