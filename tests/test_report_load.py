@@ -270,3 +270,17 @@ def test_a_contrast_naming_no_variant_is_said(tmp_path):
                         "the report goes on without it"]
     assert "contrast z (all vs drop-z) names no variant of this sweep (drop-z)" in (path / "report.md").read_text()
     assert [v["trick"] for v in report["verdicts"]] == ["a", "b", "c"]
+
+
+def test_one_eval_set_name_at_two_sizes_across_runs_is_two_eval_sets(tmp_path):
+    """Each run's evals.jsonl is whole, but one run scored 8 problems under the name the others score
+    16 under (was a broadcast traceback in the intervals): not paired on problems, said so."""
+    path, _ = report_sim.write_sweep(tmp_path / "s", np.random.default_rng(0), tricks=2, seeds=3, problems=16)
+    run_dir = path / "drop-t0-s1"
+    _last_eval(run_dir, n=8, bits="ff")
+    _last_accuracy(run_dir, 1.0)
+    last = (run_dir / "evals.jsonl").read_text().splitlines()[-1]
+    (run_dir / "evals.jsonl").write_text(last + "\n")
+    done, report, warnings = _report(path)
+    assert warnings == []
+    assert "the runs were scored on different eval sets" in (path / "report.md").read_text()
