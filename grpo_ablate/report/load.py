@@ -139,13 +139,17 @@ def nested_value(data: dict, *keys):
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def _read_yaml(path: Path, notes: list) -> dict:
+def _read_yaml(path: Path, problems: list) -> dict:
+    """config.yaml as a mapping; {} and what was wrong (in `problems`) when it is not one."""
     try:
         data = yaml.load(path.read_text(), Loader=SAFE_LOADER)
-        return data if isinstance(data, dict) else {}
-    except (OSError, yaml.YAMLError) as err:
-        notes.append(f"config.yaml unreadable ({type(err).__name__})")
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        problems.append(f"cannot be read as YAML ({type(err).__name__})")
         return {}
+    if not isinstance(data, dict):
+        problems.append("is not a YAML mapping")
+        return {}
+    return data
 
 
 def _read_status(run: Run) -> dict | None:
@@ -153,12 +157,12 @@ def _read_status(run: Run) -> dict | None:
     try:
         status = read_status(run.run_dir)
     except DamagedFile as err:
-        run.damage = ("status.json", err.problem)
+        run.damage = run.damage or ("status.json", err.problem)
         return None
     if status is None:
         run.notes.append("no status.json")
     elif problem := status_problem(status):
-        run.damage = ("status.json", f"is damaged ({problem})")
+        run.damage = run.damage or ("status.json", f"is damaged ({problem})")
         return None
     return status
 
@@ -193,7 +197,9 @@ def load_run(run_dir: Path, variant: str, seed: int | None, thresholds: HealthTh
         run.notes.append("not started (no run dir)")
         return run
     if (run.run_dir / "config.yaml").exists():
-        run.config = _read_yaml(run.run_dir / "config.yaml", run.notes)
+        problems = []
+        run.config = _read_yaml(run.run_dir / "config.yaml", problems)
+        run.damage = ("config.yaml", problems[0]) if problems else None
         tokens = nested_value(run.config, "rollout", "max_new_tokens")
         run.max_new_tokens = int(tokens) if isinstance(tokens, (int, float)) else None
         if run.seed is None and isinstance(run.config.get("seed"), int):

@@ -66,12 +66,15 @@ def status_problem(status: dict) -> str | None:
 
 
 def accuracy_problem(rows: list[dict]) -> str | None:
-    """An accuracy (a column named `accuracy` or `*/accuracy`) outside [0, 1] in metrics.jsonl rows;
-    non-finite values are the report's non-finite notes, not this."""
+    """An accuracy (a column named `accuracy` or `*/accuracy`) in metrics.jsonl rows that is not a
+    number in [0, 1]; null and non-finite ones are the report's non-finite notes, not this."""
     for row in rows:
         for key, value in row.items():
-            if key.rsplit("/", 1)[-1] == "accuracy" and _is(value, float) and math.isfinite(value) \
-                    and not UNIT[0] <= value <= UNIT[1]:
+            if key.rsplit("/", 1)[-1] != "accuracy" or value is None:
+                continue
+            if not _is(value, float):
+                return f"`{key}` is {value!r:.40} at step {row.get('step')}, not a number"
+            if math.isfinite(value) and not UNIT[0] <= value <= UNIT[1]:
                 return f"`{key}` is {value:g} at step {row.get('step')}, outside [0, 1]"
     return None
 
