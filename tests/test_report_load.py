@@ -157,6 +157,7 @@ def _set_seed(manifest, value):
     (lambda m: _set_seed(m, "abc"), "runs[0]: `seed` is 'abc', expected int"),
     (lambda m: m.update(runs={"all-s0": {}}), "`runs` is {'all-s0': {}}, expected a list of dict"),
     (lambda m: m.update(contrasts=["a"]), "`contrasts` is ['a'], expected a list of dict"),
+    (lambda m: m["runs"][1].update(run_dir="all-s0"), "runs[0] and runs[1] both name the run dir 'all-s0'"),
 ])
 def test_a_damaged_manifest_is_one_line_and_nothing_written(tmp_path, edit, needle):
     """The manifest says which runs are the sweep's: of the wrong shape, the report cannot be made."""
@@ -247,9 +248,12 @@ FOREIGN_RUNS = {   # how another sweep's run got into this sweep -> the note's w
     "a ../ run dir": (lambda p: (_copy_in(p, "other", "../other/drop-a-s0"), "../other/drop-a-s0")[1],
                       "not this sweep's run (its run dir '{dir}' is not inside the sweep dir"),
     "copied in under the same seed": (lambda p: _copy_in(p, "other", "drop-a-s0").name,
-                                      "not this sweep's run: its config.yaml is of sweep other, not of this sweep"),
+                                      f"not this sweep's run: its config.yaml is of sweep other, not {SWEEP_ID}"),
     "copied in, only its steps differ": (lambda p: _copy_in(p, SWEEP_ID, "drop-a-s0").name,
                                          "not this sweep's run: its config.yaml trains 3 steps, the sweep 40"),
+    "another variant's run copied in": (lambda p: (shutil.rmtree(p / "drop-a-s0"),
+                                                   shutil.copytree(p / "drop-b-s0", p / "drop-a-s0"))[1].name,
+                                    "not this sweep's run: its config.yaml is of variant drop-b, not drop-a"),
 }
 
 

@@ -57,6 +57,10 @@ def manifest_problem(manifest) -> str | None:
     for key, schema in ENTRIES.items():
         for i, entry in enumerate(manifest.get(key) or []):
             problem = problem or _type_problem(entry, schema, f"{key}[{i}]: ")
+    named: dict = {}   # one run dir, two entries: one run counted twice (or as two variants)
+    for i, entry in enumerate(manifest.get("runs") or [] if problem is None else []):
+        if entry.get("run_dir") and named.setdefault(Path(entry["run_dir"]), i) != i:
+            return f"runs[{named[Path(entry['run_dir'])]}] and runs[{i}] both name the run dir {entry['run_dir']!r}"
     return problem
 
 
@@ -113,12 +117,15 @@ def planned_steps(entry: dict, manifest: dict) -> int | None:
 
 
 def foreign_problem(config: dict, entry: dict, manifest: dict) -> str | None:
-    """Why a run's config.yaml says it is not the run the manifest planned: another sweep's id, or
-    other steps (`steps` is outside the config hash, so the hash check does not see it)."""
+    """Why a run's config.yaml says it is not the run the manifest planned: another sweep's id,
+    variant or seed, or other steps (`steps` is outside the config hash, so the hash check does not
+    see it)."""
     sweep = config.get("sweep") if isinstance(config.get("sweep"), dict) else {}
-    ran, planned = sweep.get("id"), manifest.get("sweep_id")
-    if ran is not None and planned is not None and str(ran) != str(planned):
-        return f"its config.yaml is of sweep {ran}, not of this sweep ({planned})"
+    for what, ran, planned in (("sweep", sweep.get("id"), manifest.get("sweep_id")),
+                               ("variant", sweep.get("variant"), entry.get("variant")),
+                               ("seed", config.get("seed"), entry.get("seed"))):
+        if ran is not None and planned is not None and str(ran) != str(planned):
+            return f"its config.yaml is of {what} {ran}, not {planned} as the manifest plans"
     ran, planned = config.get("steps"), planned_steps(entry, manifest)
     if planned is not None and _is(ran, int) and ran != planned:
         return f"its config.yaml trains {ran} steps, the sweep {planned}"
