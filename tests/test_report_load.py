@@ -157,6 +157,7 @@ def _set_seed(manifest, value):
     (lambda m: _set_seed(m, "abc"), "runs[0]: `seed` is 'abc', expected int"),
     (lambda m: m.update(runs={"all-s0": {}}), "`runs` is {'all-s0': {}}, expected a list of dict"),
     (lambda m: m.update(contrasts=["a"]), "`contrasts` is ['a'], expected a list of dict"),
+    (lambda m: m.update(variants=5), "`variants` is 5, expected a list of dict"),
     (lambda m: m["runs"][1].update(run_dir="all-s0"), "runs[0] and runs[1] both name the run dir 'all-s0'"),
 ])
 def test_a_damaged_manifest_is_one_line_and_nothing_written(tmp_path, edit, needle):
@@ -294,3 +295,13 @@ def test_one_eval_set_name_at_two_sizes_across_runs_is_two_eval_sets(tmp_path):
     done, report, warnings = _report(path)
     assert warnings == []
     assert "the runs were scored on different eval sets" in (path / "report.md").read_text()
+
+
+def test_a_metrics_row_whose_step_is_not_finite_is_skipped(tmp_path):
+    """A row with step NaN is no step (was a traceback casting the steps to integers)."""
+    path = make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS)
+    rows = [json.loads(line) for line in (path / "drop-a-s0" / "metrics.jsonl").read_text().splitlines()]
+    rows[5]["step"] = float("nan")
+    (path / "drop-a-s0" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    done, report, warnings = _report(path)
+    assert warnings == [] and next(r for r in report["variants"] if r["variant"] == "drop-a")["final"]["n"] == 3

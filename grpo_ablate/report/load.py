@@ -102,7 +102,7 @@ class Sweep:
 # --------------------------------------------------------------------------- one run dir
 def metrics_frame(rows: list[dict]) -> pd.DataFrame:
     """One row per step (the last one written wins), numeric columns, nulls as NaN."""
-    rows = [r for r in rows if isinstance(r.get("step"), (int, float))]
+    rows = [r for r in rows if isinstance(r.get("step"), (int, float)) and math.isfinite(r["step"])]
     if not rows:
         return pd.DataFrame({"step": pd.Series([], dtype="int64")})
     df = pd.DataFrame(rows)

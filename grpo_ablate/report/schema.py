@@ -54,6 +54,8 @@ def manifest_problem(manifest) -> str | None:
     if not isinstance(manifest, dict):
         return "not a JSON object"
     problem = _type_problem(manifest, MANIFEST, "")
+    if problem:     # the lists below are lists only once this holds
+        return problem
     for key, schema in ENTRIES.items():
         for i, entry in enumerate(manifest.get(key) or []):
             problem = problem or _type_problem(entry, schema, f"{key}[{i}]: ")
