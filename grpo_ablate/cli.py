@@ -323,6 +323,8 @@ def _write_report(rep, req: ReportRequest, options: dict) -> None:
     paths = rep.write_report(result, out_dir, figures=req.figures)
     if req.watch is None:
         print(rep.render_stdout(result, req.fmt))
+    for line in result.sweep.warnings:   # a run left out (a damaged file, another sweep's run): one line each
+        err_console.print(line, markup=False, highlight=False, soft_wrap=True)
     err_console.print(f"wrote {out_dir}/report.md, report.csv, report.json and "
                       f"{sum(p.suffix == '.png' for p in paths)} figures", markup=False, highlight=False)
     if req.use_wandb:

@@ -12,6 +12,7 @@ import yaml
 
 T_975 = {2: 4.302653, 3: 3.182446}   # Student-t 0.975 quantiles from tables
 STEPS, MAX_NEW = 40, 32
+SWEEP_ID = "2026-11-30_05-40-00"   # the manifest's, and every run's config.yaml (sweep.id)
 
 
 # --------------------------------------------------------------------------- fixture builder
@@ -74,7 +75,7 @@ def write_run(run_dir, variant, seed, tricks=(), rows=None, state="completed", s
                "tricks": {t: {"family": "x", "option": t} for t in tricks},
                "run": {"name": f"{variant}-s{seed}", "group": "g-1", "job_type": variant},
                "logger": {"name": "wandb", "project": "grpo-ablate", "entity": None, "mode": "auto"},
-               "sweep": {"name": "loo", "id": "1", "mode": mode, "variant": variant, "tricks": []}}
+               "sweep": {"name": "loo", "id": SWEEP_ID, "mode": mode, "variant": variant, "tricks": []}}
         if control is not None:
             cfg["control"] = {"name": control, "budget": "tokens"}
         (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
@@ -110,7 +111,7 @@ def make_sweep(path, variants, seeds=(0, 1, 2), contrasts=None, manifest=True, m
     if manifest:
         extra = {"controls": {role: f"control-{role}" for role in controls}} if controls else {}
         (path / "manifest.json").write_text(json.dumps({
-            "version": 1, "sweep_id": "2026-11-30_05-40-00", "name": "loo", "mode": mode, "base": "grpo",
+            "version": 1, "sweep_id": SWEEP_ID, "name": "loo", "mode": mode, "base": "grpo",
             "tricks": sorted({t for v in variants.values() for t in v["tricks"]}), "seeds": list(seeds),
             "overrides": ["steps=40"], "launcher": "joblib", "wandb_group": "loo-2026-11-30_05-40-00",
             "created_at": "x", "updated_at": "x",

@@ -126,4 +126,4 @@ def write_run(run_dir, variant, seed, tricks, evals, state, problems):
         "seed": seed, "steps": STEPS, "task": {"name": "arithmetic", "eval_size": problems},
         "rollout": {"max_new_tokens": 32}, "tricks": {t: {"family": "x", "option": t} for t in tricks},
         "run": {"name": f"{variant}-s{seed}", "group": "g", "job_type": variant},
-        "sweep": {"name": "sim", "id": "1", "mode": "leave-one-out", "variant": variant, "tricks": []}}))
+        "sweep": {"name": "sim", "id": "sim", "mode": "leave-one-out", "variant": variant, "tricks": []}}))

@@ -109,7 +109,7 @@ def gather(values: dict, runs_of: dict, curves: dict, metric: Metric, summary: S
             if row is None:
                 continue
             fingerprint, s = row
-            sets.add(fingerprint)
+            sets.add((fingerprint, len(s)))    # one name, other sizes (a file of another version): another set
             sizes.add(len(s))
             scores.setdefault(name, {})[seed] = s
     if not sizes:   # runs from before evals.jsonl: the configured eval size gives the grid

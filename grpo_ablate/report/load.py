@@ -3,25 +3,27 @@
 Reads only files (the run-dir contract of `grpo_ablate/rundir.py`): the sweep's
 `manifest.json` and, per run dir, `metrics.jsonl`, `samples.jsonl`, `evals.jsonl` (each eval's
 per-problem scores), `status.json` and `config.yaml`. Nothing here raises for a missing or
-damaged run: what is missing or odd is said in the run's (or the sweep's) `notes`. Without a
-manifest the run dirs found are grouped by their config, and the contrasts are inferred from
+damaged run: what is missing or odd is said in the run's (or the sweep's) `notes`, and a run
+left out for a damaged file, or for not being this sweep's, in `Sweep.warnings` too (one line
+each, for the command to print). A damaged manifest is a ReportError (report/schema.py). Without
+a manifest the run dirs found are grouped by their config, and the contrasts are inferred from
 the tricks each variant has on.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import yaml
 
 from grpo_ablate.design import Context, Contrast, Variant
-from grpo_ablate.errors import ReportError
+from grpo_ablate.errors import DamagedFile, ReportError
 from grpo_ablate.report.health import BREAKING_FLAGS, HealthThresholds, health_flags
-from grpo_ablate.rundir import EVALS, read_jsonl, read_status, unpack_scores
+from grpo_ablate.report.schema import (accuracy_problem, foreign_problem, manifest_problem, outside_problem,
+                                       read_evals, status_problem)
+from grpo_ablate.rundir import EVALS, read_json, read_jsonl, read_status
 
 FINISHED = ("completed", "diverged", "failed", "interrupted")   # interrupted: waits for --resume
 # Control runs (issue 8): `base` is the starting policy never trained, `sft` the same budget
@@ -50,6 +52,7 @@ class Run:
     flags: list = field(default_factory=list)
     evals: dict = field(default_factory=dict)   # step -> (eval set fingerprint, per-problem scores) (evals.jsonl)
     config_hash: str | None = None              # status.json's: what the run actually trained
+    damage: tuple | None = None                 # (file, what is wrong with it): the run is left out (schema.py)
 
     @property
     def name(self) -> str:
@@ -87,6 +90,7 @@ class Sweep:
     # them as `control-base@<context>`, for the columns and the text)
     context_controls: dict = field(default_factory=dict)
     checks_training: bool = False                   # the manifest fixed the training-vs-start test (issue 36)
+    warnings: list = field(default_factory=list)    # one line per run left out, for stderr (also in its notes)
 
     def control_of(self, context: str | None, role: str) -> str | None:
         """The `role` control the variants of `context` (None: the sweep's only one) are compared with."""
@@ -98,7 +102,7 @@ class Sweep:
 # --------------------------------------------------------------------------- one run dir
 def metrics_frame(rows: list[dict]) -> pd.DataFrame:
     """One row per step (the last one written wins), numeric columns, nulls as NaN."""
-    rows = [r for r in rows if isinstance(r.get("step"), (int, float))]
+    rows = [r for r in rows if isinstance(r.get("step"), (int, float)) and math.isfinite(r["step"])]
     if not rows:
         return pd.DataFrame({"step": pd.Series([], dtype="int64")})
     df = pd.DataFrame(rows)
@@ -135,44 +139,37 @@ def nested_value(data: dict, *keys):
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def _read_yaml(path: Path, notes: list) -> dict:
+def _read_yaml(path: Path, problems: list) -> dict:
+    """config.yaml as a mapping; {} and what was wrong (in `problems`) when it is not one."""
     try:
         data = yaml.load(path.read_text(), Loader=SAFE_LOADER)
-        return data if isinstance(data, dict) else {}
-    except (OSError, yaml.YAMLError) as err:
-        notes.append(f"config.yaml unreadable ({type(err).__name__})")
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        problems.append(f"cannot be read as YAML ({type(err).__name__})")
         return {}
+    if not isinstance(data, dict):
+        problems.append("is not a YAML mapping")
+        return {}
+    return data
 
 
-def _read_status(run_dir: Path, notes: list) -> dict | None:
+def _read_status(run: Run) -> dict | None:
+    """status.json, None when there is none or it is damaged (then the run's damage)."""
     try:
-        status = read_status(run_dir)
-        if status is not None and not isinstance(status, dict):
-            raise ValueError("not an object")
-    except (OSError, ValueError) as err:
-        notes.append(f"status.json unreadable ({type(err).__name__})")
+        status = read_status(run.run_dir)
+    except DamagedFile as err:
+        run.damage = run.damage or ("status.json", err.problem)
         return None
     if status is None:
-        notes.append("no status.json")
+        run.notes.append("no status.json")
+    elif problem := status_problem(status):
+        run.damage = run.damage or ("status.json", f"is damaged ({problem})")
+        return None
     return status
 
 
-def load_run(run_dir: Path, variant: str, seed: int | None, thresholds: HealthThresholds) -> Run:
-    """One run dir as the report sees it; never raises for missing or damaged files."""
-    run = Run(variant=variant, seed=seed, run_dir=Path(run_dir))
-    if not run.run_dir.is_dir():
-        run.notes.append("not started (no run dir)")
-        return run
-    if (run.run_dir / "config.yaml").exists():
-        run.config = _read_yaml(run.run_dir / "config.yaml", run.notes)
-        tokens = nested_value(run.config, "rollout", "max_new_tokens")
-        run.max_new_tokens = int(tokens) if isinstance(tokens, (int, float)) else None
-        if run.seed is None and isinstance(run.config.get("seed"), int):
-            run.seed = run.config["seed"]
-    else:
-        run.notes.append("no config.yaml")
-
-    status = _read_status(run.run_dir, run.notes)
+def _read_logs(run: Run, status: dict | None) -> None:
+    """metrics.jsonl, samples.jsonl and evals.jsonl into the run; an accuracy outside [0, 1] or
+    per-problem scores that are not scores are the run's damage."""
     if (run.run_dir / "metrics.jsonl").exists():
         rows, problems = read_jsonl(run.run_dir / "metrics.jsonl")
         run.notes += [f"metrics.jsonl: {p}" for p in problems]
@@ -180,20 +177,42 @@ def load_run(run_dir: Path, variant: str, seed: int | None, thresholds: HealthTh
         run.nonfinite = nonfinite_steps(rows)
         if run.metrics.empty:
             run.notes.append("metrics.jsonl is empty")
+        if problem := accuracy_problem(rows):
+            run.damage = run.damage or ("metrics.jsonl", f"is damaged ({problem})")
     elif status is None or status.get("state") != "running":
         run.notes.append("no metrics.jsonl")
     if (run.run_dir / "samples.jsonl").exists():
         run.samples, _ = read_jsonl(run.run_dir / "samples.jsonl")
     if (run.run_dir / EVALS).exists():   # older runs have none: the report then counts seeds only
-        for row in read_jsonl(run.run_dir / EVALS)[0]:
-            scores = unpack_scores(row)
-            if scores is not None and isinstance(row.get("step"), int):
-                run.evals[row["step"]] = (str(row.get("set")), np.asarray(scores, float))
+        run.evals, problem = read_evals(read_jsonl(run.run_dir / EVALS)[0])
+        if problem:
+            run.damage = run.damage or (EVALS, f"is damaged ({problem})")
 
+
+def load_run(run_dir: Path, variant: str, seed: int | None, thresholds: HealthThresholds) -> Run:
+    """One run dir as the report sees it; never raises for missing or damaged files (a damaged
+    one is the run's `damage`: the sweep leaves the run out)."""
+    run = Run(variant=variant, seed=seed, run_dir=Path(run_dir))
+    if not run.run_dir.is_dir():
+        run.notes.append("not started (no run dir)")
+        return run
+    if (run.run_dir / "config.yaml").exists():
+        problems = []
+        run.config = _read_yaml(run.run_dir / "config.yaml", problems)
+        run.damage = ("config.yaml", problems[0]) if problems else None
+        tokens = nested_value(run.config, "rollout", "max_new_tokens")
+        run.max_new_tokens = int(tokens) if isinstance(tokens, (int, float)) else None
+        if run.seed is None and isinstance(run.config.get("seed"), int):
+            run.seed = run.config["seed"]
+    else:
+        run.notes.append("no config.yaml")
+
+    status = _read_status(run)
+    _read_logs(run, status)
     if status is not None:
-        run.config_hash = status.get("config_hash") if isinstance(status.get("config_hash"), str) else None
-        run.state = str(status.get("state") or "missing")
-        run.step, run.reason = status.get("step"), status.get("reason")
+        run.config_hash = status.get("config_hash")
+        run.state = status["state"]
+        run.step, run.reason = status["step"], status.get("reason")
         run.wall_time_s = status.get("wall_time_s")
         # status.json says finished but there is nothing to read: as good as missing
         if run.metrics.empty and run.state != "running":
@@ -203,6 +222,22 @@ def load_run(run_dir: Path, variant: str, seed: int | None, thresholds: HealthTh
     return run
 
 
+def leave_out(sweep: Sweep, run: Run, why: str, where: Path | str) -> None:
+    """The run takes no part in any statistic (as failed, with nothing of it read), said in its
+    notes and in one warning line naming `where` (the file, or the run dir)."""
+    run.state, run.flags, run.evals, run.nonfinite, run.samples = "failed", [], {}, {}, []
+    run.metrics = metrics_frame([])
+    run.notes.append(f"{why}: left out of every statistic")
+    sweep.warnings.append(f"warning: {where}: {why}; the report goes on without this run")
+
+
+def _leave_out_damaged(sweep: Sweep) -> None:
+    for run in sweep.runs:
+        if run.damage:
+            file, problem = run.damage
+            leave_out(sweep, run, f"{file} {problem}", run.run_dir)
+
+
 # --------------------------------------------------------------------------- a sweep dir
 def load_sweep(sweep_dir: Path, thresholds: HealthThresholds | None = None) -> Sweep:
     """The sweep from its manifest, or, without one, from the run dirs found in it."""
@@ -210,23 +245,29 @@ def load_sweep(sweep_dir: Path, thresholds: HealthThresholds | None = None) -> S
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise ReportError(f"{sweep_dir}: no such directory")
-    manifest, note = None, None
     path = sweep_dir / "manifest.json"
-    if path.exists():
-        try:
-            manifest = json.loads(path.read_text())
-            if not isinstance(manifest, dict):
-                raise ValueError("not an object")
-        except (OSError, ValueError) as err:
-            manifest, note = None, (f"manifest.json is unreadable ({type(err).__name__}): grouped the run dirs "
-                                    "found instead")
-    else:
-        note = "manifest.json is missing: grouped the run dirs found by their config (sweep.variant, else run.job_type)"
-    if manifest is None:
+    if not path.exists():
         sweep = _scan_sweep(sweep_dir, thresholds)
-        sweep.notes.insert(0, note)
-        return sweep
-    return _sweep_from_manifest(sweep_dir, manifest, thresholds)
+        sweep.notes.insert(0, "manifest.json is missing: grouped the run dirs found by their config (sweep.variant, "
+                              "else run.job_type)")
+    else:
+        sweep = _sweep_from_manifest(sweep_dir, read_manifest(path), thresholds)
+    _leave_out_damaged(sweep)
+    return sweep
+
+
+def read_manifest(path: Path) -> dict:
+    """manifest.json of the shape the report reads (schema.py), else one line naming it: without
+    it the report cannot tell which runs are the sweep's."""
+    way_out = f"restore it, or move it aside to report the run dirs in {path.parent} grouped by their config"
+    try:
+        manifest = read_json(path, "manifest")
+    except DamagedFile as err:
+        raise ReportError(f"{err}; {way_out}") from None
+    problem = manifest_problem(manifest)
+    if problem:
+        raise ReportError(f"{path} is damaged ({problem}); {way_out}")
+    return manifest
 
 
 def _sweep_from_manifest(sweep_dir: Path, manifest: dict, thresholds: HealthThresholds) -> Sweep:
@@ -252,23 +293,48 @@ def _sweep_from_manifest(sweep_dir: Path, manifest: dict, thresholds: HealthThre
         entries = [{"variant": v.name, "seed": s} for v in sweep.variants for s in sweep.seeds]
     known = {v.name for v in sweep.variants}
     for entry in entries:
-        if not isinstance(entry, dict) or not entry.get("variant"):
+        if not entry.get("variant"):
             continue
-        variant, seed = str(entry["variant"]), entry.get("seed")
-        if variant not in known:
-            known.add(variant)
-            sweep.variants.append(Variant(variant))
-        run_dir = sweep_dir / str(entry.get("run_dir") or f"{variant}-s{seed}")
-        run = load_run(run_dir, variant, seed, thresholds)
-        planned, trained = entry.get("config_hash"), run.config_hash
-        if run.state != "missing" and isinstance(planned, str) and planned and trained and planned != trained:
-            # its job composed conf/ after it had changed: another experiment's run, never averaged in
-            run.notes.append(f"trained another config than the sweep planned (config hash {trained}, planned "
-                             f"{planned}: conf/ or the code changed while the sweep ran); left out as failed")
-            run.state = "failed"
-        sweep.runs.append(run)
+        if entry["variant"] not in known:
+            known.add(entry["variant"])
+            sweep.variants.append(Variant(entry["variant"]))
+        sweep.runs.append(_manifest_run(sweep, entry, manifest, thresholds))
+    _untestable_contrasts(sweep, known)
     identify_controls(sweep, manifest.get("controls"), by_name=False)
     return sweep
+
+
+def _manifest_run(sweep: Sweep, entry: dict, manifest: dict, thresholds: HealthThresholds) -> Run:
+    """The run a manifest entry names, left out when it is not this sweep's: its run dir outside the
+    sweep dir (not read), another sweep's id or other steps in its config.yaml, another config hash
+    than the one planned (its job composed conf/ after it had changed)."""
+    variant, seed = entry["variant"], entry.get("seed")
+    name = entry.get("run_dir") or f"{variant}-s{seed}"
+    if outside := outside_problem(name, sweep.dir):
+        run = Run(variant=variant, seed=seed, run_dir=Path(name))
+        leave_out(sweep, run, f"not this sweep's run ({outside})", sweep.dir / "manifest.json")
+        return run
+    run = load_run(sweep.dir / name, variant, seed, thresholds)
+    planned, trained = entry.get("config_hash"), run.config_hash
+    why = foreign_problem(run.config, entry, manifest) if run.state != "missing" else None
+    if why is None and run.state != "missing" and planned and trained and planned != trained:
+        why = (f"it trained another config than the sweep planned (config hash {trained}, planned {planned}: conf/ "
+               "or the code changed while the sweep ran)")
+    if why is not None and run.damage is None:
+        leave_out(sweep, run, f"not this sweep's run: {why}", run.run_dir)
+    return run
+
+
+def _untestable_contrasts(sweep: Sweep, variants: set) -> None:
+    """A contrast naming a variant the sweep does not have tests nothing: said, and left out."""
+    missing = [c for c in sweep.contrasts if c.with_ not in variants or c.without not in variants]
+    for c in missing:
+        absent = ", ".join(v for v in (c.with_, c.without) if v not in variants)
+        sweep.notes.append(f"contrast {c.trick} ({c.with_} vs {c.without}) names no variant of this sweep "
+                           f"({absent}): left out of the trick verdicts")
+        sweep.warnings.append(f"warning: {sweep.dir / 'manifest.json'}: contrast {c.trick} names {absent}, no "
+                              "variant of this sweep; the report goes on without it")
+    sweep.contrasts = [c for c in sweep.contrasts if c not in missing]
 
 
 def _scan_sweep(sweep_dir: Path, thresholds: HealthThresholds) -> Sweep:

@@ -205,8 +205,9 @@ def eval_noise_lines(report: Report) -> list[str]:
              "eval set (`task.eval_size`).", "",
              "| contrast | eval share | SE, seeds only | SE | SE at 2× | SE at 4× |", "|---|---|---|---|---|---|"]
     for v, e in rows:
-        lines.append(f"| {v['trick']} | {100 * e.share:.0f}% | {e.se_seeds:.4f} | {e.se:.4f} | {e.se_at[2]:.4f} | "
-                     f"{e.se_at[4]:.4f} |")
+        share = fmt_num(100 * e.share, 0) + "%" * math.isfinite(e.share)     # — where a number is missing
+        lines.append(f"| {v['trick']} | {share} | " + " | ".join(fmt_num(x, 4) for x in (e.se_seeds, e.se, e.se_at[2],
+                                                                                          e.se_at[4])) + " |")
     return lines
 
 
