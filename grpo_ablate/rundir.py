@@ -365,6 +365,19 @@ def confined_dir(path, what: str, root: Path | None = None) -> Path:
     return Path(text)
 
 
+def hydra_quoted(path) -> str:
+    """A path as a Hydra override value: absolute and quoted, so that any character is allowed
+    (Hydra's grammar takes only ASCII unquoted: `hydra.run.dir=rün` is a lexer error)."""
+    return "'" + str(Path(path).resolve()).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def hydra_unquoted(value: str) -> str:
+    """An override's value as the path it names: Hydra's quotes (`'a b'`, `"a b"`) taken off."""
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1].replace("\\" + value[0], value[0])
+    return value
+
+
 def _shortened(text: str, keep: int = 40) -> str:
     """A name as a message quotes it: a 300-character one would be the whole line."""
     return text if len(text) <= keep else f"{text[:keep]}... ({len(text)} characters)"

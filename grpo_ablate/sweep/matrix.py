@@ -306,7 +306,7 @@ def parse_seeds(text: str | int | list) -> list[int]:
         text = str(text).strip()
         items = text.split(",") if "," in text else None
         if items is None:
-            if not text.isdigit() or int(text) < 1:
+            if not (text.isascii() and text.isdigit()) or int(text) < 1:   # `²` is a digit to isdigit, not to int
                 raise SweepError(f"--seeds {text!r} is not allowed; give a count >= 1 (3 means seeds "
                                  "0,1,2), a comma list of seeds (0,5,9), or auto (sweep: seeds until each "
                                  "contrast is decided)")
@@ -314,7 +314,7 @@ def parse_seeds(text: str | int | list) -> list[int]:
     seeds = []
     for item in items:
         item = item.strip()
-        if not item.isdigit():
+        if not (item.isascii() and item.isdigit()):
             raise SweepError(f"--seeds {','.join(items)!r} is not allowed; every seed must be an "
                              "integer >= 0")
         seeds.append(int(item))

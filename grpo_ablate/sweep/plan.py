@@ -9,6 +9,7 @@ whose option has it, and a trick under test that cannot act here refused. It wri
 from __future__ import annotations
 
 import copy
+import re
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -19,12 +20,13 @@ from grpo_ablate.catalogue import load_catalogue
 from grpo_ablate.config import ConfigError, compose, config_hash, family_keys, trick_families, validate
 from grpo_ablate.inert import inert_reason
 from grpo_ablate.model_source import gguf_source, warm_start_dir
+from grpo_ablate.rundir import NAME_MAX
 from grpo_ablate.design import Context
 from grpo_ablate.sweep.contexts import check_contexts, with_contexts
 from grpo_ablate.sweep.controls import control_kinds, planned_controls, with_controls
 from grpo_ablate.sweep.manifest import timestamp
-from grpo_ablate.sweep.matrix import (DEFAULT_MAX_RUNS, Matrix, SweepError, build_matrix, check_size, expand_jobs,
-                                      parse_seeds)
+from grpo_ablate.sweep.matrix import (DEFAULT_MAX_RUNS, NAME_PATTERN, Matrix, SweepError, build_matrix, check_size,
+                                      expand_jobs, parse_seeds)
 from grpo_ablate.tasks import TASKS, build_task
 from grpo_ablate.tricks import option
 
@@ -112,6 +114,7 @@ def plan(req: SweepRequest) -> dict:
                              "remove it from --tricks or pick another --base")
     sweep_id = time.strftime("%Y-%m-%d_%H-%M-%S")
     name = req.name or req.mode
+    _check_name(name, sweep_id)
     group = req.group or f"{name}-{sweep_id}"
     labels = {"name": name, "id": sweep_id, "group": group, "tricks": list(req.tricks)}
     cfg_of: dict = {}     # variant -> the config of its first run, for the inert check
@@ -253,6 +256,16 @@ def other_seed(first_overrides: list[str], first_cfg, overrides: list[str]):
 
 def _has_solutions(cfg) -> bool:
     return bool(getattr(build_task(cfg.task).train_batch(1, 0, 0)[0], "solution", None))
+
+
+def _check_name(name: str, sweep_id: str) -> None:
+    """A sweep's name names its dir (`runs/sweeps/<name>-<id>[-N]`) and labels every run (`sweep.name=`):
+    a plain name short enough for the file system, nothing that leaves runs/sweeps/."""
+    longest = NAME_MAX - len(f"-{sweep_id}-99")
+    if not re.fullmatch(NAME_PATTERN, name) or set(name) == {"."} or len(name.encode()) > longest:
+        shown = name if len(name) <= 40 else f"{name[:40]}... ({len(name)} characters)"
+        raise SweepError(f"sweep name {shown!r} is not allowed; use letters, digits and _ . + -, at most {longest} "
+                         "characters (it names the sweep dir under runs/sweeps/)")
 
 
 def _check_overrides(overrides: list[str]) -> None:
