@@ -23,7 +23,7 @@ from grpo_ablate.sweep.console import contexts_text, cpus, print_matrix, print_s
 from grpo_ablate.sweep.manifest import (FINISHED, check_new_dir, create_sweep_dir, planned_sweep_dir, read_manifest,
                                         refresh_statuses, sweep_id_of, write_manifest)
 from grpo_ablate.sweep.matrix import SweepError
-from grpo_ablate.sweep.plan import SweepRequest, compose_run, composed_hash, plan, warm_starts_to_build
+from grpo_ablate.sweep.plan import LOCAL_LAUNCHERS, SweepRequest, compose_run, composed_hash, plan, warm_starts_to_build
 from grpo_ablate.sweep.slurm import watch_jobs_without_sacct
 from grpo_ablate.tasks import build_task
 
@@ -53,6 +53,9 @@ def start(req: SweepRequest, console, dry_run: bool = False) -> int:
             console.print(contexts_text(manifest, req), markup=False, highlight=False)
         for line in warm_starts_to_build(manifest):
             console.print(line, markup=False, highlight=False)
+        if any(run.get("deferred") for run in manifest["runs"]):
+            console.print("the SFT control's wall-clock budget is measured when the sweep runs: the median training "
+                          "time of its treatment runs", markup=False, highlight=False)
         return 0
     sweep_dir = create_sweep_dir(req, manifest)
     console.print(f"sweep {manifest['name']}: {len(manifest['variants'])} variants x "
@@ -234,7 +237,7 @@ def treatment_train_seconds(sweep_dir: Path, manifest: dict, context: str | None
 def _launch(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, jobs: int | None,
             hydra_args: list[str], console, resume: bool) -> dict:
     """One batch of runs through Hydra's launcher; returns how each job ended."""
-    local = launcher in ("basic", "joblib", "submitit_local")   # the runs share this machine's cores
+    local = launcher in LOCAL_LAUNCHERS   # the runs share this machine's cores
     n_parallel = 1 if launcher == "basic" else max(1, min(jobs or (cpus() if local else len(todo)), len(todo)))
     # parallel local runs split the cores, never oversubscribe; on a cluster each job has its own
     threads = max(1, cpus() // n_parallel) if local else None

@@ -17,7 +17,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from grpo_ablate.catalogue import load_catalogue
-from grpo_ablate.config import ConfigError, compose, config_hash, family_keys, trick_families, validate
+from grpo_ablate.config import ConfigError, check_here, compose, config_hash, family_keys, trick_families, validate
 from grpo_ablate.inert import inert_reason
 from grpo_ablate.model_source import gguf_source, warm_start_dir
 from grpo_ablate.rundir import NAME_MAX
@@ -46,6 +46,8 @@ DEFAULT_BASE = "grpo"
 # this question decides none of its six tricks, at five two (docs/calibration.md). --seeds
 # auto spends seeds only where a contrast is still open.
 DEFAULT_SEEDS = "5"
+# launchers whose runs run on this machine (a cluster's run where its jobs land: checked there)
+LOCAL_LAUNCHERS = ("basic", "joblib", "submitit_local")
 # keys a sweep sets itself; the user chooses them through the sweep's own options
 _RESERVED = {"seed": "--seeds", "trick": "--tricks", "+trick": "--tricks", "preset": "--base",
              "resume": "--resume", "control": "--controls"}
@@ -122,6 +124,12 @@ def plan(req: SweepRequest) -> dict:
     runs = [run_entry(job, cfg_of, first_of) for job in expand_jobs(matrix, seeds, common, labels)]
     if not req.allow_inert:
         check_tricks_act(matrix, cfg_of, {t: (families[t], options[t]) for t in families})
+    if req.launcher in LOCAL_LAUNCHERS:   # the runs run here: what train would refuse (here.py) is refused now
+        for variant, cfg in cfg_of.items():
+            try:
+                check_here(cfg)
+            except ConfigError as err:
+                raise SweepError(f"variant {variant}: {err}") from None
     now = timestamp()
     return {
         "version": 1, "sweep_id": sweep_id, "name": name, "mode": matrix.mode, "base": req.base,
@@ -211,6 +219,14 @@ def check_tricks_act(matrix: Matrix, cfg_of: dict, tricks: dict) -> None:
             raise SweepError(f"{name} {reason} (or pass --allow-inert to run it anyway)")
 
 
+WALL_STAND_IN = "control.wall_s=1"   # a deferred control's budget while planning: the real one is measured
+
+
+def planned_overrides(run: dict) -> list[str]:
+    """What a planned run composes with: a deferred control's with the stand-in budget."""
+    return list(run["overrides"]) + ([WALL_STAND_IN] if run.get("deferred") else [])
+
+
 def run_entry(job, configs: dict | None = None, firsts: dict | None = None) -> dict:
     """One job as the manifest lists it (pending), its config validated and hashed (and kept
     in `configs` by variant, the first seed's, when given). With `firsts` (variant -> the first
@@ -219,7 +235,7 @@ def run_entry(job, configs: dict | None = None, firsts: dict | None = None) -> d
     # a wall-clock SFT control learns its budget from the treatments' runs: checked here with
     # a stand-in, hashed once the budget is known (launch.run_jobs)
     deferred = "control.budget=wall" in job.overrides
-    overrides = list(job.overrides) + (["control.wall_s=1"] if deferred else [])
+    overrides = list(job.overrides) + ([WALL_STAND_IN] if deferred else [])
     cfg = other_seed(*firsts[job.variant], overrides) if firsts and job.variant in firsts else None
     if cfg is None:
         cfg = compose_run(overrides, f"run {job.run_dir}")
@@ -331,7 +347,7 @@ def warm_starts_to_build(manifest: dict) -> list[str]:
         if run["variant"] in seen:
             continue
         seen.add(run["variant"])
-        cfg = compose_run(list(run["overrides"]), f"run {run['run_dir']}")
+        cfg = compose_run(planned_overrides(run), f"run {run['run_dir']}")
         if cfg.model.get("path") or gguf_source(cfg.model) is not None:
             continue
         target = warm_start_dir(cfg.model, build_task(cfg.task))
