@@ -18,7 +18,8 @@ from pathlib import Path
 from grpo_ablate.design import manifest_variants
 from grpo_ablate.errors import DamagedFile
 from grpo_ablate.model_source import gguf_source
-from grpo_ablate.rundir import DirLock, atomic_write_text, confined_dir, hydra_quoted, read_overrides, read_rows, read_status
+from grpo_ablate.rundir import (DirLock, atomic_write_text, confined_dir, hydra_quoted, read_overrides, read_rows,
+                                read_status)
 from grpo_ablate.sweep.console import contexts_text, cpus, print_matrix, print_summary
 from grpo_ablate.sweep.manifest import (FINISHED, check_new_dir, create_sweep_dir, planned_sweep_dir, read_manifest,
                                         refresh_statuses, sweep_id_of, write_manifest)

@@ -124,12 +124,8 @@ def plan(req: SweepRequest) -> dict:
     runs = [run_entry(job, cfg_of, first_of) for job in expand_jobs(matrix, seeds, common, labels)]
     if not req.allow_inert:
         check_tricks_act(matrix, cfg_of, {t: (families[t], options[t]) for t in families})
-    if req.launcher in LOCAL_LAUNCHERS:   # the runs run here: what train would refuse (here.py) is refused now
-        for variant, cfg in cfg_of.items():
-            try:
-                check_here(cfg)
-            except ConfigError as err:
-                raise SweepError(f"variant {variant}: {err}") from None
+    if req.launcher in LOCAL_LAUNCHERS:
+        _check_runs_here(cfg_of)
     now = timestamp()
     return {
         "version": 1, "sweep_id": sweep_id, "name": name, "mode": matrix.mode, "base": req.base,
@@ -200,6 +196,16 @@ def scope_trick_settings(common: list[str], matrix: Matrix) -> tuple[list[str], 
             raise SweepError(f"'{override}': {family}.{setting} is not a setting of the {family} option of any "
                              f"variant; allowed: {allowed}")
     return rest, Matrix(matrix.mode, variants, matrix.contrasts)
+
+
+def _check_runs_here(cfg_of: dict) -> None:
+    """The runs of a local launcher run on this machine: what `train` would refuse here (here.py:
+    vLLM not installed, no GPU) is refused at planning, not once per run in a dir of failed runs."""
+    for variant, cfg in cfg_of.items():
+        try:
+            check_here(cfg)
+        except ConfigError as err:
+            raise SweepError(f"variant {variant}: {err}") from None
 
 
 def check_tricks_act(matrix: Matrix, cfg_of: dict, tricks: dict) -> None:
