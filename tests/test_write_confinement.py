@@ -94,6 +94,11 @@ def _other_sweeps_run(sweep):   # a run dir of another sweep copied in under thi
     (sweep / "all-s0" / "overrides.yaml").write_text("- seed=0\n- sweep.id=2020-01-01_00-00-00\n")
 
 
+def _sequential_with_other_sweeps_run(sweep):   # --seeds auto: its looks would decide on that run
+    _manifest(sweep, lambda m: m.update(sequential={"looks": [], "max_seeds": 3}))
+    _other_sweeps_run(sweep)
+
+
 def _linked_out(sweep):         # a run dir that is a link to a dir outside the sweep
     outside = sweep.parent / "outside"
     outside.mkdir()
@@ -113,6 +118,7 @@ def _linked_out(sweep):         # a run dir that is a link to a dir outside the 
     (lambda s: _manifest(s, lambda m: m.update(name=7)), "no sweep name"),
     (_other_sweeps_run, "run all-s0 in sweep is another sweep's (sweep.id=2020-01-01_00-00-00; this sweep is "
                         "2026-11-30_05-40-00): a sweep resumes only runs it created"),
+    (_sequential_with_other_sweeps_run, "run all-s0 in sweep is another sweep's (sweep.id=2020-01-01_00-00-00"),
     (_linked_out, "run dir sweep/all-s0 is outside sweep"),
 ])
 def test_resume_trains_in_and_adopts_only_its_own_run_dirs(tmp_path, damage, needle):

@@ -96,15 +96,14 @@ def resume(sweep_dir: Path, launcher: str | None, jobs: int | None, hydra_args: 
 def _runs_to_resume(sweep_dir: Path, manifest: dict, rerun: tuple) -> tuple[list[dict], dict]:
     """The runs of `manifest` still to run and each run's status (None: none yet or rerun), refused
     when one is still being trained, holds another config than planned or composes differently now."""
+    check_own_runs(sweep_dir, manifest, rerun)
     todo, changed, statuses = [], [], {}
     for run in manifest["runs"]:
         run_dir = sweep_dir / run["run_dir"]
         try:
-            _check_ours(sweep_dir, manifest, run, rerun)
             status = None if run["run_dir"] in rerun or not run_dir.exists() else read_status(run_dir)
         except DamagedFile as err:
-            raise SweepError(f"run {run['run_dir']}: {err.path.name} {err.problem}; re-run it with "
-                             f"`grpo-ablate sweep --resume {sweep_dir} --rerun {run['run_dir']}`") from None
+            raise _damaged_run(sweep_dir, run, err) from None
         statuses[run["run_dir"]] = status
         if status is not None and status.get("config_hash") != run["config_hash"]:
             changed.append(run["run_dir"])
@@ -129,17 +128,27 @@ def _runs_to_resume(sweep_dir: Path, manifest: dict, rerun: tuple) -> tuple[list
     return todo, statuses
 
 
-def _check_ours(sweep_dir: Path, manifest: dict, run: dict, rerun: tuple) -> None:
+def check_own_runs(sweep_dir: Path, manifest: dict, rerun: tuple = ()) -> None:
     """A sweep trains in, rewrites and adopts only run dirs it created: inside its sweep dir (a
     link out of it counts as out), and, where the run recorded its overrides, launched by this
     sweep (`sweep.id`). One named in `rerun` is set aside whoever made it."""
-    run_dir = confined_dir(sweep_dir / run["run_dir"], "run dir", sweep_dir)
-    recorded = sweep_id_of(read_overrides(run_dir) or []) if run_dir.is_dir() else None
     ours = manifest.get("sweep_id")
-    if recorded is not None and recorded != ours and run["run_dir"] not in rerun:
-        raise SweepError(f"run {run['run_dir']} in {sweep_dir} is another sweep's (sweep.id={recorded}; this sweep "
-                         f"is {ours}): a sweep resumes only runs it created; move it out, or rerun it here with "
-                         f"`grpo-ablate sweep --resume {sweep_dir} --rerun {run['run_dir']}` (it is set aside)")
+    for run in manifest["runs"]:
+        run_dir = confined_dir(Path(sweep_dir) / run["run_dir"], "run dir", sweep_dir)
+        try:
+            recorded = sweep_id_of(read_overrides(run_dir) or []) if run_dir.is_dir() else None
+        except DamagedFile as err:
+            raise _damaged_run(sweep_dir, run, err) from None
+        if recorded is not None and recorded != ours and run["run_dir"] not in rerun:
+            raise SweepError(f"run {run['run_dir']} in {sweep_dir} is another sweep's (sweep.id={recorded}; this "
+                             f"sweep is {ours}): a sweep resumes only runs it created; move it out, or rerun it "
+                             f"here with `grpo-ablate sweep --resume {sweep_dir} --rerun {run['run_dir']}` "
+                             "(it is set aside)")
+
+
+def _damaged_run(sweep_dir: Path, run: dict, err: DamagedFile) -> SweepError:
+    return SweepError(f"run {run['run_dir']}: {err.path.name} {err.problem}; re-run it with "
+                      f"`grpo-ablate sweep --resume {sweep_dir} --rerun {run['run_dir']}`")
 
 
 def _set_aside_failed(sweep_dir: Path, todo: list[dict], statuses: dict, rerun: tuple, console) -> None:
