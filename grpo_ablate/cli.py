@@ -84,6 +84,7 @@ def train(
         # before Hydra writes anything there; under torchrun rank 0 holds the run's dir for all its
         # ranks (the others would find it held by rank 0 and refuse)
         held = _hold_run_dir(cfg, args) if this_rank() == 0 else None
+        args = _run_dir_quoted(args)
     from grpo_ablate import entrypoint   # the training stack (transformers, ...): only once the input is good
     try:
         code = entrypoint.run_hydra(args)
@@ -101,17 +102,20 @@ def _hold_run_dir(cfg, args: List[str]):
     picks a new dir. A refusal leaves the dir as it was; a resume with nothing to do ends here."""
     import shutil
 
-    from grpo_ablate.rundir import DirLock, writable_problem
+    from grpo_ablate.rundir import DirLock, confined_dir, hydra_unquoted, writable_problem
     from grpo_ablate.resume_rules import already_finished, open_run_dir
 
-    given = [a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")]
+    given = [hydra_unquoted(a.split("=", 1)[1]) for a in args if a.startswith("hydra.run.dir=")]
     if not given:
         problem = writable_problem(Path("runs"))
         if problem:
             fail(f"cannot write runs/ in the working directory {Path.cwd()}: {problem}; run from a writable "
                  "directory or give hydra.run.dir=<a writable path>")
         return None
-    run_dir = Path(given[-1])
+    try:
+        run_dir = confined_dir(given[-1], "hydra.run.dir")
+    except UserError as err:
+        fail(str(err))
     problem = writable_problem(run_dir)
     if problem:
         fail(f"cannot write the run dir {run_dir}: {problem}; give hydra.run.dir=<a writable path>")
@@ -132,6 +136,17 @@ def _hold_run_dir(cfg, args: List[str]):
                       markup=False, highlight=False)
         raise typer.Exit(3 if status["state"] == "diverged" else 0)
     return lock, made
+
+
+def _run_dir_quoted(args: List[str]) -> List[str]:
+    """The run dir Hydra gets, quoted: the one that was checked and locked, whatever its characters."""
+    from grpo_ablate.rundir import hydra_quoted, hydra_unquoted
+
+    given = [a for a in args if a.startswith("hydra.run.dir=")]
+    if not given:
+        return args
+    quoted = f"hydra.run.dir={hydra_quoted(hydra_unquoted(given[-1].split('=', 1)[1]))}"
+    return [a for a in args if not a.startswith("hydra.run.dir=")] + [quoted]
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

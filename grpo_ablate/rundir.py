@@ -240,7 +240,7 @@ class DirLock:
             left = os.read(fd, 4096).decode(errors="replace").strip()
             self._refuse_other_host(fd, left)
             if left:
-                self.say(f"{self.path}: {self._left_by(left)} is gone; taking the {self.what} over")
+                self.say(f"{self.path}: {self._left_by(left)}; taking the {self.what} over")
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps({**self.me, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n").encode(), 0)
             _HELD[key] = [fd, 1]
@@ -277,8 +277,20 @@ class DirLock:
 
     @staticmethod
     def _left_by(left: str) -> str:
+        """Who left a lock nobody holds. Its pid may be alive (pid 1 in a container, a recycled
+        pid): that process does not hold the lock, so it is not called gone."""
         holder = _parse_holder(left)
-        return f"its process {holder[0]}" if holder else "the process that left it"
+        if not holder:
+            return "the process that left it is gone"
+        if holder[0] <= 0:   # no process has such a pid (and kill(-1) would ask about every process)
+            return f"its process {holder[0]} is gone"
+        try:
+            os.kill(holder[0], 0)
+        except ProcessLookupError:
+            return f"its process {holder[0]} is gone"
+        except OSError:   # alive, another user's (PermissionError), or a pid the OS refuses
+            pass
+        return f"its process {holder[0]} no longer holds it (that pid is alive, but does not hold the lock)"
 
     def release(self) -> None:
         key = str(self.path.resolve())
@@ -319,6 +331,56 @@ def release_all_locks() -> None:
         fd, _ = _HELD.pop(key)
         Path(key).unlink(missing_ok=True)
         os.close(fd)
+
+
+# ------------------------------------------------------------------------------ where a command writes
+NAME_MAX = 255   # bytes in one path component on the usual file systems (ext4, xfs, btrfs, apfs)
+
+
+def confined_dir(path, what: str, root: Path | None = None) -> Path:
+    """`path` as a dir a command may create and write, or ConfigError in one line. Resolved first
+    (`..`, symlinks, `~`), then refused when it is empty, has a name longer than a file system
+    allows, or, inside `root` (a sweep's runs in its sweep dir), is not strictly under it; without
+    a root, when it is the working directory or one above it: a run or sweep dir there would mix
+    the tool's files (and a later rerun's set-aside) with the user's own."""
+    text = "" if path is None else str(path)
+    if not text.strip():
+        raise ConfigError(f"{what} is empty; give the path of a new directory")
+    resolved = Path(os.path.abspath(os.path.expanduser(text))).resolve()
+    too_long = [part for part in Path(text).parts + resolved.parts if len(os.fsencode(part)) > NAME_MAX]
+    if too_long:
+        raise ConfigError(f"{what} {_shortened(text)}: the name {_shortened(too_long[0])} is "
+                          f"{len(os.fsencode(too_long[0]))} bytes, longer than the {NAME_MAX} a file system allows; "
+                          "give a shorter one")
+    if root is not None:
+        inside = Path(os.path.abspath(os.path.expanduser(str(root)))).resolve()
+        if inside not in resolved.parents:
+            raise ConfigError(f"{what} {text} is outside {root}; it must be a directory inside it")
+        return Path(text)
+    cwd = Path.cwd().resolve()
+    if resolved == cwd or resolved in cwd.parents:
+        where = "the working directory" if resolved == cwd else f"above the working directory {cwd}"
+        raise ConfigError(f"{what} {text} is {where}; give a new directory inside it (e.g. runs/my-run) "
+                          "or elsewhere")
+    return Path(text)
+
+
+def hydra_quoted(path) -> str:
+    """A path as a Hydra override value: absolute and quoted, so that any character is allowed
+    (Hydra's grammar takes only ASCII unquoted: `hydra.run.dir=rün` is a lexer error)."""
+    return "'" + str(Path(path).resolve()).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def hydra_unquoted(value: str) -> str:
+    """An override's value as the path it names: Hydra's quotes (`'a b'`, `"a b"`) taken off."""
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1].replace("\\" + value[0], value[0])
+    return value
+
+
+def _shortened(text: str, keep: int = 40) -> str:
+    """A name as a message quotes it: a 300-character one would be the whole line."""
+    return text if len(text) <= keep else f"{text[:keep]}... ({len(text)} characters)"
 
 
 def writable_problem(path: Path) -> str | None:

@@ -231,6 +231,14 @@ def test_a_sweep_dir_held_by_a_live_process_is_refused(run_cli, tmp_path):
     assert not (sweep / ".lock").exists()
 
 
+def test_a_stale_lock_naming_a_live_pid_is_not_called_gone(run_cli, tmp_path):
+    sweep = _sweep_with_runs(tmp_path)   # pid 1 (init) is alive and holds no lock here
+    (sweep / ".lock").write_text(json.dumps({"pid": 1, "host": os.uname().nodename}))
+    out = run_cli("sweep", "--resume", sweep)
+    assert out.exit_code == 0 and "its process 1 no longer holds it" in out.stdout, out.stdout
+    assert "is gone" not in out.stdout and not (sweep / ".lock").exists()
+
+
 # ------------------------------------------------------------------------------ the lock itself
 def test_dir_lock_is_reentrant_takes_over_a_dead_holder_and_refuses_a_live_one(tmp_path):
     from grpo_ablate.errors import ConfigError
@@ -255,8 +263,10 @@ def test_dir_lock_is_reentrant_takes_over_a_dead_holder_and_refuses_a_live_one(t
 @pytest.mark.parametrize("left, said", [
     ("garbage", "the process that left it is gone"),            # was "its process None is gone"
     ("", None),                                                 # an empty file: nobody's, taken silently
-    (json.dumps({"pid": 1, "host": os.uname().nodename}), "its process 1 is gone"),     # pid 1 is alive, but
-    (json.dumps({"pid": -1, "host": os.uname().nodename}), "its process -1 is gone"),   # holds no lock here
+    # pid 1 (init) is alive, but holds no lock here: not called gone
+    (json.dumps({"pid": 1, "host": os.uname().nodename}),
+     "its process 1 no longer holds it (that pid is alive, but does not hold the lock)"),
+    (json.dumps({"pid": -1, "host": os.uname().nodename}), "its process -1 is gone"),
 ])
 def test_only_a_process_holding_the_lock_counts_whatever_the_file_says(tmp_path, left, said):
     (tmp_path / ".lock").write_text(left)      # a fresh file too: its age does not matter

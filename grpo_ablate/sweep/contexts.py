@@ -15,11 +15,12 @@ from dataclasses import replace
 import yaml
 
 from grpo_ablate.design import Context, Contrast
-from grpo_ablate.sweep.matrix import NAME_PATTERN, Matrix, SweepError, split_top_level, value_label
+from grpo_ablate.sweep.matrix import NAME_PATTERN, SWEEP_SETS, Matrix, SweepError, split_top_level, value_label
 
 
-# what a context may not set: the sweep sets these for every run (seeds, labels, which tricks)
-_CONTEXT_RESERVED = ("seed", "resume", "run", "sweep", "trick", "preset", "control", "steps")
+# what a context may not set: what the sweep sets for every run, and its own options (which tricks,
+# the base, the controls, the steps)
+_CONTEXT_RESERVED = (*SWEEP_SETS, "trick", "preset", "control", "steps")
 
 
 def across_contexts(specs: list[str]) -> list[Context]:
@@ -123,6 +124,10 @@ def check_contexts(contexts: list[Context], matrix: Matrix, families: dict[str, 
         touched.update({key.split(".")[0]: v.name for key in v.axes if key.split(".")[0] not in touched})
     given = {o.split("=", 1)[0].lstrip("+~"): o for o in common}
     for c in contexts:
+        keys = [o.split("=", 1)[0].lstrip("+~") for o in c.overrides]
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        if twice:   # Hydra keeps the last: the first would be recorded in the context and never act
+            raise SweepError(f"context {c.name}: {', '.join(twice)} is given twice; give each key once")
         for o in c.overrides:
             key = o.split("=", 1)[0].lstrip("+~")
             top = key.split(".")[0]

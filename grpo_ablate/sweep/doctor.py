@@ -25,7 +25,7 @@ from pathlib import Path
 from grpo_ablate import report as rep
 from grpo_ablate.catalogue import load_catalogue
 from grpo_ablate.requests import DoctorArgs
-from grpo_ablate.rundir import atomic_write_text
+from grpo_ablate.rundir import atomic_write_text, confined_dir
 from grpo_ablate.sweep import launch
 from grpo_ablate.sweep.console import print_matrix
 from grpo_ablate.sweep.launch import check_launcher
@@ -368,6 +368,8 @@ def command(given: DoctorArgs, console) -> tuple[dict, Path] | None:
     if given.resume_dir is not None:
         return run(resumed_request(given), given.resume_dir, console, resume=True), given.resume_dir
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+    if given.out is not None:   # not the working directory or above it, a name the file system takes
+        confined_dir(given.out, "--dir")
     req = new_request(given, stamp)
     if given.dry_run:
         print_dry_run(req, console)

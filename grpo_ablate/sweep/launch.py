@@ -18,12 +18,13 @@ from pathlib import Path
 from grpo_ablate.design import manifest_variants
 from grpo_ablate.errors import DamagedFile
 from grpo_ablate.model_source import gguf_source
-from grpo_ablate.rundir import DirLock, atomic_write_text, read_rows, read_status
+from grpo_ablate.rundir import (DirLock, atomic_write_text, confined_dir, hydra_quoted, read_overrides, read_rows,
+                                read_status)
 from grpo_ablate.sweep.console import contexts_text, cpus, print_matrix, print_summary
-from grpo_ablate.sweep.manifest import (FINISHED, check_new_dir, create_sweep_dir, read_manifest, refresh_statuses,
-                                        write_manifest)
+from grpo_ablate.sweep.manifest import (FINISHED, check_new_dir, create_sweep_dir, planned_sweep_dir, read_manifest,
+                                        refresh_statuses, sweep_id_of, write_manifest)
 from grpo_ablate.sweep.matrix import SweepError
-from grpo_ablate.sweep.plan import SweepRequest, compose_run, composed_hash, plan, warm_starts_to_build
+from grpo_ablate.sweep.plan import LOCAL_LAUNCHERS, SweepRequest, compose_run, composed_hash, plan, warm_starts_to_build
 from grpo_ablate.sweep.slurm import watch_jobs_without_sacct
 from grpo_ablate.tasks import build_task
 
@@ -41,15 +42,21 @@ LAUNCHERS = {
 def start(req: SweepRequest, console, dry_run: bool = False) -> int:
     """Plan, (dry run: print) create the sweep dir, launch, summarise. Returns the exit code."""
     check_launcher(req.launcher, req.jobs)
-    if req.sweep_dir is not None and not dry_run:
-        check_new_dir(Path(req.sweep_dir))   # before planning: a taken --dir is refused at once
+    if req.sweep_dir is not None:   # before planning: a --dir that is not allowed or taken is refused at once
+        confined_dir(req.sweep_dir, "--dir")
+        if not dry_run:
+            check_new_dir(Path(req.sweep_dir))
     manifest = plan(req)
+    planned_sweep_dir(req, manifest)   # a dry run refuses what the real one would
     if dry_run:
         print_matrix(manifest, console)
         if manifest.get("contexts"):
             console.print(contexts_text(manifest, req), markup=False, highlight=False)
         for line in warm_starts_to_build(manifest):
             console.print(line, markup=False, highlight=False)
+        if any(run.get("deferred") for run in manifest["runs"]):
+            console.print("the SFT control's wall-clock budget is measured when the sweep runs: the median training "
+                          "time of its treatment runs", markup=False, highlight=False)
         return 0
     sweep_dir = create_sweep_dir(req, manifest)
     console.print(f"sweep {manifest['name']}: {len(manifest['variants'])} variants x "
@@ -89,14 +96,14 @@ def resume(sweep_dir: Path, launcher: str | None, jobs: int | None, hydra_args: 
 def _runs_to_resume(sweep_dir: Path, manifest: dict, rerun: tuple) -> tuple[list[dict], dict]:
     """The runs of `manifest` still to run and each run's status (None: none yet or rerun), refused
     when one is still being trained, holds another config than planned or composes differently now."""
+    check_own_runs(sweep_dir, manifest, rerun)
     todo, changed, statuses = [], [], {}
     for run in manifest["runs"]:
         run_dir = sweep_dir / run["run_dir"]
         try:
             status = None if run["run_dir"] in rerun or not run_dir.exists() else read_status(run_dir)
         except DamagedFile as err:
-            raise SweepError(f"run {run['run_dir']}: {err.path.name} {err.problem}; re-run it with "
-                             f"`grpo-ablate sweep --resume {sweep_dir} --rerun {run['run_dir']}`") from None
+            raise _damaged_run(sweep_dir, run, err) from None
         statuses[run["run_dir"]] = status
         if status is not None and status.get("config_hash") != run["config_hash"]:
             changed.append(run["run_dir"])
@@ -119,6 +126,29 @@ def _runs_to_resume(sweep_dir: Path, manifest: dict, rerun: tuple) -> tuple[list
         raise SweepError(f"the config of {', '.join(stale[:3])} composes differently now than when the sweep "
                          "started (the code or conf/ changed); start a new sweep")
     return todo, statuses
+
+
+def check_own_runs(sweep_dir: Path, manifest: dict, rerun: tuple = ()) -> None:
+    """A sweep trains in, rewrites and adopts only run dirs it created: inside its sweep dir (a
+    link out of it counts as out), and, where the run recorded its overrides, launched by this
+    sweep (`sweep.id`). One named in `rerun` is set aside whoever made it."""
+    ours = manifest.get("sweep_id")
+    for run in manifest["runs"]:
+        run_dir = confined_dir(Path(sweep_dir) / run["run_dir"], "run dir", sweep_dir)
+        try:
+            recorded = sweep_id_of(read_overrides(run_dir) or []) if run_dir.is_dir() else None
+        except DamagedFile as err:
+            raise _damaged_run(sweep_dir, run, err) from None
+        if recorded is not None and recorded != ours and run["run_dir"] not in rerun:
+            raise SweepError(f"run {run['run_dir']} in {sweep_dir} is another sweep's (sweep.id={recorded}; this "
+                             f"sweep is {ours}): a sweep resumes only runs it created; move it out, or rerun it "
+                             f"here with `grpo-ablate sweep --resume {sweep_dir} --rerun {run['run_dir']}` "
+                             "(it is set aside)")
+
+
+def _damaged_run(sweep_dir: Path, run: dict, err: DamagedFile) -> SweepError:
+    return SweepError(f"run {run['run_dir']}: {err.path.name} {err.problem}; re-run it with "
+                      f"`grpo-ablate sweep --resume {sweep_dir} --rerun {run['run_dir']}`")
 
 
 def _set_aside_failed(sweep_dir: Path, todo: list[dict], statuses: dict, rerun: tuple, console) -> None:
@@ -217,7 +247,7 @@ def treatment_train_seconds(sweep_dir: Path, manifest: dict, context: str | None
 def _launch(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, jobs: int | None,
             hydra_args: list[str], console, resume: bool) -> dict:
     """One batch of runs through Hydra's launcher; returns how each job ended."""
-    local = launcher in ("basic", "joblib", "submitit_local")   # the runs share this machine's cores
+    local = launcher in LOCAL_LAUNCHERS   # the runs share this machine's cores
     n_parallel = 1 if launcher == "basic" else max(1, min(jobs or (cpus() if local else len(todo)), len(todo)))
     # parallel local runs split the cores, never oversubscribe; on a cluster each job has its own
     threads = max(1, cpus() // n_parallel) if local else None
@@ -229,9 +259,9 @@ def _launch(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, jo
                 for run in todo]
     atomic_write_text(jobs_file, json.dumps(job_list, indent=2) + "\n")
     results_file.unlink(missing_ok=True)
-    args = ["-m", "hydra/sweeper=grpo_ablate", f"hydra.sweeper.jobs_file={_quote(jobs_file)}",
-            f"hydra.sweeper.results_file={_quote(results_file)}",
-            f"hydra/launcher={LAUNCHERS[launcher][0]}", f"hydra.sweep.dir={_quote(sweep_dir)}",
+    args = ["-m", "hydra/sweeper=grpo_ablate", f"hydra.sweeper.jobs_file={hydra_quoted(jobs_file)}",
+            f"hydra.sweeper.results_file={hydra_quoted(results_file)}",
+            f"hydra/launcher={LAUNCHERS[launcher][0]}", f"hydra.sweep.dir={hydra_quoted(sweep_dir)}",
             "hydra/hydra_logging=disabled"]
     if launcher == "basic":
         args.append("hydra.sweeper.max_batch_size=1")     # record each run as it ends
@@ -305,7 +335,3 @@ def check_launcher(launcher: str, jobs: int | None) -> None:
         raise SweepError("--jobs > 1 needs a parallel launcher (joblib, submitit_local, ...); "
                          "basic runs one job at a time")
 
-
-def _quote(path: Path) -> str:
-    """A path as a Hydra override value (quoted, so any character is allowed)."""
-    return "'" + str(Path(path).resolve()).replace("\\", "\\\\").replace("'", "\\'") + "'"

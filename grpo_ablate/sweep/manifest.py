@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from grpo_ablate.errors import DamagedFile
-from grpo_ablate.rundir import atomic_write_text, read_json, read_rows, read_status, writable_problem
+from grpo_ablate.rundir import atomic_write_text, confined_dir, read_json, read_rows, read_status, writable_problem
 from grpo_ablate.stopping import INTERRUPTED
 from grpo_ablate.sweep.matrix import SweepError
 
@@ -48,13 +48,33 @@ def _manifest_problem(manifest) -> str | None:
             return f"no list of {key}"
     if not manifest["runs"]:
         return "no runs"
+    if not isinstance(manifest.get("name"), str):
+        return "no sweep name"
+    if not all(isinstance(s, int) and not isinstance(s, bool) for s in manifest["seeds"]):
+        return "seeds that are not all integers"
+    if not all(isinstance(v, dict) and isinstance(v.get("name"), str) for v in manifest["variants"]):
+        return "a variant without a name"
+    variants = {v["name"] for v in manifest["variants"]}
     for i, run in enumerate(manifest["runs"]):
         if not isinstance(run, dict):
             return f"run {i + 1} is not an object"
         missing = [key for key, kind in _MANIFEST_RUN.items() if not isinstance(run.get(key), kind)]
         if missing:
             return f"run {run.get('run_dir', i + 1)} has no valid {', '.join(missing)}"
+        if run["run_dir"] in ("", ".", "..") or Path(run["run_dir"]).name != run["run_dir"]:
+            return f"run dir {run['run_dir']!r} is not a name inside the sweep dir"
+        if run["variant"] not in variants:
+            return f"run {run['run_dir']} is of variant {run['variant']}, which the manifest does not list"
+        recorded = sweep_id_of(run["overrides"])
+        if recorded is not None and recorded != manifest.get("sweep_id"):
+            return f"run {run['run_dir']} is of sweep {recorded}, not this sweep's {manifest.get('sweep_id')}"
     return None
+
+
+def sweep_id_of(overrides: list) -> str | None:
+    """The sweep a run was launched by, from its overrides (`sweep.id=...`, expand_jobs' label)."""
+    ids = [o.split("=", 1)[1] for o in overrides if isinstance(o, str) and o.startswith("sweep.id=")]
+    return ids[-1] if ids else None
 
 
 def write_manifest(sweep_dir: Path, manifest: dict) -> None:
@@ -101,7 +121,7 @@ def refresh_statuses(sweep_dir: Path, manifest: dict, outcomes: dict | None = No
 def create_sweep_dir(req, manifest: dict) -> Path:
     """The sweep dir of `req` (a SweepRequest: --dir, else a new one under runs/sweeps/) with
     its manifest; never an existing non-empty one."""
-    sweep_dir = Path(req.sweep_dir) if req.sweep_dir else _new_sweep_dir(manifest)
+    sweep_dir = planned_sweep_dir(req, manifest)
     check_new_dir(sweep_dir)
     problem = writable_problem(sweep_dir)
     if problem:
@@ -118,10 +138,26 @@ def check_new_dir(sweep_dir: Path) -> None:
                          f"`grpo-ablate sweep --resume {sweep_dir}` or pick another --dir")
 
 
+def planned_sweep_dir(req, manifest: dict) -> Path:
+    """Where the sweep of `req` is written, checked before anything is created: --dir (anywhere
+    but the working directory or above it), else a new dir under runs/sweeps/; every run dir a
+    name inside it (rundir.confined_dir: no escape, no name too long for the file system)."""
+    if req.sweep_dir is not None:
+        sweep_dir = confined_dir(req.sweep_dir, "--dir")
+    else:
+        sweep_dir = confined_dir(_new_sweep_dir(manifest), "sweep dir", SWEEPS)
+    for run in manifest["runs"]:
+        confined_dir(sweep_dir / run["run_dir"], "run dir", sweep_dir)
+    return sweep_dir
+
+
+SWEEPS = Path("runs") / "sweeps"   # where a sweep without --dir goes, from the working directory
+
+
 def _new_sweep_dir(manifest: dict) -> Path:
-    path = Path("runs") / "sweeps" / manifest["wandb_group"]
+    path = SWEEPS / manifest["wandb_group"]
     suffix = 1
     while path.exists():
         suffix += 1
-        path = Path("runs") / "sweeps" / f"{manifest['wandb_group']}-{suffix}"
+        path = SWEEPS / f"{manifest['wandb_group']}-{suffix}"
     return path

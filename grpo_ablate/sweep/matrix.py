@@ -38,8 +38,9 @@ FILE_MODES = ("variants",)   # modes only a sweep file can give (their variants 
 # tests/test_sweep.py checks that the two lists agree)
 EXPECTABLE = ("helps", "hurts", "breaks training", "no evidence", "inert here", "no verdict")
 NAME_PATTERN = r"[A-Za-z0-9_.+-]+"        # variant and context names: they become run dir names
-# keys a variant's overrides may not set: the sweep sets them for every run
-_VARIANT_RESERVED = ("seed", "resume", "run", "sweep")
+# top-level keys the sweep sets for every run (hydra: each job's dir and launcher): no variant
+# or context may set them
+SWEEP_SETS = ("seed", "resume", "run", "sweep", "hydra")
 DIAG_ON = ("diag.grad_conflict=true",)   # a conflict sweep's runs log the gradient diagnostics
 # A sweep larger than this needs --max-runs: a guard against a factorial that explodes by
 # mistake. 128 so that the default question (9 variants with the controls) runs with
@@ -243,7 +244,7 @@ def _parse_variant(name: str, spec, names: list) -> tuple:
         raise SweepError(f"variant {name}: overrides must be a list of key=value overrides")
     keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
     for o, key in zip(overrides, keys):
-        if key.split(".")[0] in _VARIANT_RESERVED:
+        if key.split(".")[0] in SWEEP_SETS:
             raise SweepError(f"variant {name}: '{o}' sets {key}, which the sweep sets for every run")
     if keys.count("trick") > 1:   # Hydra takes one value per group: several +trick= would fail in every run
         raise SweepError(f"variant {name}: {keys.count('trick')} +trick= overrides; list its named tricks in one, "
@@ -306,7 +307,7 @@ def parse_seeds(text: str | int | list) -> list[int]:
         text = str(text).strip()
         items = text.split(",") if "," in text else None
         if items is None:
-            if not text.isdigit() or int(text) < 1:
+            if not (text.isascii() and text.isdigit()) or int(text) < 1:   # `²` is a digit to isdigit, not to int
                 raise SweepError(f"--seeds {text!r} is not allowed; give a count >= 1 (3 means seeds "
                                  "0,1,2), a comma list of seeds (0,5,9), or auto (sweep: seeds until each "
                                  "contrast is decided)")
@@ -314,7 +315,7 @@ def parse_seeds(text: str | int | list) -> list[int]:
     seeds = []
     for item in items:
         item = item.strip()
-        if not item.isdigit():
+        if not (item.isascii() and item.isdigit()):
             raise SweepError(f"--seeds {','.join(items)!r} is not allowed; every seed must be an "
                              "integer >= 0")
         seeds.append(int(item))

@@ -9,6 +9,7 @@ whose option has it, and a trick under test that cannot act here refused. It wri
 from __future__ import annotations
 
 import copy
+import re
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -16,15 +17,16 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from grpo_ablate.catalogue import load_catalogue
-from grpo_ablate.config import ConfigError, compose, config_hash, family_keys, trick_families, validate
+from grpo_ablate.config import ConfigError, check_here, compose, config_hash, family_keys, trick_families, validate
 from grpo_ablate.inert import inert_reason
 from grpo_ablate.model_source import gguf_source, warm_start_dir
+from grpo_ablate.rundir import NAME_MAX
 from grpo_ablate.design import Context
 from grpo_ablate.sweep.contexts import check_contexts, with_contexts
 from grpo_ablate.sweep.controls import control_kinds, planned_controls, with_controls
 from grpo_ablate.sweep.manifest import timestamp
-from grpo_ablate.sweep.matrix import (DEFAULT_MAX_RUNS, Matrix, SweepError, build_matrix, check_size, expand_jobs,
-                                      parse_seeds)
+from grpo_ablate.sweep.matrix import (DEFAULT_MAX_RUNS, NAME_PATTERN, Matrix, SweepError, build_matrix, check_size,
+                                      expand_jobs, parse_seeds)
 from grpo_ablate.tasks import TASKS, build_task
 from grpo_ablate.tricks import option
 
@@ -44,6 +46,8 @@ DEFAULT_BASE = "grpo"
 # this question decides none of its six tricks, at five two (docs/calibration.md). --seeds
 # auto spends seeds only where a contrast is still open.
 DEFAULT_SEEDS = "5"
+# launchers whose runs run on this machine (a cluster's run where its jobs land: checked there)
+LOCAL_LAUNCHERS = ("basic", "joblib", "submitit_local")
 # keys a sweep sets itself; the user chooses them through the sweep's own options
 _RESERVED = {"seed": "--seeds", "trick": "--tricks", "+trick": "--tricks", "preset": "--base",
              "resume": "--resume", "control": "--controls"}
@@ -112,6 +116,7 @@ def plan(req: SweepRequest) -> dict:
                              "remove it from --tricks or pick another --base")
     sweep_id = time.strftime("%Y-%m-%d_%H-%M-%S")
     name = req.name or req.mode
+    _check_name(name, sweep_id)
     group = req.group or f"{name}-{sweep_id}"
     labels = {"name": name, "id": sweep_id, "group": group, "tricks": list(req.tricks)}
     cfg_of: dict = {}     # variant -> the config of its first run, for the inert check
@@ -119,6 +124,8 @@ def plan(req: SweepRequest) -> dict:
     runs = [run_entry(job, cfg_of, first_of) for job in expand_jobs(matrix, seeds, common, labels)]
     if not req.allow_inert:
         check_tricks_act(matrix, cfg_of, {t: (families[t], options[t]) for t in families})
+    if req.launcher in LOCAL_LAUNCHERS:
+        _check_runs_here(cfg_of)
     now = timestamp()
     return {
         "version": 1, "sweep_id": sweep_id, "name": name, "mode": matrix.mode, "base": req.base,
@@ -191,6 +198,16 @@ def scope_trick_settings(common: list[str], matrix: Matrix) -> tuple[list[str], 
     return rest, Matrix(matrix.mode, variants, matrix.contrasts)
 
 
+def _check_runs_here(cfg_of: dict) -> None:
+    """The runs of a local launcher run on this machine: what `train` would refuse here (here.py:
+    vLLM not installed, no GPU) is refused at planning, not once per run in a dir of failed runs."""
+    for variant, cfg in cfg_of.items():
+        try:
+            check_here(cfg)
+        except ConfigError as err:
+            raise SweepError(f"variant {variant}: {err}") from None
+
+
 def check_tricks_act(matrix: Matrix, cfg_of: dict, tricks: dict) -> None:
     """Refuse a plan in which a trick under test cannot act (inert.py): for each contrast, the
     trick on the side that has it; without contrasts (doctor), every trick where all are on;
@@ -208,6 +225,14 @@ def check_tricks_act(matrix: Matrix, cfg_of: dict, tricks: dict) -> None:
             raise SweepError(f"{name} {reason} (or pass --allow-inert to run it anyway)")
 
 
+WALL_STAND_IN = "control.wall_s=1"   # a deferred control's budget while planning: the real one is measured
+
+
+def planned_overrides(run: dict) -> list[str]:
+    """What a planned run composes with: a deferred control's with the stand-in budget."""
+    return list(run["overrides"]) + ([WALL_STAND_IN] if run.get("deferred") else [])
+
+
 def run_entry(job, configs: dict | None = None, firsts: dict | None = None) -> dict:
     """One job as the manifest lists it (pending), its config validated and hashed (and kept
     in `configs` by variant, the first seed's, when given). With `firsts` (variant -> the first
@@ -216,7 +241,7 @@ def run_entry(job, configs: dict | None = None, firsts: dict | None = None) -> d
     # a wall-clock SFT control learns its budget from the treatments' runs: checked here with
     # a stand-in, hashed once the budget is known (launch.run_jobs)
     deferred = "control.budget=wall" in job.overrides
-    overrides = list(job.overrides) + (["control.wall_s=1"] if deferred else [])
+    overrides = list(job.overrides) + ([WALL_STAND_IN] if deferred else [])
     cfg = other_seed(*firsts[job.variant], overrides) if firsts and job.variant in firsts else None
     if cfg is None:
         cfg = compose_run(overrides, f"run {job.run_dir}")
@@ -253,6 +278,16 @@ def other_seed(first_overrides: list[str], first_cfg, overrides: list[str]):
 
 def _has_solutions(cfg) -> bool:
     return bool(getattr(build_task(cfg.task).train_batch(1, 0, 0)[0], "solution", None))
+
+
+def _check_name(name: str, sweep_id: str) -> None:
+    """A sweep's name names its dir (`runs/sweeps/<name>-<id>[-N]`) and labels every run (`sweep.name=`):
+    a plain name short enough for the file system, nothing that leaves runs/sweeps/."""
+    longest = NAME_MAX - len(f"-{sweep_id}-99")
+    if not re.fullmatch(NAME_PATTERN, name) or set(name) == {"."} or len(name.encode()) > longest:
+        shown = name if len(name) <= 40 else f"{name[:40]}... ({len(name)} characters)"
+        raise SweepError(f"sweep name {shown!r} is not allowed; use letters, digits and _ . + -, at most {longest} "
+                         "characters (it names the sweep dir under runs/sweeps/)")
 
 
 def _check_overrides(overrides: list[str]) -> None:
@@ -318,7 +353,7 @@ def warm_starts_to_build(manifest: dict) -> list[str]:
         if run["variant"] in seen:
             continue
         seen.add(run["variant"])
-        cfg = compose_run(list(run["overrides"]), f"run {run['run_dir']}")
+        cfg = compose_run(planned_overrides(run), f"run {run['run_dir']}")
         if cfg.model.get("path") or gguf_source(cfg.model) is not None:
             continue
         target = warm_start_dir(cfg.model, build_task(cfg.task))

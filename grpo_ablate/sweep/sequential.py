@@ -38,7 +38,7 @@ from grpo_ablate.stats.intervals import Estimate
 from grpo_ablate.report.verdicts import BREAKS_TRAINING, INERT, decide, inertness
 from grpo_ablate.rundir import DirLock, read_rows, read_status
 from grpo_ablate.sweep.console import contexts_text, print_matrix
-from grpo_ablate.sweep.launch import check_launcher, run_jobs
+from grpo_ablate.sweep.launch import check_launcher, check_own_runs, run_jobs
 from grpo_ablate.sweep.launch import resume as resume_fixed
 from grpo_ablate.sweep.manifest import FINISHED, MANIFEST, create_sweep_dir, read_manifest, timestamp, write_manifest
 from grpo_ablate.sweep.controls import control_in
@@ -387,6 +387,7 @@ def resume(sweep_dir: Path, launcher, jobs, hydra_args, console, max_seeds: int 
     new to do is only printed: nothing is written."""
     sweep_dir = Path(sweep_dir)
     manifest = read_manifest(sweep_dir)
+    check_own_runs(sweep_dir, manifest, rerun)   # a look decides only on runs this sweep made
     section = manifest["sequential"]
     unfinished = [r for r in manifest["runs"] if r["status"] not in FINISHED or r["run_dir"] in rerun]
     if section.get("stopped") and max_seeds is None and budget_s is None and not unfinished:
