@@ -196,9 +196,8 @@ def test_sigterm_to_a_parallel_sweep_stops_its_workers_and_resume_equals_an_unin
     assert not left, f"processes of the stopped sweep still alive: {left}"
     assert "Traceback" not in output and f"stopped (SIGTERM): `grpo-ablate sweep --resume {sweep}`" in output, output
     manifest = json.loads((sweep / "manifest.json").read_text())
-    assert "interrupted" in {run["status"] for run in manifest["runs"]}, manifest["runs"]
-    stopped = {d.name: read_status(d) for d in sweep.glob("*-s0") if read_status(d)["state"] == "interrupted"}
-    assert {s["reason"] for s in stopped.values()} == {"SIGTERM"}, stopped
+    stopped = [run["run_dir"] for run in manifest["runs"] if run["status"] == "interrupted"]
+    assert stopped and {read_status(sweep / name)["reason"] for name in stopped} == {"SIGTERM"}, manifest["runs"]
     resumed = cli("sweep", "--resume", str(sweep), "--jobs", "1", cwd=tmp_path, timeout=1800)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert metrics_of(sweep) == metrics_of(tmp_path / "whole")
