@@ -163,12 +163,15 @@ def metrics_of(sweep_dir: Path) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the sweep's processes in /proc")
-@pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
-def test_sigterm_to_a_parallel_sweep_stops_its_workers_and_resume_equals_an_uninterrupted_sweep(
-        small, tmp_path, launcher):
-    """kill -TERM <sweep pid> (not its group: a scheduler's or a user's stop): the running runs record
-    `interrupted`, no process of the sweep is left after 10 s, and `sweep --resume` (with fewer runs at a
-    time: the thread share is the sweep's, not the resume's) gives the uninterrupted sweep's metrics."""
+@pytest.mark.parametrize("launcher,signum", [("joblib", signal.SIGTERM), ("submitit_local", signal.SIGTERM),
+                                             ("joblib", signal.SIGINT)], ids=["joblib-SIGTERM",
+                                             "submitit_local-SIGTERM", "joblib-SIGINT"])
+def test_a_stop_of_a_parallel_sweep_stops_its_workers_and_resume_equals_an_uninterrupted_sweep(
+        small, tmp_path, launcher, signum):
+    """kill -TERM <sweep pid> (not its group: a scheduler's or a user's stop), or Ctrl-C (to the whole group,
+    as a terminal sends it): the running runs record `interrupted`, no process of the sweep is left after
+    10 s, and `sweep --resume` (with fewer runs at a time: the thread share is the sweep's, not the
+    resume's) gives the uninterrupted sweep's metrics."""
     overrides = [o for o in small if not o.startswith(("steps=", "threads="))] + ["checkpoint_every=2"]
     args = ["sweep", "add-one-in", "--tricks", "no_std", "--seeds", "1", "--steps", "12", "--no-controls",
             "--launcher", launcher, "--jobs", "2", *overrides]
@@ -184,7 +187,10 @@ def test_sigterm_to_a_parallel_sweep_stops_its_workers_and_resume_equals_an_unin
             if steps and max(steps) >= 3:   # a run has passed its first checkpoint
                 break
             time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
+        if signum == signal.SIGINT:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
         stopped_at = time.time()
         output, _ = proc.communicate(timeout=60)
         time.sleep(max(0.0, stopped_at + 10 - time.time()))
@@ -192,12 +198,12 @@ def test_sigterm_to_a_parallel_sweep_stops_its_workers_and_resume_equals_an_unin
     finally:
         for pid in session_processes(proc.pid):   # what this test started, should the sweep have left it
             os.kill(pid, signal.SIGKILL)
-    assert proc.returncode == 128 + signal.SIGTERM, output
+    assert proc.returncode == 128 + signum, output
     assert not left, f"processes of the stopped sweep still alive: {left}"
-    assert "Traceback" not in output and f"stopped (SIGTERM): `grpo-ablate sweep --resume {sweep}`" in output, output
+    assert "Traceback" not in output and f"`grpo-ablate sweep --resume {sweep}` continues it" in output, output
     manifest = json.loads((sweep / "manifest.json").read_text())
     stopped = [run["run_dir"] for run in manifest["runs"] if run["status"] == "interrupted"]
-    assert stopped and {read_status(sweep / name)["reason"] for name in stopped} == {"SIGTERM"}, manifest["runs"]
+    assert stopped and {read_status(sweep / name)["reason"] for name in stopped} == {signum.name}, manifest["runs"]
     resumed = cli("sweep", "--resume", str(sweep), "--jobs", "1", cwd=tmp_path, timeout=1800)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     share = manifest["threads"]   # fixed by the first launch (2 runs at a time), not by the runs left
