@@ -210,3 +210,30 @@ def test_a_stop_of_a_parallel_sweep_stops_its_workers_and_resume_equals_an_unint
     assert share == max(1, len(os.sched_getaffinity(0)) // 2) and f"1 at a time, {share} thread" in resumed.stdout
     assert metrics_of(sweep) == metrics_of(tmp_path / "whole")
     assert all(read_status(sweep / name)["state"] == "completed" for name in stopped)
+
+
+@pytest.mark.slow
+def test_a_stopped_sequential_sweep_leaves_its_look_undecided(small, tmp_path):
+    """SIGTERM during a look's runs: the look is not decided on runs that were stopped (the next
+    `--resume` finishes them and decides), and the sweep ends with 143."""
+    sweep = tmp_path / "sweep"
+    args = ["sweep", "add-one-in", "--tricks", "batch_norm", "--seeds", "auto", "--max-seeds", "5", "--steps", "40",
+            "--launcher", "joblib", "--jobs", "2", "--no-controls", "--dir", str(sweep),
+            *[o for o in small if not o.startswith("steps=")]]
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_ablate.cli", *args], cwd=tmp_path, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 900
+        while time.time() < deadline and proc.poll() is None:
+            steps = [read_status(d)["step"] for d in sweep.glob("*-s*") if (d / "status.json").exists()]
+            if steps and max(steps) >= 3:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        for pid in session_processes(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGTERM, output
+    looks = json.loads((sweep / "manifest.json").read_text())["sequential"]["looks"]
+    assert len(looks) == 1 and looks[0]["decisions"] is None, looks
