@@ -12,6 +12,10 @@ status.json. submitit also asks SLURM for an early warning, SIGUSR2 `signal_dela
 the limit, and its own handler would raise inside the training loop (the run would read
 `failed`, and be started over); in a SLURM job that warning is only noted, and the run trains
 on until SIGTERM. Torch-free: the report and the sweep read the state name from here.
+
+A sweep whose runs train in worker processes (joblib's, submitit_local's) passes a stop on to
+them (`stop_workers_on_signals`): each run records `interrupted` as above, and no worker
+outlives the sweep.
 """
 from __future__ import annotations
 
@@ -20,9 +24,15 @@ import re
 import signal
 import subprocess
 import threading
+import time
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable
 
 INTERRUPTED = "interrupted"
+# how long a stopped sweep waits for its runs to record `interrupted` before it kills what is left
+# (recording a status takes well under a second; a torch op in flight finishes first)
+STOP_GRACE_S = 8.0
 
 
 class RunInterrupted(BaseException):
@@ -74,6 +84,73 @@ def stop_on_signals():
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+@contextmanager
+def stop_workers_on_signals(still_training: Callable[[], bool], grace_s: float = STOP_GRACE_S):
+    """In a sweep process whose runs train in worker processes: SIGTERM or SIGINT is passed on to
+    every process the sweep started (each run records `interrupted`: stop_on_signals), the sweep
+    waits until `still_training()` is false (or `grace_s` passed), kills whatever of its processes
+    is left (idle workers, a run that did not stop), then raises
+    RunInterrupted here. The previous handlers are back afterwards."""
+    def on_stop(signum, frame):
+        for sig in previous:   # a second Ctrl-C does not cut the wait for the runs short
+            signal.signal(sig, signal.SIG_IGN)
+        _signal_each(descendants(), signum)
+        deadline = time.monotonic() + grace_s
+        while still_training() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for _ in range(3):     # a worker started while the others were stopping is ended too
+            left = [pid for pid in descendants() if not _resource_tracker(pid)]
+            if not left:
+                break
+            _signal_each(left, signal.SIGKILL)
+            time.sleep(0.2)
+        raise RunInterrupted(stop_reason(signum), signum)
+
+    previous = {sig: signal.signal(sig, on_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """The live processes started by `pid` (this process), their children, and so on, from /proc
+    (none where there is no /proc). Zombies are left out: they have ended, only their exit
+    status waits to be read."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()   # after "pid (comm)": state, ppid, ...
+        except (OSError, IndexError):
+            continue                                               # it ended while being read
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [os.getpid() if pid is None else pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def _resource_tracker(pid: int) -> bool:
+    """loky's (or multiprocessing's) resource tracker: it ends by itself once the sweep has, after
+    freeing what the workers left; killed earlier, the sweep starts another that reports tracebacks."""
+    try:
+        return b"resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _signal_each(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except OSError:      # it ended meanwhile
+            pass
 
 
 def stop_reason(signum: int, warned: bool = False) -> str:

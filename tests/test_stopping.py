@@ -1,15 +1,18 @@
 """A run stopped from outside (SIGTERM: SLURM's time limit, scancel, kill) is `interrupted`,
 says why, and --resume continues it; without SLURM's accounting, sweeps read job states from
 squeue. The same paths on a real SLURM cluster: tests/test_slurm.py."""
+import json
+import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from grpo_ablate import stopping
-from grpo_ablate.rundir import read_rows, read_status
+from grpo_ablate.rundir import TIMING_PREFIXES, read_rows, read_status
 from grpo_ablate.stopping import how_it_ended, stop_reason
 from grpo_ablate.sweep.slurm import ENDED, SqueueInfoWatcher
 
@@ -107,7 +110,6 @@ def test_a_stop_interrupts_a_run_which_resume_continues(small, tmp_path, signum)
 def test_ctrl_c_on_a_sweep_leaves_the_running_run_interrupted_and_resume_continues_it(small, tmp_path):
     """Ctrl-C reaches the sweep and its runs (one process group, as a terminal sends it): the run is
     `interrupted`, not `failed`, and `sweep --resume` continues it from its checkpoint, not from 0."""
-    import os
 
     sweep = tmp_path / "sweep"
     args = ["sweep", "add-one-in", "--tricks", "no_std", "--seeds", "1", "--launcher", "basic", "--no-controls",
@@ -137,3 +139,101 @@ def test_ctrl_c_on_a_sweep_leaves_the_running_run_interrupted_and_resume_continu
     rows = read_rows(sweep / "base-s0" / "metrics.jsonl")
     assert rows[:len(before)] == before and [row["step"] for row in rows] == list(range(201))
     assert stopped_at >= 4 and read_status(sweep / "base-s0")["state"] == "completed"
+
+
+def session_processes(session: int) -> list[int]:
+    """The live processes of a session (a sweep started in its own keeps its workers in it)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _, _, sid = stat.read_text().rsplit(")", 1)[1].split()[:4]
+        except (OSError, ValueError):
+            continue
+        if int(sid) == session and state != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def metrics_of(sweep_dir: Path) -> dict:
+    """Each run's metrics rows, without the timings (the only fields that may differ)."""
+    return {run.name: [{k: v for k, v in row.items() if not k.startswith(TIMING_PREFIXES)}
+                       for row in read_rows(run / "metrics.jsonl")]
+            for run in sorted(sweep_dir.iterdir()) if (run / "metrics.jsonl").exists()}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the sweep's processes in /proc")
+@pytest.mark.parametrize("launcher,signum", [("joblib", signal.SIGTERM), ("submitit_local", signal.SIGTERM),
+                                             ("joblib", signal.SIGINT)], ids=["joblib-SIGTERM",
+                                             "submitit_local-SIGTERM", "joblib-SIGINT"])
+def test_a_stop_of_a_parallel_sweep_stops_its_workers_and_resume_equals_an_uninterrupted_sweep(
+        small, tmp_path, launcher, signum):
+    """kill -TERM <sweep pid> (not its group: a scheduler's or a user's stop), or Ctrl-C (to the whole group,
+    as a terminal sends it): the running runs record `interrupted`, no process of the sweep is left after
+    10 s, and `sweep --resume` (with fewer runs at a time: the thread share is the sweep's, not the
+    resume's) gives the uninterrupted sweep's metrics."""
+    overrides = [o for o in small if not o.startswith(("steps=", "threads="))] + ["checkpoint_every=2"]
+    args = ["sweep", "add-one-in", "--tricks", "no_std", "--seeds", "1", "--steps", "12", "--no-controls",
+            "--launcher", launcher, "--jobs", "2", *overrides]
+    whole = cli(*args, "--dir", str(tmp_path / "whole"), cwd=tmp_path, timeout=1800)
+    assert whole.returncode == 0, whole.stdout[-2000:] + whole.stderr[-2000:]
+    sweep = tmp_path / "stopped"
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_ablate.cli", *args, "--dir", str(sweep)], cwd=tmp_path,
+                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 900
+        while time.time() < deadline and proc.poll() is None:
+            steps = [read_status(d)["step"] for d in sweep.glob("*-s0") if (d / "status.json").exists()]
+            if steps and max(steps) >= 3:   # a run has passed its first checkpoint
+                break
+            time.sleep(0.05)
+        if signum == signal.SIGINT:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
+        stopped_at = time.time()
+        output, _ = proc.communicate(timeout=60)
+        time.sleep(max(0.0, stopped_at + 10 - time.time()))
+        left = session_processes(proc.pid)
+    finally:
+        for pid in session_processes(proc.pid):   # what this test started, should the sweep have left it
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signum, output
+    assert not left, f"processes of the stopped sweep still alive: {left}"
+    assert "Traceback" not in output and f"`grpo-ablate sweep --resume {sweep}` continues it" in output, output
+    manifest = json.loads((sweep / "manifest.json").read_text())
+    stopped = [run["run_dir"] for run in manifest["runs"] if run["status"] == "interrupted"]
+    assert stopped and {read_status(sweep / name)["reason"] for name in stopped} == {signum.name}, manifest["runs"]
+    resumed = cli("sweep", "--resume", str(sweep), "--jobs", "1", cwd=tmp_path, timeout=1800)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    share = manifest["threads"]   # fixed by the first launch (2 runs at a time), not by the runs left
+    assert share == max(1, len(os.sched_getaffinity(0)) // 2) and f"1 at a time, {share} thread" in resumed.stdout
+    assert metrics_of(sweep) == metrics_of(tmp_path / "whole")
+    assert all(read_status(sweep / name)["state"] == "completed" for name in stopped)
+
+
+@pytest.mark.slow
+def test_a_stopped_sequential_sweep_leaves_its_look_undecided(small, tmp_path):
+    """SIGTERM during a look's runs: the look is not decided on runs that were stopped (the next
+    `--resume` finishes them and decides), and the sweep ends with 143."""
+    sweep = tmp_path / "sweep"
+    args = ["sweep", "add-one-in", "--tricks", "batch_norm", "--seeds", "auto", "--max-seeds", "5", "--steps", "40",
+            "--launcher", "joblib", "--jobs", "2", "--no-controls", "--dir", str(sweep),
+            *[o for o in small if not o.startswith("steps=")]]
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_ablate.cli", *args], cwd=tmp_path, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 900
+        while time.time() < deadline and proc.poll() is None:
+            steps = [read_status(d)["step"] for d in sweep.glob("*-s*") if (d / "status.json").exists()]
+            if steps and max(steps) >= 3:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        for pid in session_processes(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGTERM, output
+    looks = json.loads((sweep / "manifest.json").read_text())["sequential"]["looks"]
+    assert len(looks) == 1 and looks[0]["decisions"] is None, looks

@@ -113,7 +113,7 @@ def _linked_out(sweep):         # a run dir that is a link to a dir outside the 
     (_run_entry("overrides", ["sweep.id=2020-01-01_00-00-00"]),
      "run all-s0 is of sweep 2020-01-01_00-00-00, not this sweep's 2026-11-30_05-40-00"),
     (_run_entry("variant", "nope"), "run all-s0 is of variant nope, which the manifest does not list"),
-    (lambda s: _manifest(s, lambda m: m.update(seeds=["abc"])), "seeds that are not all integers"),
+    (lambda s: _manifest(s, lambda m: m.update(seeds=["abc"])), "`seeds` is ['abc'], expected a list of int"),
     (lambda s: _manifest(s, lambda m: m.update(variants=[5])), "a variant without a name"),
     (lambda s: _manifest(s, lambda m: m.update(name=7)), "no sweep name"),
     (_other_sweeps_run, "run all-s0 in sweep is another sweep's (sweep.id=2020-01-01_00-00-00; this sweep is "

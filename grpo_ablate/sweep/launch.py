@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import statistics
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from grpo_ablate.errors import DamagedFile
 from grpo_ablate.model_source import gguf_source
 from grpo_ablate.rundir import (DirLock, atomic_write_text, confined_dir, hydra_quoted, read_overrides, read_rows,
                                 read_status)
+from grpo_ablate.stopping import RunInterrupted, stop_workers_on_signals
 from grpo_ablate.sweep.console import contexts_text, cpus, print_matrix, print_summary
 from grpo_ablate.sweep.manifest import (FINISHED, check_new_dir, create_sweep_dir, planned_sweep_dir, read_manifest,
                                         refresh_statuses, sweep_id_of, write_manifest)
@@ -37,6 +39,8 @@ LAUNCHERS = {
     "submitit_slurm": ("submitit_slurm", "hydra_plugins.hydra_submitit_launcher", "grpo-ablate"),
     "ray": ("ray", "hydra_plugins.hydra_ray_launcher", "grpo-ablate[ray]"),
 }
+WORKER_LAUNCHERS = ("joblib", "submitit_local")            # ... in worker processes the sweep starts
+STOPPED = 128   # run_jobs' exit code from here up: a signal stopped the sweep (128 + its number)
 
 
 def start(req: SweepRequest, console, dry_run: bool = False) -> int:
@@ -190,12 +194,14 @@ def run_jobs(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, j
     the sequential sweep's looks."""
     try:
         outcomes = _launch_now_and_later(sweep_dir, manifest, todo, launcher, jobs, hydra_args, console, resume)
-    except KeyboardInterrupt:   # Ctrl-C: each run records `interrupted` itself (stopping.py); so does the sweep
+    except (KeyboardInterrupt, RunInterrupted) as stop:   # each run records `interrupted` itself; so does the sweep
+        signum = getattr(stop, "signum", signal.SIGINT)
         refresh_statuses(sweep_dir, manifest)
         write_manifest(sweep_dir, manifest)
-        console.print(f"stopped (Ctrl-C): `grpo-ablate sweep --resume {sweep_dir}` continues it (interrupted runs "
+        how = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        console.print(f"stopped ({how}): `grpo-ablate sweep --resume {sweep_dir}` continues it (interrupted runs "
                       "from their checkpoints)", markup=False, highlight=False)
-        return 130
+        return STOPPED + signum   # as a shell reports a process the signal ended: 130 for Ctrl-C, 143 for SIGTERM
     refresh_statuses(sweep_dir, manifest, outcomes)
     write_manifest(sweep_dir, manifest)
     print_summary(manifest, console, sweep_dir)
@@ -247,10 +253,8 @@ def treatment_train_seconds(sweep_dir: Path, manifest: dict, context: str | None
 def _launch(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, jobs: int | None,
             hydra_args: list[str], console, resume: bool) -> dict:
     """One batch of runs through Hydra's launcher; returns how each job ended."""
-    local = launcher in LOCAL_LAUNCHERS   # the runs share this machine's cores
-    n_parallel = 1 if launcher == "basic" else max(1, min(jobs or (cpus() if local else len(todo)), len(todo)))
-    # parallel local runs split the cores, never oversubscribe; on a cluster each job has its own
-    threads = max(1, cpus() // n_parallel) if local else None
+    n_parallel = _parallel(launcher, jobs, len(todo))
+    threads = _thread_share(manifest, launcher, jobs, manifest["runs"] if resume else todo)
     launch_dir = sweep_dir / ".launch"
     launch_dir.mkdir(exist_ok=True)
     jobs_file, results_file = launch_dir / "jobs.json", launch_dir / "results.json"
@@ -286,8 +290,32 @@ def _launch(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, jo
 
     register()
     from grpo_ablate import entrypoint   # the training stack (torch, transformers): only once runs start
-    entrypoint.run_hydra(args + list(hydra_args))
+    if launcher in WORKER_LAUNCHERS:   # a stop reaches the runs in their workers, and no worker outlives the sweep
+        with stop_workers_on_signals(lambda: any(still_running(sweep_dir / run["run_dir"]) for run in todo)):
+            entrypoint.run_hydra(args + list(hydra_args))
+    else:                              # basic: the run in this process records its stop itself
+        entrypoint.run_hydra(args + list(hydra_args))
     return json.loads(results_file.read_text()) if results_file.exists() else {}
+
+
+def _parallel(launcher: str, jobs: int | None, n_runs: int) -> int:
+    """How many of `n_runs` run at once: one with basic, --jobs (at most the cores, locally) otherwise."""
+    if launcher == "basic":
+        return 1
+    return max(1, min(jobs or (cpus() if launcher in LOCAL_LAUNCHERS else n_runs), n_runs))
+
+
+def _thread_share(manifest: dict, launcher: str, jobs: int | None, planned: list[dict]) -> int | None:
+    """Each local run's share of the cores (parallel runs never oversubscribe; on a cluster each job
+    has its own), fixed by the sweep's first launch and recorded in the manifest: a run resumed
+    later, when fewer runs are left, trains with the threads it started with, so its metrics are
+    the uninterrupted sweep's bit for bit. A manifest from before the share was recorded: the
+    share its start gave, from all its runs (`planned`)."""
+    if launcher not in LOCAL_LAUNCHERS:
+        return None
+    if not isinstance(manifest.get("threads"), int):
+        manifest["threads"] = max(1, cpus() // _parallel(launcher, jobs, len(planned)))
+    return manifest["threads"]
 
 
 def _with_threads(overrides: list[str], threads: int | None) -> list[str]:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from grpo_ablate.errors import DamagedFile
+from grpo_ablate.report.schema import manifest_problem
 from grpo_ablate.rundir import atomic_write_text, confined_dir, read_json, read_rows, read_status, writable_problem
 from grpo_ablate.stopping import INTERRUPTED
 from grpo_ablate.sweep.matrix import SweepError
@@ -41,8 +42,11 @@ def read_manifest(sweep_dir: Path) -> dict:
 
 
 def _manifest_problem(manifest) -> str | None:
-    if not isinstance(manifest, dict):
-        return "not a JSON object"
+    """The report's schema of a manifest (report/schema.py: each field's type, declared once),
+    then what resume needs besides: the fields it reads present, run dirs its own names."""
+    problem = manifest_problem(manifest)
+    if problem:
+        return problem
     for key, kind in (("runs", list), ("variants", list), ("seeds", list), ("overrides", list)):
         if not isinstance(manifest.get(key), kind):
             return f"no list of {key}"
@@ -50,8 +54,6 @@ def _manifest_problem(manifest) -> str | None:
         return "no runs"
     if not isinstance(manifest.get("name"), str):
         return "no sweep name"
-    if not all(isinstance(s, int) and not isinstance(s, bool) for s in manifest["seeds"]):
-        return "seeds that are not all integers"
     if not all(isinstance(v, dict) and isinstance(v.get("name"), str) for v in manifest["variants"]):
         return "a variant without a name"
     variants = {v["name"] for v in manifest["variants"]}

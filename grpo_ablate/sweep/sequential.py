@@ -38,7 +38,7 @@ from grpo_ablate.stats.intervals import Estimate
 from grpo_ablate.report.verdicts import BREAKS_TRAINING, INERT, decide, inertness
 from grpo_ablate.rundir import DirLock, read_rows, read_status
 from grpo_ablate.sweep.console import contexts_text, print_matrix
-from grpo_ablate.sweep.launch import check_launcher, check_own_runs, run_jobs
+from grpo_ablate.sweep.launch import STOPPED, check_launcher, check_own_runs, run_jobs
 from grpo_ablate.sweep.launch import resume as resume_fixed
 from grpo_ablate.sweep.manifest import FINISHED, MANIFEST, create_sweep_dir, read_manifest, timestamp, write_manifest
 from grpo_ablate.sweep.controls import control_in
@@ -410,10 +410,12 @@ def resume(sweep_dir: Path, launcher, jobs, hydra_args, console, max_seeds: int 
     launcher = launcher or manifest.get("launcher", "joblib")
     if unfinished:
         started = time.monotonic()
-        resume_fixed(sweep_dir, launcher, jobs, hydra_args, console, rerun)
+        code = resume_fixed(sweep_dir, launcher, jobs, hydra_args, console, rerun)
         manifest = read_manifest(sweep_dir)
         _add_time(manifest["sequential"], time.monotonic() - started)
         write_manifest(sweep_dir, manifest)
+        if code >= STOPPED:   # stopped again: the next --resume goes on from here
+            return code
     return run_looks(sweep_dir, manifest, launcher, jobs, hydra_args, console)
 
 
@@ -428,8 +430,11 @@ def run_looks(sweep_dir: Path, manifest: dict, launcher, jobs, hydra_args, conso
                     and r["status"] not in FINISHED + ("failed",)]
             if todo:
                 started = time.monotonic()
-                run_jobs(sweep_dir, manifest, todo, launcher, jobs, hydra_args, console)
+                code = run_jobs(sweep_dir, manifest, todo, launcher, jobs, hydra_args, console)
                 _add_time(section, time.monotonic() - started)
+                if code >= STOPPED:   # stopped (Ctrl-C, SIGTERM): the look is decided once --resume finishes it
+                    write_manifest(sweep_dir, manifest)
+                    return code
             record_decisions(manifest, decide_look(sweep_dir, manifest))
             write_manifest(sweep_dir, manifest)
             say(console, look_text(manifest))
