@@ -114,8 +114,10 @@ def _linked_out(sweep):         # a run dir that is a link to a dir outside the 
      "run all-s0 is of sweep 2020-01-01_00-00-00, not this sweep's 2026-11-30_05-40-00"),
     (_run_entry("variant", "nope"), "run all-s0 is of variant nope, which the manifest does not list"),
     (lambda s: _manifest(s, lambda m: m.update(seeds=["abc"])), "`seeds` is ['abc'], expected a list of int"),
-    (lambda s: _manifest(s, lambda m: m.update(variants=[5])), "a variant without a name"),
-    (lambda s: _manifest(s, lambda m: m.update(name=7)), "no sweep name"),
+    (lambda s: _manifest(s, lambda m: m.update(variants=[5])), "`variants` is [5], expected a list of dict"),
+    (lambda s: _manifest(s, lambda m: m.update(variants=[{"tricks_on": []}])), "a variant without a name"),
+    (lambda s: _manifest(s, lambda m: m.update(name=7)), "`name` is 7, expected str"),
+    (lambda s: _manifest(s, lambda m: m.pop("name")), "no sweep name"),
     (_other_sweeps_run, "run all-s0 in sweep is another sweep's (sweep.id=2020-01-01_00-00-00; this sweep is "
                         "2026-11-30_05-40-00): a sweep resumes only runs it created"),
     (_sequential_with_other_sweeps_run, "run all-s0 in sweep is another sweep's (sweep.id=2020-01-01_00-00-00"),
