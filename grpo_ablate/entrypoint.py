@@ -83,8 +83,20 @@ def _how_to_continue(run_dir: Path, overrides: list[str]) -> str:
     if (run_dir / "status.json").exists():
         return f"it has no checkpoint yet: `grpo-ablate train --resume {run_dir} --restart` starts it over"
     remove_if_unused(run_dir)
-    given = " ".join(o for o in overrides if not o.startswith("hydra.") or o.startswith("hydra.run.dir="))
+    given = " ".join(_as_typed(o) for o in overrides if not o.startswith("hydra.") or o.startswith("hydra.run.dir="))
     return f"it had not started, nothing was kept: run `grpo-ablate train {given}` again".replace("  ", " ")
+
+
+def _as_typed(override: str) -> str:
+    """The run dir as a user types it in a shell (the CLI quotes it for Hydra itself): without
+    Hydra's quotes, shell-quoted only where a character needs it."""
+    if not override.startswith("hydra.run.dir="):
+        return override
+    import shlex
+
+    from grpo_ablate.rundir import hydra_unquoted
+
+    return shlex.quote("hydra.run.dir=" + hydra_unquoted(override.split("=", 1)[1]))
 
 
 def remove_if_unused(run_dir: Path) -> None:
