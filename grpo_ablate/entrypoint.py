@@ -7,6 +7,7 @@ per job with any launcher.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -20,7 +21,7 @@ from rich.console import Console
 
 from grpo_ablate.config import ConfigError
 from grpo_ablate.models import ModelPathError
-from grpo_ablate.rundir import find_checkpoint, release_all_locks
+from grpo_ablate.rundir import find_checkpoint, hydra_unquoted, release_all_locks
 from grpo_ablate.stopping import RunInterrupted, stop_on_signals
 from grpo_ablate.train.controls import run_control
 from grpo_ablate.train.grpo import train
@@ -92,10 +93,6 @@ def _as_typed(override: str) -> str:
     Hydra's quotes, shell-quoted only where a character needs it."""
     if not override.startswith("hydra.run.dir="):
         return override
-    import shlex
-
-    from grpo_ablate.rundir import hydra_unquoted
-
     return shlex.quote("hydra.run.dir=" + hydra_unquoted(override.split("=", 1)[1]))
 
 
