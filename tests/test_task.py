@@ -63,6 +63,17 @@ def test_the_eval_set_is_distinct_fixed_and_inside_the_partition():
     assert {len(p) for p in prompts} >= {4, 5, 6}                  # short and long sums, as training draws them
 
 
+def test_the_eval_set_is_drawn_once_per_process_and_each_task_gets_its_own():
+    """A sweep's plan builds a task per variant: the second build reuses the first's draw, equal to
+    drawing afresh, and a task that changes its eval set changes no other task's."""
+    first = ArithmeticTask("medium", eval_size=30, operand_max=500)
+    assert first._eval_pairs(30) == first._draw_eval_pairs(30)
+    first._eval_pairs(30).clear()
+    first.eval_set().clear()
+    again = ArithmeticTask("medium", eval_size=30, operand_max=500)
+    assert [p.prompt for p in again.eval_set()] == [f"{a}+{b}=" for a, b in first._draw_eval_pairs(30)]
+
+
 def test_eval_size_changes_no_training_draw_and_no_warm_start():
     """Issue 43: task.eval_size=1000 changes the eval only. Every training draw, the prompt pool,
     the warm start's draws and its cache key are those of eval_size=200, whose eval set is the

@@ -28,7 +28,7 @@ from grpo_ablate.tasks.holdout import EVAL_SHARE, PARTITION, held_out
 # (min digits, max digits) of each operand
 LEVELS = {"easy": (1, 2), "medium": (1, 3), "hard": (2, 4)}
 
-# Draws that order the eval partition before the rest of it follows in a shuffle (_eval_pairs):
+# Draws that order the eval partition before the rest of it follows in a shuffle (_draw_eval_pairs):
 # enough that an eval of 2,000 of the easy level's 2,513 held-out problems is all in draw order.
 EVAL_DRAWS = 200_000
 # Problem spaces up to this many ordered pairs are enumerated to finish the ordering (medium's
@@ -76,6 +76,8 @@ def parse_answer(completion: str) -> int | None:
         if match is None or text[match.end():].strip():
             return None
     return int(match.group(1))
+
+_EVAL_PAIRS: dict[tuple, tuple[tuple[int, int], ...]] = {}   # ArithmeticTask._eval_pairs's, by problem space and size
 
 
 class ArithmeticTask:
@@ -143,6 +145,14 @@ class ArithmeticTask:
         return out
 
     def _eval_pairs(self, n: int) -> list[tuple[int, int]]:
+        """`_draw_eval_pairs`, once per process for each problem space and size: a pure function of
+        them that takes ~20 ms, and a sweep's plan builds a task for each variant to check it."""
+        key = (self.level, self.operand_min, self.operand_max, n)
+        if key not in _EVAL_PAIRS:
+            _EVAL_PAIRS[key] = tuple(self._draw_eval_pairs(n))
+        return list(_EVAL_PAIRS[key])
+
+    def _draw_eval_pairs(self, n: int) -> list[tuple[int, int]]:
         """The operands of the eval set: the first `n` of a fixed ordering of the held-out problems,
         so a larger eval_size keeps a smaller one's problems (a prefix), and nothing else depends on n.
 

@@ -1,5 +1,6 @@
-"""The rest of issue 35's options against their references, in float64. Each expected number is
-worked by hand (plain floats) from the cited source:
+"""The rest of issue 35's options (token baselines otb and rae, length penalty, replace and pool
+sampling, optimizer-state reset, staleness, vcpo's lr scale) against their references, in float64.
+Each expected number is worked by hand (plain floats) from the cited source:
 - verl verl/trainer/ppo/core_algos.py `compute_optimal_token_baseline_advantage` and
   `compute_multi_turn_optimal_token_baseline_advantage`, verl/utils/torch_functional.py
   `calculate_sum_pi_squared_from_logits` (commit b178a3cd56f58b2d502255daba591e92833930a7).

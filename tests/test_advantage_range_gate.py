@@ -1,5 +1,5 @@
-"""Issue 35 (catalogue v4): prime-rl's advantage-range gate, and every new knob's bad value as one
-`error:` line, exit 2, nothing written (the CLI, as a user meets it)."""
+"""prime-rl's advantage-range gate (sampling=advantage_range; catalogue v4, issue 35), and every
+new knob's bad value as one `error:` line, exit 2, nothing written (the CLI, as a user meets it)."""
 import pytest
 import torch
 

@@ -1,5 +1,6 @@
-"""The trainer side of issue 25's non-async options: ReMax's greedy baseline reaches the
-advantage, zero-variance groups are dropped without a refill, the fp32 head trains."""
+"""The trainer side of issue 25's non-async options (the replay buffer, ReMax, the zero-variance
+filter, the fp32 head): ReMax's greedy baseline reaches the advantage, zero-variance groups are
+dropped without a refill, the fp32 head trains."""
 import pytest
 
 from grpo_ablate.config import ConfigError, compose, validate

@@ -1,4 +1,5 @@
-"""The tricks of 2025-26 (issue 15, ../shared/TRICKS_V2.md) against their references, in float64.
+"""The tricks' functions (clip, kl, adv, masks, rollout correction, ref sync; added in issue 15,
+../shared/TRICKS_V2.md) against their references, in float64.
 
 Every expected vector is computed here from the reference's formula, written out separately
 (plain Python floats, loops over sequences), never by calling the function under test. The
@@ -561,14 +562,14 @@ def test_bad_settings_of_the_new_tricks_are_one_line_errors(overrides, message):
 NOT_IN_REVIEW = {t.name: (o.family, o.name) for o in all_options() for t in o.tricks if t.verdict == "not_in_review"}
 
 
-# issue 25's tricks are not in the review either (tests/test_async.py, tests/test_losses_2026.py)
+# issue 25's tricks are not in the review either (tests/test_async.py, tests/test_policy_losses.py)
 ISSUE_25 = {"stale_rollouts", "mixed_staleness", "spread_staleness", "proximal_loglinear", "proximal_behaviour",
             "decoupled_ppo", "m2po", "dppo", "prime_rl_loss", "vespo", "luspo", "topr", "kimi15", "clamped_reinforce",
             "maxrl", "prompt_mean", "fp32_lm_head", "zero_variance_filter", "remax", "replay_buffer",
             "no_positive_resampling", "difficulty_curriculum"}
 
 
-# and issue 35's (tests/test_rejection.py, tests/test_losses_issue35.py)
+# and issue 35's (tests/test_rejection.py, tests/test_dro_rollout_is_ipo_losses.py)
 ISSUE_35 = {"trust_region_mask", "dro_loss", "rollout_is_loss", "ipo_loss", "advantage_range_gate",
             "ref_update_interval"}
 

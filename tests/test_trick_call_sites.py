@@ -1,4 +1,4 @@
-"""The trainer side of the 2025-26 tricks (issue 15): each reaches the loss or the advantage the
+"""The call sites of issue 15's tricks in the trainer: each reaches the loss or the advantage the
 way its function's docstring says, the state it owns survives a resume, and diagnostics do
 not change what it draws."""
 from types import SimpleNamespace
