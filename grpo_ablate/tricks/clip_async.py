@@ -1,5 +1,5 @@
 """Family `clip`, the async-era policy losses of 2026 (the family and its conventions: clip.py;
-the later catalogue-v4 ones: clip_v4.py): dppo, vespo, luspo, topr, kimi15, clamped_reinforce.
+the penalised and windowed REINFORCE ones: clip_reinforce.py): dppo, vespo, luspo, topr, kimi15, clamped_reinforce.
 Each function's docstring gives its formula and the source it follows.
 """
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Family `clip`, the policy losses added in issue 35 (the family and its conventions: clip.py).
+"""Family `clip`: REINFORCE terms held near pi_old by a quadratic penalty (dro) or a hard ratio
+window (rollout_is) (the family and its conventions: clip.py).
 
 `dro` (verl policy_loss.loss_mode=dro, docs/algo/dro.md, verl PR #7245, read at commit
 ea53291385ce764019a2b40733605f21d8317583): a REINFORCE term with a quadratic proximal penalty
