@@ -36,6 +36,9 @@ CONFIG_NAME = "config"
 # threads do: a run that ran out of memory resumes split, and a split run is the unsplit run's config.
 RESUMABLE_KEYS = ("steps", "resume", "logger", "run", "sweep", "threads", "diag",
                   "updates.micro_batch_size", "updates.max_tokens_per_forward")
+# settings added after runs existed, hashed only away from the value at which they do nothing (the
+# sampler's filters off), so a run started before them hashes, and resumes, as it did
+HASHED_AWAY_FROM = {"rollout.top_k": 0, "rollout.top_p": 1.0, "rollout.min_p": 0.0, "rollout.sampling_replay": True}
 
 
 def params(group: DictConfig) -> dict:
@@ -263,12 +266,13 @@ def default_options() -> dict[str, str]:
 def config_hash(cfg: DictConfig) -> str:
     """Hash of everything that determines what a run computes (labels and budget excluded)."""
     data = OmegaConf.to_container(cfg, resolve=True)
-    for key in RESUMABLE_KEYS:
+    for key in (*RESUMABLE_KEYS, *HASHED_AWAY_FROM):
         *parents, leaf = key.split(".")
         node = data
         for parent in parents:
             node = node.get(parent) or {}
-        node.pop(leaf, None)
+        if key in RESUMABLE_KEYS or node.get(leaf, HASHED_AWAY_FROM[key]) == HASHED_AWAY_FROM[key]:
+            node.pop(leaf, None)
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -42,6 +42,11 @@ RUN_SETTINGS = {
     "rollout.dtype": Allowed("choice", choices=MODEL_DTYPE.choices, optional=True),   # null: model.dtype (vllm)
     "rollout.lean_decoder": FLAG,
     "rollout.rng": Allowed("choice", choices=("auto", "stream", "per_row"), optional=True),   # null: auto
+    # sampling filters (sampling/filters.py) and the trainer's replay of the kept sets they leave
+    "rollout.top_k": NON_NEGATIVE_INT,                 # 0: off
+    "rollout.top_p": Allowed(low=0, low_open=True, high=1),   # 1: off
+    "rollout.min_p": Allowed(low=0, high=1, high_open=True),  # 0: off
+    "rollout.sampling_replay": FLAG,
     "rollout.gpu_memory_utilization": Allowed(low=0, low_open=True, high=1),
     "rollout.cpu_kv_cache_gib": POSITIVE,
     "rollout.max_model_len": OPTIONAL_POSITIVE_INT,

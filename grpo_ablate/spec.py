@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_ablate.config import config_hash, params
+from grpo_ablate.sampling.filters import SamplingFilters
 from grpo_ablate.tricks import Option, families, option
 from grpo_ablate.tricks.registry import family_info
 
@@ -61,6 +62,8 @@ class RolloutSettings:
     lean_decoder: bool
     rng: str                     # auto | stream | per_row
     options: Mapping[str, Any]   # every key of the rollout group (rollout=vllm's engine settings: max_model_len, ...)
+    filters: SamplingFilters = SamplingFilters()   # top_k, top_p, min_p (sampling/filters.py)
+    sampling_replay: bool = True  # the trainer's log-probs over the sampler's kept sets (train/forward.py)
 
 
 @dataclass(frozen=True)
@@ -161,7 +164,10 @@ def run_spec(cfg: DictConfig) -> RunSpec:
         on_nonfinite=str(cfg.on_nonfinite), reward=RewardScale(cfg.reward.correct, cfg.reward.wrong),
         rollout=RolloutSettings(str(r.backend), int(r.prompts_per_step), int(r.group_size), int(r.max_new_tokens),
                                 r.get("dtype", "float32"), bool(r.get("lean_decoder", False)),
-                                str(r.get("rng") or "auto"), _read_only(params(r))),
+                                str(r.get("rng") or "auto"), _read_only(params(r)),
+                                SamplingFilters(int(r.get("top_k", 0)), float(r.get("top_p", 1.0)),
+                                                float(r.get("min_p", 0.0))),
+                                bool(r.get("sampling_replay", True))),
         optim=OptimSettings(o.lr, o.weight_decay, tuple(o.betas), o.max_grad_norm, int(o.warmup_steps),
                             str(o.get("schedule", "constant"))),
         updates=UpdateSettings(int(s.mini_batches), int(s.epochs), bool(s.shuffle), _count(s.get("micro_batch_size")),

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from grpo_ablate.sampling.filters import NOT_KEPT, SamplingFilters, kept_ids, kept_mask
 from grpo_ablate.sampling.lean import LeanDecoder, supports as supports_lean
 
 
@@ -41,6 +42,9 @@ class Rollout:
     ages: torch.Tensor | None = field(default=None, metadata={"per": "row", "fill": 0})
     # bool: False for a row dropped as too stale (None: stale rollouts off)
     kept: torch.Tensor | None = field(default=None, metadata={"per": "row", "fill": True})
+    # long [N, T, K]: the token ids a filtering sampler (rollout.top_k|top_p|min_p) kept at each token,
+    # NOT_KEPT-padded to the batch's widest set (None: the sampler did not filter); sampling/filters.py
+    kept_ids: torch.Tensor | None = field(default=None, metadata={"per": "token", "fill": NOT_KEPT})
 
     def to(self, device) -> "Rollout":
         return _each_tensor(self, lambda t: t.to(device))
@@ -131,7 +135,8 @@ def derived_seed(seed: int, key: tuple) -> int:
 def generate(model, prompts: list[list[int]], *, num_samples: int, max_new_tokens: int,
              temperature: float, eos_id: int | list[int], pad_id: int,
              generator: torch.Generator | None = None, lean: bool = True,
-             noise: RowNoise | None = None, dtype: str = "float32") -> Rollout:
+             noise: RowNoise | None = None, dtype: str = "float32",
+             filters: SamplingFilters | None = None) -> Rollout:
     """Sample `num_samples` completions per prompt (rows ordered prompt-major: group g is rows
     g*G .. g*G+G-1). temperature == 0 means greedy decoding (evaluation). With `lean`, models
     of a supported architecture decode through LeanDecoder (same math, less overhead) on a CPU
@@ -143,13 +148,16 @@ def generate(model, prompts: list[list[int]], *, num_samples: int, max_new_token
     sampled token, log_softmax(logits / T) at it (`sampler_logprobs`, as vLLM's). `dtype`
     (rollout.dtype) "bfloat16" samples in bf16 -- LeanDecoder with bf16 weights, the
     transformers forward under torch.autocast -- while training stays in the model's dtype: a
-    real sampler-trainer mismatch, as with vLLM; "float32" samples in the model's own dtype."""
+    real sampler-trainer mismatch, as with vLLM; "float32" samples in the model's own dtype.
+    `filters` (rollout.top_k|top_p|min_p): each token is drawn from the tempered distribution
+    truncated to its kept set and renormalised; the rollout carries the sets (`kept_ids`) and the
+    sampler log-probs are the renormalised distribution's."""
     if model.training:
         model.eval()
         try:
             return generate(model, prompts, num_samples=num_samples, max_new_tokens=max_new_tokens,
                             temperature=temperature, eos_id=eos_id, pad_id=pad_id, generator=generator,
-                            lean=lean, noise=noise, dtype=dtype)
+                            lean=lean, noise=noise, dtype=dtype, filters=filters)
         finally:
             model.train()
     ids, mask = left_pad(prompts, pad_id)
@@ -168,10 +176,12 @@ def generate(model, prompts: list[list[int]], *, num_samples: int, max_new_token
                 else contextlib.nullcontext())
     with autocast:
         return _decode(step, ids, mask, max_new_tokens=max_new_tokens, temperature=temperature, eos_id=eos_id,
-                       pad_id=pad_id, generator=generator, noise=noise, uniforms=uniforms)
+                       pad_id=pad_id, generator=generator, noise=noise, uniforms=uniforms,
+                       filters=filters if filters is not None and filters.truncates and temperature > 0 else None)
 
 
-def _decode(step, ids, mask, *, max_new_tokens, temperature, eos_id, pad_id, generator, noise, uniforms) -> Rollout:
+def _decode(step, ids, mask, *, max_new_tokens, temperature, eos_id, pad_id, generator, noise, uniforms,
+            filters: SamplingFilters | None = None) -> Rollout:
     """The decoding loop of `generate`: one token for every unfinished row per step."""
     n, prompt_len = ids.shape
     device = ids.device
@@ -183,6 +193,7 @@ def _decode(step, ids, mask, *, max_new_tokens, temperature, eos_id, pad_id, gen
     active = torch.arange(n, device=device)  # rows the stepper still decodes
     step_input, pos = ids, positions(mask)
     steps_taken = 0
+    kept_sets = []   # (rows, token index, their kept ids) of every filtered step
     for t in range(max_new_tokens):
         width = prompt_len + t  # tokens visible to this forward, including the new ones
         logits = step(step_input, pos, full_mask[active, :width], width - step_input.shape[1]).float()
@@ -190,6 +201,11 @@ def _decode(step, ids, mask, *, max_new_tokens, temperature, eos_id, pad_id, gen
             raise NonFiniteLogits(f"non-finite logits while sampling token {t}")
         if temperature > 0:
             probs = torch.softmax(logits / temperature, dim=-1)
+            if filters is not None:   # truncated to the kept set, renormalised over it
+                kept = kept_mask(probs, filters)
+                probs = torch.where(kept, probs, torch.zeros_like(probs))
+                probs = probs / probs.sum(dim=-1, keepdim=True)
+                kept_sets.append((active, t, kept_ids(kept)))
             if noise is not None:   # inverse-CDF sampling with each row's own uniform
                 cdf = probs.cumsum(dim=-1)
                 u = torch.rand(noise.total, generator=uniforms)[noise.first:noise.first + n].to(device)[active]
@@ -230,7 +246,17 @@ def _decode(step, ids, mask, *, max_new_tokens, temperature, eos_id, pad_id, gen
         completion_mask=completion_mask,
         truncated=~finished,
         sampler_logprobs=None if sampler_logp is None else sampler_logp[:, :steps_taken] * completion_mask,
+        kept_ids=_stacked_kept_sets(kept_sets, n, steps_taken, completion_mask) if filters is not None else None,
     )
+
+
+def _stacked_kept_sets(kept_sets: list, n: int, steps: int, completion_mask: torch.Tensor) -> torch.Tensor:
+    """[n, steps, K] the kept ids of every decoding step's rows, NOT_KEPT after a row's EOS."""
+    width = max((ids.shape[1] for _, _, ids in kept_sets), default=1)
+    out = torch.full((n, steps, width), NOT_KEPT, dtype=torch.long, device=completion_mask.device)
+    for rows, t, ids in kept_sets:
+        out[rows, t, :ids.shape[1]] = ids
+    return out.masked_fill(completion_mask[..., None] == 0, NOT_KEPT)
 
 
 def _each_tensor(roll: Rollout, fn) -> Rollout:
@@ -268,7 +294,10 @@ def _concat_optional(parts: list, declared: dict, width: int, sizes: list[int]):
     if declared["per"] == "token":
         if any(p is None for p in parts):
             return None
-        return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]), value=declared["fill"]) for p in parts])
+        # a kept-id list [N, T, K] is padded on its last dim too, to the widest part's K
+        sets = max(p.shape[2] for p in parts) if parts[0].dim() == 3 else 0
+        return torch.cat([torch.nn.functional.pad(p, (0, sets - p.shape[2]) * (p.dim() == 3) + (0, width - p.shape[1]),
+                                                  value=declared["fill"]) for p in parts])
     return _concat_rows(parts, sizes, declared["fill"])
 
 

@@ -20,6 +20,7 @@ import torch
 
 from grpo_ablate.sampling.decode import (NonFiniteLogits, Rollout, RowNoise, concat_rollouts, decode_completions,
                                          derived_seed, generate)
+from grpo_ablate.sampling.filters import SamplingFilters
 from grpo_ablate.sampling.vllm import VLLMEngine, VLLMOptions
 from grpo_ablate.spec import RolloutSettings
 
@@ -76,8 +77,9 @@ class Scored:
 
 class Rollouts:
     def __init__(self, engine, tokenizer, encode, task, dp, device, *, eos_id, max_new_tokens: int,
-                 seed: int, rng: str, stream: torch.Generator):
+                 seed: int, rng: str, stream: torch.Generator, filters: SamplingFilters = SamplingFilters()):
         self.engine, self.tokenizer, self.encode, self.task, self.dp = engine, tokenizer, encode, task, dp
+        self.filters = filters   # rollout.top_k|top_p|min_p: what sampling (T > 0) truncates to
         self.device, self.eos_id, self.pad_id = device, eos_id, tokenizer.pad_token_id
         self.max_new_tokens, self.seed, self.per_row, self.stream = max_new_tokens, seed, rng == "per_row", stream
 
@@ -94,7 +96,8 @@ class Rollouts:
                 roll = self.engine.generate([self.encode(p) for p in mine], num_samples=n,
                                             max_new_tokens=max_new_tokens or self.max_new_tokens,
                                             temperature=temperature, eos_id=self.eos_id, pad_id=self.pad_id,
-                                            generator=self.stream, noise=noise)
+                                            generator=self.stream, noise=noise,
+                                            filters=self.filters if temperature > 0 else None)
             except NonFiniteLogits as err:
                 if self.dp.world == 1:
                     raise

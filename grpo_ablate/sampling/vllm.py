@@ -165,7 +165,8 @@ class VLLMEngine:
                 for seq, request in zip(sequences, requests)]
 
     def generate(self, prompts: list[list[int]], *, num_samples: int, max_new_tokens: int, temperature: float,
-                 eos_id, pad_id: int, generator: torch.Generator | None = None, noise=None) -> Rollout:
+                 eos_id, pad_id: int, generator: torch.Generator | None = None, noise=None,
+                 filters=None) -> Rollout:
         from vllm import SamplingParams
 
         if noise is not None:   # rollout.rng=per_row: a seed per prompt, keyed by its place in the batch
@@ -175,8 +176,10 @@ class VLLMEngine:
             base = int(torch.randint(2 ** 31, (1,), generator=generator))
             seeds = [base + i for i in range(len(prompts))]
         stop = list(eos_id) if isinstance(eos_id, (list, tuple)) else [int(eos_id)]
+        truncation = ({"top_k": filters.top_k or -1, "top_p": filters.top_p, "min_p": filters.min_p}
+                      if filters is not None and filters.truncates else {})
         params = [SamplingParams(n=num_samples, temperature=temperature, max_tokens=max_new_tokens, logprobs=0,
-                                 stop_token_ids=stop, seed=seed, detokenize=False) for seed in seeds]
+                                 stop_token_ids=stop, seed=seed, detokenize=False, **truncation) for seed in seeds]
         requests = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         rows = [(prompt, out) for prompt, request in zip(prompts, requests)
                 for out in sorted(request.outputs, key=lambda o: o.index)]

@@ -104,7 +104,7 @@ def build_grpo(spec: RunSpec, device: torch.device, dp: DataParallel, checkpoint
     rollouts = Rollouts(engine, policies.tokenizer, encode, task, dp, device,
                         eos_id=stop_token_ids(policies.policy, policies.tokenizer),
                         max_new_tokens=spec.rollout.max_new_tokens, seed=spec.seed, rng=rng_mode(spec.rollout.rng, dp),
-                        stream=optim.rng)
+                        stream=optim.rng, filters=spec.rollout.filters)
     return GRPOTrainer(spec, task, encode, policies, controllers, optim, rollouts, dp, device), prompt_counts
 
 
