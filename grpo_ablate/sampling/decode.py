@@ -180,6 +180,24 @@ def generate(model, prompts: list[list[int]], *, num_samples: int, max_new_token
                        filters=filters if filters is not None and filters.truncates and temperature > 0 else None)
 
 
+def _truncated(probs, filters: SamplingFilters) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distributions truncated to their kept sets and renormalised over them, and the sets' ids."""
+    kept = kept_mask(probs, filters)
+    probs = torch.where(kept, probs, torch.zeros_like(probs))
+    return probs / probs.sum(dim=-1, keepdim=True), kept_ids(kept)
+
+
+def _draw(probs, active, n: int, generator, noise: RowNoise | None, uniforms) -> torch.Tensor:
+    """One token for each active row from its distribution `probs`: from the run's stream, or
+    (rollout.rng=per_row) by inverse-CDF sampling with each row's own uniform."""
+    if noise is None:
+        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    cdf = probs.cumsum(dim=-1)
+    u = torch.rand(noise.total, generator=uniforms)[noise.first:noise.first + n].to(probs.device)[active]
+    token = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
+    return token.clamp(max=cdf.shape[-1] - 1)
+
+
 def _decode(step, ids, mask, *, max_new_tokens, temperature, eos_id, pad_id, generator, noise, uniforms,
             filters: SamplingFilters | None = None) -> Rollout:
     """The decoding loop of `generate`: one token for every unfinished row per step."""
@@ -201,18 +219,10 @@ def _decode(step, ids, mask, *, max_new_tokens, temperature, eos_id, pad_id, gen
             raise NonFiniteLogits(f"non-finite logits while sampling token {t}")
         if temperature > 0:
             probs = torch.softmax(logits / temperature, dim=-1)
-            if filters is not None:   # truncated to the kept set, renormalised over it
-                kept = kept_mask(probs, filters)
-                probs = torch.where(kept, probs, torch.zeros_like(probs))
-                probs = probs / probs.sum(dim=-1, keepdim=True)
-                kept_sets.append((active, t, kept_ids(kept)))
-            if noise is not None:   # inverse-CDF sampling with each row's own uniform
-                cdf = probs.cumsum(dim=-1)
-                u = torch.rand(noise.total, generator=uniforms)[noise.first:noise.first + n].to(device)[active]
-                token = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
-                token = token.clamp(max=cdf.shape[-1] - 1)
-            else:
-                token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+            if filters is not None:
+                probs, kept = _truncated(probs, filters)
+                kept_sets.append((active, t, kept))
+            token = _draw(probs, active, n, generator, noise, uniforms)
             # the sampler's log-prob of its token under the distribution it sampled from: the log
             # of the softmax it drew from is log_softmax(logits / T) there up to float32 rounding
             # (~1e-7), at O(rows) cost (a second pass over the vocabulary, logsumexp, would cost
