@@ -42,7 +42,7 @@ class Rollout:
     ages: torch.Tensor | None = field(default=None, metadata={"per": "row", "fill": 0})
     # bool: False for a row dropped as too stale (None: stale rollouts off)
     kept: torch.Tensor | None = field(default=None, metadata={"per": "row", "fill": True})
-    # long [N, T, K]: the token ids a filtering sampler (rollout.top_k|top_p|min_p) kept at each token,
+    # int32 [N, T, K]: the token ids a filtering sampler (rollout.top_k|top_p|min_p) kept at each token,
     # NOT_KEPT-padded to the batch's widest set (None: the sampler did not filter); sampling/filters.py
     kept_ids: torch.Tensor | None = field(default=None, metadata={"per": "token", "fill": NOT_KEPT})
 
@@ -263,7 +263,7 @@ def _decode(step, ids, mask, *, max_new_tokens, temperature, eos_id, pad_id, gen
 def _stacked_kept_sets(kept_sets: list, n: int, steps: int, completion_mask: torch.Tensor) -> torch.Tensor:
     """[n, steps, K] the kept ids of every decoding step's rows, NOT_KEPT after a row's EOS."""
     width = max((ids.shape[1] for _, _, ids in kept_sets), default=1)
-    out = torch.full((n, steps, width), NOT_KEPT, dtype=torch.long, device=completion_mask.device)
+    out = torch.full((n, steps, width), NOT_KEPT, dtype=torch.int32, device=completion_mask.device)
     for rows, t, ids in kept_sets:
         out[rows, t, :ids.shape[1]] = ids
     return out.masked_fill(completion_mask[..., None] == 0, NOT_KEPT)
