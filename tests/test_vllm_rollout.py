@@ -110,3 +110,66 @@ def test_vllm_engine_gets_the_weights_after_every_step(tiny_models, fake_vllm, t
         assert row["rollout/logprob_gap_mean"] < 1e-4 and row["rollout/logprob_gap_max"] < 1e-3
         assert math.isfinite(row["loss"])
     assert rows[2]["kl/k3"] > 0                # and the policy did move
+
+
+def vllm_output(index, ids, kept_sets, finish="stop"):
+    """A CompletionOutput as vLLM returns it with logprobs=k+1 under processed_logprobs: each token's
+    top entries, the filtered-out ones at -inf, the sampled token's log-prob renormalised over its set."""
+    logprobs = []
+    for token, kept in zip(ids, kept_sets):
+        entries = {t: SimpleNamespace(logprob=-math.log(len(kept))) for t in kept}
+        entries.update({t: SimpleNamespace(logprob=-math.inf) for t in (97, 98, token) if t not in kept})
+        logprobs.append(entries)
+    return SimpleNamespace(index=index, token_ids=ids, logprobs=logprobs, finish_reason=finish)
+
+
+def test_vllm_outputs_become_kept_ids_padded_and_not_kept_after_the_end():
+    from grpo_ablate.sampling.filters import NOT_KEPT, replay_mask
+    from grpo_ablate.sampling.vllm import _as_rollout
+
+    rows = [([5, 6], vllm_output(0, [7, 9, 2], [[9, 7], [9], [2, 3, 4, 7]])),
+            ([5], vllm_output(1, [3], [[3, 8]], finish="length"))]
+    roll = _as_rollout(rows, pad_id=0, top_k=4)
+    assert roll.kept_ids.tolist() == [
+        [[7, 9, NOT_KEPT, NOT_KEPT], [9, NOT_KEPT, NOT_KEPT, NOT_KEPT], [2, 3, 4, 7]],
+        [[3, 8, NOT_KEPT, NOT_KEPT], [NOT_KEPT] * 4, [NOT_KEPT] * 4]]   # ascending ids, as the hf sampler's
+    assert torch.allclose(roll.sampler_logprobs, torch.tensor([[-math.log(2), 0.0, -math.log(4)],
+                                                                [-math.log(2), 0.0, 0.0]]))
+    mask = replay_mask(roll.kept_ids, vocab=99)
+    assert mask[0, 1].nonzero().flatten().tolist() == [9] and bool(mask[1, 1].all())   # after the end: all kept
+    assert _as_rollout(rows, pad_id=0).kept_ids is None    # an unfiltered rollout carries no sets
+
+
+@pytest.mark.parametrize("kept_sets, error", [([[4, 5]], "outside its kept set"),
+                                             ([[1, 2, 3]], "more than top_k=2")])
+def test_a_kept_set_that_cannot_be_replayed_is_an_error(kept_sets, error):
+    from grpo_ablate.sampling.vllm import _as_rollout
+
+    with pytest.raises(RuntimeError, match=error):
+        _as_rollout([([5], vllm_output(0, [3], kept_sets))], pad_id=0, top_k=2)
+
+
+@pytest.mark.parametrize("filters, top_k, logprobs", [(dict(top_p=0.8), 50, 50), (dict(top_k=5), 5, 6),
+                                                      (dict(min_p=0.1), 50, 50), ({}, None, 0)])
+def test_vllm_is_asked_for_each_filtered_tokens_kept_set(filters, top_k, logprobs):
+    from grpo_ablate.sampling.filters import SamplingFilters
+    from grpo_ablate.sampling.vllm import KEPT_BOUND, VLLMEngine
+
+    asked = []
+
+    class Recorder:
+        def generate(self, prompts, params, use_tqdm=False):
+            asked.extend(params)
+            return [SimpleNamespace(outputs=[vllm_output(0, [3], [[3]])]) for _ in prompts]
+
+    module = ModuleType("vllm")
+    module.SamplingParams = lambda **kw: SimpleNamespace(**kw)
+    engine = object.__new__(VLLMEngine)
+    engine.llm, engine.vocab, engine.device = Recorder(), 50, torch.device("cpu")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(sys.modules, "vllm", module)
+        roll = engine.generate([[1]], num_samples=1, max_new_tokens=4, temperature=1.0, eos_id=2, pad_id=0,
+                               generator=torch.Generator().manual_seed(0), filters=SamplingFilters(**filters))
+    assert KEPT_BOUND > engine.vocab   # the bound only applies where the vocabulary is wider
+    assert getattr(asked[0], "top_k", None) == top_k and asked[0].logprobs == logprobs
+    assert (roll.kept_ids is None) == (top_k is None)
