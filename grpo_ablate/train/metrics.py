@@ -121,6 +121,23 @@ def sampler_gap_metrics(sampler_logp, logp, mask) -> dict:
 
 
 @torch.no_grad()
+def kept_set_metrics(kept_log_mass, old_logp, sampler_logp, mask, replayed: bool) -> dict:
+    """A filtering sampler's kept sets under pi_old: their mass (`rollout/kept_mass`), and the mean
+    importance ratio pi_old / mu of the sampled tokens with pi_old scored over the kept set
+    (`ratio_mean_kept`, what rollout.sampling_replay trains on) and over the whole vocabulary
+    (`ratio_mean_full`). mu samples from the kept set renormalised, so E_mu[pi_full / mu] = pi(kept):
+    without the replay the ratio's mean is the kept mass, not 1 (TRL #6789)."""
+    full, kept = (old_logp + kept_log_mass, old_logp) if replayed else (old_logp, old_logp - kept_log_mass)
+    out = {"rollout/kept_mass": masked_mean(kept_log_mass.exp(), mask).item()}
+    if sampler_logp is not None:
+        sampler_logp = sampler_logp.to(full.device)
+        for name, logp in (("full", full), ("kept", kept)):
+            ratio = torch.exp(behaviour_log_ratio(logp, sampler_logp).clamp(-20, 20))
+            out[f"rollout/ratio_mean_{name}"] = masked_mean(ratio, mask).item()
+    return out
+
+
+@torch.no_grad()
 def age_metrics(ages, kept, old_logp, sampler_logp, mask) -> dict:
     """Rows that carry their age (stale samplers, replayed groups): how stale the step's rows were
     and how far their sampler was from pi_old (the proximal policy before this update):

@@ -60,6 +60,7 @@ class Anchors:
     old_values: torch.Tensor | None = None
     prev: torch.Tensor | None = None
     energy: torch.Tensor | None = None     # pi_old's logit-gradient energy per token (an estimator that reads it)
+    kept_log_mass: torch.Tensor | None = None   # log pi_old(kept set) per token (a filtering sampler)
 
 
 class GRPOTrainer:
@@ -105,8 +106,10 @@ class GRPOTrainer:
         # pi_old by a separate forward only when the rollout feeds more than one optimizer step
         # (mini-batches, epochs), is charged to the reward (kl=in_reward), valued by a critic or
         # compared with the sampler (rollout_correction, off_policy_mask) or sampled by an older
-        # policy (a plugin's sampler); otherwise pi_old is the policy itself and the ratio is exactly 1
-        self.needs_old = (spec.updates.mini_batches * spec.updates.epochs > 1
+        # policy (a plugin's sampler) or truncated by a filtering sampler (its kept mass is measured on
+        # pi_old); otherwise pi_old is the policy itself and the ratio is exactly 1
+        self.truncated_sampler = spec.rollout.filters.truncates
+        self.needs_old = (spec.updates.mini_batches * spec.updates.epochs > 1 or self.truncated_sampler
                           or any(plugin.samples_older_policies for plugin in self.plugins)
                           or controllers.kl.reward_beta > 0 or policies.value_head is not None or self.token_energy
                           or corrects or scales_lr or tricks["off_policy_mask"].option.needs_sampler_logprobs)
@@ -116,6 +119,8 @@ class GRPOTrainer:
                             if self.diag_every else None)
         # model.remove_padding: every forward below runs the sequences packed, without padding
         self.remove_padding = spec.model.remove_padding
+        # rollout.sampling_replay: every forward below scores the sampler's kept sets, renormalised
+        self.replay = spec.rollout.sampling_replay
         self.skipped_steps = 0
         self.eval_problems = task.eval_set()
         self.started = time.perf_counter()   # time/elapsed_s: wall clock since the run (re)started here
@@ -168,11 +173,12 @@ class GRPOTrainer:
         return batch
 
     def token_logprobs(self, model, roll: Rollout, T, value_head=None, entropy_grad: bool = False,
-                       energy: bool = False):
+                       energy: bool = False, kept_mass: bool = False):
         """(log-probs, entropy, values[, energy]) of a rollout under `model` (train/forward.py), its
         rows forwarded in the update's micro-batches (see pieces) and stitched back."""
         return stitched([token_logprobs(model, select_rows(roll, piece), T, value_head, entropy_grad,
-                                        remove_padding=self.remove_padding, energy=energy)
+                                        remove_padding=self.remove_padding, energy=energy, replay=self.replay,
+                                        kept_mass=kept_mass)
                          for piece in self.pieces(roll)])
 
     def pieces(self, roll: Rollout) -> list[slice]:
@@ -190,9 +196,11 @@ class GRPOTrainer:
         if p.reference is not None:
             out.ref = dp.gather_rows(self.token_logprobs(p.reference, part, T)[0])
         if self.needs_old:
-            old, _, values, *energy = self.token_logprobs(p.policy, part, T, p.value_head, energy=self.token_energy)
+            old, _, values, *extra = self.token_logprobs(p.policy, part, T, p.value_head, energy=self.token_energy,
+                                                         kept_mass=self.truncated_sampler)
             out.old, out.old_values = dp.gather_rows(old), dp.gather_rows(values)
-            out.energy = dp.gather_rows(energy[0]) if energy else None
+            out.energy = dp.gather_rows(extra.pop(0)) if self.token_energy else None
+            out.kept_log_mass = dp.gather_rows(extra.pop(0)) if self.truncated_sampler else None
         forward = lambda model, roll, temperature: dp.gather_rows(self.token_logprobs(model, roll, temperature)[0])
         for plugin in self.plugins:
             out = replace(out, **plugin.anchors(part, T, forward, self.history))
@@ -317,7 +325,8 @@ class GRPOTrainer:
         for i, piece in enumerate(pieces):
             logp, entropy, values = token_logprobs(self.train_model, select_rows(roll, piece),
                                                    self.ctl.temperature.current(), self.p.value_head,
-                                                   entropy_grad=coef.entropy > 0, remove_padding=self.remove_padding)
+                                                   entropy_grad=coef.entropy > 0, remove_padding=self.remove_padding,
+                                                   replay=self.replay)
             terms, stats = self.loss_terms(logp, entropy, values, mine.rows(piece), coef, dp)
             piece_loss = aggregate(total(terms), weights[piece])
             if step == self.spec.schedule.nan_loss_at_step:   # fault injection: a divergence
@@ -431,6 +440,9 @@ class GRPOTrainer:
         if batch.roll.sampler_logprobs is not None and (rollout.backend == "vllm" or rollout.dtype != "float32"):
             out.update(m.sampler_gap_metrics(batch.roll.sampler_logprobs,
                                              update.logp if anchors.old is None else anchors.old, mask))
+        if anchors.kept_log_mass is not None:
+            out.update(m.kept_set_metrics(anchors.kept_log_mass, anchors.old, batch.roll.sampler_logprobs,
+                                          mask, self.replay))
         for plugin in self.plugins:
             out.update(plugin.metrics(batch))
         if batch.roll.ages is not None:
