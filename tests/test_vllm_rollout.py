@@ -13,6 +13,7 @@ from conftest import cli
 from grpo_ablate.config import ConfigError, check_here, compose
 from grpo_ablate.models import load_model_and_tokenizer
 from grpo_ablate.sampling.decode import generate
+from grpo_ablate.sampling.filters import NOT_KEPT, SamplingFilters
 from grpo_ablate.train.forward import completion_logprobs
 from grpo_ablate.rundir import read_rows
 from grpo_ablate.train.grpo import train
@@ -65,15 +66,24 @@ class FakeLLM:
     def generate(self, prompts, params, use_tqdm=False):
         requests = []
         for prompt, p in zip(prompts, params):
+            filters = SamplingFilters(p.top_k, p.top_p, p.min_p) if hasattr(p, "top_k") else None
             roll = generate(self.model, [prompt["prompt_token_ids"]], num_samples=p.n, max_new_tokens=p.max_tokens,
                             temperature=p.temperature, eos_id=p.stop_token_ids, pad_id=0,
-                            generator=torch.Generator().manual_seed(p.seed), lean=False)
+                            generator=torch.Generator().manual_seed(p.seed), lean=False, filters=filters)
             with torch.no_grad():
                 logp = completion_logprobs(self.model, roll, p.temperature or 1.0)[0]
+            if filters is not None:   # processed log-probs: renormalised over the kept set
+                logp = roll.sampler_logprobs
             outputs = []
             for j in range(p.n):
                 ids = roll.completion_ids[j, :int(roll.lengths[j])].tolist()
                 logprobs = [{t: SimpleNamespace(logprob=float(logp[j, k]))} for k, t in enumerate(ids)]
+                if filters is not None:   # the rest of the kept set (finite: only that marks it), one filtered out
+                    for k, entries in enumerate(logprobs):
+                        kept = set(roll.kept_ids[j, k].tolist()) - {NOT_KEPT}
+                        entries.update({t: SimpleNamespace(logprob=-1.0) for t in kept if t not in entries})
+                        outside = min(set(range(len(kept) + 1)) - kept)
+                        entries[outside] = SimpleNamespace(logprob=-math.inf)
                 outputs.append(SimpleNamespace(index=j, token_ids=ids, logprobs=logprobs,
                                                finish_reason="length" if roll.truncated[j] else "stop"))
             requests.append(SimpleNamespace(outputs=outputs[::-1]))   # any order: the engine sorts by index
@@ -110,6 +120,22 @@ def test_vllm_engine_gets_the_weights_after_every_step(tiny_models, fake_vllm, t
         assert row["rollout/logprob_gap_mean"] < 1e-4 and row["rollout/logprob_gap_max"] < 1e-3
         assert math.isfinite(row["loss"])
     assert rows[2]["kl/k3"] > 0                # and the policy did move
+
+
+@pytest.mark.parametrize("replay", [True, False], ids=["replay", "no-replay"])
+def test_vllm_kept_sets_reach_the_trainer(tiny_models, fake_vllm, tmp_path, replay):
+    args = hf_run(tiny_models["qwen2"], "rollout=vllm", "rollout.top_p=0.8", f"rollout.sampling_replay={replay}",
+                  "rollout_correction=token_truncate", "model.device=cpu")
+    result = train(compose(args), tmp_path / "run", args)
+    assert result.state == "completed"
+    steps = [row for row in read_rows(tmp_path / "run" / "metrics.jsonl") if "rollout/kept_mass" in row]
+    assert len(steps) == 2
+    for row in steps:   # a random tiny model's distributions are flat: top_p=0.8 leaves a real part out
+        assert row["rollout/kept_mass"] < 0.95
+        assert row["rollout/ratio_mean_kept"] == pytest.approx(1, abs=1e-4)
+        assert row["rollout/ratio_mean_full"] == pytest.approx(row["rollout/kept_mass"], abs=1e-4)
+        # the sampler's log-probs against pi_old: equal where pi_old is renormalised over the same sets
+        assert (row["rollout/logprob_gap_max"] < 1e-4) == replay
 
 
 def vllm_output(index, ids, kept_sets, finish="stop"):
