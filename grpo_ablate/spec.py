@@ -63,7 +63,7 @@ class RolloutSettings:
     rng: str                     # auto | stream | per_row
     options: Mapping[str, Any]   # every key of the rollout group (rollout=vllm's engine settings: max_model_len, ...)
     filters: SamplingFilters = SamplingFilters()   # top_k, top_p, min_p (sampling/filters.py)
-    sampling_replay: bool = True  # the trainer's log-probs over the sampler's kept sets (train/forward.py)
+    score_kept_sets: bool = True  # rollout.sampling_replay: the trainer scores the sampler's kept sets (forward.py)
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,7 @@ def test_replay_scores_the_renormalised_kept_distribution_with_its_gradient(samp
     assert torch.allclose(grad, (one_hot - p_kept) / T * mask[..., None], atol=1e-12)
     grad = torch.autograd.grad((entropy * mask).sum(), captured["z"])[0]
     assert torch.isfinite(grad).all()                                   # 0 log 0 outside the set: no NaN
-    unreplayed = completion_logprobs(model, roll, T, replay=False)[0]
+    unreplayed = completion_logprobs(model, roll, T, score_kept_sets=False)[0]
     assert torch.allclose(unreplayed[mask], full.gather(-1, roll.completion_ids[..., None]).squeeze(-1)[mask])
 
 

@@ -15,6 +15,9 @@ rest of the report, it reads only what the runs logged and imports no torch.
 - **Conflict check** (a `conflict` sweep: base, trick-X, reward-Y): do the trick and the
   reward term move the run the same way (Δ vs base on the metric, length, entropy, KL), and
   where do their gradients point relative to the task's.
+- **Sampler truncation** (any run whose sampler filtered: rollout.top_k|top_p|min_p): per variant,
+  the kept sets' mass under pi_old and the importance ratio's mean over the kept set and over the
+  vocabulary, pooled over its runs' steps, and whether the trainer replayed the sets.
 """
 from __future__ import annotations
 
@@ -46,7 +49,48 @@ def analyse(report, conflict_threshold: float = DEFAULT_CONFLICT_THRESHOLD) -> d
     check = conflict_check(report, conflict_threshold)
     if check:
         out["conflict_check"] = check
+    truncation = sampler_truncation(report)
+    if truncation:
+        out["sampler_truncation"] = truncation
     return out
+
+
+# --------------------------------------------------------------------------- sampler truncation
+TRUNCATION_METRICS = ("rollout/kept_mass", "rollout/ratio_mean_full", "rollout/ratio_mean_kept")
+
+
+def sampler_truncation(report) -> list[dict]:
+    """Per variant whose runs logged kept sets: each truncation metric's mean over every logged step."""
+    out = []
+    for v in report.sweep.variants:
+        runs = [r for r in report.sweep.runs if r.variant == v.name and TRUNCATION_METRICS[0] in r.metrics]
+        if not runs:
+            continue
+        means = {}
+        for column in TRUNCATION_METRICS:
+            values = np.concatenate([r.metrics[column].dropna().to_numpy(float) for r in runs
+                                     if column in r.metrics] or [np.array([])])
+            means[column] = float(values.mean()) if len(values) else None
+        replayed = {bool((r.config.get("rollout") or {}).get("sampling_replay", True)) for r in runs}
+        out.append({"variant": v.name, "runs": len(runs), "replayed": replayed.pop() if len(replayed) == 1 else None,
+                    **means})
+    return out
+
+
+def _truncation_lines(rows: list[dict]) -> list[str]:
+    lines = ["## Sampler truncation", "",
+             "The sampler drew each token from its kept set (rollout.top_k|top_p|min_p), renormalised. Replayed "
+             "(`rollout.sampling_replay=true`), the trainer scores the same set: pi_old / mu has mean 1 on the "
+             "sampled tokens. Not replayed, it scores the whole vocabulary and the ratio's mean is the kept "
+             "mass: every rollout correction and clip reads ratios scaled down by it. Means over every logged "
+             "step of the variant's runs.", "",
+             "| variant | runs | replayed | kept mass | ratio mean, kept set | ratio mean, vocabulary |",
+             "|---|---|---|---|---|---|"]
+    for row in rows:
+        replayed = {True: "yes", False: "no", None: "mixed"}[row["replayed"]]
+        lines.append(f"| {row['variant']} | {row['runs']} | {replayed} | {fmt_num(row['rollout/kept_mass'])} | "
+                     f"{fmt_num(row['rollout/ratio_mean_kept'])} | {fmt_num(row['rollout/ratio_mean_full'])} |")
+    return lines
 
 
 # --------------------------------------------------------------------------- gradient conflicts
@@ -327,6 +371,8 @@ def markdown_sections(report) -> list[str]:
         out += _interaction_lines(report, diag["interactions"]) + [""]
     if "gradient_conflicts" in diag:
         out += _conflict_lines(diag["gradient_conflicts"]) + [""]
+    if "sampler_truncation" in diag:
+        out += _truncation_lines(diag["sampler_truncation"]) + [""]
     return out
 
 

@@ -42,7 +42,7 @@ class Rollout:
     ages: torch.Tensor | None = field(default=None, metadata={"per": "row", "fill": 0})
     # bool: False for a row dropped as too stale (None: stale rollouts off)
     kept: torch.Tensor | None = field(default=None, metadata={"per": "row", "fill": True})
-    # long [N, T, K]: the token ids a filtering sampler (rollout.top_k|top_p|min_p) kept at each token,
+    # int32 [N, T, K]: the token ids a filtering sampler (rollout.top_k|top_p|min_p) kept at each token,
     # NOT_KEPT-padded to the batch's widest set (None: the sampler did not filter); sampling/filters.py
     kept_ids: torch.Tensor | None = field(default=None, metadata={"per": "token", "fill": NOT_KEPT})
 
@@ -180,6 +180,24 @@ def generate(model, prompts: list[list[int]], *, num_samples: int, max_new_token
                        filters=filters if filters is not None and filters.truncates and temperature > 0 else None)
 
 
+def _truncated(probs, filters: SamplingFilters) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distributions truncated to their kept sets and renormalised over them, and the sets' ids."""
+    kept = kept_mask(probs, filters)
+    probs = torch.where(kept, probs, torch.zeros_like(probs))
+    return probs / probs.sum(dim=-1, keepdim=True), kept_ids(kept)
+
+
+def _draw(probs, active, n: int, generator, noise: RowNoise | None, uniforms) -> torch.Tensor:
+    """One token for each active row from its distribution `probs`: from the run's stream, or
+    (rollout.rng=per_row) by inverse-CDF sampling with each row's own uniform."""
+    if noise is None:
+        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    cdf = probs.cumsum(dim=-1)
+    u = torch.rand(noise.total, generator=uniforms)[noise.first:noise.first + n].to(probs.device)[active]
+    token = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
+    return token.clamp(max=cdf.shape[-1] - 1)
+
+
 def _decode(step, ids, mask, *, max_new_tokens, temperature, eos_id, pad_id, generator, noise, uniforms,
             filters: SamplingFilters | None = None) -> Rollout:
     """The decoding loop of `generate`: one token for every unfinished row per step."""
@@ -201,18 +219,10 @@ def _decode(step, ids, mask, *, max_new_tokens, temperature, eos_id, pad_id, gen
             raise NonFiniteLogits(f"non-finite logits while sampling token {t}")
         if temperature > 0:
             probs = torch.softmax(logits / temperature, dim=-1)
-            if filters is not None:   # truncated to the kept set, renormalised over it
-                kept = kept_mask(probs, filters)
-                probs = torch.where(kept, probs, torch.zeros_like(probs))
-                probs = probs / probs.sum(dim=-1, keepdim=True)
-                kept_sets.append((active, t, kept_ids(kept)))
-            if noise is not None:   # inverse-CDF sampling with each row's own uniform
-                cdf = probs.cumsum(dim=-1)
-                u = torch.rand(noise.total, generator=uniforms)[noise.first:noise.first + n].to(device)[active]
-                token = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
-                token = token.clamp(max=cdf.shape[-1] - 1)
-            else:
-                token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+            if filters is not None:
+                probs, kept = _truncated(probs, filters)
+                kept_sets.append((active, t, kept))
+            token = _draw(probs, active, n, generator, noise, uniforms)
             # the sampler's log-prob of its token under the distribution it sampled from: the log
             # of the softmax it drew from is log_softmax(logits / T) there up to float32 rounding
             # (~1e-7), at O(rows) cost (a second pass over the vocabulary, logsumexp, would cost
@@ -253,7 +263,7 @@ def _decode(step, ids, mask, *, max_new_tokens, temperature, eos_id, pad_id, gen
 def _stacked_kept_sets(kept_sets: list, n: int, steps: int, completion_mask: torch.Tensor) -> torch.Tensor:
     """[n, steps, K] the kept ids of every decoding step's rows, NOT_KEPT after a row's EOS."""
     width = max((ids.shape[1] for _, _, ids in kept_sets), default=1)
-    out = torch.full((n, steps, width), NOT_KEPT, dtype=torch.long, device=completion_mask.device)
+    out = torch.full((n, steps, width), NOT_KEPT, dtype=torch.int32, device=completion_mask.device)
     for rows, t, ids in kept_sets:
         out[rows, t, :ids.shape[1]] = ids
     return out.masked_fill(completion_mask[..., None] == 0, NOT_KEPT)

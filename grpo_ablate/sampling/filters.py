@@ -54,7 +54,9 @@ def kept_mask(probs: torch.Tensor, filters: SamplingFilters) -> torch.Tensor:
 
 
 def kept_ids(keep: torch.Tensor) -> torch.Tensor:
-    """[rows, K] the kept token ids of each row ([rows, V] bool), K the widest set, NOT_KEPT after."""
+    """[rows, K] int32: the kept token ids of each row ([rows, V] bool), K the widest set, NOT_KEPT
+    after. A rollout holds N x T x K of them: with top_p alone K can reach the vocabulary at a flat
+    token, so rollout.top_k bounds it (prime-rl defaults top_k to 512 when it truncates)."""
     counts = keep.sum(dim=-1)
     width = max(int(counts.max()) if counts.numel() else 0, 1)
     ids = torch.arange(keep.shape[-1], device=keep.device).expand_as(keep)
@@ -62,13 +64,13 @@ def kept_ids(keep: torch.Tensor) -> torch.Tensor:
     order = (~keep).to(torch.int8).argsort(dim=-1, stable=True)[:, :width]
     picked = ids.gather(-1, order)
     return torch.where(torch.arange(width, device=keep.device) < counts[:, None], picked,
-                       torch.full_like(picked, NOT_KEPT))
+                       torch.full_like(picked, NOT_KEPT)).to(torch.int32)
 
 
 def replay_mask(kept: torch.Tensor, vocab: int) -> torch.Tensor:
     """[..., V] bool from [..., K] kept ids (NOT_KEPT ignored); a position with no kept id (after EOS,
     or a sampler that did not truncate there) keeps the whole vocabulary."""
-    index = torch.where(kept == NOT_KEPT, torch.full_like(kept, vocab), kept)
+    index = torch.where(kept == NOT_KEPT, torch.full_like(kept, vocab), kept).long()
     mask = torch.zeros((*kept.shape[:-1], vocab + 1), dtype=torch.bool, device=kept.device)
     mask.scatter_(-1, index, True)
     mask = mask[..., :vocab]

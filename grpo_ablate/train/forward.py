@@ -98,7 +98,7 @@ def pack(rollout: Rollout) -> Packing | None:
 
 def completion_logprobs(model, rollout: Rollout, temperature: float = 1.0,
                         entropy_grad: bool = False, return_hidden: bool = False, remove_padding: bool = True,
-                        return_energy: bool = False, replay: bool = True, return_kept_mass: bool = False):
+                        return_energy: bool = False, score_kept_sets: bool = True, return_kept_mass: bool = False):
     """Per-token log pi(o_t | q, o_<t) of the completion tokens and the per-token entropy.
 
     Log-probs come from logits / T as in TRL and verl, so the loss scores the distribution
@@ -110,9 +110,9 @@ def completion_logprobs(model, rollout: Rollout, temperature: float = 1.0,
     ||d log pi(o_t) / d logits||^2 = ||e_{o_t} - pi||^2 = 1 - 2 pi(o_t) + sum_v pi_v^2, verl's
     `sum_pi_squared` (exp(logsumexp(2 z) - 2 logsumexp(z)) of the logits z / T) put together
     with the sampled token's probability (adv=optimal_token_baseline reads it).
-    A rollout from a filtering sampler carries each token's kept set (`kept_ids`); with `replay`
-    (rollout.sampling_replay) the distribution scored, its log-probs, entropy and energy, is the
-    sampler's: logits / T truncated to that set and renormalised over it. `return_kept_mass` (last):
+    A rollout from a filtering sampler carries each token's kept set (`kept_ids`); with
+    `score_kept_sets` (rollout.sampling_replay) the distribution scored, its log-probs, entropy and
+    energy, is the sampler's: logits / T truncated to that set and renormalised over it. `return_kept_mass` (last):
     log of the kept set's mass under the full distribution (0 where nothing was filtered).
     """
     packing = pack(rollout) if remove_padding and packs(model) else None
@@ -137,12 +137,12 @@ def completion_logprobs(model, rollout: Rollout, temperature: float = 1.0,
         # the sampled token is in its set by construction; kept again so a sampler's rounding never gives -inf
         kept = kept.scatter(-1, tokens, True)
         log_mass = torch.logsumexp(log_probs.masked_fill(~kept, float("-inf")), dim=-1)   # log pi(kept set)
-        if replay:
+        if score_kept_sets:
             log_probs = (log_probs - log_mass.unsqueeze(-1)).masked_fill(~kept, float("-inf"))
     token_logp = log_probs.gather(-1, tokens).squeeze(-1)
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         # a token outside the kept set adds 0 log 0 = 0 (the log-prob read as 0 there: no NaN in the gradient)
-        finite_log_probs = log_probs if kept is None or not replay else log_probs.masked_fill(~kept, 0.0)
+        finite_log_probs = log_probs if kept is None or not score_kept_sets else log_probs.masked_fill(~kept, 0.0)
         entropy = -(log_probs.exp() * finite_log_probs).sum(dim=-1)
     out = (token_logp, entropy)
     if return_hidden:  # the last layer's state before each completion token (for a value head)
@@ -157,7 +157,8 @@ def completion_logprobs(model, rollout: Rollout, temperature: float = 1.0,
 
 
 def token_logprobs(model, rollout: Rollout, temperature, value_head=None, entropy_grad: bool = False,
-                   remove_padding: bool = True, energy: bool = False, replay: bool = True, kept_mass: bool = False):
+                   remove_padding: bool = True, energy: bool = False, score_kept_sets: bool = True,
+                   kept_mass: bool = False):
     """(log-probs [N, T], entropy [N, T], values [N, T] or None): a model's forward over the
     batch, and the critic's value of each completion token when there is a critic (a head on
     the policy's last layer); with `energy`, then each token's logit-gradient energy [N, T]; with
@@ -165,6 +166,6 @@ def token_logprobs(model, rollout: Rollout, temperature, value_head=None, entrop
     logp, entropy, *rest = completion_logprobs(model, rollout, temperature, entropy_grad=entropy_grad,
                                                return_hidden=value_head is not None,
                                                remove_padding=remove_padding, return_energy=energy,
-                                               replay=replay, return_kept_mass=kept_mass)
+                                               score_kept_sets=score_kept_sets, return_kept_mass=kept_mass)
     values = value_head(rest.pop(0)).squeeze(-1) if value_head is not None else None
     return (logp, entropy, values, *rest)

@@ -120,7 +120,7 @@ class GRPOTrainer:
         # model.remove_padding: every forward below runs the sequences packed, without padding
         self.remove_padding = spec.model.remove_padding
         # rollout.sampling_replay: every forward below scores the sampler's kept sets, renormalised
-        self.replay = spec.rollout.sampling_replay
+        self.score_kept_sets = spec.rollout.score_kept_sets
         self.skipped_steps = 0
         self.eval_problems = task.eval_set()
         self.started = time.perf_counter()   # time/elapsed_s: wall clock since the run (re)started here
@@ -177,8 +177,8 @@ class GRPOTrainer:
         """(log-probs, entropy, values[, energy]) of a rollout under `model` (train/forward.py), its
         rows forwarded in the update's micro-batches (see pieces) and stitched back."""
         return stitched([token_logprobs(model, select_rows(roll, piece), T, value_head, entropy_grad,
-                                        remove_padding=self.remove_padding, energy=energy, replay=self.replay,
-                                        kept_mass=kept_mass)
+                                        remove_padding=self.remove_padding, energy=energy,
+                                        score_kept_sets=self.score_kept_sets, kept_mass=kept_mass)
                          for piece in self.pieces(roll)])
 
     def pieces(self, roll: Rollout) -> list[slice]:
@@ -326,7 +326,7 @@ class GRPOTrainer:
             logp, entropy, values = token_logprobs(self.train_model, select_rows(roll, piece),
                                                    self.ctl.temperature.current(), self.p.value_head,
                                                    entropy_grad=coef.entropy > 0, remove_padding=self.remove_padding,
-                                                   replay=self.replay)
+                                                   score_kept_sets=self.score_kept_sets)
             terms, stats = self.loss_terms(logp, entropy, values, mine.rows(piece), coef, dp)
             piece_loss = aggregate(total(terms), weights[piece])
             if step == self.spec.schedule.nan_loss_at_step:   # fault injection: a divergence
@@ -442,7 +442,7 @@ class GRPOTrainer:
                                              update.logp if anchors.old is None else anchors.old, mask))
         if anchors.kept_log_mass is not None:
             out.update(m.kept_set_metrics(anchors.kept_log_mass, anchors.old, batch.roll.sampler_logprobs,
-                                          mask, self.replay))
+                                          mask, self.score_kept_sets))
         for plugin in self.plugins:
             out.update(plugin.metrics(batch))
         if batch.roll.ages is not None:

@@ -15,11 +15,20 @@ def one_optimizer_step(cfg) -> bool:
     return int(cfg.updates.mini_batches) * int(cfg.updates.epochs) == 1
 
 
+def truncated_without_replay(cfg) -> bool:
+    """The sampler filters (rollout.top_k|top_p|min_p) and the trainer scores the whole vocabulary."""
+    rollout = cfg.rollout
+    truncates = (int(rollout.get("top_k") or 0) > 0 or float(rollout.get("top_p", 1.0)) < 1
+                 or float(rollout.get("min_p") or 0.0) > 0)
+    return truncates and not bool(rollout.get("sampling_replay", True))
+
+
 def same_sampler_and_trainer(cfg) -> bool:
-    """The current policy samples in the trainer's dtype: no mismatch, no staleness (k = 0)."""
+    """The current policy samples in the trainer's dtype from the distribution the trainer scores: no
+    mismatch, no staleness (k = 0), no kept set left unreplayed."""
     staleness = cfg.get("staleness")
     return (cfg.rollout.backend == "hf" and str(cfg.rollout.get("dtype") or "float32") == "float32"
-            and (staleness is None or staleness.name == "none"))
+            and (staleness is None or staleness.name == "none") and not truncated_without_replay(cfg))
 
 
 def policy_never_leaves_sampler(cfg) -> bool:

@@ -125,9 +125,9 @@ def _option(level: str, rule: str, default_high: float, default_low):
 KNOBS = {"high": POSITIVE, "low": Allowed(low=0, low_open=True, high="rollout_correction.high", optional=True),
          "renormalize": FLAG}
 SAMPLER_IS_TRAINER = Inert(same_sampler_and_trainer, "cannot act when the sampler is the trainer itself (same model, "
-                           "same dtype, no staleness): pi_old / pi_sampler ≡ 1",
+                           "same dtype, no staleness, any kept set replayed): pi_old / pi_sampler ≡ 1",
                            "sample with staleness=fixed or rollout.dtype=bfloat16 (or rollout=vllm on a GPU)",
-                           "a sampler that differs from the trainer (stale rollouts, bf16, vLLM)")
+                           "a sampler that differs from the trainer (stale rollouts, bf16, vLLM, top-p unreplayed)")
 NAMED = {   # the named trick of each option
     "token_truncate": Trick("rollout_token_truncate",
                             what="per-token importance weights pi_old / pi_sampler, truncated at 2 (TIS)",
