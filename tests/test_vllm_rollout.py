@@ -156,6 +156,7 @@ def test_vllm_outputs_become_kept_ids_padded_and_not_kept_after_the_end():
     rows = [([5, 6], vllm_output(0, [7, 9, 2], [[9, 7], [9], [2, 3, 4, 7]])),
             ([5], vllm_output(1, [3], [[3, 8]], finish="length"))]
     roll = _as_rollout(rows, pad_id=0, top_k=4)
+    assert roll.kept_ids.dtype == torch.int32   # as the hf sampler's
     assert roll.kept_ids.tolist() == [
         [[7, 9, NOT_KEPT, NOT_KEPT], [9, NOT_KEPT, NOT_KEPT, NOT_KEPT], [2, 3, 4, 7]],
         [[3, 8, NOT_KEPT, NOT_KEPT], [NOT_KEPT] * 4, [NOT_KEPT] * 4]]   # ascending ids, as the hf sampler's

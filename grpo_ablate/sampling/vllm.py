@@ -249,7 +249,7 @@ def _kept_sets(out, top_k: int) -> list[list[int]]:
 def _kept_ids(rows: list[list[list[int]]], length: int) -> torch.Tensor:
     """[N, length, K] every row's kept sets, NOT_KEPT-padded to the widest and after the row's end."""
     widest = max((len(kept) for sets in rows for kept in sets), default=1)
-    out = torch.full((len(rows), length, widest), NOT_KEPT, dtype=torch.long)
+    out = torch.full((len(rows), length, widest), NOT_KEPT, dtype=torch.int32)
     for i, sets in enumerate(rows):
         for t, kept in enumerate(sets):
             out[i, t, :len(kept)] = torch.tensor(kept)
