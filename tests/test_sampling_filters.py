@@ -58,9 +58,9 @@ def test_concatenated_rollouts_pad_their_kept_sets_to_the_widest():
     def roll(width, sets):
         ids = torch.arange(width * sets).view(1, width, sets)
         return Rollout(torch.zeros(1, 2 + width, dtype=torch.long), torch.ones(1, 2 + width, dtype=torch.long), 2,
-                       torch.ones(1, width), torch.zeros(1, dtype=torch.bool), kept_ids=ids)
-    both = concat_rollouts([roll(3, 2), roll(2, 4)], pad_id=0)
-    assert both.kept_ids.shape == (2, 3, 4)
+                       torch.ones(1, width), torch.zeros(1, dtype=torch.bool), torch.zeros(1, width), kept_ids=ids)
+    both = concat_rollouts([roll(3, 2), roll(2, 4)], pad_id=0)   # (the rounds of dynamic sampling)
+    assert both.kept_ids.shape == (2, 3, 4) and both.sampler_logprobs.shape == (2, 3)
     assert both.kept_ids[0, :, 2:].eq(NOT_KEPT).all() and both.kept_ids[1, 2].eq(NOT_KEPT).all()
     assert torch.equal(select_rows(both, torch.tensor([1])).kept_ids[0, :2], torch.arange(8).view(2, 4))
 

@@ -305,9 +305,9 @@ def _concat_optional(parts: list, declared: dict, width: int, sizes: list[int]):
         if any(p is None for p in parts):
             return None
         # a kept-id list [N, T, K] is padded on its last dim too, to the widest part's K
-        sets = max(p.shape[2] for p in parts) if parts[0].dim() == 3 else 0
-        return torch.cat([torch.nn.functional.pad(p, (0, sets - p.shape[2]) * (p.dim() == 3) + (0, width - p.shape[1]),
-                                                  value=declared["fill"]) for p in parts])
+        sets = max(p.shape[-1] for p in parts)
+        return torch.cat([torch.nn.functional.pad(p, ((0, sets - p.shape[2]) if p.dim() == 3 else ()) +
+                                                  (0, width - p.shape[1]), value=declared["fill"]) for p in parts])
     return _concat_rows(parts, sizes, declared["fill"])
 
 
