@@ -15,11 +15,25 @@ def one_optimizer_step(cfg) -> bool:
     return int(cfg.updates.mini_batches) * int(cfg.updates.epochs) == 1
 
 
+def sampler_truncates(cfg) -> bool:
+    """rollout.top_k, top_p or min_p away from off: each token is drawn from a kept set, renormalised."""
+    rollout = cfg.rollout
+    return (int(rollout.get("top_k") or 0) > 0 or float(rollout.get("top_p") or 1.0) < 1.0
+            or float(rollout.get("min_p") or 0.0) > 0.0)
+
+
+def truncation_unreplayed(cfg) -> bool:
+    """The sampler truncates and rollout.sampling_replay=false: the sampler's log-probs are over its
+    kept set, the trainer's over the whole vocabulary, so the two differ by the kept mass."""
+    return sampler_truncates(cfg) and not bool(cfg.rollout.get("sampling_replay", True))
+
+
 def same_sampler_and_trainer(cfg) -> bool:
-    """The current policy samples in the trainer's dtype: no mismatch, no staleness (k = 0)."""
+    """The current policy samples in the trainer's dtype from the distribution the trainer scores: no
+    mismatch, no staleness (k = 0)."""
     staleness = cfg.get("staleness")
     return (cfg.rollout.backend == "hf" and str(cfg.rollout.get("dtype") or "float32") == "float32"
-            and (staleness is None or staleness.name == "none"))
+            and (staleness is None or staleness.name == "none") and not truncation_unreplayed(cfg))
 
 
 def policy_never_leaves_sampler(cfg) -> bool:
