@@ -175,3 +175,12 @@ def test_the_reports_notes_say_each_rule_from_the_runs_configs(tmp_path, expecte
         return
     assert len(notes) == 1 and notes[0].startswith("variants all, drop-b: clip=gspo"), notes
     assert f"- {notes[0]}" in render_markdown(report)
+
+
+def test_doctor_lint_plans_a_seeds_auto_file_too(tmp_path):
+    path = tmp_path / "auto.yaml"
+    path.write_text(yaml.safe_dump({"mode": "leave-one-out", "tricks": ["gspo", "token_mean"], "seeds": "auto",
+                                    "max_seeds": 6, "overrides": ["updates=mini_batches"]}))
+    r = cli_here("doctor", "--lint", str(path), cwd=tmp_path)
+    assert r.exit_code == 1, r.output
+    assert list(rule_lines(r.stdout)) == ["sequence_ratio_by_length"] and "variant all:" in r.stdout
