@@ -9,7 +9,7 @@ registry's capability flags, never an option's name.
 `grpo-ablate train` warns with every rule that holds; a sweep's plan (and --dry-run) and
 `grpo-ablate doctor --lint FILE` say each rule once for the variants where it holds; the report
 says it in its notes, from the runs' configs. A sweep file that asks about such a pair names the
-rule under `expected_pairs:`, which silences it for that sweep. Rules and sources: docs/refusals.md.
+rule under `expected_pairs:`, which silences it for that sweep. Rules and sources: docs/design.md.
 """
 from __future__ import annotations
 
@@ -51,11 +51,11 @@ def _named(options) -> str:
 
 
 def _sequence_ratio_by_length(cfg) -> str | None:
-    by_family = {o.family: o for o in chosen_options(cfg)}
-    clip, agg = by_family.get("clip"), by_family.get("loss_agg")
-    if clip is None or agg is None or not (clip.sequence_ratio and agg.weights_by_length):
+    options = chosen_options(cfg)
+    ratio, weights = [o for o in options if o.sequence_ratio], [o for o in options if o.weights_by_length]
+    if not ratio or not weights:
         return None
-    return f"clip={clip.name} (one importance ratio per sequence) with loss_agg={agg.name}"
+    return f"{_named(ratio)} (one importance ratio per sequence) with {_named(weights)}"
 
 
 def _stale_steps_uncorrected(cfg) -> str | None:
