@@ -228,20 +228,24 @@ def doctor(
     dry_run: bool = opt.DOCTOR_DRY_RUN,
     allow_inert: bool = opt.DOCTOR_ALLOW_INERT,
     resume_dir: Optional[Path] = opt.DOCTOR_RESUME_DIR,
+    lint: Optional[Path] = opt.DOCTOR_LINT,
 ) -> None:
     """Which trick breaks training? All on; if unhealthy, leave-one-out; then the smallest breaking sets.
 
     Prints a verdict per trick (safe / breaks training alone / breaks training together with X)
     with its evidence and writes doctor.md and doctor.json. Exit 0: every trick is safe;
     1: something breaks training; 2: bad input. Extra arguments are overrides for every run.
+    --lint FILE lists a sweep file's pair rules instead (exit 1: one holds that the file does not expect).
     """
     given = DoctorArgs(args=tuple(ctx.args), tricks=tricks_, base=base, steps=steps, seeds=seeds, launcher=launcher,
                        jobs=jobs, max_runs=max_runs, threshold=tuple(threshold), out=out, dry_run=dry_run,
-                       allow_inert=allow_inert, resume_dir=resume_dir)
+                       allow_inert=allow_inert, resume_dir=resume_dir, lint=lint)
     _refused(given.check)   # before the training stack is imported
     from grpo_ablate.sweep import doctor as doc
 
     try:
+        if lint is not None:   # a sweep file's pair rules, nothing run
+            raise typer.Exit(doc.lint(given, console))
         done = doc.command(given, console)
     except UserError as err:
         fail(str(err))

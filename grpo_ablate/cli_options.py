@@ -76,6 +76,9 @@ DOCTOR_DRY_RUN = typer.Option(False, "--dry-run", help="Print the first stages, 
 DOCTOR_ALLOW_INERT = typer.Option(False, "--allow-inert", help="Search tricks that cannot act with these "
     "settings (refused by default).")
 DOCTOR_RESUME_DIR = typer.Option(None, "--resume", help="Continue this doctor dir.")
+DOCTOR_LINT = typer.Option(None, "--lint", help="List the pair rules (settings that change what a trick "
+    "means) that hold in this sweep file's runs; nothing is run. Exit 1 when one holds that the file does "
+    "not expect (expected_pairs).")
 
 # tricks
 TRICKS_FMT = typer.Option("table", "--format", help="table, json or md")

@@ -24,6 +24,7 @@ from grpo_ablate.run_settings import RUN_SETTINGS
 from grpo_ablate.model_source import PACKAGE_PREFIX, ModelPathError, gguf_source, local_path, looks_local
 from grpo_ablate.tasks import TASKS
 from grpo_ablate.tricks import UnknownOption, families, option, options
+from grpo_ablate.tricks.conditions import FILTERS_OFF
 from grpo_ablate.tricks.registry import family_info
 
 
@@ -38,7 +39,7 @@ RESUMABLE_KEYS = ("steps", "resume", "logger", "run", "sweep", "threads", "diag"
                   "updates.micro_batch_size", "updates.max_tokens_per_forward")
 # settings added after runs existed, hashed only away from the value at which they do nothing (the
 # sampler's filters off), so a run started before them hashes, and resumes, as it did
-HASHED_AWAY_FROM = {"rollout.top_k": 0, "rollout.top_p": 1.0, "rollout.min_p": 0.0, "rollout.sampling_replay": True}
+HASHED_AWAY_FROM = {**{f"rollout.{key}": off for key, off in FILTERS_OFF.items()}, "rollout.sampling_replay": True}
 
 
 def params(group: DictConfig) -> dict:

@@ -68,6 +68,7 @@ class DoctorArgs:
     dry_run: bool = False
     allow_inert: bool = False
     resume_dir: Path | None = None
+    lint: Path | None = None
 
     def check(self) -> None:
         """values.py's table (ValueProblem), then what doctor cannot do (ValueError)."""

@@ -32,6 +32,7 @@ SWEEP_FILE_FIELDS = {
     "controls": Allowed("bool", optional=True), "max_seeds": COUNT, "budget": TEXT, "effect": ACCURACY_EFFECT,
     "summary": TEXT, "variants": Allowed("mapping", optional=True),
     "contexts": ANY,   # a list of {name, overrides} or a mapping: contexts.file_contexts checks the shape
+    "expected_pairs": TEXTS,   # pair rules (pair_rules.py) the file asks about: silent for its sweep
 }
 # options that are not sweep-file fields
 OPTIONS = {"jobs": COUNT, "last_k": COUNT}

@@ -119,9 +119,10 @@ def test_tricks_import_only_torch():
 
 
 def test_the_validation_layer_does_not_reach_into_training():
-    """config.py and inert.py check a config before any run: they import nothing of grpo_ablate.train."""
+    """config.py, inert.py and pair_rules.py check a config before any run: they import nothing of
+    grpo_ablate.train."""
     edges, _ = graph()
-    for name in ("grpo_ablate.config", "grpo_ablate.inert"):
+    for name in ("grpo_ablate.config", "grpo_ablate.inert", "grpo_ablate.pair_rules"):
         assert not {t for t in edges[name] if t.startswith("grpo_ablate.train")}, f"{name}: {sorted(edges[name])}"
 
 
@@ -311,7 +312,8 @@ def test_the_runtime_reaches_the_config_layer_only_from_the_entries():
     """Only the entries (train(), run_control()) import the config layer: nothing below binds a
     trick from the config again (the spec's BoundOption is the one binding)."""
     edges, _ = graph()
-    layer = {"grpo_ablate.config", "grpo_ablate.inert", "grpo_ablate.resume_rules", "grpo_ablate.here"}
+    layer = {"grpo_ablate.config", "grpo_ablate.inert", "grpo_ablate.pair_rules", "grpo_ablate.resume_rules",
+             "grpo_ablate.here"}
     entries = {key.split(":")[0] for key in TAKES_A_CONFIG if key.endswith((":train", ":run_control"))}
     found = {name: sorted(edges[name] & layer) for name in runtime_modules() if edges[name] & layer}
     assert set(found) <= entries, found

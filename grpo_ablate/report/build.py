@@ -7,8 +7,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from grpo_ablate.design import Variant
 from grpo_ablate.errors import ReportError
+from grpo_ablate.pair_rules import variant_lines
 from grpo_ablate.report.curves import DEFAULT_K, Summary, curve, final_value, kl_column
 from grpo_ablate.report.diagnostics import analyse as analyse_diagnostics
 from grpo_ablate.report.evidence import Evidence, gather
@@ -89,6 +92,7 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
     check_logged(sweep, metric)
     runs_of, curves = read_curves(sweep, metric, compute)                # read once, summarised many ways
     note_short_curves(sweep, curves, metric, summary)
+    note_pair_rules(sweep)
     per_run = lambda how: {name: {key: how.of(c, measured.higher_is_better) for key, c in cs.items()}
                            for name, cs in curves.items()}
     finals, areas = per_run(Summary("final")), per_run(Summary("auc"))
@@ -191,6 +195,16 @@ def note_short_curves(sweep: Sweep, curves: dict, metric: str, summary: Summary)
     if short:
         sweep.notes.append(f"{summary.label}: {short} run(s) logged fewer than {summary.k} evals of `{metric}`; "
                            "their number is the mean of every eval they logged, the base eval at step 0 included")
+
+
+def note_pair_rules(sweep: Sweep) -> None:
+    """The pair rules (pair_rules.py) that hold in the runs' configs, each in one note naming its
+    variants; those the sweep expected (its file's expected_pairs) are not noted."""
+    configs: dict = {}
+    for run in sweep.runs:
+        if run.config and run.variant not in configs:
+            configs[run.variant] = OmegaConf.create(run.config)
+    sweep.notes += variant_lines(configs, sweep.expected_pairs)
 
 
 def exploratory(fixed: dict, metric: str, summary: Summary) -> str | None:

@@ -91,6 +91,7 @@ class Sweep:
     context_controls: dict = field(default_factory=dict)
     checks_training: bool = False                   # the manifest fixed the training-vs-start test (issue 36)
     warnings: list = field(default_factory=list)    # one line per run left out, for stderr (also in its notes)
+    expected_pairs: list = field(default_factory=list)   # pair rules the sweep asks about: not in its notes
 
     def control_of(self, context: str | None, role: str) -> str | None:
         """The `role` control the variants of `context` (None: the sweep's only one) are compared with."""
@@ -277,7 +278,8 @@ def _sweep_from_manifest(sweep_dir: Path, manifest: dict, thresholds: HealthThre
                   seeds=list(manifest.get("seeds") or []), wandb_group=manifest.get("wandb_group"),
                   sequential=manifest["sequential"] if isinstance(manifest.get("sequential"), dict) else None,
                   decides_on=manifest["decides_on"] if isinstance(manifest.get("decides_on"), dict) else None,
-                  checks_training=manifest.get("checks_training") is True)
+                  checks_training=manifest.get("checks_training") is True,
+                  expected_pairs=list(manifest.get("expected_pairs") or []))
     if manifest.get("version", 1) != 1:
         sweep.notes.append(f"manifest version {manifest.get('version')!r}; read as version 1")
     # the design is read here, once; an entry without its name (or a contrast without a side) is skipped

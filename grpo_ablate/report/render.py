@@ -82,7 +82,7 @@ def method_lines(report: Report) -> list[str]:
     decided = decided_how(report)
     out = ["; ".join(f for f in facts if f) + ".", "", *([decided, ""] if decided else []), numbers_paragraph(report)]
     if not s.manifest_found or any(r.notes for r in s.runs) or s.notes:
-        out += ["", "**What is missing**", ""]
+        out += ["", "**What is missing or odd**", ""]
         out += [f"- {n}" for n in s.notes]
         out += [f"- `{r.name}`: {'; '.join(r.notes)}" for r in s.runs if r.notes]
     return out

@@ -18,7 +18,7 @@ from grpo_ablate.rundir import unpack_scores
 # what the report reads of a manifest (sweep/manifest.py writes it), by type: a key absent or null
 # is read as its default (older manifests), one of another type is damage. [t]: a list of t.
 MANIFEST = {"name": str, "sweep_id": str, "mode": str, "base": str, "seeds": [int], "overrides": [str],
-            "variants": [dict], "contrasts": [dict], "contexts": [dict], "runs": [dict]}
+            "variants": [dict], "contrasts": [dict], "contexts": [dict], "runs": [dict], "expected_pairs": [str]}
 ENTRIES = {  # each entry of the manifest's lists
     "variants": {"name": str, "tricks_on": [str], "overrides": [str], "reference": str, "kind": str,
                  "axes": dict, "expect": [str], "context": str, "control": str},

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from grpo_ablate.pair_rules import unknown_expected
 from grpo_ablate.requests import SweepArgs
 from grpo_ablate.sweep.contexts import across_contexts, file_contexts
 from grpo_ablate.sweep.launch import start
@@ -132,7 +133,8 @@ def sweep_request(given: SweepArgs, tricks: str | None) -> SweepRequest:
         controls=spec.get("controls"),
         contexts=(across_contexts(list(given.across)) if given.across
                   else file_contexts(spec["contexts"]) if "contexts" in spec else []),
-        sequential={k: spec[k] for k in ("max_seeds", "budget", "effect", "summary") if k in spec})
+        sequential={k: spec[k] for k in ("max_seeds", "budget", "effect", "summary") if k in spec},
+        expected_pairs=list(spec.get("expected_pairs", [])))
     return with_given_options(request, given)
 
 
@@ -163,6 +165,8 @@ def load_sweep_file(path: Path) -> dict:
     except (OSError, UnicodeDecodeError) as err:
         raise SweepError(f"sweep file {path} cannot be read: {err}") from None
     check_sweep_file(path, {} if spec is None else spec)   # every field of its kind and in its range
+    if spec and (problem := unknown_expected(spec.get("expected_pairs") or [])):
+        raise SweepError(f"sweep file {path}: {problem}")
     spec = {key: value for key, value in (spec or {}).items() if value is not None}   # null: the default
     if "mode" not in spec:
         raise SweepError(f"sweep file {path} has no mode; allowed: leave-one-out, add-one-in, ladder, factorial, "

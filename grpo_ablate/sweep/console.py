@@ -1,9 +1,9 @@
 """What a sweep prints and what it expects to cost: the dry-run listing, the summary, timing.
 
-The dry run's matrix table and its runs per context, the summary of a sweep (variant x seed ->
-final eval accuracy or status, and how to continue an interrupted run), and the expected
-wall time, from the runs of the newest finished sweep beside this one on the cores
-(`cpus`) local runs share.
+The dry run's matrix table, the plan's pair-rule warnings and its runs per context, the summary
+of a sweep (variant x seed -> final eval accuracy or status, and how to continue an interrupted
+run), and the expected wall time, from the runs of the newest finished sweep beside this one
+on the cores (`cpus`) local runs share.
 """
 from __future__ import annotations
 
@@ -35,6 +35,13 @@ def print_matrix(manifest: dict, console) -> None:
         table.add_row(v.name, ", ".join(v.tricks_on) or "-",   # Text: "[a,b]" is not markup
                       Text(" ".join(filter(None, [common, *v.overrides])) or "(the defaults)"))
     console.print(table)
+    print_pair_rules(manifest, console)
+
+
+def print_pair_rules(manifest: dict, console) -> None:
+    """The plan's pair rules (pair_rules.py): one warning line each, naming its variants."""
+    for line in manifest.get("pair_rules", []):
+        console.print(f"warning: {line}", markup=False, highlight=False)
 
 
 def contexts_text(manifest: dict, req: SweepRequest, wall: bool = True) -> str:

@@ -24,10 +24,11 @@ from pathlib import Path
 
 from grpo_ablate import report as rep
 from grpo_ablate.catalogue import load_catalogue
-from grpo_ablate.requests import DoctorArgs
+from grpo_ablate.requests import DoctorArgs, SweepArgs
 from grpo_ablate.rundir import atomic_write_text, confined_dir
 from grpo_ablate.sweep import launch
-from grpo_ablate.sweep.console import print_matrix
+from grpo_ablate.sweep.command import sweep_request
+from grpo_ablate.sweep.console import print_matrix, print_pair_rules
 from grpo_ablate.sweep.launch import check_launcher
 from grpo_ablate.sweep.manifest import MANIFEST, read_manifest
 from grpo_ablate.design import Variant, manifest_variants
@@ -379,6 +380,30 @@ def command(given: DoctorArgs, console) -> tuple[dict, Path] | None:
         raise SweepError(f"{doctor_dir} already exists and is not empty; continue it with "
                          f"`grpo-ablate doctor --resume {doctor_dir}` or pick another --dir")
     return run(req, doctor_dir, console, resume=False), doctor_dir
+
+
+def lint(given: DoctorArgs, console) -> int:
+    """`doctor --lint FILE`: the sweep file planned as `sweep file FILE` would plan it (extra
+    arguments are its runs' overrides), its pair rules printed; nothing is written. Returns the exit
+    code: 1 when a rule holds that the file does not expect, else 0."""
+    given_too = [name for name, value in (("--tricks", given.tricks), ("--base", given.base), ("--steps", given.steps),
+                 ("--seeds", given.seeds), ("--jobs", given.jobs), ("--max-runs", given.max_runs),
+                 ("--threshold", given.threshold), ("--dir", given.out), ("--dry-run", given.dry_run),
+                 ("--resume", given.resume_dir)) if value]
+    if given_too:
+        raise SweepError(f"--lint lists a sweep file's pair rules and runs nothing; drop {', '.join(given_too)}")
+    args = SweepArgs(mode="file", args=(str(given.lint), *given.args), launcher=given.launcher,
+                     allow_inert=given.allow_inert)
+    request = sweep_request(args, None)
+    request.seeds = "1"   # a variant's seeds differ in nothing a rule reads (and `auto` is a fixed plan's too)
+    manifest = plan(request)
+    print_pair_rules(manifest, console)
+    holds, expected = manifest.get("pair_rules", []), manifest.get("expected_pairs", [])
+    console.print(f"{given.lint}: {len(holds) or 'no'} pair rule{'s' if len(holds) != 1 else ''} "
+                  f"hold{'s' if len(holds) == 1 else ''} in its runs"
+                  + (f" (expected_pairs silences {', '.join(expected)})" if expected else ""),
+                  markup=False, highlight=False)
+    return 1 if holds else 0
 
 
 def resumed_request(given: DoctorArgs) -> DoctorRequest:

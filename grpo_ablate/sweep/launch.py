@@ -22,7 +22,7 @@ from grpo_ablate.model_source import gguf_source
 from grpo_ablate.rundir import (DirLock, atomic_write_text, confined_dir, hydra_quoted, read_overrides, read_rows,
                                 read_status)
 from grpo_ablate.stopping import RunInterrupted, stop_workers_on_signals
-from grpo_ablate.sweep.console import contexts_text, cpus, print_matrix, print_summary
+from grpo_ablate.sweep.console import contexts_text, cpus, print_matrix, print_pair_rules, print_summary
 from grpo_ablate.sweep.manifest import (FINISHED, check_new_dir, create_sweep_dir, planned_sweep_dir, read_manifest,
                                         refresh_statuses, sweep_id_of, write_manifest)
 from grpo_ablate.sweep.matrix import SweepError
@@ -66,6 +66,7 @@ def start(req: SweepRequest, console, dry_run: bool = False) -> int:
     console.print(f"sweep {manifest['name']}: {len(manifest['variants'])} variants x "
                   f"{len(manifest['seeds'])} seeds = {len(manifest['runs'])} runs -> {sweep_dir}",
                   markup=False, highlight=False)
+    print_pair_rules(manifest, console)
     with DirLock(sweep_dir, "sweep dir"):
         return run_jobs(sweep_dir, manifest, manifest["runs"], req.launcher, req.jobs, req.hydra_args, console)
 

@@ -20,6 +20,7 @@ from grpo_ablate.catalogue import load_catalogue
 from grpo_ablate.config import ConfigError, check_here, compose, config_hash, family_keys, trick_families, validate
 from grpo_ablate.inert import inert_reason
 from grpo_ablate.model_source import gguf_source, warm_start_dir
+from grpo_ablate.pair_rules import variant_lines
 from grpo_ablate.rundir import NAME_MAX
 from grpo_ablate.design import Context
 from grpo_ablate.sweep.contexts import check_contexts, with_contexts
@@ -76,6 +77,7 @@ class SweepRequest:
     sequential: dict = field(default_factory=dict)   # seeds=auto: max_seeds, budget, effect (sweep/sequential.py)
     contexts: list[Context] = field(default_factory=list)   # --across / a file's contexts: the matrix in each
     summary: str | None = None       # what the sweep decides on (report/curves.py label), fixed before any run
+    expected_pairs: list[str] = field(default_factory=list)   # pair rules the sweep asks about (pair_rules.py)
 
 
 # What a sweep decides on unless told: the mean of the last three evals (issue 31: on the default sweep
@@ -133,6 +135,7 @@ def plan(req: SweepRequest) -> dict:
         "overrides": common, "launcher": req.launcher, "wandb_group": group,
         "created_at": now, "updated_at": now,
         **({"contexts": [c.to_json() for c in req.contexts]} if req.contexts else {}),
+        **pair_fields(req, cfg_of),
         "variants": [v.to_json() for v in matrix.variants],
         "contrasts": [c.to_json() for c in matrix.contrasts],
         "controls": planned_controls(matrix.variants),
@@ -143,6 +146,14 @@ def plan(req: SweepRequest) -> dict:
         "checks_training": True,
         "runs": runs,
     }
+
+
+def pair_fields(req: SweepRequest, cfg_of: dict) -> dict:
+    """The manifest's pair rules (pair_rules.py: settings that change what a trick means), said before
+    the first run, one line each naming its variants; and those the sweep file expects (not said)."""
+    lines = variant_lines(cfg_of, req.expected_pairs)
+    return {**({"expected_pairs": list(req.expected_pairs)} if req.expected_pairs else {}),
+            **({"pair_rules": lines} if lines else {})}
 
 
 def plan_controls(req: SweepRequest, matrix: Matrix, common: list[str], base_cfg) -> Matrix:

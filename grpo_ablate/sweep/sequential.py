@@ -37,7 +37,7 @@ from grpo_ablate.report.power import plan_of
 from grpo_ablate.stats.intervals import Estimate
 from grpo_ablate.report.verdicts import BREAKS_TRAINING, INERT, decide, inertness
 from grpo_ablate.rundir import DirLock, read_rows, read_status
-from grpo_ablate.sweep.console import contexts_text, print_matrix
+from grpo_ablate.sweep.console import contexts_text, print_matrix, print_pair_rules
 from grpo_ablate.sweep.launch import STOPPED, check_launcher, check_own_runs, run_jobs
 from grpo_ablate.sweep.launch import resume as resume_fixed
 from grpo_ablate.sweep.manifest import FINISHED, MANIFEST, create_sweep_dir, read_manifest, timestamp, write_manifest
@@ -376,6 +376,7 @@ def start(req: SweepRequest, options: Options, console, dry_run: bool = False) -
     say(console, f"sequential sweep {manifest['name']}: look 1 = {len(manifest['variants'])} variants x "
                   f"{options.initial_seeds} seeds = {len(manifest['runs'])} runs, then one seed per look for "
                   f"the contrasts still open, up to {options.max_seeds} seeds -> {sweep_dir}")
+    print_pair_rules(manifest, console)
     with DirLock(sweep_dir, "sweep dir"):
         return run_looks(sweep_dir, manifest, req.launcher, req.jobs, req.hydra_args, console)
 

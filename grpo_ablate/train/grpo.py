@@ -7,7 +7,7 @@
                      each part built from its own part of the spec
 Read `GRPOTrainer.step` for what one step does. Every trick enters through the registry by the
 name its config group chose (bound once, in the spec); nothing here branches on a trick's name.
-The DictConfig stops at train()'s first screen: the checks, the inert warnings and the resume
+The DictConfig stops at train()'s first screen: the checks, the inert and pair warnings and the resume
 rules read it there (they are the config layer); below it only the spec travels.
 """
 from __future__ import annotations
@@ -21,6 +21,7 @@ from rich.console import Console
 
 from grpo_ablate.config import check_here, validate
 from grpo_ablate.inert import chosen_tricks, inert_tricks
+from grpo_ablate.pair_rules import run_lines
 from grpo_ablate.models import (AdapterDisabled, add_lora, autocast_forward, disable_dropout,
                                 enable_activation_checkpointing, load_model_and_tokenizer, model_dir,
                                 model_device, stop_token_ids)
@@ -53,6 +54,8 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
         warn = Console(stderr=True, soft_wrap=True).print if console is not None else say   # on stderr, one line
         for name, reason in inert_tricks(cfg, chosen_tricks(cfg, overrides)):   # compute it would waste
             warn(f"[yellow]warning[/]: {name} {reason}", markup=True, highlight=False)
+        for line in run_lines(cfg):   # settings that change what another trick means (pair_rules.py)
+            warn(f"[yellow]warning[/]: {line}", markup=True, highlight=False)
         prepare_process(spec.threads, spec.seed)
         if dp.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,9 @@ Flags: `off_policy_only` -- the option's gradient equals plain PPO-clip's when r
 it can act only with several optimizer steps per rollout or a sampler-trainer mismatch.
 `per_sequence_loss` -- one loss value per sequence (gmpo): token-level importance weights of
 rollout_correction enter per sequence (setting clip.is_weights, see gmpo_loss).
+`sequence_ratio` -- one importance ratio per sequence, whose reference objective counts each
+sequence once (gspo, gmpo, luspo: under seq_mean_token_mean); a loss_agg that `weights_by_length`
+changes that objective (grpo_ablate/pair_rules.py warns).
 """
 from __future__ import annotations
 
@@ -110,7 +113,7 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
     return loss, stats
 
 
-@register("clip", "gspo", off_policy_only=True,
+@register("clip", "gspo", off_policy_only=True, sequence_ratio=True,
           knobs=EPS,
           inert=ONE_STEP,
           activity=RATIO_MOVES,
@@ -228,7 +231,7 @@ def sapo_loss(logp, old_logp, advantages, mask, *, tau_pos: float = 1.0, tau_neg
     return loss, stats
 
 
-@register("clip", "gmpo", off_policy_only=True, per_sequence_loss=True,
+@register("clip", "gmpo", off_policy_only=True, per_sequence_loss=True, sequence_ratio=True,
           knobs={**EPS, "mean_over": choice("all", "live")}, inert=ONE_STEP, activity=RATIO_MOVES,
           checks=one_forward_statistic("clip=gmpo's mean_over=all (the share of live rows)",
                                        unless=lambda cfg: cfg.clip.mean_over == "live"),

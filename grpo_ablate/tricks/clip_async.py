@@ -114,7 +114,7 @@ def vespo_loss(logp, old_logp, advantages, mask, *, k_pos: float = 2.0, lambda_p
     return loss, {"vespo/phi_dev": (phi - 1).abs().expand_as(loss)}
 
 
-@register("clip", "luspo",              # the length scaling acts on-policy too: not off_policy_only
+@register("clip", "luspo", sequence_ratio=True,   # the length scaling acts on-policy too: not off_policy_only
           knobs=EPS,
           activity=Activity("luspo/length_scale", "above", 1.0),
           writes=("luspo/length_scale",),

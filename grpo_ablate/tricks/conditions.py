@@ -15,12 +15,19 @@ def one_optimizer_step(cfg) -> bool:
     return int(cfg.updates.mini_batches) * int(cfg.updates.epochs) == 1
 
 
-def truncated_without_replay(cfg) -> bool:
-    """The sampler filters (rollout.top_k|top_p|min_p) and the trainer scores the whole vocabulary."""
-    rollout = cfg.rollout
-    truncates = (int(rollout.get("top_k") or 0) > 0 or float(rollout.get("top_p", 1.0)) < 1
-                 or float(rollout.get("min_p") or 0.0) > 0)
-    return truncates and not bool(rollout.get("sampling_replay", True))
+# each sampling filter's value that keeps every token (conf/rollout/*.yaml's defaults)
+FILTERS_OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0}
+
+
+def sampler_truncates(cfg) -> bool:
+    """rollout.top_k, top_p or min_p away from off: each token is drawn from a kept set, renormalised."""
+    return any(cfg.rollout.get(key, off) != off for key, off in FILTERS_OFF.items())
+
+
+def truncation_unreplayed(cfg) -> bool:
+    """The sampler truncates and rollout.sampling_replay=false: the sampler's log-probs are over its
+    kept set, the trainer's over the whole vocabulary, so the two differ by the kept mass."""
+    return sampler_truncates(cfg) and not bool(cfg.rollout.get("sampling_replay", True))
 
 
 def same_sampler_and_trainer(cfg) -> bool:
@@ -28,7 +35,7 @@ def same_sampler_and_trainer(cfg) -> bool:
     mismatch, no staleness (k = 0), no kept set left unreplayed."""
     staleness = cfg.get("staleness")
     return (cfg.rollout.backend == "hf" and str(cfg.rollout.get("dtype") or "float32") == "float32"
-            and (staleness is None or staleness.name == "none") and not truncated_without_replay(cfg))
+            and (staleness is None or staleness.name == "none") and not truncation_unreplayed(cfg))
 
 
 def policy_never_leaves_sampler(cfg) -> bool:

@@ -13,6 +13,9 @@ counts tokens over the whole step, not per micro-batch).
 | token_sum            | sum_jt l                          | 1           (verl `token-sum`)      |
 | prompt_mean          | (1/P) sum_p (sum_{j in p} sum_t l) / n_p | 1/(P n_p) (SkyRL `prompt_mean`) |
 
+Flag `weights_by_length`: a sequence's total weight grows with its length (every mode but
+seq_mean_token_mean; within each prompt's group for prompt_mean).
+
 Reference: verl core_algos `agg_loss`; ROLL functionals `agg_loss`. Fully masked sequences are
 left out of B in the seq_* modes (verl); an all-masked batch gives all-zero weights, so the
 loss is 0, never NaN. L_max is the generation budget (max_new_tokens), as in Dr. GRPO's code.
@@ -36,7 +39,7 @@ def _live_sequences(mask: torch.Tensor) -> torch.Tensor:
 
 # Every mode: (mask [B, T], max_len, group_index [B] or None) -> weights w [B, T] such that the loss is
 # (w * l).sum(); group_index (row -> its prompt) is read by prompt_mean only.
-@register("loss_agg", "token_mean",
+@register("loss_agg", "token_mean", weights_by_length=True,
           tricks=(Trick("token_mean",
                         what="one mean over all tokens of the step (DAPO)",
                         source="TRL loss_type=dapo; verl loss_agg_mode=token-mean",
@@ -62,7 +65,7 @@ def seq_mean_token_mean_weights(mask: torch.Tensor, max_len: int | None,
     return mask / mask.sum(dim=1, keepdim=True).clamp(min=1) / _live_sequences(mask)
 
 
-@register("loss_agg", "seq_mean_token_sum",
+@register("loss_agg", "seq_mean_token_sum", weights_by_length=True,
           tricks=(Trick("seq_token_sum",
                         what="sum over tokens, mean over sequences",
                         source="verl loss_agg_mode=seq-mean-token-sum",
@@ -73,7 +76,7 @@ def seq_mean_token_sum_weights(mask: torch.Tensor, max_len: int | None,
     return mask / _live_sequences(mask)
 
 
-@register("loss_agg", "constant",
+@register("loss_agg", "constant", weights_by_length=True,
           tricks=(Trick("dr_grpo_norm",
                         what="sum over tokens / (B * max_new_tokens) (Dr. GRPO)",
                         source="TRL loss_type=dr_grpo",
@@ -87,7 +90,7 @@ def constant_weights(mask: torch.Tensor, max_len: int | None,
     return mask / (mask.shape[0] * max_len)
 
 
-@register("loss_agg", "token_sum",
+@register("loss_agg", "token_sum", weights_by_length=True,
           tricks=(Trick("token_sum",
                         what="plain sum of every token's loss (no normalizer)",
                         source="verl loss_agg_mode=token-sum",
@@ -100,7 +103,7 @@ def token_sum_weights(mask: torch.Tensor, max_len: int | None,
     return _as_float(mask).clone()
 
 
-@register("loss_agg", "prompt_mean",
+@register("loss_agg", "prompt_mean", weights_by_length=True,
           tricks=(Trick("prompt_mean",
                         what="token mean within each prompt's group, then the mean over prompts (ScaleRL)",
                         source="SkyRL loss_reduction=prompt_mean (skyrl_train/utils/ppo_utils.py); ScaleRL "

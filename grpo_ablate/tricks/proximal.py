@@ -51,7 +51,7 @@ from __future__ import annotations
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.behaviour import known_or
-from grpo_ablate.tricks.conditions import one_optimizer_step
+from grpo_ablate.tricks.conditions import one_optimizer_step, truncation_unreplayed
 from grpo_ablate.tricks.registry import Activity, Inert, Trick, choice, declare_family, register
 
 declare_family("proximal", "the PPO ratio's denominator under stale rollouts: `recompute` π_old (AReaL's default), "
@@ -62,7 +62,8 @@ declare_family("proximal", "the PPO ratio's denominator under stale rollouts: `r
 
 
 def _no_staleness(cfg) -> bool:
-    return cfg.staleness.name == "none"
+    # a truncating sampler without the replay scores another distribution than pi_old: mu differs anyway
+    return cfg.staleness.name == "none" and not truncation_unreplayed(cfg)
 
 
 WITHOUT_STALENESS = Inert(_no_staleness, "changes little without stale rollouts: the sampler is the current policy",
@@ -89,7 +90,8 @@ def interpolation_weight(ages: torch.Tensor, versions: str) -> torch.Tensor:
     return (ages / (ages + 1.0)).clamp(0.0, 1.0)
 
 
-@register("proximal", "loglinear", activity=Activity("proximal/gap"), inert=WITHOUT_STALENESS,
+@register("proximal", "loglinear", needs_sampler_logprobs=True, activity=Activity("proximal/gap"),
+          inert=WITHOUT_STALENESS,
           knobs={"versions": choice("areal", "next")},
           tricks=(Trick("proximal_loglinear",
                         what="AReaL's log-linear approximation of the proximal policy, alpha = (age - 1) / age "
@@ -106,7 +108,8 @@ def loglinear_proximal(old_logp, sampler_logp, ages, mask, *, versions: str = "a
         return proximal, _gap(proximal, old_logp, mask)
 
 
-@register("proximal", "behaviour", activity=Activity("proximal/gap"), inert=WITHOUT_STALENESS,
+@register("proximal", "behaviour", needs_sampler_logprobs=True, activity=Activity("proximal/gap"),
+          inert=WITHOUT_STALENESS,
           tricks=(Trick("proximal_behaviour",
                         what="the PPO ratio against the behaviour policy's own log-probs (no recomputed pi_old)",
                         source="verl actor.use_rollout_log_probs; prime-rl; TRL AsyncGRPO",
