@@ -203,3 +203,25 @@ def test_rft_resumes_exactly(small, tmp_path):
     assert run_hydra([*small, "control=rft", "steps=2", f"hydra.run.dir={tmp_path / 'part'}"]) == 0
     assert run_hydra([*small, "control=rft", "resume=true", f"hydra.run.dir={tmp_path / 'part'}"]) == 0
     assert untimed(tmp_path / "part") == untimed(tmp_path / "full")
+
+
+def test_rft_with_lora_trains_the_adapters_only_as_a_grpo_run_does(tiny_models, tmp_path, monkeypatch):
+    """model.lora.r > 0: the control trains (and checkpoints) the LoRA adapters alone, so it is
+    compared with GRPO runs at the same trained parameters and optimizer settings."""
+    from safetensors.torch import load_file
+
+    from conftest import REPO
+    from grpo_ablate.tasks.dataset import JsonlTask
+
+    monkeypatch.setattr(JsonlTask, "reward", lambda self, completion, problem: 1.0)   # every sample kept
+    run_dir = tmp_path / "lora"
+    assert run_hydra(["model=hf", f"model.path={tiny_models['llama']}", "model.lora.r=4", "task=jsonl",
+                      f"task.path={REPO / 'tests' / 'data' / 'word_problems.jsonl'}", "task.eval_size=2", "steps=2",
+                      "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=6", "logger=none",
+                      "threads=1", "eval.every=2", "checkpoint_every=2", "control=rft", "optim.lr=1e-2",
+                      f"hydra.run.dir={run_dir}"]) == 0
+    data = rows(run_dir)[1:]
+    assert [r["rft/kept_frac"] for r in data] == [1.0, 1.0] and data[0]["optim/grad_norm"] > 0
+    adapters = load_file(run_dir / "checkpoint" / "adapter_model.safetensors")
+    assert adapters and all("lora_" in k for k in adapters)
+    assert not (run_dir / "checkpoint" / "model.safetensors").exists()
