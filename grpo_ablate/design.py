@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# The no-RL controls a sweep can plan, control=<role> -> the variant's name (sweep/controls.py
+# plans them, report/load.py recognises them): the untrained start, supervised training on the
+# task's gold solutions, and rejection-sampling fine-tuning on the policy's own verified samples
+CONTROLS = {"base": "control-base", "sft": "control-sft", "rft": "control-rft"}
+
 
 def _strings(values) -> tuple[str, ...]:
     """A manifest's list as a tuple of strings; a missing or null list (older sweeps) as ()."""
@@ -26,7 +31,7 @@ class Variant:
     expect: tuple[str, ...] = ()        # `variants` files: the verdicts a correct report gives it
     context: str | None = None          # the context it runs in (a sweep with contexts)
     contexts: tuple[str, ...] = ()      # `variants` files: the only contexts it runs in (none: all)
-    # a control's role (base | sft), which the report works out (report/load.identify_controls); the
+    # a control's role (base | sft | rft), which the report works out (report/load.identify_controls); the
     # sweep says it in the overrides (`control=base`) and leaves this unset: its manifests are unchanged
     control: str | None = None
 

@@ -68,10 +68,10 @@ RUN_SETTINGS = {
                                                   "max_position_embeddings")},
     "model.warmup.steps": POSITIVE_INT, "model.warmup.batch_size": POSITIVE_INT,
     "model.warmup.lr": POSITIVE, "model.warmup.seed": NON_NEGATIVE_INT, "model.warmup.slip_prob": FRACTION,
-    # logger=none|wandb, control=none|base|sft
+    # logger=none|wandb, control=none|base|sft|rft
     "logger.name": choice("none", "wandb"), "logger.project": TEXT, "logger.entity": OPTIONAL_TEXT,
     "logger.mode": choice("auto", "online", "offline", "disabled"),
-    "control.name": choice("none", "base", "sft"), "control.sample": FLAG,
+    "control.name": choice("none", "base", "sft", "rft"), "control.sample": FLAG,
     "control.budget": choice("tokens", "wall"),
     "control.wall_s": Allowed(low=0, low_open=True, optional=True),   # needed by budget=wall (config.py)
 }

@@ -123,7 +123,7 @@ class DiagSettings:
 
 @dataclass(frozen=True)
 class ControlSettings:
-    name: str                     # none | base | sft
+    name: str                     # none | base | sft | rft
     budget: str | None            # sft: tokens | wall
     wall_s: float | None
     sample: bool                  # base: sample every step (false: the eval alone)

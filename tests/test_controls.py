@@ -110,7 +110,7 @@ def test_wall_clock_budget(tmp_path, small):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["control=nope"], "control=nope is not an option of config group 'control'; allowed: base, none, sft"),
+    (["control=nope"], "control=nope is not an option of config group 'control'; allowed: base, none, rft, sft"),
     (["control=sft", "control.budget=wall"], "control.budget=wall needs control.wall_s"),
     (["control=sft", "control.budget=hours"], "control.budget='hours' is not allowed; allowed: tokens, wall"),
 ])
@@ -141,3 +141,87 @@ def test_sweep_sft_control_on_the_treatments_wall_clock(tmp_path, small):
     status = json.loads((sweep_dir / "control-sft-s0" / "status.json").read_text())
     assert status["state"] == "completed" and status["config_hash"] == by["control-sft"]["config_hash"]
     assert "deferred" not in by["control-sft"]
+
+
+def untimed(run_dir):
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/tokens_per_s"))} for r in rows(run_dir)]
+
+
+def test_rft_trains_on_exactly_the_verified_correct_samples(small, tmp_path, monkeypatch):
+    """Every completion the verifier scores 1 is trained on, and nothing else; rft/kept_frac is
+    the step's fraction of correct rewards; the weights move; the GRPO run's keys plus rft/*."""
+    from grpo_ablate.train.controls import ControlStep
+
+    seen = []   # per update: (the step's sampled batch, the rows trained on)
+    sample_groups, nll_update = ControlStep.sample_groups, ControlStep.nll_update
+    monkeypatch.setattr(ControlStep, "sample_groups", lambda self, step: seen.append([sample_groups(self, step)])
+                        or seen[-1][0])
+    monkeypatch.setattr(ControlStep, "nll_update", lambda self, kept: seen[-1].append(kept) or nll_update(self, kept))
+    assert run_hydra([*small, "control=rft", f"hydra.run.dir={tmp_path / 'rft'}"]) == 0
+    task = build_task(compose(small).task)
+    trained = [r for r in rows(tmp_path / "rft")[1:]]
+    assert len(seen) == len(trained) == 4
+    for (batch, *kept), row in zip(seen, trained):
+        correct = batch.scores == 1.0
+        assert row["rft/kept_frac"] == correct.float().mean().item() == row["train/accuracy"]
+        assert [task.reward(t, batch.problems[i // 4]) for i, t in enumerate(batch.texts)] == batch.scores.tolist()
+        assert 0 < correct.sum() < len(correct), "the small model must get some right and some wrong"
+        assert torch.equal(kept[0].sequences, batch.roll.sequences[correct])   # exactly the correct rows
+        assert row["perf/completion_tokens"] == int(batch.roll.lengths[correct].sum())
+        assert row["perf/sampled_tokens"] == int(batch.roll.lengths.sum()) and row["rft/skipped"] == 0
+    keys = set().union(*map(set, trained))
+    assert {"loss", "optim/grad_norm", "optim/lr", "eval/accuracy", "reward/mean", "length/mean"} <= keys
+    start = load_model_and_tokenizer(tmp_path / "rft" / "checkpoint")[0]
+    from grpo_ablate.models import ensure_warm_started
+
+    warm = load_model_and_tokenizer(ensure_warm_started(compose(small).model, task))[0]
+    assert any(not torch.equal(a, b) for a, b in zip(start.parameters(), warm.parameters()))
+    assert json.loads((tmp_path / "rft" / "status.json").read_text())["state"] == "completed"
+
+
+def test_rft_takes_no_step_when_nothing_is_correct(small, tmp_path, monkeypatch):
+    """A verifier that accepts nothing: every step is logged as skipped, and the weights and the
+    optimizer never move (AdamW's weight decay alone would move them)."""
+    from grpo_ablate.tasks.arithmetic import ArithmeticTask
+    from grpo_ablate.models import ensure_warm_started
+
+    monkeypatch.setattr(ArithmeticTask, "reward", lambda self, completion, problem: 0.0)
+    assert run_hydra([*small, "control=rft", "steps=2", f"hydra.run.dir={tmp_path / 'none'}"]) == 0
+    data = rows(tmp_path / "none")[1:]
+    assert [(r["rft/skipped"], r["rft/kept_frac"], r["perf/completion_tokens"]) for r in data] == [(1, 0.0, 0)] * 2
+    assert not any("loss" in r for r in data)
+    cfg = compose(small)
+    warm = load_model_and_tokenizer(ensure_warm_started(cfg.model, build_task(cfg.task)))[0]
+    kept = load_model_and_tokenizer(tmp_path / "none" / "checkpoint")[0]
+    for (name, a), b in zip(warm.state_dict().items(), kept.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_rft_resumes_exactly(small, tmp_path):
+    """Stopped after its checkpoint at step 2 and resumed to step 4: the uninterrupted run's rows."""
+    assert run_hydra([*small, "control=rft", f"hydra.run.dir={tmp_path / 'full'}"]) == 0
+    assert run_hydra([*small, "control=rft", "steps=2", f"hydra.run.dir={tmp_path / 'part'}"]) == 0
+    assert run_hydra([*small, "control=rft", "resume=true", f"hydra.run.dir={tmp_path / 'part'}"]) == 0
+    assert untimed(tmp_path / "part") == untimed(tmp_path / "full")
+
+
+def test_rft_with_lora_trains_the_adapters_only_as_a_grpo_run_does(tiny_models, tmp_path, monkeypatch):
+    """model.lora.r > 0: the control trains (and checkpoints) the LoRA adapters alone, so it is
+    compared with GRPO runs at the same trained parameters and optimizer settings."""
+    from safetensors.torch import load_file
+
+    from conftest import REPO
+    from grpo_ablate.tasks.dataset import JsonlTask
+
+    monkeypatch.setattr(JsonlTask, "reward", lambda self, completion, problem: 1.0)   # every sample kept
+    run_dir = tmp_path / "lora"
+    assert run_hydra(["model=hf", f"model.path={tiny_models['llama']}", "model.lora.r=4", "task=jsonl",
+                      f"task.path={REPO / 'tests' / 'data' / 'word_problems.jsonl'}", "task.eval_size=2", "steps=2",
+                      "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=6", "logger=none",
+                      "threads=1", "eval.every=2", "checkpoint_every=2", "control=rft", "optim.lr=1e-2",
+                      f"hydra.run.dir={run_dir}"]) == 0
+    data = rows(run_dir)[1:]
+    assert [r["rft/kept_frac"] for r in data] == [1.0, 1.0] and data[0]["optim/grad_norm"] > 0
+    adapters = load_file(run_dir / "checkpoint" / "adapter_model.safetensors")
+    assert adapters and all("lora_" in k for k in adapters)
+    assert not (run_dir / "checkpoint" / "model.safetensors").exists()

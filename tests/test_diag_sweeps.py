@@ -44,8 +44,8 @@ def test_conflict_is_base_trick_and_reward_term_with_diagnostics_on():
 def test_planning_pairwise_and_conflict(tmp_path, cache_dir):
     r = cli_here("sweep", "pairwise", "--tricks", "batch_norm,token_mean", "--seeds", "2", "--dry-run", cwd=tmp_path)
     assert r.exit_code == 0, r.output
-    assert "6 variants x 2 seeds" in r.stdout and "batch_norm+token_mean" in r.stdout   # + 2 controls
-    assert "control-sft" in r.stdout
+    assert "7 variants x 2 seeds" in r.stdout and "batch_norm+token_mean" in r.stdout   # + 3 controls
+    assert "control-sft" in r.stdout and "control-rft" in r.stdout
     r = cli_here("sweep", "conflict", "--trick", "entropy_bonus", "--reward", "length_penalty", "--dry-run",
                  cwd=tmp_path)
     assert r.exit_code == 0, r.output

@@ -301,3 +301,48 @@ def test_known_answers_of_a_variants_file_are_checked(tmp_path):
     assert "**1 of 2 known answers right**" in text
     assert "- cold: *hurts*, expected *hurts*: right" in text
     assert "- noise: *no evidence*, expected *helps*: WRONG" in text
+
+
+def with_rft(tmp_path, rft_final):
+    """The LOO sweep with all three controls, its training checked against its start (as a sweep
+    planned since issue 36 is)."""
+    import json
+
+    controls = {**CONTROLS, "rft": {"final": rft_final}}
+    sweep = make_sweep(tmp_path, LOO, contrasts=LOO_CONTRASTS, controls=controls)
+    manifest = json.loads((sweep / "manifest.json").read_text())
+    (sweep / "manifest.json").write_text(json.dumps({**manifest, "checks_training": True}))
+    return build_report(sweep, test="paired")
+
+
+def test_the_rft_control_leads_the_controls_and_the_training_line(tmp_path):
+    """With an RFT control, not beating it (not SFT) is what says RL is not shown to help; the
+    gold-SFT comparison stays, framed as imitation; the line above the verdicts names RFT."""
+    report = with_rft(tmp_path / "strong", {0: 0.95, 1: 0.96, 2: 0.95})
+    assert report.controls == {"base": "control-base", "sft": "control-sft", "rft": "control-rft"}
+    text = render_markdown(report)
+    controls = section(text, "Against the controls")
+    assert controls.lstrip().startswith(
+        "**No variant beats the RFT control (`control-rft`) on `eval/accuracy`: the policy gradient not shown to "
+        "beat rejection sampling here**")
+    assert "No variant beats imitation of the task's gold solutions (`control-sft`, the same budget)." in controls
+    lines = {line.split("**")[1]: line for line in controls.splitlines() if line.startswith("- **")}
+    assert all("does not beat the RFT control" in lines[v] for v in LOO)
+    assert all(lines[v].endswith("— **the policy gradient not shown to beat rejection sampling here**.") for v in LOO)
+    assert "RL not shown to help here" not in text
+    assert "- The RFT control itself vs the untrained base: Δ = +0.453" in controls
+    head = text.split("| trick |")[0]
+    assert "**Training vs its untrained start and rejection sampling (RFT" in head
+    assert "**not shown to beat RFT** (Δ = -0.133 [" in head
+    assert "| Δ vs RFT control |" in variants_table(report)
+    assert "| control-rft (control) | supervised on its own verified-correct samples" in variants_table(report)
+
+
+def test_variants_that_beat_the_rft_control_are_named_first(tmp_path):
+    report = with_rft(tmp_path / "weak", {0: 0.40, 1: 0.41, 2: 0.40})
+    beat = sorted(v for (v, role), c in against(report).items() if role == "rft" and c["outcome"] == "beats")
+    assert beat, "a control far below every variant is beaten"
+    text = render_markdown(report)
+    assert section(text, "Against the controls").lstrip().startswith(
+        "**" + ", ".join(f"`{v}`" for v in beat) + f" beat{'s' if len(beat) == 1 else ''} the RFT control")
+    assert "**it beats RFT**" in text.split("| trick |")[0]

@@ -179,8 +179,8 @@ def test_a_sweep_across_contexts_runs_each_contexts_controls_on_slurm(slurm_clus
     assert r.returncode == 0, r.stdout + r.stderr
     runs = {x["variant"]: x["status"] for x in manifest(sweep_dir)["runs"]}
     assert runs == {f"{v}@{c}": "completed" for c in ("wrong-0", "wrong--1")
-                    for v in ("base", "add-no_std", "control-base", "control-sft")}, runs
-    assert len(list(sweep_dir.glob(".submitit/*_*/*_result.pkl"))) == 8
+                    for v in ("base", "add-no_std", "control-base", "control-sft", "control-rft")}, runs
+    assert len(list(sweep_dir.glob(".submitit/*_*/*_result.pkl"))) == 10
     report = cli("report", str(sweep_dir), "--no-figures", cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     assert "wrong-0" in report.stdout and "wrong--1" in report.stdout

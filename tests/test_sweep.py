@@ -179,8 +179,8 @@ def test_dry_run_prints_the_matrix_and_writes_nothing(tmp_path, cache_dir):
     for variant in ("all", "drop-kl_adaptive", "drop-length_group", "drop-entropy_adaptive",
                     "drop-learnable_temperature", "drop-dynamic_sampling", "drop-no_std"):
         assert variant in r.stdout
-    assert "9 variants x 5 seeds" in r.stdout and "preset=grpo" in r.stdout   # + the two controls
-    assert "control-base" in r.stdout and "control=sft" in r.stdout
+    assert "10 variants x 5 seeds" in r.stdout and "preset=grpo" in r.stdout   # + the three controls
+    assert "control-base" in r.stdout and "control=sft" in r.stdout and "control=rft" in r.stdout
     assert list(tmp_path.iterdir()) == []
 
 
@@ -389,13 +389,14 @@ def test_killed_sweep_resumes_without_touching_finished_runs(tmp_path, small):
     finished = {n: run_files(sweep_dir / n) for n in done}
     r = cli("sweep", "--resume", str(sweep_dir), cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert f"{len(done)} of 8 runs finished" in r.stdout
+    assert f"{len(done)} of 10 runs finished" in r.stdout
     assert finished == {n: run_files(sweep_dir / n) for n in finished}
     m = manifest(sweep_dir)
     assert sorted(x["run_dir"] for x in m["runs"]) == ["add-batch_norm-s0", "add-batch_norm-s1",
                                                        "base-s0", "base-s1", "control-base-s0",
-                                                       "control-base-s1", "control-sft-s0", "control-sft-s1"]
-    assert m["controls"] == {"base": "control-base", "sft": "control-sft"}
+                                                       "control-base-s1", "control-rft-s0", "control-rft-s1",
+                                                       "control-sft-s0", "control-sft-s1"]
+    assert m["controls"] == {"base": "control-base", "sft": "control-sft", "rft": "control-rft"}
     assert all(x["status"] == "completed" and x["step"] == 10 for x in m["runs"])
     steps = [row["step"] for row in map(json.loads, (sweep_dir / victim / "metrics.jsonl").read_text().splitlines())]
     assert steps == list(range(11))                       # resumed, no step twice, none missing

@@ -254,9 +254,9 @@ def test_dry_run_counts_the_runs_of_every_context(tmp_path, small):
     r = cli_here("sweep", "add-one-in", "--tricks", "no_std", "--across", "task.level=easy,hard",
                  "--across", "reward.wrong=0,-1", "--seeds", "2", "--dry-run", *small, cwd=tmp_path)
     assert r.exit_code == 0, r.stdout + r.stderr
-    # each context has its own controls (issue 36): the untrained base and the SFT control
-    assert "across 4 contexts: 32 runs, 4 contrasts" in r.stdout
-    assert "  level-hard.wrong--1: 4 variants, 8 runs (task.level=hard reward.wrong=-1)" in r.stdout
+    # each context has its own controls (issue 36): the untrained base, the SFT and the RFT control
+    assert "across 4 contexts: 40 runs, 4 contrasts" in r.stdout
+    assert "  level-hard.wrong--1: 5 variants, 10 runs (task.level=hard reward.wrong=-1)" in r.stdout
     assert "control-base@level-hard.wrong--1" in r.stdout and "control-sft@level-easy.wrong-0" in r.stdout
     assert "expected wall time" in r.stdout and listing(tmp_path) == []
 
@@ -317,7 +317,8 @@ def test_a_killed_sweep_across_contexts_resumes_to_the_same_results(tmp_path, sm
                 for d in sweep.glob("*-s*")}
     assert sorted(metrics(killed)) == sorted(["add-no_std@wrong-0-s0", "add-no_std@wrong--1-s0", "base@wrong-0-s0",
                                        "base@wrong--1-s0", "control-base@wrong-0-s0", "control-base@wrong--1-s0",
-                                       "control-sft@wrong-0-s0", "control-sft@wrong--1-s0"])   # each context's controls
+                                       "control-sft@wrong-0-s0", "control-sft@wrong--1-s0",
+                                       "control-rft@wrong-0-s0", "control-rft@wrong--1-s0"])   # each context's controls
     assert metrics(killed) == metrics(whole)
     assert os.path.exists(killed / "manifest.json")
 
@@ -326,8 +327,8 @@ def test_a_killed_sweep_across_contexts_resumes_to_the_same_results(tmp_path, sm
 # ------------------------------------------------------------------------------ controls in every context (issue 36)
 def test_every_context_gets_its_own_controls(small):
     """The untrained base (an eval of the context's warm start) in every context by default, the SFT
-    control too where every run trains the embedded model; --no-controls drops both, and each
-    control runs with its context's overrides."""
+    and RFT controls too where every run trains the embedded model; --no-controls drops them, and
+    each control runs with its context's overrides."""
     from grpo_ablate.sweep.plan import SweepRequest, plan
 
     contexts = across_contexts(["task.level=easy,hard"])
@@ -337,13 +338,16 @@ def test_every_context_gets_its_own_controls(small):
     controls = [v for v in m["variants"] if v["kind"] == "control"]
     assert [(v["name"], v["context"]) for v in controls] == [
         ("control-base@level-easy", "level-easy"), ("control-sft@level-easy", "level-easy"),
-        ("control-base@level-hard", "level-hard"), ("control-sft@level-hard", "level-hard")]
-    assert m["controls"] == {"base": "control-base", "sft": "control-sft"} and m["checks_training"] is True
+        ("control-rft@level-easy", "level-easy"),
+        ("control-base@level-hard", "level-hard"), ("control-sft@level-hard", "level-hard"),
+        ("control-rft@level-hard", "level-hard")]
+    assert m["controls"] == {"base": "control-base", "sft": "control-sft", "rft": "control-rft"}
+    assert m["checks_training"] is True
     base_hard = next(r for r in m["runs"] if r["variant"] == "control-base@level-hard")
     assert {"task.level=hard", "control=base", "control.sample=false", "sweep.context=level-hard"} <= \
         set(base_hard["overrides"])
     assert all(v["kind"] != "control" for v in plan(request(controls=False))["variants"])
-    assert len(plan(request(controls=True))["runs"]) == 2 * 4 * 2
+    assert len(plan(request(controls=True))["runs"]) == 2 * 5 * 2
 
 
 def test_controls_in_a_sweep_file_with_contexts_and_with_seeds_auto(tmp_path, small):
@@ -357,7 +361,7 @@ def test_controls_in_a_sweep_file_with_contexts_and_with_seeds_auto(tmp_path, sm
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
     r = cli_here("sweep", "file", "s.yaml", "--dry-run", *small, cwd=tmp_path)
     assert r.exit_code == 0, r.stdout + r.stderr
-    assert "control-sft@r11" in r.stdout and "r01: 4 variants, 8 runs" in r.stdout
+    assert "control-sft@r11" in r.stdout and "control-rft@r11" in r.stdout and "r01: 5 variants, 10 runs" in r.stdout
     m = {"controls": {"base": "control-base", "sft": "control-sft"},
          "variants": [{"name": f"{v}@{c}", "context": c, "kind": "control" if v.startswith("control") else "treatment"}
                       for c in ("r01", "r11") for v in ("base", "add-no_std", "control-base", "control-sft")],

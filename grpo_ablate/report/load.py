@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from grpo_ablate.design import Context, Contrast, Variant
+from grpo_ablate.design import CONTROLS, Context, Contrast, Variant
 from grpo_ablate.errors import DamagedFile, ReportError
 from grpo_ablate.report.health import BREAKING_FLAGS, HealthThresholds, health_flags
 from grpo_ablate.report.schema import (accuracy_problem, foreign_problem, manifest_problem, outside_problem,
@@ -27,11 +27,12 @@ from grpo_ablate.rundir import EVALS, read_json, read_jsonl, read_status
 
 FINISHED = ("completed", "diverged", "failed", "interrupted")   # interrupted: waits for --resume
 # Control runs (issue 8): `base` is the starting policy never trained, `sft` the same budget
-# spent on supervised training. Each gets a "Δ vs" column when the sweep has it.
-CONTROL_ROLES = ("base", "sft")
-CONTROL_LABELS = {"base": "the untrained base", "sft": "the SFT control"}
-CONTROL_NAMES = {"base": "control-base", "sft": "control-sft"}   # what a sweep names them (sweep/matrix.CONTROLS)
-CONTROL_COLUMNS = {"base": "Δ vs base", "sft": "Δ vs SFT control"}
+# spent on supervised training on gold solutions, `rft` on the policy's own verified-correct
+# samples (issue 47). Each gets a "Δ vs" column when the sweep has it.
+CONTROL_NAMES = CONTROLS               # role -> what a sweep names it (design.py)
+CONTROL_ROLES = tuple(CONTROL_NAMES)   # the order of their columns and rows
+CONTROL_LABELS = {"base": "the untrained base", "sft": "the SFT control", "rft": "the RFT control"}
+CONTROL_COLUMNS = {"base": "Δ vs base", "sft": "Δ vs SFT control", "rft": "Δ vs RFT control"}
 
 
 @dataclass
@@ -82,7 +83,7 @@ class Sweep:
     wandb_group: str | None = None
     manifest_found: bool = True
     notes: list = field(default_factory=list)
-    controls: dict = field(default_factory=dict)    # role (base | sft) -> control variant name
+    controls: dict = field(default_factory=dict)    # role (base | sft | rft) -> control variant name
     sequential: dict | None = None                  # a --seeds auto sweep's looks (manifest `sequential`)
     contexts: list[Context] = field(default_factory=list)    # a sweep across contexts (report/transfer.py)
     decides_on: dict | None = None                  # {metric, summary} fixed in the manifest before the first run
@@ -432,7 +433,7 @@ def identify_controls(sweep: Sweep, declared, by_name: bool) -> None:
     A variant is a control when the manifest says so (its `kind`, or the top-level `controls`
     map), when its runs' config.yaml has `control.name` other than none, or, with `by_name`
     (no manifest to go by), when it is named `control-*`. Controls are listed after the
-    treatments (base, then sft), lose any reference, and take part in no trick contrast."""
+    treatments (base, sft, rft), lose any reference, and take part in no trick contrast."""
     declared_role = _declared_roles(sweep, declared)
     for i, v in enumerate(sweep.variants):
         runs = [r for r in sweep.runs if r.variant == v.name]

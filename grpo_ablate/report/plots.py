@@ -24,7 +24,8 @@ if TYPE_CHECKING:   # matplotlib is imported where a figure is drawn: --no-figur
     from matplotlib.figure import Figure
 
 CURVES = ("reward/mean", "length/mean", "policy/entropy", "kl")  # drawn after the chosen metric
-CONTROL_STYLES = {"base": ("dimgray", "--"), "sft": ("black", "-.")}   # (colour, dashes) of a control's curve
+CONTROL_STYLES = {"base": ("dimgray", "--"), "sft": ("black", "-."),   # (colour, dashes) of a control's curve
+                  "rft": ("black", ":")}
 
 
 def plot_figures(report: Report, out_dir: Path) -> list[tuple[str, str]]:

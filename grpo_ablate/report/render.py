@@ -257,9 +257,18 @@ def known_answer_lines(checks: list[dict]) -> list[str]:
     return lines
 
 
+# what not beating the decisive control says (control_lines)
+NOT_SHOWN_BEYOND = {"sft": "RL not shown to help here",
+                    "rft": "the policy gradient not shown to beat rejection sampling here"}
+RFT_MEANS = (" The RFT control samples as the RL runs do (prompts, group size, sampler, steps) and trains on "
+             "the completions the verifier accepts: not beating it says the policy-gradient machinery did no "
+             "better than filtering the policy's own samples.")
+
+
 def control_lines(report: Report) -> list[str]:
     """The "Against the controls" section: for every treatment, does it beat each control?
-    Not beating the SFT control is said plainly: RL is not shown to help here."""
+    Not beating the strongest control without the policy gradient is said plainly: RFT where the
+    sweep has it (the same verifier, no policy gradient), else SFT (imitation of gold solutions)."""
     direction = "above" if report.higher_is_better else "below"
     family = next((c["family"] for c in report.against_controls if c.get("family")), None)
     rule = (f"the one-sided test of Δ {direction} zero rejects at {50 * family['alpha']:g}% after "
@@ -271,10 +280,11 @@ def control_lines(report: Report) -> list[str]:
              f"Δ = variant − control on the {report.summary.label} `{report.metric}`, paired on the seeds both "
              f"completed. A variant *beats* a control only when {rule}. The SFT control trains on the task's "
              "gold solutions: not beating it says RL did no better than imitation with those, not that RL "
-             "fails.", ""]
+             "fails." + (RFT_MEANS if "rft" in report.controls else ""), ""]
     by_variant: dict[str, list] = {}
     for c in report.against_controls:
         by_variant.setdefault(c["variant"], []).append(c)
+    decisive = "rft" if "rft" in report.controls else "sft"   # not beating it: RL not shown to help
     for variant, comparisons in by_variant.items():
         parts, rl_not_shown = [], False
         for c in comparisons:
@@ -283,31 +293,31 @@ def control_lines(report: Report) -> list[str]:
             if c["outcome"] == BEATS:
                 parts.append(f"beats {label} ({numbers})")
             elif c["outcome"] == NOT_SHOWN:
-                verb = ("not shown to beat the untrained base" if c["role"] == "base"
-                        else "does not beat the SFT control")
+                verb = "not shown to beat the untrained base" if c["role"] == "base" else f"does not beat {label}"
                 parts.append(f"{verb} ({numbers + '; ' if numbers else ''}{c['why']})")
-                rl_not_shown |= c["role"] == "sft"
+                rl_not_shown |= c["role"] == decisive
             else:   # the control has nothing to compare with: no claim either way
                 parts.append(f"no comparison with {label} ({c['why']})")
         line = f"- **{variant}**: " + "; ".join(parts)
-        lines.append(line + (" — **RL not shown to help here**." if rl_not_shown else "."))
-    for where, row in sft_rows(report):   # is the supervised budget itself worth anything?
-        numbers = fmt_delta(row["delta_vs_base"])
-        lines.append(f"- The SFT control itself vs the untrained base{where}: "
-                     f"{numbers or 'no Δ (no completed runs on a side)'}.")
+        lines.append(line + (f" — **{NOT_SHOWN_BEYOND[decisive]}**." if rl_not_shown else "."))
+    for role in ("sft", "rft"):   # is the control's training budget itself worth anything?
+        for where, row in control_rows(report, role):
+            numbers = fmt_delta(row["delta_vs_base"])
+            lines.append(f"- The {role.upper()} control itself vs the untrained base{where}: "
+                         f"{numbers or 'no Δ (no completed runs on a side)'}.")
     if report.against_controls and all(c["delta"].n <= 1 and not c["delta"].has_ci for c in report.against_controls):
         lines += ["", "With one seed per variant no comparison with the controls is possible beyond point estimates."]
     return lines
 
 
-def sft_rows(report: Report) -> list[tuple[str, dict]]:
-    """(" in <context>" or "", the SFT control's row) wherever the sweep has both controls."""
+def control_rows(report: Report, role: str) -> list[tuple[str, dict]]:
+    """(" in <context>" or "", the `role` control's row) wherever the sweep has it and the base control."""
     s = report.sweep
     pairs = ([(f" in {ctx}", by_role) for ctx, by_role in s.context_controls.items()] if s.context_controls
              else [("", report.controls)])
     rows = {r["variant"]: r for r in report.rows}
-    return [(where, rows[by_role["sft"]]) for where, by_role in pairs
-            if by_role.get("base") and by_role.get("sft") in rows]
+    return [(where, rows[by_role[role]]) for where, by_role in pairs
+            if by_role.get("base") and by_role.get(role) in rows]
 
 
 # --------------------------------------------------------------------------- tables
@@ -356,7 +366,8 @@ def tricks_cell(row: dict) -> str:
     """A control has no tricks to list: say what it is instead."""
     if row["kind"] != "control":
         return ", ".join(row["tricks_on"]) or "—"
-    what = {"base": "no training", "sft": "supervised on reference solutions"}.get(row.get("control"),
+    what = {"base": "no training", "sft": "supervised on reference solutions",
+            "rft": "supervised on its own verified-correct samples"}.get(row.get("control"),
                                                                                  f"control {row.get('control')}")
     return what + (f", {row['budget']} budget" if row.get("budget") and row.get("control") != "base" else "")
 

@@ -145,7 +145,10 @@ def deciding_p(v: dict) -> str:
 
 
 def controls_summary(report: Report) -> str | None:
-    """The controls section's headline when no variant beats the SFT control."""
+    """The controls section's headline: against the RFT control where the sweep has one
+    (rft_summary), else when no variant beats the SFT control."""
+    if report.controls.get("rft"):
+        return rft_summary(report)
     sft = report.controls.get("sft")
     versus_sft = [c for c in report.against_controls if c["role"] == "sft"]
     if not sft or not versus_sft or any(c["outcome"] == BEATS for c in versus_sft):
@@ -156,3 +159,24 @@ def controls_summary(report: Report) -> str | None:
     return (f"**No variant beats the SFT control (`{sft}`) on `{report.metric}`: RL not shown to help here** "
             "(the SFT control imitates the task's gold solutions for the same budget)."
             + (" (One seed: point estimates only, no comparison is possible.)" if one_seed else ""))
+
+
+def rft_summary(report: Report) -> str | None:
+    """Which variants beat the RFT control (the same verifier and sampling, no policy gradient),
+    then, framed as imitation, the SFT control where there is one."""
+    rft, sft = report.controls["rft"], report.controls.get("sft")
+    versus = [c for c in report.against_controls if c["role"] == "rft"]
+    if not versus or all(c["outcome"] == NO_COMPARISON for c in versus):
+        return None   # the control itself has nothing to compare with: the section's lines say why
+    beat = sorted({c["variant"] for c in versus if c["outcome"] == BEATS})
+    line = (f"**{', '.join(f'`{v}`' for v in beat)} beat{'s' if len(beat) == 1 else ''} the RFT control (`{rft}`) "
+            f"on `{report.metric}`: the policy gradient adds to rejection sampling here**" if beat else
+            f"**No variant beats the RFT control (`{rft}`) on `{report.metric}`: the policy gradient not shown "
+            "to beat rejection sampling here**")
+    line += " (the RFT control trains on the policy's own verified-correct samples, sampled as the RL runs sample)."
+    versus_sft = [c for c in report.against_controls if c["role"] == "sft"]
+    if sft and versus_sft and not any(c["outcome"] == BEATS for c in versus_sft):
+        line += f" No variant beats imitation of the task's gold solutions (`{sft}`, the same budget)."
+    if all(not c["delta"].has_ci for c in versus):
+        line += " (One seed: point estimates only, no comparison is possible.)"
+    return line

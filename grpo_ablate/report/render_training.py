@@ -1,5 +1,5 @@
 """Whether training beat its untrained start, per context (report/training.py): one line above
-the verdict table, and the section with each context's numbers, the SFT control and advice."""
+the verdict table, and the section with each context's numbers, the SFT and RFT controls and advice."""
 from __future__ import annotations
 
 from grpo_ablate.report.formatting import fmt_delta, fmt_num, fmt_p
@@ -22,8 +22,12 @@ def training_line(report) -> str | None:
         numbers = f"adjusted p {fmt_p(p)}" if p is not None else c["verdict"]
         parts.append(f"{context_head(c, report.metric)} ({numbers}"
                      + ("; every variant ends below its start" if c["all_worse"] and c["worse"] else "") + ")")
-    line = (f"**Training vs {start}** ({section['family']['label']}, a family apart from the tricks): "
-            + "; ".join(parts) + ".")
+    family = f"{section['family']['label']}, a family apart from the tricks"
+    if any(c.get("rft") for c in checks):   # the same verifier without the policy gradient
+        start += " and rejection sampling (RFT)"
+        family += "; vs RFT: the controls' one-sided family"
+        parts = [part + versus_rft(c) for part, c in zip(parts, checks)]
+    line = f"**Training vs {start}** ({family}): " + "; ".join(parts) + "."
     if all(c["worse"] for c in checks):
         line += " **Fix the training set-up before comparing tricks.**"
     return line
@@ -80,6 +84,9 @@ def context_line(c: dict, metric: str) -> str:
     elif c["all_worse"]:   # plainly said, but not as a finding: the test above did not decide
         drop = sum(c["changes"].values()) / len(c["changes"])
         line += f" Every variant there ends below its own start (by {abs(drop):.3f} on average; not decided)."
+    rft = c.get("rft")
+    if rft is not None:
+        line += f" Against the RFT control: {versus_rft(c).removeprefix(', ')}."
     sft = c.get("sft")
     if sft is not None:
         if sft["outcome"] == BEATS:
@@ -89,3 +96,18 @@ def context_line(c: dict, metric: str) -> str:
         else:
             line += f" It does not beat the SFT control ({fmt_delta(sft['delta'])}; {sft['why']})."
     return line
+
+
+def versus_rft(c: dict) -> str:
+    """", vs RFT: ..." of one context's reference (the one-sided test of the controls' family)."""
+    rft = c.get("rft")
+    if rft is None:
+        return ""
+    d = rft["delta"]
+    numbers = ("" if d.mean is None else f"Δ = {fmt_num(d.mean, signed=True)}"
+               + (f" [{fmt_num(d.low, signed=True)}, {fmt_num(d.high, signed=True)}]" if d.has_ci else ""))
+    if rft["outcome"] == BEATS:
+        return f", **it beats RFT** ({numbers})"
+    if rft["outcome"] == NO_COMPARISON:
+        return f", no comparison with RFT ({rft['why']})"
+    return f", **not shown to beat RFT** ({numbers})"

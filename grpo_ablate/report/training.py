@@ -15,7 +15,7 @@ they leave as they are, as the controls' comparisons do (tests/test_training_che
 measures both through the real report path).
 
 Beside the test: whether every variant of the context ended below its own start (a plain
-mean, no test), the reference against the SFT control (the controls' family, one-sided,
+mean, no test), the reference against the SFT and RFT controls (the controls' family, one-sided,
 verdicts.against_controls), and, where training lowers the metric, what usually causes that,
 with the knobs to try (`advice`: suggestions, not verdicts; only where the test decided).
 """
@@ -45,7 +45,8 @@ def training_section(sweep: Sweep, evidence: Evidence, curves: dict, against: li
         c["direction"] = None if c["delta"].mean is None else RAISES if c["delta"].mean > 0 else LOWERS
         c["worse"] = c["verdict"] == HURTS      # decided: training left the metric worse than its start
         c["better"] = c["verdict"] == HELPS
-        c["sft"] = next((a for a in against if a["variant"] == c["with"] and a["role"] == "sft"), None)
+        for role in ("sft", "rft"):   # the reference against the training controls (controls' family)
+            c[role] = next((a for a in against if a["variant"] == c["with"] and a["role"] == role), None)
         c["advice"] = advice(sweep, c) if c["worse"] else []   # decided: a finding to act on, not noise
     return {"metric": evidence.metric.name, "family": family, "contexts": checks}
 

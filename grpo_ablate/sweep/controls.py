@@ -1,4 +1,4 @@
-"""Which no-RL controls a sweep plans, and in which contexts (issue 36).
+"""Which no-RL controls a sweep plans, and in which contexts (issue 36; RFT: issue 47).
 
 A trick verdict compares ways of training; it does not say whether training helped at all. So
 every sweep carries, per context, the untrained base: an eval of that context's warm start,
@@ -14,26 +14,29 @@ seed of each copy of the matrix), which is the single-context default already: s
 unasked wherever every run trains the embedded model. For a model.path model (in the base or
 a context) it runs when asked (`--controls`, a sweep file's `controls: true`). A factorial over
 config groups (`--family`) and the diagnoses (doctor, conflict) get no control unless asked.
+The RFT control (rejection sampling on the policy's own verified samples, about a GRPO run's
+cost) runs wherever the SFT control would, and also where the task has no gold solutions: it
+needs only the verifier.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
-from grpo_ablate.design import Variant
-from grpo_ablate.sweep.matrix import CONTROLS, Matrix
+from grpo_ablate.design import CONTROLS, Variant
+from grpo_ablate.sweep.matrix import Matrix
 
 # the base control a sweep plans: the eval of the start alone (train/controls.py)
 BASE_OVERRIDES = ("control=base", "control.sample=false")
 
 
-def control_kinds(asked: bool | None, cheap_sft: bool, unasked_none: bool) -> tuple[str, ...]:
+def control_kinds(asked: bool | None, cheap_training: bool, unasked_none: bool) -> tuple[str, ...]:
     """The controls to plan: `asked` is --controls/--no-controls (None: the default);
-    `cheap_sft`: the SFT control runs unasked (every run trains the embedded model);
-    `unasked_none`: no control unless asked (doctor's stages and the conflict check, which are
-    diagnoses; a `--family` factorial, which crosses settings with no trick under test)."""
+    `cheap_training`: the training controls (SFT, RFT) run unasked (every run trains the embedded
+    model); `unasked_none`: no control unless asked (doctor's stages and the conflict check, which
+    are diagnoses; a `--family` factorial, which crosses settings with no trick under test)."""
     if asked is False or (asked is None and unasked_none):
         return ()
-    return ("base", "sft") if asked or cheap_sft else ("base",)
+    return tuple(CONTROLS) if asked or cheap_training else ("base",)
 
 
 def control_variants(kinds: tuple[str, ...], sft_budget: str = "tokens",
@@ -41,7 +44,8 @@ def control_variants(kinds: tuple[str, ...], sft_budget: str = "tokens",
     """The controls as variants (kind control) of a matrix not yet put in contexts;
     `sft_contexts`: the only contexts whose task has reference solutions to train on (empty: all)."""
     overrides = {"base": BASE_OVERRIDES,
-                 "sft": ("control=sft", *(("control.budget=wall",) if sft_budget == "wall" else ()))}
+                 "sft": ("control=sft", *(("control.budget=wall",) if sft_budget == "wall" else ())),
+                 "rft": ("control=rft",)}
     return [Variant(CONTROLS[k], (), overrides[k], None, kind="control",
                     contexts=sft_contexts if k == "sft" else ()) for k in kinds]
 

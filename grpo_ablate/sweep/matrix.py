@@ -43,8 +43,8 @@ NAME_PATTERN = r"[A-Za-z0-9_.+-]+"        # variant and context names: they beco
 SWEEP_SETS = ("seed", "resume", "run", "sweep", "hydra")
 DIAG_ON = ("diag.grad_conflict=true",)   # a conflict sweep's runs log the gradient diagnostics
 # A sweep larger than this needs --max-runs: a guard against a factorial that explodes by
-# mistake. 128 so that the default question (9 variants with the controls) runs with
-# `--seeds auto` up to --max-seeds 12 (108 runs).
+# mistake. 128 so that the default question (10 variants with the controls) runs with
+# `--seeds auto` up to --max-seeds 12 (120 runs).
 DEFAULT_MAX_RUNS = 128
 
 
@@ -153,18 +153,6 @@ def build_matrix(mode: str, tricks: list[str], families: dict[str, str],
     return Matrix(mode, variants, contrasts)
 
 
-CONTROLS = {"base": "control-base", "sft": "control-sft"}   # control=<key> -> variant name
-
-
-def add_controls(matrix: Matrix, kinds=("base", "sft"), sft_budget: str = "tokens") -> Matrix:
-    """The no-RL controls as two more variants: the untrained start and the supervised run
-    (on a `tokens` budget, or `wall`: the treatments' training time, known after they ran)."""
-    budget = {"sft": ("control.budget=wall",) if sft_budget == "wall" else ()}
-    controls = [Variant(CONTROLS[k], (), (f"control={k}", *budget.get(k, ())), None, kind="control")
-                for k in kinds]
-    return Matrix(matrix.mode, matrix.variants + controls, matrix.contrasts)
-
-
 def _conflict(tricks: list[str], reward_terms: frozenset[str]) -> Matrix:
     """The seed review's check before combining a new trick with a new reward term: run the
     base, base + trick and base + reward term separately (never both on), with the gradient
@@ -229,7 +217,7 @@ def _parse_variant(name: str, spec, names: list) -> tuple:
     """(name, overrides, against, expect, contexts) of one entry of a variants file, checked."""
     if not re.fullmatch(NAME_PATTERN, name):
         raise SweepError(f"variant name {name!r} is not allowed; use letters, digits and _ . + -")
-    if name.startswith("control-"):   # add_controls' names: two plans would write one run dir
+    if name.startswith("control-"):   # the controls' names (sweep/controls.py): two plans would write one run dir
         raise SweepError(f"variant name {name} is not allowed; names starting with control- are the no-RL "
                          "controls' (--controls adds them)")
     spec = {"overrides": spec} if isinstance(spec, list) or spec is None else spec

@@ -159,9 +159,9 @@ def pair_fields(req: SweepRequest, cfg_of: dict) -> dict:
 def plan_controls(req: SweepRequest, matrix: Matrix, common: list[str], base_cfg) -> Matrix:
     """`matrix` with the no-RL controls this sweep plans (sweep/controls.py): the untrained base
     in every sweep but a diagnosis (doctor's stages, the conflict check) or a `--family`
-    factorial; the SFT control where asked, or unasked where every run trains the embedded
-    model (no model.path in the base or any context), in the contexts whose task has reference
-    solutions."""
+    factorial; the SFT and RFT controls where asked, or unasked where every run trains the
+    embedded model (no model.path in the base or any context), SFT only in the contexts whose
+    task has reference solutions."""
     if req.controls is False:
         return matrix
     # none unasked for doctor's stages and the conflict check (diagnoses), nor for a factorial
@@ -174,9 +174,9 @@ def plan_controls(req: SweepRequest, matrix: Matrix, common: list[str], base_cfg
     cfgs = {c.name: compose_run(common + list(c.overrides), f"context {c.name}") if c.name else base_cfg
             for c in contexts}
     if req.controls is None and any(cfg.model.get("path") for cfg in cfgs.values()):
-        kinds = ("base",)   # a context's own model: an SFT run there costs as much as asking for it
+        kinds = ("base",)   # a context's own model: an SFT or RFT run there costs as much as asking for it
     has = [name for name, cfg in cfgs.items() if _has_solutions(cfg)]
-    kinds = kinds if has else ("base",)
+    kinds = kinds if has else tuple(k for k in kinds if k != "sft")   # RFT needs only the verifier
     where = tuple(has) if req.contexts and len(has) < len(contexts) else ()   # empty: every context
     return with_controls(matrix, kinds, req.control_budget, where)
 

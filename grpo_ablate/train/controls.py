@@ -1,8 +1,8 @@
 """Control runs: what happens without RL, from the same start, on the same eval schedule.
 
 An ablation says "trick X adds 4 points", but a fast early gain on a small model can be the
-warm-started base still improving. So every sweep can carry two controls, ordinary runs
-with the run-dir contract of a GRPO run and the metric keys it shares with one:
+warm-started base still improving. So every sweep can carry controls, ordinary runs with the
+run-dir contract of a GRPO run and the metric keys it shares with one:
 
     control=base   the starting policy, never updated. Each step samples B x G completions
                    exactly as a GRPO step would (reward, accuracy, length: a seed spread) and
@@ -14,12 +14,19 @@ with the run-dir contract of a GRPO run and the metric keys it shares with one:
                    `tokens`: each step trains on B x G fresh reference solutions, as many
                    completions as a GRPO step trains on; `wall`: `control.wall_s` seconds of
                    training in all, spread evenly over the steps.
+    control=rft    rejection-sampling fine-tuning (RAFT): each step samples B x G completions
+                   exactly as a GRPO step would, keeps the verified-correct ones and takes one
+                   supervised step on them (token-mean NLL; no advantage, ratio or KL); a step
+                   with none correct takes no gradient step. Budget: the RL run's steps and
+                   sampled tokens (docs/controls.md).
 
-Both run in the same skeleton as a GRPO run (train/run.py): resume, schedule, status.
+All run in the same skeleton as a GRPO run (train/run.py): resume, schedule, status.
 """
 from __future__ import annotations
 
+import math
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -27,8 +34,9 @@ from omegaconf import DictConfig
 
 from grpo_ablate.config import validate
 from grpo_ablate.errors import ConfigError
-from grpo_ablate.models import (disable_dropout, load_model_and_tokenizer, model_device, model_dir,
+from grpo_ablate.models import (add_lora, disable_dropout, load_model_and_tokenizer, model_device, model_dir,
                                 stop_token_ids, supervised_batch)
+from grpo_ablate.sampling.decode import Rollout, select_rows
 from grpo_ablate.sampling.engines import HFEngine, Rollouts
 from grpo_ablate.sampling.prompts import PromptEncoder
 from grpo_ablate.tasks import build_task
@@ -38,7 +46,10 @@ from grpo_ablate.spec import RunSpec, run_spec
 from grpo_ablate.train.run import (Optimization, RunResult, StepResult, attention_implementation, evaluate,
                                    finished_result, prepare_process, run_steps)
 from grpo_ablate.rundir import DirLock
-from grpo_ablate.train.batch import TaskPrompts, sample_groups
+from grpo_ablate.train.batch import SampledGroups, TaskPrompts, sample_groups
+from grpo_ablate.train.forward import completion_logprobs
+
+CORRECT = 1.0   # the verifier's score of a verified-correct completion (tasks/__init__.py): what RFT keeps
 
 
 def run_control(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), console=None) -> RunResult:
@@ -47,7 +58,7 @@ def run_control(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (),
     validate(cfg)
     spec = run_spec(cfg)   # below, as in a GRPO run, only the spec travels (spec.py)
     if DataParallel().world > 1:
-        raise ConfigError("control runs train in one process; launch control=base|sft without torchrun")
+        raise ConfigError("control runs train in one process; launch control=base|sft|rft without torchrun")
     prepare_process(spec.threads, spec.seed)
     run_dir.mkdir(parents=True, exist_ok=True)
     with DirLock(run_dir, "run dir", say):   # one writer a run dir, as a GRPO run
@@ -59,27 +70,34 @@ def run_control(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (),
 
 
 class ControlStep:
-    """The `Trainer` of a control run (train/run.py): sample and change nothing (base), or one
-    step's budget of supervised updates on reference solutions (sft)."""
+    """The `Trainer` of a control run (train/run.py): sample and change nothing (base), one
+    step's budget of supervised updates on reference solutions (sft), or one supervised step on
+    the policy's own verified-correct samples (rft)."""
 
     def __init__(self, spec: RunSpec, device: torch.device, checkpoint: Path | None, say):
-        self.spec, self.kind, self.device = spec, spec.control.name, device
+        self.spec, self.kind, self.device, self.say = spec, spec.control.name, device, say
         self.task = build_task(spec.task)
         if self.kind == "sft" and not getattr(self.task.train_batch(1, 0, 0)[0], "solution", None):
             raise ConfigError(f"control=sft trains on the task's reference solutions, and task={spec.task.name} "
                               "has none; use control=base")
         model_path = model_dir(spec.model.group, self.task, log=say)
         attn = attention_implementation(spec.model.attn_implementation, device)
-        self.model, self.tokenizer = load_model_and_tokenizer(checkpoint or model_path, attn_implementation=attn)
+        # with LoRA, as in a GRPO run: the base from model.path, the adapters from the checkpoint
+        lora = spec.model.lora
+        self.model, self.tokenizer = load_model_and_tokenizer(model_path if lora else checkpoint or model_path,
+                                                              attn_implementation=attn)
         if spec.model.disable_dropout:   # as the GRPO runs it is compared with
             disable_dropout(self.model)
         self.model = self.model.to(device)
+        if lora:   # the same trained parameters as the GRPO runs: the adapters only
+            self.model = add_lora(self.model, spec.model.group, checkpoint)
         self.encode = PromptEncoder(self.tokenizer, self.task)   # the prompts exactly as a GRPO run sees them
-        self.optim = Optimization(self.model.parameters(), spec.optim, spec.seed, spec.schedule.steps)
+        trained = [p for p in self.model.parameters() if p.requires_grad]
+        self.optim = Optimization(trained, spec.optim, spec.seed, spec.schedule.steps)
         self.rollouts = Rollouts(HFEngine(self.model, spec.rollout.lean_decoder), self.tokenizer, self.encode,
                                  self.task, DataParallel(), device, eos_id=stop_token_ids(self.model, self.tokenizer),
                                  max_new_tokens=spec.rollout.max_new_tokens, seed=spec.seed, rng="stream",
-                                 stream=self.optim.rng)
+                                 stream=self.optim.rng, filters=spec.rollout.filters)
         self.eval_problems = self.task.eval_set()
         self.trained_s = 0.0      # seconds of supervised training so far (the wall budget)
         self.started = time.perf_counter()
@@ -92,7 +110,10 @@ class ControlStep:
         started = time.perf_counter()
         if self.eval_only:
             return StepResult({"step": step, "time/step_s": 0.0, "time/elapsed_s": started - self.started})
-        metrics = {"step": step, **(self.sample(step) if self.kind == "base" else self.supervised(step))}
+        act = {"base": self.sample, "sft": self.supervised, "rft": self.rejection_sampled}[self.kind]
+        metrics = {"step": step, **act(step)}
+        if not (math.isfinite(metrics.get("loss", 0.0)) and math.isfinite(metrics.get("optim/grad_norm", 0.0))):
+            return StepResult(metrics, diverged=f"non-finite loss or grad norm at step {step}")   # a result, as in GRPO
         now = time.perf_counter()
         metrics.update({"time/step_s": now - started, "time/elapsed_s": now - self.started,
                         "perf/tokens_per_s": metrics["perf/completion_tokens"] / max(now - started, 1e-9)})
@@ -100,19 +121,43 @@ class ControlStep:
 
     def sample(self, step: int) -> dict:
         """Sample exactly as a GRPO step would, and change nothing."""
+        return rollout_metrics(self.sample_groups(step))
+
+    def sample_groups(self, step: int) -> SampledGroups:
+        """B prompts x G completions of the current policy, as a GRPO step draws and scores them."""
         self.model.eval()
         spec = self.spec
-        batch = sample_groups(self.rollouts, TaskPrompts(self.task, spec.seed), spec.rollout.prompts_per_step,
-                              spec.rollout.group_size, spec.tricks["sampling"], step,
-                              float(spec.tricks["temperature"].values["value"]))
-        lengths = batch.roll.lengths
-        return {"reward/mean": batch.scores.mean().item(),
-                "reward/std": batch.scores.std().item() if batch.scores.numel() > 1 else 0.0,
-                "train/accuracy": batch.scores.mean().item(),
-                "length/mean": lengths.float().mean().item(),
-                "length/max": lengths.max().item(),
-                "length/truncated_frac": batch.roll.truncated.float().mean().item(),
-                "perf/completion_tokens": int(lengths.sum())}
+        return sample_groups(self.rollouts, TaskPrompts(self.task, spec.seed), spec.rollout.prompts_per_step,
+                             spec.rollout.group_size, spec.tricks["sampling"], step,
+                             float(spec.tricks["temperature"].values["value"]))
+
+    def rejection_sampled(self, step: int) -> dict:
+        """RFT: sample as a GRPO step, keep the verified-correct completions, one supervised step on them."""
+        batch = self.sample_groups(step)
+        correct = (batch.scores == CORRECT).nonzero().squeeze(1)
+        metrics = {**rollout_metrics(batch),
+                   "perf/sampled_tokens": batch.sampled_tokens,          # generated: + trained = the compute axis
+                   "rft/kept_frac": len(correct) / len(batch.scores)}   # verified correct: trained on
+        if len(correct) == 0:   # nothing to imitate: no gradient step; the lr schedule moves on as a GRPO run's
+            self.say(f"step {step}: no completion verified correct, no gradient step (rft/skipped)")
+            with warnings.catch_warnings():   # torch warns when a schedule steps before its optimizer
+                warnings.simplefilter("ignore", UserWarning)
+                self.optim.schedule.step()
+            return {**metrics, "rft/skipped": 1, "perf/completion_tokens": 0,
+                    "optim/lr": self.optim.schedule.get_last_lr()[0]}
+        kept = select_rows(batch.roll, correct.to(batch.roll.sequences.device))
+        loss, grad_norm, tokens = self.nll_update(kept)
+        return {**metrics, "rft/skipped": 0, "loss": loss, "optim/grad_norm": grad_norm,
+                "optim/lr": self.optim.schedule.get_last_lr()[0], "perf/completion_tokens": tokens}
+
+    def nll_update(self, kept: Rollout) -> tuple[float, float, int]:
+        """One AdamW step on the kept completions: the mean NLL over their tokens (EOS included),
+        at T = 1 as the SFT control's; no advantage, no ratio, no KL."""
+        self.model.train()
+        logp, _ = completion_logprobs(self.model, kept)
+        mask = kept.completion_mask.to(logp.dtype)
+        loss = -(logp * mask).sum() / mask.sum()
+        return loss.item(), self.optimizer_step(loss), int(mask.sum())
 
     def supervised(self, step: int) -> dict:
         """The SFT budget: B x G solutions a step, or this step's share of control.wall_s."""
@@ -137,12 +182,16 @@ class ControlStep:
         ids, mask, labels = supervised_batch(self.tokenizer, [self.encode(p) for p in problems],
                                              [p.solution for p in problems], self.device)
         loss = self.model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        return loss.item(), self.optimizer_step(loss), int((labels != -100).sum())
+
+    def optimizer_step(self, loss: torch.Tensor) -> float:
+        """Backward, clip, AdamW and the lr schedule, as every update of a GRPO run; the grad norm."""
         self.optim.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.optim.max_grad_norm)
         self.optim.optimizer.step()
         self.optim.schedule.step()
-        return loss.item(), grad_norm.item(), int((labels != -100).sum())
+        return grad_norm.item()
 
     def evaluate(self) -> dict:
         if self.eval_only and self.start_eval is not None:   # the same weights, greedy: the same eval
@@ -161,3 +210,15 @@ class ControlStep:
     def load_state_dict(self, state: dict) -> None:
         self.optim.load_state_dict(state)
         self.trained_s = state["trained_s"]
+
+
+def rollout_metrics(batch: SampledGroups) -> dict:
+    """What a GRPO step logs of its sampled batch (the verifier's scores, unshaped, and the lengths)."""
+    lengths = batch.roll.lengths
+    return {"reward/mean": batch.scores.mean().item(),
+            "reward/std": batch.scores.std().item() if batch.scores.numel() > 1 else 0.0,
+            "train/accuracy": batch.scores.mean().item(),
+            "length/mean": lengths.float().mean().item(),
+            "length/max": lengths.max().item(),
+            "length/truncated_frac": batch.roll.truncated.float().mean().item(),
+            "perf/completion_tokens": int(lengths.sum())}
