@@ -152,9 +152,10 @@ class ControlStep:
 
     def nll_update(self, kept: Rollout) -> tuple[float, float, int]:
         """One AdamW step on the kept completions: the mean NLL over their tokens (EOS included),
-        at T = 1 as the SFT control's; no advantage, no ratio, no KL."""
+        at T = 1 over the whole vocabulary as the SFT control's (a filtering sampler's kept sets are not
+        replayed: this is imitation, not a ratio); no advantage, no ratio, no KL."""
         self.model.train()
-        logp, _ = completion_logprobs(self.model, kept)
+        logp, _ = completion_logprobs(self.model, kept, score_kept_sets=False)
         mask = kept.completion_mask.to(logp.dtype)
         loss = -(logp * mask).sum() / mask.sum()
         return loss.item(), self.optimizer_step(loss), int(mask.sum())
