@@ -110,13 +110,22 @@ RULE_NAMES = tuple(rule.name for rule in PAIR_RULES)
 
 def holding(cfg, expected=()) -> list[tuple[PairRule, str]]:
     """(rule, the combination in words) for every rule that holds in `cfg` and is not `expected`.
-    A no-RL control run (control=base|sft) has no loss for a pair to change; a config without the
-    rollout or updates groups (an older run's) is not read."""
+    A no-RL control run (control=base|sft|rft) has no loss for a pair to change; a config without the
+    rollout or updates groups, or a key a rule reads (an older run's), is not read by that rule."""
     control = cfg.get("control")
     if (control is not None and control.get("name", "none") != "none") or "rollout" not in cfg or "updates" not in cfg:
         return []
-    found = [(rule, rule.combination(cfg)) for rule in PAIR_RULES if rule.name not in expected]
-    return [(rule, combination) for rule, combination in found if combination is not None]
+    found = []
+    for rule in PAIR_RULES:
+        if rule.name in expected:
+            continue
+        try:
+            combination = rule.combination(cfg)
+        except (AttributeError, KeyError):   # omegaconf's missing key: a config older than the rule
+            continue
+        if combination is not None:
+            found.append((rule, combination))
+    return found
 
 
 def run_lines(cfg, expected=()) -> list[str]:

@@ -102,7 +102,7 @@ def test_a_list_valued_context_runs_the_list_it_names(small, tmp_path):
     r = cli("sweep", "add-one-in", "--tricks", "no_std", "--across", "optim.betas=[0.9,0.99],[0.9,0.999]",
             "--seeds", "1", "--dry-run", *small, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "betas-0.9_0.99: 4 variants, 4 runs (optim.betas=[0.9,0.99])" in r.stdout   # with its controls
+    assert "betas-0.9_0.99: 5 variants, 5 runs (optim.betas=[0.9,0.99])" in r.stdout   # with its 3 controls
     assert list(tmp_path.iterdir()) == []
 
 

@@ -26,9 +26,8 @@ from grpo_ablate.report.schema import (accuracy_problem, foreign_problem, manife
 from grpo_ablate.rundir import EVALS, read_json, read_jsonl, read_status
 
 FINISHED = ("completed", "diverged", "failed", "interrupted")   # interrupted: waits for --resume
-# Control runs (issue 8): `base` is the starting policy never trained, `sft` the same budget
-# spent on supervised training on gold solutions, `rft` on the policy's own verified-correct
-# samples (issue 47). Each gets a "Δ vs" column when the sweep has it.
+# Control runs: `base` is the starting policy never trained, `sft` the same budget spent on supervised
+# training on gold solutions, `rft` on the policy's own verified-correct samples. Each gets a "Δ vs" column.
 CONTROL_NAMES = CONTROLS               # role -> what a sweep names it (design.py)
 CONTROL_ROLES = tuple(CONTROL_NAMES)   # the order of their columns and rows
 CONTROL_LABELS = {"base": "the untrained base", "sft": "the SFT control", "rft": "the RFT control"}
