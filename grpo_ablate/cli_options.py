@@ -21,6 +21,9 @@ SWEEP_TRICKS = typer.Option(None, "--tricks", help="Named tricks, comma separate
     "no_std).")
 SWEEP_PLACEBOS = typer.Option(None, "--placebos", help="aa: placebo variants beside the reference, each "
     "differing from it only by its own sampling stream (default 6).")
+SWEEP_DETERMINISM = typer.Option(False, "--determinism", help="aa: instead of the sweep, train its reference's "
+    "first seed twice and check that metrics.jsonl is bit-identical (timings aside); exit 1 naming the first "
+    "metric and step that differ.")
 SWEEP_TRICK = typer.Option(None, "--trick", help="conflict: the new trick (any named trick).")
 SWEEP_REWARD = typer.Option(None, "--reward", help="conflict: the new reward term, a named trick "
     "whose option adds a term to the reward (e.g. length_penalty, overlong_punish; a wrong one is "

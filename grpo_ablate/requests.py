@@ -45,6 +45,7 @@ class SweepArgs:
     resume_dir: Path | None = None
     rerun: str | None = None
     placebos: int | None = None
+    determinism: bool = False
 
     def check(self) -> None:
         """Options that count or size something (values.py's table): ValueProblem when one is not

@@ -92,3 +92,43 @@ def test_a_leave_one_out_report_has_no_aa_section(tmp_path):
     path, _ = write_sweep(tmp_path / "loo", np.random.default_rng(1), tricks=2, seeds=3)
     report = build_report(path)
     assert report.placebo is None and "A/A" not in render_markdown(report)
+
+
+# ------------------------------------------------------------------------------ determinism
+def test_first_difference_names_the_metric_and_step_and_ignores_timings():
+    from grpo_ablate.sweep.determinism import first_difference
+
+    rows = [{"step": 0, "eval/accuracy": 0.5}, {"step": 1, "loss": 0.25, "time/step_s": 0.1, "perf/tokens_per_s": 9.0}]
+    same = [dict(r) for r in rows]
+    same[1].update({"time/step_s": 0.3, "perf/tokens_per_s": 3.0})
+    assert first_difference(rows, same) is None
+    off = [dict(r) for r in rows]
+    off[1]["loss"] = 0.25 + 1e-16 * 2 ** 3   # the last bits: still a difference
+    assert "`loss` first differs at step 1" in first_difference(rows, off)
+    assert "2 rows and the second 1" in first_difference(rows, rows[:1])
+    assert first_difference([{"step": 1, "x": float("nan")}], [{"step": 1, "x": float("nan")}]) is None
+
+
+def test_determinism_passes_on_a_repeated_run_and_fails_naming_the_metric_of_a_perturbed_copy(tmp_path, small):
+    import json
+    import shutil
+
+    from conftest import cli
+    from grpo_ablate.sweep.determinism import compare_runs
+
+    out = cli("sweep", "aa", "--determinism", "--seeds", "1", "--dir", tmp_path / "d", *override(small, "steps=2"),
+              cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "determinism check passed" in out.stdout
+    first, copy = tmp_path / "d" / "first", tmp_path / "copy"
+    shutil.copytree(tmp_path / "d" / "second", copy)
+    rows = [json.loads(line) for line in (copy / "metrics.jsonl").read_text().splitlines()]
+    rows[2]["policy/entropy"] = rows[2]["policy/entropy"] + 1e-9
+    (copy / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert compare_runs(first, copy).startswith(f"`policy/entropy` first differs at step {rows[2]['step']}")
+
+
+def override(base, *extra):
+    """`base` overrides with the keys set in `extra` replaced."""
+    keys = {e.split("=", 1)[0] for e in extra}
+    return [o for o in base if o.split("=", 1)[0] not in keys] + list(extra)

@@ -31,6 +31,13 @@ def run(given: SweepArgs, console) -> int:
     if given.mode == "conflict" or given.trick or given.reward:
         tricks = conflict_tricks(given.mode, given.tricks, given.trick, given.reward)
     request = sweep_request(given, tricks)
+    if given.determinism:   # one run of the A/A sweep, twice: the training stack only in those runs
+        if request.mode != "aa" or str(request.seeds) == "auto":
+            raise SweepError("--determinism belongs to `sweep aa` with a fixed --seeds (it re-runs the reference's "
+                             "first seed twice)")
+        from grpo_ablate.sweep import determinism
+
+        return determinism.check(request, console, dry_run=given.dry_run)
     if str(request.seeds) == "auto":
         from grpo_ablate.sweep import sequential   # the report's statistics (pandas, scipy)
 
@@ -64,7 +71,7 @@ def resume(given: SweepArgs, console) -> int:
                ("--max-runs", given.max_runs), ("--controls", given.controls is not None),
                ("--control-budget", given.control_budget), ("--effect", given.effect),
                ("--summary", given.summary), ("--dry-run", given.dry_run), ("--across", given.across),
-               ("--placebos", given.placebos))
+               ("--placebos", given.placebos), ("--determinism", given.determinism))
     dropped = [opt for opt, value in planned if value] + [a for a in given.args if not a.startswith("hydra.")]
     if dropped:
         raise SweepError(f"--resume continues a sweep exactly as it was planned; drop {', '.join(dropped)} "

@@ -96,8 +96,7 @@ def plan(req: SweepRequest) -> dict:
     # the named tricks that add a term to the reward (`sweep conflict --reward`): the registry's flag
     reward_terms = frozenset(row["name"] for row in catalogue if option(row["family"], row["option"]).shapes_reward)
     _check_overrides(req.overrides)
-    matrix = req.matrix or build_matrix(req.mode, req.tricks, families, req.axes, reward_terms=reward_terms,
-                                        placebos=req.placebos)
+    matrix = req.matrix or build_matrix(req.mode, req.tricks, families, req.axes, reward_terms, req.placebos)
     seeds = parse_seeds(req.seeds)
     common = ([f"preset={req.base}"] if req.base else []) + list(req.overrides)
     if req.steps is not None:
