@@ -176,6 +176,8 @@ def sweep(
     allow_inert: bool = opt.SWEEP_ALLOW_INERT,
     resume_dir: Optional[Path] = opt.SWEEP_RESUME_DIR,
     rerun: Optional[str] = opt.SWEEP_RERUN,
+    placebos: Optional[int] = opt.SWEEP_PLACEBOS,
+    determinism: bool = opt.SWEEP_DETERMINISM,
 ) -> None:
     """Run an ablation sweep: every variant x seed is one ordinary training run.
 
@@ -190,7 +192,8 @@ def sweep(
         max_seeds=max_seeds, budget=budget, effect=effect, summary=summary, launcher=launcher, jobs=jobs,
         family=tuple(family) if family else family, across=tuple(across) if across else across,
         max_runs=max_runs, steps=steps, name=name, out=out, controls=controls, control_budget=control_budget,
-        dry_run=dry_run, allow_inert=allow_inert, resume_dir=resume_dir, rerun=rerun)
+        dry_run=dry_run, allow_inert=allow_inert, resume_dir=resume_dir, rerun=rerun, placebos=placebos,
+        determinism=determinism)
     _refused(given.check)   # values.py's table, before anything heavy is imported
     if summary is not None:                      # a bad one is refused before any planning
         from grpo_ablate.report.curves import Summary

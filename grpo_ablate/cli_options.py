@@ -15,10 +15,15 @@ TRAIN_RESTART = typer.Option(False, "--restart", help="With --resume: start the 
 
 # sweep
 SWEEP_MODE = typer.Argument(
-    None, help="leave-one-out | add-one-in | ladder | factorial | pairwise | conflict | file PATH")
+    None, help="leave-one-out | add-one-in | ladder | factorial | pairwise | conflict | aa | file PATH")
 SWEEP_TRICKS = typer.Option(None, "--tricks", help="Named tricks, comma separated (default for "
     "leave-one-out: the seed review's recommended set, dynamic_sampling, "
     "no_std).")
+SWEEP_PLACEBOS = typer.Option(None, "--placebos", help="aa: placebo variants beside the reference, each "
+    "differing from it only by its own sampling stream (default 6).")
+SWEEP_DETERMINISM = typer.Option(False, "--determinism", help="aa: instead of the sweep, train its reference's "
+    "first seed twice and check that metrics.jsonl is bit-identical (timings aside); exit 1 naming the first "
+    "metric and step that differ.")
 SWEEP_TRICK = typer.Option(None, "--trick", help="conflict: the new trick (any named trick).")
 SWEEP_REWARD = typer.Option(None, "--reward", help="conflict: the new reward term, a named trick "
     "whose option adds a term to the reward (e.g. length_penalty, overlong_punish; a wrong one is "

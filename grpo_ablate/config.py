@@ -39,7 +39,8 @@ RESUMABLE_KEYS = ("steps", "resume", "logger", "run", "sweep", "threads", "diag"
                   "updates.micro_batch_size", "updates.max_tokens_per_forward")
 # settings added after runs existed, hashed only away from the value at which they do nothing (the
 # sampler's filters off), so a run started before them hashes, and resumes, as it did
-HASHED_AWAY_FROM = {**{f"rollout.{key}": off for key, off in FILTERS_OFF.items()}, "rollout.sampling_replay": True}
+HASHED_AWAY_FROM = {**{f"rollout.{key}": off for key, off in FILTERS_OFF.items()}, "rollout.sampling_replay": True,
+                    "rollout.stream_salt": 0}
 
 
 def params(group: DictConfig) -> dict:

@@ -44,12 +44,14 @@ class SweepArgs:
     allow_inert: bool = False
     resume_dir: Path | None = None
     rerun: str | None = None
+    placebos: int | None = None
+    determinism: bool = False
 
     def check(self) -> None:
         """Options that count or size something (values.py's table): ValueProblem when one is not
         allowed, before anything heavy is imported."""
         check_options(jobs=self.jobs, steps=self.steps, max_runs=self.max_runs, max_seeds=self.max_seeds,
-                      effect=self.effect)
+                      effect=self.effect, placebos=self.placebos)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ RUN_SETTINGS = {
     "rollout.dtype": Allowed("choice", choices=MODEL_DTYPE.choices, optional=True),   # null: model.dtype (vllm)
     "rollout.lean_decoder": FLAG,
     "rollout.rng": Allowed("choice", choices=("auto", "stream", "per_row"), optional=True),   # null: auto
+    "rollout.stream_salt": NON_NEGATIVE_INT,           # 0: the sampler's stream is the seed's own (sweep aa)
     # sampling filters (sampling/filters.py) and the trainer's replay of the kept sets they leave
     "rollout.top_k": NON_NEGATIVE_INT,                 # 0: off
     "rollout.top_p": Allowed(low=0, low_open=True, high=1),   # 1: off

@@ -64,6 +64,7 @@ class RolloutSettings:
     options: Mapping[str, Any]   # every key of the rollout group (rollout=vllm's engine settings: max_model_len, ...)
     filters: SamplingFilters = SamplingFilters()   # top_k, top_p, min_p (sampling/filters.py)
     score_kept_sets: bool = True  # rollout.sampling_replay: the trainer scores the sampler's kept sets (forward.py)
+    stream_salt: int = 0          # the sampler's own stream from the same seed (decode.sampler_seed; sweep aa)
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,7 @@ def run_spec(cfg: DictConfig) -> RunSpec:
                                 str(r.get("rng") or "auto"), _read_only(params(r)),
                                 SamplingFilters(int(r.get("top_k", 0)), float(r.get("top_p", 1.0)),
                                                 float(r.get("min_p", 0.0))),
-                                bool(r.get("sampling_replay", True))),
+                                bool(r.get("sampling_replay", True)), int(r.get("stream_salt", 0))),
         optim=OptimSettings(o.lr, o.weight_decay, tuple(o.betas), o.max_grad_norm, int(o.warmup_steps),
                             str(o.get("schedule", "constant"))),
         updates=UpdateSettings(int(s.mini_batches), int(s.epochs), bool(s.shuffle), _count(s.get("micro_batch_size")),

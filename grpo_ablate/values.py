@@ -33,6 +33,7 @@ SWEEP_FILE_FIELDS = {
     "summary": TEXT, "variants": Allowed("mapping", optional=True),
     "contexts": ANY,   # a list of {name, overrides} or a mapping: contexts.file_contexts checks the shape
     "expected_pairs": TEXTS,   # pair rules (pair_rules.py) the file asks about: silent for its sweep
+    "placebos": COUNT,         # mode aa: placebo variants beside the reference
 }
 # options that are not sweep-file fields
 OPTIONS = {"jobs": COUNT, "last_k": COUNT}

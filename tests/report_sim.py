@@ -76,9 +76,10 @@ def fast_verdicts(scores, method="holm", alpha=0.05, summary="final", seeds_only
     return {v["trick"]: v for v in verdicts}
 
 
-def write_sweep(path, rng, drop_run=None, broken=None, **options):
+def write_sweep(path, rng, drop_run=None, broken=None, mode="leave-one-out", **options):
     """A leave-one-out sweep dir of `simulate(rng, **options)`; returns (path, scores). `drop_run`:
-    (variant, seed) left without a run dir; `broken`: {(variant, seed)} that diverged."""
+    (variant, seed) left without a run dir; `broken`: {(variant, seed)} that diverged; `mode`: the
+    mode the sweep records (aa: an A/A sweep, its drops read as placebos)."""
     path.mkdir(parents=True)
     variants, scores = simulate(rng, **options)
     runs = []
@@ -90,10 +91,10 @@ def write_sweep(path, rng, drop_run=None, broken=None, **options):
             if drop_run == (v, s):
                 continue
             state = "diverged" if broken and (v, s) in broken else "completed"
-            write_run(path / name, v, s, on, evals, state, len(evals[STEPS]))
+            write_run(path / name, v, s, on, evals, state, len(evals[STEPS]), mode)
     names = variants["all"][0]
     seeds = sorted(scores["all"])
-    manifest = {"version": 1, "sweep_id": "sim", "name": "sim", "mode": "leave-one-out", "base": "grpo",
+    manifest = {"version": 1, "sweep_id": "sim", "name": "sim", "mode": mode, "base": "grpo",
                 "tricks": names, "seeds": seeds, "overrides": [], "launcher": "joblib",
                 "wandb_group": "sim", "created_at": "x", "updated_at": "x",
                 "variants": [{"name": v, "tricks_on": on, "overrides": [], "reference": ref, "kind": "treatment"}
@@ -103,7 +104,7 @@ def write_sweep(path, rng, drop_run=None, broken=None, **options):
     return path, scores
 
 
-def write_run(run_dir, variant, seed, tricks, evals, state, problems):
+def write_run(run_dir, variant, seed, tricks, evals, state, problems, mode="leave-one-out"):
     run_dir.mkdir()
     last = max(evals) if state == "completed" else STEPS // 2
     rows, eval_rows = [], []
@@ -126,4 +127,4 @@ def write_run(run_dir, variant, seed, tricks, evals, state, problems):
         "seed": seed, "steps": STEPS, "task": {"name": "arithmetic", "eval_size": problems},
         "rollout": {"max_new_tokens": 32}, "tricks": {t: {"family": "x", "option": t} for t in tricks},
         "run": {"name": f"{variant}-s{seed}", "group": "g", "job_type": variant},
-        "sweep": {"name": "sim", "id": "sim", "mode": "leave-one-out", "variant": variant, "tricks": []}}))
+        "sweep": {"name": "sim", "id": "sim", "mode": mode, "variant": variant, "tricks": []}}))

@@ -18,6 +18,7 @@ from grpo_ablate.report.evidence import Evidence, gather
 from grpo_ablate.report.health import HealthThresholds
 from grpo_ablate.report.load import FINISHED, Run, Sweep, load_sweep, nested_value
 from grpo_ablate.report.metric import Metric
+from grpo_ablate.report.placebo import placebo_section
 from grpo_ablate.report.power import cost_to_decide, sequential_section
 from grpo_ablate.report.scaling import fit_section, predict_section
 from grpo_ablate.report.training import training_section
@@ -54,6 +55,7 @@ class Report:
     compute: str = "tokens"                                # the x axis of auc and the fits: tokens | wall
     training: dict | None = None                           # training.training_section: training vs its start
     sensitivity: dict | None = None                        # the trick verdicts again under --test paired
+    placebo: dict | None = None                            # placebo.placebo_section: an A/A sweep's check
 
     @property
     def controls(self) -> dict:
@@ -116,6 +118,7 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
     report.power = power_section(sweep, verdicts, sequential, not_sequential, effect)
     if sweep.contrasts:
         report.summaries = compare_summaries(sweep, per_run, runs_of, curves, areas, effect, summary, evidence)
+    report.placebo = placebo_section(report)
     report.fits = fit_section(sweep, metric, higher_is_better, curves)
     report.aggregates = aggregates(sweep, values, measured)
     report.transfer = transfer_section(sweep, verdicts, values, measured)

@@ -16,6 +16,7 @@ from grpo_ablate.report.diagnostics import markdown_sections as diagnostics_sect
 from grpo_ablate.report.formatting import fmt_delta, fmt_estimate, fmt_num, fmt_sig
 from grpo_ablate.report.health import BREAKING_FLAGS
 from grpo_ablate.report.load import CONTROL_COLUMNS, CONTROL_LABELS
+from grpo_ablate.report.placebo import section_lines as placebo_lines
 from grpo_ablate.report.power import sequential_guarantee
 from grpo_ablate.report.render_curves import json_sections, markdown_sections as curve_sections
 from grpo_ablate.report.render_head import controls_summary, cost_lines, family, head_lines
@@ -44,6 +45,8 @@ def render_markdown(report: Report, figures: list[tuple[str, str]] | None = None
     out = head_lines(report)
     if report.verdicts:
         out += ["## Verdicts per trick", ""] + verdict_lines(report) + [""]
+    if report.placebo:
+        out += ["## A/A check", ""] + placebo_lines(report.placebo, report.metric) + [""]
     out += training_section(report)
     out += ["## Variants", "", variants_table(report), "", "## How to read this", ""] + method_lines(report)
     if report.transfer:
@@ -445,5 +448,6 @@ def report_json(report: Report, figures: list[tuple[str, str]] | None = None) ->
         "diagnostics": report.diagnostics,
         **({"transfer": report.transfer} if report.transfer else {}),
         **({"training": report.training} if report.training else {}),
+        **({"placebo": report.placebo} if report.placebo else {}),
         **json_sections(report),
     })

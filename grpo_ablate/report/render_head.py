@@ -1,11 +1,12 @@
-"""The top of report.md: the title, at most three one-sentence lines (the family and its error
-control, training against its untrained start, the cost of deciding the rest) and the verdict
+"""The top of report.md: the title, at most four one-sentence lines (an A/A sweep's check, the family and
+its error control, training against its untrained start, the cost of deciding the rest) and the verdict
 table, so that a reader meets the verdicts first (issue 43); the full cost of the open
 contrasts for the Power section and the SFT control's headline for the controls section."""
 from __future__ import annotations
 
 from grpo_ablate.report.build import Report
 from grpo_ablate.report.formatting import fmt_num, fmt_p
+from grpo_ablate.report.placebo import verdict_line as placebo_line
 from grpo_ablate.report.power import PRICED_SEEDS, sequential_guarantee
 from grpo_ablate.report.render_training import training_line
 from grpo_ablate.report.verdicts import BEATS, BREAKS_TRAINING, NO_COMPARISON, UNDECIDED
@@ -22,7 +23,8 @@ def head_lines(report: Report) -> list[str]:
     if not report.verdicts:
         return [title, "", *filter(None, [training_line(report)]),
                 "No contrasts: this sweep has no pair of variants that differ by one trick; its variants follow.", ""]
-    lines = [family_line(report), training_line(report), decided_line(report)]
+    lines = [placebo_line(report.placebo) if report.placebo else None, family_line(report), training_line(report),
+             decided_line(report)]
     sensitivity = sensitivity_line(report)
     return [title, "", *(f"- {line}" for line in lines if line), "", *verdict_table(report), "",
             *([sensitivity, ""] if sensitivity else [])]

@@ -131,6 +131,12 @@ def derived_seed(seed: int, key: tuple) -> int:
     return int.from_bytes(hashlib.sha256(repr((int(seed), key)).encode()).digest()[:8], "little") >> 1
 
 
+def sampler_seed(seed: int, stream_salt: int) -> int:
+    """The seed of the sampler's draws (rollout.stream_salt): the run's seed itself at salt 0, so runs
+    from before the salt sample as they did; another salt, another stream from the same seed."""
+    return int(seed) if not stream_salt else derived_seed(seed, ("stream", int(stream_salt)))
+
+
 @torch.no_grad()
 def generate(model, prompts: list[list[int]], *, num_samples: int, max_new_tokens: int,
              temperature: float, eos_id: int | list[int], pad_id: int,

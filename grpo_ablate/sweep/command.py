@@ -16,7 +16,7 @@ from grpo_ablate.requests import SweepArgs
 from grpo_ablate.sweep.contexts import across_contexts, file_contexts
 from grpo_ablate.sweep.launch import start
 from grpo_ablate.sweep.manifest import read_manifest
-from grpo_ablate.sweep.matrix import DEFAULT_MAX_RUNS, MODES, SweepError, variants_matrix
+from grpo_ablate.sweep.matrix import DEFAULT_MAX_RUNS, DEFAULT_PLACEBOS, MODES, SweepError, variants_matrix
 from grpo_ablate.sweep.plan import DEFAULT_BASE, DEFAULT_SEEDS, DEFAULT_TRICKS, SweepRequest, axis_values
 from grpo_ablate.values import check_sweep_file, load_yaml
 
@@ -31,6 +31,13 @@ def run(given: SweepArgs, console) -> int:
     if given.mode == "conflict" or given.trick or given.reward:
         tricks = conflict_tricks(given.mode, given.tricks, given.trick, given.reward)
     request = sweep_request(given, tricks)
+    if given.determinism:   # one run of the A/A sweep, twice: the training stack only in those runs
+        if request.mode != "aa" or str(request.seeds) == "auto":
+            raise SweepError("--determinism belongs to `sweep aa` with a fixed --seeds (it re-runs the reference's "
+                             "first seed twice)")
+        from grpo_ablate.sweep import determinism
+
+        return determinism.check(request, console, dry_run=given.dry_run)
     if str(request.seeds) == "auto":
         from grpo_ablate.sweep import sequential   # the report's statistics (pandas, scipy)
 
@@ -63,7 +70,8 @@ def resume(given: SweepArgs, console) -> int:
                ("--family", given.family), ("--steps", given.steps), ("--name", given.name), ("--dir", given.out),
                ("--max-runs", given.max_runs), ("--controls", given.controls is not None),
                ("--control-budget", given.control_budget), ("--effect", given.effect),
-               ("--summary", given.summary), ("--dry-run", given.dry_run), ("--across", given.across))
+               ("--summary", given.summary), ("--dry-run", given.dry_run), ("--across", given.across),
+               ("--placebos", given.placebos), ("--determinism", given.determinism))
     dropped = [opt for opt, value in planned if value] + [a for a in given.args if not a.startswith("hydra.")]
     if dropped:
         raise SweepError(f"--resume continues a sweep exactly as it was planned; drop {', '.join(dropped)} "
@@ -118,6 +126,9 @@ def sweep_request(given: SweepArgs, tricks: str | None) -> SweepRequest:
     bad = [a for a in overrides if a.startswith("-")]
     if bad:
         raise SweepError(f"unknown option {bad[0]}; see grpo-ablate sweep --help")
+    placebos = given.placebos or spec.get("placebos")
+    if placebos is not None and mode != "aa":
+        raise SweepError("--placebos belongs to `sweep aa` (the A/A sweep); other modes measure tricks")
     matrix = None
     if mode == "variants":   # a file's own variants, each against its reference (sweeps/sanity.yaml)
         if tricks or given.family:
@@ -134,7 +145,7 @@ def sweep_request(given: SweepArgs, tricks: str | None) -> SweepRequest:
         contexts=(across_contexts(list(given.across)) if given.across
                   else file_contexts(spec["contexts"]) if "contexts" in spec else []),
         sequential={k: spec[k] for k in ("max_seeds", "budget", "effect", "summary") if k in spec},
-        expected_pairs=list(spec.get("expected_pairs", [])))
+        expected_pairs=list(spec.get("expected_pairs", [])), placebos=placebos or DEFAULT_PLACEBOS)
     return with_given_options(request, given)
 
 
@@ -169,8 +180,7 @@ def load_sweep_file(path: Path) -> dict:
         raise SweepError(f"sweep file {path}: {problem}")
     spec = {key: value for key, value in (spec or {}).items() if value is not None}   # null: the default
     if "mode" not in spec:
-        raise SweepError(f"sweep file {path} has no mode; allowed: leave-one-out, add-one-in, ladder, factorial, "
-                         "pairwise, variants")
+        raise SweepError(f"sweep file {path} has no mode; allowed: {', '.join(MODES)}, variants")
     if (spec["mode"] == "variants") != ("variants" in spec) or (spec["mode"] == "variants" and "tricks" in spec):
         raise SweepError(f"sweep file {path}: `variants` (name -> overrides) goes with mode: variants, "
                          "and a variants file lists no tricks")

@@ -16,6 +16,10 @@ Modes (the tables of the papers):
                     Δ_ab − Δ_a − Δ_b (the report's interaction table and heatmap)
     conflict        the seed review's section 4.3 for one trick and one reward term: the base,
                     base + the trick, base + the reward term alone, gradient diagnostics on
+    aa              an A/A (placebo) sweep: the reference ("all": the base with --tricks, if any)
+                    and K placebos that differ from it only by their own sampling stream
+                    (rollout.stream_salt), each measured against it as a leave-one-out measures
+                    a trick: no placebo should be named (docs/sweeps.md)
     variants        (a sweep file only) named variants, each defined by its own overrides and
                     measured against a reference variant (`variants_matrix`): known-answer
                     checks such as sweeps/sanity.yaml
@@ -32,7 +36,7 @@ from grpo_ablate.design import Contrast, Variant
 from grpo_ablate.errors import UserError
 
 
-MODES = ("leave-one-out", "add-one-in", "ladder", "factorial", "pairwise", "conflict")
+MODES = ("leave-one-out", "add-one-in", "ladder", "factorial", "pairwise", "conflict", "aa")
 FILE_MODES = ("variants",)   # modes only a sweep file can give (their variants are written out there)
 # What a `variants` sweep file may expect of a contrast: the report's verdicts (report/verdicts.py;
 # tests/test_sweep.py checks that the two lists agree)
@@ -42,6 +46,9 @@ NAME_PATTERN = r"[A-Za-z0-9_.+-]+"        # variant and context names: they beco
 # or context may set them
 SWEEP_SETS = ("seed", "resume", "run", "sweep", "hydra")
 DIAG_ON = ("diag.grad_conflict=true",)   # a conflict sweep's runs log the gradient diagnostics
+# An A/A sweep's placebos unless told (--placebos): as many contrasts as the default leave-one-out's tricks
+DEFAULT_PLACEBOS = 6
+STREAM_SALT = "rollout.stream_salt"   # the run setting a placebo differs by (decode.sampler_seed)
 # A sweep larger than this needs --max-runs: a guard against a factorial that explodes by
 # mistake. 128 so that the default question (10 variants with the controls) runs with
 # `--seeds auto` up to --max-seeds 12 (120 runs).
@@ -100,11 +107,13 @@ def check_exclusive(tricks: list[str], families: dict[str, str]) -> None:
 
 
 def build_matrix(mode: str, tricks: list[str], families: dict[str, str],
-                 axes: list[tuple[str, list]] | None = None, reward_terms: frozenset[str] = frozenset()) -> Matrix:
+                 axes: list[tuple[str, list]] | None = None, reward_terms: frozenset[str] = frozenset(),
+                 placebos: int = DEFAULT_PLACEBOS) -> Matrix:
     """Variants and contrasts of a sweep. `families` maps every named trick to its family;
     `axes` (factorial only) lists (config key or group, values) to cross instead of tricks;
     `reward_terms` (conflict only): the named tricks whose option adds a term to the reward (the
-    registry's shapes_reward flag). A conflict sweep's `tricks` are [the trick, the reward term]."""
+    registry's shapes_reward flag). A conflict sweep's `tricks` are [the trick, the reward term].
+    `placebos` (aa only): how many placebo variants beside the reference."""
     tricks = list(tricks)
     if mode not in MODES:
         raise SweepError(f"sweep mode {mode!r} is not allowed; allowed: {', '.join(MODES)}, file")
@@ -114,6 +123,9 @@ def build_matrix(mode: str, tricks: list[str], families: dict[str, str],
             raise SweepError("factorial takes either --tricks (on/off combinations) or --family "
                              "(option combinations), not both")
         return _family_factorial(axes)
+    if mode == "aa":
+        check_exclusive(tricks, families)
+        return placebo_matrix(tricks, placebos)
     if not tricks:
         raise SweepError(f"sweep {mode} needs tricks: --tricks a,b,c (see `grpo-ablate tricks`)")
     if mode == "leave-one-out":
@@ -151,6 +163,20 @@ def build_matrix(mode: str, tricks: list[str], families: dict[str, str],
         # each trick's simple effect at the base: the trick alone vs nothing
         contrasts = [Contrast(t, t, "base") for t in tricks]
     return Matrix(mode, variants, contrasts)
+
+
+def placebo_matrix(tricks: list[str], placebos: int) -> Matrix:
+    """The reference and `placebos` copies of it, each with its own sampling stream (salts 1..K; the
+    reference keeps salt 0, the seed's own stream). Each placebo is a contrast named after itself,
+    with the reference on the `with` side as a leave-one-out's "all", so the report tests them as
+    one star family (blocked, Holm) exactly as it tests tricks."""
+    if placebos < 1:
+        raise SweepError(f"--placebos {placebos} is not allowed; give a count >= 1")
+    reference = _variant("all", tricks, None)
+    variants = [reference] + [Variant(f"placebo-{i}", tuple(tricks), (*reference.overrides, f"{STREAM_SALT}={i}"),
+                                      "all") for i in range(1, placebos + 1)]
+    contrasts = [Contrast(v.name, "all", v.name) for v in variants[1:]]
+    return Matrix("aa", variants, contrasts)
 
 
 def _conflict(tricks: list[str], reward_terms: frozenset[str]) -> Matrix:

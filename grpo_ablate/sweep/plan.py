@@ -26,8 +26,8 @@ from grpo_ablate.design import Context
 from grpo_ablate.sweep.contexts import check_contexts, with_contexts
 from grpo_ablate.sweep.controls import control_kinds, planned_controls, with_controls
 from grpo_ablate.sweep.manifest import timestamp
-from grpo_ablate.sweep.matrix import (DEFAULT_MAX_RUNS, NAME_PATTERN, Matrix, SweepError, build_matrix, check_size,
-                                      expand_jobs, parse_seeds)
+from grpo_ablate.sweep.matrix import (DEFAULT_MAX_RUNS, DEFAULT_PLACEBOS, NAME_PATTERN, STREAM_SALT, Matrix, SweepError,
+                                      build_matrix, check_size, expand_jobs, parse_seeds)
 from grpo_ablate.tasks import TASKS, build_task
 from grpo_ablate.tricks import option
 
@@ -51,7 +51,8 @@ DEFAULT_SEEDS = "5"
 LOCAL_LAUNCHERS = ("basic", "joblib", "submitit_local")
 # keys a sweep sets itself; the user chooses them through the sweep's own options
 _RESERVED = {"seed": "--seeds", "trick": "--tricks", "+trick": "--tricks", "preset": "--base",
-             "resume": "--resume", "control": "--controls"}
+             "resume": "--resume", "control": "--controls",
+             STREAM_SALT: "sweep aa --placebos (each placebo gets its own; the reference keeps 0)"}
 
 
 @dataclass
@@ -78,6 +79,7 @@ class SweepRequest:
     contexts: list[Context] = field(default_factory=list)   # --across / a file's contexts: the matrix in each
     summary: str | None = None       # what the sweep decides on (report/curves.py label), fixed before any run
     expected_pairs: list[str] = field(default_factory=list)   # pair rules the sweep asks about (pair_rules.py)
+    placebos: int = DEFAULT_PLACEBOS  # sweep aa: placebo variants beside the reference
 
 
 # What a sweep decides on unless told: the mean of the last three evals (issue 31: on the default sweep
@@ -94,7 +96,7 @@ def plan(req: SweepRequest) -> dict:
     # the named tricks that add a term to the reward (`sweep conflict --reward`): the registry's flag
     reward_terms = frozenset(row["name"] for row in catalogue if option(row["family"], row["option"]).shapes_reward)
     _check_overrides(req.overrides)
-    matrix = req.matrix or build_matrix(req.mode, req.tricks, families, req.axes, reward_terms=reward_terms)
+    matrix = req.matrix or build_matrix(req.mode, req.tricks, families, req.axes, reward_terms, req.placebos)
     seeds = parse_seeds(req.seeds)
     common = ([f"preset={req.base}"] if req.base else []) + list(req.overrides)
     if req.steps is not None:
@@ -164,9 +166,10 @@ def plan_controls(req: SweepRequest, matrix: Matrix, common: list[str], base_cfg
     task has reference solutions."""
     if req.controls is False:
         return matrix
-    # none unasked for doctor's stages and the conflict check (diagnoses), nor for a factorial
-    # over config groups (`--family`: settings crossed, fault injection among them, no trick under test)
-    unasked_none = req.matrix is not None or req.mode == "conflict" or bool(req.axes)
+    # none unasked for doctor's stages, the conflict check and an A/A sweep (diagnoses: of training,
+    # of the report), nor for a factorial over config groups (`--family`: settings crossed, fault
+    # injection among them, no trick under test)
+    unasked_none = req.matrix is not None or req.mode in ("conflict", "aa") or bool(req.axes)
     kinds = control_kinds(req.controls, not base_cfg.model.get("path"), unasked_none)
     if "sft" not in kinds:
         return with_controls(matrix, kinds)

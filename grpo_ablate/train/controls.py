@@ -36,7 +36,7 @@ from grpo_ablate.config import validate
 from grpo_ablate.errors import ConfigError
 from grpo_ablate.models import (add_lora, disable_dropout, load_model_and_tokenizer, model_device, model_dir,
                                 stop_token_ids, supervised_batch)
-from grpo_ablate.sampling.decode import Rollout, select_rows
+from grpo_ablate.sampling.decode import Rollout, sampler_seed, select_rows
 from grpo_ablate.sampling.engines import HFEngine, Rollouts
 from grpo_ablate.sampling.prompts import PromptEncoder
 from grpo_ablate.tasks import build_task
@@ -93,10 +93,11 @@ class ControlStep:
             self.model = add_lora(self.model, spec.model.group, checkpoint)
         self.encode = PromptEncoder(self.tokenizer, self.task)   # the prompts exactly as a GRPO run sees them
         trained = [p for p in self.model.parameters() if p.requires_grad]
-        self.optim = Optimization(trained, spec.optim, spec.seed, spec.schedule.steps)
+        stream_seed = sampler_seed(spec.seed, spec.rollout.stream_salt)   # the RFT control's samples, as GRPO's
+        self.optim = Optimization(trained, spec.optim, stream_seed, spec.schedule.steps)
         self.rollouts = Rollouts(HFEngine(self.model, spec.rollout.lean_decoder), self.tokenizer, self.encode,
                                  self.task, DataParallel(), device, eos_id=stop_token_ids(self.model, self.tokenizer),
-                                 max_new_tokens=spec.rollout.max_new_tokens, seed=spec.seed, rng="stream",
+                                 max_new_tokens=spec.rollout.max_new_tokens, seed=stream_seed, rng="stream",
                                  stream=self.optim.rng, filters=spec.rollout.filters)
         self.eval_problems = self.task.eval_set()
         self.trained_s = 0.0      # seconds of supervised training so far (the wall budget)

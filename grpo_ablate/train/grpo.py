@@ -25,6 +25,7 @@ from grpo_ablate.pair_rules import run_lines
 from grpo_ablate.models import (AdapterDisabled, add_lora, autocast_forward, disable_dropout,
                                 enable_activation_checkpointing, load_model_and_tokenizer, model_dir,
                                 model_device, stop_token_ids)
+from grpo_ablate.sampling.decode import sampler_seed
 from grpo_ablate.sampling.engines import HFEngine, Rollouts, build_engine, rng_mode
 from grpo_ablate.sampling.lean import unsupported as lean_unsupported
 from grpo_ablate.sampling.prompts import PromptEncoder
@@ -96,18 +97,20 @@ def build_grpo(spec: RunSpec, device: torch.device, dp: DataParallel, checkpoint
     controllers = Controllers(kl=kl_control, entropy=tricks["entropy"].fn(), temperature=tricks["temperature"].fn())
     critic = list(policies.value_head.parameters()) if policies.value_head is not None else []
     trained = [p for p in policies.policy.parameters() if p.requires_grad] + critic   # LoRA: the adapters only
-    optim = Optimization([{"params": trained}, *controllers.temperature.param_groups()], spec.optim, spec.seed,
+    # the sampler's draws (optim.rng is their stream) from the seed, or from a placebo's salt of it (sweep aa)
+    stream_seed = sampler_seed(spec.seed, spec.rollout.stream_salt)
+    optim = Optimization([{"params": trained}, *controllers.temperature.param_groups()], spec.optim, stream_seed,
                          spec.schedule.steps)
     dp.checkpoint_full_optimizer_state(optim.optimizer)   # FSDP: checkpoints hold the full AdamW state
     # Sampling (rollout.backend: the policy itself, or vLLM), decoding, scoring: the whole batch.
-    engine = build_engine(spec.rollout, spec.model.dtype, spec.seed, policies.policy, dp, model_path)
+    engine = build_engine(spec.rollout, spec.model.dtype, stream_seed, policies.policy, dp, model_path)
     if isinstance(engine, HFEngine) and engine.lean and device.type == "cpu":   # said once, here
         if (reason := lean_unsupported(getattr(policies.policy, "module", policies.policy))) is not None:
             say(f"rollout: LeanDecoder does not support {reason}; sampling with the model's own forward")
     rollouts = Rollouts(engine, policies.tokenizer, encode, task, dp, device,
                         eos_id=stop_token_ids(policies.policy, policies.tokenizer),
-                        max_new_tokens=spec.rollout.max_new_tokens, seed=spec.seed, rng=rng_mode(spec.rollout.rng, dp),
-                        stream=optim.rng, filters=spec.rollout.filters)
+                        max_new_tokens=spec.rollout.max_new_tokens, seed=stream_seed,
+                        rng=rng_mode(spec.rollout.rng, dp), stream=optim.rng, filters=spec.rollout.filters)
     return GRPOTrainer(spec, task, encode, policies, controllers, optim, rollouts, dp, device), prompt_counts
 
 
