@@ -28,7 +28,28 @@ def _token_divergence(log_ratio, old_logp, sampler_logp, metric: str) -> torch.T
         return ratio - 1.0 - log_ratio
     if metric == "k3_areal":    # 1/r - 1 + log r (AReaL's KLEstimator k3 on (log pi_prox, log mu))
         return torch.exp((-log_ratio).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)) - 1.0 + log_ratio
+    if metric == "binary_kl":
+        return bernoulli_kl_both_ways(old_logp, known_or(sampler_logp, old_logp))
     return torch.exp(old_logp) - torch.exp(known_or(sampler_logp, old_logp))     # prob_diff (ROLL)
+
+
+BERNOULLI_EPS = 1e-8    # AReaL compute_binary_kl_divergence's eps: p and q clamped to [eps, 1 - eps]
+
+
+def bernoulli_kl_both_ways(old_logp, sampler_logp) -> torch.Tensor:
+    """KPop's statistic: max(KL(P || Q), KL(Q || P)) for the Bernoulli distributions [p, 1 - p] and
+    [q, 1 - q] of the sampled token's probability under pi_old (p) and the sampler (q),
+
+        KL(P || Q) = p log(p / q) + (1 - p) log((1 - p) / (1 - q)),   p, q clamped to [1e-8, 1 - 1e-8]
+
+    AReaL 13353cc67 (#1405) `compute_binary_kl_divergence`, called both ways in
+    `apply_rejection_sampling` (metric binary_kl); the token is kept where the max is <= phi."""
+    p = torch.exp(old_logp).clamp(BERNOULLI_EPS, 1.0 - BERNOULLI_EPS)
+    q = torch.exp(sampler_logp).clamp(BERNOULLI_EPS, 1.0 - BERNOULLI_EPS)
+
+    def kl(a, b):
+        return a * torch.log(a / b) + (1.0 - a) * torch.log((1.0 - a) / (1.0 - b))
+    return torch.maximum(kl(p, q), kl(q, p))
 
 
 def _in_bounds(stat, low, high) -> torch.Tensor:
@@ -135,7 +156,7 @@ def _check_rejection(cfg):
 
 
 # The least value each statistic takes (k1 = log r has none): a high at or below it rejects everything.
-NEVER_BELOW = {"ratio": 0.0, "k2": 0.0, "k3": 0.0, "k3_areal": 0.0, "prob_diff": -1.0}
+NEVER_BELOW = {"ratio": 0.0, "k2": 0.0, "k3": 0.0, "k3_areal": 0.0, "prob_diff": -1.0, "binary_kl": 0.0}
 
 
 def _verl_keep(stat_of, log_ratio, mask, criteria, thresholds) -> torch.Tensor:
@@ -153,7 +174,7 @@ def _verl_keep(stat_of, log_ratio, mask, criteria, thresholds) -> torch.Tensor:
     return keep
 
 
-REJECTION_KNOBS = {"metric": choice("ratio", "k1", "k2", "k3", "k3_areal", "prob_diff"),
+REJECTION_KNOBS = {"metric": choice("ratio", "k1", "k2", "k3", "k3_areal", "prob_diff", "binary_kl"),
                    "level": choice("token", "sequence"), "aggregation": choice("sum", "mean", "max", "all"),
                    "action": choice("mask", "clamp"), "weighted": FLAG, "denominator": choice("trained", "kept"),
                    "high": Allowed(), "low": Allowed(high="rollout_correction.high", optional=True),
@@ -168,9 +189,22 @@ TRUST_REGION_MASK = Trick(
                   "masking sequences outside the trust region keeps long-horizon off-policy training stable"),))
 
 
+# KPop as AReaL's example config (examples/math/gsm8k_kpop.yaml at 13353cc67) sets it: use_decoupled_loss
+# (the ratio pi_prox / mu multiplies the loss: weighted), rejection_sampling level token, action mask,
+# metric binary_kl, upper 2.0; the rejected tokens stay in the denominator (ppo_actor_loss_fn counts
+# the loss mask before rejection): denominator trained, this option's default.
+KPOP = Trick(
+    "kpop", what="KPop: mask tokens whose Bernoulli KL between pi_old's and the sampler's token probability, the "
+    "larger of both directions, exceeds 2.0; the rest weighted by pi_old / mu (decoupled loss)",
+    source="AReaL 13353cc67 (#1405) rejection_sampling.metric=binary_kl (areal/utils/functional/functional.py "
+           "compute_binary_kl_divergence)",
+    verdict="not_in_review", cost="a pi_old (proximal) forward per step",
+    settings={"metric": "binary_kl", "level": "token", "weighted": True, "high": 2.0})
+
+
 @register("rollout_correction", "rejection", needs_sampler_logprobs=True, knobs=REJECTION_KNOBS,
           activity=Activity("rollout_corr/rejected_frac"), inert=SAMPLER_IS_TRAINER, checks=_check_rejection,
-          tricks=TRUST_REGION_MASK)
+          tricks=(TRUST_REGION_MASK, KPOP))
 def rejection_weights(old_logp, sampler_logp, mask, *, metric: str = "k3", level: str = "sequence",
                       aggregation: str = "mean", action: str = "mask", weighted: bool = False,
                       denominator: str = "trained", high: float = 0.01, low: float | None = None,
@@ -178,6 +212,7 @@ def rejection_weights(old_logp, sampler_logp, mask, *, metric: str = "k3", level
     """Rejection sampling on a divergence of pi_old from the sampler mu; lr = log pi_old - log mu, r = e^lr:
 
         metric     ratio r | k1 lr | k2 lr^2/2 | k3 r - 1 - lr | k3_areal 1/r - 1 + lr | prob_diff pi_old - mu
+                   | binary_kl max(KL(P||Q), KL(Q||P)) of the Bernoulli token probabilities (KPop)
         level      token: each token's statistic in [low, high];  sequence: the row's aggregate
         aggregation  sum | mean | max over the trained tokens (ratio: in log space, so sum = prod r,
                    mean = the geometric mean) | all: every token in bounds on its own
@@ -204,6 +239,10 @@ def rejection_weights(old_logp, sampler_logp, mask, *, metric: str = "k3", level
                    metric / level / aggregation / low / high; `thresholds` one per criterion as verl's
                    rollout_rs_threshold, [l, u] for a k1 criterion (verl's "l_u"), else the upper bound
                    (so [[0.5, 2.0], 3.0] is verl's "0.5_2.0,3.0"); action mask only
+    KPop (AReaL 13353cc67, #1405; `bernoulli_kl_both_ways`) is metric=binary_kl, level token, weighted, high
+    = phi = 2.0 (its named trick `kpop`). AReaL's docs (algorithms/grpo_series.md) say KPop takes action
+    mask only and ignores `lower`; its code takes both (clamp clamps the importance weight to [lower or 0,
+    upper], and a given lower bounds the KL from below): the code is followed, so here too.
     Not here: ROLL's `segment` level (a multi-turn row's segments; every row here is one turn, whose
     one segment is the sequence)."""
     with torch.no_grad():
