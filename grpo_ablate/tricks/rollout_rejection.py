@@ -192,7 +192,10 @@ TRUST_REGION_MASK = Trick(
 # KPop as AReaL's example config (examples/math/gsm8k_kpop.yaml at 13353cc67) sets it: use_decoupled_loss
 # (the ratio pi_prox / mu multiplies the loss: weighted), rejection_sampling level token, action mask,
 # metric binary_kl, upper 2.0; the rejected tokens stay in the denominator (ppo_actor_loss_fn counts
-# the loss mask before rejection): denominator trained, this option's default.
+# the loss mask before rejection): denominator trained, this option's default. AReaL's docs
+# (algorithms/grpo_series.md) say KPop takes action mask only and ignores `lower`; its code takes
+# both (clamp clamps the importance weight to [lower or 0, upper]; a lower bounds the KL from
+# below): the code is followed, so both are allowed here too.
 KPOP = Trick(
     "kpop", what="KPop: mask tokens whose Bernoulli KL between pi_old's and the sampler's token probability, the "
     "larger of both directions, exceeds 2.0; the rest weighted by pi_old / mu (decoupled loss)",
@@ -239,10 +242,7 @@ def rejection_weights(old_logp, sampler_logp, mask, *, metric: str = "k3", level
                    metric / level / aggregation / low / high; `thresholds` one per criterion as verl's
                    rollout_rs_threshold, [l, u] for a k1 criterion (verl's "l_u"), else the upper bound
                    (so [[0.5, 2.0], 3.0] is verl's "0.5_2.0,3.0"); action mask only
-    KPop (AReaL 13353cc67, #1405; `bernoulli_kl_both_ways`) is metric=binary_kl, level token, weighted, high
-    = phi = 2.0 (its named trick `kpop`). AReaL's docs (algorithms/grpo_series.md) say KPop takes action
-    mask only and ignores `lower`; its code takes both (clamp clamps the importance weight to [lower or 0,
-    upper], and a given lower bounds the KL from below): the code is followed, so here too.
+    KPop (AReaL 13353cc67) is metric=binary_kl with the named trick `kpop`'s settings: see KPOP.
     Not here: ROLL's `segment` level (a multi-turn row's segments; every row here is one turn, whose
     one segment is the sequence)."""
     with torch.no_grad():
