@@ -224,6 +224,16 @@ def test_kpop_keeps_a_token_whose_sampler_logprob_is_unknown():
     assert weights.tolist() == [[1.0]]
 
 
+def test_kpop_is_finite_for_a_certain_token_in_float32():
+    # log-prob 0 (p = 1) on both sides: in float32 AReaL's clamp to 1 - 1e-8 rounds to 1 and its KL is
+    # 0 * log(0 / 0) = NaN (the token masked); computed in float64 the clamp holds and the KL is 0
+    one = torch.zeros(1, 2)
+    weights, metrics = REJECT(one, torch.tensor([[0.0, math.log(0.5)]]), torch.ones(1, 2), metric="binary_kl",
+                              level="token", weighted=True, high=2.0)
+    assert weights.dtype == torch.float32 and weights[0, 0].item() == 1.0 and weights[0, 1].item() == 0.0
+    assert math.isfinite(metrics["rollout_corr/divergence_mean"])
+
+
 def test_the_kpop_trick_selects_areals_example_settings():
     cfg = compose(["+trick=kpop"])
     validate(cfg)

@@ -43,13 +43,16 @@ def bernoulli_kl_both_ways(old_logp, sampler_logp) -> torch.Tensor:
         KL(P || Q) = p log(p / q) + (1 - p) log((1 - p) / (1 - q)),   p, q clamped to [1e-8, 1 - 1e-8]
 
     AReaL 13353cc67 (#1405) `compute_binary_kl_divergence`, called both ways in
-    `apply_rejection_sampling` (metric binary_kl); the token is kept where the max is <= phi."""
-    p = torch.exp(old_logp).clamp(BERNOULLI_EPS, 1.0 - BERNOULLI_EPS)
-    q = torch.exp(sampler_logp).clamp(BERNOULLI_EPS, 1.0 - BERNOULLI_EPS)
+    `apply_rejection_sampling` (metric binary_kl); the token is kept where the max is <= phi.
+    Computed in float64: in float32 (AReaL's log-probs) 1 - 1e-8 rounds to 1, so a token whose
+    probability rounds to 1 (log-prob 0, common for confident tokens) gives 0 * log 0 = NaN there,
+    and AReaL masks it (NaN <= phi is false); here its KL is the finite value the clamp intends."""
+    p = torch.exp(old_logp.double()).clamp(BERNOULLI_EPS, 1.0 - BERNOULLI_EPS)
+    q = torch.exp(sampler_logp.double()).clamp(BERNOULLI_EPS, 1.0 - BERNOULLI_EPS)
 
     def kl(a, b):
         return a * torch.log(a / b) + (1.0 - a) * torch.log((1.0 - a) / (1.0 - b))
-    return torch.maximum(kl(p, q), kl(q, p))
+    return torch.maximum(kl(p, q), kl(q, p)).to(old_logp.dtype)
 
 
 def _in_bounds(stat, low, high) -> torch.Tensor:
