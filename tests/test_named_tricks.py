@@ -63,6 +63,7 @@ ACTS_WITH = {
     "no_positive_resampling": ["prompt_pool.size=8"],     # step 2 starts a second epoch: retirement acts
     # issue 35: trust-region masking acts once a stale policy samples and the bound is below its drift
     "trust_region_mask": ["staleness=fixed", "rollout_correction.high=1e-8"],
+    "kpop": ["staleness=fixed", "rollout_correction.high=1e-8"],   # two steps never drift by a KL of 2
     "ref_update_interval": ["ref_sync.every=2"],
     # the rest of issue 35: the ramp over every length, any flat group replaced, a stale sampler
     "difficulty_aware_penalty": ["overlong.buffer=32"],

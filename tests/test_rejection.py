@@ -178,3 +178,70 @@ def test_chained_criteria_are_verls_comma_separated_rollout_rs(criteria, thresho
 def test_bad_settings_are_one_line_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
         validate(compose(overrides))
+
+
+# ------------------------------------------------------------------ KPop: metric binary_kl
+def bernoulli_kl(p, q):
+    """AReaL 13353cc67 compute_binary_kl_divergence in plain floats: p, q clamped to [1e-8, 1 - 1e-8]."""
+    p, q = (min(max(x, 1e-8), 1 - 1e-8) for x in (p, q))
+    return p * math.log(p / q) + (1 - p) * math.log((1 - p) / (1 - q))
+
+
+# (pi_old, mu) per token: row 0 three tokens, row 1 one (the other two are padding)
+KPOP_P = [[0.9, 0.95, 0.5], [1.0, 0.3, 0.3]]
+KPOP_Q = [[0.1, 0.1, 0.5], [0.5, 0.3, 0.3]]
+
+
+def test_kpop_masks_tokens_whose_larger_bernoulli_kl_exceeds_phi_and_weights_the_rest():
+    # AReaL apply_rejection_sampling, metric binary_kl, level token, action mask, upper 2.0, under
+    # use_decoupled_loss (behave_imp_weight = p / q on the kept tokens):
+    #   (.9, .1):  both ways .8 ln 9 = 1.758 <= 2            -> kept, weight 9
+    #   (.95, .1): KL(P||Q) = .95 ln 9.5 + .05 ln(.05/.9) = 1.994 <= 2, but
+    #              KL(Q||P) = .1 ln(.1/.95) + .9 ln(.9/.05) = 2.376 > 2   -> masked (the reverse decides)
+    #   (.5, .5):  0                                          -> kept, weight 1
+    #   (1, .5):   p clamped to 1 - 1e-8: KL(Q||P) = .5 ln .5 + .5 ln(.5 / 1e-8) = 8.52 -> masked
+    kls = [[max(bernoulli_kl(p, q), bernoulli_kl(q, p)) for p, q in zip(prow, qrow)]
+           for prow, qrow in zip(KPOP_P, KPOP_Q)]
+    assert kls[0][0] == pytest.approx(0.8 * math.log(9)) and bernoulli_kl(0.95, 0.1) < 2.0 < kls[0][1]
+    assert kls[1][0] == pytest.approx(0.5 * math.log(0.5) + 0.5 * math.log(0.5 / 1e-8), rel=1e-6)
+    old = torch.tensor([[math.log(p) for p in row] for row in KPOP_P], dtype=D)
+    mu = torch.tensor([[math.log(q) for q in row] for row in KPOP_Q], dtype=D)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]], dtype=D)
+    weights, metrics = REJECT(old, mu, mask, metric="binary_kl", level="token", weighted=True, high=2.0)
+    torch.testing.assert_close(weights, torch.tensor([[9.0, 0.0, 1.0], [0.0, 0.0, 0.0]], dtype=D))
+    assert metrics["rollout_corr/rejected_frac"] == pytest.approx(2 / 4)
+    assert metrics["rollout_corr/divergence_mean"] == pytest.approx((kls[0][0] + kls[0][1] + 0.0 + kls[1][0]) / 4)
+    # the gradient of the weighted loss: a masked token carries none, a kept one its weight
+    logp = old.clone().requires_grad_(True)
+    (-(logp * weights).sum()).backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-9.0, 0.0, -1.0], [0.0, 0.0, 0.0]], dtype=D))
+
+
+def test_kpop_keeps_a_token_whose_sampler_logprob_is_unknown():
+    # behaviour.known_or: an unknown (NaN) sampler log-prob is the trainer's own, divergence 0, ratio 1
+    weights, _ = REJECT(torch.tensor([[-0.1]], dtype=D), torch.tensor([[float("nan")]], dtype=D),
+                        torch.ones(1, 1, dtype=D), metric="binary_kl", level="token", weighted=True, high=2.0)
+    assert weights.tolist() == [[1.0]]
+
+
+def test_kpop_is_finite_for_a_certain_token_in_float32():
+    # log-prob 0 (p = 1) on both sides: in float32 AReaL's clamp to 1 - 1e-8 rounds to 1 and its KL is
+    # 0 * log(0 / 0) = NaN (the token masked); computed in float64 the clamp holds and the KL is 0
+    one = torch.zeros(1, 2)
+    weights, metrics = REJECT(one, torch.tensor([[0.0, math.log(0.5)]]), torch.ones(1, 2), metric="binary_kl",
+                              level="token", weighted=True, high=2.0)
+    assert weights.dtype == torch.float32 and weights[0, 0].item() == 1.0 and weights[0, 1].item() == 0.0
+    assert math.isfinite(metrics["rollout_corr/divergence_mean"])
+
+
+def test_the_kpop_trick_selects_areals_example_settings():
+    cfg = compose(["+trick=kpop"])
+    validate(cfg)
+    rc = cfg.rollout_correction
+    assert (rc.name, rc.metric, rc.level, rc.action, rc.weighted, rc.denominator, rc.high) == \
+        ("rejection", "binary_kl", "token", "mask", True, "trained", 2.0)
+
+
+def test_a_kpop_threshold_of_zero_would_reject_everything_and_is_refused():
+    with pytest.raises(ConfigError, match="metric=binary_kl is never below 0"):
+        validate(compose(["+trick=kpop", "rollout_correction.high=0"]))

@@ -407,6 +407,46 @@ def test_token_sum_weights_are_the_mask():
     torch.testing.assert_close(impl("loss_agg", "token_sum")(mask, None), mask)
 
 
+# ---------------------------------------------------------------- length=linear (prime-rl)
+def prime_rl_linear_penalty(rewards, lengths, groups, w_out=0.25, w_ctx=0.1, w_turns=0.1):
+    """prime-rl 16efd8afd GRPOAlgorithm.score_group, group by group in plain floats: penalty_i =
+    mean(r_g) * (w_out out_i / max(max_g out, 1) + w_ctx ctx_i / max(max_g ctx, 1) + w_turns turns_i /
+    max(max_g turns, 1)); here one prompt per group (ctx_i = max_g ctx) and one turn (turns_i = 1)."""
+    out = [0.0] * len(rewards)
+    for g in set(groups):
+        rows = [i for i, gi in enumerate(groups) if gi == g]
+        pass_rate = sum(rewards[i] for i in rows) / len(rows)
+        longest = max(1, max(lengths[i] for i in rows))
+        prompt_tokens, turns = 7, 1              # the same for every row of the group
+        for i in rows:
+            out[i] = pass_rate * (w_out * lengths[i] / longest + w_ctx * prompt_tokens / prompt_tokens
+                                  + w_turns * turns / turns)
+    return out
+
+
+def test_linear_length_penalty_is_prime_rls():
+    # group 0: rewards (1, 0, 1), lengths (2, 4, 1): pass rate 2/3, max 4; row 1's penalty
+    # 2/3 * (0.25 * 4/4 + 0.1 + 0.1) = 0.3; group 1: (0, 0, 1), (3, 3, 2): 1/3 * (0.25 * 2/3 + 0.2)
+    rewards, groups = TASK.tolist(), GROUPS.tolist()
+    penalty = prime_rl_linear_penalty(rewards, LENGTHS, groups)
+    assert penalty[1] == pytest.approx(0.3) and penalty[5] == pytest.approx((0.25 * 2 / 3 + 0.2) / 3)
+    shaped, reward = impl("length", "linear")(TASK, torch.tensor(LENGTHS), GROUPS, TASK > 0, 8)
+    torch.testing.assert_close(reward, -torch.tensor(penalty, dtype=D))
+    torch.testing.assert_close(shaped, TASK - torch.tensor(penalty, dtype=D))
+    shaped, _ = impl("length", "linear")(TASK, torch.tensor(LENGTHS), GROUPS, TASK > 0, 8, output_weight=1.0,
+                                         context_weight=0.0, turns_weight=0.0)
+    torch.testing.assert_close(shaped, TASK - torch.tensor(prime_rl_linear_penalty(
+        rewards, LENGTHS, groups, 1.0, 0.0, 0.0), dtype=D))
+
+
+def test_linear_length_penalty_with_equal_lengths_leaves_grpo_unchanged():
+    # prime-rl's test_linear_equal_lengths_reduce_to_plain_grpo: a constant penalty within a group
+    # cancels in the group baseline (and leaves the group's std as it was)
+    shaped, _ = impl("length", "linear")(TASK, torch.full((6,), 5), GROUPS, TASK > 0, 8)
+    torch.testing.assert_close(adv("grpo", shaped, GROUPS), adv("grpo", TASK, GROUPS))
+    assert not torch.allclose(shaped, TASK)
+
+
 # ---------------------------------------------------------------- token_mask and off_policy_mask
 def test_high_entropy_mask_keeps_the_top_quantile_and_zeroes_the_rest_exactly():
     entropy = torch.tensor([[0.1, 2.0, 0.5, 9.0], [1.5, 0.3, 3.0, 0.2]], dtype=D)

@@ -30,6 +30,7 @@ ACTIVITY = {
     ('kl', 'adaptive_target'): ('kl/beta', 'changes', None),
     ('kl', 'two_layer'): ('kl/prev_k3', 'nonzero', None),
     ('length', 'group'): ('length/reward_mean', 'nonzero', None),
+    ('length', 'linear'): ('length/reward_mean', 'nonzero', None),
     ('length', 'penalty'): ('length/reward_mean', 'nonzero', None),
     ('lr_scale', 'ess'): ('optim/lr_scale', 'changes', None),
     ('off_policy_mask', 'sequence'): ('off_policy_mask/dropped_frac', 'nonzero', None),
