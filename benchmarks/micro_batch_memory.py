@@ -73,14 +73,16 @@ def run(size: str, steps: int, base: str, extra: list[str]) -> list[dict]:
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
-def largest_differences(rows: list[dict], whole: list[dict], count: int = 3) -> list[tuple[float, str]]:
-    """The largest relative differences of the metrics from the unsplit run's, with their names."""
+def largest_differences(rows: list[dict], whole: list[dict], count: int = 3) -> list[tuple]:
+    """The largest relative differences of the metrics from the unsplit run's: (relative, name, unsplit,
+    split); a loss near zero (a group's advantages sum to zero) shows a large relative one."""
     found = []
     for row, ref in zip(rows, whole):
         for name, value in ref["metrics"].items():
             if name.startswith(("time/", "perf/")) or not isinstance(value, (int, float)):
                 continue
-            found.append((abs(row["metrics"][name] - value) / max(abs(value), 1e-8), f"{name}@{row['step']}"))
+            found.append((abs(row["metrics"][name] - value) / max(abs(value), 1e-8), f"{name}@{row['step']}",
+                          value, row["metrics"][name]))
     return sorted(found, reverse=True)[:count]
 
 
