@@ -81,7 +81,7 @@ def test_count_options_are_refused_before_the_training_stack_is_imported(tmp_pat
     # `+key=value` that nothing reads: refused with the keys that exist there, never kept and ignored
     ("+rollout.temperature=0", "no setting rollout.temperature exists, and nothing would read it; temperature is a "
                                "trick family"),
-    ("+rollout.top_p=1.5", "keys of 'rollout': backend"),
+    ("+rollout.top_q=0.5", "keys of 'rollout': backend"),
     ("+optim.foo=1", "keys of 'optim': betas, lr"),
     ("rollout.temperature=0", "unknown config key 'rollout.temperature'; temperature is a trick family"),
     ("+adv.eps=0.1", "adv.eps exists already; set it without the +"),

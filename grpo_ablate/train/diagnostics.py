@@ -43,10 +43,14 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float | None:
 
 def conflict_metrics(grads: Mapping[str, torch.Tensor]) -> dict[str, float]:
     """`grad_norm/<term>` for every gradient and `grad_cos/<a>__<b>` for every pair, in the
-    order given; a pair with a zero gradient has no cosine and is left out."""
+    order given; a pair with a zero gradient has no cosine and is left out. Zero up to rounding:
+    a norm within 64 ulps of the largest term's (a KL term at the step where pi_theta is pi_ref
+    is exactly 0 or rounding, as the forwards happen to be summed), else its direction is noise."""
     metrics = {f"grad_norm/{name}": float(g.norm()) for name, g in grads.items()}
+    scale = max((float(g.norm()) for g in grads.values()), default=0.0)
+    rounding = {name: float(g.norm()) <= 64 * torch.finfo(g.dtype).eps * scale for name, g in grads.items()}
     for (a, ga), (b, gb) in itertools.combinations(grads.items(), 2):
-        value = cosine(ga, gb)
+        value = None if rounding[a] or rounding[b] else cosine(ga, gb)
         if value is not None:
             metrics[f"grad_cos/{a}__{b}"] = value
     return metrics
