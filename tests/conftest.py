@@ -71,9 +71,29 @@ def cache_dir(tmp_path_factory):
     os.environ["WANDB_CONFIG_DIR"] = str(tmp_path_factory.mktemp("wandb_config"))
     with FileLock(str(root / "model-cache.lock")):
         path.mkdir(exist_ok=True)
+        if os.environ.get("GRPO_ABLATE_RECORD_GOLDEN") != "1":   # recording computes it on this CPU
+            seed_recorded_warm_start(path)
         cfg = compose(SMALL + [f"model.cache_dir={path}"])
         ensure_warm_started(cfg.model, build_task(cfg.task), log=lambda *_: None)
     return path
+
+
+RECORDED_WARM_START = REPO / "tests" / "golden" / "warm_start"
+
+
+def seed_recorded_warm_start(cache: Path) -> None:
+    """Put the recorded warm start of the small model (tests/golden/warm_start/, 100 KB) into the
+    cache, so a session does not spend its first ~20 s on 300 supervised steps, and every CPU trains
+    from the same weights (the warm start's AdamW steps amplify a reordering of float32 sums; the
+    GRPO runs from equal weights stay within the golden tests' bound). Copied then renamed: a
+    worker never sees half an entry. tests/test_golden.py checks the recording is what this code
+    computes."""
+    for stored in RECORDED_WARM_START.iterdir():
+        if not (cache / stored.name / "config.json").exists():
+            tmp = cache / f".{stored.name}-seeding"
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(stored, tmp)
+            os.rename(tmp, cache / stored.name)
 
 
 @pytest.fixture(scope="session")
