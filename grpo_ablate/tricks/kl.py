@@ -212,7 +212,8 @@ class TargetKL(FixedKL):
         self.beta *= 1.0 + error * num_sequences / self.horizon
 
 
-@register("kl", "in_reward", shapes_reward=True,
+# pi_old's forward gives the sampling policy's log-probs the penalty charges (none to charge at beta 0)
+@register("kl", "in_reward", shapes_reward=True, needs_old_forward=lambda values: float(values["beta"]) > 0,
           knobs={"beta": NON_NEGATIVE},
           inert=NO_KL,
           writes=("kl/beta", "kl/k1"),
