@@ -45,6 +45,12 @@ class BoundOption:
         supplied = {k: v for k, v in supplied.items() if k in self.option.knobs}
         return self.option.bind({**self.knobs, **supplied})
 
+    def has(self, flag: str) -> bool:
+        """The option's capability flag (a typo is an AttributeError); a flag registered as a function
+        of the family's config values is asked with this run's (kl=in_reward reads pi_old when beta > 0)."""
+        value = getattr(self.option, flag)
+        return bool(value(self.values) if callable(value) else value)
+
 
 @dataclass(frozen=True)
 class RewardScale:
@@ -155,6 +161,11 @@ class RunSpec:
     control: ControlSettings
     tricks: Mapping[str, BoundOption]   # family (and "kl.estimator") -> its bound option
     record: RunRecord
+
+    def needs(self, flag: str) -> bool:
+        """Whether any bound option of this run has the capability `flag`: what the trainer must know
+        about an option is declared on it and asked this way, so a new option edits no trainer file."""
+        return any(bound.has(flag) for bound in self.tricks.values())
 
 
 def run_spec(cfg: DictConfig) -> RunSpec:

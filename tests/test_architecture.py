@@ -187,7 +187,7 @@ STATEFUL = ("pool", "replay", "stale", "ref_sync", "reference_sync", "snapshot",
 
 
 def test_the_trainer_names_no_stateful_trick():
-    """Tricks with state of their own are plugins (train/plugin.py): `GRPOTrainer` loops over the
+    """Tricks with state of their own are plugins (train/state/): `GRPOTrainer` loops over the
     active ones and names none of them, neither by a name in its code nor by a family's string."""
     tree = ast.parse((PACKAGE / "train" / "step.py").read_text())
     trainer = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GRPOTrainer")

@@ -158,7 +158,7 @@ def replace_batch(scores):
 
 
 def test_replace_sampling_is_skyrls():
-    from grpo_ablate.train.replace_groups import ReplaceFlatGroups
+    from grpo_ablate.train.state.sampling import ReplaceFlatGroups
     scores = [1, 0, 1, 1, 0, 0, 1, 0]               # groups 0 and 3 vary, 1 and 2 are flat (G = 2)
     keep = option("sampling", "replace").impl
     grouped = torch.tensor(scores, dtype=D).view(4, 2)
@@ -181,7 +181,7 @@ def test_replace_sampling_is_skyrls():
 
 
 def test_replace_sampling_draws_with_replacement_when_varied_groups_are_fewer():
-    from grpo_ablate.train.replace_groups import ReplaceFlatGroups
+    from grpo_ablate.train.state.sampling import ReplaceFlatGroups
     scores = [1, 0, 1, 1, 0, 0, 1, 1]               # one varied group, three flat: ratio 0.2 lets it through
     out = ReplaceFlatGroups(0.2, seed=0).after_sampling(replace_batch(scores), step=1, pad_id=0)
     assert out.replaced == 3 and out.problems == ["p0"] and out.texts == ["t0", "t1"] * 4
@@ -218,7 +218,7 @@ def slime_stateless_by_hand():
 
 
 def adamw_run(every, steps_per_rollout=2):
-    from grpo_ablate.train.optimizer_reset import OptimizerReset
+    from grpo_ablate.train.state.optim_state import OptimizerReset
     param = torch.nn.Parameter(torch.tensor([1.0, -2.0], dtype=D))
     optimizer = torch.optim.AdamW([param], lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     plugin = None if every is None else OptimizerReset(option("optim_state", "reset").bind({"every": every}), every)
@@ -275,7 +275,7 @@ def test_difficulty_pool_sampler_weights_are_prime_rls():
 
 # ------------------------------------------------------------------ prime-rl RAE
 def test_rae_scores_each_row_against_the_ema_before_it_and_carries_it():
-    from grpo_ablate.train.ema_baseline import EmaBaseline
+    from grpo_ablate.train.state.adv import EmaBaseline
     rae = option("adv", "rae").bind({"decay": 0.5})
     rewards, groups = torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=D), torch.tensor([0, 0, 1, 1])
     # b before each row: 0, .5, .25, .625 (b <- .5 b + .5 r after scoring); after the batch: .8125

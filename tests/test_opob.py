@@ -18,7 +18,7 @@ from grpo_ablate.config import ConfigError, compose, validate
 from grpo_ablate.rundir import read_rows
 from grpo_ablate.sampling.decode import Rollout
 from grpo_ablate.train.grpo import train
-from grpo_ablate.train.score_norms import score_norms
+from grpo_ablate.train.state.adv import score_norms
 from grpo_ablate.tricks import option
 
 D = torch.float64

@@ -14,7 +14,7 @@ from grpo_ablate.inert import inert_reason
 from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
 from grpo_ablate.spec import run_spec
 from grpo_ablate.train.grpo import train
-from grpo_ablate.train.prompt_pool import prompt_pool
+from grpo_ablate.train.state.prompt_pool import prompt_pool
 from grpo_ablate.tricks import option
 
 D = torch.float64

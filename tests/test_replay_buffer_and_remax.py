@@ -38,7 +38,7 @@ def test_bad_settings_of_issue_25_options_are_one_line_errors(overrides, message
 def test_replay_buffer_refills_flat_groups_as_trl():
     import torch
     from grpo_ablate.sampling.decode import Rollout
-    from grpo_ablate.train.replay import ReplayBuffer
+    from grpo_ablate.train.state.sampling import ReplayBuffer
     from grpo_ablate.train.batch import SampledGroups
 
     def batch(scores, width):

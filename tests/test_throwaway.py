@@ -132,3 +132,72 @@ def test_a_new_family_is_three_files_by_hand_its_call_site_and_make_catalogue(pa
     assert bad.returncode == 2 and "throwaway_family.size" in bad.stderr and "Traceback" not in bad.stderr
     table = (root / "docs" / "config.md").read_text()
     assert "| `throwaway_family` | `none`, `bonus` | a throwaway reward term" in table
+
+
+STATEFUL_OPTION = '''"""A throwaway stateful option (tests/test_throwaway.py): AdamW as it is, counting its steps."""
+from grpo_ablate.tricks.registry import Activity, register
+
+
+@register("optim_state", "throwaway_count", counts_optimizer_steps=True, activity=Activity("optim/throwaway_steps"),
+          writes=("optim/throwaway_steps",))
+def keep_and_count(optimizer) -> None:
+    """AdamW's moments carried across the run; the option's state (train/state/optim_state.py) counts."""
+'''
+
+STATE = '''
+
+class ThrowawayCount(Plugin):
+    key = "throwaway_count"
+
+    def __init__(self):
+        self.steps = 0
+
+    def after_optimizer_step(self, optimizer) -> None:
+        self.steps += 1
+
+    def metrics(self, batch) -> dict:
+        return {"optim/throwaway_steps": self.steps}
+
+    def state_dict(self) -> dict:
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps = int(state["steps"])
+
+
+@stateful("optim_state")
+def throwaway_count(spec: RunSpec, task, policies) -> ThrowawayCount | None:
+    return ThrowawayCount() if spec.tricks["optim_state"].option.counts_optimizer_steps else None
+'''
+
+
+def test_a_new_stateful_option_is_its_module_and_its_familys_state_and_it_trains(package_copy, tmp_path, small):
+    """A stateful option: its function with its facts (tricks/), its state beside its family's
+    (train/state/<family>.py, found by @stateful: no list, no trainer file), `make catalogue`; one
+    step on the small model logs the state's metric and checkpoints it under its key."""
+    root, run = package_copy
+    package = root / "grpo_ablate"
+    before = snapshot(root)
+    (package / "tricks" / "throwaway_state.py").write_text(STATEFUL_OPTION)               # by hand: 1
+    state = package / "train" / "state" / "optim_state.py"
+    state.write_text(state.read_text() + STATE)                                           # by hand: 2
+    hand = {"grpo_ablate/tricks/throwaway_state.py", "grpo_ablate/train/state/optim_state.py"}
+    conf = package / "conf" / "optim_state" / "throwaway_count.yaml"
+    generated = set()
+    for _ in range(2):
+        written = snapshot(root)
+        run("-m", "grpo_ablate.catalogue", "--write")                                      # make catalogue
+        generated |= touched(written, snapshot(root))
+        if conf.exists():
+            break
+        conf.write_text("name: throwaway_count\n")       # by hand while the catalogue does not write an option's node
+        hand.add(str(conf.relative_to(root)))
+    assert touched(before, snapshot(root)) - generated == hand
+    assert not {p for p in generated if p.endswith(".py") and "activity" not in p}, generated   # no code generated
+    run("-m", "grpo_ablate.cli", "train", *small, "optim_state=throwaway_count", "steps=1", "logger=none",
+        "eval.every=1", f"hydra.run.dir={tmp_path / 'run'}")
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 1 and rows[-1]["optim/throwaway_steps"] == 1
+    saved = run("-c", "import sys, torch; print(torch.load(sys.argv[1], weights_only=False)['throwaway_count'])",
+                str(tmp_path / "run" / "checkpoint" / "trainer_state.pt")).stdout
+    assert saved.strip() == "{'steps': 1}"

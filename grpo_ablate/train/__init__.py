@@ -8,17 +8,13 @@
     step.py         `GRPOTrainer`: one GRPO step as named phases: sample, reference forwards,
                     rewards and advantages, update, metrics; and `diagnose`
     batch.py        how a step's batch is formed: sampling rounds, group growth, mini-batches
-    plugin.py       the protocol of tricks with state of their own (the trainer names none)
-    plugins.py      the stateful tricks a run can bring, in hook order (factories)
-    history.py      the policy's weights k steps ago (one history), kl=two_layer's anchor
-    staleness.py    staleness: groups sampled by the policy of their age
-    replay.py       sampling=replay: a buffer of informative groups
-    prompt_pool.py  prompt_pool: a finite pool drawn by what the run observed (and the task's order)
+    state/          what a trick family remembers between steps: one module per family
+                    (train/state/<family>.py), the plugin protocol and @stateful
+    policy_history.py  the policy's weights k steps ago: one history for every plugin that reads it
     losses.py       the per-token loss terms by name (written once; the update and the
                     gradient diagnostics both use them)
     rewards.py      reward shaping and the reward -> advantage chain
     forward.py      the training forward: per-token log-probs (packed or padded)
-    reference_sync.py  ref_sync: when the frozen reference moves toward the policy
     metrics.py      a step's metrics from plain tensors
     controls.py     control=base | sft: the no-RL controls
     diagnostics.py  gradient-conflict diagnostics (observation only)

@@ -86,7 +86,7 @@ def sample_groups(rollouts: Rollouts, prompts, B: int, G: int, sampling: BoundOp
     then trains on what was kept (all of the last round if nothing was). Groups whose rewards
     are all equal then grow by g_step completions up to g_max (dynamic_group; otherwise
     g_max = G and nothing grows). With a prompt pool (prompt_pool family) the prompts come from
-    it (`prompts`: a source with draw/observe, train/prompt_pool.py) and every round's groups,
+    it (`prompts`: a source with draw/observe, train/state/prompt_pool.py) and every round's groups,
     kept or not, update its pass rates. Raises NonFiniteLogits if
     the policy has diverged.
     """

@@ -146,7 +146,7 @@ def load_policies(model: ModelSettings, lm_head: BoundOption, ref_kl: bool, mode
         reference = shard(load(model_path)[0] if checkpoint else copy.deepcopy(policy))
         reference.eval().requires_grad_(False)
     # A second anchor, the policy as it was prev_lag steps ago (two-layer KL): a frozen copy,
-    # loaded each step from the run's history of weights (train/history.py)
+    # loaded each step from the run's history of weights (train/policy_history.py)
     previous = copy.deepcopy(policy).eval().requires_grad_(False) if kl_control.beta_prev > 0 else None
     lag = kl_control.prev_lag if previous is not None else 0
     return Policies(shard(policy), tokenizer, reference, previous, lag, value_head=None)

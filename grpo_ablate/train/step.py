@@ -4,8 +4,9 @@
 `LossTerms`, `RewardShaping`, `AdvantageChain` and the controllers were made from the run
 spec's bound options when the run started), so nothing here branches on a trick's name.
 Tricks with state of their own (a prompt pool, a replay buffer, stale samplers, a moving
-reference, an older policy) are plugins (train/plugin.py): the trainer calls the active ones'
-hooks in a loop.
+reference, an older policy) are plugins (train/state/<family>.py): the trainer calls the active
+ones' hooks in a loop. What it must know about an option (it reads pi_old, greedy rewards, token
+energy) is a registry flag it asks the spec for (`spec.needs`), never a family's name.
 """
 from __future__ import annotations
 
@@ -26,10 +27,10 @@ from grpo_ablate.train import metrics as metrics_mod
 from grpo_ablate.train.distributed import DataParallel
 from grpo_ablate.train.forward import token_logprobs
 from grpo_ablate.train.losses import Coefficients, LossInputs, LossTerms, loss_draws, total
-from grpo_ablate.train.history import upgraded_checkpoint
-from grpo_ablate.train.plugins import active_plugins, policy_history
+from grpo_ablate.train.policy_history import policy_history, upgraded_checkpoint
 from grpo_ablate.train.rewards import AdvantageChain, Advantages, RewardShaping, ShapedRewards
 from grpo_ablate.train.run import Optimization, StepResult, evaluate
+from grpo_ablate.train.state import active_plugins
 from grpo_ablate.tricks.loss_agg import aggregate, masked_mean
 
 
@@ -79,7 +80,7 @@ class GRPOTrainer:
         self.advantages = AdvantageChain(tricks)
         self.draws = loss_draws(tricks["clip"], spec.seed)   # clip_cov's seeded, checkpointed draws (else None)
         self.loss_terms = LossTerms(tricks, self.draws)
-        # the stateful tricks of this run's options (train/plugins.py), and the one history of
+        # the stateful tricks of this run's options (train/state/), and the one history of
         # the policy's weights that those reading older policies share (else None)
         self.plugins = active_plugins(spec, task, policies)
         self.history = policy_history(self.plugins)
@@ -94,8 +95,8 @@ class GRPOTrainer:
         scales_lr = tricks["lr_scale"].option.needs_sampler_logprobs
         self.lr_scale = tricks["lr_scale"].fn if scales_lr else None
         self.proximal = tricks["proximal"].fn     # pi_prox from pi_old and the sampler's log-probs
-        self.greedy_baseline = tricks["adv"].option.greedy_baseline   # adv=remax: one greedy completion a prompt
-        self.token_energy = tricks["adv"].option.reads_token_energy   # adv=optimal_token_baseline
+        self.greedy_baseline = spec.needs("greedy_baseline")   # the estimator reads one greedy completion a prompt
+        self.token_energy = spec.needs("reads_token_energy")   # the estimator reads pi_old's per-token energy
         critic = list(policies.value_head.parameters()) if policies.value_head is not None else []
         self.trained = [p for p in policies.policy.parameters() if p.requires_grad] + critic   # LoRA: adapters
         # trained tensors outside the policy, whose gradients DDP does not average (torchrun)
@@ -104,15 +105,14 @@ class GRPOTrainer:
         # model.dtype=float16: a dynamic loss scale keeps small gradients from underflowing (else off)
         self.scaler = torch.amp.GradScaler(device.type, enabled=spec.model.dtype == "float16")
         # pi_old by a separate forward only when the rollout feeds more than one optimizer step
-        # (mini-batches, epochs), is charged to the reward (kl=in_reward), valued by a critic or
-        # compared with the sampler (rollout_correction, off_policy_mask) or sampled by an older
-        # policy (a plugin's sampler) or truncated by a filtering sampler (its kept mass is measured on
-        # pi_old); otherwise pi_old is the policy itself and the ratio is exactly 1
+        # (mini-batches, epochs), is truncated by a filtering sampler (its kept mass is measured on
+        # pi_old), valued by a critic (V_old) or read for its token energy (both come out of that
+        # forward), or an option declares it reads pi_old (`needs_old_forward`: compared with the
+        # sampler, charged to the reward, sampled by an older policy); otherwise pi_old is the policy
+        # itself and the ratio is exactly 1
         self.truncated_sampler = spec.rollout.filters.truncates
         self.needs_old = (spec.updates.mini_batches * spec.updates.epochs > 1 or self.truncated_sampler
-                          or any(plugin.samples_older_policies for plugin in self.plugins)
-                          or controllers.kl.reward_beta > 0 or policies.value_head is not None or self.token_energy
-                          or corrects or scales_lr or tricks["off_policy_mask"].option.needs_sampler_logprobs)
+                          or policies.value_head is not None or self.token_energy or spec.needs("needs_old_forward"))
         # gradient-conflict diagnostics (diag.grad_conflict=true) every diag.every steps; off: 0
         self.diag_every = spec.diag.every if spec.diag.grad_conflict else 0
         self.diag_params = (diagnostics.last_layer_params(policies.policy, spec.diag.last_layers)

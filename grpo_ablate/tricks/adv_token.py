@@ -157,7 +157,7 @@ def opob_advantage(rewards, group_index, mask, values, components, *, is_weights
     sum_i W_i (r_i - b)^2, the second moment of the weighted per-trajectory gradients
     rho_i g_i (r_i - b): the baseline of least variance, where GRPO's mean weighs every
     trajectory alike. `values` [N, 2]: ||g_i||^2 and log rho_i (the trainer's plugin computes
-    them, train/score_norms.py, with one forward and backward per trajectory).
+    them, train/state/adv.py, with one forward and backward per trajectory).
     Reference: mit-han-lab/vcpo c7f030f, recipe/fully_async_policy/vcpo.py `compute_opob_baseline`
     (agg_mode mean, scope group; use_is_weights true, normalize_by_length false) and the Megatron
     actor's `_update_grad_buffers` (norm_by_std: (r - b)/std with the population std, only where
@@ -211,7 +211,7 @@ def rae_advantage(rewards, group_index, mask, values, components, *, decay: floa
     moving average of the rewards, b <- decay b + (1 - decay) r, updated trace by trace after the
     trace is scored (the unbiased order), starting at 0 and carried across steps.
 
-    `values` carries b before this batch ([1]; the trainer's plugin keeps it, train/ema_baseline.py,
+    `values` carries b before this batch ([1]; the trainer's plugin keeps it, train/state/adv.py,
     and moves it with the same scan once the advantages are taken). Reference: prime-rl
     src/prime_rl/orchestrator/algo/rae.py `RAEAlgorithm.score_group` and RAEAlgoConfig (decay 0.95,
     in [0, 1)), commit 559b447. prime-rl keys a baseline per (env, agent) for multi-agent

@@ -212,7 +212,12 @@ class TargetKL(FixedKL):
         self.beta *= 1.0 + error * num_sequences / self.horizon
 
 
-@register("kl", "in_reward", shapes_reward=True,
+def charges_the_reward(values) -> bool:
+    """kl=in_reward's penalty is charged on pi_old's log-probs, a forward of its own; at beta 0 nothing is charged."""
+    return float(values["beta"]) > 0
+
+
+@register("kl", "in_reward", shapes_reward=True, needs_old_forward=charges_the_reward,
           knobs={"beta": NON_NEGATIVE},
           inert=NO_KL,
           writes=("kl/beta", "kl/k1"),

@@ -27,7 +27,7 @@ def constant_lr(old_logp, sampler_logp, mask):
     return 1.0, {}
 
 
-@register("lr_scale", "ess", needs_sampler_logprobs=True,
+@register("lr_scale", "ess", needs_sampler_logprobs=True, needs_old_forward=True,
           knobs={"rule": choice("sqrt", "linear"), "base_ess_ratio": Allowed(low=0, low_open=True, high=1)},
           activity=Activity("optim/lr_scale", "changes"),
           inert=Inert(same_sampler_and_trainer, "cannot act: the current policy samples in the trainer's dtype, so "

@@ -32,7 +32,7 @@ def keep_all_sequences(logp, sampler_logp, advantages, mask):
     return mask
 
 
-@register("off_policy_mask", "sequence", off_policy_only=True, needs_sampler_logprobs=True,
+@register("off_policy_mask", "sequence", off_policy_only=True, needs_sampler_logprobs=True, needs_old_forward=True,
           knobs={"delta": NON_NEGATIVE},
           activity=Activity("off_policy_mask/dropped_frac"),
           inert=Inert(policy_never_leaves_sampler, "cannot act: with one optimizer step and the sampler the trainer "

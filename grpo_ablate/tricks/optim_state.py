@@ -1,7 +1,7 @@
 """Family `optim_state`: what the optimizer keeps across steps (AdamW's moments).
 
 Every option takes (optimizer) and acts on it in place; the trainer calls the option's plugin
-(train/optimizer_reset.py) after every optimizer step and after every rollout's update.
+(train/state/optim_state.py) after every optimizer step and after every rollout's update.
 
 `none`: AdamW as it is, its moments carried across the whole run.
 `reset`: AdamW's state (exp_avg, exp_avg_sq, step) dropped, so the next step starts from zero

@@ -33,7 +33,7 @@ is drawn from the prompts not yet taken (then with replacement, past N), so a st
 on n prompts. prime-rl seeds Python's global `random` once; here each draw has its own generator
 seeded by (seed, step, round) for `difficulty` and by (seed, epoch) for the epochs, and the pool's
 pass rates, retired set and epoch position are checkpointed, so a resumed run draws exactly what
-an uninterrupted one does (train/prompt_pool.py). Metrics: `pool/retired` (prompts retired so
+an uninterrupted one does (train/state/prompt_pool.py). Metrics: `pool/retired` (prompts retired so
 far), `pool/unseen`, `pool/easy`, `pool/hard`, `pool/sorted` (easy + hard), `pool/epoch`.
 """
 from __future__ import annotations

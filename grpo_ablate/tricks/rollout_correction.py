@@ -160,7 +160,7 @@ for _name, _level, _rule, _high, _low in (("token_truncate", "token", "truncate"
                                           ("sequence_truncate", "sequence", "truncate", 2.0, None),
                                           ("sequence_mask", "sequence", "mask", 3.0, None),
                                           ("decoupled", "token", "mask", 5.0, None)):
-    register("rollout_correction", _name, needs_sampler_logprobs=True, knobs=KNOBS,
+    register("rollout_correction", _name, needs_sampler_logprobs=True, needs_old_forward=True, knobs=KNOBS,
              activity=Activity("rollout_corr/logp_diff_mean"),   # the weights differ from 1
              inert=SAMPLER_IS_TRAINER, tricks=NAMED[_name])(_option(_level, _rule, _high, _low))
 
@@ -180,7 +180,7 @@ def _m2po_keep(m2: torch.Tensor, threshold: float) -> torch.Tensor:
     return keep
 
 
-@register("rollout_correction", "m2po", needs_sampler_logprobs=True,
+@register("rollout_correction", "m2po", needs_sampler_logprobs=True, needs_old_forward=True,
           knobs={"threshold": POSITIVE, "denominator": choice("kept", "trained")},
           activity=Activity("rollout_corr/masked_frac"), inert=SAMPLER_IS_TRAINER,
           tricks=Trick("m2po", what="M2PO: mask the tokens of largest (log pi_prox - log mu)^2 until their mean "

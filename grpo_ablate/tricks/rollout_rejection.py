@@ -208,7 +208,8 @@ KPOP = Trick(
     settings={"metric": "binary_kl", "level": "token", "weighted": True, "high": 2.0})
 
 
-@register("rollout_correction", "rejection", needs_sampler_logprobs=True, knobs=REJECTION_KNOBS,
+@register("rollout_correction", "rejection", needs_sampler_logprobs=True, needs_old_forward=True,
+          knobs=REJECTION_KNOBS,
           activity=Activity("rollout_corr/rejected_frac"), inert=SAMPLER_IS_TRAINER, checks=_check_rejection,
           tricks=(TRUST_REGION_MASK, KPOP))
 def rejection_weights(old_logp, sampler_logp, mask, *, metric: str = "k3", level: str = "sequence",

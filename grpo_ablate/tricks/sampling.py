@@ -129,7 +129,7 @@ def _varied_groups_too_few(scores: torch.Tensor, min_replace_ratio: float) -> bo
 def keep_batches_with_enough_varied_groups(scores: torch.Tensor, *, min_replace_ratio: float = 0.3) -> torch.Tensor:
     """SkyRL `handle_replace_sampling` (dynamic_sampling.type=replace; POLARIS, WebSailor): a batch in
     which more than `min_replace_ratio` of the groups have reward variance is kept whole (then
-    train/replace_groups.py writes a copy of a varied group over each flat one); otherwise the whole
+    train/state/sampling.py writes a copy of a varied group over each flat one); otherwise the whole
     batch is dropped and a fresh one sampled, up to `max_rounds` (SkyRL's max_sample_batches, 30).
     Difference: SkyRL raises when the batches run out; here the last one is trained on as it is
     (as every sampling option does). Reference: skyrl/train/utils/trainer_utils.py, commit a956457."""
@@ -146,5 +146,5 @@ def keep_batches_with_enough_varied_groups(scores: torch.Tensor, *, min_replace_
 def keep_all_groups_for_replay(scores: torch.Tensor, *, size: int = 64) -> torch.Tensor:
     """Every group kept, one round; the trainer then replaces those whose rewards are all equal
     by groups drawn from a buffer of the `size` best-scored informative ones seen so far
-    (train/replay.py: TRL's GRPOWithReplayBufferTrainer, score sum |A| * std, drawn in proportion)."""
+    (train/state/sampling.py: TRL's GRPOWithReplayBufferTrainer, score sum |A| * std, drawn in proportion)."""
     return torch.ones(scores.shape[0], dtype=torch.bool)

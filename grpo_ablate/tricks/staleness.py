@@ -74,7 +74,8 @@ def synchronous(groups: int, oldest: int, generator: torch.Generator):
     return torch.zeros(groups, dtype=torch.long), torch.ones(groups, dtype=torch.bool)
 
 
-@register("staleness", "fixed", stale=True, knobs={"k": POSITIVE_INT}, activity=STALE_ACTS, checks=_check_swappable,
+@register("staleness", "fixed", stale=True, needs_old_forward=True, knobs={"k": POSITIVE_INT}, activity=STALE_ACTS,
+          checks=_check_swappable,
           tricks=(Trick("stale_rollouts",
                         what="rollouts from the policy of k steps ago (k=1: one-step-off asynchronous RL)",
                         source="verl one_step_off_policy (docs/advance/one_step_off.md); AReaL "
@@ -89,7 +90,7 @@ def fixed_lag(groups: int, oldest: int, generator: torch.Generator, *, k: int = 
     return torch.full((groups,), min(int(k), oldest), dtype=torch.long), torch.ones(groups, dtype=torch.bool)
 
 
-@register("staleness", "mixed", stale=True, knobs={"k": POSITIVE_INT, "stale_frac": FRACTION},
+@register("staleness", "mixed", stale=True, needs_old_forward=True, knobs={"k": POSITIVE_INT, "stale_frac": FRACTION},
           activity=Activity("staleness/stale_frac"), inert=NEVER_STALE, checks=_check_swappable,
           tricks=(Trick("mixed_staleness",
                         what="a fraction of each batch's groups from the policy of k steps ago, the rest fresh",
@@ -124,7 +125,7 @@ def capped_ages(ages: torch.Tensor, max_age: int | None, strategy: str = "drop")
     return ages, ages <= int(max_age)
 
 
-@register("staleness", "spread", stale=True,
+@register("staleness", "spread", stale=True, needs_old_forward=True,
           knobs={"k": POSITIVE_INT, "max_age": Allowed("integer", low=0, high="staleness.k", optional=True,
                                                     note="groups older than it are dropped; null keeps all"),
                  "strategy": choice("drop", "wait")},

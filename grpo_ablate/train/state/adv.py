@@ -1,9 +1,14 @@
-"""adv=opob: each trajectory's score-gradient norm, for VCPO's optimal off-policy baseline.
+"""The adv family's state: adv=rae's EMA baseline carried across steps, and adv=opob's score norms.
 
-The option (tricks/adv_token.py `opob_advantage`) weighs each row's reward by ||g_i||^2 rho_i^2,
+adv=rae (tricks/adv_token.py `rae_advantage`) scores each row against an EMA of the rewards
+before it; `EmaBaseline` keeps the EMA between steps: it hands the estimator the baseline the step
+starts from (`estimator_input`) and moves it over the step's rewards, row by row, once the
+advantages are taken (`after_advantages`). It is checkpointed with the run.
+
+adv=opob (tricks/adv_token.py `opob_advantage`) weighs each row's reward by ||g_i||^2 rho_i^2,
 g_i = grad_theta sum_t log pi(o_t) under the policy the step starts from (pi_old) and rho_i its
 sequence importance ratio pi_old/mu. A gradient per trajectory needs a backward per trajectory:
-this plugin runs them beside the frozen forwards (`anchors`, before any update), one row at a time
+`ScoreNorms` runs them beside the frozen forwards (`anchors`, before any update), one row at a time
 and with `torch.autograd.grad`, so the optimizer's gradients are never touched, and hands the
 estimator [N, 2] = (||g_i||^2, log rho_i) (`estimator_input`). VCPO does the same, one
 trajectory per micro-batch. Nothing is carried across steps: nothing is checkpointed.
@@ -17,8 +22,40 @@ from grpo_ablate.sampling.decode import select_rows
 from grpo_ablate.spec import RunSpec
 from grpo_ablate.train.distributed import gather_rows
 from grpo_ablate.train.forward import token_logprobs
-from grpo_ablate.train.plugin import Plugin
+from grpo_ablate.train.state import Plugin, stateful
+from grpo_ablate.tricks.adv_token import ema_baselines
 from grpo_ablate.tricks.behaviour import log_ratio
+
+
+class EmaBaseline(Plugin):
+    key = "ema_baseline"
+
+    def __init__(self, decay: float):
+        self.decay, self.baseline = decay, 0.0      # prime-rl's baselines start at 0
+
+    def estimator_input(self):
+        return torch.tensor([self.baseline], dtype=torch.float64)
+
+    def after_advantages(self, rewards) -> None:
+        self.baseline = ema_baselines(rewards.double(), self.baseline, self.decay)[1]
+
+    def metrics(self, batch) -> dict:
+        return {"adv/ema_baseline": self.baseline}
+
+    def state_dict(self) -> dict:
+        return {"baseline": self.baseline}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.baseline = float(state["baseline"])
+
+
+@stateful("adv")
+def ema_baseline(spec: RunSpec, task, policies) -> EmaBaseline | None:
+    """The plugin when the adv option carries a baseline across steps, else None."""
+    adv = spec.tricks["adv"]
+    if not adv.option.carries_baseline:
+        return None
+    return EmaBaseline(float(adv.values["decay"]))
 
 
 def score_norms(model, roll, temperature: float, remove_padding: bool = True) -> torch.Tensor:
@@ -66,6 +103,7 @@ class ScoreNorms(Plugin):
                 "adv/score_norm_cv": sum(cvs) / len(cvs) if cvs else 0.0}
 
 
+@stateful("adv")
 def score_norm_plugin(spec: RunSpec, task, policies) -> ScoreNorms | None:
     """The plugin when the adv option reads per-trajectory score-gradient norms, else None."""
     if not spec.tricks["adv"].option.reads_score_norms:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from grpo_ablate.spec import RunSpec
-from grpo_ablate.train.plugin import Plugin
+from grpo_ablate.train.state import Plugin, stateful
 
 
 class ReferenceSync(Plugin):
@@ -39,6 +39,7 @@ class ReferenceSync(Plugin):
         self.reference.load_state_dict(state["reference"])
 
 
+@stateful("ref_sync")
 def reference_sync(spec: RunSpec, task, policies) -> ReferenceSync | None:
     """The run's ReferenceSync when its ref_sync option moves the reference, else None."""
     sync = spec.tricks["ref_sync"]

@@ -1,6 +1,6 @@
 """Stale rollouts (family `staleness`): each group sampled by the policy of its age.
 
-The run's `PolicyHistory` (train/history.py) keeps the policy's weights at the start of the last
+The run's `PolicyHistory` (train/policy_history.py) keeps the policy's weights at the start of the last
 k + 1 steps or more (newest last: the current weights); `Staleness`, the family's plugin, asks
 for that depth and puts `StaleRollouts` in place of the step's sampler. `StaleRollouts` stands in for the
 trainer's `Rollouts` for one step: the family's option gives each group of a call its age
@@ -19,9 +19,9 @@ import torch
 
 from grpo_ablate.sampling.decode import concat_rollouts, derived_seed, select_rows
 from grpo_ablate.sampling.engines import Scored
-from grpo_ablate.train.history import PolicyHistory
 from grpo_ablate.spec import RunSpec
-from grpo_ablate.train.plugin import Plugin
+from grpo_ablate.train.policy_history import PolicyHistory
+from grpo_ablate.train.state import Plugin, stateful
 
 
 class StaleRollouts:
@@ -58,13 +58,13 @@ class Staleness(Plugin):
 
     def __init__(self, k: int, choose_ages, seed: int):
         self.history_depth = k + 1                 # the weights of the last k steps and now
-        self.samples_older_policies = True
         self.choose_ages, self.seed = choose_ages, seed
 
     def sampler(self, rollouts, model, history: PolicyHistory):
         return StaleRollouts(rollouts, model, history, self.choose_ages, self.seed)
 
 
+@stateful("staleness")
 def staleness(spec: RunSpec, task, policies) -> Staleness | None:
     """The plugin when the staleness option samples with older policies, else None."""
     stale = spec.tricks["staleness"]

@@ -18,7 +18,7 @@ import torch
 
 from grpo_ablate.sampling.decode import derived_seed
 from grpo_ablate.spec import RunSpec
-from grpo_ablate.train.plugin import Plugin
+from grpo_ablate.train.state import Plugin, stateful
 
 
 class PromptPool(Plugin):
@@ -82,6 +82,7 @@ class PromptPool(Plugin):
         self.order, self.epoch = state["order"].clone(), int(state["epoch"])
 
 
+@stateful("prompt_pool")
 def prompt_pool(spec: RunSpec, task, policies) -> PromptPool | None:
     """The pool when the prompt_pool option draws from one, else None (the task's order)."""
     pool = spec.tricks["prompt_pool"]

@@ -8,7 +8,7 @@ optimizer's (now empty) state is checkpointed with the run as always; the count 
 from __future__ import annotations
 
 from grpo_ablate.spec import RunSpec
-from grpo_ablate.train.plugin import Plugin
+from grpo_ablate.train.state import Plugin, stateful
 
 
 class OptimizerReset(Plugin):
@@ -39,6 +39,7 @@ class OptimizerReset(Plugin):
         self.resets = int(state["resets"])
 
 
+@stateful("optim_state")
 def optimizer_reset(spec: RunSpec, task, policies) -> OptimizerReset | None:
     """The plugin when the optim_state option resets the optimizer, else None."""
     state = spec.tricks["optim_state"]

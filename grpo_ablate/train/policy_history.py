@@ -1,19 +1,14 @@
-"""The policy's weights k steps ago: one `PolicyHistory` per run, and the two-layer KL's anchor.
+"""The policy's weights k steps ago: one `PolicyHistory` per run, shared by every plugin that reads them.
 
 The trainer keeps the weights each of the last `depth` steps started from (newest last: the
 current weights) when a plugin asks for them (`Plugin.history_depth`): staleness samples groups
-with the policy of their age (train/staleness.py); kl=two_layer anchors the loss to the policy of
-`prev_lag` steps ago (`PreviousPolicy` below). One history serves both, checkpointed with the run.
+with the policy of their age (train/state/staleness.py); kl=two_layer anchors the loss to the
+policy of `prev_lag` steps ago (train/state/kl.py). One history serves both, checkpointed with the run.
 """
 from __future__ import annotations
 
 from collections import deque
 from contextlib import contextmanager
-
-import torch
-
-from grpo_ablate.spec import RunSpec
-from grpo_ablate.train.plugin import Plugin
 
 
 class PolicyHistory:
@@ -53,24 +48,10 @@ class PolicyHistory:
         self.weights.extend(state["weights"])
 
 
-class PreviousPolicy(Plugin):
-    """kl=two_layer's second anchor: log-probs of the policy as it was `lag` steps before this
-    one's weights (the oldest kept while the run is younger), in a frozen copy of the policy."""
-
-    def __init__(self, frozen_copy: torch.nn.Module, lag: int):
-        self.model, self.lag = frozen_copy, lag
-        self.history_depth = lag + 1
-
-    def anchors(self, part, temperature: float, forward, history) -> dict:
-        self.model.load_state_dict(history.at_age(self.lag))
-        return {"prev": forward(self.model, part, temperature)}
-
-
-def previous_policy(spec: RunSpec, task, policies) -> PreviousPolicy | None:
-    """The anchor when the kl option anchors to a previous policy (a frozen copy was loaded), else None."""
-    if policies.previous is None:
-        return None
-    return PreviousPolicy(policies.previous, policies.previous_lag)
+def policy_history(plugins: list) -> PolicyHistory | None:
+    """The one history of the policy's weights, as deep as the deepest plugin reads (else None)."""
+    depth = max((plugin.history_depth for plugin in plugins), default=0)
+    return PolicyHistory(depth) if depth else None
 
 
 def upgraded_checkpoint(state: dict) -> dict:
