@@ -58,9 +58,11 @@ test: install lint docs
 test-full: install
 	$(PYTEST) -m "full and not slow" --durations=15
 
-## ruff check (pyproject.toml [tool.ruff]: pyflakes, pycodestyle, lines up to 120 characters)
+## ruff check (pyproject.toml [tool.ruff]: pyflakes, pycodestyle, lines up to 120 characters), then the
+## package's room sizes (scripts/room_sizes.py: a report for reviewers, not a gate)
 lint: install
 	$(PY) -m ruff check .
+	@$(PY) scripts/room_sizes.py
 
 ## the docs site (mkdocs.yml, docs/) into site/; --strict: a broken link or anchor, or a page left out
 ## of the nav, fails (so `make test`, and CI, fail on it). Offline: nothing is fetched while building.
