@@ -1,6 +1,6 @@
 """adv=rae: the EMA baseline carried across steps.
 
-The option (tricks/adv_token.py `rae_advantage`) scores each row against an EMA of the rewards
+The option (tricks/adv/reinforce.py `rae_advantage`) scores each row against an EMA of the rewards
 before it; this plugin keeps the EMA between steps: it hands the estimator the baseline the step
 starts from (`estimator_input`) and moves it over the step's rewards, row by row, once the
 advantages are taken (`after_advantages`). It is checkpointed with the run.
@@ -11,7 +11,7 @@ import torch
 
 from grpo_ablate.spec import RunSpec
 from grpo_ablate.train.plugin import Plugin
-from grpo_ablate.tricks.adv_token import ema_baselines
+from grpo_ablate.tricks.adv.reinforce import ema_baselines
 
 
 class EmaBaseline(Plugin):

@@ -1,6 +1,6 @@
 """adv=opob: each trajectory's score-gradient norm, for VCPO's optimal off-policy baseline.
 
-The option (tricks/adv_token.py `opob_advantage`) weighs each row's reward by ||g_i||^2 rho_i^2,
+The option (tricks/adv/optimal.py `opob_advantage`) weighs each row's reward by ||g_i||^2 rho_i^2,
 g_i = grad_theta sum_t log pi(o_t) under the policy the step starts from (pi_old) and rho_i its
 sequence importance ratio pi_old/mu. A gradient per trajectory needs a backward per trajectory:
 this plugin runs them beside the frozen forwards (`anchors`, before any update), one row at a time
