@@ -10,7 +10,7 @@ contrast, and verdicts predicted from a prefix of every run.
   the pair's mean and Δ log B compared the same way: *learns faster* / *learns slower* when its
   CI excludes zero. The split verdict names what was
   decided, or *neither*; *poor fits* when fewer than two seeds fit well on both sides.
-- Before any of that is read (issue 31): a run that peaks and falls is *unstable* (report/drift.py)
+- Before any of that is read: a run that peaks and falls is *unstable* (report/drift.py)
   and its fit is no ceiling; a contrast counts, per arm, the fits it could not use (poor fit,
   drifting). ΔA over the seeds that fit is a comparison of selected subsets, so the fits' verdicts
   are withheld when the selection differs by arm — when an arm drifts as a whole (its runs' drift
