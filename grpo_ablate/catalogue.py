@@ -102,7 +102,8 @@ def option_table() -> str:
         info = family_info(family)
         ordered = sorted(options(family), key=lambda name: name != info.default)   # the default first
         names = ", ".join(f"`{name}`" for name in ordered)
-        module = info.module.replace(".", "/") + ".py"
+        package = hasattr(importlib.import_module(info.module), "__path__")   # a family split by kind: its folder
+        module = info.module.replace(".", "/") + ("/" if package else ".py")
         lines.append(f"| `{family}` | {names} | {info.summary} (`{module.removeprefix('grpo_ablate/')}`) |")
     return "\n".join(lines)
 

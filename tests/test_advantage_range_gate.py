@@ -1,4 +1,4 @@
-"""prime-rl's advantage-range gate (sampling=advantage_range; catalogue v4, issue 35), and every
+"""prime-rl's advantage-range gate (sampling=advantage_range), and every
 new knob's bad value as one `error:` line, exit 2, nothing written (the CLI, as a user meets it)."""
 import pytest
 import torch

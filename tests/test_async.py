@@ -1,4 +1,4 @@
-"""Asynchronous RL reproduced (issue 25): stale rollouts, the proximal policy, AReaL's decoupled
+"""Asynchronous RL reproduced: stale rollouts, the proximal policy, AReaL's decoupled
 PPO and M2PO. Expected vectors are worked by hand from the references' source (cited per test),
 in float64; the trainer tests run the small model for a few steps."""
 import math

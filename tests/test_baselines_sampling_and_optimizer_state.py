@@ -1,5 +1,5 @@
-"""The rest of issue 35's options (token baselines otb and rae, length penalty, replace and pool
-sampling, optimizer-state reset, staleness, vcpo's lr scale) against their references, in float64.
+"""Token baselines (otb and rae), length penalty, replace and pool sampling, optimizer-state reset,
+staleness and vcpo's lr scale against their references, in float64.
 Each expected number is worked by hand (plain floats) from the cited source:
 - verl verl/trainer/ppo/core_algos.py `compute_optimal_token_baseline_advantage` and
   `compute_multi_turn_optimal_token_baseline_advantage`, verl/utils/torch_functional.py
@@ -121,7 +121,7 @@ def test_energy_of_the_forward_is_one_minus_two_pi_plus_sum_pi_squared():
     (["prompt_pool=difficulty", "prompt_pool.draw=weights", "prompt_pool.easy_weight=0",
       "prompt_pool.normal_weight=0", "prompt_pool.hard_weight=0"], "needs a pool with a positive weight"),
 ])
-def test_bad_settings_of_the_rest_of_issue_35_are_refused(overrides, message):
+def test_bad_baseline_sampling_and_staleness_settings_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):
         validate(compose(overrides))
 

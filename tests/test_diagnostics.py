@@ -14,7 +14,7 @@ from grpo_ablate.train import diagnostics as diag
 from grpo_ablate.config import ConfigError, compose, validate
 from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
 from grpo_ablate.spec import run_spec
-from grpo_ablate.tricks.adv import grpo_advantage
+from grpo_ablate.tricks.adv.group import grpo_advantage
 
 
 # ------------------------------------------------------------------------------ the math

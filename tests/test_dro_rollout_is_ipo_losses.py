@@ -1,4 +1,4 @@
-"""The policy losses DRO, rollout IS and IPO (added in issue 35) against their references, value
+"""The policy losses DRO, rollout IS and IPO against their references, value
 and gradient in float64. The expected numbers are worked by hand (plain floats) from: verl docs/algo/dro.md and its loss
 (commit ea53291385ce764019a2b40733605f21d8317583, PR #7245), SkyRL skyrl/backends/skyrl_train/
 utils/ppo_utils.py `rollout_is_policy_loss` (a9564572eb8e91076be43c1bd5e4615e3de17265), prime-rl

@@ -1,4 +1,4 @@
-"""Faults, damaged state and bad input (issue 24): every case one line on stderr, no traceback,
+"""Faults, damaged state and bad input: every case one line on stderr, no traceback,
 and the run or sweep dir byte for byte as it was. Through the real CLI: typer's CliRunner
 where the command refuses before Hydra runs (fast), a subprocess where a run is trained."""
 import hashlib

@@ -1,7 +1,7 @@
 """Proof that a redesign moved nothing: fixed short runs give bit-identical metrics.
 
-The golden files in tests/golden/ were recorded on the code before the trainer was reshaped
-(issue 12), and again when the eval problems became a fixed partition (issue 43: every
+The golden files in tests/golden/ were recorded on the code before the trainer was reshaped,
+and again when the eval problems became a fixed partition (every
 training draw and the warm start changed), through the same user-facing entrypoint
 (`grpo-ablate train`'s Hydra app). Every metric except timings must come out exactly equal:
 same floats, same keys, same steps.

@@ -1,5 +1,5 @@
-"""Policy losses (dppo, vespo, luspo, topr, kimi15, clamped REINFORCE; added in issue 25) and
-issue 25's advantages and weights (maxrl, prompt_mean, remax) against their references, in float64.
+"""Policy losses (dppo, vespo, luspo, topr, kimi15, clamped REINFORCE) and the advantages and
+weights maxrl, prompt_mean and remax against their references, in float64.
 
 None of the references is installed here (SkyRL, prime-rl, ROLL, PipelineRL are not pip
 packages of this project; TRL is an optional extra), so every expected value is worked by

@@ -1,4 +1,4 @@
-"""lm_head=fp32 (issue 25): under bf16 autocast the head and its logits are float32, closer to
+"""lm_head=fp32: under bf16 autocast the head and its logits are float32, closer to
 the float32 model's than the bf16 head's are (TRL cast_lm_head_to_fp32)."""
 import copy
 

@@ -1,4 +1,4 @@
-"""The prompt pool (issue 25, data): ScaleRL's no-positive-resampling and prime-rl's difficulty
+"""The prompt pool (data): ScaleRL's no-positive-resampling and prime-rl's difficulty
 pools. The rules are checked on worked vectors in float64 (ScaleRL Sec. 3: pass rate >= 0.9 leaves
 the pool for later epochs; prime-rl orchestrator/buffer.py, DifficultyPoolBufferConfig: easy when
 p > 0.8, hard when p < 0.2, fractions 0.1 / 0.1, a short pool's deficit to normal); the trainer

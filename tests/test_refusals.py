@@ -1,4 +1,4 @@
-"""The cases of issue 32's hunt, through the real CLI: each refusal is exit 2, one `error:` line
+"""The refusals a hunt for silent misbehaviour found, through the real CLI: each refusal is exit 2, one `error:` line
 naming what was wrong and what is allowed, no traceback, and the directory it ran in byte for byte
 as it was; and what a careful user would expect where the tool used to do something else silently.
 The dir lock's cases and the stops (SIGTERM, Ctrl-C) are in test_faults.py and test_stopping.py."""

@@ -1,4 +1,4 @@
-"""rollout_correction=rejection (issue 35): one option for the rejection masks of AReaL, verl, SkyRL,
+"""rollout_correction=rejection: one option for the rejection masks of AReaL, verl, SkyRL,
 ROLL and OpenRLHF, in float64. Each expected vector is worked by hand (plain floats) from the
 reference's source: AReaL 4aef98d8d818af55b43621aaadba047ae10f4e77 (areal/utils/functional/
 functional.py `apply_rejection_sampling`, areal/utils/data.py `KLEstimator._compute_approx_kl`),

@@ -1,4 +1,4 @@
-"""The trainer side of issue 25's non-async options (the replay buffer, ReMax, the zero-variance
+"""The trainer side of the synchronous options (the replay buffer, ReMax, the zero-variance
 filter, the fp32 head): ReMax's greedy baseline reaches the advantage, zero-variance groups are
 dropped without a refill, the fp32 head trains."""
 import pytest
@@ -30,7 +30,7 @@ def test_remax_zero_variance_filter_prompt_mean_and_fp32_head_train(small, tmp_p
     (["lm_head=fp16"], "lm_head=fp16"),
     (["loss_agg=prompt_sum"], "loss_agg=prompt_sum"),
 ])
-def test_bad_settings_of_issue_25_options_are_one_line_errors(overrides, message):
+def test_bad_remax_loss_and_head_settings_are_one_line_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
         validate(compose(overrides))
 

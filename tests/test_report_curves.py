@@ -1,4 +1,4 @@
-"""Run summaries (report --summary), compute–performance fits and predicted verdicts (issue 21).
+"""Run summaries (report --summary), compute–performance fits and predicted verdicts.
 
 Synthetic curves with known parameters: ScaleRL's sigmoid against compute, written as the
 trainer writes metrics.jsonl (eval points, and per step the sampled and trained token counts).

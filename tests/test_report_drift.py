@@ -1,4 +1,4 @@
-"""Curves that do not lie (issue 31, item 5): the drift test before a fit is read as a ceiling,
+"""Curves that do not lie: the drift test before a fit is read as a ceiling,
 exclusion counted and tested per arm, and forecasts scored on what the measurement decided.
 
 The simulations draw eval accuracies as the trainer's evals are: k correct of `task.eval_size`

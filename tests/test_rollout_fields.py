@@ -1,5 +1,5 @@
 """A rollout's optional fields (sampler log-probs, ages, kept, and whatever comes next) are each
-declared once on `Rollout` and carried by every operation on rows (issue 33): here for every
+declared once on `Rollout` and carried by every operation on rows: here for every
 declared field, so a new one is tested the day it is declared."""
 from dataclasses import fields
 

@@ -1,6 +1,6 @@
-"""The call sites of issue 15's tricks in the trainer: each reaches the loss or the advantage the
-way its function's docstring says, the state it owns survives a resume, and diagnostics do
-not change what it draws."""
+"""The call sites in the trainer of the tricks outside the seed review: each reaches the loss or the
+advantage the way its function's docstring says, the state it owns survives a resume, and
+diagnostics do not change what it draws."""
 from types import SimpleNamespace
 
 import torch
@@ -11,7 +11,7 @@ from grpo_ablate.spec import run_spec
 from grpo_ablate.train.grpo import train
 from grpo_ablate.train.losses import Coefficients, LossInputs, LossTerms, SeededDraws, loss_draws
 from grpo_ablate.train.rewards import AdvantageChain, RewardShaping
-from grpo_ablate.tricks.adv import gdpo_advantage
+from grpo_ablate.tricks.adv.group import gdpo_advantage
 from grpo_ablate.tricks.kl import k3
 from grpo_ablate.tricks.loss_agg import aggregate, seq_mean_token_mean_weights
 from grpo_ablate.tricks.rollout_correction import _option

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from grpo_ablate.tricks import option, options
-from grpo_ablate.tricks.adv import group_mean_std
-from grpo_ablate.tricks.clip import ppo_clip_loss
+from grpo_ablate.tricks.adv.group import group_mean_std
+from grpo_ablate.tricks.clip.ratio import ppo_clip_loss
 from grpo_ablate.tricks.kl import k1, k2, k3
 from grpo_ablate.tricks.loss_agg import aggregate, masked_mean
 
@@ -422,7 +422,7 @@ def test_kl_in_reward_controller_and_penalty():
 
 # ---------------------------------------------------------------- adv=gae and value_clip
 def test_gae_with_gamma_lambda_one_is_return_minus_value():
-    from grpo_ablate.tricks.adv import gae, token_rewards
+    from grpo_ablate.tricks.adv.critic import gae, token_rewards
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=D)
     rewards = torch.tensor([1.0, 0.0], dtype=D)
     values = torch.tensor([[0.2, 0.5, 0.9, 7.0], [0.1, -0.3, 7.0, 7.0]], dtype=D)
@@ -434,7 +434,7 @@ def test_gae_with_gamma_lambda_one_is_return_minus_value():
 
 
 def test_gae_discounted_by_hand():
-    from grpo_ablate.tricks.adv import gae
+    from grpo_ablate.tricks.adv.critic import gae
     mask = torch.ones(1, 2, dtype=D)
     r = torch.tensor([[0.0, 1.0]], dtype=D)
     v = torch.tensor([[0.5, 0.25]], dtype=D)
@@ -455,7 +455,7 @@ def test_gae_estimator_whitens_over_tokens():
 
 
 def test_value_losses_and_explained_variance():
-    from grpo_ablate.tricks.value import explained_variance
+    from grpo_ablate.tricks.value_clip import explained_variance
     values = torch.tensor([1.0, 0.0], dtype=D)
     old = torch.tensor([0.5, 0.5], dtype=D)
     ret = torch.tensor([0.0, 0.0], dtype=D)

@@ -3,7 +3,7 @@
 A run logs its eval metric at step 0 (the base), every `eval.every` steps and at the end. The
 report compares one number per run; which one is the *summary*:
 
-    final    the last value logged: the level at the end (the only choice before issue 21)
+    final    the last value logged: the level at the end (once the only choice)
     auc      the curve's mean over training, compute-weighted: the trapezoid of the eval points
              against the compute spent to reach them, divided by the compute spanned. It rewards
              getting there sooner as well as the level, and averages the eval's noise over

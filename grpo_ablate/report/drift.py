@@ -1,34 +1,6 @@
 """Does a run's eval peak and then fall? The test that runs before a fit is read as a ceiling.
 
-A sigmoid (fits.py) is monotone. Fitted to a curve that rises, peaks and drifts back, it still
-passes its RMSE gate most of the time (the drop is a few eval SEs spread over several evals)
-and puts A between the peak and the late level: a trick whose runs drift late gets a *lower
-ceiling* when what it has is an unstable run. So before A is read, each run is tested for a
-drift, and a run that drifts is reported as *unstable*, its fit not used as a ceiling.
-
-The test: peak versus the late level. After the base eval, the run's evals are split into a
-late window (the last third, at least LATE_MIN evals) and the evals before it; the statistic is
-
-    z = (max of the earlier evals − mean of the late window) / SE
-
-with SE one eval's binomial standard error √(p(1 − p) / n_eval) at the larger of the two levels'
-p(1 − p) (the report's eval noise, fits.eval_noise). Why this and not isotonic residuals: the
-failure it guards against is one shape — a late drop below an earlier level — and this
-statistic spends its power on exactly that shape, where an isotonic-regression residual spreads
-it over every wiggle (a dip mid-rise costs as much as a late decline). Why it is calibrated
-without knowing the curve: for any non-decreasing mean curve each earlier eval's mean is at most
-each late eval's, so z is at most what the same noise gives on a flat plateau — the plateau is
-the least favourable monotone curve, and its null distribution (max of m standard normals minus
-the mean of k) bounds every monotone curve's. Its quantiles are taken from draws with a
-fixed seed (stats/drift_null.py: the same p for the same run every time; Monte-Carlo error of a 5% tail ≈ 0.0005).
-Hence a monotone-saturating run is flagged at most DRIFT_ALPHA of the time (tests measure it).
-
-Two limits, both toward flagging less: the binomial SE is the noise of one eval against the task;
-two evals of one run on the same problems differ by less (a problem solved stays mostly solved),
-so the real z is smaller than the binomial one — conservative. And one run at a few evals has
-modest power against a drop of 2–3 SEs, so the report also tests each arm as a whole
-(`arm_drift`): the sum of its runs' z against the sum of independent plateau nulls, which
-is bounded the same way and has √(seeds) times the power.
+The design, its formulas and references: docs/curves.md, "The drift test".
 """
 from __future__ import annotations
 

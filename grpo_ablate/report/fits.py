@@ -1,44 +1,6 @@
 """Compute–performance fits: does a trick raise the ceiling, or only get there faster?
 
-ScaleRL (Khatri et al. 2025, "The Art of Scaling Reinforcement Learning Compute for LLMs",
-arXiv 2510.13786, Eq. 1) fits a run's pass rate R against training compute C with
-
-    R_C − R_0 = (A − R_0) / (1 + (C_mid / C)^B)
-
-R_0 the pass rate before training (here: the base eval at step 0, measured, not fitted), A the
-asymptote (the ceiling), B > 0 the efficiency (the curve's steepness in log compute), C_mid
-the compute at which half of the gain A − R_0 is reached. Their procedure (App. A.5/A.7), as
-done here:
-- a grid search, then a local fit: theirs grids A (0.450 … 0.800, steps of 0.005) and C_mid
-  (100 points) and fits B per cell; here C_mid (100 log-spaced points around the measured
-  compute) and B (60 log-spaced points) are gridded and A, in which the curve is linear, is
-  solved exactly per cell (within [0, 1]: a success rate) — the same search, vectorized. The
-  best cell is then refined by scipy's `least_squares` over all free parameters, within
-  bounds. No hand-written optimizer.
-- the first part of the run is dropped before fitting (theirs: about an epoch; `skip`, as a
-  fraction of the compute, 0 by default: the embedded default's runs are 30 steps, and the
-  base eval anchors R_0 rather than entering the residuals);
-- A within ±0.02 counts as equal (their seed-to-seed spread of A, `CEILING_TOLERANCE`);
-- B is compared by refitting both runs with A fixed at their mean (`fit(..., A=shared)`), and
-  only where B is identified: a curve whose midpoint lies before its first eval got its whole
-  gain before anyone looked, so any steep enough curve fits it (`Fit.B_identified`); its A
-  still counts. Evaluating more often (`eval.every`) is what identifies B on fast learners.
-
-Differences, and why: the paper's runs are 10^3–10^5 GPU-hours with monotone curves. Here runs
-are short and a curve often rises and falls (the eval peaks mid-run and drifts back). Before the
-fit is read, a run is tested for a drift (report/drift.py: its peak against its late level, in
-eval SEs, calibrated so that a monotone curve is flagged at most 5% of the time); a run that
-drifts is *unstable*: its fit is not used as a ceiling (a monotone curve through a rise and a
-fall puts A between the peak and the late level, a lower "ceiling" that is really a drift). A fit is
-*poor* — and the report says so instead of printing a number it does not believe — when
-- its RMSE exceeds twice the eval's binomial standard error (the curve is not sigmoid-shaped:
-  it rises and falls, or jumps), or
-- it is flat (no eval moved more than two standard errors from the base), or falling (A below
-  the base), or
-- its midpoint C_mid lies beyond the compute measured, or A is pinned at 1 above every eval (the
-  curve has not bent yet, so A is an extrapolation the data do not pin down), or there are fewer
-  than 3 points to fit.
-The eval's standard error is √(p(1 − p) / n_eval), n_eval the run's `task.eval_size`.
+The design, its formulas and references: docs/curves.md, "The sigmoid fit".
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The top of report.md: the title, at most four one-sentence lines (an A/A sweep's check, the family and
 its error control, training against its untrained start, the cost of deciding the rest) and the verdict
-table, so that a reader meets the verdicts first (issue 43); the full cost of the open
+table, so that a reader meets the verdicts first; the full cost of the open
 contrasts for the Power section and the SFT control's headline for the controls section."""
 from __future__ import annotations
 

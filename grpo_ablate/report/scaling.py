@@ -1,40 +1,7 @@
 """The report's curve sections: the fits over seeds, the ceiling/efficiency split of each
 contrast, and verdicts predicted from a prefix of every run.
 
-- Fits (fits.py) per completed run; per variant A and B as means with 95% t-intervals over
-  the seeds whose fit is good, and a pooled fit (every seed's points) for the picture.
-- Per contrast, over the seeds where both sides fit well: ΔA paired by seed. *raises the
-  ceiling* / *lowers the ceiling* when its 95% CI excludes zero and |ΔA| exceeds ScaleRL's
-  ±0.02 (fits.CEILING_TOLERANCE); *same ceiling* when the CI lies inside ±0.02. Then each seed's
-  pair whose B is identified on both sides (fits.Fit.B_identified) is refitted with A fixed at
-  the pair's mean and Δ log B compared the same way: *learns faster* / *learns slower* when its
-  CI excludes zero. The split verdict names what was
-  decided, or *neither*; *poor fits* when fewer than two seeds fit well on both sides.
-- Before any of that is read (issue 31): a run that peaks and falls is *unstable* (report/drift.py)
-  and its fit is no ceiling; a contrast counts, per arm, the fits it could not use (poor fit,
-  drifting). ΔA over the seeds that fit is a comparison of selected subsets, so the fits' verdicts
-  are withheld when the selection differs by arm — when an arm drifts as a whole (its runs' drift
-  statistics summed, report/drift.arm_drift, at 5%: a drifting arm's undetected runs still fit a
-  lower A), or when the share of excluded fits differs by arm (Fisher's exact test, two-sided, at
-  5%). The split verdict then says so: *drifts more* / *drifts less* / *both drift*, and/or
-  *exclusion differs by arm* — never *lowers the ceiling* for a run that only drifts. A gate
-  can only withhold a verdict, so it adds no false ceiling calls; it costs power about its
-  false-alarm rates (a monotone run is flagged ≤ 5%, and loses its pair; an arm ≤ 5%): at a true
-  ΔA of 0.05, five seeds, 0.71 → 0.66 of simulated draws (tests/test_report_drift.py).
-- Predictions: each run's curve beyond its prefix is the fit of the prefix, at the planned eval
-  steps (compute extrapolated at the prefix's tokens per step); a run whose prefix does not fit
-  well is carried flat at the mean of its last two evals. The summary of the completed curve is
-  the run's predicted number, and the contrasts are forecast on those numbers by the fixed 95%
-  rule. The interval carries each run's extrapolation error as far as the prefix can show it
-  (`extrapolation_variance`): the future evals' own binomial noise, which a smooth extrapolation
-  lacks, and the extrapolated level's misfit (the prefix fit's RMSE beyond the eval noise, or one
-  eval SE for a prefix carried flat), both propagated through the summary and added to the seeds'
-  variance of Δ. What no prefix shows — an effect that begins after it, a late drift or a late
-  gain — it cannot carry:
-  so these are *forecasts, not verdicts*, and a finished sweep scores them (`agreement`) on the
-  contrasts its measurement decided apart from those it left undecided (a forecaster that always
-  says *no evidence* agrees on every undecided one), with the coverage of the measured Δ by the
-  forecast interval.
+The design, its formulas and references: docs/curves.md, "Fits over seeds and predicted verdicts".
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Does training beat its untrained start? Asked per context before any trick verdict (issue 36).
+"""Does training beat its untrained start? Asked per context before any trick verdict.
 
 A trick contrast compares two ways of training; where training itself lowers the metric, it
 compares ways of getting worse, and the user is asking the wrong question. So for each context

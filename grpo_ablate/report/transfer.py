@@ -1,35 +1,6 @@
 """Verdicts that travel: one trick across the contexts a sweep ran it in.
 
-A sweep across contexts (`sweep --across KEY=a,b`, a sweep file's `contexts:`) has each
-trick's contrast once per context (`<trick>@<context>`), each decided as any contrast is
-(report/verdicts.py: helps / hurts / breaks training / inert here / no effect / no evidence).
-This module reads across them and gives each trick a **transfer verdict**:
-
-- *sign flips*: it helps in one context and hurts (or breaks training) in another, and the
-  difference between the two is decided (below);
-- *holds across the contexts tested*: the same decided direction in every context (helps
-  everywhere, hurts everywhere, no effect or inert everywhere);
-- *context-dependent*: the trick × context interaction is decided: its effect differs
-  between two contexts (where it helps, where not);
-- *undecided*: none of these, with what would decide it (seeds per context, from the power
-  analysis).
-
-The interaction. For two contexts a and b, the per-seed paired effects Δ_a,s (with − without
-at seed s in a) and Δ_b,s are two independent samples (different runs); Welch's t-test on
-mean(Δ_a) − mean(Δ_b) gives a p-value. Every pair of contexts of every trick of the report is
-one test, and **Holm's step-down procedure over the whole grid** (all tricks × all pairs)
-decides which differences are real: the chance of calling any trick of the report
-context-dependent (or a sign flip) when its effect is the same everywhere is ≤ 5%
-(tests/test_transfer.py simulates it). Two decided verdicts of different kinds need no test:
-*inert here* (the runs were identical) against a decided effect elsewhere, or *breaks
-training* against *helps*. A sequential sweep's seeds were chosen by the per-context
-looks, not by this test; the test reads the seeds the looks left, at its fixed level.
-
-Claims. Each named trick carries what the seed documents claim about it (tricks/registry.py
-`Claim`: an effect, the context it was made in, a source). A context's tags (model: base |
-aligned from `model.stage`, data: the task level, reward: 0/1 or -1/1 from `reward.wrong`)
-say which claims it tests: per claim and context, *agrees*, *contradicts*, *undecided here*
-(tested, no decision) or *not tested here* (no context of this sweep is the claim's).
+The design, its formulas and references: docs/contexts.md, "Transfer verdicts".
 """
 from __future__ import annotations
 

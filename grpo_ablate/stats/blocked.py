@@ -2,26 +2,7 @@
 treatments, and every contrast of a family shares one arm (the hub: leave-one-out's `all`,
 add-one-in's base, a control). docs/statistics.md gives the simulations that chose this model.
 
-    y_vs = μ_v + β_s + ε_vs,   Var(ε_vs) = σ_v²        (each variant its own run-to-run variance)
-
-Δ = μ_a − μ_b is estimated by the paired mean over the blocks (the block effects cancel), and
-Var(Δ̂) = (σ_a² + σ_b²) / S. What the model adds to a paired t is how the σ_v² are estimated:
-
-- Each variant's own variance is Shukla's unbiased estimator (Shukla 1972, Heredity 29:237) from
-  the residuals e_vs of the additive fit: σ̂_v² = V / ((V − 2)(S − 1)) · (Σ_s e_vs² − SS / (V(V − 1))),
-  SS = Σ_vs e_vs², clipped at 0; about S − 1 degrees of freedom each. Their mean is the pooled
-  residual variance SS / ((V − 1)(S − 1)), the equal-variance model's (V − 1)(S − 1) df estimate.
-- A leaf (a variant in one contrast) borrows strength: its variance is moderated towards the
-  pooled one by empirical Bayes (Smyth 2004, limma's squeezeVar: s̃² = (d0 s0² + d s²)/(d0 + d),
-  with d0 from the spread of the log variances beyond what d = S − 1 df explain). When the variances
-  look alike d0 is large (→ the pooled model, df capped at its (V − 1)(S − 1)); when they differ,
-  d0 is small and each leaf keeps its own.
-- The hub is moderated the same way but never below its own estimate: it is in every contrast, so
-  shrinking it would move every contrast's SE together (simulated: with a hub 2–3× noisier than the
-  leaves, moderating it down names false effects in 6–9% of null reports; this rule, ≤ 5% at five
-  seeds; docs/statistics.md).
-
-A contrast's df is Welch–Satterthwaite's over its two variances, each with its df.
+The design, its formulas and references: docs/statistics.md, "The blocked model's estimator".
 """
 from __future__ import annotations
 

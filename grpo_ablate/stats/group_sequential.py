@@ -1,62 +1,7 @@
 """Seeds until decided: a group-sequential paired t-test whose error rate survives repeated
 looks, and the power of a contrast at the seeds it ran. Pure math (numpy, scipy).
 
-The question. A contrast's effect is Δ = metric(with) − metric(without), paired by seed. A
-sequential sweep looks at it after `initial_seeds` paired seeds, then after every further
-paired seed, up to `max_seeds`. Testing at 5% at each look would call a null contrast
-*helps*/*hurts* far more often than 5% (six looks at 3..8 seeds: about 14%). A group-
-sequential test plans for all the looks at once so that the probability of a false
-*helps*/*hurts*, summed over every look, stays ≤ alpha.
-
-The rule (two-sided, for trick contrasts).
-  At a look with n paired differences d_1..d_n, mean d̄ and SD s:  T = d̄ / (s / √n).
-  Stop with *Δ > 0* when T ≥ c_k, with *Δ < 0* when T ≤ −c_k; else take another seed.
-  The boundaries c_k come from an alpha-spending function (Lan & DeMets 1983): the look at
-  information fraction t = n / max_seeds may have spent at most α*(t) per side in all,
-      O'Brien–Fleming type   α*(t) = 2 − 2 Φ(z_{1−a/2} / √t)        (default)
-      Pocock type            α*(t) = a · ln(1 + (e − 1) t)
-  with a = alpha / 2 the per-side level (the convention of gsDesign's sfLDOF and ldbounds,
-  which makes the upper half of the two-sided test exactly the one-sided test at alpha / 2).
-  c_k solves  P_H0(|T_j| < c_j for j < k, |T_k| ≥ c_k) = 2 (α*(t_k) − α*(t_{k−1})).
-
-Unknown variance. The seed-to-seed SD is estimated from the same few seeds, so the c_k are
-on the t scale. The usual shortcut, the significance-level approach (nominal normal levels
-turned into t quantiles; Jennison & Turnbull 2000, §3.8), is approximate, and at 3 initial
-seeds it is not good enough: simulated, it calls 5.8% of null contrasts (docs/sequential.md).
-So the boundaries are found on the exact joint null distribution of (T_1, ..., T_K), which
-does not depend on the unknown variance (the statistics are scale-free; the exact sequential
-t-test of Jennison & Turnbull 1991 and Jennison & Turnbull 2000, ch. 11). The first
-boundary is a Student-t quantile; the later ones are computed by Monte Carlo over
-CALIBRATION_SEQUENCES null sequences from a frozen RNG (numpy's RandomState), so they are
-deterministic; the error rate they give is alpha ± about 0.0003.
-
-"Beats the control" is the same machinery one-sided at alpha / 2 (the report's rule today:
-the 95% CI lies above zero): stop with *beats* when T ≥ c_k; a mirrored lower boundary
-stops with *worse* (non-binding: it can only lower the false *beats* rate, so the upper
-boundaries are computed without it).
-
-Equivalence (optional, with a user-named smallest effect X). The repeated confidence
-interval d̄ ± c_k s / √n covers the true Δ at every look at once with probability 1 − alpha
-(Jennison & Turnbull 2000, ch. 9); when it lies inside (−X, X) the contrast stops as *no
-effect ≥ X*. Stopping for that is non-binding: it never raises the false *helps*/*hurts* rate.
-
-Changing the maximum. The alpha a look may spend is derived from the look history: when
-max_seeds changes between looks, the alpha not yet spent is spread over the new horizon in
-proportion to α* on it (exact while the change does not depend on the estimates). A contrast
-that already spent all its alpha (it reached the old maximum undecided) has none left; if the
-maximum is raised it is re-planned as if the new maximum had been chosen at the start, and
-that is not exact: `replanned` says so, and docs/sequential.md gives the simulated rate.
-
-Power (fixed design, exact, noncentral t). With n pairs, paired SD s and a critical value c
-(the t quantile at the report's level, or the look's sequential boundary):
-    power(δ) = P(T' ≥ c) + P(T' ≤ −c),   T' ~ noncentral t(df = n − 1, ncp = δ √n / s)
-`detectable_effect` solves power(δ) = 0.8 for δ; `seeds_needed` is the smallest n with
-power(δ) ≥ 0.8 at a named δ. Both lean on s estimated from few seeds: they are "about".
-
-References: K. K. G. Lan & D. L. DeMets (1983), Discrete sequential boundaries for clinical
-trials, Biometrika 70(3):659–663. C. Jennison & B. W. Turnbull (1991), Exact calculations for
-sequential t, χ² and F tests, Biometrika 78(1):133–141. C. Jennison & B. W. Turnbull (2000),
-Group Sequential Methods with Applications to Clinical Trials, Chapman & Hall/CRC.
+The design, its formulas and references: docs/sequential.md, "The method".
 """
 from __future__ import annotations
 

@@ -4,30 +4,7 @@ Welch's test for two sides that share no seed (`welch_test`, `welch_ci`; its deg
 `satterthwaite`, also for any sum of independent means), and the eval set's
 share of a paired Δ's noise (`eval_noise`).
 
-A run's number is the last value it logged or another summary of its curve (report/curves.py);
-a variant's is the mean over its completed runs (`mean_ci`); a trick's effect is
-Δ = mean(with) − mean(without) (`delta_ci`), **paired on the seeds both sides completed** (the
-seeds dropped, and why, are in the basis); Welch's interval only when the two sides share no
-seed at all. The Student-t quantile is scipy's (stats/student.py).
-
-Exact arithmetic. Accuracies are counts over the eval set (k / N), and the same Δ in problems at
-two seeds often differs in the last bit as floats. Each paired difference is snapped to the
-eval's grid (`granularity`: 1/N for a final value, 1/(N k) for the mean of the last k evals), so
-equal Δs are equal numbers and their spread is exactly zero however they round; without a grid
-a spread below 1e-12 of the scale is zero.
-
-Eval noise (crossed seeds × problems). Every run is scored on the same P problems, so with the
-per-problem scores (evals.jsonl) the paired differences form an n × P table d_sp = μ + a_s +
-b_p + e_sp: a seed effect, a problem effect shared by every seed (which problems the trick
-helps), and the residual (which problems this seed's two policies happen to get right: the
-eval's sampling noise for a trained pair, shrunk by a larger eval set). The seed-only t-test estimates
-σ_a²/n + σ_e²/(nP) and never sees σ_b²/P: its inference is about these P problems. With the
-two-way ANOVA's mean squares (method of moments, Searle, Casella & McCulloch 1992, ch. 4)
-    Var(Δ̄) = σ_a²/n + σ_b²/P + σ_e²/(nP) = (MS_seed + MS_problem − MS_resid) / (nP),
-and the problem term is added only where it is positive (never narrower than the seed-only
-interval); the t quantile keeps n − 1 degrees of freedom (conservative: the added term is
-estimated from P − 1 ≫ n − 1). The eval-noise share σ̂_e²/P of the seed-to-seed variance of Δ,
-and the SE a larger eval set would give, are reported beside it (`EvalNoise`).
+The design, its formulas and references: docs/statistics.md, "Means, differences and their intervals".
 """
 from __future__ import annotations
 

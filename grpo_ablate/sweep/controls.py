@@ -1,4 +1,4 @@
-"""Which no-RL controls a sweep plans, and in which contexts (issue 36; RFT: issue 47).
+"""Which no-RL controls a sweep plans, and in which contexts (the untrained base, SFT, RFT).
 
 A trick verdict compares ways of training; it does not say whether training helped at all. So
 every sweep carries, per context, the untrained base: an eval of that context's warm start,

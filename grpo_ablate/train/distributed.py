@@ -1,24 +1,6 @@
 """Data-parallel training of one run over several processes (torchrun), and its one-process no-op.
 
-    torchrun --nproc_per_node 4 -m grpo_ablate.cli train model=hf model.path=...
-
-How the work is split (every rank ends up with the same numbers, so every decision agrees):
-  - sampling: each rank generates and scores a contiguous share of the step's prompts, whole
-    groups (a group never spans ranks); the shares are then gathered, so every rank holds the
-    whole batch: its token ids, texts and rewards.
-  - rewards, advantages and loss weights are computed on that whole batch, identically on every
-    rank: group and batch statistics and token_mean's token count are global by construction.
-  - the forward and backward passes are split by rows; the per-token loss weights are already
-    global, so the step's loss is the sum of the ranks' losses. DistributedDataParallel averages
-    gradients, so each rank backpropagates world_size x its part (= the sum). Trained tensors
-    outside the DDP model (a value head, a learnable temperature) are averaged the same way.
-  - per-token results (log-probs, entropy, clip statistics) are gathered for the metrics; only
-    rank 0 writes the run dir, W&B and checkpoints.
-With model.fsdp=true the model is sharded over the ranks instead of replicated (FSDP2, see
-fsdp.py); the split of the work above is the same. This class is the one place that knows how
-the model is distributed: `shard`, `wrap`, `unsharded`, `clip_grad_norm`, `full_weights`.
-Backend: gloo on CPUs, nccl on GPUs (one GPU per process, cuda:LOCAL_RANK). With one process
-(no torchrun) every method here returns its input unchanged: nothing is added to a step.
+The design: docs/fsdp.md, "Data-parallel training: how the work is split".
 """
 from __future__ import annotations
 

@@ -1,28 +1,6 @@
 """FSDP (model.fsdp=true): one run's model sharded over the processes of torchrun or a SLURM job step.
 
-    torchrun --nproc_per_node 4 -m grpo_ablate.cli train model=hf model.path=... model.fsdp=true
-
-PyTorch's FSDP2 (`fully_shard`): every transformer block (the classes a transformers model
-names in `_no_split_modules`) is one unit, the root (embeddings, final norm, LM head, and a
-LoRA model's wrapper) another. Each process keeps 1/N of every parameter, its gradient and
-its AdamW moments; a unit's full weights exist only while it runs (gathered before its
-forward and again for its backward, freed after). The batch is split by rows exactly as under
-DDP (distributed.py); the reduce-scatter averages gradients as DDP's all-reduce does.
-
-What is sharded: the policy (with LoRA the whole peft model: frozen base and trained
-adapters) and, without LoRA, the frozen reference (its own sharded copy; with LoRA the
-reference stays the policy with its adapters off). What is not: a critic's value head and a
-learnable temperature (a few numbers, replicated, their gradients averaged as under DDP).
-
-Sampling (rollout=hf) reads whole weight matrices (LeanDecoder fuses them; a KV-cached
-forward would re-gather every block at every token), so a rollout runs inside `unsharded`:
-all units gathered once, freed after. A rollout therefore needs the whole model's weights on
-each device for its duration; training (activations, gradients, optimizer state) does not.
-
-Checkpoints hold full tensors, so checkpoint/ stays a `from_pretrained` directory written by
-rank 0: `full_weights` gathers the weights to rank 0's CPU, and an optimizer set up with
-`checkpoint_full_optimizer_state` gathers its AdamW state the same way (trainer_state.pt),
-and on resume keeps this process's shard of the full state every process reads.
+The design: docs/fsdp.md, "How the model is sharded".
 """
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ import torch
 
 from grpo_ablate.sampling.decode import derived_seed
 from grpo_ablate.spec import BoundOption
-from grpo_ablate.tricks.clip import sequence_is_weights
+from grpo_ablate.tricks.clip.sequence import sequence_is_weights
 
 
 @dataclass

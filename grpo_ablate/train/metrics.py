@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from grpo_ablate.tricks.adv import group_mean_std
+from grpo_ablate.tricks.adv.group import group_mean_std
 from grpo_ablate.tricks.kl import k1, k3
 from grpo_ablate.tricks.behaviour import log_ratio as behaviour_log_ratio
 from grpo_ablate.tricks.loss_agg import masked_mean
-from grpo_ablate.tricks.value import explained_variance
+from grpo_ablate.tricks.value_clip import explained_variance
 
 
 def sampling_metrics(rounds: int, groups: int, rows: int, prompts_per_step: int, group_size: int) -> dict:

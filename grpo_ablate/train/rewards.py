@@ -19,7 +19,7 @@ from typing import Mapping
 import torch
 
 from grpo_ablate.spec import BoundOption, RewardScale
-from grpo_ablate.tricks.adv import gae, token_rewards
+from grpo_ablate.tricks.adv.critic import gae, token_rewards
 from grpo_ablate.tricks.kl import kl_reward_penalty
 
 

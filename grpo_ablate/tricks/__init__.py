@@ -1,4 +1,5 @@
-"""The trick catalogue: pure tensor functions registered by name, one module per family.
+"""The trick catalogue: pure tensor functions registered by name, one module per family (a package
+split by kind where one module would not read on a few screens: clip/, adv/).
 
 This package imports only torch. Each family module declares its family and registers its
 options in `registry.py` (`register(family, option, knobs=..., activity=..., inert=...,

@@ -6,7 +6,7 @@ with (pi_old, or the current policy where that is the comparison) in its place, 
 counts as on-policy there -- importance ratio 1, no mismatch, never masked, pi_prox = pi_old.
 TRL does the same for its importance weights (a NaN log-ratio becomes 0) and AReaL's rejection
 sampling zeroes non-finite log-ratios; AReaL's proximal approximation would raise instead, and
-before issue 35 proximal=loglinear here read a NaN as log mu = 0 (mu = 1).
+proximal=loglinear here once read a NaN as log mu = 0 (mu = 1).
 """
 from __future__ import annotations
 

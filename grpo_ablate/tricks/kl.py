@@ -7,7 +7,7 @@ With log r = log pi_ref - log pi_theta per token (Schulman, "Approximating KL Di
 Reference: verl core_algos `kl_penalty` (kl / mse / low_var_kl); TRL `_compute_loss` uses k3.
 log r is clamped to [-20, 20] before exp, as verl does.
 
-Estimators of the 2025-26 references (option family `kl.estimator`, the key kl.estimator):
+Estimators of the recent references (option family `kl.estimator`, the key kl.estimator):
     abs      |log pi - log pi_ref|                                   (verl kl_loss_type "abs")
     k1_st    value of k1, gradient of k2: k2 - sg(k2) + sg(k1)       (verl "k1+")
     k3_st    value of k3, gradient of k2: k2 - sg(k2) + sg(k3)       (verl "k3+" and "low_var_kl+")

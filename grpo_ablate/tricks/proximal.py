@@ -22,7 +22,7 @@ family `staleness`) and the trained-token mask -- and returns the proximal log-p
                 every mini-batch, so the clip never binds and only the importance weights
                 (`rollout_correction`, AReaL's behaviour weight) keep the update off-policy-aware.
 
-loglinear's versions (issue 35). AReaL's bookkeeping: the trainer's engine and the rollout
+loglinear's versions. AReaL's bookkeeping: the trainer's engine and the rollout
 engine both hold version V = global_step + 1 after an update, a token is tagged with the version
 that sampled it, and the loss takes v_theta = engine.get_version() = V, v_prox = V - 1 (the
 comment: "the last broadcast"). A row of age a here (a versions behind pi_old, which is the
@@ -32,7 +32,7 @@ policy at V) has v_mu = V - a, so AReaL's code computes
 
 AReaL is itself inconsistent there: its recomputed pi_prox (prox_logp_method=recompute) is the
 forward of version V, not V - 1. Reading the approximation as "pi_prox is pi_old (version V) and
-pi_theta one version ahead" gives the other mapping, this project's before issue 35:
+pi_theta one version ahead" gives the other mapping, this project's earlier one:
 
     versions=next              alpha = a / (a + 1):  0, 1/2, 2/3, 3/4, 4/5
 

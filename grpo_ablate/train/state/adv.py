@@ -1,11 +1,11 @@
 """The adv family's state: adv=rae's EMA baseline carried across steps, and adv=opob's score norms.
 
-adv=rae (tricks/adv_token.py `rae_advantage`) scores each row against an EMA of the rewards
+adv=rae (tricks/adv/reinforce.py `rae_advantage`) scores each row against an EMA of the rewards
 before it; `EmaBaseline` keeps the EMA between steps: it hands the estimator the baseline the step
 starts from (`estimator_input`) and moves it over the step's rewards, row by row, once the
 advantages are taken (`after_advantages`). It is checkpointed with the run.
 
-adv=opob (tricks/adv_token.py `opob_advantage`) weighs each row's reward by ||g_i||^2 rho_i^2,
+adv=opob (tricks/adv/optimal.py `opob_advantage`) weighs each row's reward by ||g_i||^2 rho_i^2,
 g_i = grad_theta sum_t log pi(o_t) under the policy the step starts from (pi_old) and rho_i its
 sequence importance ratio pi_old/mu. A gradient per trajectory needs a backward per trajectory:
 `ScoreNorms` runs them beside the frozen forwards (`anchors`, before any update), one row at a time
@@ -23,7 +23,7 @@ from grpo_ablate.spec import RunSpec
 from grpo_ablate.train.distributed import gather_rows
 from grpo_ablate.train.forward import token_logprobs
 from grpo_ablate.train.state import Plugin, stateful
-from grpo_ablate.tricks.adv_token import ema_baselines
+from grpo_ablate.tricks.adv.reinforce import ema_baselines
 from grpo_ablate.tricks.behaviour import log_ratio
 
 

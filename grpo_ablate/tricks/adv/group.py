@@ -1,29 +1,13 @@
-"""Family `adv`: advantage estimators, r (one scalar per completion) -> A (one per completion).
-
-Groups are given as `group_index` (completion j belongs to prompt group_index[j]), which also
-covers ragged groups. Every estimator returns A of the same shape as r; the trainer
-broadcasts A over the completion's tokens. std is Bessel-corrected (N-1), as in TRL, verl
-and ROLL.
+"""Family `adv`, the estimators from the group's own rewards: each completion's reward against its
+group's mean (GRPO, Dr. GRPO, RLOO, OPO, GPG, MaxRL, pass@k), scaled by a group or batch std (GRPO,
+Lite PPO, batch normalization, REINFORCE++-baseline), or per reward part (GDPO). std is
+Bessel-corrected (N-1), as in TRL, verl and ROLL.
 """
 from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
-from grpo_ablate.tricks.registry import (FLAG, FRACTION, NON_NEGATIVE, POSITIVE, TRICKS_OR_TRAPS, Claim, Allowed, Trick,
-                                         choice, declare_family, register)
-
-declare_family("adv", "advantage estimator; `gae` adds a critic (value head) and per-token advantages; `gdpo` "
-               "normalizes each reward part (task, format, length, overlong, KL) in its group",
-               stage="advantage", default="grpo", metric="adv/std",
-               settings={"value_coef": (NON_NEGATIVE, "uses_values")})   # the critic's loss weight (adv=gae)
-
-# Every estimator takes (rewards [N], group_index [N], mask [N, T], values [N, T] or None,
-# components: dict name -> [N], the reward's parts (task, format, length, overlong, kl), each
-# already weighted, summing to rewards; read only by gdpo) and returns A: [N] per completion,
-# or [N, T] per token for an estimator with a critic. Flags:
-#   uses_group_statistic  needs G >= 2 completions per prompt to mean anything
-#   uses_values           needs a critic: per-token values in, per-token advantages out
-#   undoes_affine_maps    A of a*r + b (a > 0) is A of r, up to eps: a reward normalization before it changes nothing
+from grpo_ablate.tricks.registry import FLAG, POSITIVE, TRICKS_OR_TRAPS, Allowed, Claim, Trick, choice, register
 
 
 def group_mean_std(values: torch.Tensor, group_index: torch.Tensor):
@@ -161,56 +145,6 @@ def rpp_baseline_advantage(rewards, group_index, mask, values, components, *, ep
     return (centred - token_mean) / torch.sqrt(token_var + eps)
 
 
-def token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """An outcome reward placed on the last trained token of each completion."""
-    out = torch.zeros_like(mask, dtype=rewards.dtype)
-    last = (mask.sum(dim=1).long() - 1).clamp(min=0)
-    out[torch.arange(mask.shape[0]), last] = rewards * (mask.sum(dim=1) > 0).to(rewards.dtype)
-    return out
-
-
-def gae(token_reward: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
-        lam: float = 1.0):
-    """Generalized advantage estimation over completion tokens: (advantages, returns) [N, L].
-
-    delta_t = r_t + gamma V_{t+1} - V_t (V after the last token is 0); A_t = sum_k (gamma lam)^k
-    delta_{t+k}; returns = A + V. Reference: verl core_algos `compute_gae_advantage_return`.
-    """
-    values = values * mask
-    advantages = torch.zeros_like(values)
-    running = torch.zeros(values.shape[0], dtype=values.dtype, device=values.device)
-    for t in reversed(range(values.shape[1])):
-        next_value = values[:, t + 1] if t + 1 < values.shape[1] else torch.zeros_like(running)
-        delta = token_reward[:, t] + gamma * next_value - values[:, t]
-        running = delta + gamma * lam * running
-        advantages[:, t] = running
-    advantages = advantages * mask
-    return advantages, (advantages + values) * mask
-
-
-@register("adv", "gae", uses_group_statistic=False, uses_values=True,
-          knobs={"gamma": FRACTION, "lam": FRACTION, "whiten": FLAG},
-          writes=("adv/std", "value/explained_variance"),
-          tricks=(Trick("critic_gae",
-                        what="PPO with a critic: value head, GAE advantages per token",
-                        source="verl adv_estimator=gae",
-                        verdict="not_applicable",
-                        cost="a value head and its loss; pi_old forward each step for V_old"),))
-def gae_advantage(rewards, group_index, mask, values, components, *, gamma: float = 1.0, lam: float = 1.0,
-                  whiten: bool = True):
-    """PPO with a critic: GAE over token rewards (the outcome reward on the last token), then
-    whitened over the batch's completion tokens as verl does (`whiten: true`). gamma = lam = 1
-    by default, so A_t = R - V_t."""
-    advantages, _ = gae(token_rewards(rewards, mask), values, mask, gamma, lam)
-    if not whiten:
-        return advantages
-    n = mask.sum().clamp(min=1)
-    mean = (advantages * mask).sum() / n
-    var = (((advantages - mean) * mask) ** 2).sum() / n
-    return (advantages - mean) * torch.rsqrt(var + 1e-8) * mask
-
-
-# ---------------------------------------------------------------- 2025-26 estimators
 # adv.weights: {reward part: weight}; the parts are the trainer's (train/rewards.py; format and
 # kl only when those terms are on)
 REWARD_WEIGHTS = Allowed("weights", choices=("task_reward", "overlong_reward", "length_reward", "format_reward",
@@ -383,35 +317,3 @@ def maxrl_advantage(rewards, group_index, mask, values, components, *, eps: floa
     mean, _ = group_mean_std(rewards, group_index)
     alone = torch.bincount(group_index)[group_index] == 1
     return torch.where(alone, rewards, (rewards - mean) / (mean + eps))
-
-
-def _remax_cannot_take(cfg):
-    """The greedy baseline is on the task's reward scale, given only to the whole batch's chain."""
-    if cfg.reward_norm.name != "none":
-        return "adv=remax subtracts the greedy completion's raw reward: use reward_norm=none"
-    if cfg.diag.grad_conflict:
-        return "adv=remax needs its greedy baseline, which the gradient diagnostics' components have not"
-    return None
-
-
-@register("adv", "remax", greedy_baseline=True, checks=_remax_cannot_take,
-          tricks=(Trick("remax",
-                        what="ReMax: A = r - r(greedy completion of the same prompt), no std",
-                        source="verl adv_estimator=remax (core_algos compute_remax_outcome_advantage; arXiv "
-                               "2310.10505)",
-                        verdict="not_in_review", cost="one greedy generation per prompt per step"),))
-def remax_advantage(rewards, group_index, mask, values, components):
-    """ReMax (Li et al. 2023, arXiv 2310.10505): REINFORCE with the reward of the policy's own
-    greedy completion of the prompt as the baseline.
-
-        A_j = r_j - b_p(j),   b_p = reward(greedy completion of prompt p)
-
-    `values` carries b per row ([N]: the trainer samples one greedy completion per prompt for an
-    estimator with the `greedy_baseline` flag, and maps its verifier score to the reward scale).
-    Reference: verl `compute_remax_outcome_advantage` (adv_estimator=remax: the reward-to-go of
-    the token-level rewards minus `reward_baselines`, which for an outcome reward is r - b on
-    every token; its trainer generates the baseline with do_sample=False and scores it with the
-    same reward function). Difference: the baseline here is the verifier's score only (the shaping
-    tricks -- length, overlong, format -- are not applied to it).
-    """
-    return rewards - values.to(rewards.dtype)

@@ -1,17 +1,18 @@
-"""Family `adv`, baselines beyond the group mean: verl's Optimal Token Baseline (OTB, per token),
-VCPO's optimal off-policy baseline (OPOB, per trajectory), prime-rl's RAE (an EMA of the rewards
-carried across steps).
+"""Family `adv`, the baselines of least gradient variance: each group's rewards averaged with weights that
+the trainer measures under pi_old, per token (verl's Optimal Token Baseline: the accumulated logit-gradient
+energy, read with `reads_token_energy`) or per trajectory (VCPO's OPOB: the score-gradient norm, read with
+`reads_score_norms`).
 
-An estimator here reads, in `values`, each token's logit-gradient energy
+OTB reads, in `values`, each token's logit-gradient energy
 w_t = ||e_{o_t} - pi_t||^2 = 1 - 2 pi(o_t) + sum_v pi_v^2 under pi_old (the trainer computes it in
-pi_old's forward for an estimator registered with `reads_token_energy`; train/forward.py), and
-returns per-token advantages [N, T].
+pi_old's forward; train/forward.py) and returns per-token advantages [N, T].
 """
 from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
-from grpo_ablate.tricks.registry import FLAG, POSITIVE, Activity, Allowed, Trick, choice, register
+from grpo_ablate.tricks.registry import FLAG, POSITIVE, Activity, Trick, choice, register
+
 
 OTB_PAPER = "arXiv 2602.07078"
 
@@ -111,7 +112,6 @@ def optimal_token_baseline_advantage(rewards, group_index, mask, values, compone
     return advantages
 
 
-# ---------------------------------------------------------------- a baseline from per-trajectory gradients
 VCPO = "arXiv 2602.17616"
 
 
@@ -177,47 +177,3 @@ def opob_advantage(rewards, group_index, mask, values, components, *, is_weights
         std = (zeros.index_add(0, group_index, (rewards - mean[group_index]) ** 2) / count).sqrt()[group_index]
         advantages = torch.where(std > 1e-8, advantages / std, advantages)
     return advantages
-
-
-# ---------------------------------------------------------------- a baseline carried across steps
-def ema_baselines(rewards: torch.Tensor, start: float, decay: float) -> tuple[torch.Tensor, float]:
-    """([N] the baseline each row is scored against, the baseline after the last row): rows in order,
-    each against the EMA before its own reward moves it, b <- decay b + (1 - decay) r."""
-    before, b = [], float(start)
-    for r in rewards.tolist():
-        before.append(b)
-        b = decay * b + (1.0 - decay) * r
-    return torch.tensor(before, dtype=rewards.dtype, device=rewards.device), b
-
-
-def _rae_cannot_take(cfg):
-    if cfg.diag.grad_conflict:
-        return ("adv=rae reads its EMA baseline, which the gradient diagnostics' per-component advantages have not: "
-                "use diag.grad_conflict=false")
-    return None
-
-
-@register("adv", "rae", carries_baseline=True,
-          knobs={"decay": Allowed(low=0, high=1, high_open=True)},
-          activity=Activity("adv/ema_baseline", "changes"), checks=_rae_cannot_take,
-          writes=("adv/std", "adv/ema_baseline"),
-          tricks=(Trick("rae",
-                        what="REINFORCE against an EMA of the rewards seen so far (per agent; one agent here)",
-                        source="prime-rl algo.type=rae (SPIRAL role-conditioned advantage estimation, arXiv "
-                               "2506.24119)",
-                        verdict="not_in_review"),))
-def rae_advantage(rewards, group_index, mask, values, components, *, decay: float = 0.95):
-    """RAE (SPIRAL, arXiv 2506.24119), prime-rl's form: A_j = r_j - b_j, where b is an exponential
-    moving average of the rewards, b <- decay b + (1 - decay) r, updated trace by trace after the
-    trace is scored (the unbiased order), starting at 0 and carried across steps.
-
-    `values` carries b before this batch ([1]; the trainer's plugin keeps it, train/state/adv.py,
-    and moves it with the same scan once the advantages are taken). Reference: prime-rl
-    src/prime_rl/orchestrator/algo/rae.py `RAEAlgorithm.score_group` and RAEAlgoConfig (decay 0.95,
-    in [0, 1)), commit 559b447. prime-rl keys a baseline per (env, agent) for multi-agent
-    self-play; a single-agent task has one, as here. Differences: prime-rl scores groups in the order
-    they finish (asynchronously); here the batch's rows in order. Its baselines live in memory
-    (a restart re-warms them); here the baseline is checkpointed. No group statistic: any group size.
-    """
-    start = float(values.reshape(-1)[0]) if values is not None else 0.0
-    return rewards - ema_baselines(rewards, start, float(decay))[0]
