@@ -45,7 +45,8 @@ declare_family("clip", "the policy loss: PPO ratio clip ε_low/ε_high (`higher`
                supplied={"dual_clip_c": "dual_clip.c", "generator": "the trainer (seeded, checkpointed)"},
                # a per-sequence loss (gmpo): token-level rollout IS weights as their per-sequence
                # geometric mean (verl) or each token's own (token); read by the trainer (train/losses.py)
-               settings={"is_weights": (choice("geometric", "token"), "per_sequence_loss")})
+               settings={"is_weights": (choice("geometric", "token"), "per_sequence_loss")},
+               defaults={"is_weights": "geometric"})
 declare_family("dual_clip", "dual-clip PPO for A < 0, c = 3", stage="loss", metric="clip/dual_frac",
                settings={"c": Allowed(low=1, low_open=True, optional=True,   # handed to the policy loss as dual_clip_c
                                    note="the loss of a negative-advantage token is capped at -c A")})
@@ -72,10 +73,15 @@ def _clip_fractions(ratio, advantages, low: float, high: float, like) -> dict:
                 "clip/high_frac": float_like((ratio > high) & (advantages > 0), like)}
 
 
-@register("clip", "symmetric", off_policy_only=True,
+@register("clip", "symmetric",
+          what="PPO ratio clip, 1 - eps_low .. 1 + eps_high",
+          off_policy_only=True,
           knobs=EPS,
           inert=ONE_STEP)
-@register("clip", "higher", off_policy_only=True,
+@register("clip", "higher",
+          what="DAPO clip-higher: a wider upper bound keeps low-probability tokens growing",
+          defaults={"eps_high": 0.28},
+          off_policy_only=True,
           knobs=EPS,
           inert=ONE_STEP,
           activity=Activity("ppo/ratio_max", "above", 1.2),
@@ -113,7 +119,12 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
     return loss, stats
 
 
-@register("clip", "gspo", off_policy_only=True, sequence_ratio=True,
+@register("clip", "gspo",
+          what="GSPO (arXiv 2507.18071): one ratio per sequence, s = exp(mean_t log(pi / pi_old)), clipped at the "
+               "sequence level (verl loss_mode=gspo; TRL importance_sampling_level=sequence). Pair with "
+               "loss_agg=seq_mean_token_mean, the paper's aggregation (preset=gspo does).",
+          notes={"eps_low": "the paper's and verl's example (ratios per sequence move far less)"},
+          off_policy_only=True, sequence_ratio=True,
           knobs=EPS,
           inert=ONE_STEP,
           activity=RATIO_MOVES,
@@ -145,7 +156,11 @@ def gspo_loss(logp, old_logp, advantages, mask, *, eps_low: float = 3e-4, eps_hi
     return loss, _clip_fractions(s, advantages, 1.0 - eps_low, 1.0 + eps_high, loss)
 
 
-@register("clip", "cispo", off_policy_only=True,
+@register("clip", "cispo",
+          what="CISPO, verl form (MiniMax-M1, arXiv 2506.13585): -sg(clip(rho, 1 - eps_low, 1 + eps_high)) A log pi; "
+               "the weight is clipped, the gradient never cut (verl loss_mode=cispo)",
+          notes={"eps_low": "verl's example: no lower bound in practice, as in MiniMax-M1"},
+          off_policy_only=True,
           knobs=EPS,
           inert=ONE_STEP,
           activity=RATIO_MOVES,
@@ -175,7 +190,10 @@ def cispo_loss(logp, old_logp, advantages, mask, *, eps_low: float = 10.0, eps_h
     return loss, stats
 
 
-@register("clip", "cispo_trl", off_policy_only=True,
+@register("clip", "cispo_trl",
+          what="CISPO, TRL form (loss_type=cispo, as ScaleRL): -sg(min(rho, eps_max)) A log pi, an absolute cap",
+          notes={"eps_max": "TRL epsilon_high for cispo: ScaleRL's recommended 5.0"},
+          off_policy_only=True,
           knobs={"eps_max": POSITIVE},
           inert=ONE_STEP,
           activity=RATIO_MOVES,
@@ -199,7 +217,11 @@ def cispo_trl_loss(logp, old_logp, advantages, mask, *, eps_max: float = 5.0):
     return loss, {"clip/high_frac": float_like(ratio.detach() > eps_max, loss)}
 
 
-@register("clip", "sapo", off_policy_only=True,
+@register("clip", "sapo",
+          what="SAPO (arXiv 2511.20347): soft gate sigmoid(tau (rho - 1)) 4 / tau instead of the hard clip (verl "
+               "loss_mode=sapo; TRL loss_type=sapo); both aggregate it like seq_mean_token_mean",
+          notes={"tau_pos": "tau for A > 0 (verl tau_pos; TRL sapo_temperature_pos)", "tau_neg": "tau for A <= 0"},
+          off_policy_only=True,
           knobs={"tau_pos": POSITIVE, "tau_neg": POSITIVE},
           inert=ONE_STEP,
           activity=Activity("sapo/grad_weight_dev"),
@@ -231,7 +253,15 @@ def sapo_loss(logp, old_logp, advantages, mask, *, tau_pos: float = 1.0, tau_neg
     return loss, stats
 
 
-@register("clip", "gmpo", off_policy_only=True, per_sequence_loss=True, sequence_ratio=True,
+@register("clip", "gmpo",
+          what="GMPO (arXiv 2507.20673): geometric mean of the token ratios, each clipped in log space to [-eps_low, "
+               "eps_high] (verl loss_mode=geo_mean); aggregates as seq_mean_token_mean",
+          notes={"eps_low": "verl's examples/gmpo_trainer",
+                 "mean_over": "verl: the mean over all B rows (a fully masked row counts 0) | live: over non-empty "
+                              "rows",
+                 "is_weights": "token-level rollout IS weights per sequence, exp(mean log w) (verl) | token: each "
+                               "its own"},
+          off_policy_only=True, per_sequence_loss=True, sequence_ratio=True,
           knobs={**EPS, "mean_over": choice("all", "live")}, inert=ONE_STEP, activity=RATIO_MOVES,
           checks=one_forward_statistic("clip=gmpo's mean_over=all (the share of live rows)",
                                        unless=lambda cfg: cfg.clip.mean_over == "live"),
@@ -300,6 +330,12 @@ def _covariance(advantages, logp, mask) -> torch.Tensor:
 
 
 @register("clip", "clip_cov",
+          what="Clip-Cov (The Entropy Mechanism of RL for Reasoning LMs, arXiv 2505.22617): PPO clip, and a random "
+               "`ratio` of the tokens with cov_low < cov(A, log pi) < cov_high get no gradient (verl "
+               "loss_mode=clip_cov)",
+          notes={"ratio": "verl policy_loss.clip_cov_ratio",
+                 "cov_low": "verl clip_cov_lb",
+                 "cov_high": "verl clip_cov_ub"},
           knobs={**EPS, "ratio": Allowed(low=0, high=1, low_open=True), "cov_low": NUMBER, "cov_high": NUMBER},
           checks=(lambda cfg: None if cfg.clip.cov_low < cfg.clip.cov_high else (
               f"clip.cov_low={cfg.clip.cov_low} and clip.cov_high={cfg.clip.cov_high} leave an empty band; "
@@ -347,7 +383,11 @@ def clip_cov_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.2, eps
     return loss, stats
 
 
-@register("clip", "kl_cov", off_policy_only=True,
+@register("clip", "kl_cov",
+          what="KL-Cov (arXiv 2505.22617): no clip; the top `ratio` of tokens by cov(A, log pi) get kl_coef |log pi -"
+               " log pi_old| added (verl loss_mode=kl_cov)",
+          notes={"ratio": "verl policy_loss.kl_cov_ratio", "kl_coef": "verl policy_loss.ppo_kl_coef"},
+          off_policy_only=True,
           knobs={"ratio": Allowed(low=0, high=1, low_open=True), "kl_coef": NON_NEGATIVE},
           checks=one_forward_statistic("clip=kl_cov's covariance and its top tokens"),
           inert=ONE_STEP,
@@ -383,7 +423,10 @@ def kl_cov_loss(logp, old_logp, advantages, mask, *, ratio: float = 2e-4, kl_coe
     return loss, {"kl_cov/frac": chosen * mask, "kl_cov/penalty": penalty.detach()}
 
 
-@register("clip", "gpg", off_policy_only=True,
+@register("clip", "gpg",
+          what="GPG (arXiv 2504.02546): plain REINFORCE, -A log pi, no ratio and no clip (verl loss_mode=gpg); its "
+               "advantage is adv=gpg",
+          off_policy_only=True,
           inert=ONE_STEP,
           activity=RATIO_MOVES,
           writes=("loss",),

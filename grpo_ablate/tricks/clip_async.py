@@ -13,7 +13,15 @@ from grpo_ablate.tricks.registry import (NON_NEGATIVE, POSITIVE, Activity, Trick
 from grpo_ablate.tricks.clip import EPS, LOG_RATIO_LIMIT, RATIO_MOVES, float_like, gspo_loss, importance_ratio
 
 
-@register("clip", "dppo", off_policy_only=True,
+@register("clip", "dppo",
+          what="DPPO (SkyRL policy_loss_type=dppo; prime-rl's default loss): the unclipped ratio, tokens whose "
+               "probability moved more than delta in the advantage's direction masked",
+          notes={"divergence": "binary_tv: |pi - mu| in A's direction | symmetric_tv: either way (prime-rl IPO) | "
+                               "binary_kl",
+                 "delta_low": "SkyRL dppo.delta_low, prime-rl dppo_mask_low",
+                 "delta_high": "SkyRL dppo.delta_high, prime-rl dppo_mask_high",
+                 "kl_tau": "prime-rl kl_tau (log pi/mu)^2 term (its default 1e-3: +trick=prime_rl_loss); SkyRL: none"},
+          off_policy_only=True,
           knobs={"divergence": choice("binary_tv", "binary_kl", "symmetric_tv"), "delta_low": POSITIVE,
                  "delta_high": POSITIVE,
                  "kl_tau": NON_NEGATIVE},
@@ -77,7 +85,13 @@ def dppo_loss(logp, old_logp, advantages, mask, *, divergence: str = "binary_tv"
     return loss, {"clip/high_frac": float_like(masked_high, loss), "clip/low_frac": float_like(masked_low, loss)}
 
 
-@register("clip", "vespo", off_policy_only=True,
+@register("clip", "vespo",
+          what="VESPO (TRL loss_type=vespo): -sg(phi(W)) A log pi, phi a Gamma kernel of the sequence ratio W",
+          notes={"k_pos": "TRL vespo_k_pos",
+                 "lambda_pos": "TRL vespo_lambda_pos",
+                 "k_neg": "TRL vespo_k_neg",
+                 "lambda_neg": "TRL vespo_lambda_neg"},
+          off_policy_only=True,
           knobs={"k_pos": NON_NEGATIVE, "lambda_pos": POSITIVE, "k_neg": NON_NEGATIVE, "lambda_neg": POSITIVE},
           inert=ONE_STEP,
           activity=Activity("vespo/phi_dev"),
@@ -114,7 +128,10 @@ def vespo_loss(logp, old_logp, advantages, mask, *, k_pos: float = 2.0, lambda_p
     return loss, {"vespo/phi_dev": (phi - 1).abs().expand_as(loss)}
 
 
-@register("clip", "luspo", sequence_ratio=True,   # the length scaling acts on-policy too: not off_policy_only
+@register("clip", "luspo",
+          what="LUSPO (TRL loss_type=luspo): GSPO's sequence-ratio loss scaled by the sequence's length",
+          notes={"eps_low": "the paper's (TRL paper index: epsilon=2e-3)", "eps_high": "(epsilon_high=2.5e-3)"},
+          sequence_ratio=True,   # the length scaling acts on-policy too: not off_policy_only
           knobs=EPS,
           activity=Activity("luspo/length_scale", "above", 1.0),
           writes=("luspo/length_scale",),
@@ -142,7 +159,10 @@ def luspo_loss(logp, old_logp, advantages, mask, *, eps_low: float = 2e-3, eps_h
     return loss * lengths, stats
 
 
-@register("clip", "topr", off_policy_only=True,
+@register("clip", "topr",
+          what="TOPR (ROLL pg_variant=topr): plain -A log pi on positive sequences, -sg(clip(rho, 0, 1)) A log pi on "
+               "negative",
+          off_policy_only=True,
           inert=ONE_STEP,
           activity=RATIO_MOVES,
           tricks=(Trick("topr",
@@ -169,7 +189,10 @@ def topr_loss(logp, old_logp, advantages, mask):
     return loss, {"clip/high_frac": float_like(~positive & (ratio > 1.0), loss)}
 
 
-@register("clip", "kimi15", off_policy_only=True,
+@register("clip", "kimi15",
+          what="Kimi k1.5 (ROLL pg_variant=kimi15): -A log pi + tau/2 (log pi - log pi_old)^2",
+          notes={"tau": "ROLL kimi15_tau"},
+          off_policy_only=True,
           knobs={"tau": NON_NEGATIVE},
           inert=ONE_STEP,
           activity=RATIO_MOVES,
@@ -189,7 +212,10 @@ def kimi15_loss(logp, old_logp, advantages, mask, *, tau: float = 0.1):
     return -advantages * logp + 0.5 * tau * (logp - old_logp).pow(2), {}
 
 
-@register("clip", "clamped_reinforce", off_policy_only=True,
+@register("clip", "clamped_reinforce",
+          what="PipelineRL policy_loss=reinforce: -sg(clamp(rho, 0, 1 + eps_high)) A log pi",
+          notes={"eps_high": "PipelineRL epsilon_high"},
+          off_policy_only=True,
           knobs={"eps_high": POSITIVE},
           inert=ONE_STEP,
           activity=RATIO_MOVES,

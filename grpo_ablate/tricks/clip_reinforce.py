@@ -33,7 +33,10 @@ from grpo_ablate.tricks.conditions import ONE_STEP
 from grpo_ablate.tricks.registry import POSITIVE, Trick, register
 
 
-@register("clip", "dro", off_policy_only=True, knobs={"beta": POSITIVE}, inert=ONE_STEP, activity=RATIO_MOVES,
+@register("clip", "dro",
+          what="DRO (verl policy_loss.loss_mode=dro): -(A log pi - beta/2 (log pi - log pi_old)^2), no clip",
+          notes={"beta": "verl dro_beta (> 0)"},
+          off_policy_only=True, knobs={"beta": POSITIVE}, inert=ONE_STEP, activity=RATIO_MOVES,
           tricks=(Trick("dro_loss",
                         what="DRO: REINFORCE with a quadratic proximal penalty beta/2 (log pi - log pi_old)^2 in "
                              "place of the clip",
@@ -49,7 +52,11 @@ def dro_loss(logp, old_logp, advantages, mask, *, beta: float = 0.1):
         log_ratio < 0, loss)}
 
 
-@register("clip", "rollout_is", off_policy_only=True, knobs={"eps_low": POSITIVE, "eps_high": POSITIVE},
+@register("clip", "rollout_is",
+          what="SkyRL policy_loss_type=rollout_is (GLM-5): -sg(r) A log pi, r zeroed outside (1 - eps_low, 1 + "
+               "eps_high); the rollout anchor is proximal=behaviour",
+          notes={"eps_low": "SkyRL eps_clip_low", "eps_high": "SkyRL eps_clip_high"},
+          off_policy_only=True, knobs={"eps_low": POSITIVE, "eps_high": POSITIVE},
           inert=ONE_STEP, activity=RATIO_MOVES,
           tricks=(Trick("rollout_is_loss",
                         what="GLM-5's calibrated IS policy gradient: -sg(r) A log pi, r zeroed outside (0.8, 1.2)",
