@@ -1,9 +1,10 @@
 """One registry for every trick family: (family, option) -> the implementation and the facts about it.
 
 A family is a config group (`conf/<family>/`); an option is one file in it, whose `name`
-is the key it is registered under. Every implementation takes the family's data arguments
-first (the tensors the trainer hands it: the same for every option of a family) and its
-knobs as keyword-only arguments with defaults: the keys of its YAML file. That split is what
+is the key it is registered under, written from the registration by `make catalogue`
+(Option.config). Every implementation takes the family's data arguments first (the tensors
+the trainer hands it: the same for every option of a family) and its knobs as keyword-only
+arguments with defaults: the keys of its YAML file. That split is what
 lets the config be checked before a run starts: a key in `conf/<family>/<option>.yaml` or on
 the command line that is not a knob of the chosen option (a typo: `+adv.epz=0.1`) is an
 error that names the knobs the option has, never a silently ignored setting.
