@@ -87,8 +87,8 @@ bench-trl: install
 	@$(PY) -m pip install -q -e ".[bench]" 2>&1 | grep -v "^WARNING: Location" || true
 	$(PY) benchmarks/compare_trl.py
 
-## rewrite docs/tricks.md, the trick-family table of docs/config.md, report/activity_table.py and
-## report/claims_table.py from the trick registry
+## rewrite docs/tricks.md, the trick-family table of docs/config.md, the options' conf/<family>/<option>.yaml,
+## conf/trick/ and conf/config.yaml's trick families from the trick registry
 catalogue: install
 	$(PY) -m grpo_ablate.catalogue --write
 

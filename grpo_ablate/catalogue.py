@@ -2,22 +2,22 @@
 
     load_catalogue()   the named tricks (`grpo-ablate tricks`, docs/tricks.md): name, family,
                        option, what, source, verdict, cost, claims, requires, activity
-    activity_table()   (family, option) -> (metric, kind, threshold): the report's *inert here*
-                       (written to report/activity_table.py, which the report reads without torch)
     option_table()     the table of trick families and their options (docs/config.md)
+    option_files()     conf/<family>/<option>.yaml of every option with a function (its config node)
     trick_files()      conf/trick/<name>.yaml of every named trick (`+trick=<name>`)
     family_defaults()  the trick families' lines of conf/config.yaml's defaults list
 
 `python -m grpo_ablate.catalogue --write` (`make catalogue`) rewrites docs/tricks.md, the
-family table of docs/config.md, report/activity_table.py, report/claims_table.py, conf/trick/
-and the families' part of conf/config.yaml from the registry; tests/test_catalogue.py fails
-while any of them is stale.
+family table of docs/config.md, the options' conf files, conf/trick/ and the families' part of
+conf/config.yaml from the registry; tests/test_catalogue.py fails while any of them is stale.
+The report reads the registry itself (activity metrics, claims): no table is generated for it.
 """
 from __future__ import annotations
 
 import importlib
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 import yaml
@@ -28,8 +28,6 @@ from grpo_ablate.tricks.registry import all_options, declared_families, family_i
 
 COLUMNS = ("name", "family", "option", "what", "source", "verdict", "cost")
 REPO = Path(__file__).resolve().parents[1]
-ACTIVITY_MODULE = Path(__file__).resolve().parent / "report" / "activity_table.py"
-CLAIMS_MODULE = Path(__file__).resolve().parent / "report" / "claims_table.py"
 OPTIONS_PAGE = REPO / "docs" / "config.md"   # the page whose family table is generated
 TABLE_BEGIN = "<!-- trick families: generated from the registry by `make catalogue`; do not edit by hand -->"
 TABLE_END = "<!-- end of the generated trick families -->"
@@ -64,12 +62,6 @@ def describe_activity(activity) -> str:
     if activity.kind == "above":
         return f"{activity.metric} > {activity.threshold:g}"
     return f"{activity.metric} ≠ 0" if activity.kind == "nonzero" else f"{activity.metric} changes"
-
-
-def activity_table() -> dict:
-    """(family, option) -> (metric, kind, threshold) for every option with an activity metric."""
-    return {(o.family, o.name): (o.activity.metric, o.activity.kind, o.activity.threshold)
-            for o in all_options() if o.activity is not None}
 
 
 def render(rows: list[dict], fmt: str) -> str:
@@ -108,26 +100,6 @@ def option_table() -> str:
     return "\n".join(lines)
 
 
-def activity_module() -> str:
-    """The text of report/activity_table.py."""
-    entries = "\n".join(f"    {key!r}: {value!r}," for key, value in sorted(activity_table().items()))
-    return ('"""The activity metric of every option, generated from the trick registry by `make catalogue`:\n'
-            "do not edit (tests/test_catalogue.py fails while it differs from the registry). The report\n"
-            'reads it without importing torch. (family, option) -> (metric, kind, threshold)."""\n'
-            f"ACTIVITY = {{\n{entries}\n}}\n")
-
-
-def claims_module() -> str:
-    """The text of report/claims_table.py."""
-    import pprint
-
-    claims = {r["name"]: r["claims"] for r in load_catalogue() if r["claims"]}
-    return ('"""What the seed documents claim about each named trick, generated from the trick registry by\n'
-            "`make catalogue`: do not edit (tests/test_catalogue.py fails while it differs from the registry).\n"
-            'The report (report/transfer.py) reads it without importing torch. trick -> its claims."""\n'
-            f"CLAIMS = {pprint.pformat(claims, width=110, sort_dicts=False)}\n")
-
-
 def family_defaults() -> str:
     """conf/config.yaml's defaults-list lines of the trick families: each its declared default."""
     return "".join(f"  - {family.name}: {family.default}\n" for family in declared_families())
@@ -155,6 +127,30 @@ def trick_files() -> dict[str, str]:
     return files
 
 
+def option_files() -> dict[str, str]:
+    """conf/<family>/<option>.yaml of every option with a function: its config node (registry
+    Option.config: the signature's defaults unless registered otherwise), under its `what`; the notes
+    given at registration beside their keys. Options registered with `declare` keep hand-written files."""
+    files = {}
+    for opt in all_options():
+        if opt.impl is None or "." in opt.family:   # config-only, or a sub-family (kl.estimator) with no file
+            continue
+        lines = [f"# {line}" for line in textwrap.wrap(opt.what, 100)] if opt.what else []
+        # the registration, not its module: a module split or renamed leaves the file as it is
+        lines += [f"# generated by `make catalogue` from register({opt.family!r}, {opt.name!r}): edit it there"]
+        for key, value in opt.config().items():
+            line = yaml.safe_dump({key: value}, default_flow_style=True, width=1000).strip()[1:-1]
+            note = opt.notes.get(key)
+            lines.append(f"{line:<26} # {note}" if note else line)
+        files[f"{opt.family}/{opt.name}.yaml"] = "\n".join(lines) + "\n"
+    return files
+
+
+def generated_families() -> set[str]:
+    """The config groups whose files `make catalogue` writes (their options have functions)."""
+    return {o.family for o in all_options() if o.impl is not None and "." not in o.family}
+
+
 def with_option_table(text: str) -> str:
     """The page with the generated block (between its markers) replaced by option_table()."""
     begin, end = text.index(TABLE_BEGIN) + len(TABLE_BEGIN), text.index(TABLE_END)
@@ -170,8 +166,6 @@ def write() -> None:
     """Rewrite every derived file from the registry."""
     (REPO / "docs" / "tricks.md").write_text(docs_text())
     OPTIONS_PAGE.write_text(with_option_table(OPTIONS_PAGE.read_text()))
-    ACTIVITY_MODULE.write_text(activity_module())
-    CLAIMS_MODULE.write_text(claims_module())
     config = CONF / "config.yaml"
     config.write_text(with_family_defaults(config.read_text()))
     wanted = trick_files()
@@ -179,6 +173,20 @@ def write() -> None:
         (CONF / "trick" / stale).unlink()   # a trick no longer registered
     for name, text in wanted.items():
         (CONF / "trick" / name).write_text(text)
+    write_option_files()
+
+
+def write_option_files() -> None:
+    """conf/<family>/<option>.yaml of every option with a function; a file of an option no longer registered
+    goes."""
+    wanted = option_files()
+    for family in generated_families():
+        for path in (CONF / family).glob("*.yaml"):
+            if f"{family}/{path.name}" not in wanted:
+                path.unlink()
+    for name, text in wanted.items():
+        (CONF / name).parent.mkdir(exist_ok=True)
+        (CONF / name).write_text(text)
 
 
 if __name__ == "__main__":

@@ -170,7 +170,8 @@ class RunSpec:
 
 def run_spec(cfg: DictConfig) -> RunSpec:
     """The spec of a validated config (config.validate first: nothing is checked here)."""
-    r, o, s, m = cfg.rollout, cfg.optim, cfg.updates, cfg.model
+    tricks = bound_options(cfg)   # every family, `updates` too, is read through its bound option
+    r, o, s, m = cfg.rollout, cfg.optim, tricks["updates"].values, cfg.model
     return RunSpec(
         seed=int(cfg.seed), threads=None if cfg.threads is None else int(cfg.threads),
         on_nonfinite=str(cfg.on_nonfinite), reward=RewardScale(cfg.reward.correct, cfg.reward.wrong),
@@ -182,8 +183,8 @@ def run_spec(cfg: DictConfig) -> RunSpec:
                                 bool(r.get("sampling_replay", True)), int(r.get("stream_salt", 0))),
         optim=OptimSettings(o.lr, o.weight_decay, tuple(o.betas), o.max_grad_norm, int(o.warmup_steps),
                             str(o.get("schedule", "constant"))),
-        updates=UpdateSettings(int(s.mini_batches), int(s.epochs), bool(s.shuffle), _count(s.get("micro_batch_size")),
-                               _count(s.get("max_tokens_per_forward"))),
+        updates=UpdateSettings(int(s["mini_batches"]), int(s["epochs"]), bool(s["shuffle"]),
+                               _count(s.get("micro_batch_size")), _count(s.get("max_tokens_per_forward"))),
         schedule=Schedule(int(cfg.steps), int(cfg.eval.every), int(cfg.eval.max_new_tokens), int(cfg.samples_every),
                           int(cfg.samples_per_log), int(cfg.checkpoint_every), cfg.debug.fail_at_step,
                           cfg.debug.nan_loss_at_step),
@@ -195,7 +196,7 @@ def run_spec(cfg: DictConfig) -> RunSpec:
         diag=DiagSettings(bool(cfg.diag.grad_conflict), int(cfg.diag.every), cfg.diag.rows, cfg.diag.last_layers),
         control=ControlSettings(str(cfg.control.name), cfg.control.get("budget"), cfg.control.get("wall_s"),
                                 bool(cfg.control.get("sample", True))),
-        tricks=bound_options(cfg),
+        tricks=tricks,
         record=RunRecord(cfg, config_hash(cfg)))   # the caller's config, written as it was given
 
 

@@ -6,7 +6,7 @@ import yaml
 
 from conftest import REPO, cli
 from grpo_ablate.config import ConfigError, compose, validate
-from grpo_ablate.report.activity import ACTIVITY, shows_activity
+from grpo_ablate.report.activity import activity_of, shows_activity
 from grpo_ablate.tricks.registry import all_options
 from grpo_ablate.rundir import read_rows
 from grpo_ablate.train.grpo import train
@@ -152,7 +152,7 @@ def test_presets_match_the_table_and_train(tiny_default, tmp_path, preset):
     rows = read_rows(tmp_path / "run" / "metrics.jsonl")
     assert all(v is not None for r in rows for v in r.values())
     if preset in RATIO_PRESETS:
-        metric, kind, threshold = ACTIVITY[("clip", cfg.clip.name)]
+        metric, kind, threshold = activity_of("clip", cfg.clip.name)
         assert shows_activity([r[metric] for r in rows[1:]], kind, threshold)
 
 

@@ -1,6 +1,8 @@
-"""Issue 33's exercises, done for real on a copy of the package: a new option is 2 files written by
-hand (its function with its facts, its conf file) and a new family 3 (its module, its options' conf
-files) plus the call site in the loss or reward chain; `make catalogue` writes everything else.
+"""Adding an option and a family, done for real on a copy of the package: a new option with a function
+is 1 file written by hand (its function with its facts; its reference test aside) and a new family 1
+(its module) plus its call site in the loss or reward chain; `make catalogue` writes everything else,
+the options' conf files included. The family trains through its call site, and before the call site
+is there a real run lists it as read by nothing (tests/family_reads.py).
 
 The copy is laid out as a wheel is (conf/ inside the package as grpo_ablate/conf), and every command
 runs on it in a fresh process, so the test sees exactly the files a contributor would touch.
@@ -29,6 +31,7 @@ from grpo_ablate.tricks.torch_on_first_use import torch
           tricks=(Trick("throwaway_trick", what="a throwaway policy loss", source="tests/test_throwaway.py",
                         verdict="not_in_review", settings={"tau": 1.5}),))
 def throwaway_loss(logp, old_logp, advantages, mask, *, eps: float = 0.1, tau: float = 1.0):
+    """A throwaway policy loss: the ratio times tau."""
     ratio = torch.exp(logp - old_logp)
     return -advantages * ratio * tau, {"clip/throwaway_frac": ((ratio - 1).abs() > eps).float().mean()}
 '''
@@ -48,6 +51,7 @@ def no_bonus(rewards):
           tricks=(Trick("throwaway_bonus", what="a constant added to every reward", source="tests/test_throwaway.py",
                         verdict="not_in_review"),))
 def constant_bonus(rewards, *, size: float = 0.5):
+    """A constant added to every reward."""
     return rewards + size
 '''
 
@@ -80,18 +84,18 @@ def touched(before: dict, after: dict) -> set:
     return {path for path in before.keys() | after.keys() if before.get(path) != after.get(path)}
 
 
-def test_a_new_option_is_two_files_by_hand_and_make_catalogue(package_copy, tmp_path, small):
+def test_a_new_option_is_one_file_by_hand_and_make_catalogue(package_copy, tmp_path, small):
     root, run = package_copy
     before = snapshot(root)
     (root / "grpo_ablate" / "tricks" / "throwaway.py").write_text(OPTION)                 # by hand: 1
-    (root / "grpo_ablate" / "conf" / "clip" / "throwaway.yaml").write_text(               # by hand: 2
-        "name: throwaway\neps: 0.1\ntau: 1.0\n")
     run("-m", "grpo_ablate.catalogue", "--write")                                          # make catalogue
     assert touched(before, snapshot(root)) == {
-        "grpo_ablate/tricks/throwaway.py", "grpo_ablate/conf/clip/throwaway.yaml",
-        # what `make catalogue` wrote: the trick's file, its rows in the docs, its activity metric
-        "grpo_ablate/conf/trick/throwaway_trick.yaml", "docs/tricks.md", "docs/config.md",
-        "grpo_ablate/report/activity_table.py"}
+        "grpo_ablate/tricks/throwaway.py",
+        # what `make catalogue` wrote: the option's config, the trick's file, its rows in the docs
+        "grpo_ablate/conf/clip/throwaway.yaml", "grpo_ablate/conf/trick/throwaway_trick.yaml", "docs/tricks.md",
+        "docs/config.md"}
+    assert (root / "grpo_ablate" / "conf" / "clip" / "throwaway.yaml").read_text().splitlines()[2:] == [
+        "name: throwaway", "eps: 0.1", "tau: 1.0"]   # the signature's defaults
     # it trains, through the named trick the catalogue wrote, and its activity metric is logged
     run("-m", "grpo_ablate.cli", "train", *small, "+trick=throwaway_trick", "updates=multi", "steps=1",
         "logger=none", "eval.every=1", f"hydra.run.dir={tmp_path / 'run'}")
@@ -108,20 +112,52 @@ def test_a_new_option_is_two_files_by_hand_and_make_catalogue(package_copy, tmp_
         next(r for r in listed if r["name"] == "throwaway_trick").items()
 
 
-def test_a_new_family_is_three_files_by_hand_its_call_site_and_make_catalogue(package_copy):
+# The call site of a reward-stage family: train/rewards.py's RewardShaping, where overlong and length
+# shape the rewards the advantage sees (a loss-stage family's would be train/losses.py's LossTerms).
+CALL_SITE = (('self.overlong, self.length = tricks["overlong"]',
+              'self.throwaway_family = tricks["throwaway_family"].fn'),
+             ("rewards, length_reward = self.length(", "rewards = self.throwaway_family(rewards)"))
+
+
+def add_call_site(root):
+    """Each line of CALL_SITE after the one line of train/rewards.py that holds its anchor."""
+    rewards = root / "grpo_ablate" / "train" / "rewards.py"
+    lines = rewards.read_text().splitlines(keepends=True)
+    for anchor, added in CALL_SITE:
+        (at,) = [n for n, line in enumerate(lines) if anchor in line]   # train/rewards.py changed: update CALL_SITE
+        lines.insert(at + 1, lines[at][:len(lines[at]) - len(lines[at].lstrip())] + added + "\n")
+    rewards.write_text("".join(lines))
+
+
+def trained(run, root, tmp_path, small, name) -> tuple[list, dict]:
+    """A 1-step run with the bonus on: the families nothing looked up, and its metrics."""
+    overrides = [*small, "throwaway_family=bonus", "steps=1", "eval.every=1"]
+    unread = run(str(REPO / "tests" / "family_reads.py"), json.dumps(overrides), str(tmp_path / name)).stdout
+    rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    return json.loads(unread.splitlines()[-1]), rows[-1]
+
+
+def test_a_new_family_is_one_file_by_hand_its_call_site_and_make_catalogue(package_copy, tmp_path, small):
     root, run = package_copy
     before = snapshot(root)
     (root / "grpo_ablate" / "tricks" / "throwaway_family.py").write_text(FAMILY)           # by hand: 1
-    conf = root / "grpo_ablate" / "conf" / "throwaway_family"
-    conf.mkdir()
-    (conf / "none.yaml").write_text("name: none\n")                                       # by hand: 2
-    (conf / "bonus.yaml").write_text("name: bonus\nsize: 0.5\n")                          # by hand: 3
     run("-m", "grpo_ablate.catalogue", "--write")
+    # without a call site the family composes, validates and trains, as a no-op: nothing reads it
+    unread, without = trained(run, root, tmp_path, small, "no_call_site")
+    assert unread == ["throwaway_family"]
+    add_call_site(root)                                                                    # by hand: its call site
+    unread, with_it = trained(run, root, tmp_path, small, "call_site")
+    assert unread == [] and with_it["step"] == without["step"] == 1
+    # its activity metric: the same completions (same seed), every reward up by the bonus
+    assert with_it["reward/mean"] == pytest.approx(without["reward/mean"] + 0.5)
+    assert with_it["train/accuracy"] == without["train/accuracy"]
     assert touched(before, snapshot(root)) == {
-        "grpo_ablate/tricks/throwaway_family.py", "grpo_ablate/conf/throwaway_family/none.yaml",
-        # and the family's line in every run's defaults list
-        "grpo_ablate/conf/throwaway_family/bonus.yaml", "grpo_ablate/conf/trick/throwaway_bonus.yaml",
-        "docs/tricks.md", "docs/config.md", "grpo_ablate/report/activity_table.py", "grpo_ablate/conf/config.yaml"}
+        "grpo_ablate/tricks/throwaway_family.py", "grpo_ablate/train/rewards.py",
+        # what `make catalogue` wrote: its options' configs, the trick's file, the docs, and the family's line
+        # in every run's defaults list
+        "grpo_ablate/conf/throwaway_family/none.yaml", "grpo_ablate/conf/throwaway_family/bonus.yaml",
+        "grpo_ablate/conf/trick/throwaway_bonus.yaml", "docs/tricks.md", "docs/config.md",
+        "grpo_ablate/conf/config.yaml"}
     # in every run's config, among the reward stage's families (before the batch stage's); checked
     probe = ("from grpo_ablate.config import compose, validate\n"
              "cfg = compose(['+trick=throwaway_bonus']); validate(cfg); print(cfg.throwaway_family.size)\n"

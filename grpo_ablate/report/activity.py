@@ -9,15 +9,23 @@ every run with the trick, the contrast is *inert here*, whatever its Δ. The con
 """
 from __future__ import annotations
 
-from grpo_ablate.report import activity_table
+from grpo_ablate import tricks  # noqa: F401  every option registered: their activity metrics are read below
+from grpo_ablate.tricks.registry import UnknownOption, option
 
 NONZERO = "nonzero"       # the metric is nonzero at some step
 CHANGES = "changes"       # the metric takes more than one value over the steps
 ABOVE = "above"           # the metric exceeds a threshold at some step
 
-# (family, option) -> (metric, kind, threshold): registered with each option (registry.Activity),
-# generated into activity_table.py so that the report never imports torch
-ACTIVITY = activity_table.ACTIVITY
+
+
+def activity_of(family, name) -> tuple | None:
+    """(metric, kind, threshold) of the option's activity metric, as registered with it (registry.Activity;
+    the registry and the trick modules import no torch), or None: no such option, or none registered."""
+    try:
+        found = option(family, name)
+    except UnknownOption:
+        return None
+    return None if found.activity is None else (found.activity.metric, found.activity.kind, found.activity.threshold)
 
 
 def shows_activity(values, kind: str, threshold) -> bool:

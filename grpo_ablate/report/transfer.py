@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
-from grpo_ablate.report.claims_table import CLAIMS
 from grpo_ablate.report.load import nested_value
 from grpo_ablate.report.metric import Metric
 from grpo_ablate.report.verdicts import BREAKS_TRAINING, HELPS, HURTS, INERT, NO_EFFECT
@@ -16,6 +15,7 @@ from grpo_ablate.stats import group_sequential as seq
 from grpo_ablate.stats.aggregate import probability_of_improvement
 from grpo_ablate.stats.error_control import holm
 from grpo_ablate.stats.intervals import Estimate, welch_test
+from grpo_ablate.tricks.registry import all_options
 
 ALPHA = 0.05           # family-wise over the grid: every pair of contexts of every trick
 HOLDS = "holds across the contexts tested"
@@ -181,9 +181,15 @@ def judge(effect: str, verdict: str) -> str:
     return AGREES if verdict in agree else CONTRADICTS if verdict in contradict else UNDECIDED_HERE
 
 
+def registered_claims() -> dict[str, list[dict]]:
+    """Named trick -> what the seed documents claim about it (registry.Claim: effect, where, source, says),
+    read from the registry (grpo_ablate/tricks/, which imports no torch)."""
+    return {t.name: [asdict(c) for c in t.claims] for o in all_options() for t in o.tricks if t.claims}
+
+
 def claims_rows(trick_claims: dict[str, list], cells: dict[str, list[Cell]], tags: dict[str, dict]) -> list[dict]:
     """Per claim of each trick the sweep measured: per context, agrees / contradicts / undecided
-    here / not tested here. `trick_claims`: a trick of the report -> its claims (report/claims_table.py:
+    here / not tested here. `trick_claims`: a trick of the report -> its claims (registered_claims():
     effect, where, source, says); `tags`: context -> its tags."""
     rows = []
     for trick, claims in trick_claims.items():
@@ -225,7 +231,8 @@ def transfer_section(sweep, verdicts: list[dict], values: dict, metric: Metric) 
             config_of[context] = r.config
     tags = {c.name: context_tags(config_of.get(c.name)) for c in sweep.contexts}
     named = {trick: _named_trick(trick, sides[trick], sweep) for trick in cells}
-    claimed = {trick: CLAIMS[name] for trick, name in named.items() if name in CLAIMS}
+    registered = registered_claims()
+    claimed = {trick: registered[name] for trick, name in named.items() if name in registered}
     return {"contexts": [{"name": c.name, "overrides": list(c.overrides), "tags": tags[c.name]}
                          for c in sweep.contexts],
             "tricks": tricks, "alpha": ALPHA, "tests": tricks[0]["tests"] if tricks else 0,
@@ -235,7 +242,7 @@ def transfer_section(sweep, verdicts: list[dict], values: dict, metric: Metric) 
 def _named_trick(trick: str, sides: list[tuple], sweep) -> str | None:
     """The named trick a contrast measures: its own name, or the one trick its `with` side's runs
     have on and its `without` side's do not (a variants file names its variants freely)."""
-    if trick in CLAIMS:
+    if trick in registered_claims():
         return trick
     on = lambda variant: {name for r in sweep.runs if r.variant == variant
                           for name in (nested_value(r.config, "tricks") or {})}

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 
 
-from grpo_ablate.report.activity import ACTIVITY, describe, shows_activity
+from grpo_ablate.report.activity import activity_of, describe, shows_activity
 from grpo_ablate.report.evidence import Evidence
 from grpo_ablate.report.health import BREAKING_FLAGS
 from grpo_ablate.report.load import Run, Sweep, nested_value
@@ -263,7 +263,7 @@ def inertness(with_runs: list[Run], without_runs: list[Run], trick: str | None) 
         return (f"the two sides logged identical metrics at every shared seed ({', '.join(map(str, shared))}): "
                 "the trick changed nothing here")
     info = next((nested_value(r.config, "tricks", trick) for r in with_done.values() if trick), None)
-    entry = ACTIVITY.get((info.get("family"), info.get("option"))) if isinstance(info, dict) else None
+    entry = activity_of(info.get("family"), info.get("option")) if isinstance(info, dict) else None
     runs = [r for r in with_done.values() if entry and entry[0] in r.metrics]
     if runs and not any(shows_activity(r.metrics.loc[r.metrics["step"] >= 1, entry[0]].tolist(), *entry[1:])
                         for r in runs):

@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 
 from grpo_ablate.stats import group_sequential as seq
-from grpo_ablate.report.activity import ACTIVITY
+from grpo_ablate.report.activity import activity_of
 from grpo_ablate.report.curves import Summary
 from grpo_ablate.report.health import Flag, HealthThresholds
 from grpo_ablate.report.load import Run, load_run, metrics_frame, nonfinite_steps
@@ -274,7 +274,7 @@ def _inert(with_runs, without_runs, with_, without, trick, finals) -> str | None
     identical_possible = all(left[s] == right[s] for s in set(left) & set(right))
     configs = [read_yaml(run_dir / "config.yaml") for _, run_dir, state, _ in with_runs if state == "completed"]
     info = [((c.get("tricks") or {}).get(trick) or {}) for c in configs if isinstance(c, dict)]
-    has_activity = any((i.get("family"), i.get("option")) in ACTIVITY for i in info if isinstance(i, dict))
+    has_activity = any(activity_of(i.get("family"), i.get("option")) for i in info if isinstance(i, dict))
     if not (identical_possible or has_activity):
         return None
     load = lambda variant, runs: [load_run(run_dir, variant, seed, HealthThresholds()) for seed, run_dir, _, _ in runs]

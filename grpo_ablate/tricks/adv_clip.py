@@ -19,6 +19,7 @@ def no_adv_clip(advantages: torch.Tensor):
 
 
 @register("adv_clip", "clip",
+          what="A <- clamp(A, -c, c) (ROLL advantage_clip); with G=16 a lone success has A=3.75 under grpo",
           knobs={"c": POSITIVE},
           activity=Activity("adv/clipped_frac"),
           inert=Inert(grpo_cannot_reach, "cannot act: with adv=grpo on unshaped 0/1 rewards no |A| exceeds "

@@ -17,11 +17,14 @@ declare_family("entropy", "entropy bonus, fixed or Skywork-OR1 adaptive coeffici
 
 
 @register("entropy", "none",
+          what="no entropy term (no entropy gradient is computed)",
           knobs={"coef": NON_NEGATIVE},
           checks=lambda cfg: None if cfg.entropy.coef == 0 else (
               f"entropy.coef={cfg.entropy.coef} with entropy=none would add an entropy term anyway; "
               "use entropy=bonus (fixed) or entropy=adaptive"))
 @register("entropy", "bonus",
+          what="loss -= coef * entropy, aggregated like the policy loss",
+          defaults={"coef": 0.001},
           knobs={"coef": NON_NEGATIVE},
           activity=Activity("entropy/coef"),
           inert=Inert(lambda cfg: float(cfg.entropy.coef) == 0, "cannot act with entropy.coef=0",
@@ -48,6 +51,9 @@ class FixedEntropyBonus:
 
 
 @register("entropy", "adaptive",
+          what="Skywork-OR1 adaptive entropy: coef rises by delta while entropy <= target, falls otherwise; the bonus"
+               " applies only while the last measured entropy is <= target. The default target (0.2 nats, for LLM "
+               "vocabularies) is far above this task's character-level entropy.",
           knobs={"coef": NON_NEGATIVE, "target": NON_NEGATIVE, "delta": POSITIVE, "coef_min": NON_NEGATIVE,
                  "coef_max": NON_NEGATIVE},
           activity=Activity("entropy/coef"),

@@ -29,7 +29,7 @@ declare_family("kl", "KL to the frozen start; `none` has no reference model at a
                "`adaptive_target` Ziegler/verl's controller, `in_reward` charges the reward (verl), `two_layer` "
                "adds a KL to the policy of `prev_lag` steps ago; `kl.estimator=k1|k2|k3|abs|k1_st|k3_st|k3_iw` "
                "(straight-through and importance-weighted too)", stage="loss", default="fixed", metric="kl/beta",
-               settings={"estimator": options_of("kl.estimator")})   # the per-token KL
+               settings={"estimator": options_of("kl.estimator")}, defaults={"estimator": "k3"})   # the per-token KL
 
 # the rules of a KL term's options and estimators
 NO_KL = Inert(no_kl_term, "cannot act with kl.beta=0", "set kl.beta > 0", "kl.beta > 0")
@@ -108,8 +108,12 @@ def k3_iw(logp, ref_logp, old_logp=None):
 
 
 @register("kl", "none",
+          what="no KL term: no reference model is loaded or run",
           knobs={"beta": NON_NEGATIVE})
 @register("kl", "fixed",
+          what="loss += beta * KL(pi_theta || pi_ref) per token, aggregated like the policy loss",
+          defaults={"beta": 0.04},
+          notes={"estimator": "k1 | k2 | k3 (Schulman)"},
           knobs={"beta": NON_NEGATIVE},
           inert=NO_KL,
           tricks=(Trick("kl_fixed",
@@ -159,6 +163,8 @@ class FixedKL:
 
 
 @register("kl", "adaptive",
+          what="threshold-triggered KL (seed review): beta grows by `growth` while KL > threshold",
+          notes={"decay": "> 0: decay back toward the starting beta while KL <= threshold"},
           knobs={"beta": NON_NEGATIVE, "threshold": POSITIVE, "growth": POSITIVE, "beta_max": POSITIVE,
                  "decay": NON_NEGATIVE},
           activity=Activity("kl/beta", "changes"),
@@ -190,6 +196,7 @@ class ThresholdKL(FixedKL):
 
 
 @register("kl", "adaptive_target",
+          what="Ziegler / verl AdaptiveKLController: proportional control of beta toward a target KL",
           knobs={"beta": NON_NEGATIVE, "target": POSITIVE, "horizon": POSITIVE},
           activity=Activity("kl/beta", "changes"),
           inert=NO_KL,
@@ -217,7 +224,11 @@ def charges_the_reward(values) -> bool:
     return float(values["beta"]) > 0
 
 
-@register("kl", "in_reward", shapes_reward=True, needs_old_forward=charges_the_reward,
+@register("kl", "in_reward",
+          what="verl use_kl_in_reward: r <- r - beta * sum_t KL_t (sampling policy vs reference), no KL in the loss",
+          defaults={"beta": 0.04, "estimator": "k1"},
+          notes={"estimator": "the KL charged to the reward (verl algorithm.kl_penalty, default \"kl\" = k1)"},
+          shapes_reward=True, needs_old_forward=charges_the_reward,
           knobs={"beta": NON_NEGATIVE},
           inert=NO_KL,
           writes=("kl/beta", "kl/k1"),
@@ -235,6 +246,9 @@ class InRewardKL(FixedKL):
 
 
 @register("kl", "two_layer",
+          what="two-layer KL (seed review): anchors to pi_ref and to the policy of prev_lag steps ago",
+          defaults={"prev_lag": 2},
+          notes={"prev_lag": "with 1 update per rollout, lag 1 would be pi_old itself only one step back"},
           knobs={"beta": NON_NEGATIVE, "beta_prev": NON_NEGATIVE, "prev_lag": Allowed("integer", low=1)},
           activity=Activity("kl/prev_k3"),
           inert=NO_KL,

@@ -13,7 +13,8 @@ from __future__ import annotations
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.conditions import one_forward_statistic
-from grpo_ablate.tricks.registry import NON_NEGATIVE, POSITIVE, POSITIVE_INT, Inert, Trick, declare_family, register
+from grpo_ablate.tricks.registry import (NON_NEGATIVE, POSITIVE, POSITIVE_INT, UNLISTED, Inert, Trick, declare_family,
+                                         register)
 
 declare_family("kl_weight", "per-token weights on the KL term", stage="loss", default="uniform", metric="kl/k3")
 
@@ -31,6 +32,7 @@ def uniform_kl_weight(mask: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor
 
 
 @register("kl_weight", "length_budget",
+          what="tokens past `budget` get KL weight 1 + alpha * (t - budget) / budget",
           knobs={"budget": POSITIVE_INT, "alpha": NON_NEGATIVE},
           checks=_needs_kl_term,
           inert=Inert(lambda cfg: int(cfg.kl_weight.budget) >= int(cfg.rollout.max_new_tokens) - 1,
@@ -48,7 +50,8 @@ def length_budget_kl_weight(mask, entropy, *, budget: int = 16, alpha: float = 1
 
 
 @register("kl_weight", "entropy",
-          knobs={"eps": POSITIVE},
+          what="KL weight proportional to token entropy, mean 1 over the batch",
+          knobs={"eps": POSITIVE}, defaults={"eps": UNLISTED},
           checks=(_needs_kl_term, one_forward_statistic("kl_weight=entropy's mean entropy")))
 def entropy_kl_weight(mask, entropy, *, eps: float = 1e-8):
     h = entropy.detach().to(mask.dtype) * mask

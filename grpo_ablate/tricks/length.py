@@ -25,7 +25,12 @@ def no_length(rewards, lengths, group_index, correct, max_len):
     return rewards, torch.zeros_like(rewards)
 
 
-@register("length", "penalty", shapes_reward=True,
+@register("length", "penalty",
+          what="r <- r - lam * |o| / max_new_tokens lam < 0 turns the penalty into a length bonus that favours long "
+               "outputs (e.g. to buy longer reasoning); against a penalty that favours short ones "
+               "(overlong=soft_punish) the two pull apart, which the gradient-conflict diagnostics show "
+               "(tests/test_diagnostics.py)",
+          shapes_reward=True,
           knobs={"lam": NUMBER},
           activity=Activity("length/reward_mean"),
           tricks=(Trick("length_penalty",
@@ -41,7 +46,9 @@ def length_penalty(rewards, lengths, group_index, correct, max_len, *, lam: floa
     return rewards + bonus, bonus
 
 
-@register("length", "group", shapes_reward=True,
+@register("length", "group",
+          what="Kimi k1.5 group-relative length reward: short correct answers up, long wrong ones down",
+          shapes_reward=True,
           knobs={"weight": NUMBER},
           activity=Activity("length/reward_mean"),
           tricks=(Trick("length_group",
@@ -76,7 +83,11 @@ LINEAR_WEIGHTS_ZERO = Inert(
     "give length.output_weight > 0 (prime-rl's 0.25)", "a weight above 0")
 
 
-@register("length", "linear", shapes_reward=True,
+@register("length", "linear",
+          what="prime-rl's linear length penalty: r <- r - pass_rate * (output_weight * |o| / group max |o| + "
+               "context_weight * context / group max + turns_weight * turns / group max); every row here is one turn "
+               "of its group's prompt, so the last two terms are constant within a group",
+          shapes_reward=True,
           knobs={"output_weight": NON_NEGATIVE, "context_weight": NON_NEGATIVE, "turns_weight": NON_NEGATIVE},
           activity=Activity("length/reward_mean"), inert=LINEAR_WEIGHTS_ZERO,
           tricks=(Trick("linear_length_penalty",

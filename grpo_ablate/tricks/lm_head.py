@@ -34,12 +34,14 @@ def _full_precision_model(cfg) -> bool:
     return str(cfg.model.get("dtype") or "float32") == "float32"
 
 
-@register("lm_head", "compute")
+@register("lm_head", "compute",
+          what="the LM head in the compute dtype (model.dtype)")
 def head_in_compute_dtype(model):
     return model
 
 
 @register("lm_head", "fp32",
+          what="the LM head and its logits in float32 under bf16/fp16 training (TRL cast_lm_head_to_fp32)",
           inert=Inert(_full_precision_model, "cannot act with model.dtype=float32: the head is float32 already",
                       "train with model.dtype=bfloat16 (+model.dtype=bfloat16 on the tiny default)",
                       "model.dtype=bfloat16 or float16"),

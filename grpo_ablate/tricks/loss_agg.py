@@ -39,7 +39,9 @@ def _live_sequences(mask: torch.Tensor) -> torch.Tensor:
 
 # Every mode: (mask [B, T], max_len, group_index [B] or None) -> weights w [B, T] such that the loss is
 # (w * l).sum(); group_index (row -> its prompt) is read by prompt_mean only.
-@register("loss_agg", "token_mean", weights_by_length=True,
+@register("loss_agg", "token_mean",
+          what="DAPO / Lite PPO: one average over all completion tokens of the step",
+          weights_by_length=True,
           tricks=(Trick("token_mean",
                         what="one mean over all tokens of the step (DAPO)",
                         source="TRL loss_type=dapo; verl loss_agg_mode=token-mean",
@@ -58,14 +60,17 @@ def token_mean_weights(mask: torch.Tensor, max_len: int | None,
     return mask / mask.sum().clamp(min=1)
 
 
-@register("loss_agg", "seq_mean_token_mean")
+@register("loss_agg", "seq_mean_token_mean",
+          what="GRPO: average over tokens of each sequence, then over sequences")
 def seq_mean_token_mean_weights(mask: torch.Tensor, max_len: int | None,
                                 group_index: torch.Tensor | None = None) -> torch.Tensor:
     mask = _as_float(mask)
     return mask / mask.sum(dim=1, keepdim=True).clamp(min=1) / _live_sequences(mask)
 
 
-@register("loss_agg", "seq_mean_token_sum", weights_by_length=True,
+@register("loss_agg", "seq_mean_token_sum",
+          what="sum over tokens of each sequence, average over sequences",
+          weights_by_length=True,
           tricks=(Trick("seq_token_sum",
                         what="sum over tokens, mean over sequences",
                         source="verl loss_agg_mode=seq-mean-token-sum",
@@ -76,7 +81,9 @@ def seq_mean_token_sum_weights(mask: torch.Tensor, max_len: int | None,
     return mask / _live_sequences(mask)
 
 
-@register("loss_agg", "constant", weights_by_length=True,
+@register("loss_agg", "constant",
+          what="Dr. GRPO: sum over all tokens / (B * max_new_tokens)",
+          weights_by_length=True,
           tricks=(Trick("dr_grpo_norm",
                         what="sum over tokens / (B * max_new_tokens) (Dr. GRPO)",
                         source="TRL loss_type=dr_grpo",
@@ -90,7 +97,9 @@ def constant_weights(mask: torch.Tensor, max_len: int | None,
     return mask / (mask.shape[0] * max_len)
 
 
-@register("loss_agg", "token_sum", weights_by_length=True,
+@register("loss_agg", "token_sum",
+          what="verl token-sum: the plain sum of every token's loss (no normalizer; the lr absorbs the scale)",
+          weights_by_length=True,
           tricks=(Trick("token_sum",
                         what="plain sum of every token's loss (no normalizer)",
                         source="verl loss_agg_mode=token-sum",
@@ -103,7 +112,10 @@ def token_sum_weights(mask: torch.Tensor, max_len: int | None,
     return _as_float(mask).clone()
 
 
-@register("loss_agg", "prompt_mean", weights_by_length=True,
+@register("loss_agg", "prompt_mean",
+          what="ScaleRL / SkyRL loss_reduction=prompt_mean: token mean within each prompt's group, then mean over "
+               "prompts",
+          weights_by_length=True,
           tricks=(Trick("prompt_mean",
                         what="token mean within each prompt's group, then the mean over prompts (ScaleRL)",
                         source="SkyRL loss_reduction=prompt_mean (skyrl_train/utils/ppo_utils.py); ScaleRL "

@@ -22,12 +22,18 @@ declare_family("lr_scale", "the learning rate of each optimizer step scaled by t
 VCPO = "VCPO (Huang et al. 2026, arXiv 2602.17616)"
 
 
-@register("lr_scale", "none")
+@register("lr_scale", "none",
+          what="the learning rate as the schedule gives it")
 def constant_lr(old_logp, sampler_logp, mask):
     return 1.0, {}
 
 
-@register("lr_scale", "ess", needs_sampler_logprobs=True, needs_old_forward=True,
+@register("lr_scale", "ess",
+          what="VCPO: each optimizer step's learning rate scaled by the effective sample size of its sequence "
+               "importance weights pi_old / mu",
+          notes={"rule": "VCPO ess_scaling.scaling_rule: sqrt | linear",
+                 "base_ess_ratio": "VCPO ess_scaling.base_ess_ratio: scale = min(1, (ESS/n) / base_ess_ratio)"},
+          needs_sampler_logprobs=True, needs_old_forward=True,
           knobs={"rule": choice("sqrt", "linear"), "base_ess_ratio": Allowed(low=0, low_open=True, high=1)},
           activity=Activity("optim/lr_scale", "changes"),
           inert=Inert(same_sampler_and_trainer, "cannot act: the current policy samples in the trainer's dtype, so "

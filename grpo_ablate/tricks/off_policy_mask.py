@@ -27,12 +27,17 @@ declare_family("off_policy_mask", "drop A < 0 sequences whose sampler log-ratio 
                metric="off_policy_mask/dropped_frac")
 
 
-@register("off_policy_mask", "none")
+@register("off_policy_mask", "none",
+          what="no sequence is dropped for being off-policy")
 def keep_all_sequences(logp, sampler_logp, advantages, mask):
     return mask
 
 
-@register("off_policy_mask", "sequence", off_policy_only=True, needs_sampler_logprobs=True, needs_old_forward=True,
+@register("off_policy_mask", "sequence",
+          what="DeepSeek-V3.2 off-policy sequence masking (TRL off_policy_mask_threshold): a sequence with A < 0 "
+               "whose mean log(pi_sampler / pi_theta) exceeds delta gets no policy gradient",
+          notes={"delta": "TRL's example value"},
+          off_policy_only=True, needs_sampler_logprobs=True, needs_old_forward=True,
           knobs={"delta": NON_NEGATIVE},
           activity=Activity("off_policy_mask/dropped_frac"),
           inert=Inert(policy_never_leaves_sampler, "cannot act: with one optimizer step and the sampler the trainer "

@@ -16,12 +16,17 @@ declare_family("optim_state", "AdamW's moments kept, or reset after every optimi
                "or every rollout (slime --reset-optimizer-states)", stage="optimizer", metric="optim/state_resets")
 
 
-@register("optim_state", "none")
+@register("optim_state", "none",
+          what="AdamW's moments carried across the whole run")
 def keep_optimizer_state(optimizer) -> None:
     """AdamW's moments carried across the run."""
 
 
-@register("optim_state", "reset", resets_optimizer=True,
+@register("optim_state", "reset",
+          what="slime: AdamW's moments reset after every optimizer step (--use-stateless-adam) or every rollout "
+               "(--reset-optimizer-states)",
+          notes={"every": "step (stateless Adam) | rollout (reset optimizer states)"},
+          resets_optimizer=True,
           knobs={"every": choice("step", "rollout")},
           activity=Activity("optim/state_resets"),
           tricks=(Trick("stateless_adam",

@@ -39,6 +39,7 @@ def no_overlong(rewards, lengths, truncated, group_index, correct, max_len):
 
 
 @register("overlong", "filter",
+          what="DAPO overlong filtering: truncated completions keep their reward, their tokens get no gradient",
           activity=Activity("overlong/masked_frac"),
           tricks=(Trick("overlong_filter",
                         what="mask truncated completions out of the loss",
@@ -59,7 +60,13 @@ def solve_rates(correct: torch.Tensor, group_index: torch.Tensor) -> torch.Tenso
     return (solved / torch.bincount(group_index, minlength=n_groups).clamp(min=1))[group_index]
 
 
-@register("overlong", "soft_punish", shapes_reward=True,
+@register("overlong", "soft_punish",
+          what="DAPO soft overlong punishment: a length penalty ramping to -factor over the last `buffer` tokens",
+          defaults={"buffer": 4},
+          notes={"buffer": "L_c (DAPO: 4096 of 20480, 20% of the budget): 20% of the 18-token budget of",
+                 "gamma": "PipelineRL difficulty_aware_penalty: a success's penalty x solve_rate^gamma (0: DAPO)",
+                 "failure_scale": "PipelineRL: a failure's penalty x failure_scale"},
+          shapes_reward=True,
           knobs={"buffer": Allowed("integer", low=1, high="rollout.max_new_tokens"), "factor": NON_NEGATIVE,
                  "gamma": NON_NEGATIVE, "failure_scale": FRACTION},
           activity=Activity("overlong/penalty_mean"),

@@ -47,7 +47,8 @@ declare_family("prompt_pool", "which prompts a step draws: the task's own order,
                "prompts of pass rate >= `max_pass` retired (ScaleRL no-positive-resampling), or prime-rl's "
                "easy/normal/hard difficulty pools", stage="batch", default="task", metric="pool/retired",
                settings={"size": (Allowed("integer", low=0, low_open=True, optional=True,
-                                       note="the pool's prompts; null: a data task's whole training set"), "pooled")})
+                                       note="the pool's prompts; null: a data task's whole training set"), "pooled")},
+               defaults={"size": 64})
 
 SCALERL = "ScaleRL (Khatri et al. 2025, arXiv 2510.13786)"
 
@@ -129,19 +130,29 @@ def _permutation(candidates: torch.Tensor, generator: torch.Generator) -> torch.
     return candidates[torch.randperm(len(candidates), generator=generator)]
 
 
-@register("prompt_pool", "task")
+@register("prompt_pool", "task",
+          what="the task's own order: fresh arithmetic problems every step, or a data task's seeded epochs")
 def task_order(pass_rate: torch.Tensor, retired: torch.Tensor, n: int, generator: torch.Generator):
     """Never called: the trainer draws with the task's own train_batch (today's path)."""
     return torch.arange(n) % len(pass_rate), retired
 
 
-@register("prompt_pool", "epochs", pooled=True, epochs=True, checks=_check_size)
+@register("prompt_pool", "epochs",
+          what="a finite pool of prompts in seeded epochs, every prompt resampled (ScaleRL's control for "
+               "no-positive-resampling)",
+          notes={"size": "prompts in the pool (null: a data task's whole training set)"},
+          pooled=True, epochs=True, checks=_check_size)
 def epoch_order(pass_rate: torch.Tensor, retired: torch.Tensor, n: int, generator: torch.Generator):
     """One epoch: a permutation of the whole pool (n = N), nothing retired."""
     return _permutation(torch.arange(len(pass_rate)), generator)[:n], retired
 
 
-@register("prompt_pool", "no_positive_resampling", pooled=True, epochs=True,
+@register("prompt_pool", "no_positive_resampling",
+          what="ScaleRL no-positive-resampling: a prompt whose latest pass rate reached max_pass leaves the pool for "
+               "the rest of the run (it is left out of every later epoch)",
+          notes={"size": "prompts in the pool (null: a data task's whole training set)",
+                 "max_pass": "ScaleRL's bound (with G = 8: all 8 correct)"},
+          pooled=True, epochs=True,
           knobs={"max_pass": Allowed(low=0, low_open=True, high=1,
                                   note="a prompt whose latest pass rate reaches it leaves the pool")},
           activity=Activity("pool/retired"), inert=ONE_EPOCH, checks=_check_size,
@@ -177,7 +188,14 @@ def pool_weights(pass_rate: torch.Tensor, borders: tuple, weights: tuple) -> tor
     return out
 
 
-@register("prompt_pool", "difficulty", pooled=True,
+@register("prompt_pool", "difficulty",
+          what="prime-rl's difficulty pool (buffer type=difficulty-pool): prompts easy (pass rate > easy_border), "
+               "hard (< hard_border) or normal by their last group; a step draws these fractions of each",
+          notes={"size": "prompts in the pool (null: a data task's whole training set)",
+                 "easy_border": "prime-rl's defaults",
+                 "draw": "fractions (prime-rl's difficulty-pool buffer) | weights (its DifficultyPoolSampler)",
+                 "easy_weight": "draw=weights: each prompt's weight by its pool (prime-rl's defaults; unseen: 1)"},
+          pooled=True,
           knobs={"easy_border": FRACTION, "hard_border": FRACTION, "easy_fraction": FRACTION,
                  "hard_fraction": FRACTION, "draw": choice("fractions", "weights"), "easy_weight": NON_NEGATIVE,
                  "normal_weight": NON_NEGATIVE, "hard_weight": NON_NEGATIVE},

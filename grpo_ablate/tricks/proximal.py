@@ -77,7 +77,8 @@ def _gap(proximal, old_logp, mask) -> dict:
     return {"proximal/gap": gap.item()}
 
 
-@register("proximal", "recompute")
+@register("proximal", "recompute",
+          what="the PPO ratio against pi_old recomputed by a forward before the update (AReaL's default)")
 def recomputed_proximal(old_logp, sampler_logp, ages, mask):
     """pi_prox = pi_old, as it is (no metrics: the trainer's path without the family)."""
     return old_logp, {}
@@ -90,7 +91,10 @@ def interpolation_weight(ages: torch.Tensor, versions: str) -> torch.Tensor:
     return (ages / (ages + 1.0)).clamp(0.0, 1.0)
 
 
-@register("proximal", "loglinear", needs_sampler_logprobs=True, activity=Activity("proximal/gap"),
+@register("proximal", "loglinear",
+          what="AReaL prox_logp_method=loglinear: log pi_prox ~ log mu + alpha (log pi_theta - log mu)",
+          notes={"versions": "alpha = (age - 1) / age as AReaL's code computes it; next: age / (age + 1)"},
+          needs_sampler_logprobs=True, activity=Activity("proximal/gap"),
           inert=WITHOUT_STALENESS,
           knobs={"versions": choice("areal", "next")},
           tricks=(Trick("proximal_loglinear",
@@ -108,7 +112,10 @@ def loglinear_proximal(old_logp, sampler_logp, ages, mask, *, versions: str = "a
         return proximal, _gap(proximal, old_logp, mask)
 
 
-@register("proximal", "behaviour", needs_sampler_logprobs=True, activity=Activity("proximal/gap"),
+@register("proximal", "behaviour",
+          what="the PPO ratio against the sampler's own log-probs (verl use_rollout_log_probs, prime-rl, TRL "
+               "AsyncGRPO)",
+          needs_sampler_logprobs=True, activity=Activity("proximal/gap"),
           inert=WITHOUT_STALENESS,
           tricks=(Trick("proximal_behaviour",
                         what="the PPO ratio against the behaviour policy's own log-probs (no recomputed pi_old)",
@@ -121,7 +128,10 @@ def behaviour_proximal(old_logp, sampler_logp, ages, mask):
         return proximal, _gap(proximal, old_logp, mask)
 
 
-@register("proximal", "train_logp", reuses_train_logp=True, activity=Activity("proximal/train_logp_gap"),
+@register("proximal", "train_logp",
+          what="AReaL prox_logp_method=reuse_train_logp: the PPO ratio against the training forward's own detached "
+               "log-probs (rho = 1 in every mini-batch; only the importance weights act off-policy)",
+          reuses_train_logp=True, activity=Activity("proximal/train_logp_gap"),
           writes=("proximal/gap", "proximal/train_logp_gap"),
           inert=Inert(one_optimizer_step, "is recompute with one optimizer step per rollout: the training forward "
                       "is pi_old", "add updates.mini_batches=4",

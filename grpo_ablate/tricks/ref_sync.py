@@ -20,7 +20,8 @@ from grpo_ablate.tricks.registry import FRACTION, POSITIVE_INT, Activity, Inert,
 
 declare_family("ref_sync", "every `ref_sync.every` optimizer steps π_ref ← α π + (1-α) π_ref (TR-DPO; needs "
                "kl.beta > 0)", stage="async", metric="ref_sync/syncs",
-               settings={"every": (POSITIVE_INT, "syncs_reference")})   # optimizer steps between two syncs
+               settings={"every": (POSITIVE_INT, "syncs_reference")},   # optimizer steps between two syncs
+               defaults={"every": 512})   # TRL ref_model_sync_steps
 
 
 def reference_never_syncs(cfg) -> bool:
@@ -38,12 +39,18 @@ def _needs_a_reference_of_its_own(cfg):
     return None
 
 
-@register("ref_sync", "none")
+@register("ref_sync", "none",
+          what="the reference policy stays the starting model")
 def keep_reference(reference, policy) -> None:
     """The reference stays the starting model."""
 
 
-@register("ref_sync", "mixup", syncs_reference=True,
+@register("ref_sync", "mixup",
+          what="TR-DPO reference sync (TRL sync_ref_model): every `every` optimizer steps, pi_ref <- alpha pi_theta +"
+               " (1 - alpha) pi_ref, parameter by parameter (needs a KL term: beta > 0)",
+          notes={"alpha": "TRL ref_model_mixup_alpha",
+                 "every": "TRL ref_model_sync_steps (a run of this project's length never reaches it: lower it)"},
+          syncs_reference=True,
           knobs={"alpha": FRACTION},
           activity=Activity("ref_sync/syncs"),
           checks=_needs_a_reference_of_its_own,

@@ -1,9 +1,10 @@
 """One registry for every trick family: (family, option) -> the implementation and the facts about it.
 
 A family is a config group (`conf/<family>/`); an option is one file in it, whose `name`
-is the key it is registered under. Every implementation takes the family's data arguments
-first (the tensors the trainer hands it: the same for every option of a family) and its
-knobs as keyword-only arguments with defaults: the keys of its YAML file. That split is what
+is the key it is registered under, written from the registration by `make catalogue`
+(Option.config). Every implementation takes the family's data arguments first (the tensors
+the trainer hands it: the same for every option of a family) and its knobs as keyword-only
+arguments with defaults: the keys of its YAML file. That split is what
 lets the config be checked before a run starts: a key in `conf/<family>/<option>.yaml` or on
 the command line that is not a knob of the chosen option (a typo: `+adv.epz=0.1`) is an
 error that names the knobs the option has, never a silently ignored setting.
@@ -144,6 +145,7 @@ class Family:
     module: str = ""                      # where it is declared (docs/config.md points there)
     stage: str = "loss"                   # where in a step it acts (STAGES)
     default: str = "none"                 # the option conf/config.yaml selects
+    defaults: dict = field(default_factory=dict)   # setting -> its value in every option that has the setting
 
 
 # Where in a step a family acts, in the order a step meets them: the order of the families in
@@ -152,16 +154,21 @@ STAGES = ("reward", "batch", "advantage", "loss", "async", "model", "optimizer")
 
 
 def declare_family(name: str, summary: str, *, stage: str, default: str = "none", metric: str = "loss",
-                   settings: dict | None = None, supplied: dict | None = None) -> None:
+                   settings: dict | None = None, supplied: dict | None = None, defaults: dict | None = None) -> None:
     """Declare a family once, in its module. stage: one of STAGES; default: the option a run
-    takes unless told otherwise; settings: {key: Allowed or (Allowed, flag)}."""
+    takes unless told otherwise; settings: {key: Allowed or (Allowed, flag)}; defaults: {setting: value},
+    written into the config of every option that has the setting (an option's own defaults win)."""
     if name in _DECLARED:
         raise ValueError(f"trick family {name!r} is declared twice")
     if stage not in STAGES:
         raise ValueError(f"trick family {name!r}: stage {stage!r}; allowed: {', '.join(STAGES)}")
     norm = {k: v if isinstance(v, tuple) else (v, None) for k, v in (settings or {}).items()}
     module = sys._getframe(1).f_globals.get("__name__", "")   # the declaring module, for docs/config.md
-    _DECLARED[name] = Family(name, summary, metric, norm, dict(supplied or {}), module, stage, default)
+    unknown = [k for k in defaults or {} if k not in norm]
+    if unknown:
+        raise ValueError(f"trick family {name!r}: defaults for {', '.join(unknown)}, which is not a setting")
+    _DECLARED[name] = Family(name, summary, metric, norm, dict(supplied or {}), module, stage, default,
+                             dict(defaults or {}))
 
 
 def declared_families() -> list[Family]:
@@ -172,6 +179,9 @@ def declared_families() -> list[Family]:
 def family_info(name: str) -> Family:
     """The declared family (a family without a declaration has no settings of its own)."""
     return _DECLARED.get(name) or Family(name, "")
+
+
+UNLISTED = "(unlisted)"   # defaults={knob: UNLISTED}: the knob stays out of the config file (+family.knob= sets it)
 
 
 @dataclass(frozen=True)
@@ -186,6 +196,9 @@ class Option:
     checks: tuple = ()                              # cfg -> a message (the config is refused) or None
     tricks: tuple = ()                              # the named tricks (Trick) that select this option
     writes: tuple = ()                              # metrics it writes every step (default: its family's)
+    what: str = ""                                  # one line: what it is (its config file's header)
+    defaults: dict = field(default_factory=dict)    # config defaults unlike the signature's, and its settings
+    notes: dict = field(default_factory=dict)       # knob or setting -> a note beside it in its config file
 
     @property
     def metrics(self) -> tuple:
@@ -205,6 +218,23 @@ class Option:
         """The option's keyword-only arguments and their defaults: the keys its config may set."""
         return _knobs(self.impl)
 
+    def settings(self) -> list[str]:
+        """The settings of its family that this option has (one tied to a capability flag only with the flag)."""
+        return [k for k, (_, flag) in family_info(self.family).settings.items()
+                if flag is None or self.flags.get(flag, False)]
+
+    def config(self) -> dict:
+        """Its config node (conf/<family>/<name>.yaml, written by `make catalogue`): name, the knobs the
+        trainer does not supply with their signature defaults unless `defaults` says otherwise, then the
+        family's settings that have a default (the family's, or this option's)."""
+        info = family_info(self.family)
+        node = {"name": self.name}
+        node.update({k: self.defaults.get(k, v) for k, v in self.knobs.items()
+                     if k not in info.supplied and self.defaults.get(k) != UNLISTED})
+        node.update({k: self.defaults.get(k, info.defaults.get(k)) for k in self.settings()
+                     if k in self.defaults or k in info.defaults})
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in node.items()}
+
     def unknown_keys(self, keys) -> list[str]:
         """The keys among `keys` that are not knobs of this option."""
         knobs = self.knobs
@@ -221,16 +251,25 @@ class Option:
 
 
 def register(family: str, name: str, *, knobs: dict | None = None, activity: Activity | None = None,
-             inert=(), checks=(), tricks=(), writes=(), **flags):
+             inert=(), checks=(), tricks=(), writes=(), what: str = "", defaults: dict | None = None,
+             notes: dict | None = None, **flags):
     """Register the decorated function or class as option `name` of `family`, with its facts:
     knobs {knob: Allowed} (every keyword-only argument that the trainer does not supply), activity,
     inert (an Inert or several), checks (cfg -> message or None), tricks (the named Tricks),
-    writes (the metrics it writes every step, when not its family's)."""
+    writes (the metrics it writes every step, when not its family's), what (one line; default: the
+    function's docstring's first line), defaults {knob or setting: value} (only where the config's
+    default is not the signature's, and the family's settings it has), notes {knob or setting: text}
+    (shown beside the key in its config file)."""
     def wrap(impl):
         _add(Option(family, name, impl, dict(flags), dict(knobs or {}), activity, _tuple(inert), _tuple(checks),
-                    _tuple(tricks), tuple(writes)))
+                    _tuple(tricks), tuple(writes), what or _first_line(impl), dict(defaults or {}),
+                    dict(notes or {})))
         return impl
     return wrap
+
+
+def _first_line(impl) -> str:
+    return (inspect.getdoc(impl) or "").split("\n\n", 1)[0].replace("\n", " ").strip()
 
 
 def declare(family: str, name: str, *, activity: Activity | None = None, inert=(), checks=(), tricks=(),
@@ -261,6 +300,11 @@ def _add(new: Option) -> None:
     if missing:
         raise TypeError(f"{family}={name}: knob {', '.join(missing)} has no declared range: "
                         f"register(..., knobs={{{missing[0]!r}: Allowed(...)}})")
+    keys = [k for k in new.knobs if k not in supplied] + new.settings()
+    stray = [k for k in (*new.defaults, *new.notes) if k not in keys]
+    if stray:
+        raise TypeError(f"{family}={name}: defaults or notes for {', '.join(stray)}, which is not a knob or setting "
+                        f"of it; allowed: {', '.join(keys) or '(none)'}")
     extra = [k for k in new.ranges if k not in new.knobs]
     if extra:
         raise TypeError(f"{family}={name}: knobs={{{', '.join(map(repr, extra))}: ...}} is not a keyword-only "

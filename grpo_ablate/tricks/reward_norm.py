@@ -21,6 +21,7 @@ def no_reward_norm(rewards: torch.Tensor) -> torch.Tensor:
 
 
 @register("reward_norm", "batch",
+          what="r <- (r - mean_batch r) / (std_batch r + eps) before the advantage (seed review: not recommended)",
           knobs={"eps": POSITIVE},
           inert=Inert(lambda cfg: option("adv", cfg.adv.name).undoes_affine_maps,
                       "is undone by the advantage estimator, which normalizes again (an affine map of the rewards "

@@ -41,7 +41,8 @@ declare_family("rollout_correction", "importance weights π_old / π_sampler on 
 LOG_RATIO_LIMIT = 20.0
 
 
-@register("rollout_correction", "none")
+@register("rollout_correction", "none",
+          what="no importance weights for the sampler-trainer mismatch (the loss trusts the sampled tokens as is)")
 def no_rollout_correction(old_logp, sampler_logp, mask):
     return torch.ones_like(old_logp), {}
 
@@ -155,6 +156,27 @@ NAMED = {   # the named trick of each option
                        claims=(Claim("helps", "", "AReaL (arXiv 2505.24298)",
                                      "keeps accuracy under staleness 4-8 where plain PPO degrades"),)),
 }
+WHAT = {   # each option's line (the header of its conf file)
+    "token_truncate": "truncated importance sampling (TIS), per token: w = min(pi_old / pi_sampler, high) (verl "
+                      "rollout_is=token, rollout_is_threshold=2.0; TRL vllm_importance_sampling_mode=token_truncate)",
+    "token_mask": "masked importance sampling per token (IcePop): w = pi_old / pi_sampler, 0 outside [low, high] "
+                  "(verl rollout_is=token with rollout_is_threshold=\"0.5_5.0\"; "
+                  "TRL vllm_importance_sampling_mode=token_mask)",
+    "sequence_truncate": "truncated importance sampling per sequence: w = min(prod_t pi_old / pi_sampler, high) on "
+                         "all its tokens (verl rollout_is=sequence, its default level, threshold 2.0; "
+                         "TRL sequence_truncate)",
+    "sequence_mask": "masked importance sampling per sequence: a sequence whose ratio prod_t pi_old / pi_sampler lies "
+                     "outside [low, high] gets weight 0, the others keep their ratio (TRL's default mode: "
+                     "sequence_mask, clip_max 3.0)",
+    "decoupled": "AReaL's decoupled PPO (use_decoupled_loss, rejection_sampling mask/ratio/upper 5): the loss weighted "
+                 "by pi_prox / mu per token, tokens whose weight exceeds `high` masked out",
+}
+NOTES = {   # beside a knob in its conf file
+    "token_truncate": {"high": "verl's default threshold", "low": "TRL clip_min: a lower bound too (verl has none)",
+                       "renormalize": "verl rollout_is_batch_normalize: weights divided by their batch mean"},
+    "token_mask": {"low": "null: no lower bound (TRL's clip_min default)"},
+    "decoupled": {"high": "AReaL rejection_sampling.upper", "low": "AReaL rejection_sampling.lower (none)"},
+}
 for _name, _level, _rule, _high, _low in (("token_truncate", "token", "truncate", 2.0, None),
                                           ("token_mask", "token", "mask", 5.0, 0.5),
                                           ("sequence_truncate", "sequence", "truncate", 2.0, None),
@@ -162,7 +184,8 @@ for _name, _level, _rule, _high, _low in (("token_truncate", "token", "truncate"
                                           ("decoupled", "token", "mask", 5.0, None)):
     register("rollout_correction", _name, needs_sampler_logprobs=True, needs_old_forward=True, knobs=KNOBS,
              activity=Activity("rollout_corr/logp_diff_mean"),   # the weights differ from 1
-             inert=SAMPLER_IS_TRAINER, tricks=NAMED[_name])(_option(_level, _rule, _high, _low))
+             inert=SAMPLER_IS_TRAINER, tricks=NAMED[_name], what=WHAT[_name],
+             notes=NOTES.get(_name, {}))(_option(_level, _rule, _high, _low))
 
 
 def _m2po_keep(m2: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -180,7 +203,13 @@ def _m2po_keep(m2: torch.Tensor, threshold: float) -> torch.Tensor:
     return keep
 
 
-@register("rollout_correction", "m2po", needs_sampler_logprobs=True, needs_old_forward=True,
+@register("rollout_correction", "m2po",
+          what="M2PO (AReaL actor.m2_threshold): mask the tokens of largest (log pi_prox - log mu)^2 until the mean "
+               "second moment of the rest is below the threshold",
+          notes={"threshold": "AReaL examples/math/gsm8k_m2po.yaml",
+                 "denominator": "the policy loss's mean over the kept tokens (AReaL's code); trained: its docs' "
+                                "1/sum|o_i|"},
+          needs_sampler_logprobs=True, needs_old_forward=True,
           knobs={"threshold": POSITIVE, "denominator": choice("kept", "trained")},
           activity=Activity("rollout_corr/masked_frac"), inert=SAMPLER_IS_TRAINER,
           tricks=Trick("m2po", what="M2PO: mask the tokens of largest (log pi_prox - log mu)^2 until their mean "

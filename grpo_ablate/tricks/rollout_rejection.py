@@ -208,8 +208,18 @@ KPOP = Trick(
     settings={"metric": "binary_kl", "level": "token", "weighted": True, "high": 2.0})
 
 
-@register("rollout_correction", "rejection", needs_sampler_logprobs=True, needs_old_forward=True,
-          knobs=REJECTION_KNOBS,
+@register("rollout_correction", "rejection",
+          what="Rejection sampling on the sampler-trainer divergence (AReaL rejection_sampling, verl rollout_rs, "
+               "SkyRL/ROLL masks); the defaults are verl's decoupled_k3_rs (Trust Region Masking)",
+          notes={"metric": "ratio | k1 | k2 | k3 | k3_areal | prob_diff | binary_kl (KPop)",
+                 "level": "token | sequence",
+                 "aggregation": "sum | mean | max | all (sequence level)",
+                 "action": "mask | clamp (clamp needs weighted: true)",
+                 "weighted": "multiply the importance ratio (AReaL) rather than 1 (verl rollout_rs)",
+                 "denominator": "trained: rejected tokens stay in the loss's denominator (AReaL); kept: verl, ROLL",
+                 "criteria": "verl's chained rollout_rs, e.g. [token_k1,seq_max_k3]: replaces metric..high",
+                 "thresholds": "one per criterion: [l,u] for a k1 criterion, else the upper bound"},
+          needs_sampler_logprobs=True, needs_old_forward=True, knobs=REJECTION_KNOBS,
           activity=Activity("rollout_corr/rejected_frac"), inert=SAMPLER_IS_TRAINER, checks=_check_rejection,
           tricks=(TRUST_REGION_MASK, KPOP))
 def rejection_weights(old_logp, sampler_logp, mask, *, metric: str = "k3", level: str = "sequence",

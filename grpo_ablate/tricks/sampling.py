@@ -27,7 +27,8 @@ declare_family("sampling", "which groups form the batch; `dynamic` is DAPO's, re
                stage="batch", default="static", metric="sampling/kept_group_frac",
                settings={"max_rounds": POSITIVE_INT,   # sampling rounds (dynamic), group growth (dynamic_group)
                          "g_step": Allowed("integer", low=0, low_open=True, optional=True),
-                         "g_max": Allowed("integer", low="rollout.group_size", optional=True)})
+                         "g_max": Allowed("integer", low="rollout.group_size", optional=True)},
+               defaults={"max_rounds": 1})
 
 
 def _one_round(cfg) -> str | None:
@@ -39,8 +40,14 @@ def _one_round(cfg) -> str | None:
         "sampling=dynamic refills dropped groups with more rounds (DAPO's dynamic sampling)")
 
 
-@register("sampling", "static", checks=_one_round)
-@register("sampling", "dynamic_group", checks=_one_round,
+@register("sampling", "static",
+          what="every prompt gets exactly G completions, all of them trained on",
+          checks=_one_round)
+@register("sampling", "dynamic_group",
+          what="dynamic group size: start with G = rollout.group_size per prompt; a group whose rewards are all equal"
+               " gets g_step more completions at a time, up to g_max",
+          defaults={"g_step": 4, "g_max": 16},
+          checks=_one_round,
           activity=Activity("sampling/extra_generations"),
           writes=("sampling/kept_group_frac", "sampling/mean_group_size"),
           tricks=(Trick("dynamic_group_size",
@@ -57,6 +64,10 @@ def keep_all_groups(scores: torch.Tensor) -> torch.Tensor:
 
 
 @register("sampling", "dynamic",
+          what="DAPO dynamic sampling: drop groups whose rewards are all equal, sample more prompts until the batch "
+               "is full or max_rounds is reached (then train on what was kept, and log it)",
+          defaults={"max_rounds": 4},
+          notes={"max_rounds": "verl max_num_gen_batches"},
           activity=Activity("sampling/extra_generations"),
           tricks=(Trick("dynamic_sampling",
                         what="DAPO dynamic sampling: drop zero-variance groups, refill with fresh prompts",
@@ -69,7 +80,9 @@ def keep_all_groups(scores: torch.Tensor) -> torch.Tensor:
                                   "gradient useful: one of DAPO's four techniques"),)),))
 # the same filter in one round (conf/sampling/zero_variance.yaml: max_rounds 1): dropped, never refilled;
 # it shows as sampling/kept_group_frac < 1 (no activity rule: how many it drops varies by step)
-@register("sampling", "zero_variance", checks=_one_round,
+@register("sampling", "zero_variance",
+          what="SkyRL zero_variance_filter: groups whose rewards are all equal are dropped, never refilled",
+          checks=_one_round,
           tricks=(Trick("zero_variance_filter",
                         what="drop zero-variance groups without resampling (the batch shrinks)",
                         source="SkyRL algorithm.zero_variance_filter (skyrl/train/utils/trainer_utils.py); ScaleRL "
@@ -96,7 +109,12 @@ def _rejects_every_group(cfg) -> str | None:
 # [reject_min, reject_max] (AdvRangeGateConfig default [0, 0]: no learning signal). The advantages
 # are prime-rl's default r - mean(r) over the group, from the verifier's rewards; rejected groups are
 # refilled like dynamic's (prime-rl's orchestrator keeps sampling until the batch is full).
-@register("sampling", "advantage_range", knobs={"reject_min": NUMBER, "reject_max": Allowed(low="sampling.reject_min")},
+@register("sampling", "advantage_range",
+          what="prime-rl AdvRangeGate: groups whose advantages r - mean(r) all lie in [reject_min, reject_max] are "
+               "dropped, and fresh prompts sampled until the batch is full or max_rounds is reached",
+          defaults={"max_rounds": 4},
+          notes={"reject_min": "prime-rl AdvRangeGateConfig defaults: [0, 0] (no learning signal)"},
+          knobs={"reject_min": NUMBER, "reject_max": Allowed(low="sampling.reject_min")},
           checks=_rejects_every_group, activity=Activity("sampling/extra_generations"),
           tricks=(Trick("advantage_range_gate",
                         what="drop groups whose advantages r - mean(r) all lie in [reject_min, reject_max], refill",
@@ -114,7 +132,13 @@ def _varied_groups_too_few(scores: torch.Tensor, min_replace_ratio: float) -> bo
     return not int(keep_varied_groups(scores).sum()) > scores.shape[0] * min_replace_ratio
 
 
-@register("sampling", "replace", replaces_flat_groups=True, knobs={"min_replace_ratio": Allowed(
+@register("sampling", "replace",
+          what="SkyRL dynamic_sampling.type=replace (POLARIS): groups whose rewards are all equal are overwritten by "
+               "copies of the batch's varied groups; a batch with too few varied groups is sampled again",
+          defaults={"max_rounds": 30},
+          notes={"max_rounds": "SkyRL max_sample_batches",
+                 "min_replace_ratio": "SkyRL: replace only when more than this fraction of the groups vary"},
+          replaces_flat_groups=True, knobs={"min_replace_ratio": Allowed(
               low=0, high=1, high_open=True, note="at 1 no batch is ever usable: every one would be resampled")},
           activity=Activity("sampling/replaced_groups"),
           writes=("sampling/kept_group_frac", "sampling/replaced_groups"),
@@ -137,7 +161,11 @@ def keep_batches_with_enough_varied_groups(scores: torch.Tensor, *, min_replace_
     return torch.full((scores.shape[0],), keep, dtype=torch.bool)
 
 
-@register("sampling", "replay", replays=True, knobs={"size": POSITIVE_INT}, checks=_one_round,
+@register("sampling", "replay",
+          what="TRL GRPOWithReplayBuffer: groups without reward variance are replaced by informative groups drawn "
+               "from a buffer of the best-scored ones seen so far (score sum |A| * std)",
+          notes={"size": "TRL replay_buffer_size"},
+          replays=True, knobs={"size": POSITIVE_INT}, checks=_one_round,
           activity=Activity("sampling/replayed_groups"),
           tricks=(Trick("replay_buffer",
                         what="refill zero-variance groups with informative groups replayed from a buffer",

@@ -68,14 +68,18 @@ NEVER_STALE = Inert(_no_stale_group, "cannot act: stale_frac=0 samples every gro
                     "set staleness.stale_frac above 0", "staleness.stale_frac > 0")
 
 
-@register("staleness", "none")
+@register("staleness", "none",
+          what="synchronous GRPO: every group sampled by the policy being trained (no weight history is kept)")
 def synchronous(groups: int, oldest: int, generator: torch.Generator):
     """Every group sampled by the current policy (age 0), every group kept."""
     return torch.zeros(groups, dtype=torch.long), torch.ones(groups, dtype=torch.bool)
 
 
-@register("staleness", "fixed", stale=True, needs_old_forward=True, knobs={"k": POSITIVE_INT}, activity=STALE_ACTS,
-          checks=_check_swappable,
+@register("staleness", "fixed",
+          what="every group sampled by the policy of k steps ago (verl one-step-off: k=1; AReaL "
+               "max_head_offpolicyness)",
+          notes={"k": "policy versions behind (one GRPO step each); k weight snapshots are kept"},
+          stale=True, needs_old_forward=True, knobs={"k": POSITIVE_INT}, activity=STALE_ACTS, checks=_check_swappable,
           tricks=(Trick("stale_rollouts",
                         what="rollouts from the policy of k steps ago (k=1: one-step-off asynchronous RL)",
                         source="verl one_step_off_policy (docs/advance/one_step_off.md); AReaL "
@@ -90,7 +94,11 @@ def fixed_lag(groups: int, oldest: int, generator: torch.Generator, *, k: int = 
     return torch.full((groups,), min(int(k), oldest), dtype=torch.long), torch.ones(groups, dtype=torch.bool)
 
 
-@register("staleness", "mixed", stale=True, needs_old_forward=True, knobs={"k": POSITIVE_INT, "stale_frac": FRACTION},
+@register("staleness", "mixed",
+          what="a fraction of the groups sampled by the policy of k steps ago, the rest fresh (verl fully-async "
+               "async_training.staleness_threshold)",
+          notes={"stale_frac": "each group stale with this probability (seeded by seed, step, round)"},
+          stale=True, needs_old_forward=True, knobs={"k": POSITIVE_INT, "stale_frac": FRACTION},
           activity=Activity("staleness/stale_frac"), inert=NEVER_STALE, checks=_check_swappable,
           tricks=(Trick("mixed_staleness",
                         what="a fraction of each batch's groups from the policy of k steps ago, the rest fresh",
@@ -125,7 +133,11 @@ def capped_ages(ages: torch.Tensor, max_age: int | None, strategy: str = "drop")
     return ages, ages <= int(max_age)
 
 
-@register("staleness", "spread", stale=True, needs_old_forward=True,
+@register("staleness", "spread",
+          what="group ages uniform in 0..k, as rollouts in flight across k updates arrive (PipelineRL, prime-rl)",
+          notes={"max_age": "groups older than this are dropped (prime-rl max_off_policy_steps; null keeps all)",
+                 "strategy": "drop | wait (verl max_off_policy_strategy; its max_off_policy_threshold = max_age + 1)"},
+          stale=True, needs_old_forward=True,
           knobs={"k": POSITIVE_INT, "max_age": Allowed("integer", low=0, high="staleness.k", optional=True,
                                                     note="groups older than it are dropped; null keeps all"),
                  "strategy": choice("drop", "wait")},

@@ -27,6 +27,7 @@ def _value_within_bounds(cfg):
 
 
 @register("temperature", "fixed",
+          what="sampling temperature; training log-probs use logits / T as in TRL and verl",
           knobs={"value": POSITIVE})
 class FixedTemperature:
     def __init__(self, *, value: float = 1.0):
@@ -46,6 +47,8 @@ class FixedTemperature:
 
 
 @register("temperature", "learnable",
+          what="T = exp(s), s trained by the policy loss with its own lr, clamped to [t_min, t_max]",
+          notes={"value": "starting T"},
           knobs={"value": POSITIVE, "lr": POSITIVE, "t_min": POSITIVE, "t_max": POSITIVE},
           checks=_value_within_bounds,
           activity=Activity("temperature/value", "changes"),

@@ -24,7 +24,8 @@ declare_family("token_mask", "the policy loss on the top-quantile-entropy tokens
                metric="token_mask/dropped_frac")
 
 
-@register("token_mask", "none")
+@register("token_mask", "none",
+          what="every trained token is in the policy loss")
 def keep_all_tokens(entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return mask
 
@@ -38,7 +39,10 @@ def linear_quantile(values: torch.Tensor, q: float) -> torch.Tensor:
     return ordered[low] + (position - low) * (ordered[high] - ordered[low])
 
 
-@register("token_mask", "high_entropy", selects_tokens=True,
+@register("token_mask", "high_entropy",
+          what="Beyond the 80/20 Rule (arXiv 2506.01939): the policy loss keeps only the tokens whose entropy is in "
+               "the top `quantile` of the batch's trained tokens (TRL top_entropy_quantile; the paper uses 0.2)",
+          selects_tokens=True,
           knobs={"quantile": FRACTION},
           activity=Activity("token_mask/dropped_frac"),
           inert=Inert(lambda cfg: float(cfg.token_mask.quantile) >= 1,

@@ -24,12 +24,14 @@ def _needs_a_critic(cfg):
             "exists only with adv=gae (add +trick=critic_gae)")
 
 
-@register("value_clip", "none")
+@register("value_clip", "none",
+          what="0.5 (V - R)^2 (only used with a critic, adv=gae)")
 def plain_value_loss(values, old_values, returns):
     return 0.5 * (values - returns) ** 2
 
 
 @register("value_clip", "clip",
+          what="PPO value clipping (needs a critic: adv=gae)",
           knobs={"eps": POSITIVE},
           checks=_needs_a_critic,
           inert=Inert(one_optimizer_step, "cannot act with one optimizer step per rollout (V never moves away from "

@@ -20,7 +20,8 @@ from grpo_ablate.tricks.registry import NON_NEGATIVE, declare_family
 declare_family("adv", "advantage estimator; `gae` adds a critic (value head) and per-token advantages; `gdpo` "
                "normalizes each reward part (task, format, length, overlong, KL) in its group",
                stage="advantage", default="grpo", metric="adv/std",
-               settings={"value_coef": (NON_NEGATIVE, "uses_values")})   # the critic's loss weight (adv=gae)
+               settings={"value_coef": (NON_NEGATIVE, "uses_values")},   # the critic's loss weight (adv=gae)
+               defaults={"value_coef": 0.5})
 
 # after the declaration: registering an option reads its family's declaration; the order of the kinds
 # is the order of the options in docs/config.md

@@ -35,7 +35,10 @@ def gae(token_reward: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, ga
     return advantages, (advantages + values) * mask
 
 
-@register("adv", "gae", uses_group_statistic=False, uses_values=True,
+@register("adv", "gae",
+          what="PPO with a critic: a value head on the policy, GAE over token rewards, whitened",
+          notes={"value_coef": "weight of the value loss in the total loss"},
+          uses_group_statistic=False, uses_values=True,
           knobs={"gamma": FRACTION, "lam": FRACTION, "whiten": FLAG},
           writes=("adv/std", "value/explained_variance"),
           tricks=(Trick("critic_gae",

@@ -22,7 +22,9 @@ def group_mean_std(values: torch.Tensor, group_index: torch.Tensor):
     return mean, std
 
 
-@register("adv", "grpo", uses_group_statistic=True, undoes_affine_maps=True,
+@register("adv", "grpo",
+          what="GRPO: A = (r - mean_group r) / (std_group r + eps)",
+          uses_group_statistic=True, undoes_affine_maps=True,
           knobs={"eps": POSITIVE})
 def grpo_advantage(rewards, group_index, mask, values, components, *, eps: float = 1e-6):
     """A_j = (r_j - mean_g r) / (std_g r + eps).
@@ -40,7 +42,9 @@ def batch_std(values: torch.Tensor) -> torch.Tensor:
     return values.std() if values.numel() > 1 else torch.zeros((), dtype=values.dtype, device=values.device)
 
 
-@register("adv", "dr_grpo", uses_group_statistic=True,
+@register("adv", "dr_grpo",
+          what="Dr. GRPO: A = r - mean_group r (no std)",
+          uses_group_statistic=True,
           tricks=(Trick("no_std",
                         what="advantages without dividing by the group std (Dr. GRPO)",
                         source="TRL scale_rewards=none; verl norm_adv_by_std_in_grpo=False",
@@ -59,7 +63,10 @@ def dr_grpo_advantage(rewards, group_index, mask, values, components):
     return rewards - mean
 
 
-@register("adv", "lite", uses_group_statistic=True, undoes_affine_maps=True,
+@register("adv", "lite",
+          what="Lite PPO (Tricks or Traps): A = (r - mean_group r) / (std_batch r + eps)",
+          notes={"std_of": "raw | centered (old ROLL: std of the group-centred rewards)"},
+          uses_group_statistic=True, undoes_affine_maps=True,
           knobs={"eps": POSITIVE, "std_of": choice("raw", "centered")},
           tricks=(Trick("lite_norm",
                         what="group mean, batch std (Lite PPO)",
@@ -84,7 +91,9 @@ def lite_advantage(rewards, group_index, mask, values, components, *, eps: float
     return centred / (batch_std(rewards if std_of == "raw" else centred) + eps)
 
 
-@register("adv", "batch", uses_group_statistic=True, undoes_affine_maps=True,
+@register("adv", "batch",
+          what="global normalization: A = (r - mean_batch r) / (std_batch r + eps)",
+          uses_group_statistic=True, undoes_affine_maps=True,
           knobs={"eps": POSITIVE},
           tricks=(Trick("batch_norm",
                         what="batch mean and batch std",
@@ -104,7 +113,9 @@ def batch_advantage(rewards, group_index, mask, values, components, *, eps: floa
     return (rewards - rewards.mean()) / (batch_std(rewards) + eps)
 
 
-@register("adv", "rloo", uses_group_statistic=True,
+@register("adv", "rloo",
+          what="RLOO: A = r - mean of the other G-1 rewards of the group",
+          uses_group_statistic=True,
           tricks=(Trick("rloo",
                         what="leave-one-out baseline",
                         source="verl adv_estimator=rloo",
@@ -120,7 +131,9 @@ def rloo_advantage(rewards, group_index, mask, values, components):
     return (rewards - mean) * count / (count - 1).clamp(min=1)
 
 
-@register("adv", "rpp_baseline", uses_group_statistic=True, undoes_affine_maps=True,
+@register("adv", "rpp_baseline",
+          what="REINFORCE++-baseline: group-centred reward, whitened over all completion tokens of the batch",
+          uses_group_statistic=True, undoes_affine_maps=True,
           knobs={"eps": POSITIVE},
           tricks=(Trick("rpp_baseline",
                         what="REINFORCE++-baseline: group-centred, token-whitened",
@@ -162,7 +175,11 @@ def _weighted_parts(rewards: torch.Tensor, components: dict, weights: dict | Non
     return [(float(weights.get(name, 1.0)), part.to(rewards.dtype)) for name, part in parts.items()]
 
 
-@register("adv", "gdpo", uses_group_statistic=True,
+@register("adv", "gdpo",
+          what="GDPO (arXiv 2601.05242), verl form: each reward part (task, format, length, overlong) normalized in "
+               "its group, weighted, summed, then whitened over the batch's tokens (verl adv_estimator=gdpo)",
+          notes={"weights": "{component: weight}; a component not named weighs 1 (verl gdpo_reward_weights)"},
+          uses_group_statistic=True,
           knobs={"eps": POSITIVE, "weights": REWARD_WEIGHTS},
           tricks=(Trick("gdpo",
                         what="GDPO: each reward part normalized in its group, summed, token-whitened",
@@ -195,7 +212,11 @@ def gdpo_advantage(rewards, group_index, mask, values, components, *, eps: float
     return (total - token_mean) * torch.rsqrt(token_var + 1e-8)
 
 
-@register("adv", "gdpo_trl", uses_group_statistic=True,
+@register("adv", "gdpo_trl",
+          what="GDPO, TRL form (multi_objective_aggregation=normalize_then_sum): as gdpo, whitened over completions, "
+               "eps 1e-4",
+          notes={"weights": "{component: weight} (TRL reward_weights)"},
+          uses_group_statistic=True,
           knobs={"eps": POSITIVE, "weights": REWARD_WEIGHTS},
           tricks=(Trick("gdpo_trl",
                         what="GDPO, TRL form: parts normalized in their group, summed, whitened per completion",
@@ -219,7 +240,10 @@ def gdpo_trl_advantage(rewards, group_index, mask, values, components, *, eps: f
     return (total - total.mean()) / (batch_std(total) + eps)
 
 
-@register("adv", "opo", uses_group_statistic=True,
+@register("adv", "opo",
+          what="OPO (arXiv 2505.23585): A = r - sum_j |o_j| r_j / sum_j |o_j|, a length-weighted group baseline (verl"
+               " opo)",
+          uses_group_statistic=True,
           tricks=(Trick("opo",
                         what="OPO: length-weighted group baseline",
                         source="verl adv_estimator=opo (arXiv 2505.23585)",
@@ -243,7 +267,11 @@ def opo_advantage(rewards, group_index, mask, values, components):
     return rewards - baseline[group_index]
 
 
-@register("adv", "passk", uses_group_statistic=True,
+@register("adv", "passk",
+          what="pass@k advantage (arXiv 2503.19595): only the best completion of a group learns, with (r_max - "
+               "r_second) / (std_group + eps) (verl adv_estimator=grpo_passk)",
+          notes={"norm_by_std": "verl norm_adv_by_std_in_grpo"},
+          uses_group_statistic=True,
           knobs={"eps": POSITIVE, "norm_by_std": FLAG},
           tricks=(Trick("passk",
                         what="pass@k advantage: only the best completion of a group learns",
@@ -274,7 +302,10 @@ def passk_advantage(rewards, group_index, mask, values, components, *, eps: floa
     return torch.zeros_like(rewards).index_put_((best,), gap)
 
 
-@register("adv", "gpg", uses_group_statistic=True,
+@register("adv", "gpg",
+          what="GPG (arXiv 2504.02546): A = alpha (r - mean_group r) / f_norm, alpha = B / #{r != 0} (verl gpg); its "
+               "loss is clip=gpg",
+          uses_group_statistic=True,
           knobs={"f_norm": POSITIVE},
           tricks=(Trick("gpg_advantage",
                         what="GPG advantage: group-centred reward scaled by B / #nonzero rewards",
@@ -294,7 +325,11 @@ def gpg_advantage(rewards, group_index, mask, values, components, *, f_norm: flo
     return alpha * (rewards - mean) / f_norm
 
 
-@register("adv", "maxrl", uses_group_statistic=True,
+@register("adv", "maxrl",
+          what="MaxRL (SkyRL advantage_estimator=maxrl, prime-rl algo.type=max_rl): A = (r - mean_g r) / (mean_g r + "
+               "eps)",
+          notes={"eps": "SkyRL epsilon"},
+          uses_group_statistic=True,
           knobs={"eps": POSITIVE},
           tricks=(Trick("maxrl",
                         what="MaxRL: A = (r - mean_g r) / mean_g r, the group mean as the scale",

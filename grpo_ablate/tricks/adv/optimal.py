@@ -52,7 +52,12 @@ def _zero_tails(baseline, lengths, group_index, counted, n_groups):
     return baseline.masked_fill(tail, 0.0)
 
 
-@register("adv", "optimal_token_baseline", uses_group_statistic=True, reads_token_energy=True,
+@register("adv", "optimal_token_baseline",
+          what="Optimal Token Baseline (arXiv 2602.07078; verl adv_estimator=optimal_token_baseline): a per-token "
+               "group baseline B_t = sum G_t W_t / sum W_t, W_t = sum_{j<=t} (1 - 2 pi_j + sum pi^2) under pi_old",
+          notes={"positions": "absolute (verl optimal_token_baseline) | trained (tir_optimal_token_baseline)",
+                 "zero_tail": "verl handle_zero_tail (false for OTB, true for tir at b178a3c)"},
+          uses_group_statistic=True, reads_token_energy=True,
           knobs={"positions": choice("absolute", "trained"), "zero_tail": FLAG, "eps": POSITIVE},
           activity=Activity("adv/token_energy"), checks=_otb_cannot_take, writes=("adv/std", "adv/token_energy"),
           tricks=(Trick("optimal_token_baseline",
@@ -137,7 +142,13 @@ def opob_weights(values, mask, *, is_weights: bool, length_normalize: bool):
     return torch.where(lengths > 0, w, torch.zeros_like(w))
 
 
-@register("adv", "opob", uses_group_statistic=True, reads_score_norms=True,
+@register("adv", "opob",
+          what="VCPO's optimal off-policy baseline (arXiv 2602.17616; vcpo actor.grad_baselining): per group, b = sum"
+               " W_i r_i / sum W_i with W_i = ||grad log pi(o_i)||^2 (pi_old/mu)^2, A = r - b",
+          notes={"is_weights": "use_is_weights: W carries the sequence importance ratio squared",
+                 "length_normalize": "normalize_by_length: W / L^2",
+                 "std_normalize": "norm_by_std: (r - b) / the group's population std"},
+          uses_group_statistic=True, reads_score_norms=True,
           knobs={"is_weights": FLAG, "length_normalize": FLAG, "std_normalize": FLAG, "eps": POSITIVE},
           activity=Activity("adv/score_norm_cv"), checks=_opob_cannot_take,
           writes=("adv/std", "adv/score_norm", "adv/score_norm_cv"),

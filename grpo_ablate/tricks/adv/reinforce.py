@@ -18,7 +18,9 @@ def _remax_cannot_take(cfg):
     return None
 
 
-@register("adv", "remax", greedy_baseline=True, checks=_remax_cannot_take,
+@register("adv", "remax",
+          what="ReMax (verl adv_estimator=remax): A = r - the reward of the policy's greedy completion of the prompt",
+          greedy_baseline=True, checks=_remax_cannot_take,
           tricks=(Trick("remax",
                         what="ReMax: A = r - r(greedy completion of the same prompt), no std",
                         source="verl adv_estimator=remax (core_algos compute_remax_outcome_advantage; arXiv "
@@ -58,7 +60,10 @@ def _rae_cannot_take(cfg):
     return None
 
 
-@register("adv", "rae", carries_baseline=True,
+@register("adv", "rae",
+          what="RAE (prime-rl algo.type=rae; SPIRAL arXiv 2506.24119): A = r - an EMA of the rewards seen so far",
+          notes={"decay": "prime-rl RAEAlgoConfig.decay: b <- decay b + (1 - decay) r"},
+          carries_baseline=True,
           knobs={"decay": Allowed(low=0, high=1, high_open=True)},
           activity=Activity("adv/ema_baseline", "changes"), checks=_rae_cannot_take,
           writes=("adv/std", "adv/ema_baseline"),

@@ -34,7 +34,8 @@ declare_family("clip", "the policy loss: PPO ratio clip ε_low/ε_high (`higher`
                supplied={"dual_clip_c": "dual_clip.c", "generator": "the trainer (seeded, checkpointed)"},
                # a per-sequence loss (gmpo): token-level rollout IS weights as their per-sequence
                # geometric mean (verl) or each token's own (token); read by the trainer (train/losses.py)
-               settings={"is_weights": (choice("geometric", "token"), "per_sequence_loss")})
+               settings={"is_weights": (choice("geometric", "token"), "per_sequence_loss")},
+               defaults={"is_weights": "geometric"})
 
 # after the declaration: registering an option reads the family's supplied knobs (dual_clip_c, generator);
 # the order of the kinds is the order of the options in docs/config.md

@@ -20,6 +20,12 @@ def covariance(advantages, logp, mask) -> torch.Tensor:
 
 
 @register("clip", "clip_cov",
+          what="Clip-Cov (The Entropy Mechanism of RL for Reasoning LMs, arXiv 2505.22617): PPO clip, and a random "
+               "`ratio` of the tokens with cov_low < cov(A, log pi) < cov_high get no gradient (verl "
+               "loss_mode=clip_cov)",
+          notes={"ratio": "verl policy_loss.clip_cov_ratio",
+                 "cov_low": "verl clip_cov_lb",
+                 "cov_high": "verl clip_cov_ub"},
           knobs={**EPS, "ratio": Allowed(low=0, high=1, low_open=True), "cov_low": NUMBER, "cov_high": NUMBER},
           checks=(lambda cfg: None if cfg.clip.cov_low < cfg.clip.cov_high else (
               f"clip.cov_low={cfg.clip.cov_low} and clip.cov_high={cfg.clip.cov_high} leave an empty band; "
@@ -67,7 +73,11 @@ def clip_cov_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.2, eps
     return loss, stats
 
 
-@register("clip", "kl_cov", off_policy_only=True,
+@register("clip", "kl_cov",
+          what="KL-Cov (arXiv 2505.22617): no clip; the top `ratio` of tokens by cov(A, log pi) get kl_coef |log pi -"
+               " log pi_old| added (verl loss_mode=kl_cov)",
+          notes={"ratio": "verl policy_loss.kl_cov_ratio", "kl_coef": "verl policy_loss.ppo_kl_coef"},
+          off_policy_only=True,
           knobs={"ratio": Allowed(low=0, high=1, low_open=True), "kl_coef": NON_NEGATIVE},
           checks=one_forward_statistic("clip=kl_cov's covariance and its top tokens"),
           inert=ONE_STEP,

@@ -40,10 +40,15 @@ def clip_fractions(ratio, advantages, low: float, high: float, like) -> dict:
                 "clip/high_frac": float_like((ratio > high) & (advantages > 0), like)}
 
 
-@register("clip", "symmetric", off_policy_only=True,
+@register("clip", "symmetric",
+          what="PPO ratio clip, 1 - eps_low .. 1 + eps_high",
+          off_policy_only=True,
           knobs=EPS,
           inert=ONE_STEP)
-@register("clip", "higher", off_policy_only=True,
+@register("clip", "higher",
+          what="DAPO clip-higher: a wider upper bound keeps low-probability tokens growing",
+          defaults={"eps_high": 0.28},
+          off_policy_only=True,
           knobs=EPS,
           inert=ONE_STEP,
           activity=Activity("ppo/ratio_max", "above", 1.2),
@@ -81,7 +86,11 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
     return loss, stats
 
 
-@register("clip", "sapo", off_policy_only=True,
+@register("clip", "sapo",
+          what="SAPO (arXiv 2511.20347): soft gate sigmoid(tau (rho - 1)) 4 / tau instead of the hard clip (verl "
+               "loss_mode=sapo; TRL loss_type=sapo); both aggregate it like seq_mean_token_mean",
+          notes={"tau_pos": "tau for A > 0 (verl tau_pos; TRL sapo_temperature_pos)", "tau_neg": "tau for A <= 0"},
+          off_policy_only=True,
           knobs={"tau_pos": POSITIVE, "tau_neg": POSITIVE},
           inert=ONE_STEP,
           activity=Activity("sapo/grad_weight_dev"),
@@ -113,7 +122,15 @@ def sapo_loss(logp, old_logp, advantages, mask, *, tau_pos: float = 1.0, tau_neg
     return loss, stats
 
 
-@register("clip", "dppo", off_policy_only=True,
+@register("clip", "dppo",
+          what="DPPO (SkyRL policy_loss_type=dppo; prime-rl's default loss): the unclipped ratio, tokens whose "
+               "probability moved more than delta in the advantage's direction masked",
+          notes={"divergence": "binary_tv: |pi - mu| in A's direction | symmetric_tv: either way (prime-rl IPO) | "
+                               "binary_kl",
+                 "delta_low": "SkyRL dppo.delta_low, prime-rl dppo_mask_low",
+                 "delta_high": "SkyRL dppo.delta_high, prime-rl dppo_mask_high",
+                 "kl_tau": "prime-rl kl_tau (log pi/mu)^2 term (its default 1e-3: +trick=prime_rl_loss); SkyRL: none"},
+          off_policy_only=True,
           knobs={"divergence": choice("binary_tv", "binary_kl", "symmetric_tv"), "delta_low": POSITIVE,
                  "delta_high": POSITIVE,
                  "kl_tau": NON_NEGATIVE},

@@ -14,7 +14,11 @@ from grpo_ablate.tricks.conditions import ONE_STEP
 from grpo_ablate.tricks.registry import NON_NEGATIVE, POSITIVE, Activity, Trick, register
 
 
-@register("clip", "cispo", off_policy_only=True,
+@register("clip", "cispo",
+          what="CISPO, verl form (MiniMax-M1, arXiv 2506.13585): -sg(clip(rho, 1 - eps_low, 1 + eps_high)) A log pi; "
+               "the weight is clipped, the gradient never cut (verl loss_mode=cispo)",
+          notes={"eps_low": "verl's example: no lower bound in practice, as in MiniMax-M1"},
+          off_policy_only=True,
           knobs=EPS,
           inert=ONE_STEP,
           activity=RATIO_MOVES,
@@ -44,7 +48,10 @@ def cispo_loss(logp, old_logp, advantages, mask, *, eps_low: float = 10.0, eps_h
     return loss, stats
 
 
-@register("clip", "cispo_trl", off_policy_only=True,
+@register("clip", "cispo_trl",
+          what="CISPO, TRL form (loss_type=cispo, as ScaleRL): -sg(min(rho, eps_max)) A log pi, an absolute cap",
+          notes={"eps_max": "TRL epsilon_high for cispo: ScaleRL's recommended 5.0"},
+          off_policy_only=True,
           knobs={"eps_max": POSITIVE},
           inert=ONE_STEP,
           activity=RATIO_MOVES,
@@ -68,7 +75,10 @@ def cispo_trl_loss(logp, old_logp, advantages, mask, *, eps_max: float = 5.0):
     return loss, {"clip/high_frac": float_like(ratio.detach() > eps_max, loss)}
 
 
-@register("clip", "gpg", off_policy_only=True,
+@register("clip", "gpg",
+          what="GPG (arXiv 2504.02546): plain REINFORCE, -A log pi, no ratio and no clip (verl loss_mode=gpg); its "
+               "advantage is adv=gpg",
+          off_policy_only=True,
           inert=ONE_STEP,
           activity=RATIO_MOVES,
           writes=("loss",),
@@ -88,7 +98,13 @@ def gpg_loss(logp, old_logp, advantages, mask):
     return -advantages * logp, {}
 
 
-@register("clip", "vespo", off_policy_only=True,
+@register("clip", "vespo",
+          what="VESPO (TRL loss_type=vespo): -sg(phi(W)) A log pi, phi a Gamma kernel of the sequence ratio W",
+          notes={"k_pos": "TRL vespo_k_pos",
+                 "lambda_pos": "TRL vespo_lambda_pos",
+                 "k_neg": "TRL vespo_k_neg",
+                 "lambda_neg": "TRL vespo_lambda_neg"},
+          off_policy_only=True,
           knobs={"k_pos": NON_NEGATIVE, "lambda_pos": POSITIVE, "k_neg": NON_NEGATIVE, "lambda_neg": POSITIVE},
           inert=ONE_STEP,
           activity=Activity("vespo/phi_dev"),
@@ -125,7 +141,10 @@ def vespo_loss(logp, old_logp, advantages, mask, *, k_pos: float = 2.0, lambda_p
     return loss, {"vespo/phi_dev": (phi - 1).abs().expand_as(loss)}
 
 
-@register("clip", "topr", off_policy_only=True,
+@register("clip", "topr",
+          what="TOPR (ROLL pg_variant=topr): plain -A log pi on positive sequences, -sg(clip(rho, 0, 1)) A log pi on "
+               "negative",
+          off_policy_only=True,
           inert=ONE_STEP,
           activity=RATIO_MOVES,
           tricks=(Trick("topr",
@@ -152,7 +171,10 @@ def topr_loss(logp, old_logp, advantages, mask):
     return loss, {"clip/high_frac": float_like(~positive & (ratio > 1.0), loss)}
 
 
-@register("clip", "kimi15", off_policy_only=True,
+@register("clip", "kimi15",
+          what="Kimi k1.5 (ROLL pg_variant=kimi15): -A log pi + tau/2 (log pi - log pi_old)^2",
+          notes={"tau": "ROLL kimi15_tau"},
+          off_policy_only=True,
           knobs={"tau": NON_NEGATIVE},
           inert=ONE_STEP,
           activity=RATIO_MOVES,
@@ -172,7 +194,10 @@ def kimi15_loss(logp, old_logp, advantages, mask, *, tau: float = 0.1):
     return -advantages * logp + 0.5 * tau * (logp - old_logp).pow(2), {}
 
 
-@register("clip", "clamped_reinforce", off_policy_only=True,
+@register("clip", "clamped_reinforce",
+          what="PipelineRL policy_loss=reinforce: -sg(clamp(rho, 0, 1 + eps_high)) A log pi",
+          notes={"eps_high": "PipelineRL epsilon_high"},
+          off_policy_only=True,
           knobs={"eps_high": POSITIVE},
           inert=ONE_STEP,
           activity=RATIO_MOVES,
@@ -195,7 +220,10 @@ def clamped_reinforce_loss(logp, old_logp, advantages, mask, *, eps_high: float 
     return loss, {"clip/high_frac": float_like(ratio.detach() > 1.0 + eps_high, loss)}
 
 
-@register("clip", "dro", off_policy_only=True, knobs={"beta": POSITIVE}, inert=ONE_STEP, activity=RATIO_MOVES,
+@register("clip", "dro",
+          what="DRO (verl policy_loss.loss_mode=dro): -(A log pi - beta/2 (log pi - log pi_old)^2), no clip",
+          notes={"beta": "verl dro_beta (> 0)"},
+          off_policy_only=True, knobs={"beta": POSITIVE}, inert=ONE_STEP, activity=RATIO_MOVES,
           tricks=(Trick("dro_loss",
                         what="DRO: REINFORCE with a quadratic proximal penalty beta/2 (log pi - log pi_old)^2 in "
                              "place of the clip",
@@ -221,7 +249,11 @@ def dro_loss(logp, old_logp, advantages, mask, *, beta: float = 0.1):
         log_ratio < 0, loss)}
 
 
-@register("clip", "rollout_is", off_policy_only=True, knobs={"eps_low": POSITIVE, "eps_high": POSITIVE},
+@register("clip", "rollout_is",
+          what="SkyRL policy_loss_type=rollout_is (GLM-5): -sg(r) A log pi, r zeroed outside (1 - eps_low, 1 + "
+               "eps_high); the rollout anchor is proximal=behaviour",
+          notes={"eps_low": "SkyRL eps_clip_low", "eps_high": "SkyRL eps_clip_high"},
+          off_policy_only=True, knobs={"eps_low": POSITIVE, "eps_high": POSITIVE},
           inert=ONE_STEP, activity=RATIO_MOVES,
           tricks=(Trick("rollout_is_loss",
                         what="GLM-5's calibrated IS policy gradient: -sg(r) A log pi, r zeroed outside (0.8, 1.2)",

@@ -13,7 +13,12 @@ from grpo_ablate.tricks.registry import Activity, Trick, choice, register
 GSPO_LOG_RATIO_MAX = 10.0    # verl clamps the sequence log-ratio from above at 10 (GSPO)
 
 
-@register("clip", "gspo", off_policy_only=True, sequence_ratio=True,
+@register("clip", "gspo",
+          what="GSPO (arXiv 2507.18071): one ratio per sequence, s = exp(mean_t log(pi / pi_old)), clipped at the "
+               "sequence level (verl loss_mode=gspo; TRL importance_sampling_level=sequence). Pair with "
+               "loss_agg=seq_mean_token_mean, the paper's aggregation (preset=gspo does).",
+          notes={"eps_low": "the paper's and verl's example (ratios per sequence move far less)"},
+          off_policy_only=True, sequence_ratio=True,
           knobs=EPS,
           inert=ONE_STEP,
           activity=RATIO_MOVES,
@@ -45,7 +50,15 @@ def gspo_loss(logp, old_logp, advantages, mask, *, eps_low: float = 3e-4, eps_hi
     return loss, clip_fractions(s, advantages, 1.0 - eps_low, 1.0 + eps_high, loss)
 
 
-@register("clip", "gmpo", off_policy_only=True, per_sequence_loss=True, sequence_ratio=True,
+@register("clip", "gmpo",
+          what="GMPO (arXiv 2507.20673): geometric mean of the token ratios, each clipped in log space to [-eps_low, "
+               "eps_high] (verl loss_mode=geo_mean); aggregates as seq_mean_token_mean",
+          notes={"eps_low": "verl's examples/gmpo_trainer",
+                 "mean_over": "verl: the mean over all B rows (a fully masked row counts 0) | live: over non-empty "
+                              "rows",
+                 "is_weights": "token-level rollout IS weights per sequence, exp(mean log w) (verl) | token: each "
+                               "its own"},
+          off_policy_only=True, per_sequence_loss=True, sequence_ratio=True,
           knobs={**EPS, "mean_over": choice("all", "live")}, inert=ONE_STEP, activity=RATIO_MOVES,
           checks=one_forward_statistic("clip=gmpo's mean_over=all (the share of live rows)",
                                        unless=lambda cfg: cfg.clip.mean_over == "live"),
@@ -104,7 +117,10 @@ def sequence_is_weights(weights: torch.Tensor, mask: torch.Tensor) -> torch.Tens
                      / (mask.sum(dim=-1, keepdim=True) + 1e-8))
 
 
-@register("clip", "luspo", sequence_ratio=True,   # the length scaling acts on-policy too: not off_policy_only
+@register("clip", "luspo",
+          what="LUSPO (TRL loss_type=luspo): GSPO's sequence-ratio loss scaled by the sequence's length",
+          notes={"eps_low": "the paper's (TRL paper index: epsilon=2e-3)", "eps_high": "(epsilon_high=2.5e-3)"},
+          sequence_ratio=True,   # the length scaling acts on-policy too: not off_policy_only
           knobs=EPS,
           activity=Activity("luspo/length_scale", "above", 1.0),
           writes=("luspo/length_scale",),
