@@ -34,6 +34,14 @@ class Recording(Mapping):
     def __len__(self):
         return len(self._bound)
 
+    # Mapping's own values() and items() look every key up: asking all options at once (RunSpec.needs)
+    # names no family, so it reads none
+    def values(self):
+        return self._bound.values()
+
+    def items(self):
+        return self._bound.items()
+
 
 def unread_families(overrides: list[str], run_dir: Path) -> list[str]:
     from grpo_ablate import spec as spec_module
