@@ -31,10 +31,22 @@ from grpo_ablate.tasks import build_task  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 
 
+# The fast tier (`make test`) holds the tests that need no trained model. A test that warm-starts,
+# trains or loads one asks for the model cache or the tiny checkpoints, directly or through a fixture,
+# and is in the full tier (`make test-full`), unless marked `fast`: the few real runs that keep the
+# fast tier end to end. Tests that need neither but take seconds are marked `full` where they are.
+MODEL_FIXTURES = {"cache_dir", "tiny_models"}
+
+
+@pytest.hookimpl(tryfirst=True)   # before `-m` selects by the markers
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests skip, with the reason, where no CUDA GPU is available."""
+    """A test that needs a model is in the full tier unless marked `fast`; `gpu` tests skip, with the
+    reason, where no CUDA GPU is available."""
     import torch
 
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("fast") is None:
+            item.add_marker(pytest.mark.full)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (none here); scripts/gpu_check.sh runs them on one")

@@ -161,7 +161,9 @@ def test_the_recorded_warm_start_is_the_small_models(tmp_path):
                 else float((mine[key] - value).abs().max()) <= 1e-2 * scale), key
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+# vanilla GRPO's metrics, bit for bit, in the fast tier; every other case in the full one
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.fast) if name == "vanilla" else name
+                                  for name in sorted(CASES)])
 def test_golden_metrics(name, golden_cache, tmp_path):
     from grpo_ablate.entrypoint import run_hydra
 

@@ -32,6 +32,7 @@ def without_timing(rows):
     return [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)} for r in rows]
 
 
+@pytest.mark.fast   # the fast tier's real run: a GRPO run of the small model to the run-dir contract
 def test_run_dir_contract(small, tmp_path):
     result = run(small, tmp_path / "run")
     assert result.state == "completed" and result.exit_code == 0
