@@ -88,8 +88,7 @@ DECISION_METRIC, DECISION_SUMMARY = "eval/accuracy", "last_3"
 
 
 def plan(req: SweepRequest, configs: dict | None = None) -> dict:
-    """The manifest of a new sweep (statuses pending), fully validated; writes nothing. `configs`, when
-    given, gets each variant's config (its first run's), for warm_starts_to_build."""
+    """The manifest of a new sweep (statuses pending), fully validated; writes nothing but `configs`' variants."""
     catalogue = load_catalogue()
     families = {row["name"]: row["family"] for row in catalogue}
     options = {row["name"]: row["option"] for row in catalogue}
