@@ -17,6 +17,7 @@ import re
 
 from omegaconf import DictConfig, OmegaConf
 
+from grpo_ablate import composition
 from grpo_ablate.allowed import Allowed, choice
 from grpo_ablate.errors import ConfigError
 from grpo_ablate.here import check_here  # noqa: F401  (re-exported: the CLI and the trainer check both)
@@ -377,14 +378,20 @@ def _leaf_keys(node: dict, prefix: str = "") -> list[str]:
 
 
 def _hydra_compose(overrides: list[str]) -> DictConfig:
-    """Hydra's composition, once per process for each overrides and state of the conf files: it
-    costs ~0.2 s (~40 YAML files read and merged), and a sweep's plan composes each variant at
-    least twice. A copy goes out, since callers may change the config they get."""
+    """The composition of `overrides`, once per process for each overrides and state of the conf
+    files: a sweep's plan composes each variant at least twice. A copy goes out, since callers may
+    change the config they get."""
     return copy.deepcopy(_composed(tuple(overrides), _conf_state()))
 
 
 @functools.lru_cache(maxsize=256)
 def _composed(overrides: tuple[str, ...], conf_state: tuple) -> DictConfig:
+    # from the conf files read once per process (~10 ms); Hydra itself (0.2-1.5 s) for what that
+    # does not follow, and for every input it refuses, so its error is the one the user sees
+    return composition.compose(CONFIG_MODULE, CONFIG_NAME, list(overrides)) or _hydra_composed(overrides)
+
+
+def _hydra_composed(overrides: tuple[str, ...]) -> DictConfig:
     from hydra import compose as hydra_compose, initialize_config_module
 
     # initialised and cleared around each composition (~1 ms): GlobalHydra is clear again for the

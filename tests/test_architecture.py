@@ -14,8 +14,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "grpo_ablate"
 # cli.py loads a command's modules when it runs; the sweep launcher imports the training stack
 # (torch, transformers: ~4 s) only when runs start, so planning and every refusal before it are fast;
 # the sweep command (sweep/command.py, cli.py's `sweep` moved there) imports sequential.py and the
-# report's curves (pandas, scipy) only for a sweep that needs them, as cli.py did.
-LAZY_ALLOWED = {"grpo_ablate.cli", "grpo_ablate.sweep.launch", "grpo_ablate.sweep.command"}
+# report's curves (pandas, scipy) only for a sweep that needs them, as cli.py did; the report package
+# loads its API on first use, so a sweep that reads report/schema.py does not import pandas and scipy.
+LAZY_ALLOWED = {"grpo_ablate.cli", "grpo_ablate.sweep.launch", "grpo_ablate.sweep.command", "grpo_ablate.report"}
 
 
 def module_name(path: Path) -> str:

@@ -200,10 +200,10 @@ def test_a_trick_setting_for_the_whole_sweep_goes_to_the_variants_that_have_the_
 
 def test_the_other_seeds_of_a_variant_hash_as_if_composed(cache_dir):
     """A plan composes each variant once and gives its other seeds the first's config with their
-    seed and run name (plan.other_seed): every run's hash is the one composing its own
+    seed and run name (plan.seed_values): every run's hash is the one composing its own
     overrides gives, and the one its run checks when it starts."""
     from grpo_ablate.config import compose, config_hash
-    from grpo_ablate.sweep.plan import SweepRequest, other_seed, plan
+    from grpo_ablate.sweep.plan import SweepRequest, plan, seed_values
 
     manifest = plan(SweepRequest(mode="leave-one-out", tricks=["kl_adaptive", "token_mean"],
                                  seeds="2", controls=True))
@@ -212,9 +212,9 @@ def test_the_other_seeds_of_a_variant_hash_as_if_composed(cache_dir):
         assert run["config_hash"] is None or run["config_hash"] == config_hash(compose(run["overrides"])), run
     hashes = {(run["variant"], run["seed"]): run["config_hash"] for run in manifest["runs"]}
     assert hashes["all", 0] != hashes["all", 1]   # the seed is part of what a run computes
-    first = compose(["seed=0", "run.name=a-s0"])
-    assert other_seed(["seed=0", "run.name=a-s0"], first, ["seed=1", "optim.lr=1"]) is None   # not only a seed
-    assert other_seed(["seed=0"], first, ["seed=0", "steps=3"]) is None
+    assert seed_values(["seed=0", "run.name=a-s0"], ["seed=1", "optim.lr=1"]) is None   # not only a seed
+    assert seed_values(["seed=0"], ["seed=0", "steps=3"]) is None
+    assert seed_values(["seed=0", "run.name=a-s0"], ["seed=1", "run.name=a-s1"]) == {"seed": 1, "run.name": "a-s1"}
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "sweeps").glob("*.yaml")), ids=lambda p: p.name)

@@ -1,16 +1,26 @@
 """`grpo-ablate report`: which tricks matter — the table, verdicts, health flags, pictures.
 
 The design: docs/design.md, "The report package".
+
+Below: what the commands (cli.py, sweep/doctor.py) use, imported on first use: the sweep's plan
+reads report/schema.py (a manifest's fields), and importing any module of this package runs this
+file, which would otherwise load pandas and scipy (~2 s) into every `sweep --dry-run`.
 """
 from grpo_ablate.errors import ReportError
-from grpo_ablate.report.build import Report, build_report
-from grpo_ablate.report.health import BREAKING_FLAGS, HealthThresholds, parse_thresholds
-from grpo_ablate.report.live import watch
-from grpo_ablate.report.load import load_sweep
-from grpo_ablate.report.render import render_stdout
-from grpo_ablate.report.wandb import build_wandb_report, check_wandb_report, log_to_wandb
-from grpo_ablate.report.write import write_report
 
-__all__ = ["BREAKING_FLAGS", "HealthThresholds", "Report", "ReportError", "build_report", "build_wandb_report",
-           "check_wandb_report", "load_sweep", "log_to_wandb", "parse_thresholds", "render_stdout", "watch",
-           "write_report"]
+_FROM = {"Report": "build", "build_report": "build", "BREAKING_FLAGS": "health", "HealthThresholds": "health",
+         "parse_thresholds": "health", "watch": "live", "load_sweep": "load", "render_stdout": "render",
+         "build_wandb_report": "wandb", "check_wandb_report": "wandb", "log_to_wandb": "wandb",
+         "write_report": "write"}
+
+__all__ = ["ReportError", *sorted(_FROM)]
+
+
+def __getattr__(name: str):
+    if name not in _FROM:
+        raise AttributeError(f"module 'grpo_ablate.report' has no attribute {name!r}")
+    from grpo_ablate.report import build, health, live, load, render, wandb, write
+
+    modules = {"build": build, "health": health, "live": live, "load": load, "render": render, "wandb": wandb,
+               "write": write}
+    return getattr(modules[_FROM[name]], name)

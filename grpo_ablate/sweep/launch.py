@@ -50,13 +50,14 @@ def start(req: SweepRequest, console, dry_run: bool = False) -> int:
         confined_dir(req.sweep_dir, "--dir")
         if not dry_run:
             check_new_dir(Path(req.sweep_dir))
-    manifest = plan(req)
+    configs: dict = {}   # each variant's config, composed once for the plan and the warm-start check
+    manifest = plan(req, configs)
     planned_sweep_dir(req, manifest)   # a dry run refuses what the real one would
     if dry_run:
         print_matrix(manifest, console)
         if manifest.get("contexts"):
             console.print(contexts_text(manifest, req), markup=False, highlight=False)
-        for line in warm_starts_to_build(manifest):
+        for line in warm_starts_to_build(manifest, configs):
             console.print(line, markup=False, highlight=False)
         if any(run.get("deferred") for run in manifest["runs"]):
             console.print("the SFT control's wall-clock budget is measured when the sweep runs: the median training "

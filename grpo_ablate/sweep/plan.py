@@ -8,7 +8,6 @@ whose option has it, and a trick under test that cannot act here refused. It wri
 """
 from __future__ import annotations
 
-import copy
 import re
 import time
 from dataclasses import dataclass, field, replace
@@ -88,8 +87,8 @@ class SweepRequest:
 DECISION_METRIC, DECISION_SUMMARY = "eval/accuracy", "last_3"
 
 
-def plan(req: SweepRequest) -> dict:
-    """The manifest of a new sweep (statuses pending), fully validated; writes nothing."""
+def plan(req: SweepRequest, configs: dict | None = None) -> dict:
+    """The manifest of a new sweep (statuses pending), fully validated; writes nothing but `configs`' variants."""
     catalogue = load_catalogue()
     families = {row["name"]: row["family"] for row in catalogue}
     options = {row["name"]: row["option"] for row in catalogue}
@@ -123,7 +122,7 @@ def plan(req: SweepRequest) -> dict:
     _check_name(name, sweep_id)
     group = req.group or f"{name}-{sweep_id}"
     labels = {"name": name, "id": sweep_id, "group": group, "tricks": list(req.tricks)}
-    cfg_of: dict = {}     # variant -> the config of its first run, for the inert check
+    cfg_of: dict = {} if configs is None else configs   # variant -> its first run's config, for the inert check
     first_of: dict = {}   # variant -> (overrides, config) of its first run: the other seeds start from it
     runs = [run_entry(job, cfg_of, first_of) for job in expand_jobs(matrix, seeds, common, labels)]
     if not req.allow_inert:
@@ -250,21 +249,25 @@ def planned_overrides(run: dict) -> list[str]:
 def run_entry(job, configs: dict | None = None, firsts: dict | None = None) -> dict:
     """One job as the manifest lists it (pending), its config validated and hashed (and kept
     in `configs` by variant, the first seed's, when given). With `firsts` (variant -> the first
-    seed's overrides and config), another seed of a variant is its first's config with this
-    seed's values, not a new composition (~1 s each: a 70-run plan composed 70 times)."""
+    seed's overrides and config), another seed of a variant is hashed from its first's config with
+    this seed's values, not a new composition (~0.1-1 s each: a 70-run plan composed 70 times)."""
     # a wall-clock SFT control learns its budget from the treatments' runs: checked here with
     # a stand-in, hashed once the budget is known (launch.run_jobs)
     deferred = "control.budget=wall" in job.overrides
     overrides = list(job.overrides) + ([WALL_STAND_IN] if deferred else [])
-    cfg = other_seed(*firsts[job.variant], overrides) if firsts and job.variant in firsts else None
-    if cfg is None:
+    first = firsts.get(job.variant) if firsts else None
+    values = seed_values(first[0], overrides) if first else None
+    if values is not None:
+        digest = None if deferred else _hash_with(first[1], values)
+    else:
         cfg = compose_run(overrides, f"run {job.run_dir}")
-    if firsts is not None:
-        firsts.setdefault(job.variant, (overrides, cfg))
-    if configs is not None:
-        configs.setdefault(job.variant, cfg)
+        if firsts is not None:
+            firsts.setdefault(job.variant, (overrides, cfg))
+        if configs is not None:
+            configs.setdefault(job.variant, cfg)
+        digest = None if deferred else config_hash(cfg)
     return {"variant": job.variant, "seed": job.seed, "run_dir": job.run_dir,
-            "config_hash": None if deferred else config_hash(cfg), "status": "pending", "step": 0,
+            "config_hash": digest, "status": "pending", "step": 0,
             "reason": None, "final_accuracy": None, "overrides": list(job.overrides),
             **({"deferred": "control.wall_s"} if deferred else {})}
 
@@ -273,21 +276,31 @@ def run_entry(job, configs: dict | None = None, firsts: dict | None = None) -> d
 PER_SEED_KEYS = {"seed": int, "run.name": str}
 
 
-def other_seed(first_overrides: list[str], first_cfg, overrides: list[str]):
-    """The config `overrides` compose to, from the config of the same variant's first seed when
-    the two differ only in PER_SEED_KEYS (else None: compose it). Equal to composing, since
-    those overrides are plain values given after every group choice, and interpolations that
-    read them (`${seed}`) resolve when read; tests/test_sweep.py checks the hashes agree."""
+def seed_values(first_overrides: list[str], overrides: list[str]) -> dict | None:
+    """The values (key -> value) that turn the config of a variant's first seed into the one
+    `overrides` compose to, when the two differ only in PER_SEED_KEYS (else None: compose it).
+    Equal to composing, since those overrides are plain values given after every group choice,
+    and interpolations that read them (`${seed}`) resolve when read; tests/test_sweep.py checks
+    the hashes agree."""
     if len(first_overrides) != len(overrides):
         return None
     changed = [o for first, o in zip(first_overrides, overrides) if first != o]
     if any(o.split("=", 1)[0] not in PER_SEED_KEYS for o in changed):
         return None
-    cfg = copy.deepcopy(first_cfg)
-    for o in changed:
-        key, value = o.split("=", 1)
-        OmegaConf.update(cfg, key, PER_SEED_KEYS[key](value), merge=False)
-    return cfg
+    return {key: PER_SEED_KEYS[key](value) for key, value in (o.split("=", 1) for o in changed)}
+
+
+def _hash_with(cfg, values: dict) -> str:
+    """config_hash of `cfg` with `values` set, `cfg` left as it was: a copy of a config costs
+    more than its hash (~30 ms against ~10), and a plan hashes every seed of every variant."""
+    before = {key: OmegaConf.select(cfg, key) for key in values}
+    try:
+        for key, value in values.items():
+            OmegaConf.update(cfg, key, value, merge=False)
+        return config_hash(cfg)
+    finally:
+        for key, value in before.items():
+            OmegaConf.update(cfg, key, value, merge=False)
 
 
 def _has_solutions(cfg) -> bool:
@@ -359,15 +372,17 @@ def _typed(text: str):
     return value if isinstance(value, (int, float, bool)) else text
 
 
-def warm_starts_to_build(manifest: dict) -> list[str]:
+def warm_starts_to_build(manifest: dict, configs: dict | None = None) -> list[str]:
     """The embedded models a sweep will warm-start before its first run (not cached yet), one line each:
-    a context with another task (`--across task.level=easy,hard`) needs a model of its own."""
+    a context with another task (`--across task.level=easy,hard`) needs a model of its own. `configs`:
+    the variants' configs plan() gave, else each variant's first run is composed again."""
     seen, targets, lines = set(), set(), []
     for run in manifest["runs"]:
         if run["variant"] in seen:
             continue
         seen.add(run["variant"])
-        cfg = compose_run(planned_overrides(run), f"run {run['run_dir']}")
+        # validated by the plan already: compose_run would check it again
+        cfg = configs[run["variant"]] if configs and run["variant"] in configs else compose(planned_overrides(run))
         if cfg.model.get("path") or gguf_source(cfg.model) is not None:
             continue
         target = warm_start_dir(cfg.model, build_task(cfg.task))
