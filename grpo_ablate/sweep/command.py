@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from grpo_ablate.pair_rules import unknown_expected
-from grpo_ablate.requests import SweepArgs
+from grpo_ablate.cli_fields import flags, was_given
+from grpo_ablate.requests import SWEEP_FILE_FIELDS, SweepArgs
 from grpo_ablate.sweep.contexts import across_contexts, file_contexts
 from grpo_ablate.sweep.launch import start
 from grpo_ablate.sweep.manifest import read_manifest
@@ -65,14 +66,9 @@ def summary_label(text: str) -> str:
 
 def resume(given: SweepArgs, console) -> int:
     """`sweep --resume DIR`: the plan is the manifest's; only how and where runs run may change."""
-    planned = (("MODE", given.mode), ("--tricks", given.tricks), ("--trick", given.trick),
-               ("--reward", given.reward), ("--base", given.base), ("--seeds", given.seeds),
-               ("--family", given.family), ("--steps", given.steps), ("--name", given.name), ("--dir", given.out),
-               ("--max-runs", given.max_runs), ("--controls", given.controls is not None),
-               ("--control-budget", given.control_budget), ("--effect", given.effect),
-               ("--summary", given.summary), ("--dry-run", given.dry_run), ("--across", given.across),
-               ("--placebos", given.placebos), ("--determinism", given.determinism))
-    dropped = [opt for opt, value in planned if value] + [a for a in given.args if not a.startswith("hydra.")]
+    planned = [flag.shown(name) for name, flag in flags(SweepArgs).items()
+               if flag.resume == "refused" and was_given(getattr(given, name), flag.default)]
+    dropped = planned + [a for a in given.args if not a.startswith("hydra.")]
     if dropped:
         raise SweepError(f"--resume continues a sweep exactly as it was planned; drop {', '.join(dropped)} "
                          "(only --launcher, --jobs, hydra.* launcher settings and, for --seeds auto, "
@@ -175,7 +171,7 @@ def load_sweep_file(path: Path) -> dict:
         raise SweepError(f"sweep file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
     except (OSError, UnicodeDecodeError) as err:
         raise SweepError(f"sweep file {path} cannot be read: {err}") from None
-    check_sweep_file(path, {} if spec is None else spec)   # every field of its kind and in its range
+    check_sweep_file(path, {} if spec is None else spec, SWEEP_FILE_FIELDS)   # every field of its kind and in its range
     if spec and (problem := unknown_expected(spec.get("expected_pairs") or [])):
         raise SweepError(f"sweep file {path}: {problem}")
     spec = {key: value for key, value in (spec or {}).items() if value is not None}   # null: the default
