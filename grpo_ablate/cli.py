@@ -186,22 +186,8 @@ def _refused(check, prefix: str = "") -> None:
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def doctor(
-    ctx: typer.Context,
-    tricks_: Optional[str] = opt.DOCTOR_TRICKS,
-    base: Optional[str] = opt.DOCTOR_BASE,
-    steps: Optional[int] = opt.DOCTOR_STEPS,
-    seeds: Optional[str] = opt.DOCTOR_SEEDS,
-    launcher: Optional[str] = opt.DOCTOR_LAUNCHER,
-    jobs: Optional[int] = opt.DOCTOR_JOBS,
-    max_runs: Optional[int] = opt.DOCTOR_MAX_RUNS,
-    threshold: List[str] = opt.DOCTOR_THRESHOLD,
-    out: Optional[Path] = opt.DOCTOR_OUT,
-    dry_run: bool = opt.DOCTOR_DRY_RUN,
-    allow_inert: bool = opt.DOCTOR_ALLOW_INERT,
-    resume_dir: Optional[Path] = opt.DOCTOR_RESUME_DIR,
-    lint: Optional[Path] = opt.DOCTOR_LINT,
-) -> None:
+@opt.takes(DoctorArgs)
+def doctor(ctx: typer.Context, **options) -> None:
     """Which trick breaks training? All on; if unhealthy, leave-one-out; then the smallest breaking sets.
 
     Prints a verdict per trick (safe / breaks training alone / breaks training together with X)
@@ -209,14 +195,12 @@ def doctor(
     1: something breaks training; 2: bad input. Extra arguments are overrides for every run.
     --lint FILE lists a sweep file's pair rules instead (exit 1: one holds that the file does not expect).
     """
-    given = DoctorArgs(args=tuple(ctx.args), tricks=tricks_, base=base, steps=steps, seeds=seeds, launcher=launcher,
-                       jobs=jobs, max_runs=max_runs, threshold=tuple(threshold), out=out, dry_run=dry_run,
-                       allow_inert=allow_inert, resume_dir=resume_dir, lint=lint)
+    given = from_command_line(DoctorArgs, ctx.args, options)
     _refused(given.check)   # before the training stack is imported
     from grpo_ablate.sweep import doctor as doc
 
     try:
-        if lint is not None:   # a sweep file's pair rules, nothing run
+        if given.lint is not None:   # a sweep file's pair rules, nothing run
             raise typer.Exit(doc.lint(given, console))
         done = doc.command(given, console)
     except UserError as err:

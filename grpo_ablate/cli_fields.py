@@ -77,6 +77,6 @@ def check_given(request) -> None:
 
 
 def from_command_line(cls, args, values: dict):
-    """The request `cls` from typer's values (lists become tuples) and the extra arguments."""
-    as_given = {name: tuple(value) if isinstance(value, list) and value else value for name, value in values.items()}
+    """The request `cls` from typer's values (lists become tuples: a request is frozen) and the extra arguments."""
+    as_given = {name: tuple(value) if isinstance(value, list) else value for name, value in values.items()}
     return cls(args=tuple(args), **as_given)

@@ -19,26 +19,6 @@ TRAIN_RESTART = typer.Option(False, "--restart", help="With --resume: start the 
     "that stopped before its first checkpoint, or whose checkpoint is damaged); "
     "a finished run is never restarted.")
 
-# doctor
-DOCTOR_TRICKS = typer.Option(None, "--tricks", help="Candidate tricks, comma separated "
-    "(default: the seed review's recommended set on --base grpo).")
-DOCTOR_BASE = typer.Option(None, "--base", help="Preset the tricks are added to (grpo, dapo, ...).")
-DOCTOR_STEPS = typer.Option(None, "--steps", help="Training steps of every run (default 30: short).")
-DOCTOR_SEEDS = typer.Option(None, "--seeds", help="Seeds per set: 1 (default), 2 = 0,1, or 0,5.")
-DOCTOR_LAUNCHER = typer.Option(None, "--launcher",
-    help="basic | joblib | submitit_local | ... (default joblib).")
-DOCTOR_JOBS = typer.Option(None, "--jobs", help="Runs at a time (default: one per core).")
-DOCTOR_MAX_RUNS = typer.Option(None, "--max-runs", help="Stop the search before more runs (default 32).")
-DOCTOR_THRESHOLD = typer.Option([], "--threshold", help="Health-flag threshold NAME=VALUE (repeatable).")
-DOCTOR_OUT = typer.Option(None, "--dir", help="Doctor dir (default runs/doctor/<time>).")
-DOCTOR_DRY_RUN = typer.Option(False, "--dry-run", help="Print the first stages, write nothing.")
-DOCTOR_ALLOW_INERT = typer.Option(False, "--allow-inert", help="Search tricks that cannot act with these "
-    "settings (refused by default).")
-DOCTOR_RESUME_DIR = typer.Option(None, "--resume", help="Continue this doctor dir.")
-DOCTOR_LINT = typer.Option(None, "--lint", help="List the pair rules (settings that change what a trick "
-    "means) that hold in this sweep file's runs; nothing is run. Exit 1 when one holds that the file does "
-    "not expect (expected_pairs).")
-
 # tricks
 TRICKS_FMT = typer.Option("table", "--format", help="table, json or md")
 
@@ -88,7 +68,9 @@ def typer_parameters(request) -> list[inspect.Parameter]:
     params = []
     for name, flag in flags(request).items():
         hint = hints[name]
-        if tuple[str, ...] in typing.get_args(hint):
+        if hint == tuple[str, ...]:
+            hint = List[str]
+        elif tuple[str, ...] in typing.get_args(hint):
             hint = Optional[List[str]]
         info = (typer.Argument(flag.default, help=flag.help) if flag.argument
                 else typer.Option(flag.default, *flag.decls, help=flag.help))

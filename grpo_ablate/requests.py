@@ -14,7 +14,7 @@ from pathlib import Path
 from grpo_ablate.allowed import POSITIVE, Allowed, choice
 from grpo_ablate.cli_fields import argument, check_given, flags, option
 from grpo_ablate.sweep.matrix import MODES
-from grpo_ablate.values import ACCURACY_EFFECT, ANY, COUNT, TEXT, TEXTS, check_options
+from grpo_ablate.values import ACCURACY_EFFECT, ANY, COUNT, TEXT, TEXTS
 
 
 @dataclass(frozen=True)
@@ -96,25 +96,35 @@ SWEEP_FILE_FIELDS = {name: flag.allowed for name, flag in flags(SweepArgs).items
 
 @dataclass(frozen=True)
 class DoctorArgs:
-    """`grpo-ablate doctor`'s options as given (None: not given); `args`: the extra arguments."""
+    """`grpo-ablate doctor`'s options as given (None: not given), each declared once here;
+    `args`: the extra arguments."""
     args: tuple[str, ...] = ()
-    tricks: str | None = None
-    base: str | None = None
-    steps: int | None = None
-    seeds: str | None = None
-    launcher: str | None = None
-    jobs: int | None = None
-    max_runs: int | None = None
-    threshold: tuple[str, ...] = ()
-    out: Path | None = None
-    dry_run: bool = False
-    allow_inert: bool = False
-    resume_dir: Path | None = None
-    lint: Path | None = None
+    tricks: str | None = option("--tricks", help="Candidate tricks, comma separated (default: the seed review's "
+                                "recommended set on --base grpo).")
+    base: str | None = option("--base", help="Preset the tricks are added to (grpo, dapo, ...).")
+    steps: int | None = option("--steps", help="Training steps of every run (default 30: short).", allowed=COUNT,
+                               check=True)
+    seeds: str | None = option("--seeds", help="Seeds per set: 1 (default), 2 = 0,1, or 0,5.")
+    launcher: str | None = option("--launcher", help="basic | joblib | submitit_local | ... (default joblib).",
+                                  resume="kept")
+    jobs: int | None = option("--jobs", help="Runs at a time (default: one per core).", allowed=COUNT, check=True,
+                              resume="kept")
+    max_runs: int | None = option("--max-runs", help="Stop the search before more runs (default 32).",
+                                  allowed=COUNT, check=True)
+    threshold: tuple[str, ...] = option("--threshold", help="Health-flag threshold NAME=VALUE (repeatable).",
+                                        default=())
+    out: Path | None = option("--dir", help="Doctor dir (default runs/doctor/<time>).")
+    dry_run: bool = option("--dry-run", help="Print the first stages, write nothing.", default=False)
+    allow_inert: bool = option("--allow-inert", help="Search tricks that cannot act with these settings (refused by "
+                               "default).", default=False, resume="ignored")
+    resume_dir: Path | None = option("--resume", help="Continue this doctor dir.", resume="kept")
+    lint: Path | None = option("--lint", help="List the pair rules (settings that change what a trick means) that "
+                               "hold in this sweep file's runs; nothing is run. Exit 1 when one holds that the file "
+                               "does not expect (expected_pairs).", resume="ignored")
 
     def check(self) -> None:
-        """values.py's table (ValueProblem), then what doctor cannot do (ValueError)."""
-        check_options(jobs=self.jobs, steps=self.steps, max_runs=self.max_runs)
+        """The declared ranges (ValueProblem), then what doctor cannot do (ValueError)."""
+        check_given(self)
         if self.seeds is not None and self.seeds.strip() == "auto":
             raise ValueError("doctor asks whether any run breaks training, not whether a Δ is nonzero: there is no "
                              "contrast for --seeds auto to decide; give a seed count (--seeds 2)")

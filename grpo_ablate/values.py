@@ -23,18 +23,6 @@ COUNT = Allowed("integer", low=1, optional=True)
 ACCURACY_EFFECT = Allowed("number", low=0, high=1, low_open=True, optional=True, note="a difference of accuracies")
 TEXT, TEXTS, ANY = Allowed("text", optional=True), Allowed("texts", optional=True), Allowed("any", optional=True)
 
-# doctor's options that count something (sweep's are declared on requests.SweepArgs)
-COUNTED = {"jobs": COUNT, "steps": COUNT, "max_runs": COUNT}
-
-
-def check_options(**given) -> None:
-    """Command-line options by their Python names (max_runs=...): each against its COUNTED entry;
-    None means not given."""
-    for name, value in given.items():
-        if (problem := COUNTED[name].problem(value, f"--{name.replace('_', '-')} {value}")) is not None:
-            raise ValueProblem(problem)
-
-
 def check_sweep_file(path, spec, fields: dict) -> None:
     """The fields of a sweep file (`fields`: key -> Allowed, requests.SWEEP_FILE_FIELDS): known
     names, each of its kind and range."""
