@@ -1,8 +1,8 @@
-"""The command line's options: each command's flags, defaults and help, as typer declares them.
+"""The command line's options as typer reads them.
 
-cli.py's command signatures name these (`tricks_: Optional[str] = opt.SWEEP_TRICKS`), so a
-command reads as the request it parses and what it hands that to; `grpo-ablate CMD --help`
-prints the help written here. Named <COMMAND>_<PARAMETER>.
+`takes(SweepArgs)` gives a command the signature built from its request's declared fields
+(cli_fields.py: flag, default, help), so those options are written once, on the request.
+`train`'s and `report`'s options are still typer objects here, named <COMMAND>_<PARAMETER>.
 """
 import inspect
 import typing

@@ -1,10 +1,12 @@
 """The command line's requests: each command's options as one frozen object, checked before any work.
 
 cli.py parses a command's options into its request (`SweepArgs`, `DoctorArgs`, `ReportRequest`),
-checks it against values.py's table (and, for the report, the allowed choices below) and
-hands it to the package that does the work: sweep/command.py, sweep/doctor.py, report/. This
-module imports only the standard library and values.py, so a refused value costs no import of
-the training or report stack (tests/test_refusals.py, benchmarks/refusals.py).
+checks it (the ranges declared on its fields; for the report, the allowed choices below) and
+hands it to the package that does the work: sweep/command.py, sweep/doctor.py, report/.
+`SweepArgs` and `DoctorArgs` are their command's one declaration of its options (cli_fields.py):
+the typer signature, the sweep file's keys and --resume's refusals are read from their fields.
+This module imports only the standard library and light grpo_ablate modules, so a refused value
+costs no import of the training or report stack (tests/test_refusals.py, benchmarks/refusals.py).
 """
 from __future__ import annotations
 
