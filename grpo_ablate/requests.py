@@ -66,7 +66,8 @@ class SweepArgs:
                                    allowed=Allowed("bool", optional=True), file=True)
     control_budget: str | None = option("--control-budget", help="The SFT control's budget: tokens (B x G solutions "
                                         "a step) or wall (the treatments' median training time; runs after them). "
-                                        "Default tokens.")
+                                        "Default tokens.", allowed=Allowed("choice", choices=("tokens", "wall"),
+                                                                           optional=True), check=True)
     dry_run: bool = option("--dry-run", help="Print the matrix, write nothing.", default=False)
     allow_inert: bool = option("--allow-inert", help="Run tricks under test that cannot act with these settings "
                                "(refused by default; see `grpo-ablate tricks`).", default=False, resume="ignored")
