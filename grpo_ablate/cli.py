@@ -1,9 +1,10 @@
 """`grpo-ablate`: the command line. Thin: every command hands off to a module.
 
 `sweep`, `doctor` and `report` parse their options into a frozen request (requests.py),
-check it there (values.py's table: a refusal imports nothing heavy) and hand it to the
-package that does the work (sweep/command.py, sweep/doctor.py, report/); their options are
-declared in cli_options.py.
+check it there (a refusal imports nothing heavy) and hand it to the package that does the
+work (sweep/command.py, sweep/doctor.py, report/). `sweep`'s and `doctor`'s options are
+declared once, as their request's fields (cli_fields.py), and their signature is built from
+those (cli_options.takes); `train`'s and `report`'s are declared in cli_options.py.
 `train` is a typer command that passes its arguments to the `@hydra.main` entrypoint, so
 Hydra's override grammar (`group=option`, `+group=option`, `key=value`), `--cfg job` and
 `-m` all work. Before Hydra creates a run dir, the config is composed and validated here, so
@@ -19,6 +20,7 @@ import typer
 from rich.console import Console
 
 from grpo_ablate import cli_options as opt
+from grpo_ablate.cli_fields import from_command_line
 from grpo_ablate.errors import UserError
 from grpo_ablate.requests import DoctorArgs, ReportRequest, SweepArgs
 
@@ -150,55 +152,23 @@ def _run_dir_quoted(args: List[str]) -> List[str]:
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def sweep(
-    ctx: typer.Context,
-    mode: Optional[str] = opt.SWEEP_MODE,
-    tricks_: Optional[str] = opt.SWEEP_TRICKS,
-    trick: Optional[str] = opt.SWEEP_TRICK,
-    reward: Optional[str] = opt.SWEEP_REWARD,
-    base: Optional[str] = opt.SWEEP_BASE,
-    seeds: Optional[str] = opt.SWEEP_SEEDS,
-    max_seeds: Optional[int] = opt.SWEEP_MAX_SEEDS,
-    budget: Optional[str] = opt.SWEEP_BUDGET,
-    effect: Optional[float] = opt.SWEEP_EFFECT,
-    summary: Optional[str] = opt.SWEEP_SUMMARY,
-    launcher: Optional[str] = opt.SWEEP_LAUNCHER,
-    jobs: Optional[int] = opt.SWEEP_JOBS,
-    family: Optional[List[str]] = opt.SWEEP_FAMILY,
-    across: Optional[List[str]] = opt.SWEEP_ACROSS,
-    max_runs: Optional[int] = opt.SWEEP_MAX_RUNS,
-    steps: Optional[int] = opt.SWEEP_STEPS,
-    name: Optional[str] = opt.SWEEP_NAME,
-    out: Optional[Path] = opt.SWEEP_OUT,
-    controls: Optional[bool] = opt.SWEEP_CONTROLS,
-    control_budget: Optional[str] = opt.SWEEP_CONTROL_BUDGET,
-    dry_run: bool = opt.SWEEP_DRY_RUN,
-    allow_inert: bool = opt.SWEEP_ALLOW_INERT,
-    resume_dir: Optional[Path] = opt.SWEEP_RESUME_DIR,
-    rerun: Optional[str] = opt.SWEEP_RERUN,
-    placebos: Optional[int] = opt.SWEEP_PLACEBOS,
-    determinism: bool = opt.SWEEP_DETERMINISM,
-) -> None:
+@opt.takes(SweepArgs)
+def sweep(ctx: typer.Context, **options) -> None:
     """Run an ablation sweep: every variant x seed is one ordinary training run.
 
     Extra arguments are Hydra overrides for every run (rollout.group_size=16, task.level=medium)
     or for the launcher (hydra.launcher.partition=gpu).
     """
     args = list(ctx.args)
-    if resume_dir is not None and mode is not None and "=" in mode:   # `--resume DIR steps=5`: an override
-        mode, args = None, [mode, *args]
-    given = SweepArgs(
-        mode=mode, args=tuple(args), tricks=tricks_, trick=trick, reward=reward, base=base, seeds=seeds,
-        max_seeds=max_seeds, budget=budget, effect=effect, summary=summary, launcher=launcher, jobs=jobs,
-        family=tuple(family) if family else family, across=tuple(across) if across else across,
-        max_runs=max_runs, steps=steps, name=name, out=out, controls=controls, control_budget=control_budget,
-        dry_run=dry_run, allow_inert=allow_inert, resume_dir=resume_dir, rerun=rerun, placebos=placebos,
-        determinism=determinism)
-    _refused(given.check)   # values.py's table, before anything heavy is imported
-    if summary is not None:                      # a bad one is refused before any planning
+    mode = options["mode"]
+    if options["resume_dir"] is not None and mode is not None and "=" in mode:   # `--resume DIR steps=5`
+        options["mode"], args = None, [mode, *args]
+    given = from_command_line(SweepArgs, args, options)
+    _refused(given.check)   # the declared ranges (requests.py), before anything heavy is imported
+    if given.summary is not None:                      # a bad one is refused before any planning
         from grpo_ablate.report.curves import Summary
 
-        _refused(lambda: Summary.parse(summary), "--summary: ")
+        _refused(lambda: Summary.parse(given.summary), "--summary: ")
     from grpo_ablate.sweep import command   # the config checks (no torch: a refusal stays fast)
 
     try:
@@ -217,22 +187,8 @@ def _refused(check, prefix: str = "") -> None:
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def doctor(
-    ctx: typer.Context,
-    tricks_: Optional[str] = opt.DOCTOR_TRICKS,
-    base: Optional[str] = opt.DOCTOR_BASE,
-    steps: Optional[int] = opt.DOCTOR_STEPS,
-    seeds: Optional[str] = opt.DOCTOR_SEEDS,
-    launcher: Optional[str] = opt.DOCTOR_LAUNCHER,
-    jobs: Optional[int] = opt.DOCTOR_JOBS,
-    max_runs: Optional[int] = opt.DOCTOR_MAX_RUNS,
-    threshold: List[str] = opt.DOCTOR_THRESHOLD,
-    out: Optional[Path] = opt.DOCTOR_OUT,
-    dry_run: bool = opt.DOCTOR_DRY_RUN,
-    allow_inert: bool = opt.DOCTOR_ALLOW_INERT,
-    resume_dir: Optional[Path] = opt.DOCTOR_RESUME_DIR,
-    lint: Optional[Path] = opt.DOCTOR_LINT,
-) -> None:
+@opt.takes(DoctorArgs)
+def doctor(ctx: typer.Context, **options) -> None:
     """Which trick breaks training? All on; if unhealthy, leave-one-out; then the smallest breaking sets.
 
     Prints a verdict per trick (safe / breaks training alone / breaks training together with X)
@@ -240,14 +196,12 @@ def doctor(
     1: something breaks training; 2: bad input. Extra arguments are overrides for every run.
     --lint FILE lists a sweep file's pair rules instead (exit 1: one holds that the file does not expect).
     """
-    given = DoctorArgs(args=tuple(ctx.args), tricks=tricks_, base=base, steps=steps, seeds=seeds, launcher=launcher,
-                       jobs=jobs, max_runs=max_runs, threshold=tuple(threshold), out=out, dry_run=dry_run,
-                       allow_inert=allow_inert, resume_dir=resume_dir, lint=lint)
+    given = from_command_line(DoctorArgs, ctx.args, options)
     _refused(given.check)   # before the training stack is imported
     from grpo_ablate.sweep import doctor as doc
 
     try:
-        if lint is not None:   # a sweep file's pair rules, nothing run
+        if given.lint is not None:   # a sweep file's pair rules, nothing run
             raise typer.Exit(doc.lint(given, console))
         done = doc.command(given, console)
     except UserError as err:

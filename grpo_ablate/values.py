@@ -1,9 +1,10 @@
 """The values a user gives outside the Hydra config: command-line options and sweep-file fields.
 
-One table says what each may be (an `Allowed`, grpo_ablate/allowed.py: the type every value
-check goes through), so that a bad one is one line naming what is allowed. This module imports
-only the standard library, PyYAML and grpo_ablate.allowed: `sweep` and `doctor` check their
-options here before the training stack is imported (a wrong `--jobs 0` is refused in well under
+Each is an `Allowed` (grpo_ablate/allowed.py: the type every value check goes through), so that
+a bad one is one line naming what is allowed; the options' and the sweep file's keys are declared
+on the requests (requests.py), and this module holds the common ranges and the sweep file's
+check. It imports only the standard library, PyYAML and grpo_ablate.allowed, so `sweep` and
+`doctor` refuse a value before the training stack is imported (a wrong `--jobs 0` in well under
 a second). The Hydra config's values are checked in config.py; the trick knobs' types and
 ranges come from the trick registry.
 """
@@ -23,41 +24,17 @@ COUNT = Allowed("integer", low=1, optional=True)
 ACCURACY_EFFECT = Allowed("number", low=0, high=1, low_open=True, optional=True, note="a difference of accuracies")
 TEXT, TEXTS, ANY = Allowed("text", optional=True), Allowed("texts", optional=True), Allowed("any", optional=True)
 
-# Every field of a sweep file (a new field is one line here). The command-line option of the
-# same name (`--max-runs` for max_runs) is checked against the same entry.
-SWEEP_FILE_FIELDS = {
-    "name": TEXT, "description": ANY, "mode": TEXT, "base": TEXT, "tricks": TEXTS,
-    "seeds": Allowed("seeds", optional=True), "overrides": TEXTS, "steps": COUNT,
-    "families": Allowed("families", optional=True), "launcher": TEXT, "max_runs": COUNT,
-    "controls": Allowed("bool", optional=True), "max_seeds": COUNT, "budget": TEXT, "effect": ACCURACY_EFFECT,
-    "summary": TEXT, "variants": Allowed("mapping", optional=True),
-    "contexts": ANY,   # a list of {name, overrides} or a mapping: contexts.file_contexts checks the shape
-    "expected_pairs": TEXTS,   # pair rules (pair_rules.py) the file asks about: silent for its sweep
-    "placebos": COUNT,         # mode aa: placebo variants beside the reference
-}
-# options that are not sweep-file fields
-OPTIONS = {"jobs": COUNT, "last_k": COUNT}
-
-
-def check_options(**given) -> None:
-    """Command-line options by their Python names (max_runs=...): each against its table entry;
-    None means not given."""
-    for name, value in given.items():
-        allowed = SWEEP_FILE_FIELDS.get(name) or OPTIONS[name]
-        if (problem := allowed.problem(value, f"--{name.replace('_', '-')} {value}")) is not None:
-            raise ValueProblem(problem)
-
-
-def check_sweep_file(path, spec) -> None:
-    """The fields of a sweep file: known names, each of its kind and range."""
+def check_sweep_file(path, spec, fields: dict) -> None:
+    """The fields of a sweep file (`fields`: key -> Allowed, requests.SWEEP_FILE_FIELDS): known
+    names, each of its kind and range."""
     if not isinstance(spec, dict):
-        raise ValueProblem(f"sweep file {path} must be a mapping of {', '.join(SWEEP_FILE_FIELDS)}")
-    unknown = sorted(str(k) for k in set(spec) - set(SWEEP_FILE_FIELDS))
+        raise ValueProblem(f"sweep file {path} must be a mapping of {', '.join(fields)}")
+    unknown = sorted(str(k) for k in set(spec) - set(fields))
     if unknown:
         raise ValueProblem(f"sweep file {path}: unknown key {', '.join(unknown)}; "
-                           f"allowed: {', '.join(SWEEP_FILE_FIELDS)}")
+                           f"allowed: {', '.join(fields)}")
     for key, value in spec.items():
-        if (problem := SWEEP_FILE_FIELDS[key].problem(value, f"sweep file {path}: {key}: {value!r}")) is not None:
+        if (problem := fields[key].problem(value, f"sweep file {path}: {key}: {value!r}")) is not None:
             raise ValueProblem(problem)
 
 

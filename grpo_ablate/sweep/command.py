@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from grpo_ablate.pair_rules import unknown_expected
-from grpo_ablate.requests import SweepArgs
+from grpo_ablate.cli_fields import flags, was_given
+from grpo_ablate.requests import SWEEP_FILE_FIELDS, SweepArgs
 from grpo_ablate.sweep.contexts import across_contexts, file_contexts
 from grpo_ablate.sweep.launch import start
 from grpo_ablate.sweep.manifest import read_manifest
@@ -65,14 +66,9 @@ def summary_label(text: str) -> str:
 
 def resume(given: SweepArgs, console) -> int:
     """`sweep --resume DIR`: the plan is the manifest's; only how and where runs run may change."""
-    planned = (("MODE", given.mode), ("--tricks", given.tricks), ("--trick", given.trick),
-               ("--reward", given.reward), ("--base", given.base), ("--seeds", given.seeds),
-               ("--family", given.family), ("--steps", given.steps), ("--name", given.name), ("--dir", given.out),
-               ("--max-runs", given.max_runs), ("--controls", given.controls is not None),
-               ("--control-budget", given.control_budget), ("--effect", given.effect),
-               ("--summary", given.summary), ("--dry-run", given.dry_run), ("--across", given.across),
-               ("--placebos", given.placebos), ("--determinism", given.determinism))
-    dropped = [opt for opt, value in planned if value] + [a for a in given.args if not a.startswith("hydra.")]
+    planned = [flag.shown(name) for name, flag in flags(SweepArgs).items()
+               if flag.resume == "refused" and was_given(getattr(given, name), flag.default)]
+    dropped = planned + [a for a in given.args if not a.startswith("hydra.")]
     if dropped:
         raise SweepError(f"--resume continues a sweep exactly as it was planned; drop {', '.join(dropped)} "
                          "(only --launcher, --jobs, hydra.* launcher settings and, for --seeds auto, "
@@ -115,18 +111,19 @@ def sweep_request(given: SweepArgs, tricks: str | None) -> SweepRequest:
         spec.setdefault("name", path.stem)
     elif mode not in MODES:
         raise SweepError(f"sweep mode {mode!r} is not allowed; allowed: {', '.join(MODES)}, file")
+    chosen = given_over_file(given, spec)
     trick_list = [t.strip() for t in tricks.split(",") if t.strip()] if tricks else spec.get("tricks", [])
     axes = [axis_values(a) for a in given.family] if given.family else [
         (key, list(values)) if values is not None else axis_values(key)
         for key, values in (spec.get("families") or {}).items()]
-    base = given.base
+    base = chosen["base"]
     if mode == "leave-one-out" and not trick_list and not spec:
         trick_list, base = DEFAULT_TRICKS, base or DEFAULT_BASE
     overrides = list(spec.get("overrides", [])) + [a for a in args if not a.startswith("hydra.")]
     bad = [a for a in overrides if a.startswith("-")]
     if bad:
         raise SweepError(f"unknown option {bad[0]}; see grpo-ablate sweep --help")
-    placebos = given.placebos or spec.get("placebos")
+    placebos = chosen["placebos"]
     if placebos is not None and mode != "aa":
         raise SweepError("--placebos belongs to `sweep aa` (the A/A sweep); other modes measure tricks")
     matrix = None
@@ -134,33 +131,29 @@ def sweep_request(given: SweepArgs, tricks: str | None) -> SweepRequest:
         if tricks or given.family:
             raise SweepError("a variants sweep file defines its variants itself; drop --tricks / --family")
         matrix = variants_matrix(spec.get("variants"))
-    request = SweepRequest(
-        mode=mode, tricks=trick_list, base=base or spec.get("base"), matrix=matrix,
-        seeds=given.seeds or spec.get("seeds", DEFAULT_SEEDS), overrides=overrides,
-        hydra_args=[a for a in args if a.startswith("hydra.")],
-        launcher=given.launcher or spec.get("launcher", "joblib"),
-        jobs=given.jobs, max_runs=given.max_runs or spec.get("max_runs", DEFAULT_MAX_RUNS), axes=axes,
-        name=given.name or spec.get("name"), steps=given.steps or spec.get("steps"), sweep_dir=given.out,
-        controls=spec.get("controls"),
+    or_default = lambda name, default: default if chosen[name] is None else chosen[name]
+    return SweepRequest(
+        mode=mode, tricks=trick_list, base=base, matrix=matrix, seeds=or_default("seeds", DEFAULT_SEEDS),
+        overrides=overrides, hydra_args=[a for a in args if a.startswith("hydra.")],
+        launcher=or_default("launcher", "joblib"), jobs=given.jobs,
+        max_runs=or_default("max_runs", DEFAULT_MAX_RUNS), axes=axes, name=chosen["name"], steps=chosen["steps"],
+        sweep_dir=given.out, controls=chosen["controls"], allow_inert=given.allow_inert,
+        control_budget=given.control_budget or "tokens",
         contexts=(across_contexts(list(given.across)) if given.across
                   else file_contexts(spec["contexts"]) if "contexts" in spec else []),
-        sequential={k: spec[k] for k in ("max_seeds", "budget", "effect", "summary") if k in spec},
+        sequential={k: chosen[k] for k in SEQUENTIAL if chosen[k] is not None},
         expected_pairs=list(spec.get("expected_pairs", [])), placebos=placebos or DEFAULT_PLACEBOS)
-    return with_given_options(request, given)
 
 
-def with_given_options(request: SweepRequest, given: SweepArgs) -> SweepRequest:
-    """The command line's controls, --allow-inert and --seeds auto options, over the sweep file's."""
-    request.controls = given.controls if given.controls is not None else request.controls
-    request.allow_inert = given.allow_inert
-    if given.control_budget is not None:
-        if given.control_budget not in ("tokens", "wall"):
-            raise SweepError(f"--control-budget {given.control_budget} is not allowed; allowed: tokens, wall")
-        request.control_budget = given.control_budget
-    sequential_given = {"max_seeds": given.max_seeds, "budget": given.budget, "effect": given.effect,
-                        "summary": given.summary}
-    request.sequential.update({k: v for k, v in sequential_given.items() if v is not None})
-    return request
+# the options of --seeds auto (sequential.py), from the command line or a sweep file
+SEQUENTIAL = ("max_seeds", "budget", "effect", "summary")
+
+
+def given_over_file(given: SweepArgs, spec: dict) -> dict:
+    """Each option a sweep file may set too: the command line's value where it was given, else the
+    file's; None where neither gives it (the planner's default)."""
+    return {name: getattr(given, name) if was_given(getattr(given, name), flag.default) else spec.get(name)
+            for name, flag in flags(SweepArgs).items() if flag.file}
 
 
 def load_sweep_file(path: Path) -> dict:
@@ -175,7 +168,7 @@ def load_sweep_file(path: Path) -> dict:
         raise SweepError(f"sweep file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
     except (OSError, UnicodeDecodeError) as err:
         raise SweepError(f"sweep file {path} cannot be read: {err}") from None
-    check_sweep_file(path, {} if spec is None else spec)   # every field of its kind and in its range
+    check_sweep_file(path, {} if spec is None else spec, SWEEP_FILE_FIELDS)   # every field of its kind and in its range
     if spec and (problem := unknown_expected(spec.get("expected_pairs") or [])):
         raise SweepError(f"sweep file {path}: {problem}")
     spec = {key: value for key, value in (spec or {}).items() if value is not None}   # null: the default
