@@ -66,6 +66,7 @@ def test_bad_input_is_one_line_exit_2_and_no_run_dir(tmp_path, override, needle)
 IN_A_PROCESS = {"adv=nope", "optim.lrr=1", "+adv.epz=0.1"}
 
 
+@pytest.mark.full
 def test_cfg_job_prints_config_and_writes_nothing(tmp_path):
     out = cli("train", "--cfg", "job", "adv=dr_grpo", cwd=tmp_path)
     assert out.returncode == 0 and "name: dr_grpo" in out.stdout

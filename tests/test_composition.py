@@ -39,6 +39,7 @@ def test_a_conf_file_written_since_composes_afresh(tmp_path, monkeypatch):
     assert config.compose([]).optim.lr == 3e-4
 
 
+@pytest.mark.full
 def test_a_sweeps_plan_composes_each_run_once(tmp_path, monkeypatch):
     """`sweep --dry-run` plans (every variant), then checks the warm starts (every variant again):
     Hydra composes each list of overrides once, the second look is the cache's."""
@@ -95,6 +96,7 @@ def _every_option_once() -> list[list[str]]:
                     ["++optim.lr=1", "sweep.tricks=[a,b]", "+trick=no_std", "~metrics"]]
 
 
+@pytest.mark.full
 def test_the_conf_files_compose_as_hydra_composes_them():
     for overrides in _every_option_once():
         _assert_as_hydra(overrides)

@@ -169,6 +169,7 @@ def test_bad_task_options(overrides, needle):
         validate(compose(overrides))
 
 
+@pytest.mark.full
 def test_data_errors_are_one_line_exit_2_and_leave_no_run_dir(tmp_path):
     """A wrong field name is found when the data is read, after Hydra made the run dir."""
     model = tmp_path / "model"

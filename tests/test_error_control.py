@@ -105,6 +105,7 @@ def test_the_eval_term_holds_the_level_for_the_task_not_just_these_problems(seed
 
 
 # --------------------------------------------------------------------------- the report's error rate
+@pytest.mark.full
 @pytest.mark.parametrize("summary, sweeps", [
     ("final", 300),                                               # MC error of a 5% rate: ±0.013
     pytest.param("final", 3000, marks=pytest.mark.slow),          # ±0.004
@@ -146,6 +147,7 @@ def report_json(path):
     return json.loads((path / "report.json").read_text())
 
 
+@pytest.mark.full
 def test_the_cli_decides_as_the_functions_do_and_pairs_on_the_shared_seeds(tmp_path):
     """The same simulated sweep through `grpo-ablate report` (run dirs, evals.jsonl, manifest) and
     through the functions: the same verdicts and p-values. Then one run removed: the contrast is

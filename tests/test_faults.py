@@ -147,6 +147,7 @@ def test_report_options_are_checked_and_nothing_is_written(run_cli, tmp_path, ar
     assert snapshot(sweep) == before
 
 
+@pytest.mark.full
 def test_report_leaves_out_a_run_whose_metric_is_not_finite_and_says_so(run_cli, tmp_path):
     sweep = make_sweep(tmp_path / "sweep", LOO, contrasts=LOO_CONTRASTS)
     metrics = sweep / "all-s0" / "metrics.jsonl"   # a NaN eval is written as null (rundir.finite_or_none)
@@ -311,6 +312,7 @@ def test_two_processes_racing_for_a_stale_lock_never_both_hold_it(tmp_path):
     assert not (tmp_path / ".lock").exists()
 
 
+@pytest.mark.full
 def test_unwritable_places_are_named_with_the_setting_that_moves_them(run_cli, tmp_path, monkeypatch):
     blocker = tmp_path / "a-file"
     blocker.write_text("")

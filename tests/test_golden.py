@@ -193,7 +193,7 @@ def test_golden_metrics(name, golden_cache, tmp_path):
                              + ", ".join(off))
 
 
-@pytest.mark.parametrize("name", ["leave_one_out", "pairwise"])
+@pytest.mark.parametrize("name", ["leave_one_out", pytest.param("pairwise", marks=pytest.mark.full)])
 def test_golden_report(name, tmp_path):
     """`grpo-ablate report` on a stored sweep writes the stored report.md, .csv and .json."""
     from conftest import cli

@@ -113,6 +113,7 @@ def rule_lines(text: str) -> dict:
     return found
 
 
+@pytest.mark.full
 def test_a_dry_run_says_each_rule_once_naming_its_variants(tmp_path):
     path = write_pairs_file(tmp_path / "pairs.yaml")
     r = cli_here("sweep", "file", str(path), "--dry-run", cwd=tmp_path)
@@ -123,6 +124,7 @@ def test_a_dry_run_says_each_rule_once_naming_its_variants(tmp_path):
     assert "variant stale_steps_uncorrected:" in found["stale_steps_uncorrected"][0]
 
 
+@pytest.mark.full
 def test_doctor_lint_lists_a_files_rules_and_exits_1(tmp_path):
     path = write_pairs_file(tmp_path / "pairs.yaml")
     r = cli_here("doctor", "--lint", str(path), cwd=tmp_path)
@@ -132,6 +134,7 @@ def test_doctor_lint_lists_a_files_rules_and_exits_1(tmp_path):
     assert f"{path}: 4 pair rules hold in its runs" in r.stdout and list(tmp_path.iterdir()) == [path]
 
 
+@pytest.mark.full
 def test_a_file_that_expects_its_pairs_is_silent(tmp_path):
     path = write_pairs_file(tmp_path / "pairs.yaml", expected=list(RULE_NAMES))
     r = cli_here("doctor", "--lint", str(path), cwd=tmp_path)
@@ -177,6 +180,7 @@ def test_the_reports_notes_say_each_rule_from_the_runs_configs(tmp_path, expecte
     assert f"- {notes[0]}" in render_markdown(report)
 
 
+@pytest.mark.full
 def test_doctor_lint_plans_a_seeds_auto_file_too(tmp_path):
     path = tmp_path / "auto.yaml"
     path.write_text(yaml.safe_dump({"mode": "leave-one-out", "tricks": ["gspo", "token_mean"], "seeds": "auto",

@@ -159,6 +159,7 @@ def test_the_runs_of_two_sweeps_without_a_manifest_are_refused(tmp_path):
 
 
 # ------------------------------------------------------------------------------ fast refusals
+@pytest.mark.full
 def test_refusals_never_import_torch_and_a_report_without_figures_never_imports_matplotlib(tmp_path):
     """What keeps a refusal under 2 s (benchmarks/refusals.py measures it): the config checks, the
     sweep's planning checks and the report's option checks run without torch; `report --no-figures`

@@ -33,6 +33,7 @@ def test_sweep_without_controls_has_no_control_columns(tmp_path):
 
 
 
+@pytest.mark.full
 def test_controls_drawn_as_reference_lines(tmp_path, monkeypatch):
     # hand-computed paired intervals: the paired test (--test paired); the blocked model: test_report_blocked.py
     import matplotlib
@@ -97,6 +98,7 @@ def test_cli_missing_dir_and_bad_input(tmp_path):
 
 
 # --------------------------------------------------------------------------- files and formats
+@pytest.mark.full
 def test_cli_writes_md_csv_json_and_pngs(tmp_path):
     sweep = make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS)
     (sweep / "drop-b-s1" / "metrics.jsonl").write_text("")                    # an empty run dir too
@@ -134,6 +136,7 @@ def test_report_imports_neither_torch_nor_transformers():
     assert out.stdout.split() == ["False", "False"], out.stderr
 
 
+@pytest.mark.full
 def test_report_command_imports_neither_torch_nor_transformers(tmp_path):
     """The whole `grpo-ablate report` path (the cli module, every report module, a report with
     its figures written) runs where only a copied sweep dir is: it never imports torch."""
@@ -156,6 +159,7 @@ def test_report_command_imports_neither_torch_nor_transformers(tmp_path):
 
 
 # --------------------------------------------------------------------------- W&B
+@pytest.mark.full
 def test_wandb_report_fails_fast_offline(tmp_path):
     make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS)
     result = cli("report", str(tmp_path / "s"), "--wandb-report", env={"WANDB_MODE": "offline"})
@@ -167,6 +171,7 @@ def test_wandb_report_fails_fast_offline(tmp_path):
     assert not (tmp_path / "s" / "report.md").exists()          # refused before anything was written
 
 
+@pytest.mark.full
 def test_wandb_summary_run_offline(tmp_path):
     make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS)
     result = cli("report", str(tmp_path / "s"), "--out", str(tmp_path / "out"), "--wandb",
@@ -178,6 +183,7 @@ def test_wandb_summary_run_offline(tmp_path):
 
 
 # --------------------------------------------------------------------------- watch
+@pytest.mark.full
 def test_watch_ends_when_every_run_has_finished(tmp_path):
     make_sweep(tmp_path / "s", LOO, contrasts=LOO_CONTRASTS)
     result = cli("report", str(tmp_path / "s"), "--watch")          # no SECONDS: the default, 30
@@ -185,6 +191,7 @@ def test_watch_ends_when_every_run_has_finished(tmp_path):
     assert "12/12 runs finished" in result.stdout and (tmp_path / "s" / "delta.png").exists()
 
 
+@pytest.mark.full
 def test_watch_follows_a_running_sweep_and_stops_on_ctrl_c(tmp_path):
     sweep = make_sweep(tmp_path / "s", {"all": LOO["all"]}, seeds=(0, 1))
     status = sweep / "all-s1" / "status.json"

@@ -120,6 +120,7 @@ def false_reports(rng, sweeps, **options) -> tuple[float, float]:
 SLOW = [pytest.param(name, 3000, marks=pytest.mark.slow) for name in ("spread", "t3", "hub")]
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("name, sweeps", [("spread", 600), ("t3", 600), ("hub", 600), *SLOW])
 def test_unequal_variances_and_heavy_tails_keep_the_error_rate(name, sweeps):
     """Null leave-one-outs whose arms' run-noise SDs differ 0.33-3x (a trick that destabilises training),
@@ -135,6 +136,7 @@ def test_unequal_variances_and_heavy_tails_keep_the_error_rate(name, sweeps):
     assert hits / sweeps <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / sweeps)
 
 
+@pytest.mark.full
 def test_the_blocked_model_at_least_doubles_the_power_of_paired_holm():
     """One true effect of +0.33 on the logit scale (about +0.05 accuracy) among six, five seeds,
     equal variances: blocked finds it at least twice as often as paired + Holm (measured 2.4x, 300

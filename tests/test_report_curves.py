@@ -381,6 +381,7 @@ def test_bad_summary_options_are_one_line_and_write_nothing(args, message, tmp_p
     assert sorted(p.name for p in sweep.iterdir()) == before
 
 
+@pytest.mark.full
 def test_report_cli_compares_the_summary_it_is_given(tmp_path):
     from test_sweep import cli_here
 

@@ -77,6 +77,7 @@ def test_interactions_welch_when_seeds_differ(tmp_path):
     assert (est.mean, est.low, est.high) == pytest.approx((mean, mean - half, mean + half), abs=1e-9)
 
 
+@pytest.mark.full
 def test_interaction_heatmap_and_json(tmp_path):
     sweep = make_sweep(tmp_path / "s", pairwise_variants(), contrasts=CONTRASTS, mode="pairwise")
     result = cli("report", str(sweep), "--format", "json")

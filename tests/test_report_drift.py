@@ -163,6 +163,7 @@ def late_drift_rate(draws: int) -> tuple[float, list[dict]]:
     return float(np.mean([c["ceiling"] == LOWERS for c in contrasts])), contrasts
 
 
+@pytest.mark.full
 def test_a_late_drift_is_not_a_lower_ceiling():
     """Both arms share the peak (0.89 by step 10); the runs with the trick drift late, −0.08 by
     step 30, five seeds, eval_size 200. Before the drift test the report called this *lowers the
@@ -191,6 +192,7 @@ def ceiling_power(draws: int) -> tuple[float, list[dict]]:
     return float(np.mean([c["ceiling"] == RAISES for c in contrasts])), contrasts
 
 
+@pytest.mark.full
 def test_a_true_ceiling_difference_is_still_found():
     """The gate is not vacuous: monotone curves whose ceilings differ by 0.05 (0.89 vs 0.84, five
     seeds, eval_size 200) are called *raises the ceiling* in 0.660 ± 0.033 of 200 draws (0.710 ±
@@ -248,6 +250,7 @@ def test_widening_adds_the_extrapolation_variance_to_the_seeds():
     assert widen(seeds, 0.0) is seeds and widen(Estimate(0.1, None, None, 1), 0.1).low is None
 
 
+@pytest.mark.full
 def test_forecast_intervals_cover_the_measured_delta_when_nothing_happens_late():
     """Monotone curves (ceilings 0.89 vs 0.84), five seeds, eval_size 200, forecast from the first
     half of 30 steps on `final`. Measured when written, 100 sweeps: the widened interval covered

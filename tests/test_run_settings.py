@@ -142,6 +142,7 @@ def test_the_hunts_settings_are_refused_in_one_line(tmp_path, overrides, needle)
     refused_in_one_line(tmp_path, overrides.split(), needle)
 
 
+@pytest.mark.full
 def test_a_knob_that_makes_its_option_do_nothing_is_named_before_a_sweep_runs(tmp_path):
     before = snapshot(tmp_path)
     refused(cli_here("sweep", "add-one-in", "--tricks", "overlong_punish", "--seeds", 1, "--steps", 1,

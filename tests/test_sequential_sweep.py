@@ -67,6 +67,7 @@ def synthetic_sweeps(counts):
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.mark.full
 def test_synthetic_sweep_dirs_decide_as_the_rule():
     """60 sweeps: the sweep applies the pure rule (whose error rate the 20,000-sequence test of
     the rule pins); a true Δ of 1.5 seed SDs is decided in most, some before the last look."""

@@ -91,6 +91,7 @@ def test_eval_size_changes_no_training_draw_and_no_warm_start():
     assert "eval_size" not in small.describe() and small.describe()["holdout"] == PARTITION
 
 
+@pytest.mark.full
 def test_eval_size_is_not_in_the_warm_start_a_composed_config_asks_for():
     """The same through Hydra, as `grpo-ablate train` composes it (no training)."""
     dirs = {warm_start_dir(cfg.model, build_task(cfg.task))
@@ -110,6 +111,7 @@ def test_no_eval_problem_is_ever_drawn_for_training(options):
     assert not any(held_out(p) for p in trained)                   # the partition, not just the drawn eval set
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("options, held", [({}, 2513), ({"operand_min": 10, "operand_max": 99}, 2060),
                                            ({"operand_max": 9}, 18)])
 def test_an_eval_larger_than_the_partition_is_one_line(options, held):

@@ -491,6 +491,7 @@ def test_registry_miss_lists_the_allowed_names_and_bind_checks_knobs():
     torch.testing.assert_close(bound(REWARDS), impl("reward_norm", "batch")(REWARDS, eps=0.0))
 
 
+@pytest.mark.full
 def test_every_family_yaml_sets_only_knobs_of_its_option():
     """conf/<family>/<option>.yaml: every key is a knob of the registered option (or a key the
     trainer reads), so a YAML typo fails here, not in a user's run."""

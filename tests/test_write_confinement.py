@@ -72,6 +72,7 @@ def test_rollout_vllm_without_vllm_is_refused_at_planning(tmp_path, args):
     assert tree(tmp_path) == before
 
 
+@pytest.mark.full
 def test_a_dry_run_plans_the_sft_control_on_a_wall_clock_budget(tmp_path):
     out = cli_here(*SWEEP, "--controls", "--control-budget", "wall", "--dry-run", cwd=tmp_path)
     assert out.exit_code == 0, out.stdout + out.stderr
