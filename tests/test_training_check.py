@@ -105,7 +105,8 @@ def test_the_cli_decides_as_the_functions_do(tmp_path):
     assert (path / "report.md").read_text().splitlines()[3].startswith("- **Training vs its untrained start**")
 
 
-@pytest.mark.parametrize("sweeps", [pytest.param(200, marks=pytest.mark.full), pytest.param(2000, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("sweeps", [pytest.param(200, marks=pytest.mark.full),
+                                    pytest.param(2000, marks=pytest.mark.slow)])
 def test_the_checks_add_nothing_to_the_trick_contrasts_error_rate(sweeps):
     """Two contexts, training lowers the metric in one and raises it in the other, no trick has
     an effect: the share of reports naming any false trick *helps*/*hurts* stays ≤ 5% (Holm over
