@@ -8,6 +8,8 @@ whose option has it, and a trick under test that cannot act here refused. It wri
 """
 from __future__ import annotations
 
+import copy
+import json
 import re
 import time
 from dataclasses import dataclass, field, replace
@@ -16,7 +18,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from grpo_ablate.catalogue import load_catalogue
-from grpo_ablate.config import ConfigError, check_here, compose, config_hash, family_keys, trick_families, validate
+from grpo_ablate.config import (ConfigError, check_here, compose, config_hash, data_hash, family_keys, trick_families,
+                                validate)
 from grpo_ablate.inert import inert_reason
 from grpo_ablate.model_source import gguf_source, warm_start_dir
 from grpo_ablate.pair_rules import variant_lines
@@ -258,7 +261,9 @@ def run_entry(job, configs: dict | None = None, firsts: dict | None = None) -> d
     first = firsts.get(job.variant) if firsts else None
     values = seed_values(first[0], overrides) if first else None
     if values is not None:
-        digest = None if deferred else _hash_with(first[1], values)
+        if not deferred and len(first) == 2:   # the variant's second seed: its first's plain values, made once
+            firsts[job.variant] = first = (*first, _plain_values(first[1]))
+        digest = None if deferred else _hash_with(first[1], values, first[2])
     else:
         cfg = compose_run(overrides, f"run {job.run_dir}")
         if firsts is not None:
@@ -290,9 +295,20 @@ def seed_values(first_overrides: list[str], overrides: list[str]) -> dict | None
     return {key: PER_SEED_KEYS[key](value) for key, value in (o.split("=", 1) for o in changed)}
 
 
-def _hash_with(cfg, values: dict) -> str:
+def _hash_with(cfg, values: dict, plain: dict | None) -> str:
     """config_hash of `cfg` with `values` set, `cfg` left as it was: a copy of a config costs
-    more than its hash (~30 ms against ~10), and a plan hashes every seed of every variant."""
+    more than its hash (~30 ms against ~10), and a plan hashes every seed of every variant. Where no
+    interpolation of `cfg` reads a per-seed key, from `plain`, its values made once per variant by
+    _plain_values (making them is most of a hash's cost), else from `cfg` itself."""
+    if plain is not None:
+        data = copy.deepcopy(plain)
+        for key, value in values.items():
+            *parents, leaf = key.split(".")
+            node = data
+            for parent in parents:
+                node = node.setdefault(parent, {})
+            node[leaf] = value
+        return data_hash(data)
     before = {key: OmegaConf.select(cfg, key) for key in values}
     try:
         for key, value in values.items():
@@ -301,6 +317,14 @@ def _hash_with(cfg, values: dict) -> str:
     finally:
         for key, value in before.items():
             OmegaConf.update(cfg, key, value, merge=False)
+
+
+def _plain_values(cfg) -> dict | None:
+    """`cfg` resolved to plain values; None where an interpolation may read a per-seed key."""
+    raw = json.dumps(OmegaConf.to_container(cfg, resolve=False), default=str)
+    if any(key.split(".")[0] in text for text in re.findall(r"\$\{[^\"]*", raw) for key in PER_SEED_KEYS):
+        return None
+    return OmegaConf.to_container(cfg, resolve=True)
 
 
 def _has_solutions(cfg) -> bool:
@@ -377,6 +401,7 @@ def warm_starts_to_build(manifest: dict, configs: dict | None = None) -> list[st
     a context with another task (`--across task.level=easy,hard`) needs a model of its own. `configs`:
     the variants' configs plan() gave, else each variant's first run is composed again."""
     seen, targets, lines = set(), set(), []
+    tasks: dict = {}   # a task's settings -> it, built once: most variants share the task (~7 ms each)
     for run in manifest["runs"]:
         if run["variant"] in seen:
             continue
@@ -385,7 +410,10 @@ def warm_starts_to_build(manifest: dict, configs: dict | None = None) -> list[st
         cfg = configs[run["variant"]] if configs and run["variant"] in configs else compose(planned_overrides(run))
         if cfg.model.get("path") or gguf_source(cfg.model) is not None:
             continue
-        target = warm_start_dir(cfg.model, build_task(cfg.task))
+        settings = json.dumps(OmegaConf.to_container(cfg.task, resolve=True), sort_keys=True, default=repr)
+        if settings not in tasks:
+            tasks[settings] = build_task(cfg.task)
+        target = warm_start_dir(cfg.model, tasks[settings])
         if not (target / "config.json").exists() and target not in targets:
             targets.add(target)
             lines.append(f"first warm-starts the embedded model for {run['variant']} (not cached yet; minutes "
