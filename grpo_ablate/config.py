@@ -297,15 +297,17 @@ def data_hash(data: dict) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def compose(overrides: list[str]) -> DictConfig:
+def compose(overrides: list[str], shared: bool = False) -> DictConfig:
     """Compose the config the way `grpo-ablate train` would, without creating a run dir.
 
-    Hydra's composition errors become one-line ConfigErrors naming what is allowed.
+    Hydra's composition errors become one-line ConfigErrors naming what is allowed. `shared`: the
+    process's one copy, read-only, for a caller that only reads it (a sweep's plan: a copy costs a
+    third of a composition), else a copy of its own.
     """
     from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 
     try:
-        cfg = _hydra_compose(overrides)
+        cfg = _hydra_compose(overrides, shared)
     except MissingConfigException as err:
         message = _missing_option_message(err)
     except OverrideParseException as err:
@@ -395,11 +397,17 @@ def _leaf_keys(node: dict, prefix: str = "") -> list[str]:
     return keys
 
 
-def _hydra_compose(overrides: list[str]) -> DictConfig:
+def _hydra_compose(overrides: list[str], shared: bool = False) -> DictConfig:
     """The composition of `overrides`, once per process for each overrides and state of the conf
     files: a sweep's plan composes each variant at least twice. A copy goes out, since callers may
-    change the config they get."""
-    return copy.deepcopy(_composed(tuple(overrides), _conf_state()))
+    change the config they get, unless `shared`: then the cached one, read-only so that no caller can."""
+    cfg = _composed(tuple(overrides), _conf_state())
+    if shared:
+        OmegaConf.set_readonly(cfg, True)
+        return cfg
+    cfg = copy.deepcopy(cfg)
+    OmegaConf.set_readonly(cfg, None)   # as composed: the cached one may have been shared (read-only) before
+    return cfg
 
 
 @functools.lru_cache(maxsize=256)

@@ -296,10 +296,9 @@ def seed_values(first_overrides: list[str], overrides: list[str]) -> dict | None
 
 
 def _hash_with(cfg, values: dict, plain: dict | None) -> str:
-    """config_hash of `cfg` with `values` set, `cfg` left as it was: a copy of a config costs
-    more than its hash (~30 ms against ~10), and a plan hashes every seed of every variant. Where no
-    interpolation of `cfg` reads a per-seed key, from `plain`, its values made once per variant by
-    _plain_values (making them is most of a hash's cost), else from `cfg` itself."""
+    """config_hash of `cfg` with `values` set, `cfg` left as it was. Where no interpolation of `cfg`
+    reads a per-seed key, from `plain`, its values made once per variant by _plain_values (making them
+    is most of a hash's cost, and a plan hashes every seed of every variant), else from a copy of `cfg`."""
     if plain is not None:
         data = copy.deepcopy(plain)
         for key, value in values.items():
@@ -309,14 +308,11 @@ def _hash_with(cfg, values: dict, plain: dict | None) -> str:
                 node = node.setdefault(parent, {})
             node[leaf] = value
         return data_hash(data)
-    before = {key: OmegaConf.select(cfg, key) for key in values}
-    try:
-        for key, value in values.items():
-            OmegaConf.update(cfg, key, value, merge=False)
-        return config_hash(cfg)
-    finally:
-        for key, value in before.items():
-            OmegaConf.update(cfg, key, value, merge=False)
+    cfg = copy.deepcopy(cfg)   # compose_run's config is read-only: shared
+    OmegaConf.set_readonly(cfg, None)
+    for key, value in values.items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    return config_hash(cfg)
 
 
 def _plain_values(cfg) -> dict | None:
@@ -353,9 +349,10 @@ def _check_overrides(overrides: list[str]) -> None:
 
 
 def compose_run(overrides: list[str], what: str):
-    """The validated config `overrides` compose to; a bad one is a SweepError naming `what`."""
+    """The validated config `overrides` compose to, read-only (shared by every caller in this process);
+    a bad one is a SweepError naming `what`."""
     try:
-        cfg = compose(overrides)
+        cfg = compose(overrides, shared=True)
         validate(cfg)
     except ConfigError as err:
         raise SweepError(f"{what}: {err}") from None
