@@ -399,7 +399,7 @@ def _leaf_keys(node: dict, prefix: str = "") -> list[str]:
 
 def _hydra_compose(overrides: list[str], shared: bool = False) -> DictConfig:
     """The composition of `overrides`, once per process for each overrides and state of the conf
-    files: a sweep's plan composes each variant at least twice. A copy goes out, since callers may
+    files (a sweep's plan and its warm-start check, a refusal's base config). A copy goes out, since callers may
     change the config they get, unless `shared`: then the cached one, read-only so that no caller can."""
     cfg = _composed(tuple(overrides), _conf_state())
     if shared:
