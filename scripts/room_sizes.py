@@ -25,11 +25,12 @@ def rooms(path: Path) -> tuple[int, list[tuple[str, int]]]:
     return source.count("\n"), functions
 
 
-def past_the_guides(paths) -> list[str]:
-    """Every module past MODULE_GUIDE lines and function past FUNCTION_GUIDE, as 'where: n lines'."""
+def past_the_guides(paths, measured: dict | None = None) -> list[str]:
+    """Every module past MODULE_GUIDE lines and function past FUNCTION_GUIDE, as 'where: n lines'
+    (`measured`: path -> rooms(path), where the caller has them already)."""
     found = []
     for path in paths:
-        lines, functions = rooms(path)
+        lines, functions = measured[path] if measured else rooms(path)
         where = path.relative_to(PACKAGE.parent) if path.is_relative_to(PACKAGE.parent) else path.name
         found += [f"{where}: {lines} lines"] if lines > MODULE_GUIDE else []
         found += [f"{where}:{name.split(':')[1]} {name.split(':')[0]}: {n} lines"
@@ -38,11 +39,11 @@ def past_the_guides(paths) -> list[str]:
 
 
 def main(top: int = 5) -> None:
-    paths = sorted(PACKAGE.rglob("*.py"))
-    sizes = sorted(((rooms(p)[0], p) for p in paths), reverse=True)
-    longest = sorted(((n, p, name) for p in paths for name, n in rooms(p)[1]), reverse=True)
-    past = past_the_guides(paths)
-    print(f"room sizes: {len(paths)} modules, {len(past)} rooms past the guides "
+    measured = {path: rooms(path) for path in sorted(PACKAGE.rglob("*.py"))}   # each module parsed once
+    sizes = sorted(((lines, p) for p, (lines, _) in measured.items()), reverse=True)
+    longest = sorted(((n, p, name) for p, (_, functions) in measured.items() for name, n in functions), reverse=True)
+    past = past_the_guides(measured, measured)
+    print(f"room sizes: {len(measured)} modules, {len(past)} rooms past the guides "
           f"({MODULE_GUIDE} lines a module, {FUNCTION_GUIDE} a function)")
     for line in past:
         print(f"  past: {line}")
