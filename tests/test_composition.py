@@ -113,3 +113,52 @@ def test_every_option_and_named_trick_alone_composes_as_hydra_composes_it():
                                        ["+adv=grpo"], ["seed=0,1"], ["~kl"], ["hydra.job.name=x"]])
 def test_what_hydra_refuses_or_the_conf_files_do_not_follow_is_left_to_hydra(overrides):
     assert composition.compose(config.CONFIG_MODULE, config.CONFIG_NAME, overrides) is None
+
+
+@pytest.mark.parametrize("text", ["run.name=all@base-like-s0", "sweep.variant=drop-no_std@aligned-like", "model=tiny_aligned",
+                                  "a=x-", "a=x--y", "a=_", "a_b.c_d=e1", "a=TRUE", "a=Null", "a=iNf", "a=false",
+                                  "a=1", "a=1e-3", "+a=b", "a=[x,y]", "a=x.y", "a=x y", "a='q'", "a=${b}", "a=x/y"])
+def test_an_override_read_without_hydras_parser_is_the_one_it_parses(text):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    assert composition._parsed_override(text) == OverridesParser.create().parse_overrides([text])[0]
+
+
+def test_a_config_built_from_an_earlier_one_is_the_one_built_afresh(monkeypatch):
+    """A composition sets, on a copy of the last config with its top-level keys, the values that differ:
+    node for node what OmegaConf.create builds (including a family whose keys change, and a value whose
+    type changes from int to float to bool)."""
+    monkeypatch.setattr(composition, "_BUILT", {})
+    for overrides in (["adv=grpo"], ["adv=rae", "kl=adaptive", "steps=3"], ["adv=grpo", "steps=3.0"],
+                      ["control=base", "steps=true"]):
+        built = composition.compose(config.CONFIG_MODULE, config.CONFIG_NAME, overrides)
+        fresh = OmegaConf.create(OmegaConf.to_container(built))
+        OmegaConf.set_struct(fresh, True)
+        assert _nodes(built) == _nodes(fresh) and OmegaConf.to_yaml(built) == OmegaConf.to_yaml(fresh), overrides
+    assert len(composition._BUILT) == 1
+
+
+def test_the_conf_files_read_as_omegaconf_reads_them():
+    """composition's YAML reader (libyaml's parser) reads every conf file, and OmegaConf's corner cases
+    (floats without a dot, no timestamps, a duplicate key), as OmegaConf's own reader does."""
+    import glob
+
+    import yaml
+    from omegaconf._utils import get_yaml_loader
+
+    root = str(resources.files(config.CONFIG_MODULE))
+    texts = [open(f, encoding="utf-8").read() for f in sorted(glob.glob(f"{root}/**/*.yaml", recursive=True))]
+    texts.append("a: 1e-3\nb: 2024-01-01\nc: .5\nd: +1_000.5\ne: .inf\nf: on\ng: 0x10\nh: ~\n")
+    for text in texts:
+        assert repr(yaml.load(text, Loader=composition._yaml_loader())) == repr(yaml.load(text, Loader=get_yaml_loader()))
+    with pytest.raises(composition.Unsupported):
+        yaml.load("a: 1\na: 2\n", Loader=composition._yaml_loader())
+
+
+@pytest.mark.parametrize("overrides", [["seed=3", "optim.lr=1e-3", "run.name=a@b-s0", "run.tags=[x,y]", "reward.correct=2"],
+                                       ["optim.lr=2", "++optim.lr=1", "optim.lr=3", "+model.dtype=bfloat16"],
+                                       ["model.path=/x", "reward.wrong=-1", "sweep.tricks=[a,1,null]", "run.tags=[]"]])
+def test_values_set_before_the_config_is_built_are_those_hydra_sets(overrides):
+    """The leading overrides that change a plain value are set on the merged data, the rest by Hydra in
+    their order: the config Hydra composes either way."""
+    _assert_as_hydra(overrides)
