@@ -106,11 +106,31 @@ def family_keys(cfg: DictConfig, family: str) -> list[str]:
     return allowed + [k for k, (_, flag) in info.settings.items() if flag is None or getattr(chosen, flag)]
 
 
-def check_family_keys(cfg: DictConfig, family: str) -> None:
+class _Values:
+    """A config's values read as plain data, made once (validation reads hundreds of values, and a
+    DictConfig's own read costs ~50 us); an interpolation, a missing value (???), a mapping or a list
+    is read from the config itself, as `OmegaConf.select` reads it."""
+
+    def __init__(self, cfg: DictConfig):
+        self.cfg, self.plain = cfg, OmegaConf.to_container(cfg, resolve=False)
+
+    def get(self, key: str, default=None, throw_on_missing: bool = False):
+        node = self.plain
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        if isinstance(node, (dict, list)) or isinstance(node, str) and ("${" in node or node == "???"):
+            return OmegaConf.select(self.cfg, key, default=default, throw_on_missing=throw_on_missing)
+        return node
+
+
+def check_family_keys(cfg: DictConfig, family: str, values: _Values | None = None) -> None:
     """Every key of the family's config is a knob of the chosen option or a trainer key: a
     mistyped key (`+adv.epz=0.1`) is an error naming the allowed ones, never ignored."""
-    name, allowed = cfg[family].name, family_keys(cfg, family)
-    for key in cfg[family]:
+    values = values or _Values(cfg)
+    name, allowed = values.get(f"{family}.name"), family_keys(cfg, family)
+    for key in values.plain[family]:
         if key == "name" or key in allowed:
             continue
         supplied = family_info(family).supplied.get(key)
@@ -119,14 +139,16 @@ def check_family_keys(cfg: DictConfig, family: str) -> None:
                           + f"; allowed: {', '.join(sorted(allowed)) or '(none)'}")
 
 
-def check_family_values(cfg: DictConfig, family: str) -> None:
+def check_family_values(cfg: DictConfig, family: str, values: _Values | None = None) -> None:
     """Every knob and setting of the family in its declared range (registry.Allowed), then the
     chosen option's own checks across settings (registered with it)."""
-    chosen, info = option(family, cfg[family].name), family_info(family)
-    for key in cfg[family]:
+    values = values or _Values(cfg)
+    chosen, info = option(family, values.get(f"{family}.name")), family_info(family)
+    for key in values.plain[family]:
         if key == "name":
             continue
-        _check(f"{family}.{key}", cfg[family][key], chosen.ranges.get(key) or info.settings[key][0], cfg)
+        value = values.get(f"{family}.{key}", throw_on_missing=True)
+        _check(f"{family}.{key}", value, chosen.ranges.get(key) or info.settings[key][0], cfg)
     for check in chosen.checks:
         problem = check(cfg)
         if problem is not None and not problem.startswith(family):   # every message names its subject
@@ -136,19 +158,21 @@ def check_family_values(cfg: DictConfig, family: str) -> None:
 
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError on the first bad value. Cheap: no model or data is touched."""
-    check_run_settings(cfg)     # first: the tricks' checks and bounds read the run's settings
-    check_trick_settings(cfg)
+    values = _Values(cfg)
+    check_run_settings(cfg, values)     # first: the tricks' checks and bounds read the run's settings
+    check_trick_settings(cfg, values)
     check_model_and_task(cfg)
 
 
-def check_trick_settings(cfg: DictConfig) -> None:
+def check_trick_settings(cfg: DictConfig, values: _Values | None = None) -> None:
     """The trick families: options that exist, keys that are their settings, values in their
     declared ranges, the options' own checks (all from the registry), named tricks that agree."""
+    values = values or _Values(cfg)
     for family in trick_families():   # the option exists and every key is one of its settings
-        check_family_keys(cfg, family)
+        check_family_keys(cfg, family, values)
     check_tricks(cfg)
     for family in trick_families():
-        check_family_values(cfg, family)
+        check_family_values(cfg, family, values)
     group = cfg.rollout.group_size
     if option("adv", cfg.adv.name).uses_group_statistic:
         _require(isinstance(group, int) and group >= 2,
@@ -158,11 +182,12 @@ def check_trick_settings(cfg: DictConfig) -> None:
         _check("rollout.dtype", cfg.rollout.dtype, choice("float32", "bfloat16"))
 
 
-def check_run_settings(cfg: DictConfig) -> None:
+def check_run_settings(cfg: DictConfig, values: _Values | None = None) -> None:
     """The run around the tricks: every key of run_settings.RUN_SETTINGS that this config has
     (some belong to one option of a group: rollout=hf's lean_decoder), then the rules across keys."""
+    values = values or _Values(cfg)
     for key, allowed in RUN_SETTINGS.items():
-        value = OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False)   # ???: the model check's
+        value = values.get(key, default=_ABSENT)   # ???: the model check's
         if value is not _ABSENT:
             _check(key, value, allowed)
     _require(cfg.reward.correct > cfg.reward.wrong,

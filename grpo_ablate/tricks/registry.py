@@ -346,8 +346,12 @@ def _data_args(opt: Option) -> list[str]:
 
 
 def _knobs(impl) -> dict[str, Any]:
-    if impl is None:
-        return {}
+    return dict(_signature_knobs(impl)) if impl is not None else {}
+
+
+@functools.lru_cache(maxsize=None)
+def _signature_knobs(impl) -> dict[str, Any]:
+    """Read once per function: validating a config asks every family's option for its knobs."""
     target = impl.__init__ if inspect.isclass(impl) else impl
     return {p.name: p.default for p in inspect.signature(target).parameters.values()
             if p.kind is inspect.Parameter.KEYWORD_ONLY}
