@@ -11,8 +11,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numpy as np
-
 from grpo_ablate.rundir import unpack_scores
 
 # what the report reads of a manifest (sweep/manifest.py writes it), by type: a key absent or null
@@ -98,6 +96,8 @@ def read_evals(rows: list[dict]) -> tuple[dict, str | None]:
             return {}, f"step {row['step']}: the per-problem scores are not numbers"
         if scores is None:
             continue
+        import numpy as np   # here: a sweep's plan reads this module's manifest schema, and numpy takes ~0.2 s
+
         scores = np.asarray(scores, float)
         if not (np.isfinite(scores).all() and ((scores >= UNIT[0]) & (scores <= UNIT[1])).all()):
             return {}, f"step {row['step']}: a per-problem score is not a number in [0, 1]"

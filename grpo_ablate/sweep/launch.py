@@ -27,7 +27,6 @@ from grpo_ablate.sweep.manifest import (FINISHED, check_new_dir, create_sweep_di
                                         refresh_statuses, sweep_id_of, write_manifest)
 from grpo_ablate.sweep.matrix import SweepError
 from grpo_ablate.sweep.plan import LOCAL_LAUNCHERS, SweepRequest, compose_run, composed_hash, plan, warm_starts_to_build
-from grpo_ablate.sweep.slurm import watch_jobs_without_sacct
 from grpo_ablate.tasks import build_task
 
 
@@ -278,6 +277,8 @@ def _launch(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, jo
     elif launcher == "submitit_slurm":
         if jobs:                                          # one job array, at most --jobs running
             args.append(f"hydra.launcher.array_parallelism={jobs}")
+        from grpo_ablate.sweep.slurm import watch_jobs_without_sacct   # submitit: only for a cluster's sweep
+
         watch_jobs_without_sacct()                        # no accounting: job states from squeue
     manifest["launcher"] = launcher
     for run in todo:

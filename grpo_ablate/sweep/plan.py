@@ -261,16 +261,15 @@ def run_entry(job, configs: dict | None = None, firsts: dict | None = None) -> d
     first = firsts.get(job.variant) if firsts else None
     values = seed_values(first[0], overrides) if first else None
     if values is not None:
-        if not deferred and len(first) == 2:   # the variant's second seed: its first's plain values, made once
-            firsts[job.variant] = first = (*first, _plain_values(first[1]))
         digest = None if deferred else _hash_with(first[1], values, first[2])
     else:
         cfg = compose_run(overrides, f"run {job.run_dir}")
+        plain = None if deferred else _plain_values(cfg)   # made once: this run's hash, and its other seeds'
         if firsts is not None:
-            firsts.setdefault(job.variant, (overrides, cfg))
+            firsts.setdefault(job.variant, (overrides, cfg, plain))
         if configs is not None:
             configs.setdefault(job.variant, cfg)
-        digest = None if deferred else config_hash(cfg)
+        digest = None if deferred else data_hash(copy.deepcopy(plain)) if plain is not None else config_hash(cfg)
     return {"variant": job.variant, "seed": job.seed, "run_dir": job.run_dir,
             "config_hash": digest, "status": "pending", "step": 0,
             "reason": None, "final_accuracy": None, "overrides": list(job.overrides),
