@@ -20,6 +20,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# as a user runs it: Python caches compiled modules (a shell that sets PYTHONDONTWRITEBYTECODE, as this
+# machine's does, would have every timed run compile the package again, ~0.4 s that no user pays)
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
 # a file whose runs this machine cannot run (rollout=vllm without vLLM) is refused here in one line; its
@@ -29,7 +32,7 @@ ELSEWHERE = ["--launcher", "submitit_slurm"]
 
 def dry_run_seconds(checkout: Path, sweep_file: Path, scratch: Path, extra: list[str]) -> float:
     """One dry run of `sweep_file` with `checkout`'s package, in a fresh process; it must succeed."""
-    env = {**os.environ, "PYTHONPATH": str(checkout), "WANDB_MODE": "disabled"}
+    env = {**ENV, "PYTHONPATH": str(checkout), "WANDB_MODE": "disabled"}
     argv = [sys.executable, "-m", "grpo_ablate.cli", "sweep", "file", str(sweep_file), "--dry-run", *extra]
     start = time.perf_counter()
     done = subprocess.run(argv, cwd=scratch, env=env, capture_output=True, text=True)
@@ -41,7 +44,7 @@ def dry_run_seconds(checkout: Path, sweep_file: Path, scratch: Path, extra: list
 
 def launcher_args(sweep_file: Path, scratch: Path) -> list[str]:
     """[] where this machine can run the file's runs, else ELSEWHERE."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
+    env = {**ENV, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
     done = subprocess.run([sys.executable, "-m", "grpo_ablate.cli", "sweep", "file", str(sweep_file), "--dry-run"],
                           cwd=scratch, env=env, capture_output=True, text=True)
     return [] if done.returncode == 0 else ELSEWHERE
