@@ -1,9 +1,5 @@
-"""The run spec: one run's composed, validated config, frozen and typed.
-
-The config layer (config.validate, the inert rules, the resume rules, check_here, sweep
-planning) reads the DictConfig; `train()` turns it into a `RunSpec` on its first screen, and
-every component below receives only its part: the rollout settings, the optimizer's, a trick
-family's bound option... never the whole config.
+"""The run spec: one run's composed, validated config, frozen and typed; every component below
+train()'s first screen receives only its part of it, never the whole config.
 
     spec = run_spec(cfg)
     spec.rollout.group_size                 a run setting, typed
@@ -11,10 +7,8 @@ family's bound option... never the whole config.
     spec.tricks["clip"].fn                  its function with the configured knobs bound
     spec.tricks["adv"].values.get("gamma", 1.0)     any key of the family's config group
 
-The DictConfig itself survives in two places only, where a format is written from it or a
-shared loader reads it by key: `record.config` (config.yaml, W&B's config: train/run_log.py)
-and the model and task groups (`model.group`, `task`: models.py's loaders and build_task,
-which the config layer and the sweep's warm-up call with the same groups).
+Design: docs/design.md#the-run-spec-the-config-stops-at-trains-first-screen (where the DictConfig
+still travels, and why).
 """
 from __future__ import annotations
 

@@ -1,21 +1,8 @@
-"""A run stopped from outside: SLURM's time limit, `scancel`, preemption, `kill` (SIGTERM), Ctrl-C (SIGINT).
-
-Such a run did nothing wrong. Its status is `interrupted`, with the reason (e.g. "SLURM time
-limit (00:01:00, job 12_0)"), and `--resume` continues it from its last checkpoint, as it
-would a run killed outright; a `failed` run, by contrast, is started over.
-
-While a run trains, the entrypoint turns SIGTERM and SIGINT into RunInterrupted (a BaseException, so no
-`except Exception` swallows it); the trainer records the status on its way out, and the
-entrypoint then lets the signal do what it would have done. SLURM sends SIGTERM at the time
-limit and on `scancel`, KillWait seconds (30 by default) before SIGKILL: time enough to write
-status.json. submitit also asks SLURM for an early warning, SIGUSR2 `signal_delay_s` before
-the limit, and its own handler would raise inside the training loop (the run would read
-`failed`, and be started over); in a SLURM job that warning is only noted, and the run trains
-on until SIGTERM. Torch-free: the report and the sweep read the state name from here.
-
-A sweep whose runs train in worker processes (joblib's, submitit_local's) passes a stop on to
-them (`stop_workers_on_signals`): each run records `interrupted` as above, and no worker
-outlives the sweep.
+"""A run stopped from outside (SLURM's time limit, `scancel`, preemption, SIGTERM, Ctrl-C): status
+`interrupted`, resumed from its checkpoint, never started over as a `failed` run is. The signal
+becomes RunInterrupted (a BaseException: no `except Exception` swallows it); SIGUSR2, submitit's
+early warning, is only noted. Torch-free: the report and the sweep read the state name from here.
+Design: docs/slurm.md ("How a stop is recorded")
 """
 from __future__ import annotations
 

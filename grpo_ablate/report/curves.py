@@ -1,22 +1,7 @@
-"""How a run's curve becomes the one number a contrast compares (`report --summary`).
-
-A run logs its eval metric at step 0 (the base), every `eval.every` steps and at the end. The
-report compares one number per run; which one is the *summary*:
-
-    final    the last value logged: the level at the end (once the only choice)
-    auc      the curve's mean over training, compute-weighted: the trapezoid of the eval points
-             against the compute spent to reach them, divided by the compute spanned. It rewards
-             getting there sooner as well as the level, and averages the eval's noise over
-             the points: on the default sweep its paired SD is several times final's
-    best     the best value logged (max, or min when lower is better): a best-checkpoint rule
-    last_k   the mean of the last k values: the level at the end, averaged over k evals
-
-Compute (the x axis of `auc` and of the fits, report/fits.py): the completion tokens sampled
-(`perf/sampled_tokens`, every sampling round, kept or not) plus those trained
-(`perf/completion_tokens`), summed over the steps up to each eval; step 0 has spent nothing.
-A run that logged neither (older runs, the SFT control) is measured in steps instead, so a
-report of an older sweep is unchanged. `report --compute wall` measures it in the seconds the
-training steps took instead (`time/step_s`).
+"""How a run's curve becomes the one number a contrast compares (`report --summary`: final, auc,
+best, last_k), and the compute each eval point had spent (sampled + trained completion tokens;
+steps for runs that logged neither; `--compute wall`: `time/step_s`).
+Design: docs/curves.md (the summaries, and how auc weighs compute)
 """
 from __future__ import annotations
 

@@ -1,23 +1,9 @@
-"""The report's diagnostics sections: gradient conflicts, pairwise interactions, conflict checks.
-
-`build.py` calls `analyse`, `render.py` `markdown_sections` and `plots.py` `plot`; like the
-rest of the report, it reads only what the runs logged and imports no torch.
-
-- **Gradient conflicts** (any run with `diag.grad_conflict=true`): per variant, the pairs of
-  loss terms / reward components whose gradient cosine (`grad_cos/<a>__<b>`) is below the
-  threshold (`--conflict-threshold`, default -0.1) at more than half of the logged steps,
-  pooled over the variant's runs.
-- **Interactions** (a `pairwise` or on/off `factorial` sweep: any pair a, b with the variants
-  {}, {a}, {b}, {a, b}): I_ab = Δ_ab − Δ_a − Δ_b = m(ab) − m(a) − m(b) + m(base), with its 95%
-  CI, paired by seed when all four variants have the same completed seeds, else a Welch-type
-  interval. Positive: synergy (the pair does better than its parts add up to); negative:
-  conflict (for a lower-is-better metric the other way round).
-- **Conflict check** (a `conflict` sweep: base, trick-X, reward-Y): do the trick and the
-  reward term move the run the same way (Δ vs base on the metric, length, entropy, KL), and
-  where do their gradients point relative to the task's.
-- **Sampler truncation** (any run whose sampler filtered: rollout.top_k|top_p|min_p): per variant,
-  the kept sets' mass under pi_old and the importance ratio's mean over the kept set and over the
-  vocabulary, pooled over its runs' steps, and whether the trainer replayed the sets.
+"""The report's diagnostics sections: gradient conflicts, pairwise interactions, conflict checks,
+sampler truncation. build.py calls `analyse`, render.py `markdown_sections`, plots.py `plot`; like
+the rest of the report it reads only what the runs logged and imports no torch. A section appears
+where the runs allow it: `diag.grad_conflict=true`; any pair's four variants {}, {a}, {b}, {a, b}
+(I_ab = m(ab) − m(a) − m(b) + m(base)); a `conflict` sweep; a sampler that filtered (top_k|p, min_p).
+Design: docs/diagnostics.md (each section's rule), docs/sampling-replay.md (the truncation table).
 """
 from __future__ import annotations
 

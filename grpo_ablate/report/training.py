@@ -1,23 +1,9 @@
 """Does training beat its untrained start? Asked per context before any trick verdict.
 
-A trick contrast compares two ways of training; where training itself lowers the metric, it
-compares ways of getting worse, and the user is asking the wrong question. So for each context
-(the whole sweep when it has none) the report tests the sweep's reference variant (vanilla
-GRPO in add-one-in, all tricks in leave-one-out, a variants file's first) against the untrained
-start: the context's base control (an eval of its warm start), else, without one, the
-reference's own runs at step 0 (the same weights, evaluated before the first update).
-
-The tests are the trick contrasts' (stats/intervals.py: paired on seeds, the eval set's noise
-counted where the per-problem scores are logged, on the summary the sweep fixed) and form a
-family of their own, one test per context, two-sided, adjusted together by the report's error
-control (Holm at 5% unless told): apart from the trick contrasts, whose family and error rate
-they leave as they are, as the controls' comparisons do (tests/test_training_check.py
-measures both through the real report path).
-
-Beside the test: whether every variant of the context ended below its own start (a plain
-mean, no test), the reference against the SFT and RFT controls (the controls' family, one-sided,
-verdicts.against_controls), and, where training lowers the metric, what usually causes that,
-with the knobs to try (`advice`: suggestions, not verdicts; only where the test decided).
+The sweep's reference variant against its context's base control (else its own runs at step 0),
+with the trick contrasts' test, one test per context: a family of its own, apart from the trick
+contrasts and the controls' comparisons. `advice` only where the test decided it lowers the metric.
+Design: docs/controls.md#the-test
 """
 from __future__ import annotations
 

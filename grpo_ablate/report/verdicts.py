@@ -1,25 +1,8 @@
 """Verdicts: what a sweep says about each trick, and about each variant against the controls.
 
 The vocabulary is defined once, here: a new verdict is a name and a colour below and the rule
-in `decide` that gives it, with the reason it gives (`why`). Rendering prints whatever
-verdict and reason it is handed.
-
-- A trick is *inert here* when it changed nothing: its two sides logged identical metrics
-  at every shared seed, or its own activity metric (report/activity.py: a clip fraction, the
-  masked fraction of overlong filtering, an adaptive coefficient that never moved ...) showed
-  no activity in any run that had it. Never *no evidence*: there was nothing to measure.
-- A trick (a contrast: the variant with it vs the one without) *breaks training* when at
-  least half of its finished runs broke (diverged or a breaking health flag) and none without
-  it did. Otherwise the 95% CI of Δ decides: *helps* / *hurts* when it excludes zero, *no
-  evidence* when it touches zero, *no verdict* when there is no interval (one seed, too few
-  runs) or a zero-width one (every seed gave the same Δ: a coarse metric, not certainty).
-  With `--effect X`, a contrast whose 95% CI lies inside ±X is *no effect* (no effect ≥ X).
-- A variant *beats* a control only when the 95% CI of Δ = variant − control lies entirely on
-  the better side of zero; otherwise it is *not shown* to; *no comparison* when the control
-  itself has nothing to compare with.
-- A sequential sweep (`sweep --seeds auto`) is decided by its looks instead (power.py): the
-  group-sequential boundaries, two-sided for tricks, one-sided for *beats*; *breaks training*
-  still comes first.
+that gives it, with the reason it gives (`why`); rendering prints whatever it is handed.
+Design: docs/statistics.md#the-verdict-vocabulary (each verdict's rule).
 """
 from __future__ import annotations
 

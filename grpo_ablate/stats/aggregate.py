@@ -1,23 +1,8 @@
-"""Aggregate scores over runs and tasks (rliable: Agarwal et al. 2021, "Deep RL at the Edge of
-the Statistical Precipice").
-
-- IQM, the interquartile mean: the mean of the middle 50% of all runs × tasks scores
-  (`scipy.stats.trim_mean(x, 0.25)`): robust to one odd seed, more efficient than the median.
-- Stratified bootstrap confidence intervals: runs are resampled within each task, never across
-  (`scipy.stats.bootstrap` with one sample per task resamples each independently: that is the
-  stratification), percentile intervals as rliable's `get_interval_estimates(method="percentile")`.
-- Probability of improvement P(X > Y): per task the Mann–Whitney U of X's runs against Y's over
-  n·m (ties count a half; `scipy.stats.mannwhitneyu`'s statistic), averaged over tasks; its
-  interval by the same stratified bootstrap over both sides.
-
-The three are written out in numpy (a dozen lines) rather than imported: `scipy.stats` costs
-~0.7 s to import, a third of a small report's time (a report should take under 2 s). Each is
-scipy's to the bit: `trim_mean` and the U statistic on every input, the bootstrap interval draw
-for draw from the same generator (`tests/test_report_aggregate.py` compares all three with scipy
-on random inputs, ties and degenerate resamples included; the golden reports did not change).
-
-A "task" is whatever the scores are stratified by: in a sweep of one context, that one context
-(the seeds are the runs); across contexts, each context.
+"""Aggregate scores over runs and tasks (rliable): IQM, probability of improvement, stratified
+bootstrap intervals. A "task" is what the scores are stratified by (a context; the seeds are runs).
+Written in numpy rather than imported (scipy.stats costs ~0.7 s to import) and equal to scipy's
+to the bit: tests/test_report_aggregate.py compares them.
+Design: docs/statistics.md#aggregates-over-runs-and-contexts-rliable
 """
 from __future__ import annotations
 

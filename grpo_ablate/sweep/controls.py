@@ -1,22 +1,10 @@
 """Which no-RL controls a sweep plans, and in which contexts (the untrained base, SFT, RFT).
 
-A trick verdict compares ways of training; it does not say whether training helped at all. So
-every sweep carries, per context, the untrained base: an eval of that context's warm start,
-with no training and no sampling (`control=base control.sample=false`, about one eval's cost a
-run). The report tests the sweep's reference variant against it in each context before any
-trick verdict (report/training.py).
-
-The equal-budget SFT control costs a run of its own per seed and context: 0.67 of a GRPO run's
-wall time in the issue's easy/hard sweep, 18% of that sweep's run time, the base control 0.04
-of a run, 1% (docs/controls.md). Across contexts it
-costs, relative to the sweep, what it costs in the same sweep without them (one SFT run per
-seed of each copy of the matrix), which is the single-context default already: so it runs
-unasked wherever every run trains the embedded model. For a model.path model (in the base or
-a context) it runs when asked (`--controls`, a sweep file's `controls: true`). A factorial over
-config groups (`--family`) and the diagnoses (doctor, conflict) get no control unless asked.
-The RFT control (rejection sampling on the policy's own verified samples, about a GRPO run's
-cost) runs wherever the SFT control would, and also where the task has no gold solutions: it
-needs only the verifier.
+Every sweep carries, per context, the untrained base (an eval of the warm start, no training, no
+sampling), which the report tests the reference against before any trick verdict
+(report/training.py). The SFT and RFT controls run unasked only where every run trains the
+embedded model; diagnoses and `--family` factorials get none unless asked (`control_kinds`).
+Design: docs/controls.md#what-runs (which control runs where, what each costs, and why)
 """
 from __future__ import annotations
 

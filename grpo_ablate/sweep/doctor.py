@@ -1,18 +1,10 @@
 """`grpo-ablate doctor`: which trick breaks training? (the seed review's section 5)
 
-Before a big run: switch every candidate trick on in a short run; if it stays healthy, every
-trick is safe. If it breaks (a breaking health flag of the report — diverged,
-entropy_collapse, length_blowup, repetition — or a failed run), drop one trick at a time; a
-trick whose removal heals the run is needed for the breakage. Then search the subsets,
-smallest first, for the smallest sets of tricks whose presence breaks training: a trick that
-breaks it alone, or a pair (triple, ...) that only breaks together.
-
-The search is a pure function of the outcomes so far (`analyse`, unit-tested with synthetic
-outcomes); every stage it asks for is an ordinary sweep (launch.py: any launcher, its own
-manifest, resumable) in a subdirectory of the doctor dir, all in one W&B group. It assumes
-that a trick can only add breakage (monotone: removing tricks from a healthy set keeps it
-healthy), which is what lets leave-one-out prune the search: a trick whose removal heals
-the all-on run is in every breaking set, so only subsets that contain it are tried.
+All on; if it breaks, leave one out; then subsets, smallest first, for the smallest breaking sets.
+`analyse` is a pure function of the outcomes so far; each stage it asks for is an ordinary sweep
+in a subdirectory. Pruning assumes a trick can only add breakage (monotone): a trick whose removal
+heals the all-on run is in every breaking set.
+Design: docs/diagnostics.md#which-trick-breaks-training-grpo-ablate-doctor
 """
 from __future__ import annotations
 

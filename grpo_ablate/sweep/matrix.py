@@ -1,30 +1,9 @@
 """The ablation matrix, pure Python and unit-tested: variants, contrasts, jobs, seeds.
 
-`build_matrix` turns a mode and a list of named tricks into variants (which tricks are on,
-which overrides make them) and contrasts (which pair of variants measures each trick).
-`expand_jobs` crosses the variants with seeds into jobs: the exact `grpo-ablate train`
-overrides of every run, so any run can be re-run alone. Planning the runs is plan.py's job.
-
-Modes (the tables of the papers):
-    leave-one-out   all tricks on, then one run per trick with that trick dropped
-    add-one-in      the base alone, then one run per trick added alone
-    ladder          cumulative in the listed order (DAPO's table); a trick of a family already
-                    on replaces the earlier one
-    factorial       every on/off combination of the tricks, or (`axes`) every combination of
-                    the options of some config groups / values of some keys (Tricks or Traps)
-    pairwise        the base, each trick alone, each pair: the interactions
-                    Δ_ab − Δ_a − Δ_b (the report's interaction table and heatmap)
-    conflict        the seed review's section 4.3 for one trick and one reward term: the base,
-                    base + the trick, base + the reward term alone, gradient diagnostics on
-    aa              an A/A (placebo) sweep: the reference ("all": the base with --tricks, if any)
-                    and K placebos that differ from it only by their own sampling stream
-                    (rollout.stream_salt), each measured against it as a leave-one-out measures
-                    a trick: no placebo should be named (docs/sweeps.md)
-    variants        (a sweep file only) named variants, each defined by its own overrides and
-                    measured against a reference variant (`variants_matrix`): known-answer
-                    checks such as sweeps/sanity.yaml
-
-The contexts a matrix is repeated in (`--across`, a sweep file's `contexts:`) are contexts.py's.
+`build_matrix` turns a mode (MODES, FILE_MODES) and named tricks into variants and the contrasts
+that measure each trick; `expand_jobs` crosses the variants with seeds into every run's exact
+`grpo-ablate train` overrides. Planning is plan.py's; contexts are contexts.py's.
+Design: docs/sweeps.md#the-matrix-variants-contrasts-jobs (what each mode builds).
 """
 from __future__ import annotations
 

@@ -1,22 +1,9 @@
-"""`grpo-ablate sweep ... --seeds auto`: seeds until decided.
+"""`grpo-ablate sweep ... --seeds auto`: seeds until decided, one look at a time.
 
-Look 1 runs every variant at the initial seeds (3). After each look every contrast is
-decided by the group-sequential rule of `grpo_ablate/stats/group_sequential.py` (false helps/hurts
-≤ 5% over all looks and all contrasts: each family's level is split evenly over its contrasts);
-then the next seed goes to both sides of every contrast still open — a
-variant needed by any open contrast gets it, a control when a "beats the control" contrast is
-open — one look at a time, until everything is decided or a cap is reached (--max-seeds,
---budget). Contrasts: the sweep's trick contrasts (two-sided: helps / hurts), and every
-treatment against every no-RL control (one-sided: beats / worse), on the final value of
-`eval/accuracy` (higher is better), paired by seed. A contrast whose runs broke training (the
-report's rule, on the runs' status.json), or whose trick changed nothing (*inert here*: the
-report's rule), is decided too: more seeds would not change either.
-
-The manifest records every look (the seed it added, the seeds per variant, each contrast's
-numbers and decision, the stopping reason), written atomically after each step; a look's
-runs are in the manifest before they start, so a killed sweep resumes mid-look and reruns no
-finished run. `--resume` may raise --max-seeds or --budget. Later looks join the sweep's W&B
-group. Deciding reads only the sweep dir (`decide_look`), so it is tested on synthetic dirs.
+After each look every contrast is decided by stats/group_sequential.py's rule (or by breaking
+training / being inert here); the next seed goes to both sides of every open contrast, until all
+are decided or --max-seeds / --budget is reached. Each look is in the manifest before its runs
+start; `decide_look` reads only the sweep dir. Design: docs/seeds-auto.md
 """
 from __future__ import annotations
 

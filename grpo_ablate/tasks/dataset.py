@@ -1,27 +1,9 @@
 """Math problems from data: a JSONL file (task=jsonl), a parquet file (task=parquet) or a
-Hugging Face dataset (task=hf), scored by math-verify (see math_answer.py).
-
-Each row needs a question and an answer field (names configurable: GSM8K's are `question`
-and `answer`, MATH's `problem` and `solution`), optionally a difficulty field. A row that
-is not an object, lacks a field or has an empty or unparseable answer is an error that
-names its line (JSONL) or row number: a dataset is never silently shortened.
-
-The eval set is held out by construction. With a separate file or split (`eval_path`,
-`eval_split`) that is the held-out set, and every row of the training data trains. Without
-one, a fixed partition of the rows is held out: a row belongs to it when a hash of its
-question text falls in EVAL_SHARE (a quarter; grpo_ablate/tasks/holdout.py), so membership
-depends on the question alone, not on `eval_size`, the template, the seed or the other rows,
-and the training set is every other row, whatever `eval_size` is (an eval_size larger than
-the partition is refused; a held-out file gives at most its rows). Either way the eval set
-is the first `eval_size` held-out problems (null: all of them) in a shuffle keyed by
-`shuffle_seed`, which orders the held-out set and never chooses it.
-
-Step s of seed k trains on the next prompts_per_step problems of epoch-wise shuffles, so
-every problem is seen once per epoch and a resumed run sees what an uninterrupted one would;
-the extra rounds of dynamic sampling draw at random, keyed by (seed, step, round).
-
-Prompt presentation (chat template, system prompt, length limit) is also set in the task
-group and applied by `grpo_ablate.sampling.prompts.PromptEncoder`.
+Hugging Face dataset (task=hf), scored by math-verify (see math_answer.py). A bad row is an error
+naming it, never dropped; the eval set is held out by a hash of the question (holdout.py) or a
+separate file/split, and `shuffle_seed` orders it, never chooses it; training walks epoch-wise
+shuffles, so a resumed run sees what an uninterrupted one would.
+Design: docs/real-models.md#data-what-is-held-out-and-in-which-order
 """
 from __future__ import annotations
 

@@ -1,26 +1,9 @@
 """Control runs: what happens without RL, from the same start, on the same eval schedule.
 
-An ablation says "trick X adds 4 points", but a fast early gain on a small model can be the
-warm-started base still improving. So every sweep can carry controls, ordinary runs with the
-run-dir contract of a GRPO run and the metric keys it shares with one:
-
-    control=base   the starting policy, never updated. Each step samples B x G completions
-                   exactly as a GRPO step would (reward, accuracy, length: a seed spread) and
-                   the eval schedule runs greedy eval (a flat line). With control.sample=false
-                   (a sweep's base controls) it samples nothing and evaluates once: greedy
-                   decoding of weights that never change gives the same eval at every point.
-    control=sft    continued supervised training on the task's reference solutions, from the
-                   same start, same optimizer settings and eval schedule. Budget
-                   `tokens`: each step trains on B x G fresh reference solutions, as many
-                   completions as a GRPO step trains on; `wall`: `control.wall_s` seconds of
-                   training in all, spread evenly over the steps.
-    control=rft    rejection-sampling fine-tuning (RAFT): each step samples B x G completions
-                   exactly as a GRPO step would, keeps the verified-correct ones and takes one
-                   supervised step on them (token-mean NLL; no advantage, ratio or KL); a step
-                   with none correct takes no gradient step. Budget: the RL run's steps and
-                   sampled tokens (docs/controls.md).
-
-All run in the same skeleton as a GRPO run (train/run.py): resume, schedule, status.
+control=base (the start, never updated), control=sft (supervised on the reference solutions,
+budget `tokens` or `wall`), control=rft (a supervised step on the verified-correct samples): each
+an ordinary run in train/run.py's skeleton, with a GRPO run's run-dir contract and metric keys.
+Design: docs/controls.md#what-each-control-does-step-by-step
 """
 from __future__ import annotations
 

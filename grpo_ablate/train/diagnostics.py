@@ -1,18 +1,9 @@
 """Gradient-conflict diagnostics: do the loss terms and reward components pull the same way?
 
-The seed review's advice (its section 4.3): when a new trick makes training worse, check
-whether its gradient points against the existing loss and reward terms. The trainer
-(`diag.grad_conflict=true`, every `diag.every` steps) takes the gradient of each loss term
-alone (the policy term, the KL term(s), the entropy term, the critic's term) and of the
-policy term driven by each reward component alone (task reward, length reward, overlong
-penalty, KL in the reward), all on the same sub-batch and the same weights, and logs
-
-    grad_norm/<term>        ||g_term||, the term as weighted in the loss
-    grad_cos/<a>__<b>       cos(g_a, g_b) = <g_a, g_b> / (||g_a|| ||g_b||)
-
-A cosine near -1 means the two terms fight: a step that helps one undoes the other.
-
-Only torch here: pure functions on tensors and autograd, no model code, no I/O.
+Each loss term's gradient alone, and the policy term's driven by each reward component alone, on
+one sub-batch and the same weights: `grad_norm/<term>` = ||g_term|| (weighted as in the loss) and
+`grad_cos/<a>__<b>` = <g_a, g_b> / (||g_a|| ||g_b||). Only torch here: pure functions on tensors
+and autograd, no model code, no I/O. Design: docs/diagnostics.md#which-terms-fight-diaggrad_conflicttrue
 """
 from __future__ import annotations
 

@@ -1,21 +1,14 @@
 """The loss of a GRPO step, written once: per-token terms by name, then one aggregation.
 
-    policy    the policy loss of the `clip` family (PPO clipped surrogate, dual-clip, ...)
-    value     value_coef * the critic's loss (`value_clip`), with a critic (adv=gae)
+    policy    the policy loss of the `clip` family         kl_prev   beta_prev * KL(pi || pi_prev)
+    value     value_coef * the critic's loss (adv=gae)     entropy   -c * H, while c > 0
     kl        beta * KL(pi || pi_ref) per token (`kl.estimator`), weighted by `kl_weight`
-    kl_prev   beta_prev * KL(pi || pi_prev) (kl=two_layer)
-    entropy   -c * H, the entropy bonus (`entropy`), while c > 0
 
-The policy term's tokens are weighed by a factor of three tricks, each 1 when off:
-`token_mask` (the top-entropy tokens only), `off_policy_mask` (A < 0 sequences far from the
-sampler dropped) and `rollout_correction` (importance weights pi_old / pi_sampler), as TRL
-and verl multiply the per-token policy loss (the aggregation weights stay the full mask's);
-a per-sequence loss (clip=gmpo) takes the importance weights as their per-sequence geometric
-mean, as verl does (clip.is_weights=token: each token's own).
-
-The update minimizes sum_jt w_jt * (sum of the terms), w the `loss_agg` weights; the
-gradient-conflict diagnostics differentiate each term alone. Both call `LossTerms`, so a
-term added here is in the update and in the diagnostics alike.
+The policy term's tokens are weighed by token_mask x off_policy_mask x rollout_correction (each 1
+when off); the aggregation weights stay the full mask's. The update minimizes
+sum_jt w_jt * (sum of the terms), w the `loss_agg` weights; the gradient-conflict diagnostics
+differentiate each term alone. Both call `LossTerms`, so a term added here is in both.
+Design: docs/design.md, "How a step works" (4, update).
 """
 from __future__ import annotations
 
