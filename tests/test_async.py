@@ -48,6 +48,82 @@ def test_spread_drops_groups_older_than_max_age():
     assert ages.eq(0).all() and keep.all()                              # step 1: all fresh, none dropped
 
 
+# ---------------------------------------------------------------- exact staleness (prime-rl 2441fd514)
+def test_exact_staleness_is_prime_rls_in_flight_plus_in_queue():
+    from grpo_ablate.tricks.staleness import split_ages
+    # prime-rl orchestrator/utils.py episode_staleness, by hand: batch `step` trains v{step-1}; a group
+    # dispatched at v3 whose generation ended on v4, shipped in batch 7: total 6 - 3 = 3, in_flight
+    # min(3, 4 - 3) = 1, in_queue 2; min_fresh_version(7, 2) = 4 > 3: the sink voids it
+    ages, keep, queued = split_ages(torch.tensor([1]), torch.tensor([2]), 9, 2)
+    assert (ages.tolist(), keep.tolist(), queued.tolist()) == ([3], [False], [2])
+    flight, wait = torch.tensor([0, 2, 1, 2, 0, 1]), torch.tensor([0, 0, 2, 1, 3, 1])
+    ages, keep, queued = split_ages(flight, wait, 9, 2)
+    assert ages.tolist() == [0, 2, 3, 3, 3, 2] and queued.tolist() == [0, 0, 2, 1, 3, 1]
+    assert keep.tolist() == [True, True, False, False, False, True]     # queue time counted (2441fd514)
+    _, keep, _ = split_ages(flight, wait, 9, 2, "in_flight")
+    assert keep.all()                                                  # before it: the queue never ages a group
+    _, keep, _ = split_ages(flight, wait, 9, 1, "in_flight")
+    assert keep.tolist() == [True, False, True, False, True, True]
+    # two older policies kept so far: totals clamped to 2, the in-flight part first (min(total, span))
+    ages, keep, queued = split_ages(flight, wait, 2, 2)
+    assert ages.tolist() == [0, 2, 2, 2, 2, 2] and queued.tolist() == [0, 0, 1, 0, 2, 1] and keep.all()
+    _, keep_all, _ = split_ages(flight, wait, 9, None)
+    assert keep_all.all()
+    # the option: both parts drawn from the step's generator (in flight first), seeded
+    draws = torch.Generator().manual_seed(3)
+    expect = split_ages(torch.randint(0, 3, (64,), generator=draws), torch.randint(0, 2, (64,), generator=draws),
+                        9, 2)
+    got = impl("staleness", "exact")(64, 9, torch.Generator().manual_seed(3), k=2, queue=1, max_age=2)
+    assert all(torch.equal(a, b) for a, b in zip(got, expect))
+    assert set(got[0].tolist()) == {0, 1, 2, 3}
+
+
+# ---------------------------------------------------------------- pacing (tinker-cookbook PR #822)
+def tinker_fast_sampler_ages(groups_per_batch, depth, steps):
+    """tinker-cookbook 1975ad25 `do_async_training` with rollouts that finish at once: workers start
+    rollouts on the current sampler while fewer than groups_per_batch * (depth + 1) are outstanding;
+    each step trains the stalest groups_per_batch, publishes sampler i + 1, then frees their slots."""
+    capacity, version, outstanding, buffer, ages = groups_per_batch * (depth + 1), 0, 0, [], []
+    for i in range(steps):
+        while outstanding < capacity:
+            buffer.append(version)
+            outstanding += 1
+        buffer.sort()
+        batch, buffer = buffer[:groups_per_batch], buffer[groups_per_batch:]
+        ages.append([i - v for v in batch])
+        version, outstanding = i + 1, outstanding - groups_per_batch
+    return ages
+
+
+def test_paced_staleness_is_tinkers_pipeline_depth_and_deadline_wait():
+    from grpo_ablate.tricks.staleness import paced_schedule
+    # a fast sampler fills the pipeline: the history fills up, then every group is `depth` old
+    assert tinker_fast_sampler_ages(2, 2, 5) == [[0, 0], [1, 1], [2, 2], [2, 2], [2, 2]]
+    paced = impl("staleness", "paced")
+    for step in range(1, 6):                              # step s keeps s - 1 older policies
+        ages, keep = paced(2, step - 1, torch.Generator().manual_seed(step), k=4, depth=2, max_age=3,
+                           straggle_frac=0.0)
+        assert ages.tolist() == tinker_fast_sampler_ages(2, 2, 5)[step - 1] and keep.all()
+    # stragglers (depth 1, bound 2): natural ages 3 and 4 wait for their deadline (trained at 2), or
+    # are dropped before #822
+    straggler = torch.tensor([False, True, True, True, False])
+    slow = torch.tensor([3, 2, 4, 3, 2])
+    ages, keep = paced_schedule(straggler, slow, 1, 9, 2, "wait")
+    assert ages.tolist() == [1, 2, 2, 2, 1] and keep.all()
+    ages, keep = paced_schedule(straggler, slow, 1, 9, 2, "drop")
+    assert ages.tolist() == [1, 2, 4, 3, 1] and keep.tolist() == [True, True, False, False, True]
+    ages, keep = paced_schedule(straggler, slow, 1, 0, 2, "drop")    # step 1: all fresh
+    assert ages.eq(0).all() and keep.all()
+    # the option draws straggler first, then every group's slow age in depth+1..k
+    ages, keep = paced(2000, 9, torch.Generator().manual_seed(5), k=4, depth=1, max_age=2, straggle_frac=0.25)
+    assert set(ages.tolist()) == {1, 2} and keep.all()
+    assert abs((ages == 2).double().mean().item() - 0.25) < 0.04
+    ages, keep = paced(2000, 9, torch.Generator().manual_seed(5), k=4, depth=1, max_age=2, straggle_frac=0.25,
+                       strategy="drop")
+    assert set(ages.tolist()) == {1, 2, 3, 4} and torch.equal(keep, ages <= 2)
+    assert abs((~keep).double().mean().item() - 0.25 * 2 / 3) < 0.04
+
+
 # ---------------------------------------------------------------- proximal policy (AReaL)
 MU = torch.tensor([[-1.0, -2.0, -0.5], [-0.2, -3.0, 0.0]], dtype=D)     # behaviour (sampler)
 OLD = torch.tensor([[-1.2, -1.0, -0.5], [-0.1, -2.0, -9.0]], dtype=D)   # pi_old (proximal, recomputed)
@@ -139,11 +215,31 @@ def test_mixed_and_spread_staleness_drop_and_mix(small, tmp_path):
     assert any(r["proximal/gap"] > 0 for r in rows)
 
 
+def test_exact_and_paced_staleness_train_and_report_their_parts(small, tmp_path):
+    exact = ["staleness=exact", "staleness.k=1", "staleness.queue=2", "staleness.max_age=2",
+             "rollout.prompts_per_step=8"]
+    rows = rows_of(run(small + exact, tmp_path / "exact").run_dir)[1:]
+    assert all(r["staleness/max_age"] <= 2 for r in rows) and any(r["staleness/dropped_frac"] > 0 for r in rows)
+    assert all(r["staleness/in_flight_max"] <= 1 and r["staleness/in_queue_max"] <= 2 for r in rows)
+    assert all(r["staleness/in_flight_mean"] + r["staleness/in_queue_mean"] == pytest.approx(r["staleness/mean_age"])
+               for r in rows)
+    paced = ["staleness=paced", "staleness.straggle_frac=0.5", "rollout.prompts_per_step=8"]
+    rows = rows_of(run(small + paced, tmp_path / "paced").run_dir)[1:]
+    assert all(r["staleness/max_age"] <= 2 and r["staleness/dropped_frac"] == 0 for r in rows)
+    assert rows[0]["staleness/mean_age"] == 0 and all(r["staleness/mean_age"] >= 1 for r in rows[2:])
+    assert not any(k.startswith("staleness/in_") for r in rows for k in r)
+
+
 @pytest.mark.parametrize("override, needle", [
     ("staleness=laggy", "staleness=laggy"),
     ("staleness=fixed staleness.k=0", "staleness.k"),
     ("staleness=mixed staleness.stale_frac=1.5", "staleness.stale_frac"),
     ("staleness=spread staleness.k=2 staleness.max_age=3", "staleness.max_age"),
+    ("staleness=exact staleness.bound=queue", "staleness.bound"),
+    ("staleness=exact staleness.queue=-1", "staleness.queue"),
+    ("staleness=paced staleness.depth=3 staleness.max_age=2", "staleness.depth"),
+    ("staleness=paced staleness.k=2 staleness.max_age=3", "staleness.max_age"),
+    ("staleness=paced staleness.strategy=pace", "staleness.strategy"),
     ("proximal=guess", "proximal=guess"),
     ("rollout_correction=m2po rollout_correction.threshold=-1", "rollout_correction.threshold"),
     ("staleness=fixed rollout=vllm", "rollout=hf"),

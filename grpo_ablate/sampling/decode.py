@@ -42,6 +42,9 @@ class Rollout:
     ages: torch.Tensor | None = field(default=None, metadata={"per": "row", "fill": 0})
     # bool: False for a row dropped as too stale (None: stale rollouts off)
     kept: torch.Tensor | None = field(default=None, metadata={"per": "row", "fill": True})
+    # long: the part of `ages` the row spent done, waiting to be trained (prime-rl's in-queue staleness;
+    # the rest, ages - queued, is in flight); None unless the staleness option splits the age
+    queued: torch.Tensor | None = field(default=None, metadata={"per": "row", "fill": 0})
     # int32 [N, T, K]: the token ids a filtering sampler (rollout.top_k|top_p|min_p) kept at each token,
     # NOT_KEPT-padded to the batch's widest set (None: the sampler did not filter); sampling/filters.py
     kept_ids: torch.Tensor | None = field(default=None, metadata={"per": "token", "fill": NOT_KEPT})

@@ -138,10 +138,12 @@ def kept_set_metrics(kept_log_mass, old_logp, sampler_logp, mask, replayed: bool
 
 
 @torch.no_grad()
-def age_metrics(ages, kept, old_logp, sampler_logp, mask) -> dict:
+def age_metrics(ages, kept, old_logp, sampler_logp, mask, queued=None) -> dict:
     """Rows that carry their age (stale samplers, replayed groups): how stale the step's rows were
     and how far their sampler was from pi_old (the proximal policy before this update):
-    KL(mu || pi_old) per token on mu's samples, k1 and k3."""
+    KL(mu || pi_old) per token on mu's samples, k1 and k3. Rows whose age is split (`queued`, the
+    part spent waiting once done) add the trained rows' in-flight and in-queue parts, mean and max
+    (prime-rl `off_policy/{in_flight,in_queue}/{mean,max}`)."""
     kept = torch.ones_like(ages, dtype=torch.bool) if kept is None else kept     # (replayed rows: all kept)
     kept_f = kept.to(mask.dtype)
     trained = ages[kept]
@@ -149,6 +151,11 @@ def age_metrics(ages, kept, old_logp, sampler_logp, mask) -> dict:
            "staleness/max_age": int(trained.max()) if trained.numel() else 0,
            "staleness/stale_frac": (ages > 0).float().mean().item(),
            "staleness/dropped_frac": 1.0 - kept_f.mean().item()}
+    if queued is not None:
+        in_queue = queued.to(ages.device)[kept]
+        for name, part in (("in_flight", trained - in_queue), ("in_queue", in_queue)):
+            out[f"staleness/{name}_mean"] = part.float().mean().item() if part.numel() else 0.0
+            out[f"staleness/{name}_max"] = int(part.max()) if part.numel() else 0
     if old_logp is not None and sampler_logp is not None:
         log_ratio = behaviour_log_ratio(old_logp, sampler_logp)               # log pi_old - log mu
         out["staleness/behaviour_kl"] = masked_mean(-log_ratio, mask).item()

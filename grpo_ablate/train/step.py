@@ -448,7 +448,8 @@ class GRPOTrainer:
         if batch.roll.ages is not None:
             sampler = batch.roll.sampler_logprobs
             out.update(m.age_metrics(batch.roll.ages, batch.roll.kept, anchors.old,
-                                         None if sampler is None else sampler.to(self.device), mask))
+                                         None if sampler is None else sampler.to(self.device), mask,
+                                         queued=batch.roll.queued))
         if "kl/k3" in out:
             self.ctl.kl.update(out["kl/k3"], num_sequences=adv.rewards.numel())
         self.ctl.entropy.update(out["policy/entropy"])

@@ -102,7 +102,7 @@ class ReplayBuffer(Plugin):
     @staticmethod
     def _group(batch, g: int, rows, step: int) -> dict:
         roll = select_rows(batch.roll, rows.to(batch.roll.sequences.device)).to("cpu")
-        roll.ages = roll.kept = None
+        roll.ages = roll.kept = roll.queued = None
         return {"roll": roll, "problem": batch.problems[g], "texts": [batch.texts[i] for i in rows.tolist()],
                 "scores": batch.scores[rows].cpu(), "step": step}
 

@@ -22,6 +22,7 @@ from grpo_ablate.sampling.engines import Scored
 from grpo_ablate.spec import RunSpec
 from grpo_ablate.train.policy_history import PolicyHistory
 from grpo_ablate.train.state import Plugin, stateful
+from grpo_ablate.tricks.staleness import oldest_age
 
 
 class StaleRollouts:
@@ -29,12 +30,12 @@ class StaleRollouts:
 
     def __init__(self, rollouts, model, history: PolicyHistory, choose_ages, seed: int):
         self.rollouts, self.model, self.history, self.seed = rollouts, model, history, seed
-        self.choose_ages = choose_ages     # the staleness option: (groups, oldest, generator) -> (ages, keep)
+        self.choose_ages = choose_ages     # the staleness option: (groups, oldest, generator) -> (ages, keep[, queued])
         self.pad_id = rollouts.pad_id
 
     def __call__(self, problems: list, n: int, temperature: float, key: tuple, max_new_tokens=None) -> Scored:
         draws = torch.Generator().manual_seed(derived_seed(self.seed, ("staleness", *key)))
-        ages, kept = self.choose_ages(len(problems), self.history.oldest_age, draws)
+        ages, kept, *split = self.choose_ages(len(problems), self.history.oldest_age, draws)
         pieces, order = [], []
         for age in sorted(set(ages.tolist())):
             groups = (ages == age).nonzero().squeeze(1).tolist()
@@ -50,6 +51,8 @@ class StaleRollouts:
         roll = select_rows(roll, back.to(roll.sequences.device))
         roll.ages = ages.repeat_interleave(n).to(roll.sequences.device)
         roll.kept = kept.repeat_interleave(n).to(roll.sequences.device)
+        if split:                                              # the in-queue part of each age (exact)
+            roll.queued = split[0].repeat_interleave(n).to(roll.sequences.device)
         return Scored(roll, [texts[i] for i in back.tolist()], scores[back])
 
 
@@ -70,4 +73,4 @@ def staleness(spec: RunSpec, task, policies) -> Staleness | None:
     stale = spec.tricks["staleness"]
     if not stale.option.stale:
         return None
-    return Staleness(int(stale.values["k"]), stale.fn, spec.seed)
+    return Staleness(oldest_age(stale.values), stale.fn, spec.seed)
