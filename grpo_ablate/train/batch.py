@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +19,7 @@ from grpo_ablate.sampling.decode import Rollout, concat_rollouts, select_rows
 from grpo_ablate.sampling.engines import Rollouts
 from grpo_ablate.spec import BoundOption
 from grpo_ablate.tricks.adv.group import group_mean_std
+from grpo_ablate.tricks.sampling import round_prompts
 
 
 class TaskPrompts:
@@ -42,6 +44,7 @@ class SampledGroups:
     group_index: torch.Tensor  # [rows] row -> group (groups may be ragged)
     rounds: int
     sampled_tokens: int = 0  # every completion token generated for this batch, kept or not (compute)
+    drawn: int = 0           # prompts drawn over the rounds, kept or not (0: rounds x B, every round B)
     replayed: int = 0        # groups replaced from the replay buffer (sampling=replay)
     replaced: int = 0        # flat groups replaced by copies of the batch's varied ones (sampling=replace)
 
@@ -81,25 +84,28 @@ def sample_groups(rollouts: Rollouts, prompts, B: int, G: int, sampling: BoundOp
                   T: float) -> SampledGroups:
     """The batch of groups for one optimizer step, per the `sampling` family's option.
 
-    Round r draws B fresh prompts x G completions; the family's filter keeps groups (static:
-    all; dynamic: those with reward variance) until B are kept or max_rounds is reached, and
-    then trains on what was kept (all of the last round if nothing was). Groups whose rewards
+    Round r draws fresh prompts x G completions (B, or ceil(over_sample x B) in the first
+    round, and as the refill setting says in later ones: `round_prompts`); the family's filter
+    (told how many groups the batch still needs) keeps groups (static: all; dynamic: those with
+    reward variance) until B are kept or max_rounds is reached, and then trains on what was
+    kept (the last round's first B groups if nothing was). Groups whose rewards
     are all equal then grow by g_step completions up to g_max (dynamic_group; otherwise
     g_max = G and nothing grows). With a prompt pool (prompt_pool family) the prompts come from
     it (`prompts`: a source with draw/observe, train/state/prompt_pool.py) and every round's groups,
     kept or not, update its pass rates. Raises NonFiniteLogits if
     the policy has diverged.
     """
-    group_filter, max_rounds = sampling.fn, int(sampling.values["max_rounds"])
-    rolls, problems, texts, scores, rounds, sampled_tokens = [], [], [], [], 0, 0
+    max_rounds, refill = int(sampling.values["max_rounds"]), sampling.values.get("refill")
+    n = math.ceil(float(sampling.values.get("over_sample") or 1) * B)   # the first round's prompts
+    rolls, problems, texts, scores, rounds, sampled_tokens, drawn, credit = [], [], [], [], 0, 0, 0, 0
     for sampling_round in range(max_rounds):
-        round_problems, indices = prompts.draw(B, step, sampling_round)
+        round_problems, indices = prompts.draw(n, step, sampling_round)
         graded = rollouts(round_problems, G, T, ("train", step, sampling_round))
-        prompts.observe(indices, graded.scores.view(B, G))
-        rounds += 1
+        prompts.observe(indices, graded.scores.view(n, G))
+        rounds, drawn = rounds + 1, drawn + n
         sampled_tokens += int(graded.roll.lengths.sum())   # dropped groups cost compute too
-        kept = group_filter(graded.scores.view(B, G)).nonzero().squeeze(1)
-        kept = kept[:B - len(problems)]                  # never more than B groups in total
+        chosen = sampling.bind(needed=B - len(problems))(graded.scores.view(n, G)).nonzero().squeeze(1)
+        kept = chosen[:B - len(problems)]                # never more than B groups in total
         rows = (kept[:, None] * G + torch.arange(G)).reshape(-1)
         rolls.append(select_rows(graded.roll, rows.to(graded.roll.sequences.device)))
         problems += [round_problems[g] for g in kept.tolist()]
@@ -107,11 +113,14 @@ def sample_groups(rollouts: Rollouts, prompts, B: int, G: int, sampling: BoundOp
         scores.append(graded.scores[rows])
         if len(problems) == B:
             break
-    if not problems:
-        rolls, problems, texts, scores = [graded.roll], round_problems, graded.texts, [graded.scores]
+        n, credit = round_prompts(refill, B, B - len(problems), n - len(chosen), credit)
+    if not problems:                                     # nothing kept: the last round's first B groups
+        rows = torch.arange(min(n, B) * G)
+        rolls, problems = [select_rows(graded.roll, rows.to(graded.roll.sequences.device))], round_problems[:B]
+        texts, scores = graded.texts[:len(rows)], [graded.scores[rows]]
     group_index = torch.arange(len(problems)).repeat_interleave(G)
     batch = SampledGroups(concat_rollouts(rolls, rollouts.pad_id), problems, texts, torch.cat(scores), group_index,
-                          rounds, sampled_tokens)
+                          rounds, sampled_tokens, drawn=drawn)
     return grow_groups(rollouts, sampling, G, step, T, batch)
 
 
@@ -140,4 +149,4 @@ def grow_groups(rollouts: Rollouts, sampling: BoundOption, G: int, step: int, T:
     if growth == 0:
         return batch
     return SampledGroups(concat_rollouts(rolls, rollouts.pad_id), batch.problems, texts, torch.cat(scores),
-                         group_index, batch.rounds, sampled_tokens)
+                         group_index, batch.rounds, sampled_tokens, drawn=batch.drawn)

@@ -17,11 +17,15 @@ from grpo_ablate.tricks.loss_agg import masked_mean
 from grpo_ablate.tricks.value_clip import explained_variance
 
 
-def sampling_metrics(rounds: int, groups: int, rows: int, prompts_per_step: int, group_size: int) -> dict:
-    """What the `sampling` family did: rounds of fresh prompts, groups kept, completions added."""
+def sampling_metrics(rounds: int, groups: int, rows: int, prompts_per_step: int, group_size: int,
+                     drawn: int = 0) -> dict:
+    """What the `sampling` family did: rounds of fresh prompts, groups kept, completions added.
+    `drawn`: the prompts the rounds drew (a refill policy or over-sampling makes rounds of other
+    sizes than B); 0 when every round drew B."""
+    drawn = drawn or rounds * prompts_per_step
     return {"sampling/rounds": rounds,
-            "sampling/kept_group_frac": groups / (rounds * prompts_per_step),
-            "sampling/extra_generations": (rounds - 1) * prompts_per_step * group_size + rows - groups * group_size,
+            "sampling/kept_group_frac": groups / drawn,
+            "sampling/extra_generations": (drawn - prompts_per_step) * group_size + rows - groups * group_size,
             "sampling/mean_group_size": rows / groups}
 
 

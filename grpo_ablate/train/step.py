@@ -422,7 +422,7 @@ class GRPOTrainer:
         out = {**m.reward_metrics(batch.scores, adv.rewards, group_index, shaped.components["overlong_reward"],
                                   shaped.keep, shaped.components["length_reward"]),
                **m.sampling_metrics(batch.rounds, len(batch.problems), len(batch.texts),
-                                    rollout.prompts_per_step, rollout.group_size),
+                                    rollout.prompts_per_step, rollout.group_size, batch.drawn),
                "entropy/coef": coef.entropy, "temperature/value": T,
                **m.completion_metrics(batch.roll.lengths, batch.roll.truncated),
                **m.advantage_metrics(adv.values, mask, adv.clipped_frac),

@@ -38,6 +38,8 @@ far), `pool/unseen`, `pool/easy`, `pool/hard`, `pool/sorted` (easy + hard), `poo
 """
 from __future__ import annotations
 
+import math
+
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.registry import (FRACTION, NON_NEGATIVE, Activity, Claim, Inert, Allowed, Trick, choice,
@@ -54,8 +56,10 @@ SCALERL = "ScaleRL (Khatri et al. 2025, arXiv 2510.13786)"
 
 
 def _draws(cfg) -> int:
-    """The most prompts a run draws: steps x prompts_per_step x sampling rounds."""
-    return int(cfg.steps) * int(cfg.rollout.prompts_per_step) * int(cfg.sampling.max_rounds)
+    """The most prompts a run draws: steps x prompts_per_step x sampling rounds (a refill round
+    draws at most prompts_per_step), the first round over_sample times more (sampling=dynamic_fallback)."""
+    B, rounds = int(cfg.rollout.prompts_per_step), int(cfg.sampling.max_rounds)
+    return int(cfg.steps) * (math.ceil(float(cfg.sampling.get("over_sample") or 1) * B) + B * (rounds - 1))
 
 
 def _one_epoch(cfg) -> bool:

@@ -14,6 +14,14 @@ loss-masks them): dropped without a refill, the step trains on fewer groups.
 group whose rewards are all equal gets `g_step` more completions at a time, up to `g_max`
 (the trainer does this for any option that sets g_max > group_size); advantages are then
 computed on ragged groups.
+`dynamic_fallback` (slime `check_reward_nonzero_std_with_fallback`): one round of
+ceil(over_sample x B) prompts; a flat group is dropped only while enough candidates remain to
+fill the batch, so no second round is ever sampled.
+
+How many prompts a later round draws is the `refill` setting of the options that refill
+(`dynamic`, `advantage_range`; `round_prompts`): B every round (absent or `batch`: verl's
+filter_groups loop), twice the groups the last round dropped (`double`: verl's v1 sync
+trainer) or exactly the groups still missing (`exact`: verl's v1 async trainer).
 """
 from __future__ import annotations
 
@@ -22,12 +30,42 @@ from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick
 from grpo_ablate.tricks.registry import (DAPO, NUMBER, POSITIVE_INT, SEED_REVIEW, Activity, Claim, Inert,
                                          Allowed, Trick, declare_family, register)
 
+REFILLS = ("batch", "double", "exact")
+
+
+def round_prompts(refill: str | None, B: int, missing: int, dropped: int, credit: int) -> tuple[int, int]:
+    """(prompts the next round draws, refill credit carried after it), after a round that
+    dropped `dropped` groups with `missing` groups still lacking from the batch of B.
+
+    batch (or None): B fresh prompts a round, whatever is missing (verl's `filter_groups` loop,
+    one gen batch a round; DAPO's recipe).
+    double: verl v1 `ReplayBuffer.sample` in sync mode (verl/trainer/ppo/v1/replay_buffer.py,
+    commit c88e875dd, #7082): each of the k groups DAPO evicts adds 2 refill credits, dispatched
+    up to the in-flight limit (max_inflight_gen_batches x train_batch_size = B, its default 1);
+    the rest is carried. Here a round is drained before the next is drawn, so the limit is B.
+    exact: verl v1 `ReplayBufferAsync` (the same commit): k evicted, k refilled; a round model
+    has every evicted group's refill in the next round, i.e. exactly the groups missing."""
+    if refill in (None, "batch"):
+        return B, 0
+    if refill == "exact":
+        return missing, 0
+    credit += 2 * dropped
+    n = min(credit, B)
+    return n, credit - n
+
+
 declare_family("sampling", "which groups form the batch; `dynamic` is DAPO's, refilling up to `max_rounds`; "
                "`dynamic_group` grows flat groups up to `g_max`",
                stage="batch", default="static", metric="sampling/kept_group_frac",
                settings={"max_rounds": POSITIVE_INT,   # sampling rounds (dynamic), group growth (dynamic_group)
                          "g_step": Allowed("integer", low=0, low_open=True, optional=True),
-                         "g_max": Allowed("integer", low="rollout.group_size", optional=True)},
+                         "g_max": Allowed("integer", low="rollout.group_size", optional=True),
+                         # prompts of a refill round (options that refill; absent: batch, B a round)
+                         "refill": (Allowed("choice", choices=REFILLS, optional=True), "refills"),
+                         # the one round's prompts as a multiple of B (dynamic_fallback)
+                         "over_sample": (Allowed(low=1, note="the round must hold at least B candidates"),
+                                         "oversamples")},
+               supplied={"needed": "the trainer: the groups the batch still lacks when a round is judged"},
                defaults={"max_rounds": 1})
 
 
@@ -68,7 +106,7 @@ def keep_all_groups(scores: torch.Tensor) -> torch.Tensor:
                "is full or max_rounds is reached (then train on what was kept, and log it)",
           defaults={"max_rounds": 4},
           notes={"max_rounds": "verl max_num_gen_batches"},
-          activity=Activity("sampling/extra_generations"),
+          refills=True, activity=Activity("sampling/extra_generations"),
           tricks=(Trick("dynamic_sampling",
                         what="DAPO dynamic sampling: drop zero-variance groups, refill with fresh prompts",
                         source="verl algorithm.filter_groups (DAPO recipe)",
@@ -77,7 +115,19 @@ def keep_all_groups(scores: torch.Tensor) -> torch.Tensor:
                         claims=(
                             Claim("helps", "model=base", DAPO,
                                   "dynamic sampling (groups whose rewards are all equal are replaced) keeps every "
-                                  "gradient useful: one of DAPO's four techniques"),)),))
+                                  "gradient useful: one of DAPO's four techniques"),)),
+                Trick("dapo_refill_double",
+                      what="DAPO dynamic sampling refilled as verl's v1 sync trainer does: each dropped group "
+                           "adds two fresh prompts to the next round (at most B a round)",
+                      source="verl v1 ReplayBuffer, sync mode (#7082, c88e875dd)",
+                      verdict="not_in_review", cost="up to twice the dropped groups' generations per extra round",
+                      settings={"refill": "double"}),
+                Trick("dapo_refill_exact",
+                      what="DAPO dynamic sampling refilled as verl's v1 async trainer does: exactly the missing "
+                           "groups are drawn in the next round",
+                      source="verl v1 ReplayBufferAsync (#7082, c88e875dd)",
+                      verdict="not_in_review", cost="more, smaller rounds than refill=double",
+                      settings={"refill": "exact"}),))
 # the same filter in one round (conf/sampling/zero_variance.yaml: max_rounds 1): dropped, never refilled;
 # it shows as sampling/kept_group_frac < 1 (no activity rule: how many it drops varies by step)
 @register("sampling", "zero_variance",
@@ -90,6 +140,44 @@ def keep_all_groups(scores: torch.Tensor) -> torch.Tensor:
                         verdict="not_in_review"),))
 def keep_varied_groups(scores: torch.Tensor) -> torch.Tensor:
     return scores.amax(dim=1) > scores.amin(dim=1)
+
+
+# slime's dynamic-sampling fallback (slime/rollout/filter_hub/base_types.py should_drop_dynamic_filter_output,
+# dynamic_sampling_filters.py check_reward_nonzero_std_with_fallback; sglang_rollout.py generate_rollout_async;
+# commit 2a60f00dd27f716f8761464086f02b02061adff1, #2250)
+@register("sampling", "dynamic_fallback",
+          what="slime dynamic sampling with fallback: one round of over_sample x B prompts; a group whose rewards are "
+               "all equal is dropped only while enough candidates remain to fill the batch, else kept",
+          defaults={"over_sample": 2},
+          notes={"over_sample": "slime over_sampling_batch_size / rollout_batch_size (its example: 64 / 32)"},
+          oversamples=True, checks=_one_round,
+          activity=Activity("adv/zero_std_group_frac"),
+          inert=Inert(lambda cfg: float(cfg.sampling.over_sample) == 1,
+                      "a round of exactly B prompts has no candidate to spare: every group is kept (sampling=static)",
+                      "sampling.over_sample=2", "over_sample > 1"),
+          tricks=(Trick("dynamic_sampling_fallback",
+                        what="drop zero-variance groups from an over-sampled round, keeping them where the batch "
+                             "would otherwise fall short (no second round)",
+                        source="slime check_reward_nonzero_std_with_fallback (#2250)",
+                        verdict="not_in_review", cost="over_sample x B prompts generated, B trained on"),))
+def keep_varied_groups_or_fill(scores: torch.Tensor, *, needed: int) -> torch.Tensor:
+    """slime's fallback: the round's groups are judged in order, `needed` = the groups the batch
+    still lacks and `candidates` = the round's groups not yet dropped (slime's remaining_batch_size
+    counts the kept and the in-flight ones; one round here, so it starts at the round's size). A
+    group with reward variance is kept; a flat one is dropped while candidates > needed (one fewer
+    candidate after), and kept otherwise: dropping it would leave too few to fill the batch. So
+    the kept groups are every varied group then, in order, the last needed - varied flat ones.
+    slime judges groups as they finish (asynchronously); here in the round's order."""
+    varied = keep_varied_groups(scores)
+    keep, candidates = varied.clone(), scores.shape[0]
+    for g in range(scores.shape[0]):
+        if varied[g]:
+            continue
+        if candidates <= needed:
+            keep[g] = True
+        else:
+            candidates -= 1
+    return keep
 
 
 def _rejects_every_group(cfg) -> str | None:
@@ -114,7 +202,7 @@ def _rejects_every_group(cfg) -> str | None:
                "dropped, and fresh prompts sampled until the batch is full or max_rounds is reached",
           defaults={"max_rounds": 4},
           notes={"reject_min": "prime-rl AdvRangeGateConfig defaults: [0, 0] (no learning signal)"},
-          knobs={"reject_min": NUMBER, "reject_max": Allowed(low="sampling.reject_min")},
+          knobs={"reject_min": NUMBER, "reject_max": Allowed(low="sampling.reject_min")}, refills=True,
           checks=_rejects_every_group, activity=Activity("sampling/extra_generations"),
           tricks=(Trick("advantage_range_gate",
                         what="drop groups whose advantages r - mean(r) all lie in [reject_min, reject_max], refill",
