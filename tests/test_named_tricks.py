@@ -57,6 +57,7 @@ ACTS_WITH = {
     # issue 25: the corrections of stale rollouts act once a stale policy samples (step 2 of 2)
     "decoupled_ppo": ["staleness=fixed"], "proximal_loglinear": ["staleness=fixed"],
     "proximal_behaviour": ["staleness=fixed"],
+    "cispo_rollout_anchor": ["staleness=fixed"],   # pi / mu moves at the first mini-batch too
     "m2po": ["staleness=fixed", "rollout_correction.threshold=1e-8"],   # two steps drift far below 0.04
     "mixed_staleness": ["staleness.stale_frac=1.0"],
     "fp32_lm_head": ["+model.dtype=bfloat16"],

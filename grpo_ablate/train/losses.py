@@ -20,6 +20,7 @@ import torch
 
 from grpo_ablate.sampling.decode import derived_seed
 from grpo_ablate.spec import BoundOption
+from grpo_ablate.tricks.behaviour import known_or
 from grpo_ablate.tricks.clip.sequence import sequence_is_weights
 
 
@@ -113,11 +114,18 @@ class LossTerms:
                                     and clip.values.get("is_weights", "geometric") == "geometric")
         # proximal=train_logp (AReaL reuse_train_logp): the ratio's denominator is this forward's own log-probs
         self.reuses_train_logp = tricks["proximal"].option.reuses_train_logp
+        # a policy loss anchored on the sampler (clip=cispo_rollout, SkyRL cispo_anchor=rollout): its ratio's
+        # denominator is mu's log-probs; the other terms keep pi_old (the proximal family's)
+        self.ratio_on_sampler = clip.option.ratio_on_sampler
 
-    def policy(self, logp, old_logp, advantages, mask, factor=None):
+    def policy(self, logp, old_logp, advantages, mask, factor=None, sampler_logp=None):
         """(per-token policy loss, per-token clip statistics); old_logp None: rho = 1. `factor`:
-        policy_factor's weights of the tokens (None: 1)."""
-        loss, stats = self.policy_loss(logp, logp.detach() if old_logp is None else old_logp, advantages, mask)
+        policy_factor's weights of the tokens (None: 1). A loss anchored on the sampler takes
+        sampler_logp as its denominator (an unknown value, or none recorded: old_logp's)."""
+        anchor = logp.detach() if old_logp is None else old_logp
+        if self.ratio_on_sampler and sampler_logp is not None:
+            anchor = known_or(sampler_logp, anchor)
+        loss, stats = self.policy_loss(logp, anchor, advantages, mask)
         return (loss if factor is None else loss * factor), stats
 
     def token_keep(self, entropy, mask, spread=None):
@@ -158,7 +166,7 @@ class LossTerms:
         if self.reuses_train_logp:   # how far pi_old is from the pi_prox used, then pi_prox = pi_theta.detach()
             gap, old_logp = (logp.detach() - old_logp).abs(), logp.detach()
         factor, factor_stats = self.policy_factor(logp, entropy, inputs, spread)
-        policy, stats = self.policy(logp, old_logp, inputs.advantages, inputs.mask, factor)
+        policy, stats = self.policy(logp, old_logp, inputs.advantages, inputs.mask, factor, inputs.sampler_logp)
         stats.update(factor_stats)
         if gap is not None:
             stats["proximal/train_logp_gap"] = gap

@@ -395,7 +395,7 @@ class GRPOTrainer:
             factor = self.loss_terms.policy_factor(logp, entropy, sub)[0]   # the same token factor as the policy term's
             for name, component in component_adv.items():
                 terms[name] = aggregate(self.loss_terms.policy(logp, sub.old_logp, component[rows][:, None], sub.mask,
-                                                               factor)[0], w)
+                                                               factor, sub.sampler_logp)[0], w)
         out = diagnostics.conflict_metrics(diagnostics.term_gradients(terms, self.diag_params))
         out["time/diag_s"] = time.perf_counter() - started   # part of time/update_s
         return out

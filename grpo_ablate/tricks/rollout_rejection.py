@@ -220,6 +220,7 @@ KPOP = Trick(
                  "criteria": "verl's chained rollout_rs, e.g. [token_k1,seq_max_k3]: replaces metric..high",
                  "thresholds": "one per criterion: [l,u] for a k1 criterion, else the upper bound"},
           needs_sampler_logprobs=True, needs_old_forward=True, knobs=REJECTION_KNOBS,
+          weighs_by_ratio=lambda values: bool(values["weighted"]),   # weighted: the kept tokens carry pi_old / mu
           activity=Activity("rollout_corr/rejected_frac"), inert=SAMPLER_IS_TRAINER, checks=_check_rejection,
           tricks=(TRUST_REGION_MASK, KPOP))
 def rejection_weights(old_logp, sampler_logp, mask, *, metric: str = "k3", level: str = "sequence",

@@ -5,7 +5,7 @@
 - `sequence`: one importance ratio per sequence (GSPO, GMPO, LUSPO);
 - `covariance`: the tokens of high advantage/log-prob covariance masked or penalised (Clip-Cov, KL-Cov);
 - `reinforce`: -w A log pi, with a weight that carries no gradient or a penalty instead of a clip
-  (CISPO, GPG, VESPO, TOPR, Kimi k1.5, clamped REINFORCE, DRO, rollout IS).
+  (CISPO and its sampler-anchored form, GPG, VESPO, TOPR, Kimi k1.5, clamped REINFORCE, DRO, rollout IS).
 
 Every option takes (logp, old_logp, advantages, mask) -- [N, T] log-probs of the current and the
 rollout-time policy, [N, 1] or [N, T] advantages, the [N, T] float mask of trained tokens -- and
@@ -23,6 +23,8 @@ rollout_correction enter per sequence (setting clip.is_weights, see gmpo_loss).
 `sequence_ratio` -- one importance ratio per sequence, whose reference objective counts each
 sequence once (gspo, gmpo, luspo: under seq_mean_token_mean); a loss_agg that `weights_by_length`
 changes that objective (grpo_ablate/pair_rules.py warns).
+`ratio_on_sampler` -- the loss's ratio is against the sampler's log-probs mu, not pi_old (cispo_rollout,
+SkyRL cispo_anchor=rollout): the trainer hands mu's as `old_logp` to this loss only (train/losses.py).
 """
 from grpo_ablate.tricks.registry import choice, declare_family
 

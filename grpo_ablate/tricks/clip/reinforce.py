@@ -10,8 +10,8 @@ import math
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.clip.ratio import EPS, LOG_RATIO_LIMIT, RATIO_MOVES, float_like, importance_ratio
-from grpo_ablate.tricks.conditions import ONE_STEP
-from grpo_ablate.tricks.registry import NON_NEGATIVE, POSITIVE, Activity, Trick, register
+from grpo_ablate.tricks.conditions import ONE_STEP, policy_never_leaves_sampler
+from grpo_ablate.tricks.registry import NON_NEGATIVE, POSITIVE, Activity, Inert, Trick, option, register
 
 
 @register("clip", "cispo",
@@ -73,6 +73,67 @@ def cispo_trl_loss(logp, old_logp, advantages, mask, *, eps_max: float = 5.0):
     ratio = importance_ratio(logp, old_logp)
     loss = -ratio.clamp(max=eps_max).detach() * advantages * logp
     return loss, {"clip/high_frac": float_like(ratio.detach() > eps_max, loss)}
+
+
+def _double_weight(cfg) -> str | None:
+    """The sampler-anchored ratio is itself the correction for the sampler: a rollout_correction that
+    weighs by pi_old / mu too counts the mismatch twice (SkyRL refuses TIS with cispo_anchor=rollout)."""
+    correction = cfg.get("rollout_correction")
+    if correction is None or correction.name == "none":
+        return None
+    weighs = option("rollout_correction", correction.name).weighs_by_ratio
+    if not (weighs(correction) if callable(weighs) else weighs):
+        return None
+    return (f"clip={cfg.clip.name} weighs each token by pi / mu already, and rollout_correction={correction.name} "
+            "multiplies pi_old / mu on top: the mismatch would count twice; use rollout_correction=none (or a mask: "
+            "m2po, rejection with weighted=false)")
+
+
+@register("clip", "cispo_rollout",
+          what="CISPO anchored on the sampler (SkyRL cispo.cispo_anchor=rollout): -sg(clip(pi / mu, 1 - eps_low, "
+               "1 + eps_high)) A log pi, mu the sampler's log-probs; SkyRL's bounds [0, 5]",
+          notes={"eps_low": "SkyRL cispo_eps_clip_low: 1, a lower bound of 0 (none), ScaleRL's",
+                 "eps_high": "SkyRL cispo_eps_clip_high: 4, an upper bound of 5, ScaleRL's"},
+          off_policy_only=True,
+          needs_sampler_logprobs=True,   # read in the loss: the ratio's denominator (train/losses.py)
+          ratio_on_sampler=True,
+          knobs=EPS,
+          inert=Inert(policy_never_leaves_sampler, "cannot act with one optimizer step per rollout when the sampler "
+                      "is the trainer itself (pi / mu ≡ 1)", "add staleness=fixed or updates.mini_batches=4",
+                      "several optimizer steps per rollout or a sampler that differs from the trainer (stale "
+                      "rollouts, bf16, vLLM)"),
+          activity=Activity("cispo/ratio_dev"),   # ppo/kl is pi_old's: 0 at one step, where this one acts
+          writes=("clip/high_frac", "cispo/ratio_dev"),
+          checks=_double_weight,
+          tricks=(Trick("cispo_rollout_anchor",
+                        what="CISPO with its IS weight against the sampler's log-probs, clip(pi / mu, 0, 5): the "
+                             "clamp acts under staleness and sampler mismatch even at one step per rollout",
+                        source="SkyRL cispo.cispo_anchor=rollout (dda1cb3c8, #1859; bounds fdfcb4352, #1928)",
+                        verdict="not_in_review"),))
+def cispo_rollout_loss(logp, old_logp, advantages, mask, *, eps_low: float = 1.0, eps_high: float = 4.0):
+    """CISPO with the importance ratio anchored on the behaviour policy mu (the sampler), not on
+    pi_old (the trainer's recompute). The loss is clip=cispo's; the trainer hands it mu's log-probs
+    as `old_logp` (the option's `ratio_on_sampler` flag; an unknown sampler log-prob is pi_old's):
+
+        loss_t = -sg(clip(pi_t / mu_t, 1 - eps_low, 1 + eps_high)) A_t log pi_t
+
+    Reference: SkyRL `compute_policy_loss_cispo` with cispo.cispo_anchor="rollout"
+    (skyrl/backends/skyrl_train/utils/ppo_utils.py, commit dda1cb3c8f0823236d98026c78ce290372683ab1,
+    PR #1859): behavior_log_probs = rollout_logprobs, log ratio clamped to [-20, 20]; the defaults are
+    SkyRL's since fdfcb435235ce6564e43af5e83bd85bb1f6af032 (#1928), eps_low 1 and eps_high 4, ScaleRL's
+    [0, 5]. Only the policy loss moves its anchor: the KL term, rollout_correction's statistics and
+    the ratio metrics keep pi_old (the `proximal` family), as in SkyRL; `proximal=behaviour` moves
+    them all. A rollout_correction that weighs by pi_old / mu is refused (SkyRL refuses TIS: the
+    mismatch would count twice). With one optimizer step per rollout pi_old is pi_theta, so
+    clip=cispo's ratio is 1 and its clamp never acts (SkyRL's reason for the anchor); this one's
+    acts whenever mu differs from pi_theta (staleness, bf16 or vLLM sampling). Tinker's CISPO (its
+    ratio is against the sampler; default {clip_low_threshold 0, clip_high_threshold 4}, tinker-cookbook
+    eb2dc4ee) is this option with eps_high=3. `cispo/ratio_dev`: |pi / mu - 1| per token (SkyRL logs
+    cispo/ratio_mean; 0 when the sampler is the trainer), the option's activity.
+    """
+    loss, stats = cispo_loss(logp, old_logp, advantages, mask, eps_low=eps_low, eps_high=eps_high)
+    stats["cispo/ratio_dev"] = (importance_ratio(logp, old_logp).detach() - 1).abs()
+    return loss, stats
 
 
 @register("clip", "gpg",
@@ -271,7 +332,8 @@ def rollout_is_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.2, e
     defaults). SkyRL anchors r on the rollout's own log-probs; the loss here takes the family's
     old_logp, so the rollout anchor is `proximal=behaviour` (old_logp = mu), and with the default
     proximal it is anchored on pi_old (CISPO's hard-zero sibling). SkyRL's `cispo_anchor=rollout`
-    is the same move for clip=cispo (eps_low 1, eps_high 4 there): clip=cispo proximal=behaviour.
+    is CISPO's counterpart, clip=cispo_rollout, which moves only the policy loss's anchor
+    (proximal=behaviour moves every reader of pi_old: the KL term, rollout_correction, the metrics).
     """
     ratio = torch.exp((logp - old_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
     with torch.no_grad():
