@@ -35,8 +35,8 @@ def gguf_file(path, cut=False):
      "sampling.max_rounds=3 is not allowed with sampling=zero_variance, which samples one round; only "
      "sampling=dynamic refills"),
     (["train", "sampling=static", "sampling.max_rounds=2"], "only sampling=dynamic refills"),
-    (["train", "staleness.k=2"], "k is a setting of staleness=fixed|mixed|spread, not of staleness=none: "
-                                 "choose one, e.g. staleness=fixed staleness.k=..."),
+    (["train", "staleness.k=2"], "k is a setting of staleness=exact|fixed|mixed|paced|spread, not of staleness=none: "
+                                 "choose one, e.g. staleness=exact staleness.k=..."),
     (["train", "staleness=fixed", "rollout=vllm"], "staleness=fixed: samples with the policy's own older weights"),
     (["train", "model=hf", "model.path=pkg:json"], "there is no model in"),
     (["train", "prompt_pool=epochs", "prompt_pool.size=1", "rollout.prompts_per_step=2"],
