@@ -24,7 +24,8 @@ from grpo_ablate.tricks.conditions import FILTERS_OFF, one_optimizer_step, sampl
 @dataclass(frozen=True)
 class PairRule:
     name: str
-    combination: Callable[[Any], str | None]   # cfg -> what is combined, in words; None: the rule does not hold
+    # (cfg, the registry's entries of its chosen options) -> what is combined, in words; None: the rule does not hold
+    combination: Callable[[Any, list], str | None]
     why: str
     fix: str
     source: str
@@ -50,16 +51,14 @@ def _named(options) -> str:
     return ", ".join(f"{o.family}={o.name}" for o in options)
 
 
-def _sequence_ratio_by_length(cfg) -> str | None:
-    options = chosen_options(cfg)
+def _sequence_ratio_by_length(cfg, options: list) -> str | None:
     ratio, weights = [o for o in options if o.sequence_ratio], [o for o in options if o.weights_by_length]
     if not ratio or not weights:
         return None
     return f"{_named(ratio)} (one importance ratio per sequence) with {_named(weights)}"
 
 
-def _stale_steps_uncorrected(cfg) -> str | None:
-    options = chosen_options(cfg)
+def _stale_steps_uncorrected(cfg, options: list) -> str | None:
     stale = [o for o in options if o.stale]
     if one_optimizer_step(cfg) or not stale or any(o.needs_sampler_logprobs for o in options):
         return None
@@ -74,14 +73,14 @@ def _filters(cfg) -> str:
                     if cfg.rollout.get(key, off) != off)
 
 
-def _truncation_unreplayed_under_correction(cfg) -> str | None:
-    readers = [o for o in chosen_options(cfg) if o.needs_sampler_logprobs]
+def _truncation_unreplayed_under_correction(cfg, options: list) -> str | None:
+    readers = [o for o in options if o.needs_sampler_logprobs]
     if not readers or not truncation_unreplayed(cfg):
         return None
     return f"{_filters(cfg)} with rollout.sampling_replay=false under {_named(readers)}"
 
 
-def _replay_off_without_truncation(cfg) -> str | None:
+def _replay_off_without_truncation(cfg, options: list) -> str | None:
     if bool(cfg.rollout.get("sampling_replay", True)) or sampler_truncates(cfg):
         return None
     return "rollout.sampling_replay=false on a sampler that truncates nothing (top_k=0, top_p=1, min_p=0)"
@@ -115,12 +114,16 @@ def holding(cfg, expected=()) -> list[tuple[PairRule, str]]:
     control = cfg.get("control")
     if (control is not None and control.get("name", "none") != "none") or "rollout" not in cfg or "updates" not in cfg:
         return []
+    try:   # read once (~4 ms a config; three rules read them); an older config's unreadable ones: none
+        options = chosen_options(cfg)
+    except (AttributeError, KeyError):
+        options = []
     found = []
     for rule in PAIR_RULES:
         if rule.name in expected:
             continue
         try:
-            combination = rule.combination(cfg)
+            combination = rule.combination(cfg, options)
         except (AttributeError, KeyError):   # omegaconf's missing key: a config older than the rule
             continue
         if combination is not None:

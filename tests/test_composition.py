@@ -118,7 +118,10 @@ def test_what_hydra_refuses_or_the_conf_files_do_not_follow_is_left_to_hydra(ove
 @pytest.mark.parametrize("text", ["run.name=all@base-like-s0", "sweep.variant=drop-no_std@aligned-like",
                                   "model=tiny_aligned",
                                   "a=x-", "a=x--y", "a=_", "a_b.c_d=e1", "a=TRUE", "a=Null", "a=iNf", "a=false",
-                                  "a=1", "a=1e-3", "+a=b", "a=[x,y]", "a=x.y", "a=x y", "a='q'", "a=${b}", "a=x/y"])
+                                  "a=1", "a=1e-3", "+a=b", "a=[x,y]", "a=x.y", "a=x y", "a='q'", "a=${b}", "a=x/y",
+                                  "a=-1", "a=0", "a=-0", "a=007", "a=1_000", "a=+3", "a=[]", "a=[x]",
+                                  "a=[x, y]", "a=[1,x]", "a=[x,true]", "a=[[x]]", "a=-x",
+                                  "a=grpo.level-easy.wrong--1-s0", "a=inf.x", "a=x.", "a=x..y", "a=[x.y,z]"])
 def test_an_override_read_without_hydras_parser_is_the_one_it_parses(text):
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -166,3 +169,10 @@ def test_values_set_before_the_config_is_built_are_those_hydra_sets(overrides):
     """The leading overrides that change a plain value are set on the merged data, the rest by Hydra in
     their order: the config Hydra composes either way."""
     _assert_as_hydra(overrides)
+
+
+def test_an_override_hydra_refuses_is_refused_by_hydras_parser():
+    from hydra.errors import OverrideParseException
+
+    with pytest.raises(OverrideParseException):
+        composition._parsed_override("a=[x,]")
