@@ -48,7 +48,7 @@ def test_every_state_module_is_a_declared_family_and_the_factories_follow_the_st
     # today's hook order: the prompts, the sampler's batch, the estimator, the anchors, then the optimizer
     assert [make.__name__ for _, make in factories()] == [
         "prompt_pool", "replay_buffer", "replace_flat_groups", "ema_baseline", "score_norm_plugin",
-        "previous_policy", "reference_sync", "staleness", "optimizer_reset"]
+        "episode_gap_plugin", "previous_policy", "reference_sync", "staleness", "optimizer_reset"]
 
 
 def test_a_hook_several_families_implement_is_one_whose_order_was_looked_at():

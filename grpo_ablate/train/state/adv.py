@@ -1,4 +1,5 @@
-"""The adv family's state: adv=rae's EMA baseline carried across steps, and adv=opob's score norms.
+"""The adv family's state: adv=rae's EMA baseline carried across steps, adv=opob's score norms, and
+adv=hierarchical_grpo's episode gap (a metric only).
 
 adv=rae (tricks/adv/reinforce.py `rae_advantage`) scores each row against an EMA of the rewards
 before it; `EmaBaseline` keeps the EMA between steps: it hands the estimator the baseline the step
@@ -12,6 +13,10 @@ sequence importance ratio pi_old/mu. A gradient per trajectory needs a backward 
 and with `torch.autograd.grad`, so the optimizer's gradients are never touched, and hands the
 estimator [N, 2] = (||g_i||^2, log rho_i) (`estimator_input`). VCPO does the same, one
 trajectory per micro-batch. Nothing is carried across steps: nothing is checkpointed.
+
+adv=hierarchical_grpo (tricks/adv/group.py, flag `scores_within_episodes`) takes each row's baseline over
+its episode, not its group; `EpisodeGap` reports how far apart the two are (adv/episode_gap, its
+activity metric) from the rewards the estimator saw. Nothing is carried across steps.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from grpo_ablate.spec import RunSpec
 from grpo_ablate.train.distributed import gather_rows
 from grpo_ablate.train.forward import token_logprobs
 from grpo_ablate.train.state import Plugin, stateful
+from grpo_ablate.tricks.adv.group import episode_gap
 from grpo_ablate.tricks.adv.reinforce import ema_baselines
 from grpo_ablate.tricks.behaviour import log_ratio
 
@@ -109,3 +115,28 @@ def score_norm_plugin(spec: RunSpec, task, policies) -> ScoreNorms | None:
     if not spec.tricks["adv"].option.reads_score_norms:
         return None
     return ScoreNorms(policies.policy, spec.model.remove_padding)
+
+
+class EpisodeGap(Plugin):
+    key = ""     # no state across steps
+
+    def __init__(self, episode_size: int):
+        self.episode_size, self.rewards = episode_size, None
+
+    def after_advantages(self, rewards) -> None:
+        self.rewards = rewards.detach().double().cpu()
+
+    def metrics(self, batch) -> dict:
+        """adv/episode_gap: mean |episode mean - group mean| of the rewards (0: the baselines were the groups')."""
+        if self.rewards is None:
+            return {"adv/episode_gap": 0.0}
+        return {"adv/episode_gap": episode_gap(self.rewards, batch.group_index.cpu(), self.episode_size)}
+
+
+@stateful("adv")
+def episode_gap_plugin(spec: RunSpec, task, policies) -> EpisodeGap | None:
+    """The plugin when the adv option takes its baselines over episodes of a group, else None."""
+    adv = spec.tricks["adv"]
+    if not adv.option.scores_within_episodes:
+        return None
+    return EpisodeGap(int(adv.values["episode_size"]))

@@ -1,6 +1,7 @@
 """Family `adv`: advantage estimators, r (one scalar per completion) -> A, one module per kind:
 
-- `group`: from the group's own rewards (GRPO and its normalizations, RLOO, OPO, pass@k, GPG, MaxRL, GDPO);
+- `group`: from the group's own rewards (GRPO and its normalizations, RLOO, OPO, pass@k, GPG, MaxRL, GDPO,
+  hierarchical GRPO);
 - `critic`: PPO with a value head and GAE (`gae`);
 - `optimal`: the baselines of least gradient variance, weighted per token (OTB) or per trajectory (OPOB);
 - `reinforce`: a baseline from outside the group: a greedy completion's reward (ReMax), an EMA (RAE).
@@ -14,6 +15,7 @@ Flags:
   uses_group_statistic  needs G >= 2 completions per prompt to mean anything
   uses_values           needs a critic: per-token values in, per-token advantages out
   undoes_affine_maps    A of a*r + b (a > 0) is A of r, up to eps: a reward normalization before it changes nothing
+  scores_within_episodes  baselines over episodes of a group (train/state/adv.py reports adv/episode_gap)
 """
 from grpo_ablate.tricks.registry import NON_NEGATIVE, declare_family
 

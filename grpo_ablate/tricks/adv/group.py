@@ -1,13 +1,15 @@
 """Family `adv`, the estimators from the group's own rewards: each completion's reward against its
-group's mean (GRPO, Dr. GRPO, RLOO, OPO, GPG, MaxRL, pass@k), scaled by a group or batch std (GRPO,
-Lite PPO, batch normalization, REINFORCE++-baseline), or per reward part (GDPO). std is
+group's mean (GRPO, Dr. GRPO, RLOO, OPO, GPG, MaxRL, pass@k) or its episode's (hierarchical GRPO),
+scaled by a group or batch std (GRPO, Lite PPO, batch normalization, REINFORCE++-baseline), or per
+reward part (GDPO). std is
 Bessel-corrected (N-1), as in TRL, verl and ROLL.
 """
 from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
-from grpo_ablate.tricks.registry import FLAG, POSITIVE, TRICKS_OR_TRAPS, Allowed, Claim, Trick, choice, register
+from grpo_ablate.tricks.registry import (FLAG, POSITIVE, TRICKS_OR_TRAPS, Activity, Allowed, Claim, Inert, Trick,
+                                      choice, register)
 
 
 def group_mean_std(values: torch.Tensor, group_index: torch.Tensor):
@@ -352,3 +354,88 @@ def maxrl_advantage(rewards, group_index, mask, values, components, *, eps: floa
     mean, _ = group_mean_std(rewards, group_index)
     alone = torch.bincount(group_index)[group_index] == 1
     return torch.where(alone, rewards, (rewards - mean) / (mean + eps))
+
+
+def comparison_groups(roles, episodes, groups, episode_roles) -> torch.Tensor:
+    """[N] the id of each trace's comparison group in prime-rl's hierarchical GRPO: (role, episode)
+    for a role in `episode_roles`, (role, rollout group) for any other role; ids in order of first
+    appearance. Reference: prime-rl `HierarchicalGRPOAlgorithm.score_group` (its `peers` key)."""
+    scoped = set(episode_roles)
+    keys: dict = {}
+    ids = [keys.setdefault((role, "episode", e) if role in scoped else (role, "group", g), len(keys))
+           for role, e, g in zip(roles, episodes, groups)]
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def peer_centred(rewards: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """A_j = r_j - the mean reward of j's comparison group (`keys`); a group of one: 0."""
+    mean, _ = group_mean_std(rewards, keys.to(rewards.device))
+    return rewards - mean
+
+
+def episode_index(group_index: torch.Tensor, episode_size: int) -> torch.Tensor:
+    """[N] each row's episode: its group's rows, in row order, taken `episode_size` at a time (the
+    last episode of a ragged group may be smaller); ids unique across groups."""
+    n = group_index.numel()
+    if n == 0:
+        return group_index.clone()
+    order = torch.argsort(group_index, stable=True)
+    counts = torch.bincount(group_index)
+    starts = counts.cumsum(0) - counts
+    rank = torch.empty_like(group_index)
+    rank[order] = torch.arange(n, device=group_index.device) - starts[group_index[order]]
+    per_group = (int(counts.max()) + episode_size - 1) // episode_size
+    return group_index * per_group + torch.div(rank, episode_size, rounding_mode="floor")
+
+
+def episode_gap(rewards: torch.Tensor, group_index: torch.Tensor, episode_size: int) -> float:
+    """mean over rows of |mean_episode r - mean_group r|: how far hierarchical_grpo's baselines are
+    from Dr. GRPO's (0: the option acted as dr_grpo)."""
+    episode_mean, _ = group_mean_std(rewards, episode_index(group_index, episode_size))
+    group_mean, _ = group_mean_std(rewards, group_index)
+    return float((episode_mean - group_mean).abs().mean()) if rewards.numel() else 0.0
+
+
+ONE_EPISODE_PER_GROUP = Inert(
+    lambda cfg: int(cfg.adv.episode_size) >= int(cfg.rollout.group_size),
+    "cannot act with adv.episode_size >= rollout.group_size (one episode per group: the baseline is the group "
+    "mean, adv=dr_grpo)",
+    "give adv.episode_size below rollout.group_size (prime-rl's example: 4 solver attempts per proposed problem)",
+    "adv.episode_size < rollout.group_size")
+
+
+@register("adv", "hierarchical_grpo",
+          what="hierarchical GRPO (prime-rl algo.type=hierarchical_grpo): A = r - mean r over the row's episode, "
+               "the group's completions taken adv.episode_size at a time as solver attempts (no std; an episode of "
+               "one gets 0)",
+          notes={"episode_size": "solver attempts per proposed problem (prime-rl env.n)"},
+          uses_group_statistic=True, scores_within_episodes=True,
+          knobs={"episode_size": Allowed("integer", low=2)},
+          activity=Activity("adv/episode_gap"), inert=ONE_EPISODE_PER_GROUP,
+          writes=("adv/std", "adv/episode_gap"),
+          tricks=(Trick("hierarchical_grpo",
+                        what="hierarchical GRPO: each completion against the mean of its episode (episode_size "
+                             "attempts), not its whole group; no std",
+                        source="prime-rl algo.type=hierarchical_grpo (0b583306e, #3138; the algorithm classes of "
+                               "0be5ac452, #2746)",
+                        verdict="not_in_review"),))
+def hierarchical_grpo_advantage(rewards, group_index, mask, values, components, *, episode_size: int = 4):
+    """Hierarchical GRPO, prime-rl's form: each trace's reward minus the mean reward of its
+    comparison group, which is (role, episode) for a role in `episode_agents` (the solver: the
+    attempts on one proposed problem) and (role, rollout group) for the others (the proposer: the
+    proposals from one source task). No std; a comparison group of one trace gets A = 0.
+
+        A_j = r_j - mean_{k in peers(j)} r_k
+
+    Reference: prime-rl src/prime_rl/orchestrator/algo/hierarchical_grpo.py
+    `HierarchicalGRPOAlgorithm.score_group` and `HierarchicalGRPOAlgoConfig` (episode_agents), commit
+    0b583306e (#3138; unchanged in substance at 559b447), on the algorithm classes of 0be5ac452
+    (#2746). Here every row is a solver trace (this trainer's tasks have one role and no proposer):
+    its group's completions, in row order, are taken `episode_size` at a time as the episodes (prime-rl
+    `env.n` solver attempts on each of `group_size` proposed problems, with a proposer that proposes the
+    source task itself and is not trained). So A = r - episode mean: Dr. GRPO's baseline over
+    `episode_size` completions instead of the group's G; `episode_size >= G` is adv=dr_grpo.
+    """
+    episodes = episode_index(group_index, int(episode_size))
+    keys = comparison_groups(["solver"] * rewards.numel(), episodes.tolist(), group_index.tolist(), ["solver"])
+    return peer_centred(rewards, keys)
