@@ -125,14 +125,15 @@ def _is_list(value) -> bool:
 
 
 def _bound(bound, cfg):
-    """A bound's value: a number, or the value of a config key in `cfg` (None without a cfg)."""
+    """A bound's value: a number, or the value of a config key in `cfg` (None without a cfg, and where
+    that key's own value is not a number: its own check names it, `staleness.max_age=abc`)."""
     if isinstance(bound, str):
         if cfg is None:
             return None
         node = cfg
         for part in bound.split("."):
             node = node[part]
-        return node
+        return node if _finite(node) else None
     return bound
 
 
