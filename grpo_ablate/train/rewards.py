@@ -19,7 +19,7 @@ from typing import Mapping
 import torch
 
 from grpo_ablate.spec import BoundOption, RewardScale
-from grpo_ablate.tricks.adv.critic import gae, token_rewards
+from grpo_ablate.tricks.adv.critic import critic_returns
 from grpo_ablate.tricks.kl import kl_reward_penalty
 
 
@@ -84,7 +84,7 @@ class AdvantageChain:
     def __init__(self, tricks: Mapping[str, BoundOption]):
         adv = tricks["adv"]
         self.reward_norm, self.estimator, self.adv_clip = tricks["reward_norm"].fn, adv.fn, tricks["adv_clip"].fn
-        self.gamma, self.lam = float(adv.values.get("gamma", 1.0)), float(adv.values.get("lam", 1.0))
+        self.critic_knobs = dict(adv.knobs)   # adv=gae's: gamma, lam and its unlisted lambda knobs
 
     def __call__(self, rewards, group_index, mask, values=None, components=None) -> Advantages:
         """`components`: the reward's parts by name (ShapedRewards.components), for an estimator
@@ -95,5 +95,6 @@ class AdvantageChain:
         return Advantages(advantages, clipped_frac, rewards)
 
     def critic_returns(self, rewards, mask, old_values):
-        """The critic's targets: lambda-returns of the (reward_norm'ed) reward under V_old."""
-        return gae(token_rewards(rewards, mask), old_values, mask, self.gamma, self.lam)[1]
+        """The critic's targets: lambda-returns of the (reward_norm'ed) reward under V_old, with the
+        estimator's own lambda (per sample too) and timestep."""
+        return critic_returns(rewards, mask, old_values, **self.critic_knobs)
