@@ -102,7 +102,7 @@ def test_loglinear_and_behaviour_take_pi_old_where_mu_is_unknown():
 
 
 @pytest.mark.parametrize("name", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "decoupled",
-                                  "m2po", "rejection"])
+                                  "m2po", "rejection", "tv_filter"])
 def test_rollout_corrections_read_an_unknown_mu_as_ratio_one(name):
     weights, metrics = impl("rollout_correction", name)(OLD, SAMPLER, ONES)
     same, _ = impl("rollout_correction", name)(OLD, torch.tensor([[-1.2, -0.5, -2.0]], dtype=D), ONES)

@@ -90,6 +90,8 @@ class GRPOTrainer:
         # rollout_correction: importance weights pi_old / pi_sampler of the policy loss (None: all 1)
         corrects = tricks["rollout_correction"].option.needs_sampler_logprobs
         self.rollout_correction = tricks["rollout_correction"].fn if corrects else None
+        # its weights read the loss's advantages (`reads_advantages`): computed after the advantage chain
+        self.correction_reads_advantages = tricks["rollout_correction"].has("reads_advantages")
         self.weights_of = tricks["loss_agg"].option.impl   # (mask, max_len, group_index) -> w
         # lr_scale: each optimizer step's learning-rate factor from its rows (None: the schedule's rate)
         scales_lr = tricks["lr_scale"].option.needs_sampler_logprobs
@@ -209,7 +211,9 @@ class GRPOTrainer:
     def rewards_and_advantages(self, batch: SampledGroups, anchors: Anchors, step: int):
         """Shaped rewards, their advantages (reward_norm -> adv -> adv_clip; the reward's parts
         for an estimator that reads them), the loss's inputs and the sampler-mismatch metrics of
-        rollout_correction, whose weights are computed once on the whole batch (as verl does).
+        rollout_correction, whose weights are computed once on the whole batch (as verl does): before
+        the advantages (an estimator may read them), or after them for an option whose weights read
+        the advantages (`reads_advantages`).
         Stale rollouts: rows dropped as too old are masked out, and pi_old becomes the `proximal`
         family's pi_prox (recompute: pi_old itself) before the loss and the weights read it."""
         group_index = batch.group_index.to(self.device)
@@ -225,11 +229,15 @@ class GRPOTrainer:
             ages = batch.roll.ages if batch.roll.ages is not None else torch.zeros(len(batch.texts), dtype=torch.long)
             old, mismatch = self.proximal(old, sampler, ages.to(self.device)[:, None], shaped.mask)
         weights = None
-        if self.rollout_correction is not None and sampler is not None:
+        corrects = self.rollout_correction is not None and sampler is not None
+        if corrects and not self.correction_reads_advantages:
             weights, corrected = self.rollout_correction(old, sampler, shaped.mask)
             mismatch = {**mismatch, **corrected}
         adv = self.advantages(shaped.rewards, group_index, shaped.mask, self.estimator_input(batch, anchors, weights,
                                                                                             step), shaped.components)
+        if corrects and self.correction_reads_advantages:   # its mask reads the advantages the loss will
+            weights, corrected = self.rollout_correction(old, sampler, shaped.mask, advantages=adv.per_token)
+            mismatch = {**mismatch, **corrected}
         for plugin in self.plugins:
             plugin.after_advantages(adv.rewards)
         returns = (self.advantages.critic_returns(adv.rewards, shaped.mask, anchors.old_values)

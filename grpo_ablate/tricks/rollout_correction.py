@@ -4,7 +4,10 @@ The sampler (vLLM, or `rollout=hf` in bf16) and the trainer's own forward score 
 tokens a little differently. Every option takes (old_logp, sampler_logp, mask) -- pi_old, the
 trainer's log-probs at rollout time [N, T] (no gradient), and the sampler's -- and returns
 (weights [N, T] that multiply the per-token policy loss, no gradient, 0 on untrained tokens;
-metrics: dict name -> float, the mismatch verl and TRL log).
+metrics: dict name -> float, the mismatch verl and TRL log). An option with the `reads_advantages`
+flag also takes the loss's advantages as the keyword `advantages` (supplied by the trainer, which
+then computes its weights after the advantage chain: rollout_tv.py); the others are computed before
+it, where an estimator may read them (OTB).
 
     token level:     w_t = exp(old_logp_t - sampler_logp_t)
     sequence level:  w_t = exp(sum_t' (old_logp_t' - sampler_logp_t'))  on every token of the sequence
@@ -35,8 +38,11 @@ from grpo_ablate.tricks.registry import (FLAG, POSITIVE, Activity, Claim, Inert,
                                          register)
 
 declare_family("rollout_correction", "importance weights π_old / π_sampler on the policy loss, with verl's mismatch "
-               "metrics `rollout_corr/*`; AReaL's `decoupled` PPO and `m2po` mask; acts with stale rollouts "
-               "(`staleness`), `rollout.dtype=bfloat16` or vLLM", stage="loss", metric="rollout_corr/is_mean")
+               "metrics `rollout_corr/*`; AReaL's `decoupled` PPO and `m2po` mask; open-instruct's `tv_filter` (reads "
+               "the advantages); acts with stale rollouts (`staleness`), `rollout.dtype=bfloat16` or vLLM",
+               stage="loss", metric="rollout_corr/is_mean",
+               supplied={"advantages": "the trainer, after the advantage chain (an option with the "
+                                       "`reads_advantages` flag)"})
 
 LOG_RATIO_LIMIT = 20.0
 
