@@ -331,6 +331,12 @@ def compose(overrides: list[str], shared: bool = False) -> DictConfig:
     """
     from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 
+    removed = next((o for o in overrides if o.startswith("~")), None)
+    if removed is not None:   # every key the config has is read by the run: without it, a traceback later
+        key = removed[1:].split("=", 1)[0]
+        raise ConfigError(f"{removed}: removing a setting is not allowed (the run reads every one); set it instead"
+                          + (f": {key}=<option> ({', '.join(sorted(options(key)))})" if key in trick_families()
+                             else f", e.g. {key}=<value>"))
     try:
         cfg = _hydra_compose(overrides, shared)
     except MissingConfigException as err:

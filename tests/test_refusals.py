@@ -31,6 +31,9 @@ def gguf_file(path, cut=False):
 
 
 @pytest.mark.parametrize("args, needle", [
+    (["train", "~kl"], "~kl: removing a setting is not allowed (the run reads every one); set it instead: "
+                       "kl=<option> ("),
+    (["train", "~metrics"], "~metrics: removing a setting is not allowed"),
     (["train", "sampling=zero_variance", "sampling.max_rounds=3"],
      "sampling.max_rounds=3 is not allowed with sampling=zero_variance, which samples one round; only "
      "sampling=dynamic refills"),
