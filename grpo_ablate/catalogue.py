@@ -53,7 +53,8 @@ def load_catalogue() -> list[dict]:
 
 
 def claim_row(claim) -> dict:
-    return {"effect": claim.effect, "where": claim.where, "source": claim.source, "says": claim.says}
+    return {"effect": claim.effect, "where": claim.where, "source": claim.source, "says": claim.says,
+            "measure": claim.measure}
 
 
 def describe_activity(activity) -> str:
@@ -77,12 +78,14 @@ def render(rows: list[dict], fmt: str) -> str:
     claimed = [r for r in rows if r["claims"]]
     if claimed:
         lines += ["", "## What the seed documents claim", "",
-                  "A sweep across contexts sets its measurements beside these (the report's *Claims* section: "
-                  "agrees, contradicts, undecided here, not tested here). *where*: the context the claim was made "
-                  "in (model base|aligned, data easy|medium|hard, reward 0/1|-1/1); blank: in general.", "",
-                  "| trick | claim | where | source |", "|---|---|---|---|"]
-        lines += [f"| `{r['name']}` | *{c['effect']}*: {c['says']} | {c['where'] or '-'} | {c['source']} |"
-                  for r in claimed for c in r["claims"]]
+                  "A report sets its measurements beside these (its section *The papers' claims beside the "
+                  "measurements*: agrees, contradicts, undecided here, not tested here). *where*: the context the "
+                  "claim was made in (model base|aligned, data easy|medium|hard, reward 0/1|-1/1); blank: in general. "
+                  "*measure*: what the claim is about, the level the report's verdict compares or the ceiling of "
+                  "the compute-performance fit.", "",
+                  "| trick | claim | where | measure | source |", "|---|---|---|---|---|"]
+        lines += [f"| `{r['name']}` | *{c['effect']}*: {c['says']} | {c['where'] or '-'} | {c['measure']} | "
+                  f"{c['source']} |" for r in claimed for c in r["claims"]]
     return "\n".join(lines)
 
 

@@ -22,7 +22,7 @@ from grpo_ablate import catalogue
 from grpo_ablate.config import ConfigError, compose, validate
 from grpo_ablate.inert import chosen_tricks, inert_reason, requirement
 from grpo_ablate.report.activity import activity_of
-from grpo_ablate.report.transfer import registered_claims
+from grpo_ablate.report.claims import registered_claims
 from grpo_ablate.tricks.registry import all_options, declared_families, family_info, unregister
 
 THROWAWAY = '''
@@ -88,9 +88,9 @@ def test_a_throwaway_option_is_checked_catalogued_documented_and_watched(throwaw
     assert row["requires"] == "several optimizer steps per rollout" and row["activity"] == "clip/throwaway_frac ≠ 0"
     docs = catalogue.docs_text()
     assert "`throwaway_trick` | `clip=throwaway` | a throwaway policy loss |" in docs
-    assert "| `throwaway_trick` | *helps*: none: it is a test | model=base | a test |" in docs   # its claim
-    assert {"effect": "helps", "where": "model=base", "source": "a test", "says": "none: it is a test"} \
-        in registered_claims()["throwaway_trick"]   # the report's claims, read from the registry
+    assert "| `throwaway_trick` | *helps*: none: it is a test | model=base | level | a test |" in docs   # its claim
+    assert {"effect": "helps", "where": "model=base", "source": "a test", "says": "none: it is a test",
+            "measure": "level"} in registered_claims()["throwaway_trick"]   # the report reads them from the registry
     assert "`throwaway`" in catalogue.option_table().split("| `clip` |")[1].splitlines()[0]
     # its config file: the signature's defaults under the docstring's first line (make catalogue writes it)
     text = catalogue.option_files()["clip/throwaway.yaml"]

@@ -16,9 +16,10 @@ from grpo_ablate.report.build import build_report
 from grpo_ablate.report.render import render_markdown
 from grpo_ablate.stats.error_control import holm
 from grpo_ablate.stats.intervals import delta_ci
-from grpo_ablate.report.transfer import (AGREES, CONTEXT_DEPENDENT, CONTRADICTS, HOLDS, NOT_TESTED, SIGN_FLIPS,
-                                         UNDECIDED, UNDECIDED_HERE, Cell, context_tags, judge,
-                                         transfer_verdicts, welch_p)
+from grpo_ablate.report.claims import AGREES, CONTRADICTS, NOT_TESTED, UNDECIDED_HERE, context_tags, judge
+from grpo_ablate.report.transfer import (CONTEXT_DEPENDENT, HOLDS, SIGN_FLIPS, UNDECIDED, Cell, transfer_verdicts,
+                                         welch_p)
+from grpo_ablate.report.scaling import RAISES, SAME_CEILING
 from grpo_ablate.report.verdicts import HELPS, HURTS, INERT, NO_EVIDENCE, decide_by_delta
 from grpo_ablate.design import Context
 from grpo_ablate.sweep.contexts import across_contexts, check_contexts, file_contexts, with_contexts
@@ -190,6 +191,42 @@ def test_a_claim_is_judged_only_in_the_context_it_was_made_in():
     assert context_tags({"model": {"stage": "aligned"}, "task": {"level": "hard"},
                          "reward": {"wrong": -1.0, "correct": 1.0}}) == {"model": "aligned", "data": "hard",
                                                                          "reward": "-1/1"}
+    # a claim about the ceiling is judged by the fits' ceiling verdict
+    assert judge("helps", RAISES, "ceiling") == AGREES and judge("no effect", RAISES, "ceiling") == CONTRADICTS
+    assert judge("no effect", SAME_CEILING, "ceiling") == AGREES and judge("helps", None, "ceiling") == UNDECIDED_HERE
+
+
+def test_a_sweep_in_one_context_sets_its_claims_beside_the_contrasts_that_measured_them(tmp_path):
+    # a variants file sets families, not named tricks: clip=gpg against the default clip measures gpg_loss
+    # (RGRA's claim: does not hurt), clip=cispo_trl measures cispo_trl (ScaleRL's: a higher ceiling)
+    finals = {"grpo": [0.80, 0.82, 0.81, 0.83], "rgra": [0.90, 0.91, 0.93, 0.92], "cispo": [0.80, 0.83, 0.80, 0.84]}
+    variants = {name: {"tricks": [], "reference": None if name == "grpo" else "grpo", "final": dict(enumerate(vals))}
+                for name, vals in finals.items()}
+    contrasts = [{"trick": v, "with": v, "without": "grpo"} for v in ("rgra", "cispo")]
+    path = make_sweep(tmp_path / "claims", variants, seeds=(0, 1, 2, 3), contrasts=contrasts, mode="variants")
+    clip = {"grpo": "symmetric", "rgra": "gpg", "cispo": "cispo_trl"}
+    for run in path.glob("*-s*"):
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        config.update(clip={"name": clip[run.name.split("-s")[0]]}, adv={"name": "grpo"})
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+    report = build_report(path)
+    rows = {(r["contrast"], r["measure"]): r for r in report.claims}
+    rgra = rows[("rgra", "level")]
+    assert (rgra["trick"], rgra["effect"], rgra["measured"], rgra["judged"]) == ("gpg_loss", "does not hurt", HELPS,
+                                                                               AGREES)
+    cispo = rows[("cispo", "ceiling")]
+    assert cispo["trick"] == "cispo_trl" and cispo["effect"] == "helps"
+    split = next(c for c in report.fits["contrasts"] if c["trick"] == "cispo")
+    assert cispo["measured"] == (split["ceiling"] or split["split"])   # without a ceiling verdict, the split's why
+    assert cispo["judged"] == judge("helps", split["ceiling"], "ceiling")
+    text = render_markdown(report)
+    assert "## The papers' claims beside the measurements" in text and "| rgra | gpg_loss | *does not hurt*" in text
+    # a contrast whose two sides differ in more than one family names no trick, and so no claim
+    for run in path.glob("rgra-s*"):
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        config["adv"] = {"name": "lite"}
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+    assert ("rgra", "level") not in {(r["contrast"], r["measure"]) for r in build_report(path).claims}
 
 
 def context_sweep(tmp_path):

@@ -18,6 +18,7 @@ from grpo_ablate.report.evidence import Evidence, gather
 from grpo_ablate.report.health import HealthThresholds
 from grpo_ablate.report.load import FINISHED, Run, Sweep, load_sweep, nested_value
 from grpo_ablate.report.metric import Metric
+from grpo_ablate.report.claims import claims_section
 from grpo_ablate.report.placebo import placebo_section
 from grpo_ablate.report.power import cost_to_decide, sequential_section
 from grpo_ablate.report.scaling import fit_section, predict_section
@@ -56,6 +57,7 @@ class Report:
     training: dict | None = None                           # training.training_section: training vs its start
     sensitivity: dict | None = None                        # the trick verdicts again under --test paired
     placebo: dict | None = None                            # placebo.placebo_section: an A/A sweep's check
+    claims: list | None = None                             # claims.claims_section: the papers' claims, one context
 
     @property
     def controls(self) -> dict:
@@ -122,6 +124,7 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
     report.fits = fit_section(sweep, metric, higher_is_better, curves)
     report.aggregates = aggregates(sweep, values, measured)
     report.transfer = transfer_section(sweep, verdicts, values, measured)
+    report.claims = claims_section(sweep, verdicts, report.fits)
     report.predictions = predict_section(sweep, metric, summary, higher_is_better, predict_from, decide_by_delta,
                                          compute)
     if report.predictions is not None and report.finished:   # a finished sweep: set beside what it measured

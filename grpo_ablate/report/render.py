@@ -21,7 +21,7 @@ from grpo_ablate.report.power import sequential_guarantee
 from grpo_ablate.report.render_curves import json_sections, markdown_sections as curve_sections
 from grpo_ablate.report.render_head import controls_summary, cost_lines, family, head_lines
 from grpo_ablate.report.render_training import training_section
-from grpo_ablate.report.render_transfer import markdown_section as transfer_section
+from grpo_ablate.report.render_transfer import claims_lines, markdown_section as transfer_section
 from grpo_ablate.report.verdicts import BEATS, BREAKS_TRAINING, NOT_SHOWN
 from grpo_ablate.stats.error_control import ERROR_CONTROL
 from grpo_ablate.stats.intervals import Estimate
@@ -47,6 +47,8 @@ def render_markdown(report: Report, figures: list[tuple[str, str]] | None = None
         out += ["## Verdicts per trick", ""] + verdict_lines(report) + [""]
     if report.placebo:
         out += ["## A/A check", ""] + placebo_lines(report.placebo, report.metric) + [""]
+    if report.claims:
+        out += ["## The papers' claims beside the measurements", ""] + claims_lines(report.claims) + [""]
     out += training_section(report)
     out += ["## Variants", "", variants_table(report), "", "## How to read this", ""] + method_lines(report)
     if report.transfer:
@@ -449,5 +451,6 @@ def report_json(report: Report, figures: list[tuple[str, str]] | None = None) ->
         **({"transfer": report.transfer} if report.transfer else {}),
         **({"training": report.training} if report.training else {}),
         **({"placebo": report.placebo} if report.placebo else {}),
+        **({"claims": report.claims} if report.claims else {}),
         **json_sections(report),
     })

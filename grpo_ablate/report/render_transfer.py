@@ -1,5 +1,6 @@
 """The report's section across contexts (report/transfer.py) as markdown, and its picture:
-the trick × context table, the transfer verdicts, the claims beside the measurements."""
+the trick × context table, the transfer verdicts, the claims beside the measurements (and, for a
+sweep in one context, its claims table: report/claims.py)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -8,7 +9,7 @@ import numpy as np
 
 from grpo_ablate.report.build import Report
 from grpo_ablate.report.formatting import fmt_num
-from grpo_ablate.report.transfer import NOT_TESTED
+from grpo_ablate.report.claims import NOT_TESTED
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -109,3 +110,21 @@ def transfer_figure(report: Report) -> Figure | None:
     ax.set(xlabel=f"Δ {report.metric} (with − without)", title="Each trick in each context, 95% CI")
     ax.grid(axis="x", alpha=0.3)
     return fig
+
+
+def claims_lines(rows: list[dict]) -> list[str]:
+    """A sweep in one context: each claim of a named trick a contrast measured, beside the verdict that
+    judges it (report/claims.py)."""
+    out = ["Per claim of the seed documents (`grpo-ablate tricks`, docs/tricks.md) on a trick a contrast measured: "
+           "*agrees*, *contradicts*, *undecided here* (tested, no decision) or *not tested here* (made in another "
+           "context, or the trick could not act). A claim about the *level* is judged by the contrast's verdict above; "
+           "one about the *ceiling* by the compute-performance fits' ceiling verdict (*Compute–performance fits*, "
+           "below: *raises* / *lowers the ceiling*, or *same ceiling* when ΔA's interval lies within the tolerance).",
+           "", "| contrast | trick | claim | measure | source | measured | judged |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        judged = f"**{r['judged']}**" if r["judged"] in ("agrees", "contradicts") else r["judged"]
+        where = f" ({r['where']})" if r["where"] else ""
+        out.append(f"| {r['contrast']} | {r['trick']} | *{r['effect']}*{where}: {r['says']} | {r['measure']} | "
+                   f"{r['source']} | {r['measured'] or 'no verdict'} | {judged} |")
+    return out
+

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-from grpo_ablate.report.load import nested_value
+from grpo_ablate.report.claims import (NOT_TESTED, claim_matches, context_tags, judge, named_trick,
+                                       registered_claims)
 from grpo_ablate.report.metric import Metric
 from grpo_ablate.report.verdicts import BREAKS_TRAINING, HELPS, HURTS, INERT, NO_EFFECT
 from grpo_ablate.stats import group_sequential as seq
 from grpo_ablate.stats.aggregate import probability_of_improvement
 from grpo_ablate.stats.error_control import holm
 from grpo_ablate.stats.intervals import Estimate, welch_test
-from grpo_ablate.tricks.registry import all_options
 
 ALPHA = 0.05           # family-wise over the grid: every pair of contexts of every trick
 HOLDS = "holds across the contexts tested"
@@ -26,16 +26,6 @@ TRANSFER_VERDICTS = (HOLDS, CONTEXT_DEPENDENT, SIGN_FLIPS, UNDECIDED)
 # a decided per-context verdict as a direction: +1 better, -1 worse, 0 decided nothing to gain
 DIRECTION = {HELPS: 1, HURTS: -1, BREAKS_TRAINING: -1, INERT: 0, NO_EFFECT: 0}
 CERTAIN = (INERT, BREAKS_TRAINING)   # decided by a rule on the runs, not by an interval
-
-AGREES, CONTRADICTS, UNDECIDED_HERE, NOT_TESTED = "agrees", "contradicts", "undecided here", "not tested here"
-# claim effect -> (measured verdicts that agree, measured verdicts that contradict)
-CLAIM_RULES = {
-    "helps": ({HELPS}, {HURTS, BREAKS_TRAINING, NO_EFFECT}),
-    "hurts": ({HURTS, BREAKS_TRAINING}, {HELPS, NO_EFFECT}),
-    "does not help": ({HURTS, BREAKS_TRAINING, NO_EFFECT}, {HELPS}),
-    "does not hurt": ({HELPS, NO_EFFECT}, {HURTS, BREAKS_TRAINING}),
-    "no effect": ({NO_EFFECT}, {HELPS, HURTS, BREAKS_TRAINING}),
-}
 
 
 @dataclass
@@ -150,50 +140,16 @@ def _var(xs: list[float]) -> float:
 
 
 # --------------------------------------------------------------------------- claims
-def context_tags(config: dict | None) -> dict:
-    """The papers' axes of a run's config: model (base | aligned, `model.stage`), data (the
-    task's level), reward (0/1 or -1/1, `reward.wrong`)."""
-    tags = {}
-    stage = nested_value(config, "model", "stage")
-    if stage:
-        tags["model"] = str(stage)
-    level = nested_value(config, "task", "level")
-    if level:
-        tags["data"] = str(level)
-    wrong = nested_value(config, "reward", "wrong")
-    if wrong is not None:
-        tags["reward"] = f"{float(wrong):g}/{float(nested_value(config, 'reward', 'correct') or 1.0):g}"
-    return tags
-
-
-def claim_matches(where: str, tags: dict) -> bool:
-    """A claim made in `where` ("model=aligned,data=easy"; empty: in general) is tested by a
-    context with these tags."""
-    pairs = [part.strip().split("=", 1) for part in where.split(",") if part.strip()]
-    return all(tags.get(axis) == value for axis, value in pairs)
-
-
-def judge(effect: str, verdict: str) -> str:
-    """What one measured verdict says of one claimed effect."""
-    if verdict == INERT:
-        return NOT_TESTED      # the trick could not act here: nothing was measured
-    agree, contradict = CLAIM_RULES[effect]
-    return AGREES if verdict in agree else CONTRADICTS if verdict in contradict else UNDECIDED_HERE
-
-
-def registered_claims() -> dict[str, list[dict]]:
-    """Named trick -> what the seed documents claim about it (registry.Claim: effect, where, source, says),
-    read from the registry (grpo_ablate/tricks/, which imports no torch)."""
-    return {t.name: [asdict(c) for c in t.claims] for o in all_options() for t in o.tricks if t.claims}
-
-
 def claims_rows(trick_claims: dict[str, list], cells: dict[str, list[Cell]], tags: dict[str, dict]) -> list[dict]:
     """Per claim of each trick the sweep measured: per context, agrees / contradicts / undecided
     here / not tested here. `trick_claims`: a trick of the report -> its claims (registered_claims():
-    effect, where, source, says); `tags`: context -> its tags."""
+    effect, where, source, says, measure); `tags`: context -> its tags. Claims about the ceiling are
+    left to the one-context section (report/claims.py): the cells here are level verdicts."""
     rows = []
     for trick, claims in trick_claims.items():
         for claim in claims:
+            if claim["measure"] != "level":
+                continue
             by_context = {c.context: judge(claim["effect"], c.verdict) if claim_matches(claim["where"], tags[c.context])
                           else NOT_TESTED for c in cells.get(trick, [])}
             rows.append({"trick": trick, **claim, "contexts": by_context})
@@ -230,24 +186,11 @@ def transfer_section(sweep, verdicts: list[dict], values: dict, metric: Metric) 
         if context and r.config and context not in config_of:
             config_of[context] = r.config
     tags = {c.name: context_tags(config_of.get(c.name)) for c in sweep.contexts}
-    named = {trick: _named_trick(trick, sides[trick], sweep) for trick in cells}
+    named = {trick: next((n for _, w, wo in sides[trick] if (n := named_trick(trick, w, wo, sweep))), None)
+             for trick in cells}
     registered = registered_claims()
     claimed = {trick: registered[name] for trick, name in named.items() if name in registered}
     return {"contexts": [{"name": c.name, "overrides": list(c.overrides), "tags": tags[c.name]}
                          for c in sweep.contexts],
             "tricks": tricks, "alpha": ALPHA, "tests": tricks[0]["tests"] if tricks else 0,
             "named": named, "claims": claims_rows(claimed, cells, tags)}
-
-
-def _named_trick(trick: str, sides: list[tuple], sweep) -> str | None:
-    """The named trick a contrast measures: its own name, or the one trick its `with` side's runs
-    have on and its `without` side's do not (a variants file names its variants freely)."""
-    if trick in registered_claims():
-        return trick
-    on = lambda variant: {name for r in sweep.runs if r.variant == variant
-                          for name in (nested_value(r.config, "tricks") or {})}
-    for _, with_, without in sides:
-        extra = on(with_) - on(without)
-        if len(extra) == 1:
-            return next(iter(extra))
-    return None

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
-from grpo_ablate.tricks.registry import (DAPO, TRICKS_OR_TRAPS, Claim, Trick, declare_family, register)
+from grpo_ablate.tricks.registry import DAPO, SCALERL, TRICKS_OR_TRAPS, Claim, Trick, declare_family, register
 
 declare_family("loss_agg", "per-token loss weights", stage="loss", default="seq_mean_token_mean", metric="loss")
 
@@ -120,7 +120,10 @@ def token_sum_weights(mask: torch.Tensor, max_len: int | None,
                         what="token mean within each prompt's group, then the mean over prompts (ScaleRL)",
                         source="SkyRL loss_reduction=prompt_mean (skyrl_train/utils/ppo_utils.py); ScaleRL "
                                "(arXiv 2510.13786)",
-                        verdict="not_in_review"),))
+                        verdict="not_in_review",
+                        claims=(Claim("no effect", "", SCALERL,
+                                      "loss aggregation moves compute efficiency, not the asymptote",
+                                      measure="ceiling"),)),))
 def prompt_mean_weights(mask: torch.Tensor, max_len: int | None,
                         group_index: torch.Tensor | None = None) -> torch.Tensor:
     """Prompt-level mean (ScaleRL's aggregation): each prompt's group weighs the same, its tokens

@@ -42,8 +42,8 @@ import math
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
-from grpo_ablate.tricks.registry import (FRACTION, NON_NEGATIVE, Activity, Claim, Inert, Allowed, Trick, choice,
-                                         declare_family, register)
+from grpo_ablate.tricks.registry import (FRACTION, NON_NEGATIVE, SCALERL, Activity, Allowed, Claim, Inert, Trick,
+                                         choice, declare_family, register)
 
 declare_family("prompt_pool", "which prompts a step draws: the task's own order, or a finite pool in epochs, with "
                "prompts of pass rate >= `max_pass` retired (ScaleRL no-positive-resampling), or prime-rl's "
@@ -51,8 +51,6 @@ declare_family("prompt_pool", "which prompts a step draws: the task's own order,
                settings={"size": (Allowed("integer", low=0, low_open=True, optional=True,
                                        note="the pool's prompts; null: a data task's whole training set"), "pooled")},
                defaults={"size": 64})
-
-SCALERL = "ScaleRL (Khatri et al. 2025, arXiv 2510.13786)"
 
 
 def _draws(cfg) -> int:

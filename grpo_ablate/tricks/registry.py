@@ -84,18 +84,24 @@ class Claim:
     """What a seed document claims about a trick, as data the report checks (report/transfer.py):
     its `effect` against the option the trick replaces, `where` the context it was made in (axis=value
     pairs, comma separated: model=base|aligned, data=easy|medium|hard, reward=0/1|-1/1; "" = in
-    general), its `source` and the claim in a sentence (`says`)."""
+    general), its `source`, the claim in a sentence (`says`) and what it is about (`measure`): the
+    level the report's verdict compares (`level`), or the asymptote of the compute-performance fit
+    (`ceiling`, judged by the fits' ceiling verdict: report/scaling.py)."""
     effect: str
     where: str
     source: str
     says: str
+    measure: str = "level"
 
     EFFECTS = ("helps", "hurts", "does not help", "does not hurt", "no effect")
+    MEASURES = ("level", "ceiling")
     AXES = {"model": ("base", "aligned"), "data": ("easy", "medium", "hard"), "reward": ("0/1", "-1/1")}
 
     def __post_init__(self):
         if self.effect not in self.EFFECTS:
             raise ValueError(f"claim {self.says!r}: effect {self.effect!r}; allowed: {', '.join(self.EFFECTS)}")
+        if self.measure not in self.MEASURES:
+            raise ValueError(f"claim {self.says!r}: measure {self.measure!r}; allowed: {', '.join(self.MEASURES)}")
         for axis, value in self.where_tags.items():
             if value not in self.AXES.get(axis, ()):
                 raise ValueError(f"claim {self.says!r}: where {axis}={value}; allowed: "
@@ -107,6 +113,8 @@ class Claim:
 
 
 TRICKS_OR_TRAPS = "Tricks or Traps (Liu et al. 2025; seeds/003)"
+SCALERL = "ScaleRL (Khatri et al. 2025, arXiv 2510.13786)"
+RGRA = "RGRA (Carrino et al. 2026, arXiv 2603.18756)"
 DAPO = "DAPO (Yu et al. 2025; seeds/003)"
 SEED_REVIEW = "the seed review's table (seeds/000)"
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
-from grpo_ablate.tricks.registry import (FLAG, POSITIVE, TRICKS_OR_TRAPS, Activity, Allowed, Claim, Inert, Trick,
-                                      choice, register)
+from grpo_ablate.tricks.registry import (FLAG, POSITIVE, SCALERL, TRICKS_OR_TRAPS, Activity, Allowed, Claim, Inert,
+                                         Trick, choice, register)
 
 
 def group_mean_std(values: torch.Tensor, group_index: torch.Tensor):
@@ -77,7 +77,10 @@ def dr_grpo_advantage(rewards, group_index, mask, values, components):
                         claims=(
                             Claim("helps", "", TRICKS_OR_TRAPS,
                                   "group mean with batch std is the robust combination "
-                                  "(Lite PPO's normalization)"),)),))
+                                  "(Lite PPO's normalization)"),
+                            Claim("no effect", "", SCALERL,
+                                  "advantage normalization moves compute efficiency, not the asymptote",
+                                  measure="ceiling"))),))
 def lite_advantage(rewards, group_index, mask, values, components, *, eps: float = 1e-6, std_of: str = "raw"):
     """Lite PPO: A_j = (r_j - mean_g r) / (std_B + eps): group mean, batch std.
 

@@ -11,7 +11,8 @@ from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick
 
 from grpo_ablate.tricks.clip.ratio import EPS, LOG_RATIO_LIMIT, RATIO_MOVES, float_like, importance_ratio
 from grpo_ablate.tricks.conditions import ONE_STEP, policy_never_leaves_sampler
-from grpo_ablate.tricks.registry import NON_NEGATIVE, POSITIVE, Activity, Inert, Trick, option, register
+from grpo_ablate.tricks.registry import (NON_NEGATIVE, POSITIVE, RGRA, SCALERL, Activity, Claim, Inert, Trick, option,
+                                         register)
 
 
 @register("clip", "cispo",
@@ -58,7 +59,10 @@ def cispo_loss(logp, old_logp, advantages, mask, *, eps_low: float = 10.0, eps_h
           tricks=(Trick("cispo_trl",
                         what="CISPO with an absolute cap: -sg(min(rho, 5)) A log pi",
                         source="TRL loss_type=cispo (ScaleRL, arXiv 2510.13786)",
-                        verdict="not_in_review"),))
+                        verdict="not_in_review",
+                        claims=(Claim("helps", "", SCALERL,
+                                      "the loss type moves the asymptote: CISPO's ceiling is above a PPO-clipped "
+                                      "loss's (DAPO's there)", measure="ceiling"),)),))
 def cispo_trl_loss(logp, old_logp, advantages, mask, *, eps_max: float = 5.0):
     """CISPO, TRL form (ScaleRL, arXiv 2510.13786): the weight is capped absolutely, not around 1.
 
@@ -146,7 +150,10 @@ def cispo_rollout_loss(logp, old_logp, advantages, mask, *, eps_low: float = 1.0
           tricks=(Trick("gpg_loss",
                         what="GPG loss: plain -A log pi, no ratio, no clip (pair with gpg_advantage)",
                         source="verl loss_mode=gpg (arXiv 2504.02546)",
-                        verdict="not_in_review"),))
+                        verdict="not_in_review",
+                        claims=(Claim("does not hurt", "", RGRA,
+                                      "REINFORCE with GRPO's group-relative advantage and KL term but no ratio and no "
+                                      "clip (RGRA) matches or beats GRPO: PPO's clip is not needed"),)),))
 def gpg_loss(logp, old_logp, advantages, mask):
     """GPG (Group Policy Gradient, arXiv 2504.02546): plain REINFORCE, no ratio and no clip.
 
