@@ -487,6 +487,17 @@ def _missing_option_message(err) -> str:
     return _first_line(text)
 
 
+def _chosen_groups(overrides: list[str]) -> DictConfig:
+    """The config the user chose options for: the overrides that pick a group's option (`family=option`,
+    `preset=…`, `+trick=…`), not the settings; so that the keys a refusal lists are those of the option
+    chosen (`rollout_correction=tv_filter rollout_correction.bound=1` lists tv_filter's, not none's)."""
+    chosen = [o for o in overrides if "=" in o and "." not in o.split("=", 1)[0]]
+    try:
+        return _hydra_compose(chosen)
+    except Exception:   # an unknown option among them: its own refusal comes first; list the default's keys
+        return _hydra_compose([])
+
+
 def _composition_message(text: str, overrides: list[str]) -> str:
     exists = re.search(r"Could not append to config\. An item is already at '([^']+)'", text)
     if exists:
@@ -496,7 +507,7 @@ def _composition_message(text: str, overrides: list[str]) -> str:
         key = match.group(1)
         addable = key in ADDABLE_KEYS or key.startswith(tuple(k + "." for k in ADDABLE_KEYS))
         return (f"unknown config key '{key}'" + (f" (this config has none; add it with +{key}=...)" if addable else "")
-                + _nearby(_hydra_compose([]), key))
+                + _nearby(_chosen_groups(overrides), key))
     if match:
         return (f"'{match.group(1)}' is not a config group of the defaults list; "
                 f"to add one use +{match.group(1)}=<option>")

@@ -84,6 +84,9 @@ def test_count_options_are_refused_before_the_training_stack_is_imported(tmp_pat
     ("+rollout.top_q=0.5", "keys of 'rollout': backend"),
     ("+optim.foo=1", "keys of 'optim': betas, lr"),
     ("rollout.temperature=0", "unknown config key 'rollout.temperature'; temperature is a trick family"),
+    # the keys listed are those of the option chosen on the same line, not of the family's default
+    ("rollout_correction=tv_filter rollout_correction.bound=1",
+     "keys of 'rollout_correction': clamp_high, clamp_low, high, low, name"),
     ("+adv.eps=0.1", "adv.eps exists already; set it without the +"),
     ("+task.foo=1", "task.foo is not a setting of task=arithmetic; allowed: level, trace, eval_size"),
     # types and ranges from the trick registry, and the tasks' own
