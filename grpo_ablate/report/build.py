@@ -12,13 +12,13 @@ from omegaconf import OmegaConf
 from grpo_ablate.design import Variant
 from grpo_ablate.errors import ReportError
 from grpo_ablate.pair_rules import variant_lines
+from grpo_ablate.report.claims import claims_section
 from grpo_ablate.report.curves import DEFAULT_K, Summary, curve, final_value, kl_column
 from grpo_ablate.report.diagnostics import analyse as analyse_diagnostics
 from grpo_ablate.report.evidence import Evidence, gather
 from grpo_ablate.report.health import HealthThresholds
 from grpo_ablate.report.load import FINISHED, Run, Sweep, load_sweep, nested_value
 from grpo_ablate.report.metric import Metric
-from grpo_ablate.report.claims import claims_section
 from grpo_ablate.report.placebo import placebo_section
 from grpo_ablate.report.power import cost_to_decide, sequential_section
 from grpo_ablate.report.scaling import fit_section, predict_section

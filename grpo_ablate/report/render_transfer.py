@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from grpo_ablate.report.build import Report
-from grpo_ablate.report.formatting import fmt_num
 from grpo_ablate.report.claims import NOT_TESTED
+from grpo_ablate.report.formatting import fmt_num
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -127,4 +127,3 @@ def claims_lines(rows: list[dict]) -> list[str]:
         out.append(f"| {r['contrast']} | {r['trick']} | *{r['effect']}*{where}: {r['says']} | {r['measure']} | "
                    f"{r['source']} | {r['measured'] or 'no verdict'} | {judged} |")
     return out
-
