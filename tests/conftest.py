@@ -63,7 +63,7 @@ SMALL = [
     "task.eval_size=16", "eval.every=2", "checkpoint_every=2", "samples_every=2",
     "steps=4", "logger=none", "threads=1",
     "optim.lr=1.0e-4",   # the embedded default's lr before its calibration: golden metrics stay as recorded
-    "optim.schedule=constant",   # and its schedule before issue 43's linear decay
+    "optim.schedule=constant",   # and its schedule before the default's lr decayed linearly
 ]
 
 

@@ -287,7 +287,7 @@ def runtime_modules() -> dict[str, Path]:
 
 
 def test_nothing_below_trains_first_screen_receives_the_config():
-    """Issue 33: the DictConfig stops at train()'s first screen. A component that reads the
+    """The DictConfig stops at train()'s first screen. A component that reads the
     config (`cfg.rollout.x`, a trick bound from `cfg`) gets its part of the RunSpec instead."""
     found = [f for name, path in runtime_modules().items() for f in config_parameters(path, name)]
     assert sorted(set(found) - set(TAKES_A_CONFIG)) == [], "take the run spec's part, not the config"

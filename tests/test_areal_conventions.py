@@ -1,4 +1,4 @@
-"""Issue 35's AReaL conventions, in float64: M2PO's denominator, loglinear's versions and one rule
+"""AReaL's conventions, in float64: M2PO's denominator, loglinear's versions and one rule
 for unknown sampler log-probs. The expected numbers are worked by hand from AReaL's source at
 commit 4aef98d8d818af55b43621aaadba047ae10f4e77 (2026-05-21): areal/trainer/ppo/actor.py
 (`grpo_loss_fn`, `_apply_m2po_masking`, `compute_prox_logp_approximations`) and

@@ -38,7 +38,7 @@ def test_help_lists_every_command_with_one_line():
     ("adv=lite adv.std_of=nope", "allowed: raw, centered"),
     ("sampling=dynamic_group sampling.g_max=2", "sampling.g_max=2 is not allowed"),
     ("kl=none kl_weight=entropy", "kl_weight=entropy weights the KL term, but kl=none has none"),
-    # a mistyped knob is never silently ignored (issue 12): it names the knobs the option has
+    # a mistyped knob is never silently ignored: it names the knobs the option has
     ("+adv.epz=0.1", "adv.epz is not a setting of adv=grpo; allowed: eps"),
     ("+clip.eps_hihg=0.3", "clip.eps_hihg is not a setting of clip=symmetric; allowed: eps_high, eps_low"),
     ("overlong=soft_punish +overlong.bufer=3", "overlong.bufer is not a setting of overlong=soft_punish; "

@@ -75,7 +75,7 @@ def test_word_problems_load_split_and_score():
 
 
 def test_the_held_out_rows_are_fixed_whatever_eval_size_is():
-    """Issue 43: without eval_path a fixed partition of the rows (by a hash of the question) is held
+    """Without eval_path a fixed partition of the rows (by a hash of the question) is held
     out; eval_size takes the first of them in the shuffle_seed's order and moves no row into or out of
     training; a filter (task.difficulties) keeps each row on its side; more than the partition is one line."""
     everything = jsonl_task("task.eval_size=null", "task.difficulty_field=difficulty")

@@ -1,4 +1,4 @@
-"""Issue 31: verdicts a user can cite. Error control across a report, exact grid arithmetic,
+"""Verdicts a user can cite. Error control across a report, exact grid arithmetic,
 missing runs paired on the shared seeds, the eval set's noise in the intervals; simulated on
 sweeps whose truth is known (tests/report_sim.py), through the report's functions for the rates and
 through `grpo-ablate report` for the path (the two are checked to give the same verdicts)."""
@@ -238,7 +238,7 @@ def test_breaks_training_is_called_falsely_at_most_5_percent_when_both_sides_bre
 
 
 def test_the_report_says_what_it_computed(tmp_path):
-    """Issue 32's doubtful cases on this surface: `--summary last_100` over runs with four evals says it
+    """The doubtful cases on this surface: `--summary last_100` over runs with four evals says it
     averaged fewer than its name; `--compute wall` says so in report.md and report.json."""
     from grpo_ablate.report.build import build_report
     from grpo_ablate.report.render import render_markdown, report_json

@@ -35,7 +35,7 @@ GOLDEN = Path(__file__).parent / "golden"
 RECORD = os.environ.get("GRPO_ABLATE_RECORD_GOLDEN") == "1"
 TIMING = ("time/", "perf/")
 # Metrics added after the recording (every recorded key must still be there, equal):
-# ppo/* (issue 13: how far off-policy each rollout's optimizer steps were; 1 and 0 with one step).
+# ppo/* (how far off-policy each rollout's optimizer steps were; 1 and 0 with one step).
 ADDED = {"ppo/ratio_mean", "ppo/ratio_min", "ppo/ratio_max", "ppo/kl", "ppo/optimizer_steps"}
 
 # The recording predates packed forwards (model.remove_padding, on by default): the golden runs
@@ -89,7 +89,7 @@ def capability() -> str:
 def cpu() -> str:
     """The processor itself: ATen's capability is not all that picks a kernel (MKL's and oneDNN's
     GEMMs dispatch on the CPU's own features, so an AVX-512 machine run with ATEN_CPU_CAPABILITY=avx2
-    still differs in the last bits from an AVX2 machine: issue 32). Model name and ISA flags."""
+    still differs in the last bits from an AVX2 machine). Model name and ISA flags."""
     import hashlib
     import platform
 
@@ -243,14 +243,14 @@ def same_json(mine, theirs, path=()):
 # of that last step, not to the last bit. Here |x| <= 23 (A in [0, 1], |log B| <= 5, log C_mid <= 21:
 # 1e9 tokens), and near the optimum each step shrinks the error at least as fast as the step itself,
 # so both ends lie within ~XTOL * 24 of the optimum; FIT_TOL allows 10 times that (2.4e-6), absolute
-# on A and on a predicted accuracy, relative on B and C_mid (log-space steps). Issue 32 measured
+# on A and on a predicted accuracy, relative on B and C_mid (log-space steps). We measured
 # 1.7e-10 absolute on an A of 2e-5 and 1e-11 relative on 0.289 between an AVX2 and an AVX-512 CPU.
 FITTED = ("fits", "predictions")
 FIT_TOL = 10 * XTOL * 24
 
 
 # The stored reports were written with a hand-written Student-t quantile (bisection on an
-# incomplete beta); since issue 23 it is scipy's, which differs from it by at most 7e-15
+# incomplete beta); it is now scipy's, which differs from it by at most 7e-15
 # relative (df 1..100, measured): an interval bound moves in its last one or two digits, so
 # the full-precision floats of report.csv/.json are compared at 1e-12 relative, the text exactly.
 T_QUANTILE_REL = 1e-12

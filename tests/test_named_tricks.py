@@ -46,7 +46,7 @@ def tiny_default(cache_dir, default_model):
     return ["logger=none", f"model.cache_dir={cache_dir}", "task.eval_size=16", "steps=2", "eval.every=2"]
 
 
-# The tricks of issue 15 ("not in the seed review") run the way they can act: with PPO
+# The tricks "not in the seed review" run the way they can act: with PPO
 # mini-batches (the ratio moves), and where they need more, with what makes them act here.
 NOT_IN_REVIEW = {name for name, (_, trick) in REGISTERED.items() if trick.verdict == "not_in_review"}
 ACTS_WITH = {
@@ -54,7 +54,7 @@ ACTS_WITH = {
     "rollout_sequence_truncate": ["rollout.dtype=bfloat16"], "rollout_sequence_mask": ["rollout.dtype=bfloat16"],
     "off_policy_mask": ["off_policy_mask.delta=0.0"],    # a 2-step run never drifts by 0.5 nats a token
     "ref_sync": ["ref_sync.every=2"],
-    # issue 25: the corrections of stale rollouts act once a stale policy samples (step 2 of 2)
+    # the corrections of stale rollouts act once a stale policy samples (step 2 of 2)
     "decoupled_ppo": ["staleness=fixed"], "proximal_loglinear": ["staleness=fixed"],
     "proximal_behaviour": ["staleness=fixed"],
     "cispo_rollout_anchor": ["staleness=fixed"],   # pi / mu moves at the first mini-batch too
@@ -62,11 +62,11 @@ ACTS_WITH = {
     "mixed_staleness": ["staleness.stale_frac=1.0"],
     "fp32_lm_head": ["+model.dtype=bfloat16"],
     "no_positive_resampling": ["prompt_pool.size=8"],     # step 2 starts a second epoch: retirement acts
-    # issue 35: trust-region masking acts once a stale policy samples and the bound is below its drift
+    # trust-region masking acts once a stale policy samples and the bound is below its drift
     "trust_region_mask": ["staleness=fixed", "rollout_correction.high=1e-8"],
     "kpop": ["staleness=fixed", "rollout_correction.high=1e-8"],   # two steps never drift by a KL of 2
     "ref_update_interval": ["ref_sync.every=2"],
-    # the rest of issue 35: the ramp over every length, any flat group replaced, a stale sampler
+    # AReaL's other conventions: the ramp over every length, any flat group replaced, a stale sampler
     "difficulty_aware_penalty": ["overlong.buffer=32"],
     "dynamic_sampling_replace": ["sampling.min_replace_ratio=0.0"],
     "vcpo_ess_lr": ["staleness=fixed"],

@@ -225,7 +225,7 @@ def test_watch_follows_a_running_sweep_and_stops_on_ctrl_c(tmp_path):
 
 @pytest.mark.parametrize("kind", ["leave-one-out", "contexts with controls"])
 def test_report_md_opens_with_the_verdict_table(kind, tmp_path):
-    """Issue 43: the verdicts first. report.md's first table is the verdict table, within its first
+    """The verdicts first. report.md's first table is the verdict table, within its first
     8 lines, with at most three lines between the title and it (the family and its error control,
     training against its untrained start, the cost of deciding the rest); the method text is below."""
     from report_sim import write_sweep
@@ -262,7 +262,7 @@ def test_report_md_opens_with_the_verdict_table(kind, tmp_path):
 
 
 def test_the_first_line_names_the_familys_model_when_it_has_one(tmp_path):
-    """The family may say which model its tests came from (issue 43, item 1): the line above the
+    """The family may say which model its tests came from: the line above the
     verdict table carries it; a family without one reads as before."""
     from grpo_ablate.report.render import render_markdown
 

@@ -65,7 +65,7 @@ def curve_sweep(path, params, seeds=(0, 1, 2, 3, 4), noise_sd=0.004):
 
 def drifting_sweep(path, drop, start, seeds=(0, 1, 2, 3, 4), noise_sd=0.004):
     """Both arms rise alike to the same peak (A 0.85 by about step 10); from `start` the runs with
-    the trick drift down linearly, by `drop` at the last step (issue 31's late drift)."""
+    the trick drift down linearly, by `drop` at the last step (a late drift seen on the default sweep)."""
     sweep = curve_sweep(path, {"all": (0.85, 3.0, 5_000.0), "drop-t": (0.85, 3.0, 5_000.0)}, seeds, noise_sd)
     for s in seeds:
         eps = np.random.default_rng(1000 + s)
@@ -212,7 +212,7 @@ def test_identical_curves_split_as_neither(tmp_path):
 
 
 def test_a_drifting_arm_is_unstable_not_a_lower_ceiling(tmp_path):
-    """Issue 31: a late drift of −0.08 used to be called *lowers the ceiling*; every run with the
+    """A late drift of −0.08 used to be called *lowers the ceiling*; every run with the
     trick peaks and falls here, so each is unstable, the arm drifts, exclusion differs by arm."""
     report = build_report(drifting_sweep(tmp_path / "s", drop=0.08, start=14))
     c = report.fits["contrasts"][0]

@@ -64,7 +64,7 @@ def test_the_late_window_is_the_last_third_and_at_least_two():
     assert [late_window(m) for m in (3, 6, 7, 20)] == [2, 2, 3, 7]
     steps = eval_steps()
     d = drift(Curve(steps, steps, np.array([0.685, 0.9, 0.95, 0.9, 0.85, 0.8, 0.775])), EVAL_SIZE)
-    # the default's own curve on a fresh clone (issue 31): 0.950 at step 10, 0.775 at step 30
+    # the default's own curve on a fresh clone, constant lr: 0.950 at step 10, 0.775 at step 30
     assert d.peak == 0.95 and d.peak_step == 10 and d.late == pytest.approx(0.7875) and d.window == 2
     assert d.se == pytest.approx(np.sqrt(0.7875 * 0.2125 / EVAL_SIZE))       # the larger of the two SEs
     assert d.drifting and d.p < 0.001 and "peaks at 0.950 (step 10)" in d.describe()

@@ -112,7 +112,7 @@ def test_missing_manifest_groups_run_dirs(tmp_path):
 
 def test_a_run_that_trained_another_config_than_planned_is_left_out_as_failed(tmp_path):
     """A sweep's jobs compose the live conf/ when they start: a run launched after conf/ changed
-    trains another experiment (seen in issue 31: 11 of 35 runs of a sweep got another eval set).
+    trains another experiment (seen on a real sweep: 11 of 35 runs of a sweep got another eval set).
     Its status.json's config hash differs from the manifest's: the report says so and never
     averages it in, and the sweep's own status refresh marks it failed with the way out."""
     from grpo_ablate.sweep.manifest import refresh_statuses

@@ -20,7 +20,7 @@ def test_t_quantile_matches_tables():
 
 
 def test_one_missing_run_pairs_on_the_shared_seeds(tmp_path):
-    # issue 31: a missing (or NaN) run used to switch the whole contrast to Welch over unpaired seeds;
+    # a missing (or NaN) run used to switch the whole contrast to Welch over unpaired seeds;
     # the interval is now the paired one on the seeds both sides have, and the dropped seed is said
     variants = {"base": {"tricks": [], "reference": None, "final": {0: 0.60, 1: 0.64, 2: 0.62}},
                 "+x": {"tricks": ["x"], "reference": "base", "final": {0: 0.75, 1: 0.80}}}

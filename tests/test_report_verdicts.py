@@ -147,7 +147,7 @@ def test_one_seed_gives_no_verdict_not_even_breaks_training(tmp_path):
     assert "0.800 (n=1, no CI)" in text
 
 
-# --------------------------------------------------------------------------- controls (issue 8)
+# --------------------------------------------------------------------------- controls
 
 
 def against(report):
@@ -304,8 +304,8 @@ def test_known_answers_of_a_variants_file_are_checked(tmp_path):
 
 
 def with_rft(tmp_path, rft_final):
-    """The LOO sweep with all three controls, its training checked against its start (as a sweep
-    planned since issue 36 is)."""
+    """The LOO sweep with all three controls, its training checked against its start (as every sweep
+    planned now is)."""
     import json
 
     controls = {**CONTROLS, "rft": {"final": rft_final}}

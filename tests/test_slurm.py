@@ -171,7 +171,7 @@ def test_a_job_step_with_two_tasks_is_one_data_parallel_run(slurm_cluster, small
 
 
 def test_a_sweep_across_contexts_runs_each_contexts_controls_on_slurm(slurm_cluster, small, tmp_path):
-    """Per-context controls (issue 36) are ordinary jobs of the array: each context's untrained base
+    """Per-context controls are ordinary jobs of the array: each context's untrained base
     and SFT control run on the cluster like its treatments, and the report reads them per context."""
     sweep_dir = tmp_path / "sweep"
     r = cli("sweep", "add-one-in", "--tricks", "no_std", "--across", "reward.wrong=0,-1", "--seeds", "1",

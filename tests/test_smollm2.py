@@ -144,7 +144,7 @@ def run(overrides, run_dir):
 
 
 # pi_theta and pi_ref hold the same weights before the first update, but their forwards may take
-# different CPU kernels (one under autograd, one without; oneDNN picks by CPU: issue 32 measured a
+# different CPU kernels (one under autograd, one without; oneDNN picks by CPU: we measured a
 # k3 of 1.6e-9 on an AVX-512/AMX Xeon, 0.0 here): equal to rounding, not to the bit. k3 ~ d^2/2
 # for a log-prob gap d, so 1e-6 allows gaps of ~1e-3, far above rounding and far below an update's.
 KL_AT_THE_SAME_WEIGHTS = 1e-6

@@ -129,7 +129,7 @@ def test_expectable_verdicts_are_the_reports_vocabulary():
     from grpo_ablate.report import verdicts
 
     vocabulary = {value for name, value in vars(verdicts).items() if name.isupper() and isinstance(value, str)}
-    assert set(EXPECTABLE) - {"inert here"} <= vocabulary   # "inert here": the report's next verdict (issue 13)
+    assert set(EXPECTABLE) - {"inert here"} <= vocabulary   # "inert here": the report's next verdict
 
 
 @pytest.mark.parametrize("tricks, message", [

@@ -75,7 +75,7 @@ def test_the_eval_set_is_drawn_once_per_process_and_each_task_gets_its_own():
 
 
 def test_eval_size_changes_no_training_draw_and_no_warm_start():
-    """Issue 43: task.eval_size=1000 changes the eval only. Every training draw, the prompt pool,
+    """task.eval_size=1000 changes the eval only. Every training draw, the prompt pool,
     the warm start's draws and its cache key are those of eval_size=200, whose eval set is the
     first 200 problems of eval_size=1000's."""
     small, large = ArithmeticTask(eval_size=200), ArithmeticTask(eval_size=1000)

@@ -1,4 +1,4 @@
-"""Issue 36: before any trick verdict, whether training beats its untrained start, per context
+"""Before any trick verdict, whether training beats its untrained start, per context
 (report/training.py). Synthetic sweeps whose truth is known (tests/training_sim.py): the headline
 names the context where training lowers the metric and the one where it raises it; the checks
 are a family of their own, so the trick contrasts' error rate stays what the report states, and

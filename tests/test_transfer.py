@@ -291,7 +291,7 @@ def test_dry_run_counts_the_runs_of_every_context(tmp_path, small):
     r = cli_here("sweep", "add-one-in", "--tricks", "no_std", "--across", "task.level=easy,hard",
                  "--across", "reward.wrong=0,-1", "--seeds", "2", "--dry-run", *small, cwd=tmp_path)
     assert r.exit_code == 0, r.stdout + r.stderr
-    # each context has its own controls (issue 36): the untrained base, the SFT and the RFT control
+    # each context has its own controls: the untrained base, the SFT and the RFT control
     assert "across 4 contexts: 40 runs, 4 contrasts" in r.stdout
     assert "  level-hard.wrong--1: 5 variants, 10 runs (task.level=hard reward.wrong=-1)" in r.stdout
     assert "control-base@level-hard.wrong--1" in r.stdout and "control-sft@level-easy.wrong-0" in r.stdout
@@ -361,7 +361,7 @@ def test_a_killed_sweep_across_contexts_resumes_to_the_same_results(tmp_path, sm
 
 
 
-# ------------------------------------------------------------------------------ controls in every context (issue 36)
+# ------------------------------------------------------------------------------ controls in every context
 def test_every_context_gets_its_own_controls(small):
     """The untrained base (an eval of the context's warm start) in every context by default, the SFT
     and RFT controls too where every run trains the embedded model; --no-controls drops them, and

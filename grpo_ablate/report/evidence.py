@@ -123,7 +123,7 @@ def gather(values: dict, runs_of: dict, curves: dict, metric: Metric, summary: S
         if len(sets) > 1:
             evidence.why_no_scores = "the runs were scored on different eval sets"
         elif not scores:
-            evidence.why_no_scores = "no run logged per-problem scores (evals.jsonl, written since issue 31)"
+            evidence.why_no_scores = "no run logged per-problem scores (evals.jsonl; runs of older versions wrote none)"
         else:
             evidence.scores = scores
     return evidence

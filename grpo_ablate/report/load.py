@@ -89,7 +89,7 @@ class Sweep:
     # a sweep across contexts: context -> role -> that context's control (`controls` then names
     # them as `control-base@<context>`, for the columns and the text)
     context_controls: dict = field(default_factory=dict)
-    checks_training: bool = False                   # the manifest fixed the training-vs-start test (issue 36)
+    checks_training: bool = False                   # the manifest fixed the training-vs-start test
     warnings: list = field(default_factory=list)    # one line per run left out, for stderr (also in its notes)
     expected_pairs: list = field(default_factory=list)   # pair rules the sweep asks about: not in its notes
 

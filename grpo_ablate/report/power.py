@@ -113,7 +113,7 @@ def cost_to_decide(verdicts: list[dict], undecided: tuple, runs) -> dict:
     for v in open_:
         p = v["power"]
         # seeds needed for the observed |Δ| is post-hoc power: from five seeds it can say 6 or 1,100
-        # for the same truth (issue 31); past PRICED_SEEDS the sum would be noise, so it is named, not priced
+        # for the same truth (docs/statistics.md); past PRICED_SEEDS the sum would be noise, so it is named, not priced
         if not p.get("seeds_needed") or p["seeds_needed"] > PRICED_SEEDS:
             unpriced.append(v["trick"])
             continue

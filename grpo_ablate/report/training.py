@@ -19,7 +19,7 @@ START = "step 0"                             # the start when there is no base c
 
 
 def training_section(sweep: Sweep, evidence: Evidence, curves: dict, against: list[dict]) -> dict | None:
-    """{contexts: [...], family} or None when the sweep fixed no such test (planned before issue 36)."""
+    """{contexts: [...], family} or None when the sweep fixed no such test (a manifest from before the test existed)."""
     if not (sweep.checks_training or sweep.context_controls):
         return None
     contexts = [c.name for c in sweep.contexts] or [None]

@@ -84,7 +84,7 @@ class SweepRequest:
     placebos: int = DEFAULT_PLACEBOS  # sweep aa: placebo variants beside the reference
 
 
-# What a sweep decides on unless told: the mean of the last three evals (issue 31: on the default sweep
+# What a sweep decides on unless told: the mean of the last three evals (on the default sweep
 # it halves the paired SD of the final eval, which a peaking-then-drifting curve makes noisy; docs/calibration.md,
 # "Calibration"). Fixed in the manifest before the first run.
 DECISION_METRIC, DECISION_SUMMARY = "eval/accuracy", "last_3"

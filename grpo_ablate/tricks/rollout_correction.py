@@ -238,11 +238,11 @@ def m2po_weights(old_logp, sampler_logp, mask, *, threshold: float = 0.04, denom
     once over the whole batch (as rollout_correction's weights are, verl's convention) and alone
     (rollout_correction=decoupled is the other).
 
-    The denominator (issue 35). AReaL's code replaces `loss_mask` by the M2PO mask before
+    The denominator. AReaL's code replaces `loss_mask` by the M2PO mask before
     `ppo_actor_loss_fn`, which divides by the count of the mask it receives: the policy loss is
     the mean over the KEPT tokens (`denominator=kept`, the default). AReaL's docs (m2po.md) and
     the paper write 1 / sum_i |o_i|, every trained token (`denominator=trained`, this project's
-    rule before issue 35); the gradient is then N_kept / N smaller. `kept` scales the 0/1 mask by
+    former rule); the gradient is then N_kept / N smaller. `kept` scales the 0/1 mask by
     N_trained / N_kept, so under loss_agg=token_mean (AReaL's aggregation) the loss is exactly the
     kept tokens' mean; other aggregations are scaled by the same batch-wide factor. Hand case:
     M2 = (1, .01, .01, .01), threshold .04, per-token losses (1, 2, 3, 4): kept 3.0, trained 2.25."""
