@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from grpo_ablate.report.build import Report
-from grpo_ablate.report.claims import NOT_TESTED
+from grpo_ablate.report.claims import AGREES, CONTRADICTS, NOT_TESTED
 from grpo_ablate.report.formatting import fmt_num
 
 if TYPE_CHECKING:
@@ -64,8 +64,7 @@ def markdown_section(report: Report) -> list[str]:
         for row in t["claims"]:
             cells = [row["contexts"].get(n, NOT_TESTED) for n in names]
             out.append(f"| {row['trick']} | *{row['effect']}*: {row['says']} | {row['where'] or 'in general'} | "
-                       f"{row['source']} | " + " | ".join(f"**{c}**" if c in ("agrees", "contradicts") else c
-                                                          for c in cells) + " |")
+                       f"{row['source']} | " + " | ".join(map(_judgement, cells)) + " |")
     elif t["tricks"]:
         out += ["", "No trick of this sweep carries a claim of the seed documents (`grpo-ablate tricks`)."]
     return out + [""]
@@ -122,8 +121,12 @@ def claims_lines(rows: list[dict]) -> list[str]:
            "below: *raises* / *lowers the ceiling*, or *same ceiling* when ΔA's interval lies within the tolerance).",
            "", "| contrast | trick | claim | measure | source | measured | judged |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        judged = f"**{r['judged']}**" if r["judged"] in ("agrees", "contradicts") else r["judged"]
         where = f" ({r['where']})" if r["where"] else ""
         out.append(f"| {r['contrast']} | {r['trick']} | *{r['effect']}*{where}: {r['says']} | {r['measure']} | "
-                   f"{r['source']} | {r['measured'] or 'no verdict'} | {judged} |")
+                   f"{r['source']} | {r['measured'] or 'no verdict'} | {_judgement(r['judged'])} |")
     return out
+
+
+def _judgement(judged: str) -> str:
+    """A claim's judgement as a cell: bold where the measurement decided it (agrees, contradicts)."""
+    return f"**{judged}**" if judged in (AGREES, CONTRADICTS) else judged
