@@ -22,7 +22,7 @@ from rich.console import Console
 from grpo_ablate import cli_options as opt
 from grpo_ablate.cli_fields import from_command_line
 from grpo_ablate.errors import UserError
-from grpo_ablate.requests import DoctorArgs, ReportRequest, SweepArgs
+from grpo_ablate.requests import DoctorArgs, EvalArgs, ReportRequest, SweepArgs
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Ablation runner for GRPO training tricks.")
@@ -213,6 +213,27 @@ def doctor(ctx: typer.Context, **options) -> None:
     raise typer.Exit(0 if result["all_on_broken"] is False else 1)
 
 
+@app.command(name="eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@opt.takes(EvalArgs)
+def eval_command(ctx: typer.Context, **options) -> None:
+    """Score finished runs under an eval protocol: k samples at a temperature (avg@k, pass@k, maj@k).
+
+    DIR is a run dir or a sweep dir; extra arguments override the protocol (eval=sampled, the default;
+    eval.samples=16 eval.temperature=0.6) or the task (task=jsonl task.path=bench.jsonl). Results go
+    to evals/<name>.jsonl in each run dir; `grpo-ablate report DIR --eval <name>` decides on them.
+    """
+    given = from_command_line(EvalArgs, ctx.args, options)
+    _refused(given.check)
+    from grpo_ablate.evals import command   # the config layer; the training stack once the plan holds
+
+    try:
+        code = command.run(command.EvalRequest(given.directory, given.args, given.name, given.steps, given.threads),
+                           console)
+    except UserError as err:
+        fail(str(err))
+    raise typer.Exit(code)
+
+
 @app.command()
 def tricks(
     fmt: str = opt.TRICKS_FMT,
@@ -242,6 +263,7 @@ def tricks(
 def report(
     sweep_dir: Path = opt.REPORT_SWEEP_DIR,
     metric: str = opt.REPORT_METRIC,
+    eval_name: Optional[str] = opt.REPORT_EVAL,
     summary: Optional[str] = opt.REPORT_SUMMARY,
     last_k: Optional[int] = opt.REPORT_LAST_K,
     compute: str = opt.REPORT_COMPUTE,
@@ -262,7 +284,8 @@ def report(
 ) -> None:
     """Which tricks matter: table, verdicts, health flags and PNG curves for a sweep dir."""
     req = ReportRequest(
-        sweep_dir=sweep_dir, metric=metric, summary=summary, last_k=last_k, compute=compute, predict_from=predict_from,
+        sweep_dir=sweep_dir, metric=metric, eval_name=eval_name, summary=summary, last_k=last_k, compute=compute,
+        predict_from=predict_from,
         fmt=fmt, out=out, watch=watch, threshold=tuple(threshold), lower_is_better=lower_is_better, effect=effect,
         error_control=error_control, test=test, alpha=alpha, conflict_threshold=conflict_threshold,
         figures=figures, use_wandb=use_wandb, wandb_report=wandb_report)
@@ -273,7 +296,8 @@ def report(
 
     options = {"metric": metric, "higher_is_better": not lower_is_better, "conflict_threshold": conflict_threshold,
                "effect": effect, "summary": parse_summary(summary, last_k), "predict_from": predict_from,
-               "compute": compute, "error_control": error_control, "alpha": alpha, "test": test}
+               "compute": compute, "error_control": error_control, "alpha": alpha, "test": test,
+               "eval_name": eval_name}
     try:
         _write_report(rep, req, options)
     except UserError as err:

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from grpo_ablate import composition
 from grpo_ablate.allowed import Allowed, choice
 from grpo_ablate.errors import ConfigError
+from grpo_ablate.evals.protocol import GREEDY, EvalProtocol
 from grpo_ablate.here import check_here  # noqa: F401  (re-exported: the CLI and the trainer check both)
 from grpo_ablate.run_settings import RUN_SETTINGS
 from grpo_ablate.model_source import PACKAGE_PREFIX, ModelPathError, gguf_source, local_path, looks_local
@@ -36,12 +37,15 @@ CONFIG_NAME = "config"
 # `diag` only observes (gradient diagnostics never change the update: tests/test_diagnostics.py).
 # The micro-batch split changes how a step is computed, not what (tests/test_micro_batches.py), as
 # threads do: a run that ran out of memory resumes split, and a split run is the unsplit run's config.
+# eval.keep_weights only keeps what the run computes anyway (the weights at each eval step).
 RESUMABLE_KEYS = ("steps", "resume", "logger", "run", "sweep", "threads", "diag",
-                  "updates.micro_batch_size", "updates.max_tokens_per_forward")
+                  "updates.micro_batch_size", "updates.max_tokens_per_forward", "eval.keep_weights")
 # settings added after runs existed, hashed only away from the value at which they do nothing (the
-# sampler's filters off), so a run started before them hashes, and resumes, as it did
+# sampler's filters off; the eval protocol every run had before, greedy), so a run started before
+# them hashes, and resumes, as it did
 HASHED_AWAY_FROM = {**{f"rollout.{key}": off for key, off in FILTERS_OFF.items()}, "rollout.sampling_replay": True,
-                    "rollout.stream_salt": 0}
+                    "rollout.stream_salt": 0, **{f"eval.{key}": value for key, value in GREEDY.settings().items()},
+                    "eval.name": GREEDY.name}
 
 
 def params(group: DictConfig) -> dict:
@@ -193,9 +197,41 @@ def check_run_settings(cfg: DictConfig, values: _Values | None = None) -> None:
     _require(cfg.reward.correct > cfg.reward.wrong,
              f"reward.correct={cfg.reward.correct!r}, reward.wrong={cfg.reward.wrong!r} are not allowed; "
              "they must be numbers with correct > wrong")
+    check_eval_protocol(cfg)
     if cfg.control.name == "sft" and cfg.control.budget == "wall":
         _require(cfg.control.wall_s is not None, "control.budget=wall needs control.wall_s (seconds of "
                                                  "supervised training in all)")
+
+
+def parses_answers(task: str) -> bool:
+    """Whether a task parses a completion's final answer (`task.answer`): maj@k votes on them."""
+    return hasattr(TASKS.get(task), "answer")
+
+
+def check_eval_protocol(cfg: DictConfig) -> None:
+    """The eval protocol's settings across keys (each key's own range: run_settings.py): greedy
+    draws one answer, filters act only when sampling, pass@k and maj@k need k samples, maj@k a
+    task that parses answers."""
+    group = cfg.eval
+    samples, temperature = group.samples, group.temperature
+    if temperature == 0:
+        _require(samples == 1, f"eval.samples={samples} with eval.temperature=0 draws the same greedy answer {samples} "
+                               "times; set eval.temperature > 0 (e.g. eval=sampled) or eval.samples=1")
+        moved = [f"eval.{key}={group[key]}" for key, off in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0))
+                 if group[key] != off]
+        _require(not moved, f"{' '.join(moved)} filters what is sampled, and eval.temperature=0 samples nothing "
+                            "(greedy); set eval.temperature > 0 or drop it")
+    for key in ("pass_k", "maj_k"):
+        ks = group[key]
+        if ks is None:
+            continue
+        bad = [k for k in ks if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= samples]
+        _require(not bad, f"eval.{key}={list(ks)} is not allowed; each k must be an integer in 1..eval.samples "
+                          f"({samples})")
+    if group.maj_k and not parses_answers(cfg.task.name):
+        raise ConfigError(f"eval.maj_k={list(group.maj_k)}: task={cfg.task.name} parses no answers to vote on; set "
+                          "eval.maj_k=[]")
+    EvalProtocol.from_group(group)   # every key readable as the protocol reads it
 
 
 def check_model_and_task(cfg: DictConfig) -> None:

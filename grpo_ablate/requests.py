@@ -133,6 +133,30 @@ class DoctorArgs:
                              "contrast for --seeds auto to decide; give a seed count (--seeds 2)")
 
 
+@dataclass(frozen=True)
+class EvalArgs:
+    """`grpo-ablate eval`'s options as given, each declared once here; `args`: the overrides of the
+    eval protocol and the task (evals/command.py)."""
+    directory: Path | None = argument("A run dir, or a sweep dir (every completed run in it).")
+    args: tuple[str, ...] = ()
+    name: str | None = option("--name", help="What the results are called: evals/<name>.jsonl in each run dir, "
+                              "`report --eval <name>` (default: the protocol's, e.g. sampled).", allowed=TEXT)
+    steps: str = option("--steps", help="final: the start and the final checkpoint; all: also every eval step whose "
+                        "weights the run kept (eval.keep_weights=true).", default="final",
+                        allowed=choice("final", "all"), check=True)
+    threads: int | None = option("--threads", help="Torch CPU threads (default: the run's `threads`).",
+                                 allowed=COUNT, check=True)
+
+    def check(self) -> None:
+        """The declared ranges (ValueProblem), a directory, and no option mistaken for an override."""
+        check_given(self)
+        if self.directory is None:
+            raise ValueError("give the run dir or sweep dir to score: grpo-ablate eval DIR [eval=sampled ...]")
+        flag = next((a for a in self.args if a.startswith("-")), None)
+        if flag is not None:
+            raise ValueError(f"no such option: {flag}; see grpo-ablate eval --help")
+
+
 # the report's choices: option -> the values it allows
 # The report's options with a fixed range: attribute -> (the option, what it may be).
 REPORT_OPTIONS = {
@@ -159,6 +183,7 @@ class ReportRequest:
     """`grpo-ablate report`'s options: what is compared, how it is summarised, where it goes."""
     sweep_dir: Path
     metric: str = "eval/accuracy"
+    eval_name: str | None = None
     summary: str | None = None
     last_k: int | None = None
     compute: str = "tokens"

@@ -54,6 +54,16 @@ RUN_SETTINGS = {
     "rollout.enforce_eager": Allowed("bool", optional=True),   # null: true on a CPU
     "eval.every": POSITIVE_INT,
     "eval.max_new_tokens": POSITIVE_INT,               # after rollout's, which it defaults to
+    "eval.keep_weights": FLAG,
+    # eval=greedy|sampled: the eval protocol (evals/protocol.py; the rules across its keys: config.py)
+    "eval.name": TEXT, "eval.samples": POSITIVE_INT, "eval.temperature": NON_NEGATIVE,
+    "eval.top_k": NON_NEGATIVE_INT,                    # 0: off
+    "eval.top_p": Allowed(low=0, low_open=True, high=1),   # 1: off
+    "eval.min_p": Allowed(low=0, high=1, high_open=True),  # 0: off
+    "eval.pass_k": Allowed("numbers", low=1, optional=True, note="each k an integer <= eval.samples; null: 2, 4, "
+                           "8, ... up to eval.samples"),
+    "eval.maj_k": Allowed("numbers", low=1, optional=True, note="each k an integer <= eval.samples; null: "
+                          "eval.samples where the task parses answers"),
     # model=tiny|tiny_aligned|hf|smollm2 (the path, device pattern, fsdp and LoRA rules: config.py)
     "model.name": choice("tiny", "hf"),
     "model.stage": Allowed("choice", choices=("base", "aligned"), optional=True),

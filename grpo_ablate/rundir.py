@@ -4,7 +4,11 @@
     overrides.yaml   the command-line overrides            (atomic)
     metrics.jsonl    one flat JSON object per step; the source of truth for reports
     samples.jsonl    a few completions every `samples_every` steps
-    evals.jsonl      each eval's per-problem scores, packed (`pack_scores`): the report's eval-noise term
+    evals.jsonl      each eval's per-problem scores, packed (`pack_scores`): the report's eval-noise term;
+                     a sampled protocol's every sample, and its vote tallies (maj@k)
+    evals/<name>.jsonl  a protocol scored after training (`grpo-ablate eval`), rows as evals.jsonl's,
+                     beside evals/<name>.json, its protocol and task (atomic, written first)
+    weights/step-<N>/   with eval.keep_weights: the policy at each eval step (what `eval --steps all` scores)
     status.json      running | completed | diverged | failed | interrupted, step, reason, wall time (atomic)
     checkpoint/      latest weights + optimizer + RNG state, replaced atomically
     traceback.txt    the whole story of a crash (status.json has its one-line reason)
@@ -31,35 +35,44 @@ STATES = ("running", "completed", "diverged", "failed", "interrupted")
 TIMING_PREFIXES = ("time/", "perf/")  # the only fields that may differ between identical runs
 CHECKPOINT, CHECKPOINT_TMP, CHECKPOINT_OLD = "checkpoint", "checkpoint.tmp", "checkpoint.old"
 EVALS = "evals.jsonl"
+EVALS_DIR = "evals"          # evals/<name>.json and .jsonl: a protocol scored after training (grpo-ablate eval)
+WEIGHTS = "weights"          # eval.keep_weights: weights/step-<N>/, the policy at each eval step
 EVAL_SCORES = "eval_scores"   # the key under which an eval hands its per-problem scores to the run log
 
 
-def pack_scores(scores) -> dict:
-    """One eval's per-problem scores, compactly: 0/1 scores (a verifier's pass/fail) as the hex of
-    their bits, 50 characters for 200 problems; anything else as a list of floats."""
+def pack_scores(scores, samples: int = 1) -> dict:
+    """One eval's per-problem scores, compactly: `scores` holds `samples` scores per problem,
+    problem-major (P x samples values). 0/1 scores (a verifier's pass/fail) as the hex of their bits,
+    50 characters for 200 problems; anything else as a list of floats. `samples` is written only
+    when above 1 (a row without it has one per problem: greedy, as every row before sampled evals)."""
     scores = [float(x) for x in scores]
+    if samples < 1 or len(scores) % samples:
+        raise ValueError(f"{len(scores)} scores are not {samples} per problem")
+    head = {"n": len(scores) // samples, **({"samples": samples} if samples > 1 else {})}
     if all(x in (0.0, 1.0) for x in scores):
         bits = "".join("1" if x else "0" for x in scores)
         padded = bits + "0" * (-len(bits) % 4)
-        return {"n": len(scores), "bits": "".join(f"{int(padded[i:i + 4], 2):x}" for i in range(0, len(padded), 4))}
-    return {"n": len(scores), "scores": [round(x, 9) for x in scores]}
+        return {**head, "bits": "".join(f"{int(padded[i:i + 4], 2):x}" for i in range(0, len(padded), 4))}
+    return {**head, "scores": [round(x, 9) for x in scores]}
 
 
 def unpack_scores(row: dict) -> list[float] | None:
-    """The per-problem scores of one `evals.jsonl` row, None when the row is not one."""
-    n = row.get("n")
-    if not isinstance(n, int) or n <= 0:
+    """The scores of one `evals.jsonl` row, `samples` per problem, problem-major (pack_scores);
+    None when the row is not one."""
+    n, samples = row.get("n"), row.get("samples", 1)
+    if not isinstance(n, int) or n <= 0 or not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
         return None
-    if isinstance(row.get("scores"), list) and len(row["scores"]) == n:
+    total = n * samples
+    if isinstance(row.get("scores"), list) and len(row["scores"]) == total:
         return [float(x) for x in row["scores"]]
     bits = row.get("bits")
-    if not isinstance(bits, str) or len(bits) != (n + 3) // 4:
+    if not isinstance(bits, str) or len(bits) != (total + 3) // 4:
         return None
     try:
         flat = "".join(f"{int(ch, 16):04b}" for ch in bits)
     except ValueError:
         return None
-    return [float(ch == "1") for ch in flat[:n]]
+    return [float(ch == "1") for ch in flat[:total]]
 
 
 def atomic_write_text(path: Path, text: str) -> None:

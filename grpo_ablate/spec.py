@@ -18,7 +18,8 @@ from typing import Any, Callable, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from grpo_ablate.config import config_hash, params
+from grpo_ablate.config import config_hash, params, parses_answers
+from grpo_ablate.evals.protocol import EvalProtocol
 from grpo_ablate.sampling.filters import SamplingFilters
 from grpo_ablate.tricks import Option, families, option
 from grpo_ablate.tricks.registry import family_info
@@ -98,6 +99,7 @@ class Schedule:
     checkpoint_every: int
     fail_at_step: int | None       # debug: an injected failure (tests of sweep isolation)
     nan_loss_at_step: int | None   # debug: an injected divergence
+    keep_weights: bool = False     # eval.keep_weights: the policy at every eval step, for `grpo-ablate eval`
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,7 @@ class RunSpec:
     ref_kl: bool                  # metrics.ref_kl: run pi_ref for the KL metrics even with beta = 0
     diag: DiagSettings
     control: ControlSettings
+    eval: EvalProtocol                  # the held-out eval's protocol (evals/protocol.py), its defaults filled in
     tricks: Mapping[str, BoundOption]   # family (and "kl.estimator") -> its bound option
     record: RunRecord
 
@@ -181,7 +184,7 @@ def run_spec(cfg: DictConfig) -> RunSpec:
                                _count(s.get("micro_batch_size")), _count(s.get("max_tokens_per_forward"))),
         schedule=Schedule(int(cfg.steps), int(cfg.eval.every), int(cfg.eval.max_new_tokens), int(cfg.samples_every),
                           int(cfg.samples_per_log), int(cfg.checkpoint_every), cfg.debug.fail_at_step,
-                          cfg.debug.nan_loss_at_step),
+                          cfg.debug.nan_loss_at_step, bool(cfg.eval.get("keep_weights", False))),
         model=ModelSettings(m.get("dtype", "float32"), m.get("attn_implementation"),
                             bool(m.get("fsdp")), bool(m.get("gradient_checkpointing")),
                             bool(m.get("disable_dropout", True)), bool(m.get("remove_padding", True)),
@@ -190,8 +193,14 @@ def run_spec(cfg: DictConfig) -> RunSpec:
         diag=DiagSettings(bool(cfg.diag.grad_conflict), int(cfg.diag.every), cfg.diag.rows, cfg.diag.last_layers),
         control=ControlSettings(str(cfg.control.name), cfg.control.get("budget"), cfg.control.get("wall_s"),
                                 bool(cfg.control.get("sample", True))),
+        eval=eval_protocol(cfg),
         tricks=tricks,
         record=RunRecord(cfg, config_hash(cfg)))   # the caller's config, written as it was given
+
+
+def eval_protocol(cfg: DictConfig) -> EvalProtocol:
+    """The run's eval protocol, its defaults filled in (maj@k where the task parses answers)."""
+    return EvalProtocol.from_group(cfg.eval).resolved(parses_answers(cfg.task.name))
 
 
 def bound_options(cfg: DictConfig) -> Mapping[str, BoundOption]:

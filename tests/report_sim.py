@@ -128,3 +128,126 @@ def write_run(run_dir, variant, seed, tricks, evals, state, problems, mode="leav
         "rollout": {"max_new_tokens": 32}, "tricks": {t: {"family": "x", "option": t} for t in tricks},
         "run": {"name": f"{variant}-s{seed}", "group": "g", "job_type": variant},
         "sweep": {"name": "sim", "id": "sim", "mode": mode, "variant": variant, "tricks": []}}))
+
+
+# --------------------------------------------------------------------------- sampled evals
+def simulate_sampled(rng, tricks=6, seeds=5, problems=200, samples=8, effects=None, seed_sd=0.25, run_sd=0.25,
+                     base_logit=1.0, difficulty_sd=1.5, base_shift=None):
+    """(variants, bits): a leave-one-out sweep whose evals draw `samples` completions per problem, as
+    `eval=sampled` does. bits: variant -> {seed: {eval step: [problems, samples] 0/1}}. The model is
+    `simulate`'s, q = sigmoid(θ_j + u_s + w_vs + δ_v), with each sample a draw U < q whose uniform U
+    is shared by every variant at the same seed and step (the eval's common random numbers: its draws
+    are keyed by (seed, step), evals/score.py). With `base_shift` not None the sweep has a base
+    control (`control-base`): the untrained weights, the same at every seed (no u_s, no w_vs),
+    q = sigmoid(θ_j + base_shift), sampled with the same uniforms."""
+    names = [f"t{i}" for i in range(tricks)]
+    effects = effects or {}
+    theta = base_logit + difficulty_sd * rng.standard_normal(problems)
+    u = seed_sd * rng.standard_normal(seeds)
+    variants = {"all": (names, None, 0.0)}
+    for t in names:
+        variants[f"drop-{t}"] = ([x for x in names if x != t], "all", -effects.get(t, 0.0))
+    steps = range(0, STEPS + 1, EVAL_EVERY)
+    uniforms = {(s, step): rng.random((problems, samples)) for s in range(seeds) for step in steps}
+    bits = {}
+    for v, (_, _, delta) in variants.items():
+        for s in range(seeds):
+            q = logistic(theta + u[s] + run_sd * rng.standard_normal() + delta)[:, None]
+            bits.setdefault(v, {})[s] = {step: (uniforms[(s, step)] < q).astype(float) for step in steps}
+    if base_shift is not None:
+        q = logistic(theta + base_shift)[:, None]
+        variants["control-base"] = ([], None, 0.0)
+        bits["control-base"] = {s: {step: (uniforms[(s, step)] < q).astype(float) for step in steps}
+                                for s in range(seeds)}
+    return variants, bits
+
+
+def null_base_shift(rng, samples=8, seed_sd=0.25, run_sd=0.25, base_logit=1.0, difficulty_sd=1.5, draws=400_000):
+    """The shift c that makes the base control's expected pass@n equal a trained arm's under
+    `simulate_sampled`'s model (the arms carry seed luck and run noise, the base neither): the boundary
+    test's null, found by bisection on a Monte-Carlo estimate of E[1 − (1 − q)^n] over θ, u, w."""
+    theta = base_logit + difficulty_sd * rng.standard_normal(draws)
+    noise = math.hypot(seed_sd, run_sd) * rng.standard_normal(draws)
+    arm = float(np.mean(1.0 - (1.0 - logistic(theta + noise)) ** samples))
+    low, high = -3.0, 3.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        base = float(np.mean(1.0 - (1.0 - logistic(theta + mid)) ** samples))
+        low, high = (mid, high) if base < arm else (low, mid)
+    return (low + high) / 2
+
+
+def write_sampled_sweep(path, rng, after_training=None, **options):
+    """A leave-one-out sweep dir of `simulate_sampled(rng, **options)` with its evals in evals.jsonl (the
+    runs' own protocol, `sampled`), or, with `after_training` a name, as `grpo-ablate eval` writes a
+    protocol of that name (evals/<name>.json, .jsonl at steps 0 and the last) while the runs' own evals
+    stay greedy-like (eval/accuracy of the first sample). Returns (path, bits)."""
+    from grpo_ablate.evals.protocol import EvalProtocol
+    from grpo_ablate.evals.scores import ProblemScores
+
+    path.mkdir(parents=True)
+    variants, bits = simulate_sampled(rng, **options)
+    samples = next(iter(next(iter(bits.values())).values()))[0].shape[1]
+    protocol = EvalProtocol("sampled", samples, 1.0, pass_k=None, maj_k=()).resolved(parses_answers=False)
+    runs = []
+    for v, (on, _, _) in variants.items():
+        for s, evals in bits[v].items():
+            name = f"{v}-s{s}"
+            runs.append({"variant": v, "seed": s, "run_dir": name, "config_hash": "x", "status": "completed",
+                         "step": STEPS, "reason": None, "final_accuracy": None, "overrides":
+                         ["control=base"] if v == "control-base" else []})
+            run_dir = path / name
+            scored = {step: ProblemScores("sim", b) for step, b in evals.items()}
+            own = scored if after_training is None else {step: ProblemScores("sim", b[:, :1])
+                                                         for step, b in evals.items()}
+            _write_sampled_run(run_dir, v, s, on, own, protocol if after_training is None else None)
+            if after_training is not None:
+                (run_dir / "evals").mkdir()
+                header = {"name": after_training, "protocol": protocol.settings(), "max_new_tokens": 32,
+                          "task": {"name": "arithmetic", "eval_size": scored[0].problems}}
+                (run_dir / "evals" / f"{after_training}.json").write_text(json.dumps(header))
+                (run_dir / "evals" / f"{after_training}.jsonl").write_text("".join(
+                    json.dumps(scored[step].row(step)) + "\n" for step in (0, STEPS)))
+    names = variants["all"][0]
+    manifest = {"version": 1, "sweep_id": "sim", "name": "sim", "mode": "leave-one-out", "base": "grpo",
+                "tricks": names, "seeds": sorted(bits["all"]), "overrides": [], "launcher": "joblib",
+                "wandb_group": "sim", "created_at": "x", "updated_at": "x",
+                "variants": [{"name": v, "tricks_on": on, "overrides": ["control=base"] if v == "control-base" else [],
+                              "reference": ref, "kind": "control" if v == "control-base" else "treatment"}
+                             for v, (on, ref, _) in variants.items()],
+                "contrasts": [{"trick": t, "with": "all", "without": f"drop-{t}"} for t in names], "runs": runs,
+                **({"controls": {"base": "control-base"}} if "control-base" in variants else {}),
+                "decides_on": {"metric": "eval/accuracy", "summary": "final",
+                               **({"eval": after_training} if after_training else {})},
+                "checks_training": True}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    return path, bits
+
+
+def _write_sampled_run(run_dir, variant, seed, tricks, scored, protocol):
+    """A completed run whose evals.jsonl rows hold `scored` (ProblemScores by step); metrics.jsonl logs
+    what the trainer logs of them under `protocol` (None: eval/accuracy alone, as a greedy run)."""
+    run_dir.mkdir()
+    rows = []
+    for step in range(0, STEPS + 1):
+        row = {"step": step}
+        if step:
+            row.update({"loss": 0.1, "reward/mean": 0.5, "length/mean": 12.0, "length/truncated_frac": 0.0,
+                        "policy/entropy": 0.5, "kl/k3": 0.01, "optim/grad_norm": 0.5, "time/step_s": 0.1})
+        if step in scored:
+            row.update(scored[step].summaries(protocol) if protocol is not None
+                       else {"eval/accuracy": scored[step].value("avg")})
+        rows.append(row)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run_dir / "evals.jsonl").write_text("".join(json.dumps(s.row(step)) + "\n" for step, s in scored.items()))
+    (run_dir / "status.json").write_text(json.dumps({
+        "state": "completed", "step": STEPS, "reason": None, "wall_time_s": 10.0, "config_hash": "x",
+        "wandb_id": None, "updated_at": "x"}))
+    some = next(iter(scored.values()))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({
+        "seed": seed, "steps": STEPS, "task": {"name": "arithmetic", "eval_size": some.problems},
+        "rollout": {"max_new_tokens": 32}, "tricks": {t: {"family": "x", "option": t} for t in tricks},
+        "control": {"name": "base" if variant == "control-base" else "none"},
+        "eval": (protocol.settings() | {"name": protocol.name}) if protocol is not None else {"name": "greedy"},
+        "run": {"name": f"{variant}-s{seed}", "group": "g", "job_type": variant},
+        "sweep": {"name": "sim", "id": "sim", "mode": "leave-one-out", "variant": variant, "tricks": []}}))

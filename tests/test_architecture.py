@@ -15,8 +15,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "grpo_ablate"
 # (torch, transformers: ~4 s) only when runs start, so planning and every refusal before it are fast;
 # the sweep command (sweep/command.py, cli.py's `sweep` moved there) imports sequential.py and the
 # report's curves (pandas, scipy) only for a sweep that needs them, as cli.py did; the report package
-# loads its API on first use, so a sweep that reads report/schema.py does not import pandas and scipy.
-LAZY_ALLOWED = {"grpo_ablate.cli", "grpo_ablate.sweep.launch", "grpo_ablate.sweep.command", "grpo_ablate.report"}
+# loads its API on first use, so a sweep that reads report/schema.py does not import pandas and scipy;
+# `grpo-ablate eval` (evals/command.py) plans every run before it imports the training stack to score them.
+LAZY_ALLOWED = {"grpo_ablate.cli", "grpo_ablate.sweep.launch", "grpo_ablate.sweep.command", "grpo_ablate.report",
+                "grpo_ablate.evals.command"}
 
 
 def module_name(path: Path) -> str:
@@ -244,7 +246,7 @@ def test_every_user_error_is_a_user_error():
 # above it (config.py, inert.py, resume_rules.py, here.py, sweep planning: the config layer) and
 # turned into the frozen RunSpec (spec.py) on train()'s first screen; below that every part
 # receives its own piece of the spec (a family's BoundOption, the rollout settings, ...).
-RUNTIME = ("train", "sampling", "tasks", "models.py", "rundir.py", "stopping.py")
+RUNTIME = ("train", "sampling", "tasks", "evals", "models.py", "rundir.py", "stopping.py")
 # The functions of the runtime that take the composed DictConfig (or a group of it), each with why.
 TAKES_A_CONFIG = {
     "grpo_ablate.train.grpo:train": "the entry: validates and checks the config, makes the run spec (first screen)",
@@ -258,6 +260,9 @@ TAKES_A_CONFIG = {
     "grpo_ablate.models:model_device": "the model group: read on train()'s first screen",
     "grpo_ablate.models:add_lora": "the model group's lora settings, passed to peft as they are",
 }
+# `grpo-ablate eval` (evals/command.py) is an entry like train(): it composes a finished run's config with
+# the protocol asked for, validates it and makes the run spec; what scores below it gets the spec
+EVAL_ENTRY = "grpo_ablate.evals.command"
 
 
 def config_parameters(path: Path, module: str) -> list[str]:
@@ -300,7 +305,7 @@ def test_the_runtime_reaches_the_config_layer_only_from_the_entries():
     edges, _ = graph()
     layer = {"grpo_ablate.config", "grpo_ablate.inert", "grpo_ablate.pair_rules", "grpo_ablate.resume_rules",
              "grpo_ablate.here"}
-    entries = {key.split(":")[0] for key in TAKES_A_CONFIG if key.endswith((":train", ":run_control"))}
+    entries = {key.split(":")[0] for key in TAKES_A_CONFIG if key.endswith((":train", ":run_control"))} | {EVAL_ENTRY}
     found = {name: sorted(edges[name] & layer) for name in runtime_modules() if edges[name] & layer}
     assert set(found) <= entries, found
 

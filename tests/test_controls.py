@@ -13,7 +13,8 @@ from grpo_ablate.sampling.engines import HFEngine, Rollouts
 from grpo_ablate.models import load_model_and_tokenizer, stop_token_ids
 from grpo_ablate.sampling.prompts import PromptEncoder
 from grpo_ablate.tasks import build_task
-from grpo_ablate.train.run import evaluate
+from grpo_ablate.evals.protocol import GREEDY
+from grpo_ablate.evals.score import evaluate
 
 
 def rows(run_dir):
@@ -29,7 +30,8 @@ def direct_eval(path, small):
                         task, DataParallel(), torch.device("cpu"), eos_id=stop_token_ids(model, tokenizer),
                         max_new_tokens=int(cfg.eval.max_new_tokens), seed=0, rng="stream",
                         stream=torch.Generator())
-    return evaluate(model, rollouts, task.eval_set(), int(cfg.eval.max_new_tokens))
+    return evaluate(model, rollouts, task.eval_set(), GREEDY, seed=0, step=0,
+                    max_new_tokens=int(cfg.eval.max_new_tokens))
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,10 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from grpo_ablate.design import Variant
+from grpo_ablate.evals.protocol import ACCURACY, metric_column, parse_metric
 from grpo_ablate.errors import ReportError
 from grpo_ablate.pair_rules import variant_lines
+from grpo_ablate.report.boundary import boundary_section
 from grpo_ablate.report.claims import claims_section
 from grpo_ablate.report.curves import DEFAULT_K, Summary, curve, final_value, kl_column
 from grpo_ablate.report.diagnostics import analyse as analyse_diagnostics
@@ -19,6 +21,7 @@ from grpo_ablate.report.evidence import Evidence, gather
 from grpo_ablate.report.health import HealthThresholds
 from grpo_ablate.report.load import FINISHED, Run, Sweep, load_sweep, nested_value
 from grpo_ablate.report.metric import Metric
+from grpo_ablate.report.protocols import EvalSource, add_eval_metric, choose_eval
 from grpo_ablate.report.placebo import placebo_section
 from grpo_ablate.report.power import cost_to_decide, sequential_section
 from grpo_ablate.report.scaling import fit_section, predict_section
@@ -58,6 +61,8 @@ class Report:
     sensitivity: dict | None = None                        # the trick verdicts again under --test paired
     placebo: dict | None = None                            # placebo.placebo_section: an A/A sweep's check
     claims: list | None = None                             # claims.claims_section: the papers' claims, one context
+    eval: EvalSource | None = None                         # protocols.choose_eval: which eval the numbers come from
+    boundary: dict | None = None                           # boundary.boundary_section: pass@k, against the base
 
     @property
     def controls(self) -> dict:
@@ -70,15 +75,17 @@ class Report:
 
 
 def normalize_metric(name: str) -> str:
-    """`eval_accuracy` means `eval/accuracy` (metric prefixes have no underscores)."""
-    return name if "/" in name or "_" not in name else name.replace("_", "/", 1)
+    """`eval_accuracy` means `eval/accuracy` (metric prefixes have no underscores); an eval metric may be
+    given by its kind (`pass@8`, `avg@8`, `maj@8`: evals/protocol.py)."""
+    name = name if "/" in name or "_" not in name else name.replace("_", "/", 1)
+    return metric_column(name)
 
 
 def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: HealthThresholds | None = None,
                  higher_is_better: bool = True, conflict_threshold: float = -0.1,
                  effect: float | None = None, summary: Summary | str | None = None,
                  predict_from: float | None = None, compute: str = "tokens", error_control: str = "holm",
-                 alpha: float = ALPHA, test: str = "blocked") -> Report:
+                 alpha: float = ALPHA, test: str = "blocked", eval_name: str | None = None) -> Report:
     """Everything the table, verdicts and pictures say, computed once. Raises ReportError
     for a missing dir or a metric that no run logged. `effect`: the smallest Δ that matters
     (no-effect verdicts, and the seeds needed to detect it). `summary`: how a run's curve
@@ -86,14 +93,18 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
     verdict from this fraction of each run's steps (a sweep still running is predicted anyway).
     `compute`: the x axis of auc and the fits, tokens or wall (report/curves.py). `error_control`
     (holm | bh | none) and `alpha`: how the report's family of tests is adjusted (stats/error_control.py);
-    `test`: blocked (each star family of contrasts as a block design, stats/blocked.py) or paired."""
+    `test`: blocked (each star family of contrasts as a block design, stats/blocked.py) or paired.
+    `eval_name`: the eval protocol whose numbers are compared (report/protocols.py; None: the one the
+    sweep fixed, else the runs' own)."""
     thresholds = thresholds or HealthThresholds()
     sweep = load_sweep(sweep_dir, thresholds)
     metric = normalize_metric(metric)
+    source = choose_eval(sweep, eval_name)                              # the eval every eval number comes from
+    add_eval_metric(sweep, metric)
     measured = Metric(metric, higher_is_better)                         # which way is better, asked of it
     fixed = sweep.decides_on or {}
-    summary = decision_summary(fixed, metric, summary)
-    check_logged(sweep, metric)
+    summary = decision_summary(fixed, metric, summary, source)
+    check_logged(sweep, metric, source)
     runs_of, curves = read_curves(sweep, metric, compute)                # read once, summarised many ways
     note_short_curves(sweep, curves, metric, summary)
     note_pair_rules(sweep)
@@ -113,8 +124,8 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
     sensitivity = None if sequential is not None or test == "paired" else paired_sensitivity(
         sweep, gather(values, runs_of, curves, measured, summary, error_control, alpha, "paired"), areas, effect)
     report = Report(sweep, metric, higher_is_better, thresholds, rows, verdicts, against, summary=summary,
-                    evidence=evidence, exploratory=exploratory(fixed, metric, summary), compute=compute,
-                    sensitivity=sensitivity)
+                    evidence=evidence, exploratory=exploratory(fixed, metric, summary, source), compute=compute,
+                    sensitivity=sensitivity, eval=source)
     report.training = training_section(sweep, evidence, curves, against)
     report.diagnostics = analyse_diagnostics(report, conflict_threshold)
     report.power = power_section(sweep, verdicts, sequential, not_sequential, effect)
@@ -124,7 +135,8 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
     report.fits = fit_section(sweep, metric, higher_is_better, curves)
     report.aggregates = aggregates(sweep, values, measured)
     report.transfer = transfer_section(sweep, verdicts, values, measured)
-    report.claims = claims_section(sweep, verdicts, report.fits)
+    report.boundary = boundary(sweep, source, compute, error_control, alpha, test)
+    report.claims = claims_section(sweep, verdicts, report.fits, sampled_measures(report))
     report.predictions = predict_section(sweep, metric, summary, higher_is_better, predict_from, decide_by_delta,
                                          compute)
     if report.predictions is not None and report.finished:   # a finished sweep: set beside what it measured
@@ -132,6 +144,27 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
         for p in report.predictions["contrasts"]:
             p["measured"] = measured.get(p["trick"])
     return report
+
+
+def boundary(sweep: Sweep, source: EvalSource, compute: str, method: str, alpha: float, test: str) -> dict | None:
+    """The reasoning-boundary section (report/boundary.py) on pass@n of an eval of n >= 2 samples per problem."""
+    n = source.protocol.samples
+    if n < 2 or sweep.contexts:
+        return None
+    add_eval_metric(sweep, f"eval/pass@{n}")
+    runs_of, curves = read_curves(sweep, f"eval/pass@{n}", compute)
+    return boundary_section(sweep, source, runs_of, curves, method, alpha, test)
+
+
+def sampled_measures(report: Report) -> dict:
+    """What the report's eval measured for the claims about a sampled eval's metrics (report/claims.py)."""
+    n = report.eval.protocol.samples if report.eval else 1
+    if n < 2:
+        return {"why": "not measured: the eval drew one answer per problem (`grpo-ablate eval DIR eval=sampled`, "
+                       "then `report --eval sampled`)"}
+    tricks = {t["trick"]: t["verdict"] for t in (report.boundary or {}).get("tricks", [])}
+    return {"k": n, "avg@k": report.metric == ACCURACY, "pass@k": tricks,
+            "why": None if report.metric == ACCURACY else f"not measured: the verdicts compare `{report.metric}`"}
 
 
 def model_families(sweep: Sweep, evidence: Evidence) -> None:
@@ -155,11 +188,16 @@ def paired_sensitivity(sweep: Sweep, paired: Evidence, areas: dict, effect: floa
                          for v in verdicts}}
 
 
-def check_logged(sweep: Sweep, metric: str) -> None:
+def check_logged(sweep: Sweep, metric: str, source: EvalSource | None = None) -> None:
     """ReportError for a metric that no run logged (a sweep without runs yet has nothing to check)."""
     logged = set().union(*(r.metrics.columns for r in sweep.runs)) - {"step"} if sweep.runs else set()
     if logged and metric not in logged:
         shown = sorted(c for c in logged if c.startswith(('eval/', 'reward/', 'train/')))
+        kind = parse_metric(metric)
+        if kind is not None and source is not None and kind[0] != "avg":
+            raise ReportError(f"metric {metric!r}: {source.describe()} cannot give it (pass@k and maj@k need k <= "
+                              f"the {source.protocol.samples} sample(s) per problem, maj@k a task that parses "
+                              f"answers); logged: {', '.join(shown)}, ...")
         raise ReportError(f"metric {metric!r} is in no run's metrics.jsonl; logged: {', '.join(shown)}, ...")
 
 
@@ -186,12 +224,29 @@ def power_section(sweep: Sweep, verdicts: list[dict], sequential: dict | None, n
                 "stopped": (sequential.get("stopped") or {}).get("reason")} if sequential else {})}
 
 
-def decision_summary(fixed: dict, metric: str, summary: Summary | str | None) -> Summary:
+def decision_summary(fixed: dict, metric: str, summary: Summary | str | None, source: EvalSource | None = None
+                     ) -> Summary:
     """The summary asked for, else the one the sweep fixed before its first run (`final` for sweeps
-    that fixed none, or fixed it for another metric)."""
+    that fixed none, or fixed it for another metric or eval; and for an eval scored after training at
+    the start and the end alone, whose `last_k` would average the start in)."""
     if summary is None:
-        summary = fixed.get("summary") if fixed.get("metric", metric) == metric and fixed.get("summary") else "final"
+        same = fixed.get("metric", metric) == metric and fixed_eval(fixed, source) == used_eval(source)
+        summary = fixed.get("summary") if same and fixed.get("summary") else "final"
+        if source is not None and source.after_training and len(source.steps) <= 2:
+            summary = "final"
     return summary if isinstance(summary, Summary) else Summary.parse(summary)
+
+
+def fixed_eval(fixed: dict, source: EvalSource | None) -> str | None:
+    """The eval a sweep fixed before its first run (None: the runs' own); a fixed name that is the
+    runs' own protocol (the sweep ran with eval=<it>) is the runs' own."""
+    name = fixed.get("eval")
+    return None if source is not None and name == source.name and not source.after_training else name
+
+
+def used_eval(source: EvalSource | None) -> str | None:
+    """The eval a report reads, as fixed_eval names it (None: the runs' own)."""
+    return source.name if source is not None and source.after_training else None
 
 
 def note_short_curves(sweep: Sweep, curves: dict, metric: str, summary: Summary) -> None:
@@ -213,15 +268,17 @@ def note_pair_rules(sweep: Sweep) -> None:
     sweep.notes += variant_lines(configs, sweep.expected_pairs)
 
 
-def exploratory(fixed: dict, metric: str, summary: Summary) -> str | None:
-    """Why the verdicts are exploratory: the sweep fixed another metric or summary before its first
-    run (a choice made after seeing the curves is not covered by the error control); None when not."""
+def exploratory(fixed: dict, metric: str, summary: Summary, source: EvalSource | None = None) -> str | None:
+    """Why the verdicts are exploratory: the sweep fixed another metric, summary or eval before its
+    first run (a choice made after seeing the curves is not covered by the error control); None when not."""
     if not fixed:
         return None
-    if fixed.get("metric") != metric or fixed.get("summary", "final") != summary.label:
-        return (f"this sweep fixed `{fixed.get('summary', 'final')}` of `{fixed.get('metric')}` before its first run; "
-                f"verdicts on the {summary.label} of `{metric}` are exploratory (a summary chosen after seeing the "
-                "curves is not covered by the error control)")
+    chosen, used = fixed_eval(fixed, source), used_eval(source)
+    if fixed.get("metric") != metric or fixed.get("summary", "final") != summary.label or chosen != used:
+        of = lambda name: f" of eval `{name}`" if name else ""
+        return (f"this sweep fixed `{fixed.get('summary', 'final')}` of `{fixed.get('metric')}`{of(chosen)} before its "
+                f"first run; verdicts on the {summary.label} of `{metric}`{of(used)} are exploratory (a summary chosen "
+                "after seeing the curves is not covered by the error control)")
     return None
 
 

@@ -14,6 +14,7 @@ from grpo_ablate.report.verdicts import BREAKS_TRAINING, HELPS, HURTS, INERT, NO
 from grpo_ablate.tricks.registry import all_options, option
 
 AGREES, CONTRADICTS, UNDECIDED_HERE, NOT_TESTED = "agrees", "contradicts", "undecided here", "not tested here"
+SAMPLED = ("pass@k", "avg@k")   # measures about a sampled eval's metrics (Claim.MEASURES)
 # claim effect -> (measured verdicts that agree, measured verdicts that contradict), per measure
 CLAIM_RULES = {
     "level": {
@@ -25,6 +26,8 @@ CLAIM_RULES = {
     },
     # the fits' ceiling verdict: ΔA's interval above (below) zero and |ΔA| past the tolerance, or
     # inside ±tolerance (same ceiling); anything else decides nothing
+    # a sampled eval's metrics: the trick's verdict on it (pass@k: report/boundary.py's per-trick family)
+    "pass@k": None, "avg@k": None,
     "ceiling": {
         "helps": ({RAISES}, {LOWERS, SAME_CEILING}),
         "hurts": ({LOWERS}, {RAISES, SAME_CEILING}),
@@ -39,7 +42,7 @@ def judge(effect: str, verdict: str | None, measure: str = "level") -> str:
     """What one measured verdict (a contrast's, or its fits' ceiling verdict) says of one claimed effect."""
     if verdict == INERT:
         return NOT_TESTED      # the trick could not act here: nothing was measured
-    agree, contradict = CLAIM_RULES[measure][effect]
+    agree, contradict = (CLAIM_RULES[measure] or CLAIM_RULES["level"])[effect]
     return AGREES if verdict in agree else CONTRADICTS if verdict in contradict else UNDECIDED_HERE
 
 
@@ -100,12 +103,16 @@ def named_trick(contrast: str, with_: str, without: str, sweep: Sweep) -> str | 
     return tricks[0].name if len(tricks) == 1 else None
 
 
-def claims_section(sweep: Sweep, verdicts: list[dict], fits: dict) -> list[dict] | None:
+def claims_section(sweep: Sweep, verdicts: list[dict], fits: dict,
+                   sampled: dict | None = None) -> list[dict] | None:
     """A sweep in one context: per claim of each named trick a contrast measured, the verdict it is
     judged by and the judgement. None across contexts (report/transfer.py judges those) or when no
-    contrast measured a trick with a claim."""
+    contrast measured a trick with a claim. `sampled`: what the report's eval measured, for the claims
+    about a sampled eval's metrics: {"avg@k": True when the verdicts are on avg@n of n >= 2 samples,
+    "pass@k": trick -> its verdict on pass@n (report/boundary.py), "k": n, "why": why neither was measured}."""
     if sweep.contexts or not verdicts:
         return None
+    sampled = sampled or {}
     registered = registered_claims()
     fitted = {c["trick"]: c for c in fits.get("contrasts", [])}
     config = next((r.config for r in sweep.runs if r.config), None)
@@ -114,13 +121,24 @@ def claims_section(sweep: Sweep, verdicts: list[dict], fits: dict) -> list[dict]
     for v in verdicts:
         trick = named_trick(v["trick"], v["with"], v["without"], sweep)
         for claim in registered.get(trick, []):
-            if claim["measure"] == "level":
-                measured = shown = v["verdict"]
-            else:   # the fits' ceiling verdict; without one, their split says why (poor fits, neither, drifts)
-                split = fitted.get(v["trick"], {})
-                measured = split.get("ceiling")
-                shown = measured or split.get("split")
-            judged = judge(claim["effect"], measured, claim["measure"]) if claim_matches(claim["where"], tags) \
-                else NOT_TESTED
+            measured, shown = measured_for(claim["measure"], v, fitted, sampled)
+            unmeasured = claim["measure"] in SAMPLED and measured is None   # the eval could not measure it
+            judged = NOT_TESTED if unmeasured or not claim_matches(claim["where"], tags) else \
+                judge(claim["effect"], measured, claim["measure"])
             rows.append({"contrast": v["trick"], "trick": trick, **claim, "measured": shown, "judged": judged})
     return rows or None
+
+
+def measured_for(measure: str, verdict: dict, fitted: dict, sampled: dict) -> tuple[str | None, str | None]:
+    """(the verdict a claim about `measure` is judged by, what the table shows for it)."""
+    if measure == "level":
+        return verdict["verdict"], verdict["verdict"]
+    if measure == "ceiling":   # the fits' ceiling verdict; without one, their split says why (poor fits, drifts)
+        split = fitted.get(verdict["trick"], {})
+        return split.get("ceiling"), split.get("ceiling") or split.get("split")
+    if measure == "avg@k":
+        return (verdict["verdict"], f"{verdict['verdict']} (avg@{sampled['k']})") if sampled.get("avg@k") else \
+            (None, sampled.get("why") or "not measured: the eval drew one sample per problem")
+    found = (sampled.get("pass@k") or {}).get(verdict["trick"])
+    return (found, f"{found} (pass@{sampled['k']})") if found is not None else \
+        (None, sampled.get("why") or "not measured: the eval drew one sample per problem")

@@ -2,14 +2,15 @@
 those numbers lie on, and the per-problem scores behind them, gathered once so that every
 contrast, control comparison and summary is tested the same way (stats/intervals.py).
 
-- The grid: `eval/accuracy` is a count over the eval set, k / N; its final value lies on 1/N and
-  the mean of the last k evals on 1/(N k). Other metrics and summaries have none.
-- The per-problem scores: evals.jsonl holds every eval's scores; a run's scores for the compared
-  summary are those of its last eval (final) or their mean over its last k evals (last_k), the
-  same evals its number came from. Other summaries (auc, best) are not a fixed average of evals
-  (best picks one by its own value): there the test counts seeds only, and the report says so.
-  Runs are paired on problems only when every one of them was scored on the same eval set
-  (the fingerprint of its prompts).
+- The grid: `eval/accuracy` is a count over the eval set, c / (N n) with n samples per problem; its
+  final value lies on 1/(N n) and the mean of the last k evals on 1/(N n k). pass@k and maj@k
+  (k < n), other metrics and summaries have none.
+- The per-problem scores: evals.jsonl holds every eval's scores; a run's per-problem values of the
+  compared metric (avg@n, pass@k, maj@k: evals/scores.py) are those of its last eval (final) or
+  their mean over its last k evals (last_k), the same evals its number came from. Other summaries
+  (auc, best) are not a fixed average of evals (best picks one by its own value): there the test
+  counts seeds only, and the report says so. Runs are paired on problems only when every one of
+  them was scored on the same eval set (the fingerprint of its prompts).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from grpo_ablate.evals.protocol import ACCURACY, parse_metric
 from grpo_ablate.report.curves import Curve, Summary
 from grpo_ablate.report.load import nested_value
 from grpo_ablate.report.metric import Metric
@@ -25,8 +27,6 @@ from grpo_ablate.stats.error_control import ALPHA
 from grpo_ablate.stats.intervals import Estimate, delta_ci
 
 PAIRED = "paired t per contrast"     # how a contrast outside any fitted star is tested
-
-ACCURACY = "eval/accuracy"     # the metric evals.jsonl breaks down by problem
 
 
 @dataclass
@@ -95,28 +95,28 @@ def gather(values: dict, runs_of: dict, curves: dict, metric: Metric, summary: S
     """The Evidence of a report: `values` variant -> {seed: number}; `runs_of` variant -> runs;
     `curves` variant -> {seed: Curve} of the runs the numbers came from."""
     evidence = Evidence(values, method=method, alpha=alpha, metric=metric, test=test)
-    if metric.name != ACCURACY:
-        evidence.why_no_scores = f"`{metric.name}` is not broken down by problem (only {ACCURACY} is)"
+    if parse_metric(metric.name) is None:
+        evidence.why_no_scores = f"`{metric.name}` is not broken down by problem (only the eval's metrics are)"
         return evidence
     if summary.how not in ("final", "last_k"):
         evidence.why_no_scores = f"the {summary.label} of a curve is not a fixed average of its evals"
-    scores, sets, sizes = {}, set(), set()
+    scores, sets, grids = {}, set(), set()
     for name, points in curves.items():
         by_seed = {r.key: r for r in runs_of.get(name, [])}
         for seed, c in points.items():
             run = by_seed.get(seed)
-            row = _summary_scores(run.evals, c, summary) if run is not None else None
+            row = _summary_scores(run.evals, c, summary, metric.name) if run is not None else None
             if row is None:
                 continue
-            fingerprint, s = row
+            fingerprint, s, grid = row
             sets.add((fingerprint, len(s)))    # one name, other sizes (a file of another version): another set
-            sizes.add(len(s))
+            grids.add(grid)
             scores.setdefault(name, {})[seed] = s
-    if not sizes:   # runs from before evals.jsonl: the configured eval size gives the grid
-        sizes = {nested_value(r.config, "task", "eval_size") for runs in runs_of.values() for r in runs
+    if not grids and metric.name == ACCURACY:   # runs from before evals.jsonl: the configured eval size gives the grid
+        grids = {nested_value(r.config, "task", "eval_size") for runs in runs_of.values() for r in runs
                  if r.state == "completed"}
-    if len(sizes) == 1 and summary.how in ("final", "last_k"):
-        n = sizes.pop()
+    if len(grids) == 1 and summary.how in ("final", "last_k"):
+        n = grids.pop()
         if isinstance(n, int) and n > 0:
             evidence.granularity = 1.0 / (n * (summary.k if summary.how == "last_k" else 1))
     if evidence.why_no_scores is None:
@@ -129,17 +129,25 @@ def gather(values: dict, runs_of: dict, curves: dict, metric: Metric, summary: S
     return evidence
 
 
-def _summary_scores(evals: dict, points: Curve, summary: Summary) -> tuple[str, np.ndarray] | None:
-    """(eval set, per-problem scores) whose mean is the run's summary, None where evals.jsonl
-    lacks one of the evals it averages."""
+def _summary_scores(evals: dict, points: Curve, summary: Summary,
+                    metric: str) -> tuple[str, np.ndarray, int | None] | None:
+    """(eval set, per-problem values, the grid's units per 1: problems x samples for avg@n, None for
+    pass@k and maj@k) whose mean is the run's summary of `metric`; None where evals.jsonl lacks one
+    of the evals it averages, or holds no values of this metric."""
     if not len(points) or summary.how not in ("final", "last_k"):
         return None
     steps = points.steps[-1:] if summary.how == "final" else points.steps[-summary.k:]
     rows = [evals.get(int(s)) for s in steps]
-    if any(r is None for r in rows) or len({r[0] for r in rows}) != 1 or len({len(r[1]) for r in rows}) != 1:
+    if any(r is None for r in rows) or len({r.set for r in rows}) != 1 or len({r.problems for r in rows}) != 1:
         return None
-    scores = np.mean([r[1] for r in rows], axis=0)
+    per_problem = [r.metric(metric) for r in rows]
+    if any(p is None for p in per_problem):
+        return None
+    scores = np.mean(per_problem, axis=0)
     value = points.values[-1] if summary.how == "final" else points.values[-summary.k:].mean()
     if abs(float(scores.mean()) - float(value)) > 1e-6:    # not the scores of this number (another metric?)
         return None
-    return rows[0][0], scores
+    kind, k = parse_metric(metric)
+    samples = {r.samples for r in rows}
+    grid = rows[0].problems * samples.pop() if kind == "avg" and len(samples) == 1 else None
+    return rows[0].set, scores, grid

@@ -21,8 +21,9 @@ import yaml
 from grpo_ablate.design import CONTROLS, Context, Contrast, Variant
 from grpo_ablate.errors import DamagedFile, ReportError
 from grpo_ablate.report.health import BREAKING_FLAGS, HealthThresholds, health_flags
+from grpo_ablate.evals.scores import read_evals
 from grpo_ablate.report.schema import (accuracy_problem, foreign_problem, manifest_problem, outside_problem,
-                                       read_evals, status_problem)
+                                       status_problem)
 from grpo_ablate.rundir import EVALS, read_json, read_jsonl, read_status
 
 FINISHED = ("completed", "diverged", "failed", "interrupted")   # interrupted: waits for --resume
@@ -50,7 +51,7 @@ class Run:
     notes: list = field(default_factory=list)   # what is missing or odd, in words
     nonfinite: dict = field(default_factory=dict)   # column -> the first step that logged NaN or Inf in it
     flags: list = field(default_factory=list)
-    evals: dict = field(default_factory=dict)   # step -> (eval set fingerprint, per-problem scores) (evals.jsonl)
+    evals: dict = field(default_factory=dict)   # step -> its eval's ProblemScores (evals.jsonl: evals/scores.py)
     config_hash: str | None = None              # status.json's: what the run actually trained
     damage: tuple | None = None                 # (file, what is wrong with it): the run is left out (schema.py)
 

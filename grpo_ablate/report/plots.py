@@ -17,6 +17,7 @@ import pandas as pd
 from grpo_ablate.report.build import Report
 from grpo_ablate.report.curves import kl_column
 from grpo_ablate.report.diagnostics import plot as plot_diagnostics
+from grpo_ablate.report.render_boundary import boundary_figure
 from grpo_ablate.report.render_transfer import transfer_figure
 from grpo_ablate.report.verdicts import VERDICT_COLORS
 
@@ -39,6 +40,9 @@ def plot_figures(report: Report, out_dir: Path) -> list[tuple[str, str]]:
             figures.append((label, save(fig, out_dir, f"curve_{column.replace('/', '_')}.png")))
     if report.verdicts:
         figures.append(("Δ per trick", save(delta_figure(report), out_dir, "delta.png")))
+    fig = boundary_figure(report)
+    if fig is not None:
+        figures.append(("pass@k against k", save(fig, out_dir, "passk.png")))
     fig = transfer_figure(report)
     if fig is not None:
         figures.append(("Each trick across contexts", save(fig, out_dir, "transfer.png")))

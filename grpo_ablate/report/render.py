@@ -19,6 +19,7 @@ from grpo_ablate.report.load import CONTROL_COLUMNS, CONTROL_LABELS
 from grpo_ablate.report.placebo import section_lines as placebo_lines
 from grpo_ablate.report.power import sequential_guarantee
 from grpo_ablate.report.render_curves import json_sections, markdown_sections as curve_sections
+from grpo_ablate.report.render_boundary import boundary_json, markdown_section as boundary_section
 from grpo_ablate.report.render_head import controls_summary, cost_lines, family, head_lines
 from grpo_ablate.report.render_training import training_section
 from grpo_ablate.report.render_transfer import claims_lines, markdown_section as transfer_section
@@ -50,6 +51,7 @@ def render_markdown(report: Report, figures: list[tuple[str, str]] | None = None
     if report.claims:
         out += ["## The papers' claims beside the measurements", ""] + claims_lines(report.claims) + [""]
     out += training_section(report)
+    out += boundary_section(report)
     out += ["## Variants", "", variants_table(report), "", "## How to read this", ""] + method_lines(report)
     if report.transfer:
         out += [""] + transfer_section(report)
@@ -452,5 +454,9 @@ def report_json(report: Report, figures: list[tuple[str, str]] | None = None) ->
         **({"training": report.training} if report.training else {}),
         **({"placebo": report.placebo} if report.placebo else {}),
         **({"claims": report.claims} if report.claims else {}),
+        **({"eval": {"name": report.eval.name, "protocol": report.eval.protocol.settings(),
+                     "after_training": report.eval.after_training, "steps": list(report.eval.steps)}}
+           if report.eval and (report.eval.after_training or not report.eval.protocol.greedy) else {}),
+        **boundary_json(report),
         **json_sections(report),
     })

@@ -4,6 +4,7 @@ table, so that a reader meets the verdicts first; the full cost of the open
 contrasts for the Power section and the SFT control's headline for the controls section."""
 from __future__ import annotations
 
+from grpo_ablate.evals.protocol import parse_metric
 from grpo_ablate.report.build import Report
 from grpo_ablate.report.formatting import fmt_num, fmt_p
 from grpo_ablate.report.placebo import verdict_line as placebo_line
@@ -62,7 +63,17 @@ def family_line(report: Report) -> str:
     exploratory = " (**exploratory**: the sweep fixed another summary; see How to read this)" if report.exploratory \
         else ""
     compared = ("each run's final" if report.summary.how == "final" else f"each run's {report.summary.label} of")
-    return f"**Verdicts**{exploratory}: {how}; compared on {compared} `{report.metric}` ({direction} is better)."
+    return f"**Verdicts**{exploratory}: {how}; compared on {compared} {metric_words(report)} ({direction} is better)."
+
+
+def metric_words(report: Report) -> str:
+    """The compared metric, and the eval it comes from where that is not the runs' own greedy eval."""
+    e = report.eval
+    if e is None or parse_metric(report.metric) is None or (e.protocol.greedy and not e.after_training):
+        return f"`{report.metric}`"
+    kind, k = parse_metric(report.metric)
+    what = f"avg@{e.protocol.samples}" if kind == "avg" else f"{kind}@{k}"
+    return f"`{report.metric}` ({what} of {e.describe()})"
 
 
 def decided_line(report: Report) -> str | None:

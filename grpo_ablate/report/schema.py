@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from grpo_ablate.rundir import unpack_scores
 
 # what the report reads of a manifest (sweep/manifest.py writes it), by type: a key absent or null
 # is read as its default (older manifests), one of another type is damage. [t]: a list of t.
@@ -81,32 +80,6 @@ def accuracy_problem(rows: list[dict]) -> str | None:
             if math.isfinite(value) and not UNIT[0] <= value <= UNIT[1]:
                 return f"`{key}` is {value:g} at step {row.get('step')}, outside [0, 1]"
     return None
-
-
-def read_evals(rows: list[dict]) -> tuple[dict, str | None]:
-    """({step: (eval set, per-problem scores)}, what is wrong) from evals.jsonl rows: scores that are
-    not numbers, outside [0, 1] or not finite, or one eval set's problems counted two ways."""
-    evals, sizes = {}, {}
-    for row in rows:
-        if not isinstance(row.get("step"), int):
-            continue
-        try:
-            scores = unpack_scores(row)
-        except (TypeError, ValueError):
-            return {}, f"step {row['step']}: the per-problem scores are not numbers"
-        if scores is None:
-            continue
-        import numpy as np   # here: a sweep's plan reads this module's manifest schema, and numpy takes ~0.2 s
-
-        scores = np.asarray(scores, float)
-        if not (np.isfinite(scores).all() and ((scores >= UNIT[0]) & (scores <= UNIT[1])).all()):
-            return {}, f"step {row['step']}: a per-problem score is not a number in [0, 1]"
-        name = str(row.get("set"))
-        if sizes.setdefault(name, len(scores)) != len(scores):
-            return {}, (f"eval set {name!r} has {sizes[name]} problems in one eval and {len(scores)} at step "
-                        f"{row['step']}")
-        evals[row["step"]] = (name, scores)
-    return evals, None
 
 
 def planned_steps(entry: dict, manifest: dict) -> int | None:

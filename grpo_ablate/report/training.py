@@ -72,10 +72,11 @@ def start_evidence(evidence: Evidence, curves: dict, sweep: Sweep, reference: st
     seeds, with the per-problem scores of step 0 where every run logged them."""
     starts = {s: float(c.values[0]) for s, c in curves.get(reference, {}).items() if len(c) and c.steps[0] == 0}
     runs = {r.key: r for r in sweep.runs if r.variant == reference}
-    zero = {s: runs[s].evals.get(0) for s in starts if s in runs}
+    zero = {s: runs[s].evals[0].metric(evidence.metric.name) if 0 in runs[s].evals else None
+            for s in starts if s in runs}
     scores = {}
     if reference in evidence.scores and all(z is not None for z in zero.values()):
-        scores = {reference: evidence.scores[reference], START: {s: np.asarray(z[1], float) for s, z in zero.items()}}
+        scores = {reference: evidence.scores[reference], START: zero}
     return Evidence({reference: evidence.values[reference], START: starts}, evidence.granularity, scores,
                     evidence.method, evidence.alpha)
 

@@ -84,20 +84,29 @@ class Rollouts:
         self.max_new_tokens, self.seed, self.per_row, self.stream = max_new_tokens, seed, rng == "per_row", stream
 
     def __call__(self, problems: list, n: int, temperature: float, key: tuple,
-                 max_new_tokens: int | None = None) -> Scored:
+                 max_new_tokens: int | None = None, *, draws: tuple[int, int, int] | None = None,
+                 filters: SamplingFilters | None = None) -> Scored:
         """n completions of each problem, rows problem-major (group g = rows g*n .. g*n+n-1).
-        `key` names the call (e.g. ("train", step, round)) for rollout.rng=per_row.
+        `key` names the call (e.g. ("train", step, round)) for rollout.rng=per_row. `draws`: (seed,
+        first row, rows in all) of a call's own per-row draws, apart from the run's stream whatever
+        rollout.rng is (an eval's: evals/score.py; the rows of this call start at `first row` of the
+        whole); `filters`: the call's sampler filters (None: rollout.top_k|top_p|min_p).
         Raises NonFiniteLogits (on every rank) if the policy has diverged."""
         share = self.dp.share(len(problems))      # all of them in one process
         mine, piece, error = problems[share], None, None
         if mine:
-            noise = RowNoise(derived_seed(self.seed, key), share.start * n, len(problems) * n) if self.per_row else None
+            if draws is not None:
+                noise = RowNoise(draws[0], draws[1] + share.start * n, draws[2])
+            else:
+                noise = (RowNoise(derived_seed(self.seed, key), share.start * n, len(problems) * n) if self.per_row
+                         else None)
+            filters = self.filters if filters is None else filters
             try:
                 roll = self.engine.generate([self.encode(p) for p in mine], num_samples=n,
                                             max_new_tokens=max_new_tokens or self.max_new_tokens,
                                             temperature=temperature, eos_id=self.eos_id, pad_id=self.pad_id,
                                             generator=self.stream, noise=noise,
-                                            filters=self.filters if temperature > 0 else None)
+                                            filters=filters if temperature > 0 else None)
             except NonFiniteLogits as err:
                 if self.dp.world == 1:
                     raise

@@ -8,7 +8,8 @@ The embedded tiny model's warm start also needs (the arithmetic task has them):
     task.warmup_batch(n, rng) -> list[Problem]          # for the supervised warm start
     task.chars -> str                                   # characters the embedded tokenizer needs
 For the prompt_pool family: task.prompt_pool(size, seed) -> list[Problem], a finite pool.
-Optional (the data tasks have them): `format_reward` (a bonus, with `formatted(completion)`),
+Optional: `answer(completion) -> hashable | None`, the final answer parsed (maj@k votes on it;
+every task here has it); and, as the data tasks have them, `format_reward` (a bonus, with `formatted(completion)`),
 `chat_template`, `system_prompt`, `max_prompt_tokens` (see grpo_ablate/sampling/prompts.py).
 Every task holds its eval problems out by construction, a fixed partition by a hash of the
 prompt: training draws (and the warm start) never depend on eval_size, and the eval set is a

@@ -225,6 +225,10 @@ class ArithmeticTask:
     def reward(self, completion: str, problem: Problem) -> float:
         return 1.0 if parse_answer(completion) == problem.answer else 0.0
 
+    def answer(self, completion: str) -> int | None:
+        """The answer a completion commits to (what maj@k votes on), None for none."""
+        return parse_answer(completion)
+
     def describe(self) -> dict:
         """What defines the training distribution (part of the warm-start cache key): not
         eval_size, which changes the eval set only; the partition rule, which changes training."""

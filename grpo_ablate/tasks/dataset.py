@@ -163,6 +163,13 @@ class DatasetTask:
         """1 if the completion's final answer equals the gold answer (math-verify), else 0."""
         return 1.0 if self.verifier.correct(completion, problem.answer) else 0.0
 
+    def answer(self, completion: str) -> str | None:
+        """The final answer a completion gives (what maj@k votes on), as written, spaces dropped; None
+        for none. Two wrong answers that math-verify would call equal but are written differently
+        ("0.5", "1/2") vote apart; every correct one votes with the others (evals/scores.py)."""
+        found, _ = extract_answer(completion)
+        return None if found is None else "".join(found.split())
+
     def formatted(self, completion: str) -> bool:
         """The final answer is in an explicit form (\\boxed{} or ####), for task.format_reward."""
         return extract_answer(completion)[1] in ("boxed", "gsm8k")

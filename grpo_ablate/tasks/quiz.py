@@ -93,6 +93,10 @@ class QuizTask:
     def reward(self, completion: str, problem: QuizProblem) -> float:
         return 1.0 if last_integer(completion) == problem.answer else 0.0
 
+    def answer(self, completion: str) -> int | None:
+        """The answer a completion commits to (what maj@k votes on), None for none."""
+        return last_integer(completion)
+
     def drop_prompts(self, too_long) -> tuple[int, int]:
         """task.max_prompt_tokens: remove the problems `too_long` says are (counts: train, eval)."""
         before = len(self.train), len(self.eval)

@@ -22,11 +22,12 @@ from grpo_ablate.models import (add_lora, disable_dropout, load_model_and_tokeni
 from grpo_ablate.sampling.decode import Rollout, sampler_seed, select_rows
 from grpo_ablate.sampling.engines import HFEngine, Rollouts
 from grpo_ablate.sampling.prompts import PromptEncoder
+from grpo_ablate.evals.score import evaluate
 from grpo_ablate.tasks import build_task
 from grpo_ablate.train.distributed import DataParallel
 from grpo_ablate.resume_rules import already_finished, open_run_dir
 from grpo_ablate.spec import RunSpec, run_spec
-from grpo_ablate.train.run import (Optimization, RunResult, StepResult, attention_implementation, evaluate,
+from grpo_ablate.train.run import (Optimization, RunResult, StepResult, attention_implementation,
                                    finished_result, prepare_process, run_steps)
 from grpo_ablate.rundir import DirLock
 from grpo_ablate.train.batch import SampledGroups, TaskPrompts, sample_groups
@@ -178,11 +179,13 @@ class ControlStep:
         self.optim.schedule.step()
         return grad_norm.item()
 
-    def evaluate(self) -> dict:
-        if self.eval_only and self.start_eval is not None:   # the same weights, greedy: the same eval
-            return dict(self.start_eval)
-        result = evaluate(self.model, self.rollouts, self.eval_problems, self.spec.schedule.eval_max_new_tokens)
-        if self.eval_only:
+    def evaluate(self, step: int) -> dict:
+        if self.eval_only and self.spec.eval.greedy and self.start_eval is not None:   # the same weights, greedy:
+            return dict(self.start_eval)                                                # the same eval
+        result = evaluate(self.model, self.rollouts, self.eval_problems, self.spec.eval, seed=self.spec.seed,
+                          step=step, max_new_tokens=self.spec.schedule.eval_max_new_tokens,
+                          answer=getattr(self.task, "answer", None))
+        if self.eval_only:   # sampled: the same weights drawn anew at each step, with the arms' draws of that step
             self.start_eval = dict(result)
         return result
 

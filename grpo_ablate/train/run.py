@@ -13,7 +13,6 @@ shards: a collective); rank 0 alone writes them.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -24,11 +23,9 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from grpo_ablate.errors import ConfigError
-from grpo_ablate.rundir import EVAL_SCORES
-from grpo_ablate.sampling.engines import Rollouts
 from grpo_ablate.spec import OptimSettings, RunRecord, Schedule
 from grpo_ablate.stopping import how_it_ended
-from grpo_ablate.train.run_log import RunLog, save_checkpoint
+from grpo_ablate.train.run_log import RunLog, save_checkpoint, save_weights
 
 # Exit codes of `grpo-ablate train`
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DIVERGED = 0, 1, 2, 3
@@ -60,7 +57,7 @@ class Trainer(Protocol):
     model: torch.nn.Module       # saved with the tokenizer in every checkpoint
     tokenizer: object
 
-    def evaluate(self) -> dict: ...
+    def evaluate(self, step: int) -> dict: ...   # evals/score.py: the eval of the policy at `step`
     def step(self, step: int) -> StepResult: ...
     def state_dict(self) -> dict: ...
     def load_state_dict(self, state: dict) -> None: ...
@@ -124,34 +121,27 @@ def finished_result(status: dict, run_dir: Path, say) -> RunResult:
     return RunResult(status["state"], status["step"], run_dir, reason=status.get("reason"))
 
 
-def evaluate(policy, rollouts: Rollouts, problems, max_new_tokens: int) -> dict:
-    """Greedy decoding on the held-out split (GRPO runs and control runs share it)."""
-    policy.eval()
-    graded = rollouts(problems, 1, 0.0, ("eval",), max_new_tokens=max_new_tokens)
-    scores = graded.scores.tolist()
-    # the per-problem scores go to evals.jsonl (RunLog.log): the report needs them to count the eval
-    # set's own sampling noise, which the mean alone hides; `set` says which problems they are
-    fingerprint = hashlib.sha1("\x00".join(p.prompt for p in problems).encode()).hexdigest()[:12]
-    return {"eval/accuracy": sum(scores) / len(scores), EVAL_SCORES: {"scores": scores, "set": fingerprint},
-            "eval/length_mean": graded.roll.lengths.float().mean().item(),
-            "eval/truncated_frac": graded.roll.truncated.float().mean().item()}
-
-
 # ------------------------------------------------------------------------------ the loop
 def record_step(schedule: Schedule, run_dir: Path, trainer: Trainer, log, step: int, outcome: StepResult,
                 writes: bool) -> dict:
     """A finished step on the schedule: its eval (every eval.every steps and the last), its metrics,
     its samples, its checkpoint (every checkpoint_every steps and the last), then status.json."""
     metrics, last = outcome.metrics, step == schedule.steps
-    if step % schedule.eval_every == 0 or last:
+    evals = step % schedule.eval_every == 0 or last
+    if evals:
         eval_started = time.perf_counter()
-        metrics.update(trainer.evaluate())
+        metrics.update(trainer.evaluate(step))
         metrics["time/eval_s"] = time.perf_counter() - eval_started
     log.log(metrics)
     if step % schedule.samples_every == 0 and outcome.samples:
         log.samples(step, outcome.samples)
+    kept = evals and schedule.keep_weights and not last   # the last step's weights are its checkpoint's
+    weights = trainer.checkpoint_weights() if kept else None   # every process (FSDP gathers)
+    if kept and writes:
+        save_weights(run_dir, step, trainer.model, trainer.tokenizer, weights)
     if step % schedule.checkpoint_every == 0 or last:   # every process (FSDP gathers)
-        state, weights = {"step": step, **trainer.state_dict()}, trainer.checkpoint_weights()
+        state = {"step": step, **trainer.state_dict()}
+        weights = weights if kept else trainer.checkpoint_weights()
         if writes:
             save_checkpoint(run_dir, trainer.model, trainer.tokenizer, state, weights)
     log.status("running", step)
@@ -182,7 +172,7 @@ def run_steps(schedule: Schedule, record: RunRecord, run_dir: Path, overrides, t
     steps = schedule.steps
     try:
         if start == 0:
-            base = trainer.evaluate()
+            base = trainer.evaluate(0)
             log.log({"step": 0, **base, **(first_row or {})})
             result.base_accuracy = base["eval/accuracy"]
             say(f"step 0  base eval accuracy {base['eval/accuracy']:.3f}")

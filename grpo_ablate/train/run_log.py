@@ -14,8 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpo_ablate.errors import DamagedFile
 from grpo_ablate.spec import RunRecord
-from grpo_ablate.rundir import (CHECKPOINT, CHECKPOINT_OLD, CHECKPOINT_TMP, EVAL_SCORES, EVALS, atomic_write_text,
-                                finite_or_none, pack_scores, read_status, truncate_jsonl)
+from grpo_ablate.rundir import (CHECKPOINT, CHECKPOINT_OLD, CHECKPOINT_TMP, EVAL_SCORES, EVALS, WEIGHTS,
+                                atomic_write_text, finite_or_none, read_status, truncate_jsonl)
 from grpo_ablate.wandb_auth import resolve_mode
 
 
@@ -41,8 +41,8 @@ class RunLog:
         if resume_step is None:  # a fresh start (also a resume killed before its first checkpoint, or --restart)
             for path in (self.metrics_path, self.samples_path, self.evals_path):
                 path.unlink(missing_ok=True)
-            for name in (CHECKPOINT, CHECKPOINT_OLD, CHECKPOINT_TMP):   # another history's: never resumed from
-                shutil.rmtree(self.run_dir / name, ignore_errors=True)
+            for name in (CHECKPOINT, CHECKPOINT_OLD, CHECKPOINT_TMP, WEIGHTS):   # another history's: never resumed
+                shutil.rmtree(self.run_dir / name, ignore_errors=True)                    # from, never scored
         else:
             truncate_jsonl(self.metrics_path, resume_step)
             truncate_jsonl(self.samples_path, resume_step)
@@ -63,11 +63,10 @@ class RunLog:
     def log(self, metrics: dict) -> None:
         """One step's metrics; an eval's per-problem scores (under EVAL_SCORES) go to evals.jsonl."""
         metrics = dict(metrics)
-        scores = metrics.pop(EVAL_SCORES, None)
+        scores = metrics.pop(EVAL_SCORES, None)   # evals/scores.ProblemScores
         if scores is not None:
             with open(self.evals_path, "a") as f:
-                f.write(json.dumps({"step": metrics["step"], "set": scores["set"], **pack_scores(scores["scores"])})
-                        + "\n")
+                f.write(json.dumps(scores.row(metrics["step"])) + "\n")
         row = {k: finite_or_none(v) for k, v in metrics.items()}
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(row) + "\n")
@@ -124,6 +123,19 @@ def wandb_config(cfg: DictConfig) -> dict:
 
 
 # --------------------------------------------------------------------------- checkpoints
+def save_weights(run_dir: Path, step: int, model, tokenizer, weights: dict | None = None) -> None:
+    """eval.keep_weights: the policy at an eval step, as weights/step-<step>/ (loadable with
+    from_pretrained, as a checkpoint; written to a temporary dir and renamed into place, so a
+    weights dir that exists is whole). What `grpo-ablate eval --steps all` scores."""
+    final = Path(run_dir) / WEIGHTS / f"step-{step}"
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, state_dict=weights)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(final, ignore_errors=True)   # a resumed run writes its step again: the same weights
+    os.rename(tmp, final)
+
+
 def save_checkpoint(run_dir: Path, model, tokenizer, trainer_state: dict, weights: dict | None = None) -> None:
     """Write checkpoint.tmp/, then swap it in: checkpoint/ is always a complete checkpoint
     (during the swap, checkpoint.old/ is; `find_checkpoint` falls back to it). `weights`: the

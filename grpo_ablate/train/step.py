@@ -29,7 +29,8 @@ from grpo_ablate.train.forward import token_logprobs
 from grpo_ablate.train.losses import Coefficients, LossInputs, LossTerms, loss_draws, total
 from grpo_ablate.train.policy_history import policy_history, upgraded_checkpoint
 from grpo_ablate.train.rewards import AdvantageChain, Advantages, RewardShaping, ShapedRewards
-from grpo_ablate.train.run import Optimization, StepResult, evaluate
+from grpo_ablate.evals.score import evaluate
+from grpo_ablate.train.run import Optimization, StepResult
 from grpo_ablate.train.state import active_plugins
 from grpo_ablate.tricks.loss_agg import aggregate, masked_mean
 
@@ -481,8 +482,10 @@ class GRPOTrainer:
                  "reward": rewards[i].item(), "truncated": bool(batch.roll.truncated[i])}
                 for i in range(min(self.spec.schedule.samples_per_log, len(batch.texts)))]
 
-    def evaluate(self) -> dict:
-        return evaluate(self.p.policy, self.rollouts, self.eval_problems, self.spec.schedule.eval_max_new_tokens)
+    def evaluate(self, step: int) -> dict:
+        return evaluate(self.p.policy, self.rollouts, self.eval_problems, self.spec.eval, seed=self.spec.seed,
+                        step=step, max_new_tokens=self.spec.schedule.eval_max_new_tokens,
+                        answer=getattr(self.task, "answer", None))
 
     def checkpointed(self) -> dict:
         """The objects with state of their own, by their checkpoint key."""

@@ -85,8 +85,10 @@ class Claim:
     its `effect` against the option the trick replaces, `where` the context it was made in (axis=value
     pairs, comma separated: model=base|aligned, data=easy|medium|hard, reward=0/1|-1/1; "" = in
     general), its `source`, the claim in a sentence (`says`) and what it is about (`measure`): the
-    level the report's verdict compares (`level`), or the asymptote of the compute-performance fit
-    (`ceiling`, judged by the fits' ceiling verdict: report/scaling.py)."""
+    level the report's verdict compares (`level`), the asymptote of the compute-performance fit
+    (`ceiling`, judged by the fits' ceiling verdict: report/scaling.py), or a sampled eval's metric
+    (`pass@k`: judged by the trick's verdict on pass@n of an eval of n samples per problem,
+    report/boundary.py; `avg@k`: by its verdict on the mean correctness of those samples)."""
     effect: str
     where: str
     source: str
@@ -94,7 +96,7 @@ class Claim:
     measure: str = "level"
 
     EFFECTS = ("helps", "hurts", "does not help", "does not hurt", "no effect")
-    MEASURES = ("level", "ceiling")
+    MEASURES = ("level", "ceiling", "pass@k", "avg@k")
     AXES = {"model": ("base", "aligned"), "data": ("easy", "medium", "hard"), "reward": ("0/1", "-1/1")}
 
     def __post_init__(self):

@@ -281,7 +281,11 @@ def opo_advantage(rewards, group_index, mask, values, components):
           tricks=(Trick("passk",
                         what="pass@k advantage: only the best completion of a group learns",
                         source="verl adv_estimator=grpo_passk (arXiv 2503.19595)",
-                        verdict="not_in_review"),))
+                        verdict="not_in_review",
+                        claims=(Claim("helps", "", "Tang et al. (arXiv 2503.19595)",
+                                      "optimizing the pass@k objective (only the group's best completion learns) "
+                                      "improves pass@k, the inference-time objective it targets",
+                                      measure="pass@k"),)),))
 def passk_advantage(rewards, group_index, mask, values, components, *, eps: float = 1e-6,
                     norm_by_std: bool = True):
     """Pass@k advantage (arXiv 2503.19595): only the best completion of each group learns.
@@ -343,7 +347,9 @@ def gpg_advantage(rewards, group_index, mask, values, components, *, f_norm: flo
                         verdict="not_in_review",
                         claims=(Claim("helps", "", "MaxRL (arXiv 2602.02710)",
                                       "the maximum-likelihood weighting improves pass@k over GRPO, most on hard "
-                                      "prompts, at no cost in pass@1"),)),))
+                                      "prompts", measure="pass@k"),
+                                Claim("does not hurt", "", "MaxRL (arXiv 2602.02710)",
+                                      "... at no cost in pass@1", measure="avg@k"))),))
 def maxrl_advantage(rewards, group_index, mask, values, components, *, eps: float = 1e-6):
     """MaxRL (arXiv 2602.02710): the advantage scaled by the group's mean reward instead of its
     std, so a hard prompt's rare success weighs 1/p (the maximum-likelihood gradient of pass@k).
