@@ -1,0 +1,227 @@
+"""Sampled evals: the per-problem estimators against brute force, the eval's own draws, evals.jsonl's rows,
+the protocol's refusals, and `grpo-ablate eval` re-scoring a finished run (docs/evals.md)."""
+import hashlib
+import itertools
+import json
+import math
+import random
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from conftest import cli, cli_here, refused_train
+from grpo_ablate.config import compose
+from grpo_ablate.evals.protocol import EvalProtocol, metric_column, parse_metric
+from grpo_ablate.evals.scores import ProblemScores, read_row, tally_votes
+from grpo_ablate.stats.pass_at_k import majority_at_k, pass_at_k, pass_at_k_table, pass_at_k_variance
+
+
+# --------------------------------------------------------------------------- the estimators
+def subsets_pass(n, c, k):
+    """pass@k by brute force: the share of the k-subsets of n samples (c correct) with a correct one."""
+    correct = [1] * c + [0] * (n - c)
+    subsets = list(itertools.combinations(range(n), k))
+    return sum(any(correct[i] for i in s) for s in subsets) / len(subsets)
+
+
+def subsets_majority(labels, k):
+    """maj@k by brute force: over the k-subsets, the vote's outcome (a tie split evenly among the tied
+    answers; a sample without an answer abstains; no vote scores 0). 'C' is the correct answer."""
+    subsets = list(itertools.combinations(range(len(labels)), k))
+    total = 0.0
+    for s in subsets:
+        votes = {}
+        for i in s:
+            if labels[i] is not None:
+                votes[labels[i]] = votes.get(labels[i], 0) + 1
+        if votes:
+            top = max(votes.values())
+            tied = [a for a, v in votes.items() if v == top]
+            total += ("C" in tied) / len(tied)
+    return total / len(subsets)
+
+
+@pytest.mark.parametrize("n", range(1, 10))
+def test_pass_at_k_equals_enumeration_over_all_k_subsets(n):
+    for c, k in itertools.product(range(n + 1), range(1, n + 1)):
+        assert pass_at_k(n, c, k) == pytest.approx(subsets_pass(n, c, k), abs=1e-13), (n, c, k)
+    assert pass_at_k(n, 0, 1) == 0.0 and pass_at_k(n, n, n) == 1.0          # none and all correct
+    assert pass_at_k_table(n, n).tolist() == [0.0] + [1.0] * n               # pass@n: any correct sample
+
+
+def test_pass_at_k_is_exact_where_the_binomials_overflow_a_float():
+    n = 1024
+    for c, k in ((1, 1), (3, 512), (100, 700), (1000, 1024), (512, 512)):
+        exact = 1 - Fraction(math.comb(n - c, k), math.comb(n, k))
+        assert pass_at_k(n, c, k) == pytest.approx(float(exact), rel=1e-12, abs=1e-15)
+
+
+def test_majority_at_k_equals_enumeration_with_ties_split_and_abstentions():
+    rng = random.Random(0)
+    cases = [["C", "C", "w", "w"], ["C", "w", "v", None], [None, None, "C"], ["w"] * 4, ["C"] * 3,
+             ["C", "w", "v", "u", "C", "w"]]
+    cases += [[rng.choice(["C", "w", "v", "u", None]) for _ in range(rng.randint(1, 9))] for _ in range(150)]
+    for labels in cases:
+        votes = [labels.count("C")] + [labels.count(w) for w in ("w", "v", "u")]
+        for k in range(1, len(labels) + 1):
+            assert majority_at_k(votes, len(labels), k) == pytest.approx(subsets_majority(labels, k), abs=1e-13)
+    assert majority_at_k([1, 1], 2, 2) == 0.5          # a tie of two: half
+    assert majority_at_k([0, 3], 4, 1) == 0.0          # the correct answer never drawn
+    assert majority_at_k([0], 3, 3) == 0.0             # nobody answered
+
+
+@pytest.mark.parametrize("n, k", [(2, 1), (8, 1), (8, 2), (8, 4), (16, 8), (15, 7)])
+def test_the_variance_of_pass_at_k_is_estimated_without_bias(n, k):
+    """E[v̂] = Var(p̂) exactly, under a binomial draw of the n samples, for several true p."""
+    for p in (0.05, 0.3, 0.5, 0.9):
+        weights = np.array([math.comb(n, c) * p ** c * (1 - p) ** (n - c) for c in range(n + 1)])
+        estimate = pass_at_k_table(n, k)
+        truth = float(weights @ estimate ** 2 - (weights @ estimate) ** 2)
+        estimated = float(weights @ np.array([pass_at_k_variance(n, c, k) for c in range(n + 1)]))
+        assert estimated == pytest.approx(truth, rel=1e-9, abs=1e-15)
+    assert pass_at_k_variance(8, 3, 5) is None                              # 2k > n: no unbiased estimate
+    assert pass_at_k_variance(8, 3, 1) == pytest.approx(3 * 5 / (64 * 7))   # k = 1: the binomial's
+
+
+def test_a_bad_k_is_refused():
+    with pytest.raises(ValueError, match="1 <= k <= n"):
+        pass_at_k(4, 1, 5)
+    with pytest.raises(ValueError, match="votes"):
+        majority_at_k([3, 3], 4, 2)
+
+
+# --------------------------------------------------------------------------- rows and summaries
+def test_an_eval_row_holds_every_sample_and_its_tallies_and_reads_back():
+    rng = np.random.default_rng(0)
+    correct = (rng.random((7, 4)) < 0.5).astype(float)
+    votes = tuple((int(c.sum()), 1) if c.sum() < 4 else (4,) for c in correct)
+    scores = ProblemScores("abc", correct, votes)
+    row = scores.row(10)
+    assert row["n"] == 7 and row["samples"] == 4 and len(row["bits"]) == 7     # 28 bits in 7 hex digits
+    back = read_row(json.loads(json.dumps(row)))
+    assert np.array_equal(back.correct, correct) and back.votes == votes and back.set == "abc"
+    assert back.value("avg") == correct.mean()
+    assert back.value("pass", 4) == (correct.sum(axis=1) > 0).mean()
+    greedy = read_row({"step": 0, "set": "s", "n": 3, "bits": "a"})            # a row from before: one sample
+    assert greedy.samples == 1 and greedy.correct[:, 0].tolist() == [1.0, 0.0, 1.0]
+    for bad, why in (({**row, "votes": [[9]] * 7}, "tally"), ({**row, "bits": "zz" * 4}, None)):
+        if why is None:
+            assert read_row(bad) is None                                       # not scores: no row
+        else:
+            with pytest.raises(ValueError, match=why):
+                read_row(bad)
+
+
+def test_the_vote_puts_every_correct_answer_in_one_class():
+    assert tally_votes([5, 5, 7, None, 7, 8], [True, True, False, False, False, False]) == [2, 2, 1]
+    assert tally_votes([None, None], [False, False]) == [0]
+
+
+def test_the_protocol_fills_in_its_defaults_and_names_its_metrics():
+    sampled = EvalProtocol.from_group(compose(["eval=sampled"]).eval)
+    assert (sampled.samples, sampled.temperature, sampled.pass_k, sampled.maj_k) == (8, 1.0, None, None)
+    resolved = sampled.resolved(parses_answers=True)
+    assert resolved.pass_k == (2, 4, 8) and resolved.maj_k == (8,)
+    assert resolved.metrics() == ["eval/accuracy", "eval/pass@2", "eval/pass@4", "eval/pass@8", "eval/maj@8"]
+    assert EvalProtocol("x", samples=12, temperature=0.6, pass_k=None).resolved(False).pass_k == (2, 4, 8, 12)
+    assert EvalProtocol.from_group(compose([]).eval).resolved(True).metrics() == ["eval/accuracy"]   # greedy
+    assert [metric_column(m) for m in ("pass@8", "avg@4", "eval/maj@2", "accuracy", "reward/mean")] == [
+        "eval/pass@8", "eval/accuracy", "eval/maj@2", "eval/accuracy", "reward/mean"]
+    assert parse_metric("eval/pass@16") == ("pass", 16) and parse_metric("loss") is None
+
+
+def test_the_greedy_protocol_leaves_every_recorded_config_hash_as_it_was():
+    """The eval group is hashed only away from greedy, what every run had before it: the recorded hashes hold
+    (tests/data/composed_configs.json for every option); another protocol is another config, keeping weights is not."""
+    from grpo_ablate.config import config_hash
+
+    default = config_hash(compose([]))
+    assert config_hash(compose(["eval=greedy"])) == default
+    assert config_hash(compose(["eval.keep_weights=true"])) == default
+    assert config_hash(compose(["eval=sampled"])) != default
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    ("eval.samples=4", "draws the same greedy answer 4 times"),
+    ("eval.top_p=0.9", "eval.temperature=0 samples nothing"),
+    ("eval=sampled eval.pass_k=[16]", "each k must be an integer in 1..eval.samples (8)"),
+    ("eval=sampled eval.pass_k=[2.5]", "each k must be an integer"),
+    ("eval=sampled eval.maj_k=[0]", "eval.maj_k=[0] is not allowed"),
+    ("eval=sampled eval.temperature=-1", "eval.temperature=-1"),
+    ("eval=sampled eval.samples=0", "eval.samples=0"),
+    ("eval=nope", "eval=nope is not an option of config group 'eval'; allowed: greedy, sampled"),
+])
+def test_a_protocol_that_cannot_be_run_is_refused_in_one_line(tmp_path, overrides, needle):
+    refused_train(overrides, needle, tmp_path)
+
+
+def test_eval_refuses_what_it_cannot_score_in_one_line(tmp_path):
+    (tmp_path / "notes").mkdir()
+    for args, needle in ((["eval", str(tmp_path / "notes")], "neither a run dir"),
+                         (["eval", str(tmp_path / "nowhere")], "no such directory"),
+                         (["eval", str(tmp_path / "notes"), "--steps", "some"], "--steps some is not allowed; allowed: final, all"),
+                         (["eval", str(tmp_path / "notes"), "--nam", "x"], "no such option: --nam"),
+                         (["eval"], "give the run dir or sweep dir")):
+        out = cli_here(*args, cwd=tmp_path)
+        lines = [line for line in out.stderr.splitlines() if line.strip()]
+        assert out.exit_code == 2 and len(lines) == 1 and needle in lines[0], (args, out.stderr)
+
+
+# --------------------------------------------------------------------------- real runs
+def training_view(run_dir):
+    """What training computed: metrics.jsonl without the eval's columns and the timings, samples.jsonl."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    kept = [{k: v for k, v in r.items() if not k.startswith(("eval/", "time/", "perf/"))} for r in rows]
+    return kept, (run_dir / "samples.jsonl").read_text()
+
+
+@pytest.mark.fast   # two runs of the small model: changing the eval changes no training draw
+def test_changing_the_eval_changes_no_training_metric_draw_or_warm_start(small, tmp_path):
+    from grpo_ablate.model_source import warm_start_dir
+    from grpo_ablate.tasks import build_task
+    from grpo_ablate.train.grpo import train
+
+    other = ["eval=sampled", "eval.samples=3", "eval.temperature=0.7", "eval.top_p=0.9", "eval.every=1",
+             "eval.max_new_tokens=12", "eval.keep_weights=true"]
+    views = []
+    for name, extra in (("greedy", []), ("sampled", other)):
+        cfg = compose(small + extra)
+        assert train(cfg, tmp_path / name, small + extra).state == "completed"
+        views.append(training_view(tmp_path / name))
+        assert warm_start_dir(cfg.model, build_task(cfg.task)) == warm_start_dir(compose(small).model,
+                                                                                   build_task(compose(small).task))
+    assert views[0] == views[1]
+    sampled = [json.loads(line) for line in (tmp_path / "sampled" / "evals.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in sampled] == [0, 1, 2, 3, 4] and all(r["samples"] == 3 for r in sampled)
+    assert sorted(p.name for p in (tmp_path / "sampled" / "weights").iterdir()) == ["step-1", "step-2", "step-3"]
+
+
+def digests(run_dir):
+    """Every file of a run dir but what `grpo-ablate eval` writes (evals/): path -> sha256."""
+    return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(run_dir.rglob("*"))
+            if p.is_file() and "evals" not in p.relative_to(run_dir).parts[:1]}
+
+
+def test_eval_rescores_a_run_as_it_evaluated_itself_and_touches_no_training_file(small, tmp_path):
+    """A run evaluated in training under a protocol, scored again by `grpo-ablate eval` under the same
+    one at every kept step: the same samples, bit for bit; its training files byte-identical; a second
+    call scores nothing; the same name under other settings is refused in one line."""
+    protocol = ["eval=sampled", "eval.samples=4"]
+    run_dir = tmp_path / "run"
+    assert cli("train", *small, *protocol, "eval.keep_weights=true", f"hydra.run.dir={run_dir}",
+               cwd=tmp_path).returncode == 0
+    before = digests(run_dir)
+    done = cli("eval", str(run_dir), *protocol, "--steps", "all", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "[1/1] run: step 0 avg@4" in done.stdout and "3 step(s) to score" in done.stdout
+    own = {json.loads(line)["step"]: json.loads(line) for line in (run_dir / "evals.jsonl").read_text().splitlines()}
+    again = [json.loads(line) for line in (run_dir / "evals" / "sampled.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in again] == [0, 2, 4]           # the start, the kept step 2 (eval.every=2), the last
+    for row in again:
+        assert row["bits"] == own[row["step"]]["bits"] and row["votes"] == own[row["step"]]["votes"]
+    assert digests(run_dir) == before
+    assert "0 step(s) to score" in cli_here("eval", str(run_dir), *protocol, "--steps", "all", cwd=tmp_path).stdout
+    refused = cli_here("eval", str(run_dir), "eval=sampled", "eval.samples=2", cwd=tmp_path)
+    assert refused.exit_code == 2 and "holds results of another protocol" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
