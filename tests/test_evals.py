@@ -225,3 +225,25 @@ def test_eval_rescores_a_run_as_it_evaluated_itself_and_touches_no_training_file
     refused = cli_here("eval", str(run_dir), "eval=sampled", "eval.samples=2", cwd=tmp_path)
     assert refused.exit_code == 2 and "holds results of another protocol" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_the_draw_of_the_samples_in_a_delta_is_estimated_without_bias():
+    """Two fixed policies scored with the same random numbers (as two arms of a seed are): the variance of
+    Δ over many draws against the mean of paired_sampling_variance, which pairs sample i with sample i."""
+    from grpo_ablate.evals.scores import paired_sampling_variance
+
+    rng = np.random.default_rng(0)
+    problems, samples = 40, 8
+    qa = rng.uniform(0.1, 0.9, problems)
+    qb = np.clip(qa + rng.normal(0.0, 0.15, problems), 0.02, 0.98)
+    deltas, estimates = [], []
+    for _ in range(4000):
+        u = rng.random((problems, samples))
+        a, b = (u < qa[:, None]).astype(float), (u < qb[:, None]).astype(float)
+        deltas.append(a.mean() - b.mean())
+        estimates.append(paired_sampling_variance([ProblemScores("s", a)], [ProblemScores("s", b)]))
+    assert np.mean(estimates) == pytest.approx(np.var(deltas, ddof=1), rel=0.08)   # 4,000 draws: ~2% MC error
+    unpaired = np.mean([(qa * (1 - qa) + qb * (1 - qb)).sum() / samples / problems ** 2])
+    assert np.var(deltas) < 0.5 * unpaired             # the common draws' covariance, counted: far below the sum
+    one = ProblemScores("s", np.ones((problems, 1)))
+    assert paired_sampling_variance([one], [one]) is None                           # one sample: no within term

@@ -149,3 +149,22 @@ def read_evals(rows: list[dict]) -> tuple[dict, str | None]:
                         f"at step {row['step']}")
         evals[row["step"]] = scores
     return evals, None
+
+
+def paired_sampling_variance(a: list, b: list) -> float | None:
+    """The variance, over the draw of the eval's samples (the policies fixed), of Δ = a's number − b's,
+    each the mean correctness over the evals `a` / `b` (one seed's summary: its final eval, or its last k)
+    of their problems and samples: Σ over evals and problems of s²_j / n, over (k P)², with s²_j the
+    variance (ddof 1) of the paired per-sample differences of problem j. Sample i of a problem is paired
+    with sample i of the other side: both were drawn with the same row's uniforms (evals/score.py), so
+    their covariance is counted, not assumed away. None unless both sides have n >= 2 samples of the
+    same problems at every eval."""
+    if not a or len(a) != len(b):
+        return None
+    total = 0.0
+    for x, y in zip(a, b):
+        if x.correct.shape != y.correct.shape or x.samples < 2:
+            return None
+        d = x.correct - y.correct
+        total += float(d.var(axis=1, ddof=1).sum()) / x.samples / x.problems ** 2
+    return total / len(a) ** 2

@@ -274,6 +274,10 @@ def exploratory(fixed: dict, metric: str, summary: Summary, source: EvalSource |
     if not fixed:
         return None
     chosen, used = fixed_eval(fixed, source), used_eval(source)
+    settings = fixed.get("eval_protocol")
+    if chosen is not None and chosen == used and settings and settings != source.protocol.settings():
+        return (f"this sweep fixed eval `{chosen}` as {settings} before its first run, and its results were scored "
+                f"as {source.protocol.settings()}: verdicts on them are exploratory")
     if fixed.get("metric") != metric or fixed.get("summary", "final") != summary.label or chosen != used:
         of = lambda name: f" of eval `{name}`" if name else ""
         return (f"this sweep fixed `{fixed.get('summary', 'final')}` of `{fixed.get('metric')}`{of(chosen)} before its "

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from grpo_ablate.evals.protocol import ACCURACY, parse_metric
+from grpo_ablate.evals.scores import paired_sampling_variance
 from grpo_ablate.report.curves import Curve, Summary
 from grpo_ablate.report.load import nested_value
 from grpo_ablate.report.metric import Metric
@@ -46,6 +47,7 @@ class Evidence:
     test: str = "blocked"
     fits: dict = field(default_factory=dict)        # hub -> BlockedFit of its star
     star_of: dict = field(default_factory=dict)     # (with, without) -> the hub whose fit tests it
+    draws: dict = field(default_factory=dict)       # variant -> {seed: the evals its avg@n averages} (n >= 2)
 
     def model(self, pairs: list[tuple[str, str]]) -> None:
         """Fit the star families among a family's contrasts (with, without) as block designs (with the
@@ -84,10 +86,19 @@ class Evidence:
         problems = {s: (sa[s], sb[s]) for s in shared if s in sa and s in sb}
         # either order: a contrast (with, without), or a variants-table row's Δ vs its reference
         hub = self.star_of.get((with_, without)) or self.star_of.get((without, with_))
+        sampling = self.sampling(with_, without, shared)
         if hub is not None:
-            return blocked_delta(self.fits[hub], with_, without, self.values, self.granularity, problems or None)
+            return blocked_delta(self.fits[hub], with_, without, self.values, self.granularity, problems or None,
+                                 sampling=sampling)
         return delta_ci(a, b, granularity=self.granularity,
-                        problems=problems if problems and len(problems) == len(shared) else None)
+                        problems=problems if problems and len(problems) == len(shared) else None, sampling=sampling)
+
+    def sampling(self, with_: str, without: str, seeds) -> dict | None:
+        """seed -> the variance of its Δ over the draw of the eval's samples (the within-problem term:
+        evals/scores.paired_sampling_variance), where both sides drew n >= 2 samples a problem."""
+        a, b = self.draws.get(with_, {}), self.draws.get(without, {})
+        found = {s: paired_sampling_variance(a[s], b[s]) for s in seeds if s in a and s in b}
+        return found if found and all(v is not None for v in found.values()) else None
 
 
 def gather(values: dict, runs_of: dict, curves: dict, metric: Metric, summary: Summary, method: str = "holm",
@@ -108,10 +119,12 @@ def gather(values: dict, runs_of: dict, curves: dict, metric: Metric, summary: S
             row = _summary_scores(run.evals, c, summary, metric.name) if run is not None else None
             if row is None:
                 continue
-            fingerprint, s, grid = row
+            fingerprint, s, grid, rows = row
             sets.add((fingerprint, len(s)))    # one name, other sizes (a file of another version): another set
             grids.add(grid)
             scores.setdefault(name, {})[seed] = s
+            if parse_metric(metric.name)[0] == "avg":
+                evidence.draws.setdefault(name, {})[seed] = rows
     if not grids and metric.name == ACCURACY:   # runs from before evals.jsonl: the configured eval size gives the grid
         grids = {nested_value(r.config, "task", "eval_size") for runs in runs_of.values() for r in runs
                  if r.state == "completed"}
@@ -126,14 +139,16 @@ def gather(values: dict, runs_of: dict, curves: dict, metric: Metric, summary: S
             evidence.why_no_scores = "no run logged per-problem scores (evals.jsonl; runs of older versions wrote none)"
         else:
             evidence.scores = scores
+    if not evidence.scores:
+        evidence.draws = {}
     return evidence
 
 
 def _summary_scores(evals: dict, points: Curve, summary: Summary,
-                    metric: str) -> tuple[str, np.ndarray, int | None] | None:
+                    metric: str) -> tuple[str, np.ndarray, int | None, list] | None:
     """(eval set, per-problem values, the grid's units per 1: problems x samples for avg@n, None for
-    pass@k and maj@k) whose mean is the run's summary of `metric`; None where evals.jsonl lacks one
-    of the evals it averages, or holds no values of this metric."""
+    pass@k and maj@k; the evals averaged) whose mean is the run's summary of `metric`; None where
+    evals.jsonl lacks one of the evals it averages, or holds no values of this metric."""
     if not len(points) or summary.how not in ("final", "last_k"):
         return None
     steps = points.steps[-1:] if summary.how == "final" else points.steps[-summary.k:]
@@ -150,4 +165,4 @@ def _summary_scores(evals: dict, points: Curve, summary: Summary,
     kind, k = parse_metric(metric)
     samples = {r.samples for r in rows}
     grid = rows[0].problems * samples.pop() if kind == "avg" and len(samples) == 1 else None
-    return rows[0].set, scores, grid
+    return rows[0].set, scores, grid, rows

@@ -211,10 +211,22 @@ def eval_noise_lines(report: Report) -> list[str]:
              f"intervals above); *SE at 2× / 4×*: the same seeds on a {2 * problems}- / {4 * problems}-problem "
              "eval set (`task.eval_size`).", "",
              "| contrast | eval share | SE, seeds only | SE | SE at 2× | SE at 4× |", "|---|---|---|---|---|---|"]
+    samples = any(e.sampling_share is not None for _, e in rows)
+    if samples:   # n >= 2 samples per problem: how much of the noise is their draw (the within-problem term)
+        lines[0] += (f" *samples' share*: the part of the seed-to-seed variance of Δ that is the draw of the "
+                     f"{report.eval.protocol.samples} samples per problem (paired sample by sample, as both arms drew "
+                     "them with the same random numbers); *SE at 2× / 4× samples*: the same seeds and problems, "
+                     "more samples per problem (`eval.samples`).")
+        lines[2] += " samples' share | SE at 2× samples | SE at 4× samples |"
+        lines[3] += "---|---|---|"
     for v, e in rows:
         share = fmt_num(100 * e.share, 0) + "%" * math.isfinite(e.share)     # — where a number is missing
-        lines.append(f"| {v['trick']} | {share} | " + " | ".join(fmt_num(x, 4) for x in (e.se_seeds, e.se, e.se_at[2],
-                                                                                          e.se_at[4])) + " |")
+        line = f"| {v['trick']} | {share} | " + " | ".join(fmt_num(x, 4) for x in (e.se_seeds, e.se, e.se_at[2],
+                                                                                    e.se_at[4])) + " |"
+        if samples:
+            drawn = "—" if e.sampling_share is None else fmt_num(100 * e.sampling_share, 0) + "%"
+            line += f" {drawn} | {fmt_num(e.se_at_samples.get(2), 4)} | {fmt_num(e.se_at_samples.get(4), 4)} |"
+        lines.append(line)
     return lines
 
 

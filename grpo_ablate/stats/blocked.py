@@ -72,7 +72,7 @@ def stars(pairs: list[tuple[str, str]]) -> dict[str, list[str]]:
 
 
 def blocked_delta(fit: BlockedFit, a: str, b: str, values: dict, granularity: float | None = None,
-                  problems: dict | None = None, level: float = 0.95) -> Estimate:
+                  problems: dict | None = None, level: float = 0.95, sampling: dict | None = None) -> Estimate:
     """Δ = a − b of a fitted star (one arm its hub) as an Estimate: the paired mean over the model's
     blocks (on the eval's grid, stats/intervals.py), its SE from the model's variances, widened by the
     eval set's problem-sampling term when `problems` (seed -> (a scores, b scores)) covers every block;
@@ -95,7 +95,7 @@ def blocked_delta(fit: BlockedFit, a: str, b: str, values: dict, granularity: fl
         return est
     var, df = found
     se = math.sqrt(var)
-    noise = eval_noise(problems, seeds, se) if problems and all(s in problems for s in seeds) else None
+    noise = eval_noise(problems, seeds, se, sampling) if problems and all(s in problems for s in seeds) else None
     if noise is not None:
         se = noise.se
         est.basis += f", seeds × {noise.problems} problems"

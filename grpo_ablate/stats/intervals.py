@@ -23,13 +23,18 @@ class EvalNoise:
     """How much of a paired Δ's uncertainty is the eval set's (see the module docstring):
     `share`: σ̂_e²/P over the seed-to-seed variance of Δ (scoring on P problems, not the task);
     `problem_var`: σ̂_b²/P, added to Var(Δ̄) for the choice of problems; `se_seeds` / `se`: Δ̄'s
-    standard error without / with it; `se_at`: the SE at 2× and 4× the eval set (same seeds)."""
+    standard error without / with it; `se_at`: the SE at 2× and 4× the eval set (same seeds).
+    With n >= 2 samples per problem (avg@n): `sampling_share`, the part of the seed-to-seed variance
+    of Δ that is the draw of those samples (the within-problem binomial term), and `se_at_samples`,
+    the SE at 2× and 4× the samples per problem (same seeds and problems); None / {} otherwise."""
     problems: int
     share: float
     problem_var: float
     se_seeds: float
     se: float
     se_at: dict
+    sampling_share: float | None = None
+    se_at_samples: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -80,12 +85,13 @@ def mean_ci(values, level: float = 0.95) -> Estimate:
 
 
 def delta_ci(treated: dict, reference: dict, level: float = 0.95, granularity: float | None = None,
-             problems: dict | None = None) -> Estimate:
+             problems: dict | None = None, sampling: dict | None = None) -> Estimate:
     """Δ = mean(treated) − mean(reference), values keyed by seed: paired over the seeds both
     sides have (a seed missing on one side is dropped and said); Welch's interval only when they
     share none (each side needs n >= 2). `granularity`: the grid of the values (module docstring);
     `problems`: seed -> (treated, reference) per-problem scores whose means are the values, for
-    the eval-noise term (module docstring)."""
+    the eval-noise term (module docstring); `sampling`: seed -> the variance of that seed's Δ over the
+    draw of the eval's samples (eval_noise)."""
     treated = {k: v for k, v in treated.items() if v is not None and math.isfinite(v)}
     reference = {k: v for k, v in reference.items() if v is not None and math.isfinite(v)}
     if not treated or not reference:
@@ -95,12 +101,12 @@ def delta_ci(treated: dict, reference: dict, level: float = 0.95, granularity: f
         dropped = {s: "no number on the reference side" for s in treated if s not in reference}
         dropped.update({s: "no number on the treated side" for s in reference if s not in treated})
         return paired_ci({s: treated[s] - reference[s] for s in shared}, level, granularity,
-                         problems, dropped)
+                         problems, dropped, sampling)
     return welch_ci(np.array(list(treated.values())), np.array(list(reference.values())), level)
 
 
 def paired_ci(diffs: dict, level: float = 0.95, granularity: float | None = None, problems: dict | None = None,
-              dropped: dict | None = None) -> Estimate:
+              dropped: dict | None = None, sampling: dict | None = None) -> Estimate:
     """The paired t-interval and two-sided p-value of seed -> Δ (counted on the grid when every Δ lies
     on it, module docstring), widened by the eval set's problem-sampling term when `problems`
     covers every seed."""
@@ -117,7 +123,7 @@ def paired_ci(diffs: dict, level: float = 0.95, granularity: float | None = None
         est.basis += ", no CI"
         return est
     se = sd / math.sqrt(n)
-    noise = eval_noise(problems, seeds, se) if problems else None
+    noise = eval_noise(problems, seeds, se, sampling) if problems else None
     if noise is not None:
         se = noise.se
         est.basis += f", seeds × {noise.problems} problems"
@@ -179,10 +185,12 @@ def welch_ci(a: np.ndarray, b: np.ndarray, level: float = 0.95) -> Estimate:
     return Estimate(diff, diff - half, diff + half, min(len(a), len(b)), basis, p=p, se=se, df=df)
 
 
-def eval_noise(problems: dict, seeds: list, se_seeds: float) -> EvalNoise | None:
+def eval_noise(problems: dict, seeds: list, se_seeds: float, sampling: dict | None = None) -> EvalNoise | None:
     """The crossed seeds × problems variance components of a paired Δ (module docstring), from
     seed -> (treated scores, reference scores) on the same P problems; None unless every seed
-    has both, of one length P >= 2."""
+    has both, of one length P >= 2. `sampling`: seed -> the variance of its Δ over the draw of the
+    eval's samples (evals/scores.paired_sampling_variance), which lies inside the seed-to-seed
+    variance: its share of it, and the SE with more samples per problem (that term divided)."""
     rows = [problems.get(s) for s in seeds]
     if any(r is None for r in rows):
         return None
@@ -205,7 +213,13 @@ def eval_noise(problems: dict, seeds: list, se_seeds: float) -> EvalNoise | None
     for factor in (2, 4):        # the same seeds on an eval set `factor` times larger
         bigger = factor * P
         se_at[factor] = math.sqrt(seed_var / n + problem_var * P / bigger + ms_resid / (n * bigger))
-    return EvalNoise(P, share, problem_var, se_seeds, se, se_at)
+    noise = EvalNoise(P, share, problem_var, se_seeds, se, se_at)
+    if sampling and all(sampling.get(s) is not None for s in seeds):
+        within = float(np.mean([sampling[s] for s in seeds]))     # E[Var(Δ_s | the policies)]
+        total = se_seeds ** 2 * n                                    # the seed-to-seed variance of Δ_s
+        noise.sampling_share = min(1.0, within / total) if total > 0 else (1.0 if within > 0 else 0.0)
+        noise.se_at_samples = {f: math.sqrt(max(0.0, se ** 2 - (1 - 1 / f) * min(within, total) / n)) for f in (2, 4)}
+    return noise
 
 
 def finite_mean(values) -> float | None:

@@ -40,6 +40,9 @@ def run(given: SweepArgs, console) -> int:
 
         return determinism.check(request, console, dry_run=given.dry_run)
     if str(request.seeds) == "auto":
+        if request.eval_name is not None or request.metric not in (None, "eval/accuracy", "accuracy"):
+            raise SweepError("--seeds auto looks at each run's own eval/accuracy as the runs land; --metric and --eval "
+                             "belong to a fixed number of seeds")
         from grpo_ablate.sweep import sequential   # the report's statistics (pandas, scipy)
 
         options = sequential.options_from(request.sequential)
@@ -142,7 +145,8 @@ def sweep_request(given: SweepArgs, tricks: str | None) -> SweepRequest:
         contexts=(across_contexts(list(given.across)) if given.across
                   else file_contexts(spec["contexts"]) if "contexts" in spec else []),
         sequential={k: chosen[k] for k in SEQUENTIAL if chosen[k] is not None},
-        expected_pairs=list(spec.get("expected_pairs", [])), placebos=placebos or DEFAULT_PLACEBOS)
+        expected_pairs=list(spec.get("expected_pairs", [])), placebos=placebos or DEFAULT_PLACEBOS,
+        metric=chosen["metric"], eval_name=chosen["eval_name"])
 
 
 # the options of --seeds auto (sequential.py), from the command line or a sweep file

@@ -67,6 +67,12 @@ def start(req: SweepRequest, console, dry_run: bool = False) -> int:
                   f"{len(manifest['seeds'])} seeds = {len(manifest['runs'])} runs -> {sweep_dir}",
                   markup=False, highlight=False)
     print_pair_rules(manifest, console)
+    fixed = manifest["decides_on"]
+    if fixed.get("eval"):
+        steps = "" if fixed["summary"] == "final" else " --steps all"
+        console.print(f"decides on the {fixed['summary']} {fixed['metric']} of eval {fixed['eval']}, scored after "
+                      f"training: once the runs finish, `grpo-ablate eval {sweep_dir} eval={fixed['eval']}{steps}`, "
+                      f"then `grpo-ablate report {sweep_dir}`", markup=False, highlight=False)
     with DirLock(sweep_dir, "sweep dir"):
         return run_jobs(sweep_dir, manifest, manifest["runs"], req.launcher, req.jobs, req.hydra_args, console)
 

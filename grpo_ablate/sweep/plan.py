@@ -18,13 +18,14 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from grpo_ablate.catalogue import load_catalogue
-from grpo_ablate.config import (ConfigError, check_here, compose, config_hash, data_hash, family_keys, trick_families,
-                                validate)
+from grpo_ablate.config import (ConfigError, check_here, compose, config_hash, data_hash, family_keys, parses_answers,
+                                trick_families, validate)
 from grpo_ablate.inert import inert_reason
 from grpo_ablate.model_source import gguf_source, warm_start_dir
 from grpo_ablate.pair_rules import variant_lines
 from grpo_ablate.rundir import NAME_MAX
 from grpo_ablate.design import Context
+from grpo_ablate.evals.protocol import EvalProtocol, metric_column, parse_metric
 from grpo_ablate.sweep.contexts import check_contexts, with_contexts
 from grpo_ablate.sweep.controls import control_kinds, planned_controls, with_controls
 from grpo_ablate.sweep.manifest import timestamp
@@ -80,6 +81,8 @@ class SweepRequest:
     sequential: dict = field(default_factory=dict)   # seeds=auto: max_seeds, budget, effect (sweep/sequential.py)
     contexts: list[Context] = field(default_factory=list)   # --across / a file's contexts: the matrix in each
     summary: str | None = None       # what the sweep decides on (report/curves.py label), fixed before any run
+    metric: str | None = None        # ... of which eval metric (None: eval/accuracy)
+    eval_name: str | None = None     # ... of which eval protocol scored after training (None: the runs' own)
     expected_pairs: list[str] = field(default_factory=list)   # pair rules the sweep asks about (pair_rules.py)
     placebos: int = DEFAULT_PLACEBOS  # sweep aa: placebo variants beside the reference
 
@@ -103,6 +106,8 @@ def plan(req: SweepRequest, configs: dict | None = None) -> dict:
     common = ([f"preset={req.base}"] if req.base else []) + list(req.overrides)
     if req.steps is not None:
         common.append(f"steps={req.steps}")
+    if req.eval_name is not None and (req.summary or "final") != "final":
+        common.append("eval.keep_weights=true")   # a curve of the eval scored after training: each eval step's weights
     if req.contexts:
         check_contexts(req.contexts, matrix, families, common)
         for context in req.contexts:   # a bad value is named by its context, before any run is composed
@@ -144,12 +149,35 @@ def plan(req: SweepRequest, configs: dict | None = None) -> dict:
         "contrasts": [c.to_json() for c in matrix.contrasts],
         "controls": planned_controls(matrix.variants),
         # fixed before the first run: the report decides on this; another summary is exploratory there
-        "decides_on": {"metric": DECISION_METRIC, "summary": req.summary or DECISION_SUMMARY},
+        "decides_on": decides_on(req, common, base_cfg),
         # fixed before the first run too: the report tests training against its start in each context
         # (report/training.py) before any trick verdict
         "checks_training": True,
         "runs": runs,
     }
+
+
+def decides_on(req: SweepRequest, common: list[str], base_cfg) -> dict:
+    """What the report decides on, fixed before the first run: a metric of the runs' own eval (or of the
+    protocol `--eval` names, scored after training: its settings recorded too) and its summary (`final` for an
+    eval after training, scored at the start and the final checkpoint)."""
+    metric = metric_column(req.metric or DECISION_METRIC)
+    kind = parse_metric(metric)
+    if kind is None:
+        raise SweepError(f"--metric {req.metric!r} is not allowed; allowed: eval/accuracy (avg@n), pass@k, maj@k (the "
+                         "eval's metrics, k up to its samples per problem)")
+    group = base_cfg.eval if req.eval_name is None else compose_run(common + [f"eval={req.eval_name}"],
+                                                                     f"--eval {req.eval_name}").eval
+    protocol = EvalProtocol.from_group(group).resolved(parses_answers(base_cfg.task.name))
+    what, k = kind
+    if what != "avg" and (k > protocol.samples or (what == "maj" and not protocol.maj_k)):
+        whose = f"eval {protocol.name}" if req.eval_name else f"the runs' eval ({protocol.name})"
+        raise SweepError(f"--metric {req.metric}: {whose} draws {protocol.samples} sample(s) per problem"
+                         + (" and parses no answers to vote on" if what == "maj" and not protocol.maj_k else "")
+                         + f"; {what}@{k} needs k <= the samples (eval=sampled: 8)")
+    summary = req.summary or (DECISION_SUMMARY if req.eval_name is None else "final")
+    return {"metric": metric, "summary": summary,
+            **({"eval": req.eval_name, "eval_protocol": protocol.settings()} if req.eval_name else {})}
 
 
 def pair_fields(req: SweepRequest, cfg_of: dict) -> dict:
