@@ -45,8 +45,8 @@ class SweepArgs:
                                   "repeated 95% interval lies inside ±X stops as 'no effect >= X'.",
                                   allowed=ACCURACY_EFFECT, check=True, file=True)
     metric: str | None = option("--metric", help="The eval metric the sweep decides on, fixed in its manifest before "
-                                "the first run: eval/accuracy (avg@n of the eval's n samples; greedy accuracy for one), "
-                                "pass@k or maj@k (k <= n) [eval/accuracy].", allowed=TEXT, file=True)
+                                "the first run: eval/accuracy (avg@n of the eval's n samples; greedy accuracy for "
+                                "one), pass@k or maj@k (k <= n) [eval/accuracy].", allowed=TEXT, file=True)
     eval_name: str | None = option("--eval", help="Decide on an eval protocol scored after training instead of the "
                                    "runs' own (an option of conf/eval/, e.g. sampled): fixed in the manifest; after "
                                    "the runs, `grpo-ablate eval DIR eval=<it>` scores them.", allowed=TEXT, file=True)

@@ -160,7 +160,8 @@ def test_eval_refuses_what_it_cannot_score_in_one_line(tmp_path):
     (tmp_path / "notes").mkdir()
     for args, needle in ((["eval", str(tmp_path / "notes")], "neither a run dir"),
                          (["eval", str(tmp_path / "nowhere")], "no such directory"),
-                         (["eval", str(tmp_path / "notes"), "--steps", "some"], "--steps some is not allowed; allowed: final, all"),
+                         (["eval", str(tmp_path / "notes"), "--steps", "some"],
+                          "--steps some is not allowed; allowed: final, all"),
                          (["eval", str(tmp_path / "notes"), "--nam", "x"], "no such option: --nam"),
                          (["eval"], "give the run dir or sweep dir")):
         out = cli_here(*args, cwd=tmp_path)
