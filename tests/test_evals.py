@@ -248,3 +248,55 @@ def test_the_draw_of_the_samples_in_a_delta_is_estimated_without_bias():
     assert np.var(deltas) < 0.5 * unpaired             # the common draws' covariance, counted: far below the sum
     one = ProblemScores("s", np.ones((problems, 1)))
     assert paired_sampling_variance([one], [one]) is None                           # one sample: no within term
+
+
+def test_eval_of_a_sweep_stops_on_sigterm_resumes_and_is_reported(small, tmp_path):
+    """`grpo-ablate eval SWEEP_DIR` stopped by SIGTERM after its first run keeps what it scored (exit 143,
+    no traceback), the same command finishes the rest, the rows equal an uninterrupted eval's, a foreign
+    run dir in the sweep is refused in one line, and `report --eval` decides on the results."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    sweep_dir = tmp_path / "sweep"
+    train = [o for o in small if not o.startswith(("steps=", "eval.every="))] + ["steps=2", "eval.every=2"]
+    made = cli("sweep", "leave-one-out", "--tricks", "batch_norm,token_mean", "--seeds", "2", "--no-controls",
+               "--launcher", "basic", "--dir", str(sweep_dir), *train, cwd=tmp_path)
+    assert made.returncode == 0, made.stdout + made.stderr
+    protocol = ["eval=sampled", "eval.samples=256"]                  # 18 problems x 256: a second or two a step
+    runs = [sweep_dir / r["run_dir"] for r in json.loads((sweep_dir / "manifest.json").read_text())["runs"]]
+    before = {d.name: digests(d) for d in runs}
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_ablate.cli", "eval", str(sweep_dir), *protocol],
+                            cwd=tmp_path, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("[1/6]"):
+                break
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143 and "interrupted: SIGTERM" in output and "Traceback" not in output, output
+    scored = [d.name for d in runs if (d / "evals" / "sampled.jsonl").exists()]
+    assert 1 <= len(scored) < 6
+    done = cli("eval", str(sweep_dir), *protocol, cwd=tmp_path)
+    assert done.returncode == 0 and "[6/6]" in done.stdout, done.stdout + done.stderr
+    again = cli("eval", str(sweep_dir), *protocol, "--name", "again", cwd=tmp_path)
+    assert again.returncode == 0
+    for run_dir in runs:
+        rows = [(run_dir / "evals" / f"{name}.jsonl").read_text() for name in ("sampled", "again")]
+        assert rows[0] == rows[1] and len(rows[0].splitlines()) == 2        # the start and the final step
+        assert digests(run_dir) == before[run_dir.name]                     # no training file touched
+    report = cli("report", str(sweep_dir), "--eval", "sampled", "--metric", "pass@256", "--no-figures",
+                 "--format", "json", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    decided = json.loads(report.stdout)
+    assert decided["metric"] == "eval/pass@256" and decided["eval"]["steps"] == [0, 2]
+    assert decided["boundary"]["against"] == "step 0"                      # no base control: each seed's start
+    config = sweep_dir / "all-s1" / "config.yaml"
+    config.write_text(config.read_text().replace("id: ", "id: another-", 1))
+    foreign = cli_here("eval", str(sweep_dir), *protocol, "--name", "third", cwd=tmp_path)
+    assert foreign.exit_code == 2 and "is not this sweep's run" in foreign.stderr
+    assert len(foreign.stderr.strip().splitlines()) == 1
