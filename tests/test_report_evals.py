@@ -85,7 +85,7 @@ def test_claims_about_pass_at_k_are_judged_on_pass_at_k_and_not_on_greedy_accura
 
     verdict = {"trick": "maxrl", "with": "a", "without": "b", "verdict": "helps"}
     assert measured_for("pass@k", verdict, {}, {"k": 8, "pass@k": {"maxrl": "hurts"}}) == ("hurts", "hurts (pass@8)")
-    assert measured_for("avg@k", verdict, {}, {"k": 8, "avg@k": True}) == ("helps", "helps (avg@8)")
+    assert measured_for("avg@k", verdict, {}, {"k": 8, "avg@k": {"maxrl": "helps"}}) == ("helps", "helps (avg@8)")
     unmeasured = measured_for("pass@k", verdict, {}, {"why": "not measured: greedy"})
     assert unmeasured == (None, "not measured: greedy")
     assert claims_section is not None

@@ -273,3 +273,42 @@ def test_smollm2_with_a_bf16_engine_has_a_mismatch_for_tis_to_correct(tmp_path, 
         assert gap > 1e-2 and activity > 1e-3
     else:   # LoRA merged for the push, float32: the sampler is the trainer up to float rounding
         assert gap < FLOAT32_TOLERANCE and activity < 1e-5
+
+
+def test_a_sampled_eval_through_vllm_agrees_with_the_hf_engine_in_distribution(embedded):
+    """eval=sampled through the vLLM engine (8 samples per prompt in one request, `n=8`, seeded per prompt
+    from the eval's key) against the hf sampler on the same weights and 500 problems: different draws of
+    the same per-problem distributions. The stated test: for avg@8, pass@8 and maj@8, the mean over
+    problems of the per-problem difference lies within 4 of its standard errors (a z-test whose false
+    alarm rate is 6e-5), and each engine's own eval is reproducible from its key."""
+    import numpy as np
+
+    from grpo_ablate.config import compose
+    from grpo_ablate.evals.score import evaluate
+    from grpo_ablate.rundir import EVAL_SCORES
+    from grpo_ablate.sampling.engines import HFEngine, Rollouts
+    from grpo_ablate.sampling.prompts import PromptEncoder
+    from grpo_ablate.spec import run_spec
+    from grpo_ablate.tasks import build_task
+    from grpo_ablate.train.distributed import DataParallel
+
+    model, tokenizer, engine = embedded
+    spec = run_spec(compose(["eval=sampled"]))
+    task = build_task(spec.task)
+    encode = PromptEncoder(tokenizer, task)
+
+    def scored(sampler):
+        rollouts = Rollouts(sampler, tokenizer, encode, task, DataParallel(), torch.device("cpu"),
+                            eos_id=tokenizer.eos_token_id, max_new_tokens=32, seed=0, rng="stream",
+                            stream=torch.Generator().manual_seed(0))
+        return evaluate(model, rollouts, task.eval_set(), spec.eval, seed=3, step=30, max_new_tokens=32,
+                        answer=task.answer)[EVAL_SCORES]
+
+    hf, vllm = scored(HFEngine(model, lean=True)), scored(engine)
+    assert vllm.samples == 8 and vllm.problems == 500 and vllm.votes is not None
+    assert np.array_equal(scored(engine).correct, vllm.correct)          # the eval's key fixes its draws
+    assert not np.array_equal(hf.correct, vllm.correct)                  # ... which are the engine's own
+    for kind, k in (("avg", None), ("pass", 8), ("maj", 8)):
+        d = hf.per_problem(kind, k) - vllm.per_problem(kind, k)
+        z = d.mean() / (d.std(ddof=1) / math.sqrt(len(d)))
+        assert abs(z) < 4, (kind, hf.value(kind, k), vllm.value(kind, k), z)

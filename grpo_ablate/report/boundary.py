@@ -8,7 +8,9 @@ trained policy against its base)? Asked wherever the eval draws n >= 2 samples p
   its step-0 eval), paired on seeds; one test per arm, Holm over the arms, a family of its own.
   *narrows* the boundary: the arm's pass@n decided below the base's; *widens*: above.
 - Per trick, on pass@n: the sweep's contrasts tested as its verdicts are (the blocked model where they
-  form a star), in a family of their own: what a claim about pass@k is judged by (report/claims.py).
+  form a star), in a family of their own: what a claim about pass@k is judged by (report/claims.py);
+  and on avg@n, another family of their own, for a claim about avg@k where the report decides on
+  something else (where it decides on avg@n, its own verdicts judge).
 """
 from __future__ import annotations
 
@@ -26,9 +28,10 @@ START = "step 0"                             # the base when there is no base co
 
 
 def boundary_section(sweep: Sweep, source: EvalSource, runs_of: dict, curves: dict, method: str, alpha: float,
-                     test: str) -> dict | None:
-    """{k, metric, curves, against, arms, family, tricks, tricks_family}; None where the eval draws one
-    sample per problem, or the sweep runs across contexts."""
+                     test: str, averages: tuple[dict, dict] | None = None) -> dict | None:
+    """{k, metric, curves, against, arms, family, tricks, tricks_family, tricks_avg}; None where the eval
+    draws one sample per problem, or the sweep runs across contexts. `averages`: (runs_of, curves) of
+    eval/accuracy (avg@n), for the per-trick family on it (none without)."""
     n = source.protocol.samples
     if n < 2 or sweep.contexts:
         return None
@@ -48,15 +51,24 @@ def boundary_section(sweep: Sweep, source: EvalSource, runs_of: dict, curves: di
     family = settle_family(arms, paired, True, None) if arms else None
     for arm in arms:
         arm["verdict"] = {HELPS: WIDENS, HURTS: NARROWS}.get(arm["verdict"], arm["verdict"])
-    tricks, tricks_family = [], None
-    if sweep.contrasts:
-        blocked = gather(values, runs_of, curves, metric, final, method, alpha, test)
-        blocked.model([(c.with_, c.without) for c in sweep.contrasts])
-        areas = {name: {seed: Summary("auc").of(c) for seed, c in cs.items()} for name, cs in curves.items()}
-        tricks = contrast_verdicts(sweep, blocked, areas, None, None)
-        tricks_family = next((t["family"] for t in tricks if t.get("family")), None)
+    tricks = per_trick(sweep, runs_of, curves, metric, method, alpha, test)
+    tricks_avg = per_trick(sweep, *averages, Metric("eval/accuracy"), method, alpha, test) if averages else []
     return {"k": n, "metric": metric.name, "against": base, "curves": pass_curves(sweep, runs_of, curves, n, base),
-            "arms": arms, "family": family, "tricks": tricks, "tricks_family": tricks_family}
+            "arms": arms, "family": family, "tricks": tricks,
+            "tricks_family": next((t["family"] for t in tricks if t.get("family")), None), "tricks_avg": tricks_avg}
+
+
+def per_trick(sweep: Sweep, runs_of: dict, curves: dict, metric: Metric, method: str, alpha: float,
+              test: str) -> list[dict]:
+    """The sweep's contrasts on each run's final `metric`, tested as its verdicts are, as a family of their own."""
+    if not sweep.contrasts:
+        return []
+    final = Summary("final")
+    values = {name: {seed: final.of(c) for seed, c in cs.items()} for name, cs in curves.items()}
+    blocked = gather(values, runs_of, curves, metric, final, method, alpha, test)
+    blocked.model([(c.with_, c.without) for c in sweep.contrasts])
+    areas = {name: {seed: Summary("auc").of(c) for seed, c in cs.items()} for name, cs in curves.items()}
+    return contrast_verdicts(sweep, blocked, areas, None, None)
 
 
 def final_scores(run, curve: Curve):

@@ -153,7 +153,8 @@ def boundary(sweep: Sweep, source: EvalSource, compute: str, method: str, alpha:
         return None
     add_eval_metric(sweep, f"eval/pass@{n}")
     runs_of, curves = read_curves(sweep, f"eval/pass@{n}", compute)
-    return boundary_section(sweep, source, runs_of, curves, method, alpha, test)
+    return boundary_section(sweep, source, runs_of, curves, method, alpha, test,
+                            averages=read_curves(sweep, ACCURACY, compute))
 
 
 def sampled_measures(report: Report) -> dict:
@@ -162,9 +163,11 @@ def sampled_measures(report: Report) -> dict:
     if n < 2:
         return {"why": "not measured: the eval drew one answer per problem (`grpo-ablate eval DIR eval=sampled`, "
                        "then `report --eval sampled`)"}
-    tricks = {t["trick"]: t["verdict"] for t in (report.boundary or {}).get("tricks", [])}
-    return {"k": n, "avg@k": report.metric == ACCURACY, "pass@k": tricks,
-            "why": None if report.metric == ACCURACY else f"not measured: the verdicts compare `{report.metric}`"}
+    boundary = report.boundary or {}
+    tricks = {t["trick"]: t["verdict"] for t in boundary.get("tricks", [])}
+    averages = ({v["trick"]: v["verdict"] for v in report.verdicts} if report.metric == ACCURACY and
+                report.summary.how == "final" else {t["trick"]: t["verdict"] for t in boundary.get("tricks_avg", [])})
+    return {"k": n, "avg@k": averages, "pass@k": tricks}
 
 
 def model_families(sweep: Sweep, evidence: Evidence) -> None:

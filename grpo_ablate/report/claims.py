@@ -108,8 +108,9 @@ def claims_section(sweep: Sweep, verdicts: list[dict], fits: dict,
     """A sweep in one context: per claim of each named trick a contrast measured, the verdict it is
     judged by and the judgement. None across contexts (report/transfer.py judges those) or when no
     contrast measured a trick with a claim. `sampled`: what the report's eval measured, for the claims
-    about a sampled eval's metrics: {"avg@k": True when the verdicts are on avg@n of n >= 2 samples,
-    "pass@k": trick -> its verdict on pass@n (report/boundary.py), "k": n, "why": why neither was measured}."""
+    about a sampled eval's metrics: {"avg@k" / "pass@k": trick -> its verdict on avg@n / pass@n of the
+    final eval of n >= 2 samples (report/boundary.py, or the report's own verdicts where they are those),
+    "k": n, "why": why neither was measured}."""
     if sweep.contexts or not verdicts:
         return None
     sampled = sampled or {}
@@ -136,9 +137,6 @@ def measured_for(measure: str, verdict: dict, fitted: dict, sampled: dict) -> tu
     if measure == "ceiling":   # the fits' ceiling verdict; without one, their split says why (poor fits, drifts)
         split = fitted.get(verdict["trick"], {})
         return split.get("ceiling"), split.get("ceiling") or split.get("split")
-    if measure == "avg@k":
-        return (verdict["verdict"], f"{verdict['verdict']} (avg@{sampled['k']})") if sampled.get("avg@k") else \
-            (None, sampled.get("why") or "not measured: the eval drew one sample per problem")
-    found = (sampled.get("pass@k") or {}).get(verdict["trick"])
-    return (found, f"{found} (pass@{sampled['k']})") if found is not None else \
+    found = (sampled.get(measure) or {}).get(verdict["trick"])
+    return (found, f"{found} ({measure[:-1]}{sampled['k']})") if found is not None else \
         (None, sampled.get("why") or "not measured: the eval drew one sample per problem")
