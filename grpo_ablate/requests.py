@@ -47,9 +47,9 @@ class SweepArgs:
     metric: str | None = option("--metric", help="The eval metric the sweep decides on, fixed in its manifest before "
                                 "the first run: eval/accuracy (avg@n of the eval's n samples; greedy accuracy for "
                                 "one), pass@k or maj@k (k <= n) [eval/accuracy].", allowed=TEXT, file=True)
-    eval_name: str | None = option("--eval", help="Decide on an eval protocol scored after training instead of the "
-                                   "runs' own (an option of conf/eval/, e.g. sampled): fixed in the manifest; after "
-                                   "the runs, `grpo-ablate eval DIR eval=<it>` scores them.", allowed=TEXT, file=True)
+    eval: str | None = option("--eval", help="Decide on an eval protocol scored after training instead of the runs' "
+                              "own (an option of conf/eval/, e.g. sampled): fixed in the manifest; after the runs, "
+                              "`grpo-ablate eval DIR eval=<it>` scores them.", allowed=TEXT, file=True)
     summary: str | None = option("--summary", help="What the sweep decides on, fixed in its manifest before the first "
                                  "run (and what --seeds auto looks at): final, auc, best, last_k or last_<k>, as "
                                  "report --summary [last_3; final with --eval].", allowed=TEXT, file=True)

@@ -300,3 +300,28 @@ def test_eval_of_a_sweep_stops_on_sigterm_resumes_and_is_reported(small, tmp_pat
     foreign = cli_here("eval", str(sweep_dir), *protocol, "--name", "third", cwd=tmp_path)
     assert foreign.exit_code == 2 and "is not this sweep's run" in foreign.stderr
     assert len(foreign.stderr.strip().splitlines()) == 1
+
+
+def test_a_sweep_fixes_the_eval_it_decides_on_before_its_first_run(tmp_path):
+    """--metric and --eval go into the manifest's decides_on (an eval after training: its settings, and
+    `final`); what the runs' eval cannot give, or a sequential sweep cannot look at, is refused in one line."""
+    from grpo_ablate.sweep.plan import SweepRequest, plan
+
+    fixed = plan(SweepRequest("leave-one-out", tricks=["token_mean"], base="grpo", seeds="2", controls=False,
+                              metric="pass@8", eval_name="sampled"))["decides_on"]
+    assert fixed["metric"] == "eval/pass@8" and fixed["summary"] == "final" and fixed["eval"] == "sampled"
+    assert fixed["eval_protocol"]["samples"] == 8 and fixed["eval_protocol"]["pass_k"] == [2, 4, 8]
+    own = plan(SweepRequest("leave-one-out", tricks=["token_mean"], base="grpo", seeds="2", controls=False,
+                            metric="maj@8", overrides=["eval=sampled"]))
+    assert own["decides_on"] == {"metric": "eval/maj@8", "summary": "last_3"}
+    curve = plan(SweepRequest("leave-one-out", tricks=["token_mean"], base="grpo", seeds="2", controls=False,
+                              eval_name="sampled", summary="last_3"))
+    assert "eval.keep_weights=true" in curve["overrides"]              # a curve after training needs the weights
+    for args, needle in ((["--metric", "pass@8"], "the runs' eval (greedy) draws 1 sample(s) per problem"),
+                         (["--metric", "loss"], "--metric 'loss' is not allowed"),
+                         (["--eval", "nope"], "--eval nope: eval=nope is not an option of config group 'eval'"),
+                         (["--seeds", "auto", "--metric", "pass@8"], "--metric and --eval belong to a fixed")):
+        out = cli_here("sweep", "leave-one-out", "--tricks", "token_mean", "--no-controls", "--dry-run", *args,
+                       cwd=tmp_path)
+        lines = [line for line in out.stderr.splitlines() if line.strip()]
+        assert out.exit_code == 2 and len(lines) == 1 and needle in lines[0], (args, out.stderr)

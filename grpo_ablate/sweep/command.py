@@ -146,7 +146,7 @@ def sweep_request(given: SweepArgs, tricks: str | None) -> SweepRequest:
                   else file_contexts(spec["contexts"]) if "contexts" in spec else []),
         sequential={k: chosen[k] for k in SEQUENTIAL if chosen[k] is not None},
         expected_pairs=list(spec.get("expected_pairs", [])), placebos=placebos or DEFAULT_PLACEBOS,
-        metric=chosen["metric"], eval_name=chosen["eval_name"])
+        metric=chosen["metric"], eval_name=chosen["eval"])
 
 
 # the options of --seeds auto (sequential.py), from the command line or a sweep file
