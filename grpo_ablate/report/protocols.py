@@ -97,7 +97,8 @@ def _key(header: dict) -> str:
 
 
 def read_results(run: Run, name: str) -> tuple[dict, list] | None:
-    """(header, rows) of a run's evals/<name>.*; None when it has none. A damaged header is the run's damage."""
+    """(header, rows) of a run's evals/<name>.*; None when it has none, or its header is damaged (then said
+    in the run's notes: the run has no numbers of this eval, as one never scored)."""
     head = run.run_dir / EVALS_DIR / f"{name}.json"
     if not head.exists():
         return None
