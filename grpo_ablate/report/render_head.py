@@ -60,10 +60,19 @@ def family_line(report: Report) -> str:
     else:
         how = "fixed 95% intervals"
     direction = "higher" if report.higher_is_better else "lower"
-    exploratory = " (**exploratory**: the sweep fixed another summary; see How to read this)" if report.exploratory \
-        else ""
+    exploratory = f" (**exploratory**: the sweep fixed another {fixed_what(report)}; see How to read this)" \
+        if report.exploratory else ""
     compared = ("each run's final" if report.summary.how == "final" else f"each run's {report.summary.label} of")
     return f"**Verdicts**{exploratory}: {how}; compared on {compared} {metric_words(report)} ({direction} is better)."
+
+
+def fixed_what(report: Report) -> str:
+    """What the sweep fixed before its first run that this report departs from: its eval, metric or summary."""
+    fixed = report.sweep.decides_on or {}
+    used = report.eval.name if report.eval is not None and report.eval.after_training else None
+    if fixed.get("eval") != used and not (report.eval is not None and fixed.get("eval") == report.eval.name):
+        return "eval"
+    return "metric" if fixed.get("metric") != report.metric else "summary"
 
 
 def metric_words(report: Report) -> str:
