@@ -12,7 +12,8 @@ eval, Holm at 5%.
 
 Prints one JSON line per scenario with each rate and its Monte-Carlo SE; docs/evals.md quotes them.
 
-    .venv/bin/python benchmarks/sampled_eval_sim.py [--sweeps 1000] [--problems 200]
+    .venv/bin/python benchmarks/sampled_eval_sim.py [--sweeps 1000] [--problems 200] [--scenario null|power]
+        [--seed 0]      (two processes with other --seed values split the work; their counts add up)
 """
 import argparse
 import json
@@ -63,8 +64,8 @@ def first_sample(path: Path) -> Path:
     return copy
 
 
-def run(name: str, sweeps: int, problems: int, effect: float) -> dict:
-    rng = np.random.default_rng(2026 + int(effect * 100))
+def run(name: str, sweeps: int, problems: int, effect: float, seed: int = 0) -> dict:
+    rng = np.random.default_rng([2026 + int(effect * 100), seed])
     shift = null_base_shift(np.random.default_rng(0))
     named = {m: 0 for m in METRICS}
     boundary = 0
@@ -96,10 +97,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweeps", type=int, default=1000)
     parser.add_argument("--problems", type=int, default=200)
+    parser.add_argument("--scenario", choices=("null", "power", "both"), default="both")
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    print(json.dumps(run("null", args.sweeps, args.problems, 0.0)), flush=True)
-    print(json.dumps(run(f"power, one effect of +{POWER_EFFECT}", args.sweeps, args.problems, POWER_EFFECT)),
-          flush=True)
+    if args.scenario in ("null", "both"):
+        print(json.dumps(run("null", args.sweeps, args.problems, 0.0, args.seed)), flush=True)
+    if args.scenario in ("power", "both"):
+        print(json.dumps(run(f"power, one effect of +{POWER_EFFECT}", args.sweeps, args.problems, POWER_EFFECT,
+                             args.seed)), flush=True)
 
 
 if __name__ == "__main__":
