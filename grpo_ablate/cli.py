@@ -334,9 +334,11 @@ def _write_report(rep, req: ReportRequest, options: dict) -> None:
 
 
 def _resume_args(run_dir: Path, restart: bool = False) -> List[str]:
-    """The run's own overrides, pointed back at its directory."""
+    """The run's own overrides, pointed back at its directory, with the eval protocol it recorded: a run
+    resumes with the eval it started with, whatever the default is now (greedy, for a run from before
+    there were protocols)."""
     from grpo_ablate.errors import DamagedFile
-    from grpo_ablate.rundir import read_overrides
+    from grpo_ablate.rundir import read_overrides, recorded_eval
 
     try:
         saved = read_overrides(run_dir)
@@ -347,7 +349,17 @@ def _resume_args(run_dir: Path, restart: bool = False) -> List[str]:
     if saved is None:
         fail(f"--resume {run_dir}: not a grpo-ablate run dir (no overrides.yaml there)")
     previous = [o for o in saved if not o.startswith(("resume=", "hydra.run.dir="))]
+    recorded = recorded_eval(run_dir)
+    if not any(o.lstrip("+").split("=", 1)[0] == "eval" for o in previous) and _is_eval_option(recorded):
+        previous = [f"eval={recorded}", *previous]
     return previous + [f"hydra.run.dir={run_dir}", "resume=restart" if restart else "resume=true"]
+
+
+def _is_eval_option(name: str) -> bool:
+    """Whether `name` is an option of the eval group (conf/eval/<name>.yaml)."""
+    from importlib import resources
+
+    return resources.files("grpo_ablate.conf").joinpath("eval", f"{name}.yaml").is_file()
 
 
 def _last_wins(args: List[str]) -> List[str]:

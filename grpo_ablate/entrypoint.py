@@ -67,7 +67,7 @@ def hydra_train(cfg: DictConfig) -> int:
     if os.environ.get("RANK", "0") != "0":   # torchrun: rank 0 reports for the run
         pass
     elif result.state == "completed" and result.base_accuracy is not None:
-        console.print(f"{prefix}base eval accuracy {result.base_accuracy:.3f} -> final "
+        console.print(f"{prefix}base eval {result.eval_label} {result.base_accuracy:.3f} -> final "
                       f"{result.final_accuracy:.3f}  ({run_dir})", markup=False, highlight=False)
     else:
         console.print(f"{prefix}{result.state} at step {result.step}  ({run_dir})", markup=False,

@@ -174,6 +174,20 @@ def read_overrides(run_dir: Path) -> list[str] | None:
     return overrides
 
 
+def recorded_eval(run_dir: Path) -> str:
+    """The eval protocol a run recorded (config.yaml's `eval.name`): `greedy` for a run from before the
+    eval group, or whose config.yaml cannot be read (its resume then refuses on the config itself)."""
+    import yaml
+
+    try:
+        config = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return "greedy"
+    group = config.get("eval") if isinstance(config, dict) else None
+    name = group.get("name") if isinstance(group, dict) else None
+    return name if isinstance(name, str) and name else "greedy"
+
+
 def checkpoint_problem(checkpoint: Path) -> str | None:
     """What is wrong with a checkpoint dir, cheaply (None: it looks whole). trainer_state.pt is a
     zip archive whose directory sits at its end, so a file cut short fails to open."""

@@ -100,6 +100,7 @@ class Schedule:
     fail_at_step: int | None       # debug: an injected failure (tests of sweep isolation)
     nan_loss_at_step: int | None   # debug: an injected divergence
     keep_weights: bool = False     # eval.keep_weights: the policy at every eval step, for `grpo-ablate eval`
+    eval_label: str = "accuracy"   # what the console calls eval/accuracy: accuracy (greedy) or avg@n
 
 
 @dataclass(frozen=True)
@@ -184,7 +185,8 @@ def run_spec(cfg: DictConfig) -> RunSpec:
                                _count(s.get("micro_batch_size")), _count(s.get("max_tokens_per_forward"))),
         schedule=Schedule(int(cfg.steps), int(cfg.eval.every), int(cfg.eval.max_new_tokens), int(cfg.samples_every),
                           int(cfg.samples_per_log), int(cfg.checkpoint_every), cfg.debug.fail_at_step,
-                          cfg.debug.nan_loss_at_step, bool(cfg.eval.get("keep_weights", False))),
+                          cfg.debug.nan_loss_at_step, bool(cfg.eval.get("keep_weights", False)),
+                          eval_protocol(cfg).accuracy_label),
         model=ModelSettings(m.get("dtype", "float32"), m.get("attn_implementation"),
                             bool(m.get("fsdp")), bool(m.get("gradient_checkpointing")),
                             bool(m.get("disable_dropout", True)), bool(m.get("remove_padding", True)),

@@ -64,6 +64,7 @@ SMALL = [
     "steps=4", "logger=none", "threads=1",
     "optim.lr=1.0e-4",   # the embedded default's lr before its calibration: golden metrics stay as recorded
     "optim.schedule=constant",   # and its schedule before the default's lr decayed linearly
+    "eval=greedy",               # and its eval before the default drew 8 samples per problem
 ]
 
 

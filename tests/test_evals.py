@@ -125,26 +125,29 @@ def test_the_protocol_fills_in_its_defaults_and_names_its_metrics():
     assert resolved.pass_k == (2, 4, 8) and resolved.maj_k == (8,)
     assert resolved.metrics() == ["eval/accuracy", "eval/pass@2", "eval/pass@4", "eval/pass@8", "eval/maj@8"]
     assert EvalProtocol("x", samples=12, temperature=0.6, pass_k=None).resolved(False).pass_k == (2, 4, 8, 12)
-    assert EvalProtocol.from_group(compose([]).eval).resolved(True).metrics() == ["eval/accuracy"]   # greedy
+    assert EvalProtocol.from_group(compose(["eval=greedy"]).eval).resolved(True).metrics() == ["eval/accuracy"]
+    assert EvalProtocol.from_group(compose([]).eval).name == "sampled"                  # the default (docs/default.md)
     assert [metric_column(m) for m in ("pass@8", "avg@4", "eval/maj@2", "accuracy", "reward/mean")] == [
         "eval/pass@8", "eval/accuracy", "eval/maj@2", "eval/accuracy", "reward/mean"]
     assert parse_metric("eval/pass@16") == ("pass", 16) and parse_metric("loss") is None
 
 
-def test_the_greedy_protocol_leaves_every_recorded_config_hash_as_it_was():
-    """The eval group is hashed only away from greedy, what every run had before it: the recorded hashes hold
-    (tests/data/composed_configs.json for every option); another protocol is another config, keeping weights is not."""
+def test_greedy_hashes_as_every_run_before_protocols_did(monkeypatch):
+    """The eval group is hashed only away from greedy, the one eval every run had before it: with eval=greedy
+    the default config hashes as the default did then (f13dcf4's, model.cache_dir at its default), so those
+    runs resume with it; another protocol is another config; keeping weights is not."""
     from grpo_ablate.config import config_hash
 
-    default = config_hash(compose([]))
-    assert config_hash(compose(["eval=greedy"])) == default
-    assert config_hash(compose(["eval.keep_weights=true"])) == default
-    assert config_hash(compose(["eval=sampled"])) != default
+    monkeypatch.delenv("GRPO_ABLATE_CACHE", raising=False)
+    assert config_hash(compose(["eval=greedy"])) == "595052141b1ce1fb"
+    assert config_hash(compose([])) != "595052141b1ce1fb"                              # the default is sampled
+    assert config_hash(compose(["eval.keep_weights=true"])) == config_hash(compose([]))
 
 
 @pytest.mark.parametrize("overrides, needle", [
-    ("eval.samples=4", "draws the same greedy answer 4 times"),
-    ("eval.top_p=0.9", "eval.temperature=0 samples nothing"),
+    ("eval=greedy eval.samples=4", "draws the same greedy answer 4 times"),
+    ("eval.temperature=0", "draws the same greedy answer 8 times"),
+    ("eval=greedy eval.top_p=0.9", "eval.temperature=0 samples nothing"),
     ("eval=sampled eval.pass_k=[16]", "each k must be an integer in 1..eval.samples (8)"),
     ("eval=sampled eval.pass_k=[2.5]", "each k must be an integer"),
     ("eval=sampled eval.maj_k=[0]", "eval.maj_k=[0] is not allowed"),
@@ -312,12 +315,13 @@ def test_a_sweep_fixes_the_eval_it_decides_on_before_its_first_run(tmp_path):
     assert fixed["metric"] == "eval/pass@8" and fixed["summary"] == "final" and fixed["eval"] == "sampled"
     assert fixed["eval_protocol"]["samples"] == 8 and fixed["eval_protocol"]["pass_k"] == [2, 4, 8]
     own = plan(SweepRequest("leave-one-out", tricks=["token_mean"], base="grpo", seeds="2", controls=False,
-                            metric="maj@8", overrides=["eval=sampled"]))
+                            metric="maj@8"))
     assert own["decides_on"] == {"metric": "eval/maj@8", "summary": "last_3"}
     curve = plan(SweepRequest("leave-one-out", tricks=["token_mean"], base="grpo", seeds="2", controls=False,
                               eval_name="sampled", summary="last_3"))
     assert "eval.keep_weights=true" in curve["overrides"]              # a curve after training needs the weights
-    for args, needle in ((["--metric", "pass@8"], "the runs' eval (greedy) draws 1 sample(s) per problem"),
+    for args, needle in ((["--metric", "pass@16"], "the runs' eval (sampled) draws 8 sample(s) per problem"),
+                         (["--metric", "pass@8", "eval=greedy"], "the runs' eval (greedy) draws 1 sample(s)"),
                          (["--metric", "loss"], "--metric 'loss' is not allowed"),
                          (["--eval", "nope"], "--eval nope: eval=nope is not an option of config group 'eval'"),
                          (["--seeds", "auto", "--metric", "pass@8"], "--metric and --eval belong to a fixed")):
@@ -325,3 +329,41 @@ def test_a_sweep_fixes_the_eval_it_decides_on_before_its_first_run(tmp_path):
                        cwd=tmp_path)
         lines = [line for line in out.stderr.splitlines() if line.strip()]
         assert out.exit_code == 2 and len(lines) == 1 and needle in lines[0], (args, out.stderr)
+
+
+def test_a_sweep_planned_before_protocols_resumes_greedy():
+    """A manifest whose runs chose no eval protocol and hash as greedy was planned when greedy was the only
+    eval: its resume pins eval=greedy (the sweep's overrides and each run's); one planned under the current
+    default, or one that chose its protocol, is left as it is."""
+    from grpo_ablate.config import config_hash
+    from grpo_ablate.sweep.plan import pin_planned_eval
+
+    overrides = ["preset=grpo", "+trick=[token_mean]", "seed=0"]
+    old = {"overrides": ["preset=grpo"], "runs": [
+        {"overrides": list(overrides), "config_hash": config_hash(compose(["eval=greedy", *overrides]))},
+        {"overrides": ["eval=sampled", *overrides], "config_hash": "x"}]}
+    assert pin_planned_eval(old)
+    assert old["overrides"] == ["eval=greedy", "preset=grpo"]
+    assert old["runs"][0]["overrides"] == ["eval=greedy", *overrides]
+    assert old["runs"][1]["overrides"] == ["eval=sampled", *overrides]               # it chose its own
+    new = {"overrides": [], "runs": [{"overrides": list(overrides), "config_hash": config_hash(compose(overrides))}]}
+    assert not pin_planned_eval(new) and new["runs"][0]["overrides"] == overrides
+
+
+def test_a_run_from_before_protocols_resumes_with_its_greedy_eval(small, tmp_path):
+    """`train --resume` of a run whose config.yaml records no eval protocol (and whose overrides chose none):
+    it goes on greedy, as it started, and is refused with another protocol."""
+    run_dir = tmp_path / "run"
+    before = [o for o in small if o != "eval=greedy"] + ["eval=greedy"]
+    assert cli("train", *before, f"hydra.run.dir={run_dir}", cwd=tmp_path).returncode == 0
+    saved = (run_dir / "overrides.yaml").read_text()
+    (run_dir / "overrides.yaml").write_text(saved.replace("- eval=greedy\n", ""))   # as a run from before wrote it
+    config = (run_dir / "config.yaml").read_text()
+    assert "name: greedy" in config
+    (run_dir / "config.yaml").write_text(config.replace("  name: greedy\n", ""))      # no protocol recorded
+    resumed = cli("train", "--resume", str(run_dir), "steps=6", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    rows = [json.loads(line) for line in (run_dir / "evals.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 2, 4, 6] and all("samples" not in r for r in rows)   # greedy all along
+    refused = cli_here("train", "--resume", str(run_dir), "steps=8", "eval=sampled", cwd=tmp_path)
+    assert refused.exit_code == 2 and "the config differs" in refused.stderr

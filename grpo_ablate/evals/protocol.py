@@ -67,6 +67,11 @@ class EvalProtocol:
             out[key] = None if out[key] is None else list(out[key])
         return out
 
+    @property
+    def accuracy_label(self) -> str:
+        """What eval/accuracy is under this protocol, in a word: `accuracy` (greedy) or `avg@8`."""
+        return "accuracy" if self.greedy else f"avg@{self.samples}"
+
     def metrics(self) -> list[str]:
         """The metrics.jsonl columns one eval under this (resolved) protocol logs."""
         return [ACCURACY, *(f"eval/pass@{k}" for k in self.pass_k or ()), *(f"eval/maj@{k}" for k in self.maj_k or ())]

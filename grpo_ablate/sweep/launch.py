@@ -26,7 +26,8 @@ from grpo_ablate.sweep.console import contexts_text, cpus, print_matrix, print_p
 from grpo_ablate.sweep.manifest import (FINISHED, check_new_dir, create_sweep_dir, planned_sweep_dir, read_manifest,
                                         refresh_statuses, sweep_id_of, write_manifest)
 from grpo_ablate.sweep.matrix import SweepError
-from grpo_ablate.sweep.plan import LOCAL_LAUNCHERS, SweepRequest, compose_run, composed_hash, plan, warm_starts_to_build
+from grpo_ablate.sweep.plan import (LOCAL_LAUNCHERS, SweepRequest, compose_run, composed_hash, pin_planned_eval, plan,
+                                   warm_starts_to_build)
 from grpo_ablate.tasks import build_task
 
 
@@ -86,6 +87,7 @@ def resume(sweep_dir: Path, launcher: str | None, jobs: int | None, hydra_args: 
     manifest = read_manifest(sweep_dir)
     launcher = launcher or manifest.get("launcher", "joblib")
     check_launcher(launcher, jobs)
+    pin_planned_eval(manifest)   # planned when greedy was the only eval: it goes on greedy (written as it runs)
     names = [run["run_dir"] for run in manifest["runs"]]
     unknown = [name for name in rerun if name not in names]
     if unknown:

@@ -391,6 +391,32 @@ def composed_hash(overrides: list[str]) -> str:
     return config_hash(compose_run(list(overrides), "a resumed run"))
 
 
+PLANNED_BEFORE_PROTOCOLS = "eval=greedy"   # the one eval there was before the eval group (conf/eval/)
+
+
+def chooses_eval(overrides: list[str]) -> bool:
+    return any(o.lstrip("+").split("=", 1)[0] == "eval" for o in overrides)
+
+
+def pin_planned_eval(manifest: dict) -> bool:
+    """A sweep planned before the eval group's default became `sampled` evaluated greedily, and chose no
+    protocol: its runs compose to their planned hashes only with eval=greedy. Pinned in the manifest's
+    overrides (the sweep's and each run's), so that a resume runs, and plans its next runs, as it was
+    planned; True when pinned (the caller writes the manifest)."""
+    if chooses_eval(manifest.get("overrides") or []):
+        return False
+    run = next((r for r in manifest["runs"] if not r.get("deferred") and r.get("config_hash")
+                and not chooses_eval(r["overrides"])), None)
+    if run is None or composed_hash(run["overrides"]) == run["config_hash"] or \
+            composed_hash([PLANNED_BEFORE_PROTOCOLS, *run["overrides"]]) != run["config_hash"]:
+        return False
+    manifest["overrides"] = [PLANNED_BEFORE_PROTOCOLS, *manifest["overrides"]]
+    for r in manifest["runs"]:
+        if not chooses_eval(r["overrides"]):
+            r["overrides"] = [PLANNED_BEFORE_PROTOCOLS, *r["overrides"]]
+    return True
+
+
 def axis_values(spec: str) -> tuple[str, list]:
     """`--family adv` (every option of a config group), `--family task.level` (the values the
     task allows) or `--family key=a,b` (those values)."""

@@ -31,7 +31,7 @@ from grpo_ablate.sweep.manifest import FINISHED, MANIFEST, create_sweep_dir, rea
 from grpo_ablate.sweep.controls import control_in
 from grpo_ablate.design import manifest_variants
 from grpo_ablate.sweep.matrix import Matrix, SweepError, expand_jobs
-from grpo_ablate.sweep.plan import DECISION_SUMMARY, SweepRequest, run_entry
+from grpo_ablate.sweep.plan import DECISION_SUMMARY, SweepRequest, pin_planned_eval, run_entry
 from grpo_ablate.sweep.plan import plan as plan_fixed
 from grpo_ablate.sweep.sequential_console import UNDECIDED, look_text, planner_text, print_decisions, say
 
@@ -376,6 +376,7 @@ def resume(sweep_dir: Path, launcher, jobs, hydra_args, console, max_seeds: int 
     sweep_dir = Path(sweep_dir)
     manifest = read_manifest(sweep_dir)
     check_own_runs(sweep_dir, manifest, rerun)   # a look decides only on runs this sweep made
+    pin_planned_eval(manifest)                   # planned when greedy was the only eval: it goes on greedy
     section = manifest["sequential"]
     unfinished = [r for r in manifest["runs"] if r["status"] not in FINISHED or r["run_dir"] in rerun]
     if section.get("stopped") and max_seeds is None and budget_s is None and not unfinished:

@@ -39,6 +39,7 @@ class RunResult:
     base_accuracy: float | None = None
     final_accuracy: float | None = None
     reason: str | None = None
+    eval_label: str = "accuracy"   # what the accuracies are: accuracy (greedy) or avg@n (the eval protocol's)
 
     @property
     def exit_code(self) -> int:
@@ -175,8 +176,8 @@ def run_steps(schedule: Schedule, record: RunRecord, run_dir: Path, overrides, t
             base = trainer.evaluate(0)
             log.log({"step": 0, **base, **(first_row or {})})
             result.base_accuracy = base["eval/accuracy"]
-            say(f"step 0  base eval accuracy {base['eval/accuracy']:.3f}")
-        progress = ProgressLine(console, steps, start)
+            say(f"step 0  base eval {schedule.eval_label} {base['eval/accuracy']:.3f}{widest_pass(base)}")
+        progress = ProgressLine(console, steps, start, schedule.eval_label)
         metrics: dict = {}
         for step in range(start + 1, steps + 1):
             if step == schedule.fail_at_step:   # fault injection (tests of sweep isolation)
@@ -191,7 +192,7 @@ def run_steps(schedule: Schedule, record: RunRecord, run_dir: Path, overrides, t
                 return result
             metrics = record_step(schedule, run_dir, trainer, log, step, outcome, writes)
             progress.update(step, metrics, say)
-        result.state, result.step = "completed", steps
+        result.state, result.step, result.eval_label = "completed", steps, schedule.eval_label
         result.final_accuracy = metrics.get("eval/accuracy") if steps > start else None
         log.status("completed", steps)
         return result
@@ -226,11 +227,17 @@ class Silent:
         return lambda *args, **kwargs: None
 
 
+def widest_pass(metrics: dict) -> str:
+    """'  pass@8 0.934': the largest pass@k an eval logged (a sampled eval), '' for none."""
+    ks = [int(key.rsplit("@", 1)[1]) for key in metrics if key.startswith("eval/pass@")]
+    return f"  pass@{max(ks)} {metrics[f'eval/pass@{max(ks)}']:.3f}" if ks else ""
+
+
 class ProgressLine:
     """A rich progress bar (step, reward, accuracy) on a terminal; a line per eval otherwise."""
 
-    def __init__(self, console, total: int, done: int):
-        self.bar = None
+    def __init__(self, console, total: int, done: int, label: str = "accuracy"):
+        self.bar, self.label = None, "acc" if label == "accuracy" else label
         if console is not None and console.is_terminal:
             self.bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console)
@@ -242,7 +249,7 @@ class ProgressLine:
                 else f"sft loss {metrics['loss']:.3f}" if "loss" in metrics   # a supervised control samples nothing
                 else "no training")                                           # an eval-only base control
         if "eval/accuracy" in metrics:
-            info += f"  eval acc {metrics['eval/accuracy']:.3f}"
+            info += f"  eval {self.label} {metrics['eval/accuracy']:.3f}{widest_pass(metrics)}"
             if self.bar is None:
                 say(f"step {step}  {info}  ({metrics['time/step_s']:.2f} s/step)")
             else:
