@@ -100,6 +100,9 @@ def plan(req: EvalRequest, say) -> tuple[list[Planned], str]:
         planned.append(Planned(label, run_dir, spec, steps, weights, header, done))
     if not planned:
         raise ConfigError(f"{req.dir}: no completed run to score")
+    if req.steps == "all" and all(len(p.steps) <= 2 for p in planned):
+        say("--steps all: no run kept its weights at the eval steps (train with eval.keep_weights=true): the start "
+            "and the final checkpoint only")
     return planned, name
 
 
