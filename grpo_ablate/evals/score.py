@@ -35,17 +35,16 @@ def evaluate(policy, rollouts: Rollouts, problems, protocol: EvalProtocol, *, se
     length and truncation) and, under EVAL_SCORES, its ProblemScores for evals.jsonl. `answer`:
     the task's answer parser (maj@k's votes), None when it has none."""
     policy.eval()
+    n = 1 if protocol.greedy else protocol.samples
     if protocol.greedy:   # one call, as every eval before sampled ones: the same numbers as they gave
         parts = [rollouts(problems, 1, 0.0, ("eval",), max_new_tokens=max_new_tokens)]
     else:
-        n, total = protocol.samples, len(problems) * protocol.samples
-        draws = derived_seed(seed, ("eval", int(step)))
+        total, draws = len(problems) * n, derived_seed(seed, ("eval", int(step)))
         filters = SamplingFilters(protocol.top_k, protocol.top_p, protocol.min_p)
         per_call = max(1, ROWS_PER_CALL // n)
         parts = [rollouts(problems[start:start + per_call], n, protocol.temperature, ("eval", step),
                           max_new_tokens=max_new_tokens, draws=(draws, start * n, total), filters=filters)
                  for start in range(0, len(problems), per_call)]
-    n = protocol.samples if not protocol.greedy else 1
     correct = torch.cat([p.scores for p in parts]).reshape(len(problems), n).double().numpy()
     votes = None
     if protocol.maj_k and answer is not None:

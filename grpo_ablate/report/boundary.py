@@ -107,8 +107,3 @@ def start_values(runs_of: dict, curves: dict, n: int) -> tuple[dict, dict]:
     starts = {seed: s for seed, s in start_scores(runs_of, curves).items() if s.has(PASS, n)}
     per_problem = {seed: s.per_problem(PASS, n) for seed, s in starts.items()}
     return {seed: float(p.mean()) for seed, p in per_problem.items()}, per_problem
-
-
-def narrowed(section: dict | None) -> list[str]:
-    """The arms decided below the base on pass@n."""
-    return [a["with"] for a in (section or {}).get("arms", []) if a["verdict"] == NARROWS]
