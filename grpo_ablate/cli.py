@@ -262,7 +262,7 @@ def tricks(
 @app.command()
 def report(
     sweep_dir: Path = opt.REPORT_SWEEP_DIR,
-    metric: str = opt.REPORT_METRIC,
+    metric: Optional[str] = opt.REPORT_METRIC,
     eval_name: Optional[str] = opt.REPORT_EVAL,
     summary: Optional[str] = opt.REPORT_SUMMARY,
     last_k: Optional[int] = opt.REPORT_LAST_K,

@@ -24,8 +24,9 @@ TRICKS_FMT = typer.Option("table", "--format", help="table, json or md")
 
 # report
 REPORT_SWEEP_DIR = typer.Argument(..., help="A sweep dir (manifest.json + one run dir per variant and seed).")
-REPORT_METRIC = typer.Option("eval/accuracy", "--metric", help="Metric to compare: eval/accuracy (avg@n: the mean "
-    "correctness of the eval's samples; eval_accuracy), pass@k or maj@k of the eval, or any metrics.jsonl column.")
+REPORT_METRIC = typer.Option(None, "--metric", help="Metric to compare: eval/accuracy (avg@n: the mean correctness of "
+    "the eval's samples; eval_accuracy), pass@k or maj@k of the eval, or any metrics.jsonl column [the one the sweep "
+    "fixed, else eval/accuracy].")
 REPORT_EVAL = typer.Option(None, "--eval", help="The eval protocol whose numbers are compared: a name scored after "
     "training by `grpo-ablate eval` (evals/<name>.jsonl), or the runs' own protocol [the sweep's fixed one, else "
     "the runs' own].")

@@ -188,7 +188,7 @@ def given(option: str, value) -> str:
 class ReportRequest:
     """`grpo-ablate report`'s options: what is compared, how it is summarised, where it goes."""
     sweep_dir: Path
-    metric: str = "eval/accuracy"
+    metric: str | None = None
     eval_name: str | None = None
     summary: str | None = None
     last_k: int | None = None
@@ -220,9 +220,10 @@ class ReportRequest:
             value = getattr(self, attribute)
             if (problem := allowed.problem(value, given(name, value))) is not None:
                 return problem
-        allowed = ACCURACY_EFFECT if "accuracy" in self.metric else POSITIVE
+        metric = self.metric or "eval/accuracy"
+        allowed = ACCURACY_EFFECT if "accuracy" in metric or "@" in metric else POSITIVE
         if self.effect is not None and not allowed.ok(self.effect):   # null: the metric's default
-            return f"--effect {self.effect} is not allowed for {self.metric}; {allowed.words()}"
+            return f"--effect {self.effect} is not allowed for {metric}; {allowed.words()}"
         if self.last_k is not None and (self.summary or "").lower() != "last_k":
             return f"--last-k {self.last_k} belongs to --summary last_k (or give --summary last_{self.last_k})"
         return None

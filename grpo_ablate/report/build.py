@@ -81,13 +81,14 @@ def normalize_metric(name: str) -> str:
     return metric_column(name)
 
 
-def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: HealthThresholds | None = None,
+def build_report(sweep_dir: Path, metric: str | None = None, thresholds: HealthThresholds | None = None,
                  higher_is_better: bool = True, conflict_threshold: float = -0.1,
                  effect: float | None = None, summary: Summary | str | None = None,
                  predict_from: float | None = None, compute: str = "tokens", error_control: str = "holm",
                  alpha: float = ALPHA, test: str = "blocked", eval_name: str | None = None) -> Report:
     """Everything the table, verdicts and pictures say, computed once. Raises ReportError
-    for a missing dir or a metric that no run logged. `effect`: the smallest Δ that matters
+    for a missing dir or a metric that no run logged. `metric`: None compares the one the sweep fixed
+    before its first run (eval/accuracy where it fixed none). `effect`: the smallest Δ that matters
     (no-effect verdicts, and the seeds needed to detect it). `summary`: how a run's curve
     becomes the number compared (report/curves.py). `predict_from`: predict every contrast's
     verdict from this fraction of each run's steps (a sweep still running is predicted anyway).
@@ -98,11 +99,11 @@ def build_report(sweep_dir: Path, metric: str = "eval/accuracy", thresholds: Hea
     sweep fixed, else the runs' own)."""
     thresholds = thresholds or HealthThresholds()
     sweep = load_sweep(sweep_dir, thresholds)
-    metric = normalize_metric(metric)
+    fixed = sweep.decides_on or {}
+    metric = normalize_metric(metric or fixed.get("metric") or ACCURACY)   # unasked: the one the sweep fixed
     source = choose_eval(sweep, eval_name)                              # the eval every eval number comes from
     add_eval_metric(sweep, metric)
     measured = Metric(metric, higher_is_better)                         # which way is better, asked of it
-    fixed = sweep.decides_on or {}
     summary = decision_summary(fixed, metric, summary, source)
     check_logged(sweep, metric, source)
     runs_of, curves = read_curves(sweep, metric, compute)                # read once, summarised many ways

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from grpo_ablate.report.build import Report
-from grpo_ablate.report.claims import AGREES, CONTRADICTS, NOT_TESTED
+from grpo_ablate.report.claims import AGREES, CONTRADICTS, NOT_TESTED, SAMPLED
 from grpo_ablate.report.formatting import fmt_num
 
 if TYPE_CHECKING:
@@ -120,6 +120,10 @@ def claims_lines(rows: list[dict]) -> list[str]:
            "one about the *ceiling* by the compute-performance fits' ceiling verdict (*Compute–performance fits*, "
            "below: *raises* / *lowers the ceiling*, or *same ceiling* when ΔA's interval lies within the tolerance).",
            "", "| contrast | trick | claim | measure | source | measured | judged |", "|---|---|---|---|---|---|---|"]
+    if any(r["measure"] in SAMPLED for r in rows):
+        out[0] += (" One about *pass@k* or *avg@k* by the trick's verdict on pass@n or avg@n at the final eval of "
+                   "n samples per problem, a family of its own (*The reasoning boundary*, below; the verdicts above "
+                   "where they are on the final avg@n), and *not tested here* under a greedy eval.")
     for r in rows:
         where = f" ({r['where']})" if r["where"] else ""
         out.append(f"| {r['contrast']} | {r['trick']} | *{r['effect']}*{where}: {r['says']} | {r['measure']} | "
