@@ -124,3 +124,16 @@ def test_a_null_leave_one_out_decided_on_a_sampled_metric_names_few_false_effect
     named = null_rates(tmp_path, reports, 11)
     bound = reports * (0.05 + 2 * np.sqrt(0.05 * 0.95 / reports))
     assert all(n <= bound for n in named.values()), named
+
+
+def test_unasked_the_report_compares_the_metric_the_sweep_fixed(sampled_sweeps, tmp_path):
+    own, _ = sampled_sweeps
+    copy = tmp_path / "own"
+    shutil.copytree(own, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["decides_on"] = {"metric": "eval/pass@8", "summary": "final"}
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    report, _ = report_json(copy)
+    assert report["metric"] == "eval/pass@8" and report["inference"]["exploratory"] is None
+    asked, _ = report_json(copy, "--metric", "avg@8")
+    assert asked["metric"] == "eval/accuracy" and "exploratory" in asked["inference"]["exploratory"]
