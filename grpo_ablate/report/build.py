@@ -174,8 +174,9 @@ def sampled_measures(report: Report) -> dict:
 def model_families(sweep: Sweep, evidence: Evidence) -> None:
     """Give the evidence the report's trick contrasts, so that each star among them is tested as a block
     design (stats/blocked.py). The controls family stays paired: its hub, the untrained base, is one
-    set of weights answering greedily, the same numbers at every seed, which the hub rule (never below
-    its own variance, raised towards the pooled one) would read as noise."""
+    set of weights at every seed (greedy: the same numbers; sampled: only the eval's draws move it),
+    a variance the hub rule (never below its own variance, raised towards the pooled one) would read as
+    training noise."""
     evidence.model([(c.with_, c.without) for c in sweep.contrasts])
 
 
