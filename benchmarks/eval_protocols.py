@@ -67,13 +67,13 @@ def cost(sweep: Path, repeat: int) -> dict:
     eval alone (evals/score.evaluate, as a run calls it), medians of `repeat`, the protocols interleaved."""
     import torch
 
-    from grpo_ablate.config import compose
+    from grpo_ablate.config.compose import compose
     from grpo_ablate.evals.score import evaluate
-    from grpo_ablate.evals.weights import Scorer
+    from grpo_ablate.rescore.weights import Scorer
     from grpo_ablate.models import model_dir, stop_token_ids
     from grpo_ablate.sampling.engines import HFEngine, Rollouts
     from grpo_ablate.sampling.prompts import PromptEncoder
-    from grpo_ablate.spec import run_spec
+    from grpo_ablate.config.spec import run_spec
     from grpo_ablate.tasks import build_task
     from grpo_ablate.train.distributed import DataParallel
 

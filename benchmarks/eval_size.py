@@ -21,7 +21,7 @@ from pathlib import Path
 
 from grpo_ablate.report.build import build_report
 from grpo_ablate.report.verdicts import UNDECIDED
-from grpo_ablate.rundir import pack_scores, unpack_scores
+from grpo_ablate.rundir.files import pack_scores, unpack_scores
 
 
 def truncate_run(src: Path, dst: Path, n: int) -> float:

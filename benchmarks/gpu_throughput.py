@@ -65,8 +65,8 @@ def measure(args) -> dict:
     """One backend, in this process: the trainer's own per-step timings."""
     import torch
 
-    from grpo_ablate.config import compose
-    from grpo_ablate.rundir import read_rows
+    from grpo_ablate.config.compose import compose
+    from grpo_ablate.rundir.files import read_rows
     from grpo_ablate.train.grpo import train
 
     steps = args.warmup + args.steps

@@ -35,8 +35,9 @@ def child(overrides: list[str], steps: int) -> None:
     import psutil
     import torch
 
-    from grpo_ablate.config import compose, validate
-    from grpo_ablate.spec import run_spec
+    from grpo_ablate.config.compose import compose
+    from grpo_ablate.config.validate import validate
+    from grpo_ablate.config.spec import run_spec
     from grpo_ablate.train.distributed import DataParallel
     from grpo_ablate.train.grpo import build_grpo
 

@@ -53,7 +53,7 @@ def parse_args():
 
 def load(model_name: str):
     """(model folder, float32 model, tokenizer, token-id prompts source) as the trainer builds them."""
-    from grpo_ablate.config import compose
+    from grpo_ablate.config.compose import compose
     from grpo_ablate.models import load_model_and_tokenizer, model_dir
     from grpo_ablate.sampling.prompts import PromptEncoder
     from grpo_ablate.tasks import build_task

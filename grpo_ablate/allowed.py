@@ -1,7 +1,7 @@
 """What a value may be: the one type every check of a user's value goes through.
 
 A trick's knobs and its family's settings (tricks/registry.py), the run's own settings
-(config.py's RUN_SETTINGS), the fields of a sweep file and the command-line options
+(config/run_settings.py's RUN_SETTINGS), the fields of a sweep file and the command-line options
 (values.py), the report's thresholds (report/health.py): each is an `Allowed`, and a value is
 checked with `problem(value, given)`, which says in one line what was given and what is allowed.
 

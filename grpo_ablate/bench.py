@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import tempfile
 
-from grpo_ablate.config import compose
-from grpo_ablate.rundir import read_rows
+from grpo_ablate.config.compose import compose
+from grpo_ablate.rundir.files import read_rows
 from grpo_ablate.train.grpo import train
 
 

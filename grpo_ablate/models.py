@@ -24,7 +24,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, PreTrainedTokeniz
 from transformers.utils import logging as hf_logging
 
 from grpo_ablate.model_source import ModelPathError, gguf_source, local_path, warm_start_dir
-from grpo_ablate.rundir import cache_message, writable_problem
+from grpo_ablate.rundir.paths import cache_message, writable_problem
 
 # Loading and saving tiny checkpoints many times a run: no per-file progress bars.
 hf_logging.disable_progress_bar()

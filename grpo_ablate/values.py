@@ -2,10 +2,10 @@
 
 Each is an `Allowed` (grpo_ablate/allowed.py: the type every value check goes through), so that
 a bad one is one line naming what is allowed; the options' and the sweep file's keys are declared
-on the requests (requests.py), and this module holds the common ranges and the sweep file's
+on the requests (cli/requests.py, sweep/requests.py), and this module holds the common ranges and the sweep file's
 check. It imports only the standard library, PyYAML and grpo_ablate.allowed, so `sweep` and
 `doctor` refuse a value before the training stack is imported (a wrong `--jobs 0` in well under
-a second). The Hydra config's values are checked in config.py; the trick knobs' types and
+a second). The Hydra config's values are checked in config/validate.py; the trick knobs' types and
 ranges come from the trick registry.
 """
 from __future__ import annotations

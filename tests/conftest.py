@@ -24,7 +24,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 import pytest  # noqa: E402
 from filelock import FileLock  # noqa: E402
 
-from grpo_ablate.config import compose  # noqa: E402
+from grpo_ablate.config.compose import compose  # noqa: E402
 from grpo_ablate.models import ensure_warm_started  # noqa: E402
 from grpo_ablate.tasks import build_task  # noqa: E402
 
@@ -148,7 +148,7 @@ def cli_here(*args, cwd):
     train use `cli`). The result has exit_code, stdout and stderr."""
     from typer.testing import CliRunner
 
-    from grpo_ablate.cli import app
+    from grpo_ablate.cli.app import app
 
     old = os.getcwd()
     os.chdir(cwd)

@@ -1,7 +1,7 @@
 """Which declared trick families one real training run never looks up: a family without a call site.
 
 The trainer reaches a family only through the run spec's bound options (`spec.tricks[family]`,
-spec.py's bound_options); this wraps that mapping so every lookup by name is recorded, runs a real
+config/spec.py's bound_options); this wraps that mapping so every lookup by name is recorded, runs a real
 `train` in this process, and lists the declared families (registry.declare_family) that nothing
 looked up. Iterating over the mapping does not count as reading a family: a call site names it.
 
@@ -44,8 +44,8 @@ class Recording(Mapping):
 
 
 def unread_families(overrides: list[str], run_dir: Path) -> list[str]:
-    from grpo_ablate import spec as spec_module
-    from grpo_ablate.config import compose
+    from grpo_ablate.config import spec as spec_module
+    from grpo_ablate.config.compose import compose
     from grpo_ablate.train.grpo import train
     from grpo_ablate.tricks.registry import declared_families
 

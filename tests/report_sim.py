@@ -19,7 +19,7 @@ import math
 import numpy as np
 import yaml
 
-from grpo_ablate.rundir import pack_scores
+from grpo_ablate.rundir.files import pack_scores
 
 STEPS = 30
 EVAL_EVERY = 10

@@ -1,24 +1,25 @@
 """The package's shape: data flows one way, with no import cycle, and the trick catalogue is pure math.
 
-cli -> sweep -> train -> {sampling, tasks, tricks} -> run dir -> report. Every import of a
-grpo_ablate module counts, also one inside a function (that is how cycles hide); inside
-functions such imports are allowed only in cli.py, which loads a command's modules when the
-command runs (so `grpo-ablate report` never imports torch). Optional third-party packages
-(vllm, peft, datasets, ...) may be imported where they are used.
+cli -> {rescore, sweep} -> {train, report} -> config -> {evals, models} -> {tricks, tasks, rundir}
+-> {sampling, stats}, between modules and between packages. Every import of a grpo_ablate module
+counts, also one inside a function (that is how cycles hide); inside functions such imports are
+allowed only in LAZY_ALLOWED (cli/app.py first), which load a command's modules when the command
+runs (so `grpo-ablate report` never imports torch). Optional third-party packages (vllm, peft,
+datasets, ...) may be imported where they are used.
 """
 import ast
 import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "grpo_ablate"
-# cli.py loads a command's modules when it runs; the sweep launcher imports the training stack
+# cli/app.py loads a command's modules when it runs; the sweep launcher imports the training stack
 # (torch, transformers: ~4 s) only when runs start, so planning and every refusal before it are fast;
-# the sweep command (sweep/command.py, cli.py's `sweep` moved there) imports sequential.py and the
-# report's curves (pandas, scipy) only for a sweep that needs them, as cli.py did; the report package
+# the sweep command (sweep/command.py, cli/app.py's `sweep` moved there) imports sequential.py and the
+# report's curves (pandas, scipy) only for a sweep that needs them, as cli/app.py did; the report package
 # loads its API on first use, so a sweep that reads report/schema.py does not import pandas and scipy;
-# `grpo-ablate eval` (evals/command.py) plans every run before it imports the training stack to score them.
-LAZY_ALLOWED = {"grpo_ablate.cli", "grpo_ablate.sweep.launch", "grpo_ablate.sweep.command", "grpo_ablate.report",
-                "grpo_ablate.evals.command"}
+# `grpo-ablate eval` (rescore/command.py) plans every run before it imports the training stack to score them.
+LAZY_ALLOWED = {"grpo_ablate.cli.app", "grpo_ablate.sweep.launch", "grpo_ablate.sweep.command", "grpo_ablate.report",
+                "grpo_ablate.rescore.command"}
 
 
 def module_name(path: Path) -> str:
@@ -122,10 +123,10 @@ def test_tricks_import_only_torch():
 
 
 def test_the_validation_layer_does_not_reach_into_training():
-    """config.py, inert.py and pair_rules.py check a config before any run: they import nothing of
-    grpo_ablate.train."""
+    """config/validate.py, inert.py and pair_rules.py check a config before any run: they import
+    nothing of grpo_ablate.train."""
     edges, _ = graph()
-    for name in ("grpo_ablate.config", "grpo_ablate.inert", "grpo_ablate.pair_rules"):
+    for name in ("grpo_ablate.config.validate", "grpo_ablate.config.inert", "grpo_ablate.config.pair_rules"):
         assert not {t for t in edges[name] if t.startswith("grpo_ablate.train")}, f"{name}: {sorted(edges[name])}"
 
 
@@ -162,9 +163,34 @@ def test_no_module_uses_another_modules_private_names():
 
 def test_the_private_name_detector_finds_one(tmp_path):
     source = tmp_path / "m.py"
-    source.write_text("from grpo_ablate.sweep import launch\nfrom grpo_ablate.config import _require\nlaunch._x()\n")
-    assert sorted(private_uses(source, {"grpo_ablate.sweep.launch"})) == ["grpo_ablate.config._require",
+    source.write_text("from grpo_ablate.sweep import launch\n"
+                      "from grpo_ablate.config.validate import _require\nlaunch._x()\n")
+    assert sorted(private_uses(source, {"grpo_ablate.sweep.launch"})) == ["grpo_ablate.config.validate._require",
                                                                           "grpo_ablate.sweep.launch._x"]
+
+
+def room(module: str) -> str:
+    """The package (or top-level module) a module lives in: grpo_ablate.config.spec -> config."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def test_packages_import_one_way():
+    """Between packages, imports run one way (cli -> sweep -> train -> config -> tricks, ...): a
+    package that imports another is never imported by it, also not through a third."""
+    edges, _ = graph()
+    rooms: dict[str, set[str]] = {}
+    for name, targets in edges.items():
+        rooms.setdefault(room(name), set()).update(room(t) for t in targets if room(t) != room(name))
+    cycle = find_cycle(rooms)
+    assert cycle is None, "packages that import each other: " + " -> ".join(cycle)
+
+
+def test_the_top_level_holds_only_what_belongs_to_no_layer():
+    """The command line (cli/), configuration (config/) and the run dir's life (rundir/) are packages;
+    the top level keeps the few modules every layer shares (errors, allowed values, the design model)."""
+    top = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= 10, top
 
 
 def test_the_detector_finds_a_cycle():
@@ -243,26 +269,27 @@ def test_every_user_error_is_a_user_error():
 
 
 # The run's runtime: what train() builds and steps. The config is composed, validated and checked
-# above it (config.py, inert.py, resume_rules.py, here.py, sweep planning: the config layer) and
-# turned into the frozen RunSpec (spec.py) on train()'s first screen; below that every part
+# above it (config/: compose.py, validate.py, inert.py, resume_rules.py, here.py; sweep planning: the
+# config layer) and turned into the frozen RunSpec (config/spec.py) on train()'s first screen; below that every part
 # receives its own piece of the spec (a family's BoundOption, the rollout settings, ...).
-RUNTIME = ("train", "sampling", "tasks", "evals", "models.py", "rundir.py", "stopping.py")
+RUNTIME = ("train", "sampling", "tasks", "evals", "rescore", "models.py", "rundir")
 # The functions of the runtime that take the composed DictConfig (or a group of it), each with why.
 TAKES_A_CONFIG = {
     "grpo_ablate.train.grpo:train": "the entry: validates and checks the config, makes the run spec (first screen)",
+    "grpo_ablate.train.entrypoint:hydra_train": "Hydra's entry: hands the composed config to train() or run_control()",
     "grpo_ablate.train.controls:run_control": "the control runs' entry: the same first screen as train()",
     "grpo_ablate.train.run_log:WandbSink.__init__": "W&B's run config is the composed config (RunRecord.config)",
     "grpo_ablate.train.run_log:wandb_config": "the composed config as W&B's run config, sweep flags added",
     # the model group (RunSpec.model.group, read-only): the config layer and the sweep's warm-up
-    # (sweep/launch.py, here.py, the tests' fixtures) call these loaders with cfg.model as well
+    # (sweep/launch.py, config/here.py, the tests' fixtures) call these loaders with cfg.model as well
     "grpo_ablate.models:ensure_warm_started": "the model group: the sweep warms the model up before its runs",
     "grpo_ablate.models:model_dir": "the model group: the sweep converts a GGUF model before its runs",
     "grpo_ablate.models:model_device": "the model group: read on train()'s first screen",
     "grpo_ablate.models:add_lora": "the model group's lora settings, passed to peft as they are",
 }
-# `grpo-ablate eval` (evals/command.py) is an entry like train(): it composes a finished run's config with
+# `grpo-ablate eval` (rescore/command.py) is an entry like train(): it composes a finished run's config with
 # the protocol asked for, validates it and makes the run spec; what scores below it gets the spec
-EVAL_ENTRY = "grpo_ablate.evals.command"
+EVAL_ENTRY = "grpo_ablate.rescore.command"
 
 
 def config_parameters(path: Path, module: str) -> list[str]:
@@ -303,8 +330,8 @@ def test_the_runtime_reaches_the_config_layer_only_from_the_entries():
     """Only the entries (train(), run_control()) import the config layer: nothing below binds a
     trick from the config again (the spec's BoundOption is the one binding)."""
     edges, _ = graph()
-    layer = {"grpo_ablate.config", "grpo_ablate.inert", "grpo_ablate.pair_rules", "grpo_ablate.resume_rules",
-             "grpo_ablate.here"}
+    layer = {f"grpo_ablate.config.{name}" for name in ("compose", "validate", "inert", "pair_rules", "resume_rules",
+                                                      "here")}
     entries = {key.split(":")[0] for key in TAKES_A_CONFIG if key.endswith((":train", ":run_control"))} | {EVAL_ENTRY}
     found = {name: sorted(edges[name] & layer) for name in runtime_modules() if edges[name] & layer}
     assert set(found) <= entries, found

@@ -134,8 +134,8 @@ def test_reuse_train_logp_takes_the_ratio_against_the_forwards_own_log_probs():
     ratio exp(logp - prox) is 1 and the clip never binds: per token -A, gradient -A d log pi. With
     recompute the same tokens (ratio e^0.5 = 1.65 for A > 0, e^-0.5 = 0.61 for A < 0, outside
     [0.8, 1.2]) are clipped: value -A clip(r), gradient 0."""
-    from grpo_ablate.config import compose
-    from grpo_ablate.spec import run_spec
+    from grpo_ablate.config.compose import compose
+    from grpo_ablate.config.spec import run_spec
     from grpo_ablate.train.losses import LossInputs, LossTerms
     from grpo_ablate.train.step import Coefficients
     none = Coefficients(kl=0.0, kl_prev=0.0, entropy=0.0, value=0.0)
@@ -158,8 +158,8 @@ def test_reuse_train_logp_takes_the_ratio_against_the_forwards_own_log_probs():
 
 
 def test_reuse_train_logp_makes_every_ratio_trick_inert_and_is_itself_inert_with_one_step():
-    from grpo_ablate.config import compose
-    from grpo_ablate.inert import inert_reason
+    from grpo_ablate.config.compose import compose
+    from grpo_ablate.config.inert import inert_reason
     assert "is recompute with one optimizer step" in inert_reason(compose(["proximal=train_logp"]), "proximal",
                                                                     "train_logp")
     several = compose(["proximal=train_logp", "updates=mini_batches"])
@@ -169,8 +169,8 @@ def test_reuse_train_logp_makes_every_ratio_trick_inert_and_is_itself_inert_with
 
 
 def test_reuse_train_logp_trains_and_its_gap_opens_after_the_first_mini_batch(small, tmp_path):
-    from grpo_ablate.config import compose
-    from grpo_ablate.rundir import read_rows
+    from grpo_ablate.config.compose import compose
+    from grpo_ablate.rundir.files import read_rows
     from grpo_ablate.train.grpo import train
     overrides = small + ["steps=2", "+trick=reuse_train_logp", "updates=mini_batches", "updates.mini_batches=2"]
     train(compose(overrides), tmp_path / "run", overrides)

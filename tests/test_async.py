@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from conftest import refused_train
-from grpo_ablate.config import compose
-from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
+from grpo_ablate.config.compose import compose
+from grpo_ablate.rundir.files import TIMING_PREFIXES, read_rows
 from grpo_ablate.train.grpo import train
 from grpo_ablate.tricks import option
 
@@ -258,7 +258,7 @@ NEW_PRESETS = {
 
 @pytest.mark.parametrize("preset", sorted(NEW_PRESETS))
 def test_framework_presets_compose_and_validate(preset):
-    from grpo_ablate.config import validate
+    from grpo_ablate.config.validate import validate
     cfg = compose([f"preset={preset}"])
     validate(cfg)
     assert {family: cfg[family].name for family in NEW_PRESETS[preset]} == NEW_PRESETS[preset]

@@ -18,9 +18,11 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import REPO
-from grpo_ablate import catalogue
-from grpo_ablate.config import ConfigError, compose, validate
-from grpo_ablate.inert import chosen_tricks, inert_reason, requirement
+from grpo_ablate.config import catalogue
+from grpo_ablate.config.compose import compose
+from grpo_ablate.config.validate import validate
+from grpo_ablate.errors import ConfigError
+from grpo_ablate.config.inert import chosen_tricks, inert_reason, requirement
 from grpo_ablate.report.activity import activity_of
 from grpo_ablate.report.claims import registered_claims
 from grpo_ablate.tricks.registry import all_options, declared_families, family_info, unregister
@@ -177,7 +179,7 @@ def test_every_option_config_is_the_recorded_one():
 
 
 def composed_digests(cases):
-    from grpo_ablate.config import config_hash
+    from grpo_ablate.config.identity import config_hash
 
     def digest(cfg):
         data = OmegaConf.to_container(cfg, resolve=True)
@@ -215,7 +217,7 @@ def test_a_generated_trick_file_composes_its_option_and_settings():
     cfg = compose(["+trick=ipo_loss"])
     assert cfg.clip.name == "dppo" and cfg.clip.divergence == "symmetric_tv" and cfg.clip.kl_tau == 1e-3
     assert dict(cfg.tricks) == {"ipo_loss": {"family": "clip", "option": "dppo"}}
-    from grpo_ablate.config import default_options
+    from grpo_ablate.config.compose import default_options
     assert {f.name: f.default for f in declared_families()}.items() <= default_options().items()
 
 
@@ -272,7 +274,7 @@ def hand_kept_lists(path, options, knobs):
 
 def test_no_hand_kept_list_of_option_or_knob_names_outside_the_registry():
     """The registry (grpo_ablate/tricks/) is the one list: no other module of the package keeps
-    one (config.py's range checks, report/activity.py's table and inert.py's rules read it), and
+    one (config/validate.py's range checks, report/activity.py's table and config/inert.py's rules read it), and
     the tests that kept their own (the named-trick metrics, the list of new tricks) derive them."""
     options, knobs = registry_names()
     paths = [p for p in (REPO / "grpo_ablate").rglob("*.py") if "tricks" not in p.parts]

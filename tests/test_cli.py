@@ -10,7 +10,7 @@ import time
 import pytest
 
 from conftest import cli, cli_here
-from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
+from grpo_ablate.rundir.files import TIMING_PREFIXES, read_rows
 from grpo_ablate.tricks import options
 
 

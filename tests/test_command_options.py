@@ -1,13 +1,13 @@
-"""A command's options (sweep, doctor) are declared once, on its request's fields (cli_fields.py): the typer
+"""A command's options (sweep, doctor) are declared once, on its request's fields (request_fields.py): the typer
 signature, the early checks, the sweep file's keys and --resume's refusals all read them."""
 from dataclasses import fields
 
 import pytest
 from typer.testing import CliRunner
 
-from grpo_ablate.cli import app
-from grpo_ablate.cli_fields import flags
-from grpo_ablate.requests import SWEEP_FILE_FIELDS, DoctorArgs, SweepArgs
+from grpo_ablate.cli.app import app
+from grpo_ablate.request_fields import flags
+from grpo_ablate.sweep.requests import SWEEP_FILE_FIELDS, DoctorArgs, SweepArgs
 from grpo_ablate.sweep.matrix import MODES, SweepError
 
 

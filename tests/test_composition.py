@@ -1,6 +1,6 @@
 """Composition once per process (config._hydra_compose): the same config as Hydra's, a copy the caller
 may change, composed afresh when a conf file changes, and a sweep's plan composes each run once.
-The conf files read once (grpo_ablate/composition.py) compose what Hydra does, node for node, and
+The conf files read once (grpo_ablate/config/composition.py) compose what Hydra does, node for node, and
 leave to Hydra what they do not follow and what it refuses."""
 import os
 import shutil
@@ -11,7 +11,7 @@ import pytest
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from conftest import cli_here
-from grpo_ablate import composition, config
+from grpo_ablate.config import composition, compose as config
 
 
 def test_a_composition_is_hydras_and_a_copy_the_caller_may_change():

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from conftest import cli
-from grpo_ablate.config import compose
+from grpo_ablate.config.compose import compose
 from grpo_ablate.train.distributed import DataParallel
-from grpo_ablate.entrypoint import run_hydra
+from grpo_ablate.train.entrypoint import run_hydra
 from grpo_ablate.sampling.engines import HFEngine, Rollouts
 from grpo_ablate.models import load_model_and_tokenizer, stop_token_ids
 from grpo_ablate.sampling.prompts import PromptEncoder

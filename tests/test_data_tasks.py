@@ -8,7 +8,9 @@ import tempfile
 import pytest
 
 from conftest import REPO, cli
-from grpo_ablate.config import ConfigError, compose, validate
+from grpo_ablate.config.compose import compose
+from grpo_ablate.config.validate import validate
+from grpo_ablate.errors import ConfigError
 from grpo_ablate.models import build_char_tokenizer
 from grpo_ablate.sampling.prompts import PromptEncoder
 from grpo_ablate.tasks import build_task

@@ -11,9 +11,11 @@ import grpo_ablate.train.diagnostics as diagnostics_module
 import grpo_ablate.train.forward as forward_module
 import grpo_ablate.train.grpo as trainer_module
 from grpo_ablate.train import diagnostics as diag
-from grpo_ablate.config import ConfigError, compose, validate
-from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
-from grpo_ablate.spec import run_spec
+from grpo_ablate.config.compose import compose
+from grpo_ablate.config.validate import validate
+from grpo_ablate.errors import ConfigError
+from grpo_ablate.rundir.files import TIMING_PREFIXES, read_rows
+from grpo_ablate.config.spec import run_spec
 from grpo_ablate.tricks.adv.group import grpo_advantage
 
 

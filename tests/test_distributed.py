@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from grpo_ablate.config import compose
-from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
+from grpo_ablate.config.compose import compose
+from grpo_ablate.rundir.files import TIMING_PREFIXES, read_rows
 from grpo_ablate.train.grpo import train
 
 

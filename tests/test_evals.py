@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import cli, cli_here, refused_train
-from grpo_ablate.config import compose
+from grpo_ablate.config.compose import compose
 from grpo_ablate.evals.protocol import EvalProtocol, metric_column, parse_metric
 from grpo_ablate.evals.scores import ProblemScores, read_row, tally_votes
 from grpo_ablate.stats.pass_at_k import majority_at_k, pass_at_k, pass_at_k_table, pass_at_k_variance
@@ -136,7 +136,7 @@ def test_greedy_hashes_as_every_run_before_protocols_did(monkeypatch):
     """The eval group is hashed only away from greedy, the one eval every run had before it: with eval=greedy
     the default config hashes as the default did then (f13dcf4's, model.cache_dir at its default), so those
     runs resume with it; another protocol is another config; keeping weights is not."""
-    from grpo_ablate.config import config_hash
+    from grpo_ablate.config.identity import config_hash
 
     monkeypatch.delenv("GRPO_ABLATE_CACHE", raising=False)
     assert config_hash(compose(["eval=greedy"])) == "595052141b1ce1fb"
@@ -335,7 +335,7 @@ def test_a_sweep_planned_before_protocols_resumes_greedy():
     """A manifest whose runs chose no eval protocol and hash as greedy was planned when greedy was the only
     eval: its resume pins eval=greedy (the sweep's overrides and each run's); one planned under the current
     default, or one that chose its protocol, is left as it is."""
-    from grpo_ablate.config import config_hash
+    from grpo_ablate.config.identity import config_hash
     from grpo_ablate.sweep.plan import pin_planned_eval
 
     overrides = ["preset=grpo", "+trick=[token_mean]", "seed=0"]

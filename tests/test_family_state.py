@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from grpo_ablate.spec import BoundOption, RunSpec
+from grpo_ablate.config.spec import BoundOption, RunSpec
 from grpo_ablate.train import state
 from grpo_ablate.train.state import Plugin, factories, stateful
 from grpo_ablate.tricks.registry import all_options, declared_families

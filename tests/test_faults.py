@@ -15,8 +15,9 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import cli
-from grpo_ablate.cli import app
-from grpo_ablate.rundir import DirLock, writable_problem
+from grpo_ablate.cli.app import app
+from grpo_ablate.rundir.lock import DirLock
+from grpo_ablate.rundir.paths import writable_problem
 from report_fixtures import LOO, LOO_CONTRASTS, make_sweep
 
 
@@ -64,7 +65,7 @@ def test_count_options_are_refused_before_the_training_stack_is_imported(tmp_pat
     """sweep and doctor check their own options first: no torch import, so a refusal is quick."""
     probe = textwrap.dedent(f"""
         import sys
-        from grpo_ablate.cli import main
+        from grpo_ablate.cli.app import main
         sys.argv = ["grpo-ablate", *{args!r}]
         try:
             main()
@@ -213,8 +214,8 @@ def test_resume_options_are_checked(run_cli, tmp_path, args, needle):
 
 def hold_lock(directory, what="sweep dir"):
     """A live grpo-ablate process holding `directory`'s lock (until killed)."""
-    code = (f"import time; from grpo_ablate.rundir import DirLock; DirLock({str(directory)!r}, {what!r}).acquire(); "
-            "print('held', flush=True); time.sleep(120)")
+    code = (f"import time; from grpo_ablate.rundir.lock import DirLock; "
+            f"DirLock({str(directory)!r}, {what!r}).acquire(); print('held', flush=True); time.sleep(120)")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     return holder
@@ -298,7 +299,7 @@ def test_two_processes_racing_for_a_stale_lock_never_both_hold_it(tmp_path):
     code = textwrap.dedent(f"""
         import time
         from grpo_ablate.errors import ConfigError
-        from grpo_ablate.rundir import DirLock
+        from grpo_ablate.rundir.lock import DirLock
         while True:
             try:
                 lock = DirLock({str(tmp_path)!r}, "run dir").acquire()

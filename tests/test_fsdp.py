@@ -9,10 +9,12 @@ from safetensors.torch import load_file
 from test_distributed import torchrun
 
 from conftest import SMALL
-from grpo_ablate.config import check_here, compose, validate
+from grpo_ablate.config.compose import compose
+from grpo_ablate.config.here import check_here
+from grpo_ablate.config.validate import validate
 from grpo_ablate.errors import ConfigError
 from grpo_ablate.models import ensure_warm_started
-from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
+from grpo_ablate.rundir.files import TIMING_PREFIXES, read_rows
 from grpo_ablate.tasks import build_task
 from grpo_ablate.train.grpo import train
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from conftest import cli_here
-from grpo_ablate.config import compose, validate
+from grpo_ablate.config.compose import compose
+from grpo_ablate.config.validate import validate
 from grpo_ablate.errors import ConfigError
 from grpo_ablate.tricks import option
 from grpo_ablate.tricks.adv.critic import (critic_returns, flexible_gae, gae, sample_lambda, token_rewards,

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from conftest import cli
-from grpo_ablate.config import ConfigError, compose, validate
+from grpo_ablate.config.compose import compose
+from grpo_ablate.config.validate import validate
+from grpo_ablate.errors import ConfigError
 from grpo_ablate.models import gguf_source, local_path
 from grpo_ablate.tasks import QuizTask, build_task
 from grpo_ablate.tasks.quiz import last_integer

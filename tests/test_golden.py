@@ -122,7 +122,7 @@ def golden_cache(cache_dir, tmp_path_factory):
     """A model cache holding the recorded warm start of the small test model (the session's
     cache_dir is seeded with it, except when recording: then the one computed here is stored)."""
     if RECORD:
-        from grpo_ablate.config import compose
+        from grpo_ablate.config.compose import compose
         from grpo_ablate.models import ensure_warm_started
         from grpo_ablate.tasks import build_task
 
@@ -144,7 +144,7 @@ def test_the_recorded_warm_start_is_the_small_models(tmp_path):
     here in a cache of its own: the session's cache is seeded with the recording (conftest.py)."""
     from safetensors.torch import load_file
 
-    from grpo_ablate.config import compose
+    from grpo_ablate.config.compose import compose
     from grpo_ablate.models import ensure_warm_started
     from grpo_ablate.tasks import build_task
 
@@ -165,7 +165,7 @@ def test_the_recorded_warm_start_is_the_small_models(tmp_path):
 @pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.fast) if name == "vanilla" else name
                                   for name in sorted(CASES)])
 def test_golden_metrics(name, golden_cache, tmp_path):
-    from grpo_ablate.entrypoint import run_hydra
+    from grpo_ablate.train.entrypoint import run_hydra
 
     path = GOLDEN / f"{name}.json"
     stored = None if RECORD else json.loads(path.read_text())
@@ -262,7 +262,7 @@ def test_packed_matches_padded(name, golden_cache, tmp_path):
     """The default packed forwards (model.remove_padding=true) give the recorded run up to float
     rounding: the same tokens are sampled, every metric agrees to 1e-4 relative. (Bit equality is
     not to be had: the weight gradients sum the tokens in another order.)"""
-    from grpo_ablate.entrypoint import run_hydra
+    from grpo_ablate.train.entrypoint import run_hydra
 
     stored = json.loads((GOLDEN / f"{name}.json").read_text())
     # one reordering (packed vs padded), and on another CPU a second one (the kernels')

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from grpo_ablate.config import compose
-from grpo_ablate.rundir import read_rows
+from grpo_ablate.config.compose import compose
+from grpo_ablate.rundir.files import read_rows
 from grpo_ablate.train.grpo import train
 from test_real_models import MOVES, hf_run
 

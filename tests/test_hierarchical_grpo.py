@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from conftest import refused_train
-from grpo_ablate.config import compose
-from grpo_ablate.inert import inert_reason
+from grpo_ablate.config.compose import compose
+from grpo_ablate.config.inert import inert_reason
 from grpo_ablate.tricks.adv.group import comparison_groups, episode_gap, episode_index, peer_centred
 from grpo_ablate.tricks.registry import option
 

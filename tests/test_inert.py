@@ -1,9 +1,9 @@
-"""When a trick cannot act (grpo_ablate/inert.py): the rules on composed configs, the warning
+"""When a trick cannot act (grpo_ablate/config/inert.py): the rules on composed configs, the warning
 of `train`, the refusal of `sweep` and `doctor`, the requirement `grpo-ablate tricks` shows."""
 import pytest
 
-from grpo_ablate.config import compose
-from grpo_ablate.inert import chosen_tricks, inert_reason, inert_tricks, requirement
+from grpo_ablate.config.compose import compose
+from grpo_ablate.config.inert import chosen_tricks, inert_reason, inert_tricks, requirement
 
 
 @pytest.mark.parametrize("overrides, family, option, needle", [
@@ -83,7 +83,7 @@ def test_requirement_is_what_the_catalogue_shows():
     assert "a sampler that differs" in requirement("rollout_correction", "token_truncate")
     assert "ref_sync.every" in requirement("ref_sync", "mixup") and requirement("clip", "clip_cov") == ""
     assert requirement("length", "group") == ""
-    from grpo_ablate.catalogue import load_catalogue
+    from grpo_ablate.config.catalogue import load_catalogue
 
     rows = {r["name"]: r for r in load_catalogue()}
     assert "several optimizer steps" in rows["clip_higher"]["requires"] and rows["length_group"]["requires"] == "-"

@@ -15,10 +15,11 @@ import pytest
 import torch
 
 from conftest import SMALL, cli, cli_here
-from grpo_ablate.config import compose, validate
+from grpo_ablate.config.compose import compose
+from grpo_ablate.config.validate import validate
 from grpo_ablate.errors import ConfigError
-from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
-from grpo_ablate.spec import run_spec
+from grpo_ablate.rundir.files import TIMING_PREFIXES, read_rows
+from grpo_ablate.config.spec import run_spec
 from grpo_ablate.train.batch import micro_batches
 from grpo_ablate.train.distributed import DataParallel
 from grpo_ablate.train.grpo import build_grpo
@@ -185,7 +186,7 @@ def logged(run_dir) -> list[dict]:
 def test_the_split_is_not_part_of_what_a_run_computes():
     """A run that ran out of memory resumes split: the split is out of the config hash, as threads
     are, and the unsplit default hashes as it did before the settings existed (old runs resume)."""
-    from grpo_ablate.config import config_hash
+    from grpo_ablate.config.identity import config_hash
     from omegaconf import OmegaConf
 
     whole = compose([])

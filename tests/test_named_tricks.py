@@ -5,10 +5,12 @@ import pytest
 import yaml
 
 from conftest import REPO, cli
-from grpo_ablate.config import ConfigError, compose, validate
+from grpo_ablate.config.compose import compose
+from grpo_ablate.config.validate import validate
+from grpo_ablate.errors import ConfigError
 from grpo_ablate.report.activity import activity_of, shows_activity
 from grpo_ablate.tricks.registry import all_options
-from grpo_ablate.rundir import read_rows
+from grpo_ablate.rundir.files import read_rows
 from grpo_ablate.train.grpo import train
 
 TRICK_FILES = sorted((REPO / "conf" / "trick").glob("*.yaml"))

@@ -14,8 +14,10 @@ import pytest
 import torch
 
 from conftest import refused_train
-from grpo_ablate.config import ConfigError, compose, validate
-from grpo_ablate.rundir import read_rows
+from grpo_ablate.config.compose import compose
+from grpo_ablate.config.validate import validate
+from grpo_ablate.errors import ConfigError
+from grpo_ablate.rundir.files import read_rows
 from grpo_ablate.sampling.decode import Rollout
 from grpo_ablate.train.grpo import train
 from grpo_ablate.train.state.adv import score_norms

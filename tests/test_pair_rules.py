@@ -1,4 +1,4 @@
-"""Settings that change what a trick means (grpo_ablate/pair_rules.py): each rule on its case and
+"""Settings that change what a trick means (grpo_ablate/config/pair_rules.py): each rule on its case and
 its near misses, one line each at `train`, in a sweep's dry run, in `doctor --lint` and in the
 report's notes; silent where a sweep file expects it; silent on every shipped preset."""
 import json
@@ -11,8 +11,8 @@ from omegaconf import OmegaConf
 from conftest import REPO, cli, cli_here
 from report_fixtures import LOO, LOO_CONTRASTS, make_sweep
 from test_faults import refused
-from grpo_ablate.config import compose
-from grpo_ablate.pair_rules import RULE_NAMES, holding
+from grpo_ablate.config.compose import compose
+from grpo_ablate.config.pair_rules import RULE_NAMES, holding
 
 # each rule's case, as overrides of the defaults
 CASES = {

@@ -6,7 +6,8 @@ from omegaconf import OmegaConf
 
 from conftest import cli_here
 from report_sim import write_sweep
-from grpo_ablate.config import compose, config_hash
+from grpo_ablate.config.compose import compose
+from grpo_ablate.config.identity import config_hash
 from grpo_ablate.report.build import build_report
 from grpo_ablate.report.render import render_markdown
 from grpo_ablate.sampling.decode import sampler_seed

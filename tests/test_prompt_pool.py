@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from conftest import refused_train
-from grpo_ablate.config import compose, validate
-from grpo_ablate.inert import inert_reason
-from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
-from grpo_ablate.spec import run_spec
+from grpo_ablate.config.compose import compose
+from grpo_ablate.config.validate import validate
+from grpo_ablate.config.inert import inert_reason
+from grpo_ablate.rundir.files import TIMING_PREFIXES, read_rows
+from grpo_ablate.config.spec import run_spec
 from grpo_ablate.train.grpo import train
 from grpo_ablate.train.state.prompt_pool import prompt_pool
 from grpo_ablate.tricks import option
@@ -139,7 +140,7 @@ def test_bad_pool_settings_are_one_line_exit_2_and_no_run_dir(tmp_path, override
 
 
 def test_bad_fractions_are_refused():
-    from grpo_ablate.config import ConfigError
+    from grpo_ablate.errors import ConfigError
     with pytest.raises(ConfigError, match="easy_fraction \\+ hard_fraction = 1.2"):
         validate(compose(["prompt_pool=difficulty", "prompt_pool.easy_fraction=0.7", "prompt_pool.hard_fraction=0.5"]))
 

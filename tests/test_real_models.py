@@ -9,8 +9,10 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import REPO, cli
-from grpo_ablate.config import ConfigError, compose, validate
-from grpo_ablate.rundir import read_rows
+from grpo_ablate.config.compose import compose
+from grpo_ablate.config.validate import validate
+from grpo_ablate.errors import ConfigError
+from grpo_ablate.rundir.files import read_rows
 from grpo_ablate.train.grpo import train
 
 WORD_PROBLEMS = REPO / "tests" / "data" / "word_problems.jsonl"

@@ -171,7 +171,7 @@ def test_refusals_never_import_torch_and_a_report_without_figures_never_imports_
     code = f"""
 import sys
 from typer.testing import CliRunner
-from grpo_ablate.cli import app
+from grpo_ablate.cli.app import app
 runner = CliRunner()
 for args in (["train", "adv=nope"], ["train", "optim.lr=-1"], ["sweep", "add-one-in", "--tricks", "no_std",
              "--across", "task.level=easy,nope"], ["sweep", "--resume", "nope"], ["doctor", "--jobs", "0"]):

@@ -12,7 +12,8 @@ import math
 import pytest
 import torch
 
-from grpo_ablate.config import compose, validate
+from grpo_ablate.config.compose import compose
+from grpo_ablate.config.validate import validate
 from grpo_ablate.errors import ConfigError
 from grpo_ablate.tricks import option
 from grpo_ablate.tricks.loss_agg import aggregate

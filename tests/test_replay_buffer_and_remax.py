@@ -3,8 +3,10 @@ filter, the fp32 head): ReMax's greedy baseline reaches the advantage, zero-vari
 dropped without a refill, the fp32 head trains."""
 import pytest
 
-from grpo_ablate.config import ConfigError, compose, validate
-from grpo_ablate.rundir import read_rows
+from grpo_ablate.config.compose import compose
+from grpo_ablate.config.validate import validate
+from grpo_ablate.errors import ConfigError
+from grpo_ablate.rundir.files import read_rows
 from grpo_ablate.train.grpo import train
 
 

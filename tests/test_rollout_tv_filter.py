@@ -15,11 +15,12 @@ import pytest
 import torch
 
 from conftest import cli_here
-from grpo_ablate.config import compose, validate
+from grpo_ablate.config.compose import compose
+from grpo_ablate.config.validate import validate
 from grpo_ablate.errors import ConfigError
-from grpo_ablate.inert import inert_reason
-from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
-from grpo_ablate.spec import run_spec
+from grpo_ablate.config.inert import inert_reason
+from grpo_ablate.rundir.files import TIMING_PREFIXES, read_rows
+from grpo_ablate.config.spec import run_spec
 from grpo_ablate.train.grpo import train
 from grpo_ablate.train.losses import Coefficients, LossInputs, LossTerms
 from grpo_ablate.tricks import option

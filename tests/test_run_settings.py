@@ -1,4 +1,4 @@
-"""Every setting declared once with its `Allowed` (grpo_ablate/run_settings.py for the run's own,
+"""Every setting declared once with its `Allowed` (grpo_ablate/config/run_settings.py for the run's own,
 the registry for a trick's knobs), and every value outside a declaration refused through the CLI in
 one line, exit 2, before anything is written: the cases are generated from the declarations
 (tests/out_of_range.py), so a new setting is covered the day it is declared."""
@@ -9,8 +9,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import cli, cli_here
-from grpo_ablate.config import CONFIG_MODULE, _leaf_keys, compose, family_keys, trick_families
-from grpo_ablate.run_settings import EXEMPT, RUN_SETTINGS
+from grpo_ablate.config.compose import CONFIG_MODULE, _leaf_keys, compose
+from grpo_ablate.config.validate import family_keys, trick_families
+from grpo_ablate.config.run_settings import EXEMPT, RUN_SETTINGS
 from grpo_ablate.tricks import option, options
 from grpo_ablate.tricks.registry import family_info
 from out_of_range import out_of_range
@@ -39,7 +40,7 @@ def undeclared(overrides: list[str]) -> list[str]:
 @pytest.mark.parametrize("group", GROUPS)
 def test_every_key_of_every_group_option_is_declared(group):
     missing = {name: undeclared([f"{group}={name}"]) for name in group_options(group)}
-    assert not any(missing.values()), f"declare these in grpo_ablate/run_settings.py: {missing}"
+    assert not any(missing.values()), f"declare these in grpo_ablate/config/run_settings.py: {missing}"
 
 
 def _where(key: str) -> list[str]:
@@ -63,7 +64,7 @@ def run_setting_cases() -> list:
 
 
 def knob_cases() -> list:
-    """Every knob of every trick option and every family setting it takes (as config.py checks them)."""
+    """Every knob of every trick option and every family setting it takes (as config/validate.py checks them)."""
     cases = []
     for family in trick_families():
         info = family_info(family)

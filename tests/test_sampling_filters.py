@@ -13,8 +13,9 @@ from omegaconf import OmegaConf
 from transformers.generation.logits_process import MinPLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from conftest import SMALL, cli, cli_here
-from grpo_ablate.config import compose, config_hash
-from grpo_ablate.rundir import read_rows
+from grpo_ablate.config.compose import compose
+from grpo_ablate.config.identity import config_hash
+from grpo_ablate.rundir.files import read_rows
 from grpo_ablate.sampling.decode import NOT_KEPT, Rollout, concat_rollouts, generate, select_rows
 from grpo_ablate.sampling.filters import SamplingFilters, kept_ids, kept_mask, replay_mask
 from grpo_ablate.train.forward import completion_logprobs

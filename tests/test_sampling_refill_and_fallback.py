@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from conftest import refused_train
-from grpo_ablate.config import compose, validate
+from grpo_ablate.config.compose import compose
+from grpo_ablate.config.validate import validate
 from grpo_ablate.sampling.decode import Rollout
-from grpo_ablate.spec import BoundOption
+from grpo_ablate.config.spec import BoundOption
 from grpo_ablate.train.batch import sample_groups
 from grpo_ablate.train.metrics import sampling_metrics
 from grpo_ablate.tricks import option

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from conftest import cli
-from grpo_ablate.config import compose
-from grpo_ablate.rundir import TIMING_PREFIXES, read_rows, read_status
+from grpo_ablate.config.compose import compose
+from grpo_ablate.rundir.files import TIMING_PREFIXES, read_rows, read_status
 from grpo_ablate.train.grpo import train
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_ablate.config import compose
-from grpo_ablate.rundir import read_rows
+from grpo_ablate.config.compose import compose
+from grpo_ablate.rundir.files import read_rows
 from grpo_ablate.train.grpo import train
 
 pytestmark = [

@@ -1,4 +1,4 @@
-"""The run spec (grpo_ablate/spec.py): what train() hands down instead of the config is frozen,
+"""The run spec (grpo_ablate/config/spec.py): what train() hands down instead of the config is frozen,
 binds every family the registry knows, and binds each as the trainer calls it."""
 import dataclasses
 import functools
@@ -6,8 +6,8 @@ import functools
 import pytest
 from omegaconf import OmegaConf
 
-from grpo_ablate.config import compose
-from grpo_ablate.spec import run_spec
+from grpo_ablate.config.compose import compose
+from grpo_ablate.config.spec import run_spec
 from grpo_ablate.tricks import families, option
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_ablate import stopping
-from grpo_ablate.rundir import TIMING_PREFIXES, read_rows, read_status
-from grpo_ablate.stopping import how_it_ended, stop_reason
+from grpo_ablate.rundir import stopping
+from grpo_ablate.rundir.files import TIMING_PREFIXES, read_rows, read_status
+from grpo_ablate.rundir.stopping import how_it_ended, stop_reason
 from grpo_ablate.sweep.slurm import ENDED, SqueueInfoWatcher
 
 from conftest import cli

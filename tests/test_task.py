@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from grpo_ablate.config import compose
+from grpo_ablate.config.compose import compose
 from grpo_ablate.model_source import warm_start_dir
 from grpo_ablate.tasks import build_task
 from grpo_ablate.tasks.arithmetic import ArithmeticTask, parse_answer, worked_trace

@@ -88,7 +88,7 @@ def test_a_new_option_is_one_file_by_hand_and_make_catalogue(package_copy, tmp_p
     root, run = package_copy
     before = snapshot(root)
     (root / "grpo_ablate" / "tricks" / "throwaway.py").write_text(OPTION)                 # by hand: 1
-    run("-m", "grpo_ablate.catalogue", "--write")                                          # make catalogue
+    run("-m", "grpo_ablate.config.catalogue", "--write")                                          # make catalogue
     assert touched(before, snapshot(root)) == {
         "grpo_ablate/tricks/throwaway.py",
         # what `make catalogue` wrote: the option's config, the trick's file, its rows in the docs
@@ -141,7 +141,7 @@ def test_a_new_family_is_one_file_by_hand_its_call_site_and_make_catalogue(packa
     root, run = package_copy
     before = snapshot(root)
     (root / "grpo_ablate" / "tricks" / "throwaway_family.py").write_text(FAMILY)           # by hand: 1
-    run("-m", "grpo_ablate.catalogue", "--write")
+    run("-m", "grpo_ablate.config.catalogue", "--write")
     # without a call site the family composes, validates and trains, as a no-op: nothing reads it
     unread, without = trained(run, root, tmp_path, small, "no_call_site")
     assert unread == ["throwaway_family"]
@@ -159,7 +159,7 @@ def test_a_new_family_is_one_file_by_hand_its_call_site_and_make_catalogue(packa
         "grpo_ablate/conf/trick/throwaway_bonus.yaml", "docs/tricks.md", "docs/config.md",
         "grpo_ablate/conf/config.yaml"}
     # in every run's config, among the reward stage's families (before the batch stage's); checked
-    probe = ("from grpo_ablate.config import compose, validate\n"
+    probe = ("from grpo_ablate.config.compose import compose\nfrom grpo_ablate.config.validate import validate\n"
              "cfg = compose(['+trick=throwaway_bonus']); validate(cfg); print(cfg.throwaway_family.size)\n"
              "keys = list(compose([]).keys()); print(compose([]).throwaway_family.name, keys.index('reward_norm')\n"
              "      < keys.index('throwaway_family') < keys.index('prompt_pool'))")
@@ -218,7 +218,7 @@ def test_a_new_stateful_option_is_its_module_and_its_familys_state_and_it_trains
     state = package / "train" / "state" / "optim_state.py"
     state.write_text(state.read_text() + STATE)                                           # by hand: 2
     hand = {"grpo_ablate/tricks/throwaway_state.py", "grpo_ablate/train/state/optim_state.py"}
-    run("-m", "grpo_ablate.catalogue", "--write")                                          # make catalogue
+    run("-m", "grpo_ablate.config.catalogue", "--write")                                          # make catalogue
     generated = touched(before, snapshot(root)) - hand
     assert "grpo_ablate/conf/optim_state/throwaway_count.yaml" in generated   # its config node, from the registry
     assert touched(before, snapshot(root)) - generated == hand

@@ -10,8 +10,9 @@ from transformers import AutoModelForCausalLM
 
 import grpo_ablate.train.forward as forward_module
 import grpo_ablate.train.grpo as trainer_module
-from grpo_ablate.config import ConfigError, compose
-from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
+from grpo_ablate.config.compose import compose
+from grpo_ablate.errors import ConfigError
+from grpo_ablate.rundir.files import TIMING_PREFIXES, read_rows
 from grpo_ablate.tricks import option, registry
 from grpo_ablate.train.grpo import train
 

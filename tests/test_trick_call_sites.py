@@ -5,9 +5,9 @@ from types import SimpleNamespace
 
 import torch
 
-from grpo_ablate.config import compose
-from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
-from grpo_ablate.spec import run_spec
+from grpo_ablate.config.compose import compose
+from grpo_ablate.rundir.files import TIMING_PREFIXES, read_rows
+from grpo_ablate.config.spec import run_spec
 from grpo_ablate.train.grpo import train
 from grpo_ablate.train.losses import Coefficients, LossInputs, LossTerms, SeededDraws, loss_draws
 from grpo_ablate.train.rewards import AdvantageChain, RewardShaping

@@ -12,7 +12,8 @@ import statistics
 import pytest
 import torch
 
-from grpo_ablate.config import compose, option_flags, trick_families, validate
+from grpo_ablate.config.compose import compose
+from grpo_ablate.config.validate import option_flags, trick_families, validate
 from grpo_ablate.errors import ConfigError
 from grpo_ablate.tricks.registry import all_options
 from grpo_ablate.tricks import option, options

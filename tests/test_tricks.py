@@ -495,7 +495,8 @@ def test_registry_miss_lists_the_allowed_names_and_bind_checks_knobs():
 def test_every_family_yaml_sets_only_knobs_of_its_option():
     """conf/<family>/<option>.yaml: every key is a knob of the registered option (or a key the
     trainer reads), so a YAML typo fails here, not in a user's run."""
-    from grpo_ablate.config import check_family_keys, compose, trick_families
+    from grpo_ablate.config.compose import compose
+    from grpo_ablate.config.validate import check_family_keys, trick_families
     from grpo_ablate.tricks import families
 
     # one composition per option index, every family's i-th option at once (a family's YAML

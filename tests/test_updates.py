@@ -3,8 +3,8 @@ ratio, its clipping and every ratio-based trick act."""
 import pytest
 import torch
 
-from grpo_ablate.config import compose
-from grpo_ablate.rundir import TIMING_PREFIXES, read_rows
+from grpo_ablate.config.compose import compose
+from grpo_ablate.rundir.files import TIMING_PREFIXES, read_rows
 from grpo_ablate.train.grpo import train
 from grpo_ablate.train.batch import mini_batch_rows
 from grpo_ablate.tricks import option

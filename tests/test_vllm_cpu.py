@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import cli
-from grpo_ablate.rundir import read_rows
+from grpo_ablate.rundir.files import read_rows
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -27,7 +27,7 @@ FLOAT32_TOLERANCE = 1e-4   # the engine's log-probs vs the trainer's forward, bo
 def smollm2():
     """(trainer model in float32, tokenizer, the vLLM engine built from the same folder)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from grpo_ablate.config import compose
+    from grpo_ablate.config.compose import compose
     from grpo_ablate.models import load_model_and_tokenizer, model_dir
     from grpo_ablate.sampling.vllm import VLLMEngine, VLLMOptions
 
@@ -164,10 +164,10 @@ def test_a_prompts_completions_do_not_depend_on_the_batch(smollm2):
 def embedded():
     """(the embedded default model in float32, its tokenizer, a vLLM engine on the same folder)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from grpo_ablate.config import compose
+    from grpo_ablate.config.compose import compose
     from grpo_ablate.models import load_model_and_tokenizer, model_dir
     from grpo_ablate.sampling.vllm import VLLMEngine, VLLMOptions
-    from grpo_ablate.spec import run_spec
+    from grpo_ablate.config.spec import run_spec
     from grpo_ablate.tasks import build_task
 
     spec = run_spec(compose([]))
@@ -283,12 +283,12 @@ def test_a_sampled_eval_through_vllm_agrees_with_the_hf_engine_in_distribution(e
     alarm rate is 6e-5), and each engine's own eval is reproducible from its key."""
     import numpy as np
 
-    from grpo_ablate.config import compose
+    from grpo_ablate.config.compose import compose
     from grpo_ablate.evals.score import evaluate
-    from grpo_ablate.rundir import EVAL_SCORES
+    from grpo_ablate.rundir.files import EVAL_SCORES
     from grpo_ablate.sampling.engines import HFEngine, Rollouts
     from grpo_ablate.sampling.prompts import PromptEncoder
-    from grpo_ablate.spec import run_spec
+    from grpo_ablate.config.spec import run_spec
     from grpo_ablate.tasks import build_task
     from grpo_ablate.train.distributed import DataParallel
 

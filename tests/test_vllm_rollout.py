@@ -8,14 +8,16 @@ from types import ModuleType, SimpleNamespace
 import pytest
 import torch
 
-import grpo_ablate.here as here_module
+import grpo_ablate.config.here as here_module
 from conftest import cli
-from grpo_ablate.config import ConfigError, check_here, compose
+from grpo_ablate.config.compose import compose
+from grpo_ablate.config.here import check_here
+from grpo_ablate.errors import ConfigError
 from grpo_ablate.models import load_model_and_tokenizer
 from grpo_ablate.sampling.decode import generate
 from grpo_ablate.sampling.filters import NOT_KEPT, SamplingFilters
 from grpo_ablate.train.forward import completion_logprobs
-from grpo_ablate.rundir import read_rows
+from grpo_ablate.rundir.files import read_rows
 from grpo_ablate.train.grpo import train
 from test_real_models import MOVES, hf_run
 

@@ -1,6 +1,6 @@
 """One eval of a policy on the held-out problems under a protocol: sample, grade, tally. The run
 skeleton calls it at step 0 and on the eval schedule (train/run.py), and `grpo-ablate eval` on a
-finished run's kept weights (evals/command.py); both get the same numbers for the same weights.
+finished run's kept weights (rescore/command.py); both get the same numbers for the same weights.
 
 The eval's draws are its own: keyed by (the run's seed, "eval", the step), per row of the whole
 eval (sampling/decode.RowNoise; vLLM: a seed per prompt from the same key), never from the
@@ -16,7 +16,7 @@ import torch
 
 from grpo_ablate.evals.protocol import EvalProtocol
 from grpo_ablate.evals.scores import ProblemScores, tally_votes
-from grpo_ablate.rundir import EVAL_SCORES
+from grpo_ablate.rundir.files import EVAL_SCORES
 from grpo_ablate.sampling.decode import derived_seed
 from grpo_ablate.sampling.engines import Rollouts
 from grpo_ablate.sampling.filters import SamplingFilters

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from grpo_ablate.evals.protocol import ACCURACY, MAJ, PASS, EvalProtocol, parse_metric
-from grpo_ablate.rundir import pack_scores, unpack_scores
+from grpo_ablate.rundir.files import pack_scores, unpack_scores
 from grpo_ablate.stats.pass_at_k import majority_at_k, pass_at_k_table, pass_at_k_variance
 
 

@@ -2,7 +2,7 @@
 
 The design: docs/design.md, "The report package".
 
-Below: what the commands (cli.py, sweep/doctor.py) use, imported on first use: the sweep's plan
+Below: what the commands (cli/app.py, sweep/doctor.py) use, imported on first use: the sweep's plan
 reads report/schema.py (a manifest's fields), and importing any module of this package runs this
 file, which would otherwise load pandas and scipy (~2 s) into every `sweep --dry-run`.
 """

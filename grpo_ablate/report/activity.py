@@ -5,7 +5,7 @@ the task never reaches never moves its coefficient, a filter that never fires dr
 Each option's activity metric (registered with it in grpo_ablate/tricks/) must show activity
 for the option to have changed the run at all (a necessary condition): when it shows none in
 every run with the trick, the contrast is *inert here*, whatever its Δ. The config-level rules
-(what cannot act before anything runs) are registered with the options too (grpo_ablate/inert.py).
+(what cannot act before anything runs) are registered with the options too (grpo_ablate/config/inert.py).
 """
 from __future__ import annotations
 

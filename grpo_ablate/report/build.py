@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from grpo_ablate.design import Variant
 from grpo_ablate.evals.protocol import ACCURACY, metric_column, parse_metric
 from grpo_ablate.errors import ReportError
-from grpo_ablate.pair_rules import variant_lines
+from grpo_ablate.config.pair_rules import variant_lines
 from grpo_ablate.report.boundary import boundary_section
 from grpo_ablate.report.claims import claims_section
 from grpo_ablate.report.curves import DEFAULT_K, Summary, curve, final_value, kl_column
@@ -264,7 +264,7 @@ def note_short_curves(sweep: Sweep, curves: dict, metric: str, summary: Summary)
 
 
 def note_pair_rules(sweep: Sweep) -> None:
-    """The pair rules (pair_rules.py) that hold in the runs' configs, each in one note naming its
+    """The pair rules (config/pair_rules.py) that hold in the runs' configs, each in one note naming its
     variants; those the sweep expected (its file's expected_pairs) are not noted."""
     configs: dict = {}
     for run in sweep.runs:

@@ -1,6 +1,6 @@
 """Reading a sweep dir: its manifest, its run dirs, which variants are controls, which pairs are contrasts.
 
-Reads only files (the run-dir contract of `grpo_ablate/rundir.py`): the sweep's
+Reads only files (the run-dir contract of `grpo_ablate/rundir/files.py`): the sweep's
 `manifest.json` and, per run dir, `metrics.jsonl`, `samples.jsonl`, `evals.jsonl` (each eval's
 per-problem scores), `status.json` and `config.yaml`. Nothing here raises for a missing or
 damaged run: what is missing or odd is said in the run's (or the sweep's) `notes`, and a run
@@ -24,7 +24,7 @@ from grpo_ablate.report.health import BREAKING_FLAGS, HealthThresholds, health_f
 from grpo_ablate.evals.scores import read_evals
 from grpo_ablate.report.schema import (accuracy_problem, foreign_problem, manifest_problem, outside_problem,
                                        status_problem)
-from grpo_ablate.rundir import EVALS, read_json, read_jsonl, read_status
+from grpo_ablate.rundir.files import EVALS, read_json, read_jsonl, read_status
 
 FINISHED = ("completed", "diverged", "failed", "interrupted")   # interrupted: waits for --resume
 # Control runs: `base` is the starting policy never trained, `sft` the same budget spent on supervised

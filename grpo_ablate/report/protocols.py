@@ -16,7 +16,7 @@ from grpo_ablate.errors import DamagedFile, ReportError
 from grpo_ablate.evals.protocol import GREEDY, EvalProtocol, parse_metric
 from grpo_ablate.evals.scores import read_evals
 from grpo_ablate.report.load import Run, Sweep, nested_value
-from grpo_ablate.rundir import EVALS_DIR, read_json, read_jsonl
+from grpo_ablate.rundir.files import EVALS_DIR, read_json, read_jsonl
 
 EVAL_PREFIX = "eval/"
 EXTRA = {"length_mean": "eval/length_mean", "truncated_frac": "eval/truncated_frac"}   # a results row's own columns

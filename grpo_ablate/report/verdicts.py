@@ -15,7 +15,7 @@ from grpo_ablate.report.health import BREAKING_FLAGS
 from grpo_ablate.report.load import Run, Sweep, nested_value
 from grpo_ablate.report.metric import Metric
 from grpo_ablate.report.power import contrast_alpha, power_numbers, sequential_decision, sequential_guarantee
-from grpo_ablate.rundir import TIMING_PREFIXES
+from grpo_ablate.rundir.files import TIMING_PREFIXES
 from grpo_ablate.stats import group_sequential as seq
 from grpo_ablate.stats.error_control import ERROR_CONTROL, adjust
 from grpo_ablate.stats.exact import breaking_p

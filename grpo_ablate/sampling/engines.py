@@ -22,7 +22,7 @@ from grpo_ablate.sampling.decode import (NonFiniteLogits, Rollout, RowNoise, con
                                          derived_seed, generate)
 from grpo_ablate.sampling.filters import SamplingFilters
 from grpo_ablate.sampling.vllm import VLLMEngine, VLLMOptions
-from grpo_ablate.spec import RolloutSettings
+from grpo_ablate.sampling.settings import RolloutSettings
 
 
 class HFEngine:

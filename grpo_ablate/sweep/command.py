@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpo_ablate.pair_rules import unknown_expected
-from grpo_ablate.cli_fields import flags, was_given
-from grpo_ablate.requests import SWEEP_FILE_FIELDS, SweepArgs
+from grpo_ablate.config.pair_rules import unknown_expected
+from grpo_ablate.request_fields import flags, was_given
+from grpo_ablate.sweep.requests import SWEEP_FILE_FIELDS, SweepArgs
 from grpo_ablate.sweep.contexts import across_contexts, file_contexts
 from grpo_ablate.sweep.launch import start
 from grpo_ablate.sweep.manifest import read_manifest

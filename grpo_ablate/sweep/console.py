@@ -13,8 +13,8 @@ import statistics
 from pathlib import Path
 
 from grpo_ablate.design import manifest_variants
-from grpo_ablate.rundir import read_status
-from grpo_ablate.stopping import INTERRUPTED
+from grpo_ablate.rundir.files import read_status
+from grpo_ablate.rundir.stopping import INTERRUPTED
 from grpo_ablate.sweep.plan import SweepRequest
 
 
@@ -39,7 +39,7 @@ def print_matrix(manifest: dict, console) -> None:
 
 
 def print_pair_rules(manifest: dict, console) -> None:
-    """The plan's pair rules (pair_rules.py): one warning line each, naming its variants."""
+    """The plan's pair rules (config/pair_rules.py): one warning line each, naming its variants."""
     for line in manifest.get("pair_rules", []):
         console.print(f"warning: {line}", markup=False, highlight=False)
 

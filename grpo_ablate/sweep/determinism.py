@@ -13,7 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from grpo_ablate.rundir import TIMING_PREFIXES, hydra_quoted, read_rows
+from grpo_ablate.rundir.files import TIMING_PREFIXES, read_rows
+from grpo_ablate.rundir.paths import hydra_quoted
 from grpo_ablate.sweep.manifest import check_new_dir, planned_sweep_dir
 from grpo_ablate.sweep.matrix import SweepError
 from grpo_ablate.sweep.plan import SweepRequest, plan

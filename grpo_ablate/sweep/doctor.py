@@ -15,9 +15,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from grpo_ablate import report as rep
-from grpo_ablate.catalogue import load_catalogue
-from grpo_ablate.requests import DoctorArgs, SweepArgs
-from grpo_ablate.rundir import atomic_write_text, confined_dir
+from grpo_ablate.config.catalogue import load_catalogue
+from grpo_ablate.sweep.requests import DoctorArgs, SweepArgs
+from grpo_ablate.rundir.files import atomic_write_text
+from grpo_ablate.rundir.paths import confined_dir
 from grpo_ablate.sweep import launch
 from grpo_ablate.sweep.command import sweep_request
 from grpo_ablate.sweep.console import print_matrix, print_pair_rules
@@ -177,7 +178,7 @@ class DoctorRequest:
     max_runs: int = DEFAULT_MAX_RUNS
     thresholds: dict = field(default_factory=dict)
     group: str = ""
-    allow_inert: bool = False      # search tricks that cannot act here (inert.py) anyway
+    allow_inert: bool = False      # search tricks that cannot act here (config/inert.py) anyway
 
 
 def stage_matrix(stage: Stage, tricks: list[str]) -> Matrix:

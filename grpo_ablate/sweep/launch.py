@@ -19,9 +19,10 @@ from pathlib import Path
 from grpo_ablate.design import manifest_variants
 from grpo_ablate.errors import DamagedFile
 from grpo_ablate.model_source import gguf_source
-from grpo_ablate.rundir import (DirLock, atomic_write_text, confined_dir, hydra_quoted, read_overrides, read_rows,
-                                read_status)
-from grpo_ablate.stopping import RunInterrupted, stop_workers_on_signals
+from grpo_ablate.rundir.files import atomic_write_text, read_overrides, read_rows, read_status
+from grpo_ablate.rundir.lock import DirLock
+from grpo_ablate.rundir.paths import confined_dir, hydra_quoted
+from grpo_ablate.rundir.stopping import RunInterrupted, stop_workers_on_signals
 from grpo_ablate.sweep.console import contexts_text, cpus, print_matrix, print_pair_rules, print_summary
 from grpo_ablate.sweep.manifest import (FINISHED, check_new_dir, create_sweep_dir, planned_sweep_dir, read_manifest,
                                         refresh_statuses, sweep_id_of, write_manifest)
@@ -300,7 +301,7 @@ def _launch(sweep_dir: Path, manifest: dict, todo: list[dict], launcher: str, jo
     from hydra_plugins.grpo_ablate_sweeper.grpo_ablate_sweeper import register
 
     register()
-    from grpo_ablate import entrypoint   # the training stack (torch, transformers): only once runs start
+    from grpo_ablate.train import entrypoint  # the training stack (torch, transformers): only once runs start
     if launcher in WORKER_LAUNCHERS:   # a stop reaches the runs in their workers, and no worker outlives the sweep
         with stop_workers_on_signals(lambda: any(still_running(sweep_dir / run["run_dir"]) for run in todo)):
             entrypoint.run_hydra(args + list(hydra_args))

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from grpo_ablate.errors import DamagedFile
 from grpo_ablate.report.schema import manifest_problem
-from grpo_ablate.rundir import atomic_write_text, confined_dir, read_json, read_rows, read_status, writable_problem
-from grpo_ablate.stopping import INTERRUPTED
+from grpo_ablate.rundir.files import atomic_write_text, read_json, read_rows, read_status
+from grpo_ablate.rundir.paths import confined_dir, writable_problem
+from grpo_ablate.rundir.stopping import INTERRUPTED
 from grpo_ablate.sweep.matrix import SweepError
 
 

@@ -17,13 +17,16 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from grpo_ablate.catalogue import load_catalogue
-from grpo_ablate.config import (ConfigError, check_here, compose, config_hash, data_hash, family_keys, parses_answers,
-                                trick_families, validate)
-from grpo_ablate.inert import inert_reason
+from grpo_ablate.config.catalogue import load_catalogue
+from grpo_ablate.config.compose import compose
+from grpo_ablate.config.here import check_here
+from grpo_ablate.config.identity import config_hash, data_hash
+from grpo_ablate.config.validate import family_keys, parses_answers, trick_families, validate
+from grpo_ablate.errors import ConfigError
+from grpo_ablate.config.inert import inert_reason
 from grpo_ablate.model_source import gguf_source, warm_start_dir
-from grpo_ablate.pair_rules import variant_lines
-from grpo_ablate.rundir import NAME_MAX
+from grpo_ablate.config.pair_rules import variant_lines
+from grpo_ablate.rundir.paths import NAME_MAX
 from grpo_ablate.design import Context
 from grpo_ablate.evals.protocol import EvalProtocol, metric_column, parse_metric
 from grpo_ablate.sweep.contexts import check_contexts, with_contexts
@@ -75,7 +78,7 @@ class SweepRequest:
     sweep_dir: Path | None = None
     controls: bool | None = None     # None: on for the embedded default, off for model.path models
     control_budget: str = "tokens"   # the SFT control's budget: tokens | wall (the treatments' time)
-    allow_inert: bool = False        # run tricks under test that cannot act here (inert.py) anyway
+    allow_inert: bool = False        # run tricks under test that cannot act here (config/inert.py) anyway
     matrix: Matrix | None = None        # a matrix built by the caller (doctor) instead of `mode`
     group: str | None = None            # W&B group shared with other sweeps (doctor's stages)
     sequential: dict = field(default_factory=dict)   # seeds=auto: max_seeds, budget, effect (sweep/sequential.py)
@@ -83,7 +86,7 @@ class SweepRequest:
     summary: str | None = None       # what the sweep decides on (report/curves.py label), fixed before any run
     metric: str | None = None        # ... of which eval metric (None: eval/accuracy)
     eval_name: str | None = None     # ... of which eval protocol scored after training (None: the runs' own)
-    expected_pairs: list[str] = field(default_factory=list)   # pair rules the sweep asks about (pair_rules.py)
+    expected_pairs: list[str] = field(default_factory=list)   # pair rules the sweep asks about (config/pair_rules.py)
     placebos: int = DEFAULT_PLACEBOS  # sweep aa: placebo variants beside the reference
 
 
@@ -181,7 +184,7 @@ def decides_on(req: SweepRequest, common: list[str], base_cfg) -> dict:
 
 
 def pair_fields(req: SweepRequest, cfg_of: dict) -> dict:
-    """The manifest's pair rules (pair_rules.py: settings that change what a trick means), said before
+    """The manifest's pair rules (config/pair_rules.py: settings that change what a trick means), said before
     the first run, one line each naming its variants; and those the sweep file expects (not said)."""
     lines = variant_lines(cfg_of, req.expected_pairs)
     return {**({"expected_pairs": list(req.expected_pairs)} if req.expected_pairs else {}),
@@ -243,7 +246,7 @@ def scope_trick_settings(common: list[str], matrix: Matrix) -> tuple[list[str], 
 
 
 def _check_runs_here(cfg_of: dict) -> None:
-    """The runs of a local launcher run on this machine: what `train` would refuse here (here.py:
+    """The runs of a local launcher run on this machine: what `train` would refuse here (config/here.py:
     vLLM not installed, no GPU) is refused at planning, not once per run in a dir of failed runs."""
     for variant, cfg in cfg_of.items():
         try:
@@ -253,7 +256,7 @@ def _check_runs_here(cfg_of: dict) -> None:
 
 
 def check_tricks_act(matrix: Matrix, cfg_of: dict, tricks: dict) -> None:
-    """Refuse a plan in which a trick under test cannot act (inert.py): for each contrast, the
+    """Refuse a plan in which a trick under test cannot act (config/inert.py): for each contrast, the
     trick on the side that has it; without contrasts (doctor), every trick where all are on;
     for a factorial over config groups, every variant's options. `tricks`: name -> (family, option)."""
     checks = [(c.tested, *tricks[c.tested], c.with_) for c in matrix.contrasts if c.tested in tricks]

@@ -23,7 +23,8 @@ from grpo_ablate.report.load import Run, load_run, metrics_frame, nonfinite_step
 from grpo_ablate.report.power import plan_of
 from grpo_ablate.stats.intervals import Estimate
 from grpo_ablate.report.verdicts import BREAKS_TRAINING, INERT, decide, inertness
-from grpo_ablate.rundir import DirLock, read_rows, read_status
+from grpo_ablate.rundir.files import read_rows, read_status
+from grpo_ablate.rundir.lock import DirLock
 from grpo_ablate.sweep.console import contexts_text, print_matrix, print_pair_rules
 from grpo_ablate.sweep.launch import STOPPED, check_launcher, check_own_runs, run_jobs
 from grpo_ablate.sweep.launch import resume as resume_fixed

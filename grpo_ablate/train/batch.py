@@ -17,7 +17,7 @@ import torch
 
 from grpo_ablate.sampling.decode import Rollout, concat_rollouts, select_rows
 from grpo_ablate.sampling.engines import Rollouts
-from grpo_ablate.spec import BoundOption
+from grpo_ablate.config.spec import BoundOption
 from grpo_ablate.tricks.adv.group import group_mean_std
 from grpo_ablate.tricks.sampling import round_prompts
 

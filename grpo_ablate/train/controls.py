@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from grpo_ablate.config import validate
+from grpo_ablate.config.validate import validate
 from grpo_ablate.errors import ConfigError
 from grpo_ablate.models import (add_lora, disable_dropout, load_model_and_tokenizer, model_device, model_dir,
                                 stop_token_ids, supervised_batch)
@@ -25,11 +25,11 @@ from grpo_ablate.sampling.prompts import PromptEncoder
 from grpo_ablate.evals.score import evaluate
 from grpo_ablate.tasks import build_task
 from grpo_ablate.train.distributed import DataParallel
-from grpo_ablate.resume_rules import already_finished, open_run_dir
-from grpo_ablate.spec import RunSpec, run_spec
+from grpo_ablate.config.resume_rules import already_finished, open_run_dir
+from grpo_ablate.config.spec import RunSpec, run_spec
 from grpo_ablate.train.run import (Optimization, RunResult, StepResult, attention_implementation,
                                    finished_result, prepare_process, run_steps)
-from grpo_ablate.rundir import DirLock
+from grpo_ablate.rundir.lock import DirLock
 from grpo_ablate.train.batch import SampledGroups, TaskPrompts, sample_groups
 from grpo_ablate.train.forward import completion_logprobs
 
@@ -40,7 +40,7 @@ def run_control(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (),
     run_dir = Path(run_dir)
     say = console.print if console is not None else (lambda *a, **k: None)
     validate(cfg)
-    spec = run_spec(cfg)   # below, as in a GRPO run, only the spec travels (spec.py)
+    spec = run_spec(cfg)   # below, as in a GRPO run, only the spec travels (config/spec.py)
     if DataParallel().world > 1:
         raise ConfigError("control runs train in one process; launch control=base|sft|rft without torchrun")
     prepare_process(spec.threads, spec.seed)

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from grpo_ablate.train import fsdp
-from grpo_ablate.ranks import launched_ranks
+from grpo_ablate.rundir.ranks import launched_ranks
 
 
 class DataParallel:

@@ -1,6 +1,6 @@
 """`grpo-ablate train`: one GRPO run, set up here, then stepped by the run skeleton.
 
-    train()          validate, turn the config into the run spec (spec.py), join the processes
+    train()          validate, turn the config into the run spec (config/spec.py), join the processes
                      (torchrun), open the run dir, build, run
     build_grpo()     the task, the policy and its anchors, the tricks' controllers, the
                      optimizer and the sampler: a `GRPOTrainer` (train/step.py) ready to step,
@@ -19,9 +19,10 @@ import torch
 from omegaconf import DictConfig
 from rich.console import Console
 
-from grpo_ablate.config import check_here, validate
-from grpo_ablate.inert import chosen_tricks, inert_tricks
-from grpo_ablate.pair_rules import run_lines
+from grpo_ablate.config.here import check_here
+from grpo_ablate.config.validate import validate
+from grpo_ablate.config.inert import chosen_tricks, inert_tricks
+from grpo_ablate.config.pair_rules import run_lines
 from grpo_ablate.models import (AdapterDisabled, add_lora, autocast_forward, disable_dropout,
                                 enable_activation_checkpointing, load_model_and_tokenizer, model_dir,
                                 model_device, stop_token_ids)
@@ -30,10 +31,10 @@ from grpo_ablate.sampling.engines import HFEngine, Rollouts, build_engine, rng_m
 from grpo_ablate.sampling.lean import unsupported as lean_unsupported
 from grpo_ablate.sampling.prompts import PromptEncoder
 from grpo_ablate.tasks import build_task
-from grpo_ablate.rundir import DirLock
+from grpo_ablate.rundir.lock import DirLock
 from grpo_ablate.train.distributed import DataParallel
-from grpo_ablate.resume_rules import already_finished, open_run_dir
-from grpo_ablate.spec import BoundOption, ModelSettings, RunSpec, run_spec
+from grpo_ablate.config.resume_rules import already_finished, open_run_dir
+from grpo_ablate.config.spec import BoundOption, ModelSettings, RunSpec, run_spec
 from grpo_ablate.train.run import (Optimization, RunResult, attention_implementation, finished_result, prepare_process,
                                    run_steps)
 from grpo_ablate.train.step import Controllers, GRPOTrainer, Policies
@@ -55,7 +56,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
         warn = Console(stderr=True, soft_wrap=True).print if console is not None else say   # on stderr, one line
         for name, reason in inert_tricks(cfg, chosen_tricks(cfg, overrides)):   # compute it would waste
             warn(f"[yellow]warning[/]: {name} {reason}", markup=True, highlight=False)
-        for line in run_lines(cfg):   # settings that change what another trick means (pair_rules.py)
+        for line in run_lines(cfg):   # settings that change what another trick means (config/pair_rules.py)
             warn(f"[yellow]warning[/]: {line}", markup=True, highlight=False)
         prepare_process(spec.threads, spec.seed)
         if dp.is_main:

@@ -19,7 +19,7 @@ from typing import Mapping
 import torch
 
 from grpo_ablate.sampling.decode import derived_seed
-from grpo_ablate.spec import BoundOption
+from grpo_ablate.config.spec import BoundOption
 from grpo_ablate.tricks.behaviour import known_or
 from grpo_ablate.tricks.clip.sequence import sequence_is_weights
 

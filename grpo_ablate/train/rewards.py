@@ -18,7 +18,7 @@ from typing import Mapping
 
 import torch
 
-from grpo_ablate.spec import BoundOption, RewardScale
+from grpo_ablate.config.spec import BoundOption, RewardScale
 from grpo_ablate.tricks.adv.critic import critic_returns
 from grpo_ablate.tricks.kl import kl_reward_penalty
 

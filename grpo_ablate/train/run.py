@@ -23,8 +23,8 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from grpo_ablate.errors import ConfigError
-from grpo_ablate.spec import OptimSettings, RunRecord, Schedule
-from grpo_ablate.stopping import how_it_ended
+from grpo_ablate.config.spec import OptimSettings, RunRecord, Schedule
+from grpo_ablate.rundir.stopping import how_it_ended
 from grpo_ablate.train.run_log import RunLog, save_checkpoint, save_weights
 
 # Exit codes of `grpo-ablate train`

@@ -1,4 +1,4 @@
-"""What a training run writes into its run dir (the contract is in `grpo_ablate/rundir.py`):
+"""What a training run writes into its run dir (the contract is in `grpo_ablate/rundir/files.py`):
 metrics, samples and status as it goes, checkpoints, and the W&B mirror of its metrics."""
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_ablate.errors import DamagedFile
-from grpo_ablate.spec import RunRecord
-from grpo_ablate.rundir import (CHECKPOINT, CHECKPOINT_OLD, CHECKPOINT_TMP, EVAL_SCORES, EVALS, WEIGHTS,
-                                atomic_write_text, finite_or_none, read_status, truncate_jsonl)
+from grpo_ablate.config.spec import RunRecord
+from grpo_ablate.rundir.files import (CHECKPOINT, CHECKPOINT_OLD, CHECKPOINT_TMP, EVAL_SCORES, EVALS, WEIGHTS,
+                                      atomic_write_text, finite_or_none, read_status, truncate_jsonl)
 from grpo_ablate.wandb_auth import resolve_mode
 
 

@@ -19,7 +19,7 @@ import torch
 
 from grpo_ablate.sampling.decode import NonFiniteLogits, Rollout, derived_seed, select_rows
 from grpo_ablate.sampling.engines import Rollouts
-from grpo_ablate.spec import RunSpec
+from grpo_ablate.config.spec import RunSpec
 from grpo_ablate.train import diagnostics
 from grpo_ablate.train.accumulation import LastPass, Update, accumulating, scaled_lr, stitched
 from grpo_ablate.train.batch import SampledGroups, TaskPrompts, micro_batches, mini_batch_rows, sample_groups

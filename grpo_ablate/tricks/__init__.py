@@ -8,7 +8,7 @@ shows it acted, when it cannot act, the named tricks with their catalogue text).
 asks the registry for the option its config chose (`option("adv", cfg.adv.name)`) and never
 branches on a name itself; config checks, inert warnings, the report's activity table, the
 catalogue, docs/tricks.md and docs/config.md's option table are all read from the registry
-(grpo_ablate/catalogue.py). Adding an option is one registered function (`make catalogue` writes
+(grpo_ablate/config/catalogue.py). Adding an option is one registered function (`make catalogue` writes
 its `conf/<family>/<option>.yaml` and `conf/trick/<name>.yaml`); adding a family is a module with
 `declare_family(...)` and its call site in the loss or reward chain.
 """

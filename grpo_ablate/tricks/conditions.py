@@ -2,7 +2,7 @@
 
 Each reads the config by attribute only (a DictConfig, or any object with the same keys), so
 this package still imports nothing but torch. The rules themselves are given where each option
-is registered; grpo_ablate/inert.py reads them from the registry.
+is registered; grpo_ablate/config/inert.py reads them from the registry.
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ the command line that is not a knob of the chosen option (a typo: `+adv.epz=0.1`
 error that names the knobs the option has, never a silently ignored setting.
 
 Everything else that is known about an option is given where it is registered, and every
-other place reads it from here: the range and type of each knob (`Allowed`: config.py checks
+other place reads it from here: the range and type of each knob (`Allowed`: config/validate.py checks
 them; an option whose knob has none is refused at registration), its activity metric (what
 shows in a run that it acted: the report's *inert here*), the conditions under which it
 cannot act (`Inert`: train warns, sweep and doctor refuse), checks that involve other settings,

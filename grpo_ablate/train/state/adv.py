@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from grpo_ablate.sampling.decode import select_rows
-from grpo_ablate.spec import RunSpec
+from grpo_ablate.config.spec import RunSpec
 from grpo_ablate.train.distributed import gather_rows
 from grpo_ablate.train.forward import token_logprobs
 from grpo_ablate.train.state import Plugin, stateful

@@ -7,7 +7,7 @@ optimizer's (now empty) state is checkpointed with the run as always; the count 
 """
 from __future__ import annotations
 
-from grpo_ablate.spec import RunSpec
+from grpo_ablate.config.spec import RunSpec
 from grpo_ablate.train.state import Plugin, stateful
 
 

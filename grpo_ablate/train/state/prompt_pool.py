@@ -17,7 +17,7 @@ import math
 import torch
 
 from grpo_ablate.sampling.decode import derived_seed
-from grpo_ablate.spec import RunSpec
+from grpo_ablate.config.spec import RunSpec
 from grpo_ablate.train.state import Plugin, stateful
 
 

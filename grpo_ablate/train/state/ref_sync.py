@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo_ablate.spec import RunSpec
+from grpo_ablate.config.spec import RunSpec
 from grpo_ablate.train.state import Plugin, stateful
 
 

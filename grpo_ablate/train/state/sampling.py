@@ -35,7 +35,7 @@ from dataclasses import replace
 import torch
 
 from grpo_ablate.sampling.decode import concat_rollouts, derived_seed, select_rows
-from grpo_ablate.spec import RunSpec
+from grpo_ablate.config.spec import RunSpec
 from grpo_ablate.train.state import Plugin, stateful
 
 

@@ -19,7 +19,7 @@ import torch
 
 from grpo_ablate.sampling.decode import concat_rollouts, derived_seed, select_rows
 from grpo_ablate.sampling.engines import Scored
-from grpo_ablate.spec import RunSpec
+from grpo_ablate.config.spec import RunSpec
 from grpo_ablate.train.policy_history import PolicyHistory
 from grpo_ablate.train.state import Plugin, stateful
 from grpo_ablate.tricks.staleness import oldest_age

@@ -22,7 +22,7 @@ it can act only with several optimizer steps per rollout or a sampler-trainer mi
 rollout_correction enter per sequence (setting clip.is_weights, see gmpo_loss).
 `sequence_ratio` -- one importance ratio per sequence, whose reference objective counts each
 sequence once (gspo, gmpo, luspo: under seq_mean_token_mean); a loss_agg that `weights_by_length`
-changes that objective (grpo_ablate/pair_rules.py warns).
+changes that objective (grpo_ablate/config/pair_rules.py warns).
 `ratio_on_sampler` -- the loss's ratio is against the sampler's log-probs mu, not pi_old (cispo_rollout,
 SkyRL cispo_anchor=rollout): the trainer hands mu's as `old_logp` to this loss only (train/losses.py).
 """

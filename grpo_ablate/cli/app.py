@@ -1,10 +1,10 @@
 """`grpo-ablate`: the command line. Thin: every command hands off to a module.
 
-`sweep`, `doctor` and `report` parse their options into a frozen request (requests.py),
+`sweep`, `doctor` and `report` parse their options into a frozen request (requests.py, sweep/requests.py),
 check it there (a refusal imports nothing heavy) and hand it to the package that does the
 work (sweep/command.py, sweep/doctor.py, report/). `sweep`'s and `doctor`'s options are
-declared once, as their request's fields (cli_fields.py), and their signature is built from
-those (cli_options.takes); `train`'s and `report`'s are declared in cli_options.py.
+declared once, as their request's fields (request_fields.py), and their signature is built from
+those (cli_options.takes); `train`'s and `report`'s are declared in options.py.
 `train` is a typer command that passes its arguments to the `@hydra.main` entrypoint, so
 Hydra's override grammar (`group=option`, `+group=option`, `key=value`), `--cfg job` and
 `-m` all work. Before Hydra creates a run dir, the config is composed and validated here, so
@@ -19,10 +19,11 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from grpo_ablate import cli_options as opt
-from grpo_ablate.cli_fields import from_command_line
+from grpo_ablate.cli import options as opt
+from grpo_ablate.request_fields import from_command_line
 from grpo_ablate.errors import UserError
-from grpo_ablate.requests import DoctorArgs, EvalArgs, ReportRequest, SweepArgs
+from grpo_ablate.cli.requests import EvalArgs, ReportRequest
+from grpo_ablate.sweep.requests import DoctorArgs, SweepArgs
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Ablation runner for GRPO training tricks.")
@@ -64,8 +65,10 @@ def train(
     restart: bool = opt.TRAIN_RESTART,
 ) -> None:
     """Train one GRPO run. Arguments are Hydra overrides: adv=dr_grpo kl=none seed=1 ..."""
-    from grpo_ablate.config import check_here, compose, validate
-    from grpo_ablate.ranks import this_rank
+    from grpo_ablate.config.compose import compose
+    from grpo_ablate.config.here import check_here
+    from grpo_ablate.config.validate import validate
+    from grpo_ablate.rundir.ranks import this_rank
 
     if restart and resume is None:
         fail("--restart belongs to --resume RUN_DIR (it starts that run over)")
@@ -87,7 +90,7 @@ def train(
         # ranks (the others would find it held by rank 0 and refuse)
         held = _hold_run_dir(cfg, args) if this_rank() == 0 else None
         args = _run_dir_quoted(args)
-    from grpo_ablate import entrypoint   # the training stack (transformers, ...): only once the input is good
+    from grpo_ablate.train import entrypoint  # the training stack (transformers, ...): only once the input is good
     try:
         code = entrypoint.run_hydra(args)
     finally:
@@ -104,8 +107,9 @@ def _hold_run_dir(cfg, args: List[str]):
     picks a new dir. A refusal leaves the dir as it was; a resume with nothing to do ends here."""
     import shutil
 
-    from grpo_ablate.rundir import DirLock, confined_dir, hydra_unquoted, writable_problem
-    from grpo_ablate.resume_rules import already_finished, open_run_dir
+    from grpo_ablate.rundir.lock import DirLock
+    from grpo_ablate.rundir.paths import confined_dir, hydra_unquoted, writable_problem
+    from grpo_ablate.config.resume_rules import already_finished, open_run_dir
 
     given = [hydra_unquoted(a.split("=", 1)[1]) for a in args if a.startswith("hydra.run.dir=")]
     if not given:
@@ -142,7 +146,7 @@ def _hold_run_dir(cfg, args: List[str]):
 
 def _run_dir_quoted(args: List[str]) -> List[str]:
     """The run dir Hydra gets, quoted: the one that was checked and locked, whatever its characters."""
-    from grpo_ablate.rundir import hydra_quoted, hydra_unquoted
+    from grpo_ablate.rundir.paths import hydra_quoted, hydra_unquoted
 
     given = [a for a in args if a.startswith("hydra.run.dir=")]
     if not given:
@@ -164,7 +168,7 @@ def sweep(ctx: typer.Context, **options) -> None:
     if options["resume_dir"] is not None and mode is not None and "=" in mode:   # `--resume DIR steps=5`
         options["mode"], args = None, [mode, *args]
     given = from_command_line(SweepArgs, args, options)
-    _refused(given.check)   # the declared ranges (requests.py), before anything heavy is imported
+    _refused(given.check)   # the declared ranges (the request's fields), before anything heavy is imported
     if given.summary is not None:                      # a bad one is refused before any planning
         from grpo_ablate.report.curves import Summary
 
@@ -224,7 +228,7 @@ def eval_command(ctx: typer.Context, **options) -> None:
     """
     given = from_command_line(EvalArgs, ctx.args, options)
     _refused(given.check)
-    from grpo_ablate.evals import command   # the config layer; the training stack once the plan holds
+    from grpo_ablate.rescore import command  # the config layer; the training stack once the plan holds
 
     try:
         code = command.run(command.EvalRequest(given.directory, given.args, given.name, given.steps, given.threads),
@@ -239,7 +243,7 @@ def tricks(
     fmt: str = opt.TRICKS_FMT,
 ) -> None:
     """Catalogue of the named tricks (table, json or md)."""
-    from grpo_ablate.catalogue import load_catalogue, render
+    from grpo_ablate.config.catalogue import load_catalogue, render
 
     if fmt not in ("table", "json", "md"):
         fail(f"--format {fmt!r} is not allowed; allowed: table, json, md")
@@ -338,7 +342,7 @@ def _resume_args(run_dir: Path, restart: bool = False) -> List[str]:
     resumes with the eval it started with, whatever the default is now (greedy, for a run from before
     there were protocols)."""
     from grpo_ablate.errors import DamagedFile
-    from grpo_ablate.rundir import read_overrides, recorded_eval
+    from grpo_ablate.rundir.files import read_overrides, recorded_eval
 
     try:
         saved = read_overrides(run_dir)
@@ -404,7 +408,7 @@ def main() -> None:
         sys.argv = _optional_value(sys.argv, "--watch", "30")
     try:
         code = app(standalone_mode=False)   # click's errors come back here, not as its 3-line usage block
-    except (typer.Abort, KeyboardInterrupt):   # Ctrl-C (a run records itself first: stopping.py)
+    except (typer.Abort, KeyboardInterrupt):   # Ctrl-C (a run records itself first: rundir/stopping.py)
         code = 130
     except Exception as err:                # click's own checks (`--max-seeds abc`), whichever click typer ships
         if not (hasattr(err, "format_message") and hasattr(err, "exit_code")):

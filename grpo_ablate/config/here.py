@@ -16,8 +16,8 @@ from omegaconf import DictConfig
 from grpo_ablate.errors import ConfigError
 from grpo_ablate.model_source import (PACKAGE_PREFIX, ModelPathError, gguf_problem, gguf_source, local_path,
                                       looks_local)
-from grpo_ablate.ranks import launched_ranks
-from grpo_ablate.rundir import cache_message, writable_problem
+from grpo_ablate.rundir.ranks import launched_ranks
+from grpo_ablate.rundir.paths import cache_message, writable_problem
 
 
 def _require(ok: bool, message: str) -> None:

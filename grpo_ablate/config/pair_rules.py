@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from grpo_ablate.config import trick_families
+from grpo_ablate.config.validate import trick_families
 from grpo_ablate.tricks import UnknownOption, option
 from grpo_ablate.tricks.conditions import FILTERS_OFF, one_optimizer_step, sampler_truncates, truncation_unreplayed
 

@@ -24,14 +24,16 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from grpo_ablate.config import compose, validate
+from grpo_ablate.config.compose import compose
+from grpo_ablate.config.validate import validate
 from grpo_ablate.errors import ConfigError, DamagedFile
 from grpo_ablate.evals.scores import read_row
 from grpo_ablate.report.schema import foreign_problem
-from grpo_ablate.rundir import (EVALS_DIR, WEIGHTS, DirLock, atomic_write_text, find_checkpoint, read_json,
-                                read_jsonl, read_overrides, read_status)
-from grpo_ablate.spec import RunSpec, run_spec
-from grpo_ablate.stopping import RunInterrupted, stop_on_signals
+from grpo_ablate.rundir.files import (EVALS_DIR, WEIGHTS, atomic_write_text, find_checkpoint, read_json, read_jsonl,
+                                      read_overrides, read_status)
+from grpo_ablate.rundir.lock import DirLock
+from grpo_ablate.config.spec import RunSpec, run_spec
+from grpo_ablate.rundir.stopping import RunInterrupted, stop_on_signals
 from grpo_ablate.sweep.manifest import read_manifest
 
 DEFAULT_PROTOCOL = "sampled"        # what `grpo-ablate eval DIR` scores when no eval=<option> is given
@@ -221,7 +223,7 @@ def run(req: EvalRequest, console) -> int:
     """Plan, then score every run (the training stack is imported here); one line per run."""
     say = lambda text: console.print(text, markup=False, highlight=False)
     planned, name = plan(req, say)
-    from grpo_ablate.evals.weights import Scorer   # torch and transformers: once the input is good
+    from grpo_ablate.rescore.weights import Scorer  # torch and transformers: once the input is good
 
     scorer = Scorer(req.threads)
     todo = sum(len(p.steps) - len(set(p.steps) & set(p.done)) for p in planned)

@@ -1,7 +1,7 @@
 """The command line's options as typer reads them.
 
 `takes(SweepArgs)` gives a command the signature built from its request's declared fields
-(cli_fields.py: flag, default, help), so those options are written once, on the request.
+(request_fields.py: flag, default, help), so those options are written once, on the request.
 `train`'s and `report`'s options are still typer objects here, named <COMMAND>_<PARAMETER>.
 """
 import inspect
@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import typer
 
-from grpo_ablate.cli_fields import flags
+from grpo_ablate.request_fields import flags
 
 # train
 TRAIN_RESUME = typer.Option(

@@ -1,9 +1,9 @@
 """The run's own settings (everything in conf/ that is not a trick family) and what each may be.
 
-One declaration a key: config.py checks every key here that the composed config has (a key
+One declaration a key: validate.py checks every key here that the composed config has (a key
 only some options of a group have, `rollout.lean_decoder`, `logger.mode`, is checked where it
 is), before anything is written; checks across keys (reward.correct > reward.wrong, control.budget
-=wall needs wall_s) stay in config.py. A trick family's knobs are declared with its options
+=wall needs wall_s) stay in validate.py. A trick family's knobs are declared with its options
 (grpo_ablate/tricks/). tests/test_run_settings.py fails on a key of the composed config that
 is neither declared here nor under one of the EXEMPT prefixes, and sends an out-of-range value
 of every declaration through the CLI.
@@ -36,7 +36,7 @@ RUN_SETTINGS = {
     "diag.last_layers": OPTIONAL_POSITIVE_INT,         # null: every parameter
     "debug.fail_at_step": OPTIONAL_POSITIVE_INT,       # steps count from 1
     "debug.nan_loss_at_step": OPTIONAL_POSITIVE_INT,
-    # rollout=hf|vllm (group_size >= 2 under a group statistic, and the HF sampler's dtypes: config.py)
+    # rollout=hf|vllm (group_size >= 2 under a group statistic, and the HF sampler's dtypes: validate.py)
     "rollout.backend": choice("hf", "vllm"), "rollout.prompts_per_step": POSITIVE_INT,
     "rollout.group_size": POSITIVE_INT, "rollout.max_new_tokens": POSITIVE_INT,
     "rollout.dtype": Allowed("choice", choices=MODEL_DTYPE.choices, optional=True),   # null: model.dtype (vllm)
@@ -55,7 +55,7 @@ RUN_SETTINGS = {
     "eval.every": POSITIVE_INT,
     "eval.max_new_tokens": POSITIVE_INT,               # after rollout's, which it defaults to
     "eval.keep_weights": FLAG,
-    # eval=greedy|sampled: the eval protocol (evals/protocol.py; the rules across its keys: config.py)
+    # eval=greedy|sampled: the eval protocol (evals/protocol.py; the rules across its keys: validate.py)
     "eval.name": TEXT, "eval.samples": POSITIVE_INT, "eval.temperature": NON_NEGATIVE,
     "eval.top_k": NON_NEGATIVE_INT,                    # 0: off
     "eval.top_p": Allowed(low=0, low_open=True, high=1),   # 1: off
@@ -64,7 +64,7 @@ RUN_SETTINGS = {
                            "8, ... up to eval.samples"),
     "eval.maj_k": Allowed("numbers", low=1, optional=True, note="each k an integer <= eval.samples; null: "
                           "eval.samples where the task parses answers"),
-    # model=tiny|tiny_aligned|hf|smollm2 (the path, device pattern, fsdp and LoRA rules: config.py)
+    # model=tiny|tiny_aligned|hf|smollm2 (the path, device pattern, fsdp and LoRA rules: validate.py)
     "model.name": choice("tiny", "hf"),
     "model.stage": Allowed("choice", choices=("base", "aligned"), optional=True),
     "model.path": OPTIONAL_TEXT, "model.gguf_file": OPTIONAL_TEXT, "model.cache_dir": TEXT,
@@ -84,14 +84,14 @@ RUN_SETTINGS = {
     "logger.mode": choice("auto", "online", "offline", "disabled"),
     "control.name": choice("none", "base", "sft", "rft"), "control.sample": FLAG,
     "control.budget": choice("tokens", "wall"),
-    "control.wall_s": Allowed(low=0, low_open=True, optional=True),   # needed by budget=wall (config.py)
+    "control.wall_s": Allowed(low=0, low_open=True, optional=True),   # needed by budget=wall (validate.py)
 }
 
 # Keys that are no run setting of this table, and why.
 EXEMPT = {
-    "task.": "a task's settings are its constructor's arguments, checked by constructing it (config.py)",
+    "task.": "a task's settings are its constructor's arguments, checked by constructing it (validate.py)",
     "run.": "W&B labels (name, group, tags) that the sweep launcher fills",
     "sweep.": "labels `grpo-ablate sweep` sets on each of its runs",
     "tricks.": "which named tricks are on: filled by +trick=<name> and checked by check_tricks",
-    "hydra.": "Hydra's own (the run dir: grpo_ablate/rundir.py)",
+    "hydra.": "Hydra's own (the run dir: grpo_ablate/rundir/files.py)",
 }

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from grpo_ablate.config import default_options, trick_families
+from grpo_ablate.config.compose import default_options
+from grpo_ablate.config.validate import trick_families
 from grpo_ablate.tricks import option
 
 

@@ -18,9 +18,11 @@ from typing import Any, Callable, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from grpo_ablate.config import config_hash, params, parses_answers
+from grpo_ablate.config.identity import config_hash
+from grpo_ablate.config.validate import params, parses_answers
 from grpo_ablate.evals.protocol import EvalProtocol
 from grpo_ablate.sampling.filters import SamplingFilters
+from grpo_ablate.sampling.settings import RolloutSettings
 from grpo_ablate.tricks import Option, families, option
 from grpo_ablate.tricks.registry import family_info
 
@@ -51,21 +53,6 @@ class BoundOption:
 class RewardScale:
     correct: float   # the verifier's score 1 maps to this reward
     wrong: float     # and 0 to this
-
-
-@dataclass(frozen=True)
-class RolloutSettings:
-    backend: str                 # hf | vllm
-    prompts_per_step: int        # B
-    group_size: int              # G
-    max_new_tokens: int
-    dtype: str | None            # the sampler's precision (None: the trainer's, rollout=vllm)
-    lean_decoder: bool
-    rng: str                     # auto | stream | per_row
-    options: Mapping[str, Any]   # every key of the rollout group (rollout=vllm's engine settings: max_model_len, ...)
-    filters: SamplingFilters = SamplingFilters()   # top_k, top_p, min_p (sampling/filters.py)
-    score_kept_sets: bool = True  # rollout.sampling_replay: the trainer scores the sampler's kept sets (forward.py)
-    stream_salt: int = 0          # the sampler's own stream from the same seed (decode.sampler_seed; sweep aa)
 
 
 @dataclass(frozen=True)

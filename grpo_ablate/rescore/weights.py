@@ -1,4 +1,4 @@
-"""The torch half of `grpo-ablate eval` (evals/command.py plans, this scores): a run's policy at a
+"""The torch half of `grpo-ablate eval` (rescore/command.py plans, this scores): a run's policy at a
 step, loaded as the run held it (its start from the model source; a checkpoint or kept weights;
 LoRA adapters over their base; the run's compute dtype and lm_head precision), sampled by the
 run's own rollout backend and scored by evals/score.py, in one process.
@@ -14,10 +14,10 @@ from omegaconf import OmegaConf
 from grpo_ablate.evals.score import evaluate
 from grpo_ablate.models import (add_lora, autocast_forward, disable_dropout, load_model_and_tokenizer, model_device,
                                 model_dir, stop_token_ids)
-from grpo_ablate.rundir import EVAL_SCORES
+from grpo_ablate.rundir.files import EVAL_SCORES
 from grpo_ablate.sampling.engines import HFEngine, Rollouts, build_engine
 from grpo_ablate.sampling.prompts import PromptEncoder
-from grpo_ablate.spec import RunSpec
+from grpo_ablate.config.spec import RunSpec
 from grpo_ablate.tasks import build_task
 from grpo_ablate.train.distributed import DataParallel
 from grpo_ablate.train.run import attention_implementation, prepare_process

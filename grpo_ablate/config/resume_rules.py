@@ -9,9 +9,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from grpo_ablate.config import config_hash
+from grpo_ablate.config.identity import config_hash
 from grpo_ablate.errors import ConfigError, DamagedFile
-from grpo_ablate.rundir import checkpoint_problem, find_checkpoint, read_status
+from grpo_ablate.rundir.files import checkpoint_problem, find_checkpoint, read_status
 
 
 def open_run_dir(cfg: DictConfig, run_dir: Path, restart_without_checkpoint: bool = True

@@ -1,4 +1,4 @@
-"""The Hydra entrypoint behind `grpo-ablate train` (also `python -m grpo_ablate.entrypoint`).
+"""The Hydra entrypoint behind `grpo-ablate train` (also `python -m grpo_ablate.train.entrypoint`).
 
 Hydra owns the run dir (`hydra.run.dir`, or one per job under `hydra.sweep.dir` with -m),
 composes the config from `grpo_ablate.conf`, sets up logging, and calls `hydra_train` once
@@ -19,10 +19,12 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from rich.console import Console
 
-from grpo_ablate.config import ConfigError
+from grpo_ablate.errors import ConfigError
 from grpo_ablate.models import ModelPathError
-from grpo_ablate.rundir import find_checkpoint, hydra_unquoted, release_all_locks
-from grpo_ablate.stopping import RunInterrupted, stop_on_signals
+from grpo_ablate.rundir.files import find_checkpoint
+from grpo_ablate.rundir.lock import release_all_locks
+from grpo_ablate.rundir.paths import hydra_unquoted
+from grpo_ablate.rundir.stopping import RunInterrupted, stop_on_signals
 from grpo_ablate.train.controls import run_control
 from grpo_ablate.train.grpo import train
 from grpo_ablate.train.run import EXIT_BAD_INPUT

@@ -7,7 +7,7 @@
     trick_files()      conf/trick/<name>.yaml of every named trick (`+trick=<name>`)
     family_defaults()  the trick families' lines of conf/config.yaml's defaults list
 
-`python -m grpo_ablate.catalogue --write` (`make catalogue`) rewrites docs/tricks.md, the
+`python -m grpo_ablate.config.catalogue --write` (`make catalogue`) rewrites docs/tricks.md, the
 family table of docs/config.md, the options' conf files, conf/trick/ and the families' part of
 conf/config.yaml from the registry; tests/test_catalogue.py fails while any of them is stale.
 The report reads the registry itself (activity metrics, claims): no table is generated for it.
@@ -22,12 +22,12 @@ from pathlib import Path
 
 import yaml
 
-from grpo_ablate.inert import requirement
+from grpo_ablate.config.inert import requirement
 from grpo_ablate.tricks import FAMILIES
 from grpo_ablate.tricks.registry import all_options, declared_families, family_info, options
 
 COLUMNS = ("name", "family", "option", "what", "source", "verdict", "cost")
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 OPTIONS_PAGE = REPO / "docs" / "config.md"   # the page whose family table is generated
 TABLE_BEGIN = "<!-- trick families: generated from the registry by `make catalogue`; do not edit by hand -->"
 TABLE_END = "<!-- end of the generated trick families -->"
@@ -194,5 +194,5 @@ def write_option_files() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
-        sys.exit("usage: python -m grpo_ablate.catalogue --write")
+        sys.exit("usage: python -m grpo_ablate.config.catalogue --write")
     write()
