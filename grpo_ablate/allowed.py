@@ -8,17 +8,42 @@ checked with `problem(value, given)`, which says in one line what was given and 
     POSITIVE.problem(-1.0, "optim.lr=-1.0")  ->  "optim.lr=-1.0 is not allowed; it must be a number > 0"
 
 Bounds may be config keys (`high="rollout.max_new_tokens"`), read from the composed config
-when one is given. This module imports only the standard library, so the trick registry and
-the CLI's early checks can both use it without importing anything heavy.
+when one is given. A setting's declaration also says what a run's identity (config/identity.py)
+does with it: `resumable` (it may differ on resume: it changes how a run computes, not what) and
+`neutral` (the value at which it does nothing: hashed only away from it, so a setting added at its
+neutral value moves no recorded hash and every run recorded before it still resumes). This module
+imports only the standard library, so the trick registry and the CLI's early checks can both use it
+without importing anything heavy.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Callable
 
 KINDS = ("number", "integer", "bool", "choice", "numbers", "weights", "text", "texts", "mapping", "families",
          "seeds", "any")
+
+
+class _Hashed:
+    """No neutral value: the setting enters the run's hash whatever its value."""
+
+    def __repr__(self) -> str:
+        return "HASHED"
+
+
+HASHED = _Hashed()
+
+
+@dataclass(frozen=True)
+class ReadWhen:
+    """A neutral that depends on another key of the same group: the setting does nothing, whatever its
+    value, unless `key` is one of `values` (adv=gae's alpha is read by lam_fn=vapo alone)."""
+    key: str
+    values: tuple
+
+    def reads(self, group: dict) -> bool:
+        return group.get(self.key) in self.values
 
 
 @dataclass(frozen=True)
@@ -38,10 +63,17 @@ class Allowed:
     optional: bool = False
     note: str = ""
     length: int | None = None            # kind numbers: exactly this many (each in low..high)
+    neutral: Any = HASHED                # the value at which the setting does nothing: hashed only away from it
+                                         # (a ReadWhen: hashed only where another key makes it read)
+    resumable: bool = False              # may differ between a run and its resumption (left out of the hash)
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"Allowed kind {self.kind!r}; kinds: {', '.join(KINDS)}")
+
+    def but(self, **changes) -> Allowed:
+        """The same values with other fields: `POSITIVE_INT.but(resumable=True)`, `FLAG.but(neutral=True)`."""
+        return replace(self, **changes)
 
     def problem(self, value, given: str, cfg=None) -> str | None:
         """None when `value` is allowed, else the one line that says so; `given`: how the user gave

@@ -332,7 +332,8 @@ def test_the_runtime_reaches_the_config_layer_only_from_the_entries():
     edges, _ = graph()
     layer = {f"grpo_ablate.config.{name}" for name in ("compose", "validate", "inert", "pair_rules", "resume_rules",
                                                       "here")}
-    entries = {key.split(":")[0] for key in TAKES_A_CONFIG if key.endswith((":train", ":run_control"))} | {EVAL_ENTRY}
+    entries = {key.split(":")[0] for key in TAKES_A_CONFIG
+               if key.endswith((":train", ":run_control", ":hydra_train"))} | {EVAL_ENTRY}
     found = {name: sorted(edges[name] & layer) for name in runtime_modules() if edges[name] & layer}
     assert set(found) <= entries, found
 

@@ -1,6 +1,6 @@
 """Flexible GAE lambda (AReaL 74c633476, #1600: areal/trainer/ppo/gae.py and lambda_fn.py): a lambda per
 completion from its length (VAPO's 1 - 1/(alpha L), arXiv 2504.05118; relative-position q^(1/(L-1))) and
-GAE over turns, as unlisted knobs of adv=gae. Hand vectors in float64, worked from AReaL's
+GAE over turns, as knobs of adv=gae. Hand vectors in float64, worked from AReaL's
 `vapo_length_adaptive_gae`, `relative_position_gae_lambda` and `_compute_turn_level_gae`."""
 import math
 
@@ -109,12 +109,28 @@ def test_the_critics_targets_use_the_same_lambda():
                                gae(token_rewards(REWARDS, MASK), VALUES, MASK, 0.9, 0.5)[1])
 
 
-def test_the_knobs_are_unlisted_so_adv_gaes_config_is_unchanged():
+def test_the_knobs_are_listed_and_every_recorded_hash_is_unchanged(monkeypatch):
+    """The λ knobs are listed in adv=gae's config at the plain GAE they reduce to, and hashed only away
+    from it (allowed.py's neutral; alpha and q only under the lam_fn that reads them): every adv=gae
+    config recorded before they were listed hashes as it did, and the `+adv.lam_fn=…` that added them
+    then still composes, to the same config as `adv.lam_fn=…`."""
+    import json
+    from pathlib import Path
+
+    from grpo_ablate.config.identity import config_hash
+
     assert option("adv", "gae").config() == {"name": "gae", "gamma": 1.0, "lam": 1.0, "whiten": True,
+                                             "lam_fn": "constant", "alpha": 0.05, "q": 0.5, "timestep": "token",
                                              "value_coef": 0.5}
+    monkeypatch.delenv("GRPO_ABLATE_CACHE", raising=False)   # model.cache_dir as recorded: its default
+    recorded = json.loads((Path(__file__).parent / "data" / "composed_configs.json").read_text())
+    for case in ("adv=gae", "+trick=critic_gae", "+trick=vapo_gae"):
+        assert config_hash(compose([case])) == recorded[case][0], case
     cfg = compose(["+trick=vapo_gae"])
     assert cfg.adv.name == "gae" and cfg.adv.lam_fn == "vapo" and cfg.adv.alpha == 0.05
     validate(cfg)
+    added, listed = compose(["adv=gae", "+adv.lam_fn=vapo"]), compose(["adv=gae", "adv.lam_fn=vapo"])
+    assert added == listed and added.adv.lam_fn == "vapo"
 
 
 @pytest.mark.parametrize("overrides, needle", [

@@ -1,5 +1,7 @@
-"""A run's identity: the hash of what it computes (labels, budget and settings that only observe
-excluded), which names its run dir and decides whether a run may resume."""
+"""A run's identity: the hash of what it computes, which names its run dir and decides whether a run
+may resume. Each setting's declaration says what the hash does with it (allowed.py): a `resumable` one
+is left out, and one with a `neutral` value is hashed only away from it, so a setting or knob added at
+its neutral value moves no recorded hash (tests/test_catalogue.py replays every recorded config)."""
 from __future__ import annotations
 
 import hashlib
@@ -7,22 +9,12 @@ import json
 
 from omegaconf import DictConfig, OmegaConf
 
-from grpo_ablate.evals.protocol import GREEDY
-from grpo_ablate.tricks.conditions import FILTERS_OFF
+from grpo_ablate.allowed import HASHED, Allowed, ReadWhen
+from grpo_ablate.config.run_settings import EXEMPT, RUN_SETTINGS
+from grpo_ablate.tricks import UnknownOption, families, option
+from grpo_ablate.tricks.registry import family_info
 
-# Keys that may differ between a run and its resumption without changing what it computes.
-# `diag` only observes (gradient diagnostics never change the update: tests/test_diagnostics.py).
-# The micro-batch split changes how a step is computed, not what (tests/test_micro_batches.py), as
-# threads do: a run that ran out of memory resumes split, and a split run is the unsplit run's config.
-# eval.keep_weights only keeps what the run computes anyway (the weights at each eval step).
-RESUMABLE_KEYS = ("steps", "resume", "logger", "run", "sweep", "threads", "diag",
-                  "updates.micro_batch_size", "updates.max_tokens_per_forward", "eval.keep_weights")
-# settings added after runs existed, hashed only away from the value at which they do nothing (the
-# sampler's filters off; the eval protocol every run had before, greedy), so a run started before
-# them hashes, and resumes, as it did
-HASHED_AWAY_FROM = {**{f"rollout.{key}": off for key, off in FILTERS_OFF.items()}, "rollout.sampling_replay": True,
-                    "rollout.stream_salt": 0, **{f"eval.{key}": value for key, value in GREEDY.settings().items()},
-                    "eval.name": GREEDY.name}
+LABELS = tuple(prefix.rstrip(".") for prefix, exempt in EXEMPT.items() if exempt.labels)
 
 
 def config_hash(cfg: DictConfig) -> str:
@@ -32,11 +24,37 @@ def config_hash(cfg: DictConfig) -> str:
 
 def data_hash(data: dict) -> str:
     """config_hash of a config already made plain (`OmegaConf.to_container(cfg, resolve=True)`); `data` is changed."""
-    for key in (*RESUMABLE_KEYS, *HASHED_AWAY_FROM):
+    for label in LABELS:
+        data.pop(label, None)
+    for key, allowed in RUN_SETTINGS.items():
         *parents, leaf = key.split(".")
         node = data
         for parent in parents:
             node = node.get(parent) or {}
-        if key in RESUMABLE_KEYS or node.get(leaf, HASHED_AWAY_FROM[key]) == HASHED_AWAY_FROM[key]:
-            node.pop(leaf, None)
+        if _leave_out(node, leaf, allowed) and not node and len(parents) == 1:
+            data.pop(parents[0])   # a group left out whole (logger, diag): no empty node in the hash
+    for family in families():
+        node = data.get(family)
+        if "." in family or not isinstance(node, dict):
+            continue
+        try:
+            declared = {**{key: allowed for key, (allowed, _) in family_info(family).settings.items()},
+                        **option(family, node.get("name")).ranges}
+        except UnknownOption:
+            continue
+        for key, allowed in declared.items():
+            _leave_out(node, key, allowed)
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _leave_out(node: dict, key: str, allowed: Allowed) -> bool:
+    """Drop `key` from the hashed data where its declaration says so (absent counts as neutral);
+    whether it was there and dropped."""
+    neutral = allowed.neutral
+    if (allowed.resumable or isinstance(neutral, ReadWhen) and not neutral.reads(node)
+            or neutral is not HASHED and not isinstance(neutral, ReadWhen) and node.get(key, neutral) == neutral):
+        return node.pop(key, _ABSENT) is not _ABSENT
+    return False
+
+
+_ABSENT = object()

@@ -10,17 +10,26 @@ of every declaration through the CLI.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from grpo_ablate.allowed import FLAG, FRACTION, NON_NEGATIVE, POSITIVE, POSITIVE_INT, Allowed, choice
+from grpo_ablate.evals.protocol import GREEDY
+from grpo_ablate.tricks.conditions import FILTERS_OFF
 
 NON_NEGATIVE_INT = Allowed("integer", low=0)
 OPTIONAL_POSITIVE_INT = Allowed("integer", low=0, low_open=True, optional=True)
 MODEL_DTYPE = choice("float32", "bfloat16", "float16")
 TEXT, OPTIONAL_TEXT = Allowed("text"), Allowed("text", optional=True)
+GREEDY_SETTINGS = {"name": GREEDY.name, **GREEDY.settings()}
 
+# What a run's identity does with a setting (config/identity.py): `resumable` ones may differ on resume
+# (the budget, threads, the logger, diagnostics that only observe: tests/test_diagnostics.py), and a
+# setting added after runs existed is hashed only away from its `neutral` value, the one every run had
+# before it (the sampler's filters off, the greedy eval), so those runs hash, and resume, as they did.
 RUN_SETTINGS = {
-    "seed": NON_NEGATIVE_INT, "steps": POSITIVE_INT,
-    "threads": OPTIONAL_POSITIVE_INT,                  # null: torch's default
-    "resume": choice(False, True, "restart"),          # set by `train --resume` / `--restart`
+    "seed": NON_NEGATIVE_INT, "steps": POSITIVE_INT.but(resumable=True),
+    "threads": OPTIONAL_POSITIVE_INT.but(resumable=True),   # null: torch's default
+    "resume": choice(False, True, "restart").but(resumable=True),   # set by `train --resume` / `--restart`
     "on_nonfinite": choice("stop", "skip"),
     "reward.correct": Allowed(note="finite: an infinite reward makes every run diverge"),
     "reward.wrong": Allowed(note="finite: an infinite reward makes every run diverge"),
@@ -31,9 +40,10 @@ RUN_SETTINGS = {
     "checkpoint_every": POSITIVE_INT, "samples_every": POSITIVE_INT,
     "samples_per_log": NON_NEGATIVE_INT,               # 0: samples.jsonl gets no completions
     "metrics.ref_kl": FLAG,
-    "diag.grad_conflict": FLAG, "diag.every": POSITIVE_INT,
-    "diag.rows": OPTIONAL_POSITIVE_INT,                # null: the whole batch
-    "diag.last_layers": OPTIONAL_POSITIVE_INT,         # null: every parameter
+    # gradient diagnostics only observe: they never change the update (tests/test_diagnostics.py)
+    "diag.grad_conflict": FLAG.but(resumable=True), "diag.every": POSITIVE_INT.but(resumable=True),
+    "diag.rows": OPTIONAL_POSITIVE_INT.but(resumable=True),          # null: the whole batch
+    "diag.last_layers": OPTIONAL_POSITIVE_INT.but(resumable=True),   # null: every parameter
     "debug.fail_at_step": OPTIONAL_POSITIVE_INT,       # steps count from 1
     "debug.nan_loss_at_step": OPTIONAL_POSITIVE_INT,
     # rollout=hf|vllm (group_size >= 2 under a group statistic, and the HF sampler's dtypes: validate.py)
@@ -42,28 +52,30 @@ RUN_SETTINGS = {
     "rollout.dtype": Allowed("choice", choices=MODEL_DTYPE.choices, optional=True),   # null: model.dtype (vllm)
     "rollout.lean_decoder": FLAG,
     "rollout.rng": Allowed("choice", choices=("auto", "stream", "per_row"), optional=True),   # null: auto
-    "rollout.stream_salt": NON_NEGATIVE_INT,           # 0: the sampler's stream is the seed's own (sweep aa)
-    # sampling filters (sampling/filters.py) and the trainer's replay of the kept sets they leave
-    "rollout.top_k": NON_NEGATIVE_INT,                 # 0: off
-    "rollout.top_p": Allowed(low=0, low_open=True, high=1),   # 1: off
-    "rollout.min_p": Allowed(low=0, high=1, high_open=True),  # 0: off
-    "rollout.sampling_replay": FLAG,
+    "rollout.stream_salt": NON_NEGATIVE_INT.but(neutral=0),   # 0: the sampler's stream is the seed's own (sweep aa)
+    # sampling filters (sampling/filters.py), off at FILTERS_OFF, and the trainer's replay of the kept sets they leave
+    "rollout.top_k": NON_NEGATIVE_INT.but(neutral=FILTERS_OFF["top_k"]),
+    "rollout.top_p": Allowed(low=0, low_open=True, high=1, neutral=FILTERS_OFF["top_p"]),
+    "rollout.min_p": Allowed(low=0, high=1, high_open=True, neutral=FILTERS_OFF["min_p"]),
+    "rollout.sampling_replay": FLAG.but(neutral=True),
     "rollout.gpu_memory_utilization": Allowed(low=0, low_open=True, high=1),
     "rollout.cpu_kv_cache_gib": POSITIVE,
     "rollout.max_model_len": OPTIONAL_POSITIVE_INT,
     "rollout.enforce_eager": Allowed("bool", optional=True),   # null: true on a CPU
     "eval.every": POSITIVE_INT,
     "eval.max_new_tokens": POSITIVE_INT,               # after rollout's, which it defaults to
-    "eval.keep_weights": FLAG,
-    # eval=greedy|sampled: the eval protocol (evals/protocol.py; the rules across its keys: validate.py)
-    "eval.name": TEXT, "eval.samples": POSITIVE_INT, "eval.temperature": NON_NEGATIVE,
-    "eval.top_k": NON_NEGATIVE_INT,                    # 0: off
-    "eval.top_p": Allowed(low=0, low_open=True, high=1),   # 1: off
-    "eval.min_p": Allowed(low=0, high=1, high_open=True),  # 0: off
-    "eval.pass_k": Allowed("numbers", low=1, optional=True, note="each k an integer <= eval.samples; null: 2, 4, "
-                           "8, ... up to eval.samples"),
-    "eval.maj_k": Allowed("numbers", low=1, optional=True, note="each k an integer <= eval.samples; null: "
-                          "eval.samples where the task parses answers"),
+    "eval.keep_weights": FLAG.but(resumable=True),     # keeps what the run computes anyway
+    # eval=greedy|sampled: the eval protocol (evals/protocol.py; the rules across its keys: validate.py),
+    # neutral at the greedy protocol every run had before there was a choice
+    **{f"eval.{key}": allowed.but(neutral=GREEDY_SETTINGS[key]) for key, allowed in {
+        "name": TEXT, "samples": POSITIVE_INT, "temperature": NON_NEGATIVE,
+        "top_k": NON_NEGATIVE_INT,                     # 0: off
+        "top_p": Allowed(low=0, low_open=True, high=1),    # 1: off
+        "min_p": Allowed(low=0, high=1, high_open=True),   # 0: off
+        "pass_k": Allowed("numbers", low=1, optional=True, note="each k an integer <= eval.samples; null: 2, 4, "
+                          "8, ... up to eval.samples"),
+        "maj_k": Allowed("numbers", low=1, optional=True, note="each k an integer <= eval.samples; null: "
+                         "eval.samples where the task parses answers")}.items()},
     # model=tiny|tiny_aligned|hf|smollm2 (the path, device pattern, fsdp and LoRA rules: validate.py)
     "model.name": choice("tiny", "hf"),
     "model.stage": Allowed("choice", choices=("base", "aligned"), optional=True),
@@ -80,18 +92,25 @@ RUN_SETTINGS = {
     "model.warmup.steps": POSITIVE_INT, "model.warmup.batch_size": POSITIVE_INT,
     "model.warmup.lr": POSITIVE, "model.warmup.seed": NON_NEGATIVE_INT, "model.warmup.slip_prob": FRACTION,
     # logger=none|wandb, control=none|base|sft|rft
-    "logger.name": choice("none", "wandb"), "logger.project": TEXT, "logger.entity": OPTIONAL_TEXT,
-    "logger.mode": choice("auto", "online", "offline", "disabled"),
+    **{key: allowed.but(resumable=True) for key, allowed in {   # where a run's numbers are also sent
+        "logger.name": choice("none", "wandb"), "logger.project": TEXT, "logger.entity": OPTIONAL_TEXT,
+        "logger.mode": choice("auto", "online", "offline", "disabled")}.items()},
     "control.name": choice("none", "base", "sft", "rft"), "control.sample": FLAG,
     "control.budget": choice("tokens", "wall"),
     "control.wall_s": Allowed(low=0, low_open=True, optional=True),   # needed by budget=wall (validate.py)
 }
 
+@dataclass(frozen=True)
+class Exempt:
+    why: str
+    labels: bool = False   # labels only, which a run's hash leaves out
+
+
 # Keys that are no run setting of this table, and why.
 EXEMPT = {
-    "task.": "a task's settings are its constructor's arguments, checked by constructing it (validate.py)",
-    "run.": "W&B labels (name, group, tags) that the sweep launcher fills",
-    "sweep.": "labels `grpo-ablate sweep` sets on each of its runs",
-    "tricks.": "which named tricks are on: filled by +trick=<name> and checked by check_tricks",
-    "hydra.": "Hydra's own (the run dir: grpo_ablate/rundir/files.py)",
+    "task.": Exempt("a task's settings are its constructor's arguments, checked by constructing it (validate.py)"),
+    "run.": Exempt("W&B labels (name, group, tags) that the sweep launcher fills", labels=True),
+    "sweep.": Exempt("labels `grpo-ablate sweep` sets on each of its runs", labels=True),
+    "tricks.": Exempt("which named tricks are on: filled by +trick=<name> and checked by check_tricks"),
+    "hydra.": Exempt("Hydra's own (the run dir: grpo_ablate/rundir/files.py)"),
 }

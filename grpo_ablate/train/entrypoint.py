@@ -19,6 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from rich.console import Console
 
+from grpo_ablate.config.compose import listed_since
 from grpo_ablate.errors import ConfigError
 from grpo_ablate.models import ModelPathError
 from grpo_ablate.rundir.files import find_checkpoint
@@ -111,6 +112,7 @@ def run_hydra(args: list[str]) -> int:
     global _last_exit_code
     _last_exit_code = 0
     saved_argv = sys.argv
+    args = listed_since(args)   # `+adv.lam_fn=vapo` recorded before adv=gae's config listed the key
     sys.argv = ["grpo-ablate train", *args]
     scratch = None
     if os.environ.get("RANK", "0") != "0":

@@ -84,7 +84,7 @@ class AdvantageChain:
     def __init__(self, tricks: Mapping[str, BoundOption]):
         adv = tricks["adv"]
         self.reward_norm, self.estimator, self.adv_clip = tricks["reward_norm"].fn, adv.fn, tricks["adv_clip"].fn
-        self.critic_knobs = dict(adv.knobs)   # adv=gae's: gamma, lam and its unlisted lambda knobs
+        self.critic_knobs = dict(adv.knobs)   # adv=gae's: gamma, lam and its lambda schedule's knobs
 
     def __call__(self, rewards, group_index, mask, values=None, components=None) -> Advantages:
         """`components`: the reward's parts by name (ShapedRewards.components), for an estimator

@@ -13,7 +13,7 @@ from __future__ import annotations
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.conditions import one_forward_statistic
-from grpo_ablate.tricks.registry import (NON_NEGATIVE, POSITIVE, POSITIVE_INT, UNLISTED, Inert, Trick, declare_family,
+from grpo_ablate.tricks.registry import (NON_NEGATIVE, POSITIVE, POSITIVE_INT, Inert, Trick, declare_family,
                                          register)
 
 declare_family("kl_weight", "per-token weights on the KL term", stage="loss", default="uniform", metric="kl/k3")
@@ -51,7 +51,7 @@ def length_budget_kl_weight(mask, entropy, *, budget: int = 16, alpha: float = 1
 
 @register("kl_weight", "entropy",
           what="KL weight proportional to token entropy, mean 1 over the batch",
-          knobs={"eps": POSITIVE}, defaults={"eps": UNLISTED},
+          knobs={"eps": POSITIVE.but(neutral=1e-8)},   # came after runs existed: hashed away from its default
           checks=(_needs_kl_term, one_forward_statistic("kl_weight=entropy's mean entropy")))
 def entropy_kl_weight(mask, entropy, *, eps: float = 1e-8):
     h = entropy.detach().to(mask.dtype) * mask

@@ -37,9 +37,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from grpo_ablate.allowed import FLAG, FRACTION, NON_NEGATIVE, NUMBER, POSITIVE, POSITIVE_INT, Allowed, choice
+from grpo_ablate.allowed import FLAG, FRACTION, NON_NEGATIVE, NUMBER, POSITIVE, POSITIVE_INT, Allowed, ReadWhen, choice
 
-__all__ = ["FLAG", "FRACTION", "NON_NEGATIVE", "NUMBER", "POSITIVE", "POSITIVE_INT", "Allowed", "choice"]
+__all__ = ["FLAG", "FRACTION", "NON_NEGATIVE", "NUMBER", "POSITIVE", "POSITIVE_INT", "Allowed", "ReadWhen", "choice"]
 
 _FAMILIES: dict[str, dict[str, "Option"]] = {}
 _DECLARED: dict[str, "Family"] = {}
@@ -191,7 +191,6 @@ def family_info(name: str) -> Family:
     return _DECLARED.get(name) or Family(name, "")
 
 
-UNLISTED = "(unlisted)"   # defaults={knob: UNLISTED}: the knob stays out of the config file (+family.knob= sets it)
 
 
 @dataclass(frozen=True)
@@ -239,8 +238,7 @@ class Option:
         family's settings that have a default (the family's, or this option's)."""
         info = family_info(self.family)
         node = {"name": self.name}
-        node.update({k: self.defaults.get(k, v) for k, v in self.knobs.items()
-                     if k not in info.supplied and self.defaults.get(k) != UNLISTED})
+        node.update({k: self.defaults.get(k, v) for k, v in self.knobs.items() if k not in info.supplied})
         node.update({k: self.defaults.get(k, info.defaults.get(k)) for k in self.settings()
                      if k in self.defaults or k in info.defaults})
         return {k: list(v) if isinstance(v, tuple) else v for k, v in node.items()}

@@ -60,13 +60,14 @@ declare_family("sampling", "which groups form the batch; `dynamic` is DAPO's, re
                settings={"max_rounds": POSITIVE_INT,   # sampling rounds (dynamic), group growth (dynamic_group)
                          "g_step": Allowed("integer", low=0, low_open=True, optional=True),
                          "g_max": Allowed("integer", low="rollout.group_size", optional=True),
-                         # prompts of a refill round (options that refill; absent: batch, B a round)
-                         "refill": (Allowed("choice", choices=REFILLS, optional=True), "refills"),
+                         # prompts of a refill round (options that refill; batch: B a round); it came after
+                         # runs existed: hashed only away from batch, what every run did before
+                         "refill": (Allowed("choice", choices=REFILLS, neutral="batch"), "refills"),
                          # the one round's prompts as a multiple of B (dynamic_fallback)
                          "over_sample": (Allowed(low=1, note="the round must hold at least B candidates"),
                                          "oversamples")},
                supplied={"needed": "the trainer: the groups the batch still lacks when a round is judged"},
-               defaults={"max_rounds": 1})
+               defaults={"max_rounds": 1, "refill": "batch"})
 
 
 def _one_round(cfg) -> str | None:

@@ -20,7 +20,9 @@ from __future__ import annotations
 from grpo_ablate.tricks.conditions import splits_forward
 from grpo_ablate.tricks.registry import FLAG, POSITIVE_INT, Activity, Allowed, Trick, declare, declare_family
 
-SPLIT = Allowed("integer", low=1, optional=True, note="null: no split")   # the two micro-batch limits
+# the two micro-batch limits: a split changes how a step is computed, not what (tests/test_micro_batches.py),
+# so a run that ran out of memory resumes split, and a split run is the unsplit run's config
+SPLIT = Allowed("integer", low=1, optional=True, note="null: no split", resumable=True)
 declare_family("updates", "optimizer steps per rollout: `updates.mini_batches` slices of whole groups × "
                "`updates.epochs` passes; each step's forward and backward in micro-batches of at most "
                "`updates.micro_batch_size` completions and `updates.max_tokens_per_forward` tokens",

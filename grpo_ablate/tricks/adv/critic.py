@@ -3,14 +3,15 @@ per-token advantages; the critic's own loss is the family `value_clip` (tricks/v
 
 Flexible lambda (AReaL 74c633476, #1600: areal/trainer/ppo/gae.py, lambda_fn.py): a per-sample lambda
 from the row's length (`lam_fn`: VAPO's length-adaptive 1 - 1/(alpha L), or relative-position q^(1/(L-1))),
-and GAE over turns instead of tokens (`timestep=turn`: here every row is one turn). Its knobs are
-unlisted (kept out of conf/adv/gae.yaml): `adv=gae`'s config, and so every recorded run's hash, is unchanged.
+and GAE over turns instead of tokens (`timestep=turn`: here every row is one turn). Its knobs are hashed
+only away from the plain GAE they reduce to (their `neutral`), so every adv=gae run recorded before them
+hashes, and resumes, as it did.
 """
 from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
-from grpo_ablate.tricks.registry import FLAG, FRACTION, POSITIVE, UNLISTED, Allowed, Trick, choice, register
+from grpo_ablate.tricks.registry import FLAG, FRACTION, POSITIVE, Allowed, ReadWhen, Trick, choice, register
 
 LAM_FNS = ("constant", "vapo", "relative_position")
 TIMESTEPS = ("token", "turn")
@@ -138,9 +139,12 @@ VAPO_GAE = Trick(
 @register("adv", "gae",
           what="PPO with a critic: a value head on the policy, GAE over token rewards, whitened",
           uses_group_statistic=False, uses_values=True,
-          knobs={"gamma": FRACTION, "lam": FRACTION, "whiten": FLAG, "lam_fn": choice(*LAM_FNS),
-                 "alpha": POSITIVE, "q": RETENTION, "timestep": choice(*TIMESTEPS)},
-          defaults={"lam_fn": UNLISTED, "alpha": UNLISTED, "q": UNLISTED, "timestep": UNLISTED},
+          # the λ schedule's knobs came after runs existed: hashed only away from the plain GAE they reduce
+          # to (lam_fn=constant, timestep=token), alpha and q only where the lam_fn that reads them is chosen
+          knobs={"gamma": FRACTION, "lam": FRACTION, "whiten": FLAG, "lam_fn": choice(*LAM_FNS).but(neutral="constant"),
+                 "alpha": POSITIVE.but(neutral=ReadWhen("lam_fn", ("vapo",))),
+                 "q": RETENTION.but(neutral=ReadWhen("lam_fn", ("relative_position",))),
+                 "timestep": choice(*TIMESTEPS).but(neutral="token")},
           notes={"value_coef": "weight of the value loss in the total loss"},
           checks=(_turn_keeps_kl_out, _lambda_needs_token_steps),
           writes=("adv/std", "value/explained_variance"),
