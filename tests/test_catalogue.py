@@ -145,8 +145,10 @@ def test_the_files_derived_from_the_registry_are_current():
     assert (REPO / "docs" / "tricks.md").read_text() == catalogue.docs_text(), "run `make catalogue`"
     page = catalogue.OPTIONS_PAGE.read_text()
     assert page == catalogue.with_option_table(page), "run `make catalogue`"
+    assert page == catalogue.with_settings_table(page), "run `make catalogue`"
     config = (REPO / "conf" / "config.yaml").read_text()
     assert config == catalogue.with_family_defaults(config), "run `make catalogue`"
+    assert config == catalogue.with_settings(config), "run `make catalogue`"
     on_disk = {p.name: p.read_text() for p in (REPO / "conf" / "trick").glob("*.yaml")}
     assert on_disk == catalogue.trick_files(), "run `make catalogue`"
     # every option's conf file: a hand edit, a stale file or one of an option no longer registered fails

@@ -170,6 +170,56 @@ def test_a_new_family_is_one_file_by_hand_its_call_site_and_make_catalogue(packa
     assert "| `throwaway_family` | `none`, `bonus` | a throwaway reward term" in table
 
 
+# A run setting added by hand: its declaration (one line in config/run_settings.py) and its reader.
+SETTING = ('    "optim.warmup_steps": Setting(',
+           '    "optim.eps": Setting(1.0e-8, POSITIVE.but(neutral=1.0e-8), "AdamW\'s epsilon"),\n')
+READER = ("weight_decay=optim.weight_decay)", "weight_decay=optim.weight_decay, eps=optim.eps)")
+HASHED = ["default", "optim.lr=1e-3", "preset=dapo", "+trick=vapo_gae", "eval=greedy"]
+
+
+def hashes(run) -> list[str]:
+    probe = ("import json, sys\nfrom grpo_ablate.config.compose import compose\n"
+             "from grpo_ablate.config.identity import config_hash\n"
+             "cases = json.loads(sys.argv[1])\n"
+             "print(json.dumps([config_hash(compose([] if c == 'default' else [c])) for c in cases]))")
+    return json.loads(run("-c", probe, json.dumps(HASHED)).stdout)
+
+
+def test_a_new_run_setting_is_its_declaration_and_its_reader(package_copy, tmp_path, small):
+    """A setting of the run's own (`optim.eps`) is 2 files by hand, its declaration and its reader; `make
+    catalogue` writes its default into conf/config.yaml and its row into docs/config.md; the run spec
+    has it from the declaration. Declared with its neutral value, it moves no recorded hash, and a run
+    recorded before it resumes to the metrics of a run made after it, bit for bit."""
+    root, run = package_copy
+    args = [*small, "optim.schedule=constant", "eval.every=2", "checkpoint_every=2", "samples_every=2"]
+    run("-m", "grpo_ablate.cli", "train", *args, "steps=2", f"hydra.run.dir={tmp_path / 'before'}")
+    recorded, before = hashes(run), snapshot(root)
+    settings = root / "grpo_ablate" / "config" / "run_settings.py"
+    lines = settings.read_text().splitlines(keepends=True)
+    (at,) = [n for n, line in enumerate(lines) if line.startswith(SETTING[0])]   # else run_settings.py changed
+    settings.write_text("".join(lines[:at] + [SETTING[1]] + lines[at:]))                   # by hand: 1
+    optimizer = root / "grpo_ablate" / "train" / "run.py"
+    assert optimizer.read_text().count(READER[0]) == 1                                     # train/run.py changed
+    optimizer.write_text(optimizer.read_text().replace(*READER))                           # by hand: 2
+    run("-m", "grpo_ablate.config.catalogue", "--write")                                   # make catalogue
+    assert touched(before, snapshot(root)) == {
+        "grpo_ablate/config/run_settings.py", "grpo_ablate/train/run.py",
+        "grpo_ablate/conf/config.yaml", "docs/config.md"}                                  # the last two generated
+    written = (root / "grpo_ablate" / "conf" / "config.yaml").read_text().splitlines()
+    assert ["eps:", "1.0e-8", "#", "AdamW's", "epsilon"] in [line.split() for line in written]
+    assert hashes(run) == recorded
+    resumed = run("-m", "grpo_ablate.cli", "train", "--resume", str(tmp_path / "before"), "steps=4")
+    assert "resuming" in resumed.stdout
+    run("-m", "grpo_ablate.cli", "train", *args, "steps=4", f"hydra.run.dir={tmp_path / 'after'}")
+    rows = {name: [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
+                   for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+            for name in ("before", "after")}
+    assert [r["step"] for r in rows["after"]] == [0, 1, 2, 3, 4] and rows["before"] == rows["after"]
+    bad = run("-m", "grpo_ablate.cli", "train", "optim.eps=0", check=False)   # checked from its declaration
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "error: optim.eps=0 is not allowed; it must be a number > 0"]
+
+
 STATEFUL_OPTION = '''"""A throwaway stateful option (tests/test_throwaway.py): AdamW as it is, counting its steps."""
 from grpo_ablate.tricks.registry import Activity, register
 

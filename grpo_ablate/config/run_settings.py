@@ -11,6 +11,7 @@ of every declaration through the CLI.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from grpo_ablate.allowed import FLAG, FRACTION, NON_NEGATIVE, POSITIVE, POSITIVE_INT, Allowed, choice
 from grpo_ablate.evals.protocol import GREEDY
@@ -26,26 +27,76 @@ GREEDY_SETTINGS = {"name": GREEDY.name, **GREEDY.settings()}
 # (the budget, threads, the logger, diagnostics that only observe: tests/test_diagnostics.py), and a
 # setting added after runs existed is hashed only away from its `neutral` value, the one every run had
 # before it (the sampler's filters off, the greedy eval), so those runs hash, and resume, as they did.
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A setting of conf/config.yaml's own (no config group's): its default, which `make catalogue` writes
+    into conf/config.yaml with `doc` beside it (config/catalogue.py), and what it may be."""
+    default: Any
+    allowed: Allowed
+    doc: str = ""
+
+
+# conf/config.yaml's groups of settings, each with the line written above it
+GROUP_DOCS = {
+    "reward": "the verifier's score in [0, 1] mapped to [wrong, correct]",
+    "eval": "the protocol (samples, temperature, ...) is the eval group's (conf/eval/)",
+    "diag": "gradient-conflict diagnostics (README: Diagnostics); observation only",
+    "debug": "fault injection, for testing that a sweep survives its runs",
+}
+FINITE = Allowed(note="finite: an infinite reward makes every run diverge")
+BASE_SETTINGS = {
+    "seed": Setting(0, NON_NEGATIVE_INT),
+    "steps": Setting(30, POSITIVE_INT.but(resumable=True), "optimizer steps (one rollout each); 30 x 8 prompts: the "
+                     "embedded default's budget, calibrated so its leave-one-out decides (docs/calibration.md)"),
+    "threads": Setting(None, OPTIONAL_POSITIVE_INT.but(resumable=True),
+                       "torch CPU threads; null = torch's default (all cores)"),
+    "resume": Setting(False, choice(False, True, "restart").but(resumable=True),
+                      "set by `grpo-ablate train --resume RUN_DIR` (`--restart`: restart)"),
+    "on_nonfinite": Setting("stop", choice("stop", "skip"),
+                            "stop: NaN/Inf marks the run diverged (a result) | skip: drop the step"),
+    "reward.correct": Setting(1.0, FINITE),
+    "reward.wrong": Setting(0.0, FINITE, "0: rewards {0,1} (default) | -1: {-1,1} (the Tricks or Traps study)"),
+    "optim.lr": Setting(2.0e-4, POSITIVE, "the embedded default's peak lr (docs/calibration.md); references use "
+                        "~1e-6 on LLMs"),
+    "optim.weight_decay": Setting(0.0, NON_NEGATIVE),
+    "optim.betas": Setting([0.9, 0.99], Allowed("numbers", low=0, high=1, high_open=True, length=2,
+                                                note="Adam's beta1, beta2"), "two numbers in [0, 1)"),
+    "optim.max_grad_norm": Setting(1.0, POSITIVE, "all references clip the global grad norm at 1.0"),
+    "optim.warmup_steps": Setting(0, NON_NEGATIVE_INT, "linear lr warm-up, then `schedule`"),
+    "optim.schedule": Setting("linear", choice("constant", "linear", "cosine"),
+                              "after the warm-up: constant | linear | cosine (decay to 0 at the last step); "
+                              "linear (TRL's default): the default's curves rise and hold (docs/calibration.md)"),
+    "eval.every": Setting(5, POSITIVE_INT, "eval on the held-out split every N steps (and at 0 and the end): 7 "
+                          "points on the default's curve for its summaries and fits (~4% of a run)"),
+    "eval.max_new_tokens": Setting("${rollout.max_new_tokens}", POSITIVE_INT, "the rollout's, unless set"),
+    "eval.keep_weights": Setting(False, FLAG.but(resumable=True),   # keeps what the run computes anyway
+                                 "true: keep the policy's weights at every eval step (weights/step-<N>/), so "
+                                 "`grpo-ablate eval RUN --steps all` can score the whole curve under another "
+                                 "protocol"),
+    "checkpoint_every": Setting(10, POSITIVE_INT),
+    "samples_every": Setting(10, POSITIVE_INT, "write a few completions to samples.jsonl every N steps"),
+    "samples_per_log": Setting(4, NON_NEGATIVE_INT, "completions written each time (0: none)"),
+    "metrics.ref_kl": Setting(False, FLAG, "run the reference model for KL metrics even when beta = 0"),
+    "diag.grad_conflict": Setting(False, FLAG.but(resumable=True), "true: log grad_norm/<term> and "
+                                  "grad_cos/<a>__<b> every `every` steps"),
+    "diag.every": Setting(5, POSITIVE_INT.but(resumable=True), "off costs nothing; on, a diagnosed step costs "
+                          "about one more update"),
+    "diag.rows": Setting(32, OPTIONAL_POSITIVE_INT.but(resumable=True), "on a sub-batch of this many completions "
+                         "(whole groups, those with a nonzero advantage first); null = the whole batch"),
+    "diag.last_layers": Setting(1, OPTIONAL_POSITIVE_INT.but(resumable=True), "gradients w.r.t. the parameters "
+                                "of the last N transformer blocks only (the backward stops there); null = every "
+                                "parameter of the policy"),
+    "debug.fail_at_step": Setting(None, OPTIONAL_POSITIVE_INT, "raise an error at this step (the run ends "
+                                  "\"failed\"; steps count from 1)"),
+    "debug.nan_loss_at_step": Setting(None, OPTIONAL_POSITIVE_INT, "make the loss NaN at this step (the run ends "
+                                      "\"diverged\")"),
+}
+
+# The settings whose defaults each option of their config group sets (conf/<group>/<option>.yaml).
 RUN_SETTINGS = {
-    "seed": NON_NEGATIVE_INT, "steps": POSITIVE_INT.but(resumable=True),
-    "threads": OPTIONAL_POSITIVE_INT.but(resumable=True),   # null: torch's default
-    "resume": choice(False, True, "restart").but(resumable=True),   # set by `train --resume` / `--restart`
-    "on_nonfinite": choice("stop", "skip"),
-    "reward.correct": Allowed(note="finite: an infinite reward makes every run diverge"),
-    "reward.wrong": Allowed(note="finite: an infinite reward makes every run diverge"),
-    "optim.lr": POSITIVE, "optim.weight_decay": NON_NEGATIVE,
-    "optim.betas": Allowed("numbers", low=0, high=1, high_open=True, length=2, note="Adam's beta1, beta2"),
-    "optim.max_grad_norm": POSITIVE, "optim.warmup_steps": NON_NEGATIVE_INT,
-    "optim.schedule": choice("constant", "linear", "cosine"),
-    "checkpoint_every": POSITIVE_INT, "samples_every": POSITIVE_INT,
-    "samples_per_log": NON_NEGATIVE_INT,               # 0: samples.jsonl gets no completions
-    "metrics.ref_kl": FLAG,
-    # gradient diagnostics only observe: they never change the update (tests/test_diagnostics.py)
-    "diag.grad_conflict": FLAG.but(resumable=True), "diag.every": POSITIVE_INT.but(resumable=True),
-    "diag.rows": OPTIONAL_POSITIVE_INT.but(resumable=True),          # null: the whole batch
-    "diag.last_layers": OPTIONAL_POSITIVE_INT.but(resumable=True),   # null: every parameter
-    "debug.fail_at_step": OPTIONAL_POSITIVE_INT,       # steps count from 1
-    "debug.nan_loss_at_step": OPTIONAL_POSITIVE_INT,
+    **{key: setting.allowed for key, setting in BASE_SETTINGS.items()},
     # rollout=hf|vllm (group_size >= 2 under a group statistic, and the HF sampler's dtypes: validate.py)
     "rollout.backend": choice("hf", "vllm"), "rollout.prompts_per_step": POSITIVE_INT,
     "rollout.group_size": POSITIVE_INT, "rollout.max_new_tokens": POSITIVE_INT,
@@ -62,9 +113,6 @@ RUN_SETTINGS = {
     "rollout.cpu_kv_cache_gib": POSITIVE,
     "rollout.max_model_len": OPTIONAL_POSITIVE_INT,
     "rollout.enforce_eager": Allowed("bool", optional=True),   # null: true on a CPU
-    "eval.every": POSITIVE_INT,
-    "eval.max_new_tokens": POSITIVE_INT,               # after rollout's, which it defaults to
-    "eval.keep_weights": FLAG.but(resumable=True),     # keeps what the run computes anyway
     # eval=greedy|sampled: the eval protocol (evals/protocol.py; the rules across its keys: validate.py),
     # neutral at the greedy protocol every run had before there was a choice
     **{f"eval.{key}": allowed.but(neutral=GREEDY_SETTINGS[key]) for key, allowed in {

@@ -12,13 +12,14 @@ still travels, and why).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, make_dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_ablate.config.identity import config_hash
+from grpo_ablate.config.run_settings import BASE_SETTINGS, RUN_SETTINGS
 from grpo_ablate.config.validate import params, parses_answers
 from grpo_ablate.evals.protocol import EvalProtocol
 from grpo_ablate.sampling.filters import SamplingFilters
@@ -49,20 +50,32 @@ class BoundOption:
         return bool(value(self.values) if callable(value) else value)
 
 
-@dataclass(frozen=True)
-class RewardScale:
-    correct: float   # the verifier's score 1 maps to this reward
-    wrong: float     # and 0 to this
+KIND_TYPES = {"integer": int, "number": float, "numbers": tuple, "bool": bool, "text": str, "choice": Any}
 
 
-@dataclass(frozen=True)
-class OptimSettings:
-    lr: float
-    weight_decay: float
-    betas: tuple
-    max_grad_norm: float
-    warmup_steps: int
-    schedule: str = "constant"     # after the warm-up: constant | linear | cosine decay to 0 at the last step
+def settings_class(group: str) -> type:
+    """The frozen dataclass of one group of conf/config.yaml's own settings, made from their declarations
+    (config/run_settings.py's BASE_SETTINGS: a field a setting, typed by its Allowed), so that a setting
+    declared there is on the spec without a line here."""
+    keys = [key for key in BASE_SETTINGS if key.startswith(group + ".")]
+    fields = [(key.split(".", 1)[1], KIND_TYPES.get(RUN_SETTINGS[key].kind, Any)) for key in keys]
+    return make_dataclass(f"{group.title()}Settings", fields, frozen=True)
+
+
+def settings_of(cfg: DictConfig, cls: type, group: str):
+    """`cls` (a settings_class) with the group's values, each as its declared kind (betas a tuple, a count an int)."""
+    values = {}
+    for field in fields(cls):
+        value = cfg[group][field.name]
+        kind = RUN_SETTINGS[f"{group}.{field.name}"].kind
+        values[field.name] = value if value is None or kind not in ("integer", "number", "numbers", "bool") else (
+            tuple(value) if kind == "numbers" else KIND_TYPES[kind](value))
+    return cls(**values)
+
+
+RewardScale = settings_class("reward")     # correct: the reward of a verifier's score 1; wrong: of 0
+OptimSettings = settings_class("optim")    # AdamW and the lr schedule
+DiagSettings = settings_class("diag")      # gradient-conflict diagnostics
 
 
 @dataclass(frozen=True)
@@ -102,14 +115,6 @@ class ModelSettings:
     # the model group as models.py's loaders read it by key (model_dir, add_lora); the config
     # layer and the sweep's warm-up call them with the same group (read-only here)
     group: DictConfig
-
-
-@dataclass(frozen=True)
-class DiagSettings:
-    grad_conflict: bool
-    every: int
-    rows: int | None
-    last_layers: int | None
 
 
 @dataclass(frozen=True)
@@ -156,18 +161,17 @@ class RunSpec:
 def run_spec(cfg: DictConfig) -> RunSpec:
     """The spec of a validated config (config.validate first: nothing is checked here)."""
     tricks = bound_options(cfg)   # every family, `updates` too, is read through its bound option
-    r, o, s, m = cfg.rollout, cfg.optim, tricks["updates"].values, cfg.model
+    r, s, m = cfg.rollout, tricks["updates"].values, cfg.model
     return RunSpec(
         seed=int(cfg.seed), threads=None if cfg.threads is None else int(cfg.threads),
-        on_nonfinite=str(cfg.on_nonfinite), reward=RewardScale(cfg.reward.correct, cfg.reward.wrong),
+        on_nonfinite=str(cfg.on_nonfinite), reward=settings_of(cfg, RewardScale, "reward"),
         rollout=RolloutSettings(str(r.backend), int(r.prompts_per_step), int(r.group_size), int(r.max_new_tokens),
                                 r.get("dtype", "float32"), bool(r.get("lean_decoder", False)),
                                 str(r.get("rng") or "auto"), _read_only(params(r)),
                                 SamplingFilters(int(r.get("top_k", 0)), float(r.get("top_p", 1.0)),
                                                 float(r.get("min_p", 0.0))),
                                 bool(r.get("sampling_replay", True)), int(r.get("stream_salt", 0))),
-        optim=OptimSettings(o.lr, o.weight_decay, tuple(o.betas), o.max_grad_norm, int(o.warmup_steps),
-                            str(o.get("schedule", "constant"))),
+        optim=settings_of(cfg, OptimSettings, "optim"),
         updates=UpdateSettings(int(s["mini_batches"]), int(s["epochs"]), bool(s["shuffle"]),
                                _count(s.get("micro_batch_size")), _count(s.get("max_tokens_per_forward"))),
         schedule=Schedule(int(cfg.steps), int(cfg.eval.every), int(cfg.eval.max_new_tokens), int(cfg.samples_every),
@@ -179,7 +183,7 @@ def run_spec(cfg: DictConfig) -> RunSpec:
                             bool(m.get("disable_dropout", True)), bool(m.get("remove_padding", True)),
                             int((m.get("lora") or {}).get("r") or 0) > 0, _frozen_group(m)),
         task=_frozen_group(cfg.task), ref_kl=bool(cfg.metrics.ref_kl),
-        diag=DiagSettings(bool(cfg.diag.grad_conflict), int(cfg.diag.every), cfg.diag.rows, cfg.diag.last_layers),
+        diag=settings_of(cfg, DiagSettings, "diag"),
         control=ControlSettings(str(cfg.control.name), cfg.control.get("budget"), cfg.control.get("wall_s"),
                                 bool(cfg.control.get("sample", True))),
         eval=eval_protocol(cfg),

@@ -163,11 +163,20 @@ def check_trick_settings(cfg: DictConfig, values: _Values | None = None) -> None
         _check("rollout.dtype", cfg.rollout.dtype, choice("float32", "bfloat16"))
 
 
+def _interpolated(plain: dict, key: str) -> bool:
+    node = plain
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return isinstance(node, str) and "${" in node
+
+
 def check_run_settings(cfg: DictConfig, values: _Values | None = None) -> None:
     """The run around the tricks: every key of run_settings.RUN_SETTINGS that this config has
     (some belong to one option of a group: rollout=hf's lean_decoder), then the rules across keys."""
     values, absent = values or _Values(cfg), object()
-    for key, allowed in RUN_SETTINGS.items():
+    # a value that is another key's (eval.max_new_tokens: ${rollout.max_new_tokens}) is checked after it,
+    # so that a refusal names the key the user gave
+    for key, allowed in sorted(RUN_SETTINGS.items(), key=lambda item: _interpolated(values.plain, item[0])):
         value = values.get(key, default=absent)   # ???: the model check's
         if value is not absent:
             _check(key, value, allowed)
