@@ -14,7 +14,7 @@ from grpo_ablate.train.rewards import AdvantageChain, RewardShaping
 from grpo_ablate.tricks.adv.group import gdpo_advantage
 from grpo_ablate.tricks.kl import k3
 from grpo_ablate.tricks.loss_agg import aggregate, seq_mean_token_mean_weights
-from grpo_ablate.tricks.rollout_correction import _option
+from grpo_ablate.tricks.rollout_correction.weights import _option
 
 D = torch.float64
 NO_TERMS = Coefficients(kl=0.0, kl_prev=0.0, entropy=0.0, value=0.0)

@@ -1,4 +1,4 @@
-"""Family `rollout_correction`: importance weights for the sampler-trainer mismatch.
+"""Family `rollout_correction`, the importance weights for the sampler-trainer mismatch.
 
 The sampler (vLLM, or `rollout=hf` in bf16) and the trainer's own forward score the same
 tokens a little differently. Every option takes (old_logp, sampler_logp, mask) -- pi_old, the
@@ -6,7 +6,7 @@ trainer's log-probs at rollout time [N, T] (no gradient), and the sampler's -- a
 (weights [N, T] that multiply the per-token policy loss, no gradient, 0 on untrained tokens;
 metrics: dict name -> float, the mismatch verl and TRL log). An option with the `reads_advantages`
 flag also takes the loss's advantages as the keyword `advantages` (supplied by the trainer, which
-then computes its weights after the advantage chain: rollout_tv.py); the others are computed before
+then computes its weights after the advantage chain: tv_filter.py); the others are computed before
 it, where an estimator may read them (OTB).
 
     token level:     w_t = exp(old_logp_t - sampler_logp_t)
@@ -34,15 +34,7 @@ from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick
 
 from grpo_ablate.tricks.behaviour import log_ratio as behaviour_log_ratio
 from grpo_ablate.tricks.conditions import same_sampler_and_trainer
-from grpo_ablate.tricks.registry import (FLAG, POSITIVE, Activity, Claim, Inert, Allowed, Trick, choice, declare_family,
-                                         register)
-
-declare_family("rollout_correction", "importance weights π_old / π_sampler on the policy loss, with verl's mismatch "
-               "metrics `rollout_corr/*`; AReaL's `decoupled` PPO and `m2po` mask; open-instruct's `tv_filter` (reads "
-               "the advantages); acts with stale rollouts (`staleness`), `rollout.dtype=bfloat16` or vLLM",
-               stage="loss", metric="rollout_corr/is_mean",
-               supplied={"advantages": "the trainer, after the advantage chain (an option with the "
-                                       "`reads_advantages` flag)"})
+from grpo_ablate.tricks.registry import (FLAG, POSITIVE, Activity, Claim, Inert, Allowed, Trick, choice, register)
 
 LOG_RATIO_LIMIT = 20.0
 

@@ -1,6 +1,6 @@
 """Family `rollout_correction`, the rejection masks: one option (`rejection`) for the masks of AReaL,
 verl, SkyRL, ROLL and OpenRLHF on a divergence of pi_old from the sampler mu. Split from
-rollout_correction.py (the importance weights) by kind; it shares that module's conventions
+weights.py (the importance weights) by kind; it shares that module's conventions
 (the data arguments, the log-ratio clamp, verl's mismatch metrics) and its inert rule.
 """
 from __future__ import annotations
@@ -12,7 +12,8 @@ from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick
 from grpo_ablate.tricks.behaviour import known_or
 from grpo_ablate.tricks.behaviour import log_ratio as behaviour_log_ratio
 from grpo_ablate.tricks.registry import FLAG, Allowed, Claim, Activity, Trick, choice, register
-from grpo_ablate.tricks.rollout_correction import LOG_RATIO_LIMIT, SAMPLER_IS_TRAINER, masked_mean, mismatch_metrics
+from grpo_ablate.tricks.rollout_correction.weights import (LOG_RATIO_LIMIT, SAMPLER_IS_TRAINER, masked_mean,
+                                                         mismatch_metrics)
 
 
 def _token_divergence(log_ratio, old_logp, sampler_logp, metric: str) -> torch.Tensor:

@@ -1,9 +1,9 @@
 """Family `rollout_correction`, the TV-divergence filter: one option (`tv_filter`, open-instruct's
-`rho_mask_tv_divergence`) whose mask reads the advantages. Split from rollout_correction.py (the
+`rho_mask_tv_divergence`) whose mask reads the advantages. Split from weights.py (the
 importance weights) because it is the family's one option that reads more than (old_logp,
 sampler_logp, mask): the trainer supplies `advantages` (the family's supplied knob) to an option
 with the `reads_advantages` flag, and computes its weights after the advantage chain, not before
-(train/step.py `rewards_and_advantages`). It shares rollout_correction.py's conventions (verl's
+(train/step.py `rewards_and_advantages`). It shares weights.py's conventions (verl's
 mismatch metrics) and its inert rule.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick
 
 from grpo_ablate.tricks.behaviour import log_ratio as behaviour_log_ratio
 from grpo_ablate.tricks.registry import Activity, Allowed, Trick, option, register
-from grpo_ablate.tricks.rollout_correction import SAMPLER_IS_TRAINER, masked_mean, mismatch_metrics
+from grpo_ablate.tricks.rollout_correction.weights import SAMPLER_IS_TRAINER, masked_mean, mismatch_metrics
 
 TV_LOG_RATIO_LIMIT = 10.0   # open-instruct compute_rho_correction clamps log pi_old - log mu to [-10, 10]
 
