@@ -8,7 +8,8 @@ from typer.testing import CliRunner
 from grpo_ablate.cli.app import app
 from grpo_ablate.request_fields import flags
 from grpo_ablate.sweep.requests import SWEEP_FILE_FIELDS, DoctorArgs, SweepArgs
-from grpo_ablate.sweep.matrix import MODES, SweepError
+from grpo_ablate.sweep.matrix import SweepError
+from grpo_ablate.sweep.modes import MODES
 
 
 @pytest.mark.parametrize("command, request_class", [("sweep", SweepArgs), ("doctor", DoctorArgs)])

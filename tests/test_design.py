@@ -2,7 +2,7 @@
 and reads what older manifests wrote."""
 from grpo_ablate.design import Context, Contrast, Variant
 from grpo_ablate.sweep.contexts import with_contexts
-from grpo_ablate.sweep.matrix import build_matrix
+from grpo_ablate.sweep.modes import build_matrix
 
 FAMILIES = {"a": "adv", "b": "clip", "c": "kl"}
 

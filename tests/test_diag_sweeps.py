@@ -2,7 +2,8 @@
 (in-process, nothing launched)."""
 import pytest
 
-from grpo_ablate.sweep.matrix import SweepError, build_matrix
+from grpo_ablate.sweep.matrix import SweepError
+from grpo_ablate.sweep.modes import build_matrix
 from test_sweep import FAMILIES, cli_here, names
 
 REWARD_TERMS = frozenset({"length_penalty", "overlong_punish"})   # (of these tricks: the registry's shapes_reward)

@@ -13,8 +13,8 @@ import pytest
 
 from conftest import REPO, cli, cli_here
 from test_faults import refused
-from grpo_ablate.sweep.matrix import (EXPECTABLE, SweepError, build_matrix, check_size, expand_jobs, parse_seeds,
-                                      variants_matrix)
+from grpo_ablate.sweep.matrix import EXPECTABLE, SweepError, check_size, expand_jobs, parse_seeds
+from grpo_ablate.sweep.modes import build_matrix, variants_matrix
 
 FAMILIES = {"clip_higher": "clip", "token_mean": "loss_agg", "dr_grpo_norm": "loss_agg",
             "overlong_filter": "overlong", "overlong_punish": "overlong", "kl_adaptive": "kl"}

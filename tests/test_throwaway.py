@@ -220,6 +220,50 @@ def test_a_new_run_setting_is_its_declaration_and_its_reader(package_copy, tmp_p
         "error: optim.eps=0 is not allowed; it must be a number > 0"]
 
 
+# A sweep mode with an option of its own, added by hand: its function (sweep/modes.py) and its option
+# (sweep/requests.py, on SweepArgs after --determinism).
+MODE = '''
+
+@sweep_mode("head-to-head", options={"champion": "--champion belongs to `sweep head-to-head`"})
+def head_to_head(tricks, families, champion=None, **_):
+    """Each trick alone against the --champion alone."""
+    if champion not in tricks:
+        raise SweepError(f"--champion {champion} is not among --tricks {', '.join(tricks)}")
+    variants = [_variant(f"alone-{t}", [t], None if t == champion else f"alone-{champion}") for t in tricks]
+    return Matrix("head-to-head", variants, [Contrast(t, f"alone-{t}", f"alone-{champion}")
+                                             for t in tricks if t != champion])
+'''
+MODE_OPTION = ('"metric and step that differ.", default=False)\n',
+               '    champion: str | None = option("--champion", help="head-to-head: the trick the others are measured '
+               'against.", allowed=TEXT)\n')
+
+
+def test_a_new_sweep_mode_with_its_own_option_is_two_files(package_copy, tmp_path):
+    """A sweep mode is one registered function, and an option of its own one field of SweepArgs; nothing
+    else names it: the command line lists it, plans it, hands it its option and refuses the option
+    elsewhere."""
+    root, run = package_copy
+    before = snapshot(root)
+    modes = root / "grpo_ablate" / "sweep" / "modes.py"
+    text = modes.read_text()
+    at = text.index("\n\n# the modes the command line names")   # sweep/modes.py changed: update the anchor
+    modes.write_text(text[:at] + "\n" + MODE + text[at:])                                  # by hand: 1
+    requests = root / "grpo_ablate" / "sweep" / "requests.py"
+    assert requests.read_text().count(MODE_OPTION[0]) == 1                              # else requests.py changed
+    requests.write_text(requests.read_text().replace(MODE_OPTION[0], MODE_OPTION[0] + MODE_OPTION[1]))   # by hand: 2
+    assert touched(before, snapshot(root)) == {"grpo_ablate/sweep/modes.py", "grpo_ablate/sweep/requests.py"}
+    planned = run("-m", "grpo_ablate.cli", "sweep", "head-to-head", "--tricks", "length_group,token_mean,no_std",
+                  "--champion", "no_std", "--seeds", "2", "--dry-run", "--no-controls")
+    assert "3 variants x 2 seeds" in planned.stdout, planned.stdout
+    assert "alone-length_group" in planned.stdout and "alone-no_std" in planned.stdout
+    elsewhere = run("-m", "grpo_ablate.cli", "sweep", "leave-one-out", "--tricks", "no_std", "--champion", "no_std",
+                    "--dry-run", check=False)
+    assert elsewhere.returncode == 2 and elsewhere.stderr.strip().splitlines() == [
+        "error: --champion belongs to `sweep head-to-head`"]
+    listed = run("-m", "grpo_ablate.cli", "sweep", "--help").stdout
+    assert "head-to-head" in listed and "--champion" in listed
+
+
 STATEFUL_OPTION = '''"""A throwaway stateful option (tests/test_throwaway.py): AdamW as it is, counting its steps."""
 from grpo_ablate.tricks.registry import Activity, register
 

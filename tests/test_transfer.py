@@ -23,7 +23,8 @@ from grpo_ablate.report.scaling import RAISES, SAME_CEILING
 from grpo_ablate.report.verdicts import HELPS, HURTS, INERT, NO_EVIDENCE, decide_by_delta
 from grpo_ablate.design import Context
 from grpo_ablate.sweep.contexts import across_contexts, check_contexts, file_contexts, with_contexts
-from grpo_ablate.sweep.matrix import SweepError, build_matrix, variants_matrix
+from grpo_ablate.sweep.matrix import SweepError
+from grpo_ablate.sweep.modes import build_matrix, variants_matrix
 from report_fixtures import make_sweep
 
 FAMILIES = {"no_std": "adv", "token_mean": "loss_agg", "clip_higher": "clip", "batch_norm": "adv"}

@@ -15,7 +15,7 @@ import statistics
 from grpo_ablate.report.verdicts import BREAKS_TRAINING, HELPS, HURTS
 from grpo_ablate.stats import group_sequential as seq
 
-AA_MODE = "aa"   # the sweep mode whose contrasts are placebos (sweep/matrix.py)
+AA_MODE = "aa"   # the sweep mode whose contrasts are placebos (sweep/modes.py)
 NAMED = (HELPS, HURTS, BREAKS_TRAINING)   # a verdict that names an effect: false for every placebo
 
 

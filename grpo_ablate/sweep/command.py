@@ -17,7 +17,8 @@ from grpo_ablate.sweep.requests import SWEEP_FILE_FIELDS, SweepArgs
 from grpo_ablate.sweep.contexts import across_contexts, file_contexts
 from grpo_ablate.sweep.launch import start
 from grpo_ablate.sweep.manifest import read_manifest
-from grpo_ablate.sweep.matrix import DEFAULT_MAX_RUNS, DEFAULT_PLACEBOS, MODES, SweepError, variants_matrix
+from grpo_ablate.sweep.matrix import DEFAULT_MAX_RUNS, SweepError
+from grpo_ablate.sweep.modes import FILE_MODES, MODES, REGISTRY, mode_named
 from grpo_ablate.sweep.plan import DEFAULT_BASE, DEFAULT_SEEDS, DEFAULT_TRICKS, SweepRequest, axis_values
 from grpo_ablate.values import check_sweep_file, load_yaml
 
@@ -28,14 +29,10 @@ def run(given: SweepArgs, console) -> int:
         return resume(given, console)
     if given.rerun:
         raise SweepError("--rerun belongs to --resume SWEEP_DIR")
-    tricks = given.tricks
-    if given.mode == "conflict" or given.trick or given.reward:
-        tricks = conflict_tricks(given.mode, given.tricks, given.trick, given.reward)
-    request = sweep_request(given, tricks)
+    request = sweep_request(given)
     if given.determinism:   # one run of the A/A sweep, twice: the training stack only in those runs
-        if request.mode != "aa" or str(request.seeds) == "auto":
-            raise SweepError("--determinism belongs to `sweep aa` with a fixed --seeds (it re-runs the reference's "
-                             "first seed twice)")
+        if str(request.seeds) == "auto":
+            raise SweepError(REGISTRY[request.mode].options["determinism"])
         from grpo_ablate.sweep import determinism
 
         return determinism.check(request, console, dry_run=given.dry_run)
@@ -85,23 +82,17 @@ def resume(given: SweepArgs, console) -> int:
                                  {"max_seeds": given.max_seeds, "budget": given.budget}, rerun)
 
 
-def conflict_tricks(mode, tricks, trick, reward) -> str:
-    """`sweep conflict --trick X --reward Y` as the matrix's trick list "X,Y"."""
-    if mode != "conflict":
-        raise SweepError("--trick and --reward belong to `sweep conflict`; other modes take --tricks a,b,c")
-    if tricks:
-        raise SweepError("sweep conflict takes --trick X --reward Y, not --tricks")
-    if not trick or not reward:
-        raise SweepError("sweep conflict needs --trick X and --reward Y "
-                         "(e.g. --trick entropy_bonus --reward length_penalty)")
-    if trick == reward:
-        raise SweepError(f"--trick and --reward both name {trick}; give a trick and a different reward term")
-    return f"{trick},{reward}"
+def check_mode_options(mode: str, chosen: dict) -> None:
+    """An option that belongs to one mode (its SweepMode.options), given with another, is refused."""
+    for owner in REGISTRY.values():
+        given = [name for name in owner.options if chosen.get(name) not in (None, False)]
+        if given and owner.name != mode:
+            raise SweepError(owner.options[given[0]])
 
 
-def sweep_request(given: SweepArgs, tricks: str | None) -> SweepRequest:
+def sweep_request(given: SweepArgs) -> SweepRequest:
     """The planner's request: the mode (or a sweep file) with the command line's options over it."""
-    mode, args, spec = given.mode, list(given.args), {}
+    mode, args, spec, tricks = given.mode, list(given.args), {}, given.tricks
     if mode is None:
         raise SweepError(f"give a sweep mode: {', '.join(MODES)}, or file PATH (or --resume SWEEP_DIR)")
     if mode == "file":
@@ -112,28 +103,30 @@ def sweep_request(given: SweepArgs, tricks: str | None) -> SweepRequest:
         spec = load_sweep_file(path)
         mode = spec.pop("mode")
         spec.setdefault("name", path.stem)
-    elif mode not in MODES:
-        raise SweepError(f"sweep mode {mode!r} is not allowed; allowed: {', '.join(MODES)}, file")
+    own = REGISTRY[mode] if mode in FILE_MODES else mode_named(mode)
     chosen = given_over_file(given, spec)
+    options = {**chosen, **{name: getattr(given, name) for mode_ in REGISTRY.values() for name in mode_.options
+                            if name not in chosen}}
+    check_mode_options(mode, options)
+    if own.tricks_from is not None and (not spec or any(options.get(name) not in (None, False)
+                                                         for name in own.options)):
+        tricks = own.tricks_from(given)   # the mode's own options as its trick list (conflict's --trick, --reward)
     trick_list = [t.strip() for t in tricks.split(",") if t.strip()] if tricks else spec.get("tricks", [])
     axes = [axis_values(a) for a in given.family] if given.family else [
         (key, list(values)) if values is not None else axis_values(key)
         for key, values in (spec.get("families") or {}).items()]
     base = chosen["base"]
-    if mode == "leave-one-out" and not trick_list and not spec:
+    if own.default_tricks and not trick_list and not spec:
         trick_list, base = DEFAULT_TRICKS, base or DEFAULT_BASE
     overrides = list(spec.get("overrides", [])) + [a for a in args if not a.startswith("hydra.")]
     bad = [a for a in overrides if a.startswith("-")]
     if bad:
         raise SweepError(f"unknown option {bad[0]}; see grpo-ablate sweep --help")
-    placebos = chosen["placebos"]
-    if placebos is not None and mode != "aa":
-        raise SweepError("--placebos belongs to `sweep aa` (the A/A sweep); other modes measure tricks")
     matrix = None
-    if mode == "variants":   # a file's own variants, each against its reference (sweeps/sanity.yaml)
+    if own.file_only:   # a file's own variants, each against its reference (sweeps/sanity.yaml)
         if tricks or given.family:
-            raise SweepError("a variants sweep file defines its variants itself; drop --tricks / --family")
-        matrix = variants_matrix(spec.get("variants"))
+            raise SweepError(f"a {mode} sweep file defines its variants itself; drop --tricks / --family")
+        matrix = own.build(spec.get(mode))
     or_default = lambda name, default: default if chosen[name] is None else chosen[name]
     return SweepRequest(
         mode=mode, tricks=trick_list, base=base, matrix=matrix, seeds=or_default("seeds", DEFAULT_SEEDS),
@@ -145,7 +138,8 @@ def sweep_request(given: SweepArgs, tricks: str | None) -> SweepRequest:
         contexts=(across_contexts(list(given.across)) if given.across
                   else file_contexts(spec["contexts"]) if "contexts" in spec else []),
         sequential={k: chosen[k] for k in SEQUENTIAL if chosen[k] is not None},
-        expected_pairs=list(spec.get("expected_pairs", [])), placebos=placebos or DEFAULT_PLACEBOS,
+        expected_pairs=list(spec.get("expected_pairs", [])),
+        mode_options={name: options[name] for name in own.options if options.get(name) not in (None, False)},
         metric=chosen["metric"], eval_name=chosen["eval"])
 
 
@@ -177,8 +171,9 @@ def load_sweep_file(path: Path) -> dict:
         raise SweepError(f"sweep file {path}: {problem}")
     spec = {key: value for key, value in (spec or {}).items() if value is not None}   # null: the default
     if "mode" not in spec:
-        raise SweepError(f"sweep file {path} has no mode; allowed: {', '.join(MODES)}, variants")
-    if (spec["mode"] == "variants") != ("variants" in spec) or (spec["mode"] == "variants" and "tricks" in spec):
+        raise SweepError(f"sweep file {path} has no mode; allowed: {', '.join((*MODES, *FILE_MODES))}")
+    file_only = spec["mode"] in FILE_MODES
+    if any((name == spec["mode"]) != (name in spec) for name in FILE_MODES) or (file_only and "tricks" in spec):
         raise SweepError(f"sweep file {path}: `variants` (name -> overrides) goes with mode: variants, "
                          "and a variants file lists no tricks")
     spec.pop("description", None)

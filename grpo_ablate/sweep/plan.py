@@ -32,8 +32,9 @@ from grpo_ablate.evals.protocol import EvalProtocol, metric_column, parse_metric
 from grpo_ablate.sweep.contexts import check_contexts, with_contexts
 from grpo_ablate.sweep.controls import control_kinds, planned_controls, with_controls
 from grpo_ablate.sweep.manifest import timestamp
-from grpo_ablate.sweep.matrix import (DEFAULT_MAX_RUNS, DEFAULT_PLACEBOS, NAME_PATTERN, STREAM_SALT, Matrix, SweepError,
-                                      build_matrix, check_size, expand_jobs, parse_seeds)
+from grpo_ablate.sweep.matrix import (DEFAULT_MAX_RUNS, NAME_PATTERN, STREAM_SALT, Matrix, SweepError,
+                                      check_size, expand_jobs, parse_seeds)
+from grpo_ablate.sweep.modes import REGISTRY, build_matrix
 from grpo_ablate.tasks import TASKS, build_task
 from grpo_ablate.tricks import option
 
@@ -87,7 +88,7 @@ class SweepRequest:
     metric: str | None = None        # ... of which eval metric (None: eval/accuracy)
     eval_name: str | None = None     # ... of which eval protocol scored after training (None: the runs' own)
     expected_pairs: list[str] = field(default_factory=list)   # pair rules the sweep asks about (config/pair_rules.py)
-    placebos: int = DEFAULT_PLACEBOS  # sweep aa: placebo variants beside the reference
+    mode_options: dict = field(default_factory=dict)   # the mode's own options as given (aa: placebos)
 
 
 # What a sweep decides on unless told: the mean of the last three evals (on the default sweep
@@ -104,7 +105,7 @@ def plan(req: SweepRequest, configs: dict | None = None) -> dict:
     # the named tricks that add a term to the reward (`sweep conflict --reward`): the registry's flag
     reward_terms = frozenset(row["name"] for row in catalogue if option(row["family"], row["option"]).shapes_reward)
     _check_overrides(req.overrides)
-    matrix = req.matrix or build_matrix(req.mode, req.tricks, families, req.axes, reward_terms, req.placebos)
+    matrix = req.matrix or build_matrix(req.mode, req.tricks, families, req.axes, reward_terms, **req.mode_options)
     seeds = parse_seeds(req.seeds)
     common = ([f"preset={req.base}"] if req.base else []) + list(req.overrides)
     if req.steps is not None:
@@ -202,7 +203,7 @@ def plan_controls(req: SweepRequest, matrix: Matrix, common: list[str], base_cfg
     # none unasked for doctor's stages, the conflict check and an A/A sweep (diagnoses: of training,
     # of the report), nor for a factorial over config groups (`--family`: settings crossed, fault
     # injection among them, no trick under test)
-    unasked_none = req.matrix is not None or req.mode in ("conflict", "aa") or bool(req.axes)
+    unasked_none = req.matrix is not None or REGISTRY[req.mode].diagnosis or bool(req.axes)
     kinds = control_kinds(req.controls, not base_cfg.model.get("path"), unasked_none)
     if "sft" not in kinds:
         return with_controls(matrix, kinds)

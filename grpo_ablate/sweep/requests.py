@@ -8,7 +8,7 @@ from pathlib import Path
 
 from grpo_ablate.allowed import Allowed
 from grpo_ablate.request_fields import argument, check_given, flags, option
-from grpo_ablate.sweep.matrix import MODES
+from grpo_ablate.sweep.modes import MODES
 from grpo_ablate.values import ACCURACY_EFFECT, ANY, COUNT, TEXT, TEXTS
 
 
