@@ -145,7 +145,7 @@ def test_report_command_imports_neither_torch_nor_transformers(tmp_path):
             "import grpo_ablate.report\n"
             "for m in pkgutil.iter_modules(grpo_ablate.report.__path__):\n"
             "    importlib.import_module('grpo_ablate.report.' + m.name)\n"
-            "from grpo_ablate import cli\n"
+            "from grpo_ablate.cli import app as cli\n"
             "sys.argv = ['grpo-ablate', 'report', sys.argv[1], '--format', 'csv']\n"
             "try:\n"
             "    cli.main()\n"
