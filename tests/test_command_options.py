@@ -7,12 +7,14 @@ from typer.testing import CliRunner
 
 from grpo_ablate.cli.app import app
 from grpo_ablate.request_fields import flags
+from grpo_ablate.cli.requests import EvalArgs, ReportRequest
 from grpo_ablate.sweep.requests import SWEEP_FILE_FIELDS, DoctorArgs, SweepArgs
 from grpo_ablate.sweep.matrix import SweepError
 from grpo_ablate.sweep.modes import MODES
 
 
-@pytest.mark.parametrize("command, request_class", [("sweep", SweepArgs), ("doctor", DoctorArgs)])
+@pytest.mark.parametrize("command, request_class", [("sweep", SweepArgs), ("doctor", DoctorArgs), ("eval", EvalArgs),
+                                                    ("report", ReportRequest)])
 def test_every_declared_option_is_in_help_with_its_help_text(command, request_class):
     text = " ".join(CliRunner().invoke(app, [command, "--help"], terminal_width=400).output.split())
     for name, flag in flags(request_class).items():

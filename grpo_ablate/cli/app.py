@@ -264,46 +264,22 @@ def tricks(
 
 
 @app.command()
-def report(
-    sweep_dir: Path = opt.REPORT_SWEEP_DIR,
-    metric: Optional[str] = opt.REPORT_METRIC,
-    eval_name: Optional[str] = opt.REPORT_EVAL,
-    summary: Optional[str] = opt.REPORT_SUMMARY,
-    last_k: Optional[int] = opt.REPORT_LAST_K,
-    compute: str = opt.REPORT_COMPUTE,
-    predict_from: Optional[float] = opt.REPORT_PREDICT_FROM,
-    fmt: str = opt.REPORT_FMT,
-    out: Optional[Path] = opt.REPORT_OUT,
-    watch: Optional[float] = opt.REPORT_WATCH,
-    threshold: List[str] = opt.REPORT_THRESHOLD,
-    lower_is_better: bool = opt.REPORT_LOWER_IS_BETTER,
-    effect: Optional[float] = opt.REPORT_EFFECT,
-    error_control: str = opt.REPORT_ERROR_CONTROL,
-    test: str = opt.REPORT_TEST,
-    alpha: float = opt.REPORT_ALPHA,
-    conflict_threshold: float = opt.REPORT_CONFLICT_THRESHOLD,
-    figures: bool = opt.REPORT_FIGURES,
-    use_wandb: bool = opt.REPORT_USE_WANDB,
-    wandb_report: bool = opt.REPORT_WANDB_REPORT,
-) -> None:
+@opt.takes(ReportRequest)
+def report(ctx: typer.Context, **options) -> None:
     """Which tricks matter: table, verdicts, health flags and PNG curves for a sweep dir."""
-    req = ReportRequest(
-        sweep_dir=sweep_dir, metric=metric, eval_name=eval_name, summary=summary, last_k=last_k, compute=compute,
-        predict_from=predict_from,
-        fmt=fmt, out=out, watch=watch, threshold=tuple(threshold), lower_is_better=lower_is_better, effect=effect,
-        error_control=error_control, test=test, alpha=alpha, conflict_threshold=conflict_threshold,
-        figures=figures, use_wandb=use_wandb, wandb_report=wandb_report)
+    req = ReportRequest(**{name: tuple(value) if isinstance(value, list) else value for name, value in options.items()})
     problem = req.problem()
     if problem:   # every check before the report's imports (pandas, scipy: seconds)
         fail(problem)
     from grpo_ablate import report as rep
 
-    options = {"metric": metric, "higher_is_better": not lower_is_better, "conflict_threshold": conflict_threshold,
-               "effect": effect, "summary": parse_summary(summary, last_k), "predict_from": predict_from,
-               "compute": compute, "error_control": error_control, "alpha": alpha, "test": test,
-               "eval_name": eval_name}
+    built = {"metric": req.metric, "higher_is_better": not req.lower_is_better,
+             "conflict_threshold": req.conflict_threshold, "effect": req.effect,
+             "summary": parse_summary(req.summary, req.last_k), "predict_from": req.predict_from,
+             "compute": req.compute, "error_control": req.error_control, "alpha": req.alpha, "test": req.test,
+             "eval_name": req.eval_name}
     try:
-        _write_report(rep, req, options)
+        _write_report(rep, req, built)
     except UserError as err:
         fail(str(err))
     except OSError as err:
