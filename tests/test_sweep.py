@@ -252,6 +252,7 @@ def test_shipped_sweep_files_plan_cleanly(path, tmp_path, cache_dir, hydra_fallb
     (["leave-one-out", "--tricks", "clip_higher", "--launcher", "nope"], "--launcher nope is not allowed"),
     # (options x levels x 4 seeds: grows with the adv family)
     (["factorial", "--family", "adv", "--family", "task.level", "--seeds", "4"], "runs, above the limit of 128"),
+    (["leave-one-out", "--tricks", "no_std", "--family", "adv=grpo,dr_grpo"], "--family belongs to `sweep factorial`"),
     (["factorial", "--family", "task.nope"], "not a config group and no known values"),
     (["sideways"], "sweep mode 'sideways' is not allowed"),
     (["file", "missing.yaml"], "does not exist"),

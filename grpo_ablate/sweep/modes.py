@@ -76,7 +76,9 @@ def ladder(tricks: list[str], families: dict[str, str], **_) -> Matrix:
     return Matrix("ladder", variants, [Contrast(t, names[i], names[i - 1]) for i, t in enumerate(tricks, 1)])
 
 
-@sweep_mode("factorial", needs_tricks=False)
+@sweep_mode("factorial", needs_tricks=False, options={
+    "family": "--family belongs to `sweep factorial` (it crosses a config group's options or a key's values); other "
+              "modes take --tricks a,b,c"})
 def factorial(tricks: list[str], families: dict[str, str], axes=None, **_) -> Matrix:
     """Every on/off combination of the tricks (each trick's simple effect at the base), or with
     `axes` (--family) every combination of the axes' values."""
