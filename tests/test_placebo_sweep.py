@@ -34,7 +34,7 @@ def test_aa_is_the_reference_then_each_placebo_with_its_own_salt():
 def test_the_planned_placebos_differ_from_the_reference_only_by_the_salt(cache_dir):
     from grpo_ablate.sweep.plan import SweepRequest, plan
 
-    manifest = plan(SweepRequest(mode="aa", seeds="2", placebos=2, overrides=["steps=3"]))
+    manifest = plan(SweepRequest(mode="aa", seeds="2", mode_options={"placebos": 2}, overrides=["steps=3"]))
     assert [v["name"] for v in manifest["variants"]] == ["all", "placebo-1", "placebo-2"]   # no controls unasked
     assert {c["trick"] for c in manifest["contrasts"]} == {"placebo-1", "placebo-2"}
     configs = {}

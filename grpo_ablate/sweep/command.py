@@ -108,7 +108,7 @@ def sweep_request(given: SweepArgs) -> SweepRequest:
         spec = load_sweep_file(path)
         mode = spec.pop("mode")
         spec.setdefault("name", path.stem)
-    own = REGISTRY[mode] if mode in FILE_MODES else mode_named(mode)
+    own = REGISTRY[mode] if spec and mode in FILE_MODES else mode_named(mode)   # a file-only mode from a file
     chosen = given_over_file(given, spec)
     options = {**chosen, **{name: getattr(given, name) for mode_ in REGISTRY.values() for name in mode_.options
                             if name not in chosen}}

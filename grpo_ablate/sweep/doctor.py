@@ -387,7 +387,7 @@ def lint(given: DoctorArgs, console) -> int:
         raise SweepError(f"--lint lists a sweep file's pair rules and runs nothing; drop {', '.join(given_too)}")
     args = SweepArgs(mode="file", args=(str(given.lint), *given.args), launcher=given.launcher,
                      allow_inert=given.allow_inert)
-    request = sweep_request(args, None)
+    request = sweep_request(args)
     request.seeds = "1"   # a variant's seeds differ in nothing a rule reads (and `auto` is a fixed plan's too)
     manifest = plan(request)
     print_pair_rules(manifest, console)
