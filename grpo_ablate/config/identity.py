@@ -51,10 +51,13 @@ def _leave_out(node: dict, key: str, allowed: Allowed) -> bool:
     """Drop `key` from the hashed data where its declaration says so (absent counts as neutral);
     whether it was there and dropped."""
     neutral = allowed.neutral
-    if (allowed.resumable or isinstance(neutral, ReadWhen) and not neutral.reads(node)
-            or neutral is not HASHED and not isinstance(neutral, ReadWhen) and node.get(key, neutral) == neutral):
-        return node.pop(key, _ABSENT) is not _ABSENT
-    return False
+    if allowed.resumable:
+        unhashed = True
+    elif isinstance(neutral, ReadWhen):
+        unhashed = not neutral.reads(node)   # nothing reads it under this config
+    else:
+        unhashed = neutral is not HASHED and node.get(key, neutral) == neutral
+    return unhashed and node.pop(key, _ABSENT) is not _ABSENT
 
 
 _ABSENT = object()
