@@ -3,7 +3,7 @@
 The field's metadata holds everything said about the option — its flag, its help, what it may
 be (an `Allowed`), whether it is checked before anything heavy is imported, whether a sweep
 file may set the key of the same name, and what `--resume` does with it — so the command's
-typer signature (cli_options.typer_parameters), its request (the dataclass itself), the sweep
+typer signature (cli/options.py typer_parameters), its request (the dataclass itself), the sweep
 file's keys and --resume's refusals are all read from here, not written again. Standard library
 and values.py only: the early checks run before the training stack is imported.
 """

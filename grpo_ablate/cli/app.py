@@ -1,10 +1,10 @@
 """`grpo-ablate`: the command line. Thin: every command hands off to a module.
 
-`sweep`, `doctor` and `report` parse their options into a frozen request (requests.py, sweep/requests.py),
-check it there (a refusal imports nothing heavy) and hand it to the package that does the
-work (sweep/command.py, sweep/doctor.py, report/). `sweep`'s and `doctor`'s options are
-declared once, as their request's fields (request_fields.py), and their signature is built from
-those (cli_options.takes); `train`'s and `report`'s are declared in options.py.
+`sweep`, `doctor`, `eval` and `report` parse their options into a frozen request (requests.py,
+sweep/requests.py), check it there (a refusal imports nothing heavy) and hand it to the package that
+does the work (sweep/command.py, sweep/doctor.py, rescore/, report/). Their options are declared
+once, as their request's fields (request_fields.py), and their signature is built from those
+(options.takes); `train`'s two are declared in options.py.
 `train` is a typer command that passes its arguments to the `@hydra.main` entrypoint, so
 Hydra's override grammar (`group=option`, `+group=option`, `key=value`), `--cfg job` and
 `-m` all work. Before Hydra creates a run dir, the config is composed and validated here, so

@@ -24,7 +24,7 @@ TRAIN_RESTART = typer.Option(False, "--restart", help="With --resume: start the 
 TRICKS_FMT = typer.Option("table", "--format", help="table, json or md")
 
 def typer_parameters(request) -> list[inspect.Parameter]:
-    """The typer parameters of a request class whose fields are declared with cli_fields.option:
+    """The typer parameters of a request class whose fields are declared with request_fields.option:
     flag, default and help from the field, the type from its annotation (a tuple of texts is a
     repeatable option, which typer gives as a list)."""
     hints = typing.get_type_hints(request)

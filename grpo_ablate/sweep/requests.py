@@ -15,7 +15,7 @@ from grpo_ablate.values import ACCURACY_EFFECT, ANY, COUNT, TEXT, TEXTS
 @dataclass(frozen=True)
 class SweepArgs:
     """`grpo-ablate sweep`'s options as given (None: not given), each declared once here
-    (cli_fields.py: flag, help, range, sweep-file key, what --resume does with it); `args`: the
+    (request_fields.py: flag, help, range, sweep-file key, what --resume does with it); `args`: the
     extra arguments (overrides of every run, hydra.* launcher settings, a sweep file's path)."""
     mode: str | None = argument(" | ".join((*MODES, "file PATH")), allowed=TEXT, file=True)
     args: tuple[str, ...] = ()
