@@ -15,6 +15,7 @@ from grpo_ablate.config.inert import inert_reason
 from grpo_ablate.rundir.files import TIMING_PREFIXES, read_rows
 from grpo_ablate.config.spec import run_spec
 from grpo_ablate.train.grpo import train
+from grpo_ablate.errors import ConfigError
 from grpo_ablate.train.state.prompt_pool import prompt_pool
 from grpo_ablate.tricks import option
 
@@ -175,3 +176,43 @@ def test_pool_trains_acts_and_resumes_exactly(small, tmp_path, pool, activity):
 def test_default_pool_is_the_tasks_own_order(small, tmp_path):
     rows = rows_of(run(small + ["steps=1"], tmp_path / "run").run_dir)
     assert not any(k.startswith("pool/") for k in rows[0])
+
+
+# prime-rl src/prime_rl/orchestrator/curriculum/samplers/pool.py `DifficultyPoolSampler` and
+# DifficultyPoolSamplerConfig's default pools (commit 559b44772e471d1538537b8805cc77f3824a5e64)
+def test_difficulty_pool_sampler_weights_are_prime_rls():
+    from grpo_ablate.tricks.prompt_pool import pool_weights
+    # prime-rl's pools: hard <= .25 (weight .2), normal <= .75 (1), easy the rest (.2); unseen 1
+    rates = torch.tensor([float("nan"), 0.0, 0.25, 0.5, 0.75, 0.875, 1.0])
+    assert pool_weights(rates, (0.75, 0.25), (0.2, 1.0, 0.2)).tolist() == [1.0, 0.2, 0.2, 1.0, 1.0, 0.2, 0.2]
+    draw = option("prompt_pool", "difficulty").bind(
+        {"draw": "weights", "easy_border": 0.75, "hard_border": 0.25})
+    chosen, retired = draw(rates, torch.zeros(7, dtype=torch.bool), 46000, torch.Generator().manual_seed(0))
+    share = torch.bincount(chosen, minlength=7).double() / 46000        # with replacement, in proportion
+    expected = torch.tensor([1.0, 0.2, 0.2, 1.0, 1.0, 0.2, 0.2], dtype=D) / 3.8
+    torch.testing.assert_close(share, expected, atol=0.01, rtol=0)
+    assert not retired.any()
+
+
+def test_the_difficulty_pool_sampler_trick_composes():
+    cfg = compose(["+trick=difficulty_pool_sampler"])
+    validate(cfg)
+    assert (cfg.prompt_pool.draw, cfg.prompt_pool.hard_border, cfg.prompt_pool.easy_border) == ("weights", 0.25, 0.75)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["prompt_pool=difficulty", "prompt_pool.draw=weights", "prompt_pool.easy_weight=0",
+      "prompt_pool.normal_weight=0", "prompt_pool.hard_weight=0"], "needs a pool with a positive weight"),
+])
+def test_bad_difficulty_pool_settings_are_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(compose(overrides))
+
+
+# a bad value of each knob, as a user meets it: one `error:` line, exit 2, nothing written
+@pytest.mark.parametrize("overrides, needle", [
+    ("prompt_pool=difficulty prompt_pool.draw=pools", "prompt_pool.draw"),
+    ("prompt_pool=difficulty prompt_pool.hard_weight=-1", "prompt_pool.hard_weight"),
+])
+def test_a_bad_difficulty_pool_value_is_one_line_exit_2_and_no_run_dir(tmp_path, overrides, needle):
+    refused_train(overrides, needle, tmp_path)

@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 
+from conftest import refused_train
 from grpo_ablate.config.compose import compose
 from grpo_ablate.config.validate import validate
 from grpo_ablate.errors import ConfigError
@@ -246,3 +247,14 @@ def test_the_kpop_trick_selects_areals_example_settings():
 def test_a_kpop_threshold_of_zero_would_reject_everything_and_is_refused():
     with pytest.raises(ConfigError, match="metric=binary_kl is never below 0"):
         validate(compose(["+trick=kpop", "rollout_correction.high=0"]))
+
+
+# a bad value of each knob, as a user meets it: one `error:` line, exit 2, nothing written
+@pytest.mark.parametrize("overrides, needle", [
+    ("rollout_correction=rejection rollout_correction.criteria=[token_k9] rollout_correction.thresholds=[1]",
+     "rollout_correction.criteria"),
+    ("rollout_correction=rejection rollout_correction.criteria=[token_k1] rollout_correction.thresholds=[1]",
+     "rollout_correction.thresholds"),
+])
+def test_a_bad_rejection_value_is_one_line_exit_2_and_no_run_dir(tmp_path, overrides, needle):
+    refused_train(overrides, needle, tmp_path)

@@ -612,7 +612,7 @@ ASYNC_TRICKS = {"stale_rollouts", "mixed_staleness", "spread_staleness", "proxim
 
 
 # nor the rejection masks, DRO, rollout IS, IPO and the advantage gate (tests/test_rejection.py,
-# tests/test_dro_rollout_is_ipo_losses.py)
+# tests/test_clip_dro_ipo_rollout_is.py)
 MASK_AND_LOSS_TRICKS = {"trust_region_mask", "dro_loss", "rollout_is_loss", "ipo_loss", "advantage_range_gate",
             "ref_update_interval"}
 
