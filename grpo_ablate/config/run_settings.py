@@ -1,12 +1,21 @@
-"""The run's own settings (everything in conf/ that is not a trick family) and what each may be.
+"""The run's own settings (everything in conf/ that is not a trick family), each declared once here.
 
-One declaration a key: validate.py checks every key here that the composed config has (a key
-only some options of a group have, `rollout.lean_decoder`, `logger.mode`, is checked where it
-is), before anything is written; checks across keys (reward.correct > reward.wrong, control.budget
-=wall needs wall_s) stay in validate.py. A trick family's knobs are declared with its options
-(grpo_ablate/tricks/). tests/test_run_settings.py fails on a key of the composed config that
-is neither declared here nor under one of the EXEMPT prefixes, and sends an out-of-range value
-of every declaration through the CLI.
+`BASE_SETTINGS`: conf/config.yaml's own settings, each a `Setting` (its default, which `make catalogue`
+writes into conf/config.yaml with its note; what it may be; the run spec's field: config/spec.py makes
+the optim, diag and reward groups from them). `RUN_SETTINGS`: what every run setting may be, the base
+ones' from their declarations and those whose defaults each option of a config group sets (rollout=,
+eval=, model=, logger=, control=) declared below. Each `Allowed` also says what a run's identity does
+with the setting (config/identity.py): a `resumable` one may differ on resume (the budget, threads, the
+logger, diagnostics that only observe: tests/test_diagnostics.py), and one added after runs existed is
+hashed only away from its `neutral` value, the one every run had before it (the sampler's filters off,
+the greedy eval), so those runs hash, and resume, as they did.
+
+validate.py checks every key here that the composed config has (a key only some options of a group
+have, `rollout.lean_decoder`, `logger.mode`, is checked where it is), before anything is written;
+checks across keys (reward.correct > reward.wrong, control.budget=wall needs wall_s) stay in
+validate.py. A trick family's knobs are declared with its options (grpo_ablate/tricks/).
+tests/test_run_settings.py fails on a key of the composed config that is neither declared here nor
+under one of the EXEMPT prefixes, and sends an out-of-range value of every declaration through the CLI.
 """
 from __future__ import annotations
 
@@ -22,12 +31,6 @@ OPTIONAL_POSITIVE_INT = Allowed("integer", low=0, low_open=True, optional=True)
 MODEL_DTYPE = choice("float32", "bfloat16", "float16")
 TEXT, OPTIONAL_TEXT = Allowed("text"), Allowed("text", optional=True)
 GREEDY_SETTINGS = {"name": GREEDY.name, **GREEDY.settings()}
-
-# What a run's identity does with a setting (config/identity.py): `resumable` ones may differ on resume
-# (the budget, threads, the logger, diagnostics that only observe: tests/test_diagnostics.py), and a
-# setting added after runs existed is hashed only away from its `neutral` value, the one every run had
-# before it (the sampler's filters off, the greedy eval), so those runs hash, and resume, as they did.
-
 
 @dataclass(frozen=True)
 class Setting:
