@@ -77,6 +77,7 @@ def check_given(request) -> None:
 
 
 def from_command_line(cls, args, values: dict):
-    """The request `cls` from typer's values (lists become tuples: a request is frozen) and the extra arguments."""
+    """The request `cls` from typer's values (lists become tuples: a request is frozen) and the extra
+    arguments (None: a command that takes none)."""
     as_given = {name: tuple(value) if isinstance(value, list) else value for name, value in values.items()}
-    return cls(args=tuple(args), **as_given)
+    return cls(**as_given) if args is None else cls(args=tuple(args), **as_given)

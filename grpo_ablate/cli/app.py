@@ -267,7 +267,7 @@ def tricks(
 @opt.takes(ReportRequest)
 def report(ctx: typer.Context, **options) -> None:
     """Which tricks matter: table, verdicts, health flags and PNG curves for a sweep dir."""
-    req = ReportRequest(**{name: tuple(value) if isinstance(value, list) else value for name, value in options.items()})
+    req = from_command_line(ReportRequest, None, options)
     problem = req.problem()
     if problem:   # every check before the report's imports (pandas, scipy: seconds)
         fail(problem)

@@ -9,9 +9,8 @@ import re
 
 from omegaconf import DictConfig, OmegaConf
 
-from grpo_ablate.allowed import HASHED
 from grpo_ablate.config import composition
-from grpo_ablate.config.run_settings import RUN_SETTINGS
+from grpo_ablate.config.identity import later_keys
 from grpo_ablate.config.validate import trick_families
 from grpo_ablate.errors import ConfigError
 from grpo_ablate.tricks import options
@@ -69,20 +68,9 @@ def listed_since(overrides: list[str]) -> list[str]:
     """`+key=value` for a key that came after runs existed (declared with a neutral value, allowed.py)
     as `++key=value`: such a key was once added with a `+` (a knob its config left out then:
     `+adv.lam_fn=vapo`), so a run recorded with it resumes, and the habit still works."""
-    later = _later_keys()
+    later = later_keys()
     return [f"+{o}" if o.startswith("+") and not o.startswith("++") and _key_of(o) in later else o
             for o in overrides]
-
-
-@functools.cache
-def _later_keys() -> frozenset[str]:
-    keys = {key for key, allowed in RUN_SETTINGS.items() if allowed.neutral is not HASHED}
-    for family in trick_families():
-        keys |= {f"{family}.{key}" for key, (allowed, _) in family_info(family).settings.items()
-                 if allowed.neutral is not HASHED}
-        keys |= {f"{family}.{key}" for chosen in options(family).values() for key, allowed in chosen.ranges.items()
-                 if allowed.neutral is not HASHED}
-    return frozenset(keys)
 
 
 # Keys the code reads (with a default) that not every config has, so `+key=value` may add them.

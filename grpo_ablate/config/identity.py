@@ -4,6 +4,7 @@ is left out, and one with a `neutral` value is hashed only away from it, so a se
 its neutral value moves no recorded hash (tests/test_catalogue.py replays every recorded config)."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 
@@ -11,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpo_ablate.allowed import HASHED, Allowed, ReadWhen
 from grpo_ablate.config.run_settings import EXEMPT, RUN_SETTINGS
-from grpo_ablate.tricks import UnknownOption, families, option
+from grpo_ablate.tricks import UnknownOption, families, option, options
 from grpo_ablate.tricks.registry import family_info
 
 LABELS = tuple(prefix.rstrip(".") for prefix, exempt in EXEMPT.items() if exempt.labels)
@@ -38,13 +39,29 @@ def data_hash(data: dict) -> str:
         if "." in family or not isinstance(node, dict):
             continue
         try:
-            declared = {**{key: allowed for key, (allowed, _) in family_info(family).settings.items()},
-                        **option(family, node.get("name")).ranges}
+            chosen = option(family, node.get("name"))
         except UnknownOption:
             continue
-        for key, allowed in declared.items():
+        for key, allowed in declarations(chosen).items():
             _leave_out(node, key, allowed)
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def declarations(chosen) -> dict[str, Allowed]:
+    """What each key of a family's config group may be under its chosen option: the family's settings
+    and the option's knobs."""
+    return {**{key: allowed for key, (allowed, _) in family_info(chosen.family).settings.items()}, **chosen.ranges}
+
+
+@functools.cache
+def later_keys() -> frozenset[str]:
+    """Every key declared with a neutral value (one that came after runs existed), of the run and of
+    any option of any family."""
+    keys = {key for key, allowed in RUN_SETTINGS.items() if allowed.neutral is not HASHED}
+    for family in families():
+        keys |= {f"{family}.{key}" for chosen in options(family).values()
+                 for key, allowed in declarations(chosen).items() if allowed.neutral is not HASHED}
+    return frozenset(keys)
 
 
 def _leave_out(node: dict, key: str, allowed: Allowed) -> bool:

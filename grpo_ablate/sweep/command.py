@@ -82,15 +82,15 @@ def resume(given: SweepArgs, console) -> int:
                                  {"max_seeds": given.max_seeds, "budget": given.budget}, rerun)
 
 
-def _given(value) -> bool:
-    """An option's value as given: not absent (None), not an unset flag (False), not an empty list."""
-    return value is not None and value is not False and value != ()
+def _given(name: str, value) -> bool:
+    """Whether SweepArgs' option `name` was given this value (request_fields.was_given, against its default)."""
+    return was_given(value, flags(SweepArgs)[name].default)
 
 
 def check_mode_options(mode: str, chosen: dict) -> None:
     """An option that belongs to one mode (its SweepMode.options), given with another, is refused."""
     for owner in REGISTRY.values():
-        given = [name for name in owner.options if _given(chosen.get(name))]
+        given = [name for name in owner.options if _given(name, chosen.get(name))]
         if given and owner.name != mode:
             raise SweepError(owner.options[given[0]])
 
@@ -113,7 +113,7 @@ def sweep_request(given: SweepArgs) -> SweepRequest:
     options = {**chosen, **{name: getattr(given, name) for mode_ in REGISTRY.values() for name in mode_.options
                             if name not in chosen}}
     check_mode_options(mode, options)
-    if own.tricks_from is not None and (not spec or any(_given(options.get(name)) for name in own.options)):
+    if own.tricks_from is not None and (not spec or any(_given(name, options.get(name)) for name in own.options)):
         tricks = own.tricks_from(given)   # the mode's own options as its trick list (conflict's --trick, --reward)
     trick_list = [t.strip() for t in tricks.split(",") if t.strip()] if tricks else spec.get("tricks", [])
     axes = [axis_values(a) for a in given.family] if given.family else [
@@ -143,7 +143,7 @@ def sweep_request(given: SweepArgs) -> SweepRequest:
                   else file_contexts(spec["contexts"]) if "contexts" in spec else []),
         sequential={k: chosen[k] for k in SEQUENTIAL if chosen[k] is not None},
         expected_pairs=list(spec.get("expected_pairs", [])),
-        mode_options={name: options[name] for name in own.options if _given(options.get(name))},
+        mode_options={name: options[name] for name in own.options if _given(name, options.get(name))},
         metric=chosen["metric"], eval_name=chosen["eval"])
 
 
