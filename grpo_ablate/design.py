@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 # plans them, report/load.py recognises them): the untrained start, supervised training on the
 # task's gold solutions, and rejection-sampling fine-tuning on the policy's own verified samples
 CONTROLS = {"base": "control-base", "sft": "control-sft", "rft": "control-rft"}
+# The run setting a placebo differs by (sampling/decode.sampler_seed): an A/A sweep's arms are the
+# reference and copies of it that draw their own sampling stream, and nothing else
+STREAM_SALT = "rollout.stream_salt"
 
 
 def _strings(values) -> tuple[str, ...]:
@@ -97,3 +100,11 @@ class Context:
 def manifest_variants(manifest: dict) -> list[Variant]:
     """The variants a manifest.json holds, typed (the sweep's readers and the report's alike)."""
     return [Variant.from_json(v) for v in manifest.get("variants") or []]
+
+
+def differ_only_by_stream(a: Variant, b: Variant) -> bool:
+    """Two arms that differ by nothing but their sampling stream (a placebo and its reference):
+    the same tricks, and overrides that differ only in STREAM_SALT."""
+    differing = set(a.overrides) ^ set(b.overrides)
+    return a.tricks_on == b.tricks_on and bool(differing) and all(
+        o.split("=", 1)[0].lstrip("+") == STREAM_SALT for o in differing)

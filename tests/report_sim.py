@@ -19,6 +19,7 @@ import math
 import numpy as np
 import yaml
 
+from grpo_ablate.design import STREAM_SALT
 from grpo_ablate.rundir.files import pack_scores
 
 STEPS = 30
@@ -97,8 +98,10 @@ def write_sweep(path, rng, drop_run=None, broken=None, mode="leave-one-out", **o
     manifest = {"version": 1, "sweep_id": "sim", "name": "sim", "mode": mode, "base": "grpo",
                 "tricks": names, "seeds": seeds, "overrides": [], "launcher": "joblib",
                 "wandb_group": "sim", "created_at": "x", "updated_at": "x",
-                "variants": [{"name": v, "tricks_on": on, "overrides": [], "reference": ref, "kind": "treatment"}
-                             for v, (on, ref, _) in variants.items()],
+                "variants": [{"name": v, "tricks_on": names if mode == "aa" else on, "reference": ref, "kind": "treatment",
+                              # an A/A sweep's placebos: the reference's tricks, each its own sampling stream
+                              "overrides": [f"{STREAM_SALT}={i}"] if mode == "aa" and i else []}
+                             for i, (v, (on, ref, _)) in enumerate(variants.items())],
                 "contrasts": [{"trick": t, "with": "all", "without": f"drop-{t}"} for t in names], "runs": runs}
     (path / "manifest.json").write_text(json.dumps(manifest))
     return path, scores

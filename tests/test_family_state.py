@@ -24,9 +24,13 @@ SHARED = {
     # ref_sync mixes the policy's parameters into the reference; the reset clears the optimizer's moments
     "after_optimizer_step": {"ref_sync", "optim_state"},
     # metrics and checkpoints: each family's own keys
-    "metrics": {"prompt_pool", "sampling", "adv", "ref_sync", "optim_state"},
-    "state_dict": {"prompt_pool", "sampling", "adv", "ref_sync", "optim_state"},
-    "load_state_dict": {"prompt_pool", "sampling", "adv", "ref_sync", "optim_state"},
+    "metrics": {"prompt_pool", "sampling", "adv", "ref_sync", "optim_state", "kl", "entropy"},
+    "state_dict": {"prompt_pool", "sampling", "adv", "ref_sync", "optim_state", "kl", "entropy", "temperature"},
+    "load_state_dict": {"prompt_pool", "sampling", "adv", "ref_sync", "optim_state", "kl", "entropy",
+                        "temperature"},
+    # the controllers each update their own weight from the step's metrics, and give their own Coefficients
+    "after_metrics": {"kl", "entropy"},
+    "coefficients": {"kl", "entropy"},
 }
 
 
@@ -48,7 +52,8 @@ def test_every_state_module_is_a_declared_family_and_the_factories_follow_the_st
     # today's hook order: the prompts, the sampler's batch, the estimator, the anchors, then the optimizer
     assert [make.__name__ for _, make in factories()] == [
         "prompt_pool", "replay_buffer", "replace_flat_groups", "ema_baseline", "score_norm_plugin",
-        "episode_gap_plugin", "previous_policy", "reference_sync", "staleness", "optimizer_reset"]
+        "episode_gap_plugin", "entropy_control", "kl_control", "previous_policy", "reference_sync", "staleness",
+        "temperature_control", "optimizer_reset"]
 
 
 def test_a_hook_several_families_implement_is_one_whose_order_was_looked_at():
@@ -60,7 +65,8 @@ def test_a_hook_several_families_implement_is_one_whose_order_was_looked_at():
 
 def test_the_checkpoint_keys_stay_those_old_runs_were_written_with():
     keys = {c.key for classes in plugin_classes().values() for c in classes if c.key}
-    assert keys == {"prompt_pool", "replay_buffer", "ema_baseline", "reference_sync", "optimizer_reset"}
+    assert keys == {"prompt_pool", "replay_buffer", "ema_baseline", "reference_sync", "optimizer_reset",
+                    "kl_control", "entropy_control", "temperature"}
 
 
 def test_a_factory_outside_its_familys_module_is_refused():

@@ -11,7 +11,8 @@ from grpo_ablate.config.identity import config_hash
 from grpo_ablate.report.build import build_report
 from grpo_ablate.report.render import render_markdown
 from grpo_ablate.sampling.decode import sampler_seed
-from grpo_ablate.sweep.matrix import STREAM_SALT, SweepError
+from grpo_ablate.design import STREAM_SALT
+from grpo_ablate.sweep.matrix import SweepError
 from grpo_ablate.sweep.modes import build_matrix
 
 FAMILIES = {"clip_higher": "clip", "token_mean": "loss_agg"}

@@ -267,11 +267,11 @@ def _agreement(d1: str, d2: str) -> str:
 
 
 def conflict_check(report, threshold: float) -> dict | None:
-    """A conflict sweep's three variants: base, trick-X, reward-Y."""
+    """A conflict sweep's three variants (`sweep conflict` names them): base, trick-X, reward-Y."""
     names = {v.name for v in report.sweep.variants}
     trick = next((n for n in names if n.startswith("trick-")), None)
     reward = next((n for n in names if n.startswith("reward-")), None)
-    if report.sweep.mode != "conflict" or "base" not in names or trick is None or reward is None:
+    if "base" not in names or trick is None or reward is None:
         return None
     runs_of = {n: [r for r in report.sweep.runs if r.variant == n] for n in ("base", trick, reward)}
     rows = []

@@ -367,7 +367,7 @@ def _scan_sweep(sweep_dir: Path, thresholds: HealthThresholds) -> Sweep:
     # a control's tricks (none, or the base's) would pair it with a treatment as a "contrast"
     treatments = [v for v in sweep.variants if v.kind != "control"]
     sweep.contrasts = infer_contrasts(treatments)
-    references = inferred_references(treatments, sweep.contrasts, sweep.mode)
+    references = inferred_references(treatments, sweep.contrasts)
     sweep.variants = [replace(v, reference=references[v.name]) if v.name in references else v
                       for v in sweep.variants]
     return sweep
@@ -484,16 +484,14 @@ def infer_contrasts(variants: list[Variant]) -> list[Contrast]:
     return contrasts
 
 
-def inferred_references(variants: list[Variant], contrasts: list[Contrast], mode: str | None) -> dict[str, str | None]:
-    """Without a manifest: variant name -> its reference, the one-more-trick partner for
-    leave-one-out (drop-x vs all), the one-fewer-trick partner otherwise (add-one-in, ladder),
-    none where that is ambiguous (factorial). With no mode recorded, a variant named `all`
-    means leave-one-out."""
-    if mode is None and "all" in {v.name for v in variants}:
-        mode = "leave-one-out"   # the sweep command's name for the all-on variant
+def inferred_references(variants: list[Variant], contrasts: list[Contrast]) -> dict[str, str | None]:
+    """Without a manifest: variant name -> its reference, the one-more-trick partner where the
+    sweep has an all-on variant `all` that the others drop a trick from (drop-x vs all), the
+    one-fewer-trick partner otherwise (add-one-in, ladder), none where that is ambiguous (factorial)."""
+    toward_all = "all" in {v.name for v in variants}   # the sweep command's name for the all-on variant
     references = {}
     for v in variants:
-        if mode == "leave-one-out":
+        if toward_all:
             partners = [c.with_ for c in contrasts if c.without == v.name]
         else:
             partners = [c.without for c in contrasts if c.with_ == v.name]

@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 import statistics
 
+from grpo_ablate.design import differ_only_by_stream
 from grpo_ablate.report.verdicts import BREAKS_TRAINING, HELPS, HURTS
 from grpo_ablate.stats import group_sequential as seq
 
-AA_MODE = "aa"   # the sweep mode whose contrasts are placebos (sweep/modes.py)
 NAMED = (HELPS, HURTS, BREAKS_TRAINING)   # a verdict that names an effect: false for every placebo
 
 
@@ -32,9 +32,16 @@ def noise_floor(contrasts: list[dict]) -> float | None:
     return math.sqrt(statistics.fmean(sd * sd for sd in sds)) if sds else None
 
 
+def all_placebos(sweep) -> bool:
+    """Every contrast is a placebo: its two arms differ by their sampling stream alone (`sweep aa`)."""
+    arms = {v.name: v for v in sweep.variants}
+    pairs = [(arms.get(c.with_), arms.get(c.without)) for c in sweep.contrasts]
+    return bool(pairs) and all(a is not None and b is not None and differ_only_by_stream(a, b) for a, b in pairs)
+
+
 def placebo_section(report) -> dict | None:
-    """The A/A check of an `aa` sweep's report; None for any other sweep."""
-    if report.sweep.mode != AA_MODE or not report.verdicts:
+    """The A/A check of a sweep whose every contrast is a placebo (`sweep aa`); None for any other."""
+    if not report.verdicts or not all_placebos(report.sweep):
         return None
     verdicts = report.verdicts
     family = verdicts[0]["family"]

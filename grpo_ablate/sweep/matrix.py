@@ -24,7 +24,6 @@ SWEEP_SETS = ("seed", "resume", "run", "sweep", "hydra")
 DIAG_ON = ("diag.grad_conflict=true",)   # a conflict sweep's runs log the gradient diagnostics
 # An A/A sweep's placebos unless told (--placebos): as many contrasts as the default leave-one-out's tricks
 DEFAULT_PLACEBOS = 6
-STREAM_SALT = "rollout.stream_salt"   # the run setting a placebo differs by (decode.sampler_seed)
 # A sweep larger than this needs --max-runs: a guard against a factorial that explodes by
 # mistake. 128 so that the default question (10 variants with the controls) runs with
 # `--seeds auto` up to --max-seeds 12 (120 runs).

@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from grpo_ablate.design import Contrast, Variant
-from grpo_ablate.sweep.matrix import (DEFAULT_PLACEBOS, DIAG_ON, EXPECTABLE, NAME_PATTERN, STREAM_SALT, SWEEP_SETS,
+from grpo_ablate.design import STREAM_SALT, Contrast, Variant
+from grpo_ablate.sweep.matrix import (DEFAULT_PLACEBOS, DIAG_ON, EXPECTABLE, NAME_PATTERN, SWEEP_SETS,
                                       Matrix, SweepError, check_exclusive, check_known, override_value,
                                       trick_overrides, value_label)
 

@@ -27,12 +27,12 @@ from grpo_ablate.config.inert import inert_reason
 from grpo_ablate.model_source import gguf_source, warm_start_dir
 from grpo_ablate.config.pair_rules import variant_lines
 from grpo_ablate.rundir.paths import NAME_MAX
-from grpo_ablate.design import Context
+from grpo_ablate.design import STREAM_SALT, Context
 from grpo_ablate.evals.protocol import EvalProtocol, metric_column, parse_metric
 from grpo_ablate.sweep.contexts import check_contexts, with_contexts
 from grpo_ablate.sweep.controls import control_kinds, planned_controls, with_controls
 from grpo_ablate.sweep.manifest import timestamp
-from grpo_ablate.sweep.matrix import (DEFAULT_MAX_RUNS, NAME_PATTERN, STREAM_SALT, Matrix, SweepError,
+from grpo_ablate.sweep.matrix import (DEFAULT_MAX_RUNS, NAME_PATTERN, Matrix, SweepError,
                                       check_size, expand_jobs, parse_seeds)
 from grpo_ablate.sweep.modes import REGISTRY, build_matrix
 from grpo_ablate.tasks import TASKS, build_task

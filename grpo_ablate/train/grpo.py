@@ -2,7 +2,7 @@
 
     train()          validate, turn the config into the run spec (config/spec.py), join the processes
                      (torchrun), open the run dir, build, run
-    build_grpo()     the task, the policy and its anchors, the tricks' controllers, the
+    build_grpo()     the task, the policy and its anchors, the tricks' state (plugins), the
                      optimizer and the sampler: a `GRPOTrainer` (train/step.py) ready to step,
                      each part built from its own part of the spec
 Read `GRPOTrainer.step` for what one step does. Every trick enters through the registry by the
@@ -37,7 +37,8 @@ from grpo_ablate.config.resume_rules import already_finished, open_run_dir
 from grpo_ablate.config.spec import BoundOption, ModelSettings, RunSpec, run_spec
 from grpo_ablate.train.run import (Optimization, RunResult, attention_implementation, finished_result, prepare_process,
                                    run_steps)
-from grpo_ablate.train.step import Controllers, GRPOTrainer, Policies
+from grpo_ablate.train.state import active_plugins, extra_param_groups
+from grpo_ablate.train.step import GRPOTrainer, Policies
 
 
 def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), console=None) -> RunResult:
@@ -85,8 +86,7 @@ def build_grpo(spec: RunSpec, device: torch.device, dp: DataParallel, checkpoint
     task = build_task(spec.task)
     model_path = dp.main_first(lambda: model_dir(spec.model.group, task, log=say))   # GGUF: converted once, cached
     tricks = spec.tricks
-    kl_control = tricks["kl"].fn()
-    policies = load_policies(spec.model, tricks["lm_head"], spec.ref_kl, model_path, kl_control, device, checkpoint,
+    policies = load_policies(spec.model, tricks["lm_head"], spec.ref_kl, model_path, tricks["kl"], device, checkpoint,
                              shard=dp.shard)
     if (sharding := dp.sharding(policies.policy)) is not None:   # model.fsdp=true: how it is split
         say(sharding)
@@ -95,12 +95,12 @@ def build_grpo(spec: RunSpec, device: torch.device, dp: DataParallel, checkpoint
     # A critic (adv=gae): a value head on the policy's last hidden state, trained alongside it.
     if tricks["adv"].option.uses_values:
         policies.value_head = torch.nn.Linear(policies.policy.config.hidden_size, 1).to(device)
-    controllers = Controllers(kl=kl_control, entropy=tricks["entropy"].fn(), temperature=tricks["temperature"].fn())
+    plugins = active_plugins(spec, task, policies)   # the tricks' state across steps (train/state/)
     critic = list(policies.value_head.parameters()) if policies.value_head is not None else []
     trained = [p for p in policies.policy.parameters() if p.requires_grad] + critic   # LoRA: the adapters only
     # the sampler's draws (optim.rng is their stream) from the seed, or from a placebo's salt of it (sweep aa)
     stream_seed = sampler_seed(spec.seed, spec.rollout.stream_salt)
-    optim = Optimization([{"params": trained}, *controllers.temperature.param_groups()], spec.optim, stream_seed,
+    optim = Optimization([{"params": trained}, *extra_param_groups(plugins)], spec.optim, stream_seed,
                          spec.schedule.steps)
     dp.checkpoint_full_optimizer_state(optim.optimizer)   # FSDP: checkpoints hold the full AdamW state
     # Sampling (rollout.backend: the policy itself, or vLLM), decoding, scoring: the whole batch.
@@ -112,10 +112,10 @@ def build_grpo(spec: RunSpec, device: torch.device, dp: DataParallel, checkpoint
                         eos_id=stop_token_ids(policies.policy, policies.tokenizer),
                         max_new_tokens=spec.rollout.max_new_tokens, seed=stream_seed,
                         rng=rng_mode(spec.rollout.rng, dp), stream=optim.rng, filters=spec.rollout.filters)
-    return GRPOTrainer(spec, task, encode, policies, controllers, optim, rollouts, dp, device), prompt_counts
+    return GRPOTrainer(spec, task, encode, policies, plugins, optim, rollouts, dp, device), prompt_counts
 
 
-def load_policies(model: ModelSettings, lm_head: BoundOption, ref_kl: bool, model_path, kl_control,
+def load_policies(model: ModelSettings, lm_head: BoundOption, ref_kl: bool, model_path, kl: BoundOption,
                   device: torch.device, checkpoint: Path | None, shard=lambda model: model) -> Policies:
     """The policy (from the checkpoint when resuming), and the frozen models a KL anchors it to
     (pi_ref also for `ref_kl`, metrics.ref_kl). `shard` (model.fsdp=true: DataParallel.shard)
@@ -123,6 +123,7 @@ def load_policies(model: ModelSettings, lm_head: BoundOption, ref_kl: bool, mode
     attn = attention_implementation(model.attn_implementation, device)
     dtype = model.dtype                            # compute dtype; weights stay float32
     lora = model.lora                              # model.lora.r > 0: train LoRA adapters only
+    kl_start = kl.fn()                             # the kl option at its start: which anchors its terms need
 
     head_precision = lm_head.fn                    # lm_head=fp32: the head and logits in float32
 
@@ -141,13 +142,13 @@ def load_policies(model: ModelSettings, lm_head: BoundOption, ref_kl: bool, mode
     # The reference policy is the starting model, frozen. It is loaded and run only when a KL
     # term or a KL metric uses it: with beta = 0 there is no second model and no extra forward.
     reference = None
-    if (kl_control.beta > 0 or ref_kl) and lora:   # the base is the policy, adapters off
+    if (kl_start.beta > 0 or ref_kl) and lora:   # the base is the policy, adapters off
         reference = AdapterDisabled(policy)
-    elif kl_control.beta > 0 or ref_kl:
+    elif kl_start.beta > 0 or ref_kl:
         reference = shard(load(model_path)[0] if checkpoint else copy.deepcopy(policy))
         reference.eval().requires_grad_(False)
     # A second anchor, the policy as it was prev_lag steps ago (two-layer KL): a frozen copy,
     # loaded each step from the run's history of weights (train/policy_history.py)
-    previous = copy.deepcopy(policy).eval().requires_grad_(False) if kl_control.beta_prev > 0 else None
-    lag = kl_control.prev_lag if previous is not None else 0
+    previous = copy.deepcopy(policy).eval().requires_grad_(False) if kl_start.beta_prev > 0 else None
+    lag = kl_start.prev_lag if previous is not None else 0
     return Policies(shard(policy), tokenizer, reference, previous, lag, value_head=None)

@@ -48,11 +48,13 @@ class LossInputs:
 
 @dataclass(frozen=True)
 class Coefficients:
-    """This step's weights of the terms (adaptive controllers change them between steps)."""
-    kl: float          # beta of the KL term in the loss (0: no term; kl=in_reward charges the reward)
-    kl_prev: float     # beta_prev of the two-layer KL
-    entropy: float     # c of the entropy bonus
-    value: float       # value_coef of the critic's loss
+    """This step's weights of the terms (adaptive controllers change them between steps); a term
+    no plugin weighs is off."""
+    kl: float = 0.0          # beta of the KL term in the loss (0: no term; kl=in_reward charges the reward)
+    kl_prev: float = 0.0     # beta_prev of the two-layer KL
+    entropy: float = 0.0     # c of the entropy bonus
+    value: float = 0.0       # value_coef of the critic's loss
+    kl_reward: float = 0.0   # beta of kl=in_reward's penalty in the reward (read once: it stays fixed)
 
 
 class SeededDraws:

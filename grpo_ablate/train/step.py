@@ -1,11 +1,11 @@
 """One GRPO step, as named phases: sample, anchor forwards, rewards and advantages, update, metrics.
 
 `GRPOTrainer.step` reads top to bottom; every trick enters through the registry (the objects
-`LossTerms`, `RewardShaping`, `AdvantageChain` and the controllers were made from the run
-spec's bound options when the run started), so nothing here branches on a trick's name.
-Tricks with state of their own (a prompt pool, a replay buffer, stale samplers, a moving
-reference, an older policy) are plugins (train/state/<family>.py): the trainer calls the active
-ones' hooks in a loop. What it must know about an option (it reads pi_old, greedy rewards, token
+`LossTerms`, `RewardShaping` and `AdvantageChain` were made from the run spec's bound options
+when the run started), so nothing here branches on a trick's name. Tricks with state of their
+own (a prompt pool, a replay buffer, stale samplers, a moving reference, an older policy, the
+KL and entropy controllers, the temperature) are plugins (train/state/<family>.py): the trainer
+calls the active ones' hooks in a loop. What it must know about an option (it reads pi_old, greedy rewards, token
 energy) is a registry flag it asks the spec for (`spec.needs`), never a family's name.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from grpo_ablate.train.policy_history import policy_history, upgraded_checkpoint
 from grpo_ablate.train.rewards import AdvantageChain, Advantages, RewardShaping, ShapedRewards
 from grpo_ablate.evals.score import evaluate
 from grpo_ablate.train.run import Optimization, StepResult
-from grpo_ablate.train.state import active_plugins
+from grpo_ablate.train.state import Plugin, extra_param_groups
 from grpo_ablate.tricks.loss_agg import aggregate, masked_mean
 
 
@@ -44,14 +44,6 @@ class Policies:
     previous: torch.nn.Module | None        # pi_prev (kl=two_layer): a frozen copy, loaded from the history
     previous_lag: int                       # pi_prev's age in steps (0: no previous policy)
     value_head: torch.nn.Module | None      # the critic (adv=gae)
-
-
-@dataclass
-class Controllers:
-    """Tricks with state of their own, checkpointed with the run."""
-    kl: object            # kl family: beta (adaptive ones update it from the measured KL)
-    entropy: object       # entropy family: the bonus coefficient c
-    temperature: object   # temperature family: T (learnable: a trained scalar)
 
 
 @dataclass
@@ -70,21 +62,21 @@ class GRPOTrainer:
     It reads its settings from the run spec (typed, frozen; the tricks bound); what it builds
     from them (the loss, the shaping, the plugins) gets only its own part."""
 
-    def __init__(self, spec: RunSpec, task, encode, policies: Policies, controllers: Controllers,
+    def __init__(self, spec: RunSpec, task, encode, policies: Policies, plugins: list[Plugin],
                  optim: Optimization, rollouts: Rollouts, dp: DataParallel, device: torch.device):
         self.spec, self.task, self.encode, self.dp, self.device = spec, task, encode, dp, device
-        self.p, self.ctl, self.optim, self.rollouts = policies, controllers, optim, rollouts
+        self.p, self.optim, self.rollouts = policies, optim, rollouts
         self.model, self.tokenizer = policies.policy, policies.tokenizer
         tricks = spec.tricks
+        # the stateful tricks of this run's options (train/state/: `active_plugins`), and the one
+        # history of the policy's weights that those reading older policies share (else None)
+        self.plugins = plugins
+        self.history = policy_history(self.plugins)
         self.shaping = RewardShaping(tricks, spec.reward, spec.rollout.max_new_tokens, task,
-                                     controllers.kl.reward_beta)
+                                     self.coefficients().kl_reward)   # kl=in_reward's beta: fixed
         self.advantages = AdvantageChain(tricks)
         self.draws = loss_draws(tricks["clip"], spec.seed)   # clip_cov's seeded, checkpointed draws (else None)
         self.loss_terms = LossTerms(tricks, self.draws)
-        # the stateful tricks of this run's options (train/state/), and the one history of
-        # the policy's weights that those reading older policies share (else None)
-        self.plugins = active_plugins(spec, task, policies)
-        self.history = policy_history(self.plugins)
         self.prompts = TaskPrompts(task, spec.seed)       # the task's order, unless a plugin draws them
         for plugin in self.plugins:
             self.prompts = plugin.prompts(self.prompts)
@@ -103,7 +95,7 @@ class GRPOTrainer:
         critic = list(policies.value_head.parameters()) if policies.value_head is not None else []
         self.trained = [p for p in policies.policy.parameters() if p.requires_grad] + critic   # LoRA: adapters
         # trained tensors outside the policy, whose gradients DDP does not average (torchrun)
-        self.outside_ddp = critic + [p for g in controllers.temperature.param_groups() for p in g["params"]]
+        self.outside_ddp = critic + [p for g in extra_param_groups(plugins) for p in g["params"]]
         self.train_model = dp.wrap(policies.policy)   # the loss's forward: DDP under torchrun
         # model.dtype=float16: a dynamic loss scale keeps small gradients from underflowing (else off)
         self.scaler = torch.amp.GradScaler(device.type, enabled=spec.model.dtype == "float16")
@@ -130,11 +122,11 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ the step
     def step(self, step: int) -> StepResult:
-        ctl, started = self.ctl, time.perf_counter()
+        started = time.perf_counter()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)   # perf/peak_memory_gib: this step's
         self.model.train()
-        T = ctl.temperature.value                                   # this step's sampling temperature
+        T = float(self.temperature())                               # this step's sampling temperature
         try:
             batch = self.sample(step, T)                                           # 1. sample and score
         except NonFiniteLogits as err:
@@ -150,7 +142,7 @@ class GRPOTrainer:
         update = self.update(batch, part, inputs, coef, step)                     # 4. optimizer step(s)
         updated = time.perf_counter()
         metrics = {"step": step, "loss": update.loss,                             # 5. metrics
-                   **self.metrics(batch, shaped, adv, anchors, update, coef, T), **mismatch, **diag,
+                   **self.metrics(batch, shaped, adv, anchors, update, T), **mismatch, **diag,
                    **self.timings(started, sampled, scored, rewarded, updated, shaped.mask, batch.sampled_tokens),
                    "time/elapsed_s": updated - self.started, **metrics_mod.peak_memory_metrics(self.device)}
         if not update.finite and self.spec.on_nonfinite == "stop":
@@ -268,11 +260,19 @@ class GRPOTrainer:
         wrong, correct = float(self.spec.reward.wrong), float(self.spec.reward.correct)
         return (wrong + (correct - wrong) * greedy.scores).to(self.device)[batch.group_index.to(self.device)]
 
+    def temperature(self):
+        """The temperature this step samples at and scores at (1 unless a plugin sets it; a
+        tensor in the graph when it is trained)."""
+        T = 1.0
+        for plugin in self.plugins:
+            T = plugin.temperature(T)
+        return T
+
     def coefficients(self) -> Coefficients:
-        kl = self.ctl.kl
-        return Coefficients(kl=kl.loss_beta, kl_prev=kl.beta_prev, entropy=self.ctl.entropy.coef,
-                            value=float(self.spec.tricks["adv"].values["value_coef"]) if self.p.value_head is not None
-                            else 0.0)
+        """This step's weights of the terms: the plugins' (the KL and entropy controllers), the critic's."""
+        given = {name: weight for plugin in self.plugins for name, weight in plugin.coefficients().items()}
+        value = float(self.spec.tricks["adv"].values["value_coef"]) if self.p.value_head is not None else 0.0
+        return Coefficients(**given, value=value)
 
     def update(self, batch: SampledGroups, part: Rollout, inputs: LossInputs, coef: Coefficients,
                step: int) -> Update:
@@ -327,13 +327,13 @@ class GRPOTrainer:
         pieces, dp, scaler = self.pieces(roll), self.dp, self.scaler
         if len(pieces) > 1 and self.loss_terms.token_mask is not None:
             with torch.no_grad():
-                entropy = self.token_logprobs(self.p.policy, roll, self.ctl.temperature.current())[1]
+                entropy = self.token_logprobs(self.p.policy, roll, self.temperature())[1]
             mine = replace(mine, token_keep=self.loss_terms.token_keep(entropy, mine.mask, dp))
         self.optim.optimizer.zero_grad(set_to_none=True)
         loss, outputs = 0.0, []
         for i, piece in enumerate(pieces):
             logp, entropy, values = token_logprobs(self.train_model, select_rows(roll, piece),
-                                                   self.ctl.temperature.current(), self.p.value_head,
+                                                   self.temperature(), self.p.value_head,
                                                    entropy_grad=coef.entropy > 0, remove_padding=self.remove_padding,
                                                    score_kept_sets=self.score_kept_sets)
             terms, stats = self.loss_terms(logp, entropy, values, mine.rows(piece), coef, dp)
@@ -393,7 +393,7 @@ class GRPOTrainer:
         policy = self.p.policy
         with torch.random.fork_rng(devices=[policy.device] if policy.device.type == "cuda" else []):
             logp, entropy, values = self.token_logprobs(policy, select_rows(batch.roll, rows),
-                                                        self.ctl.temperature.current(), self.p.value_head,
+                                                        self.temperature(), self.p.value_head,
                                                         entropy_grad=coef.entropy > 0)
         weights = self.weights_of(shaped.mask, self.spec.rollout.max_new_tokens, batch.group_index)   # the batch's
         w = weights[rows] * (weights.sum() / weights[rows].sum().clamp(min=1e-12))   # the full loss's total
@@ -418,26 +418,26 @@ class GRPOTrainer:
             return inputs
         policy = self.p.policy
         with torch.random.fork_rng(devices=[policy.device] if policy.device.type == "cuda" else []):
-            entropy = self.token_logprobs(policy, batch.roll, self.ctl.temperature.current())[1]
+            entropy = self.token_logprobs(policy, batch.roll, self.temperature())[1]
         return replace(inputs, token_keep=self.loss_terms.token_keep(entropy, inputs.mask))
 
     # ------------------------------------------------------------------ metrics, samples, state
     @torch.no_grad()
     def metrics(self, batch: SampledGroups, shaped: ShapedRewards, adv: Advantages, anchors: Anchors,
-                update: Update, coef: Coefficients, T: float) -> dict:
-        """This step's metrics; then the adaptive controllers see what they measure."""
+                update: Update, T: float) -> dict:
+        """This step's metrics; then the plugins see them (an adaptive controller updates from what it measured)."""
         rollout, mask, m = self.spec.rollout, shaped.mask, metrics_mod
         group_index = batch.group_index.to(self.device)
         out = {**m.reward_metrics(batch.scores, adv.rewards, group_index, shaped.components["overlong_reward"],
                                   shaped.keep, shaped.components["length_reward"]),
                **m.sampling_metrics(batch.rounds, len(batch.problems), len(batch.texts),
                                     rollout.prompts_per_step, rollout.group_size, batch.drawn),
-               "entropy/coef": coef.entropy, "temperature/value": T,
+               "temperature/value": T,
                **m.completion_metrics(batch.roll.lengths, batch.roll.truncated),
                **m.advantage_metrics(adv.values, mask, adv.clipped_frac),
                "policy/entropy": masked_mean(update.entropy, mask).item(), **update.step_means,
                "ppo/optimizer_steps": update.steps,
-               "kl/beta": self.ctl.kl.beta, "optim/grad_norm": update.grad_norm,
+               "optim/grad_norm": update.grad_norm,
                "optim/lr": self.optim.schedule.get_last_lr()[0], "optim/skipped_steps": self.skipped_steps,
                **m.kl_metrics(update.logp, anchors.ref, anchors.prev, mask)}
         if anchors.energy is not None:
@@ -459,9 +459,8 @@ class GRPOTrainer:
             out.update(m.age_metrics(batch.roll.ages, batch.roll.kept, anchors.old,
                                          None if sampler is None else sampler.to(self.device), mask,
                                          queued=batch.roll.queued))
-        if "kl/k3" in out:
-            self.ctl.kl.update(out["kl/k3"], num_sequences=adv.rewards.numel())
-        self.ctl.entropy.update(out["policy/entropy"])
+        for plugin in self.plugins:
+            plugin.after_metrics(out, rows=adv.rewards.numel())
         return out
 
     @staticmethod
@@ -489,8 +488,7 @@ class GRPOTrainer:
 
     def checkpointed(self) -> dict:
         """The objects with state of their own, by their checkpoint key."""
-        return {"kl_control": self.ctl.kl, "entropy_control": self.ctl.entropy, "temperature": self.ctl.temperature,
-                **({"value_head": self.p.value_head} if self.p.value_head is not None else {}),
+        return {**({"value_head": self.p.value_head} if self.p.value_head is not None else {}),
                 **({"loss_draws": self.draws} if self.draws is not None else {}),
                 **({"grad_scaler": self.scaler} if self.scaler.is_enabled() else {}),
                 **({"policy_history": self.history} if self.history is not None else {}),

@@ -2,7 +2,8 @@
 
 Most options are pure functions bound once (`LossTerms`, `RewardShaping`, `AdvantageChain`). An
 option with state that lives across steps and is checkpointed with the run (a prompt pool, a
-replay buffer, a baseline carried over, a reference that moves) brings a `Plugin`, made by a
+replay buffer, a baseline carried over, a reference that moves, a controller's beta, coefficient
+or trained temperature) brings a `Plugin`, made by a
 factory in its family's module here, marked `@stateful(family)`:
 
     @stateful("sampling")
@@ -40,6 +41,10 @@ class Plugin:
         after_optimizer_step(optimizer)     once after every optimizer step
         after_update(optimizer)             once a rollout's optimizer steps are done
         metrics(batch)                      this step's metrics of its own
+        after_metrics(metrics, rows)        once the step's metrics are in (an adaptive controller updates)
+        temperature(T)                      the temperature the step samples and scores at (a tensor: trained)
+        coefficients()                      this step's weights of the terms it sets (`Coefficients` fields)
+        param_groups()                      trained tensors of its own: optimizer groups, outside DDP
         state_dict(), load_state_dict()     checkpointed with the run under `key`
     """
 
@@ -72,6 +77,18 @@ class Plugin:
 
     def metrics(self, batch) -> dict:
         return {}
+
+    def after_metrics(self, metrics: dict, rows: int) -> None:
+        return None
+
+    def temperature(self, T):
+        return T
+
+    def coefficients(self) -> dict:
+        return {}
+
+    def param_groups(self) -> list[dict]:
+        return []
 
     def state_dict(self) -> dict:
         return {}
@@ -114,3 +131,8 @@ def factories() -> list[tuple[str, Factory]]:
 def active_plugins(spec, task, policies) -> list[Plugin]:
     """The plugins this run's options bring (none for a run of stateless tricks)."""
     return [plugin for _, make in factories() if (plugin := make(spec, task, policies)) is not None]
+
+
+def extra_param_groups(plugins: list[Plugin]) -> list[dict]:
+    """The optimizer groups of tensors the plugins train beside the policy (a learnable temperature)."""
+    return [group for plugin in plugins for group in plugin.param_groups()]
