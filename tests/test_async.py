@@ -132,7 +132,7 @@ MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], dtype=D)
 
 def test_loglinear_proximal_is_areals_interpolation():
     # AReaL compute_prox_logp_approximations: v_prox = v_theta - 1, alpha = (v_prox - v_mu) / (v_theta - v_mu);
-    # behaviour 2 versions behind pi_prox -> alpha = 2 / 3 with versions=next (tests/test_areal_conventions.py
+    # behaviour 2 versions behind pi_prox -> alpha = 2 / 3 with versions=next (tests/test_proximal.py
     # has AReaL's own mapping, the default); log p_prox = log mu + alpha (log p_theta - log mu)
     ages = torch.tensor([[2], [0]])
     got, metrics = impl("proximal", "loglinear")(OLD, MU, ages, MASK, versions="next")

@@ -1,5 +1,5 @@
-"""Policy losses (dppo, vespo, luspo, topr, kimi15, clamped REINFORCE) and the advantages and
-weights maxrl, prompt_mean and remax against their references, in float64.
+"""Family `clip`, the policy losses dppo, vespo, luspo, topr, kimi15 and clamped REINFORCE against their
+references, in float64.
 
 None of the references is installed here (SkyRL, prime-rl, ROLL, PipelineRL are not pip
 packages of this project; TRL is an optional extra), so every expected value is worked by
@@ -126,38 +126,3 @@ def test_on_policy_the_gradient_is_reinforces(name):
     loss, _ = impl(name)(logp, OLD, ADV, MASK)
     (loss * MASK).sum().backward()
     torch.testing.assert_close(logp.grad, (-ADV * MASK).expand_as(MASK))
-
-
-def test_maxrl_advantage_is_skyrls():
-    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0], dtype=D)
-    group_index = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 3])
-    got = option("adv", "maxrl").impl(rewards, group_index, None, None, {})
-    # SkyRL compute_maxrl_advantage: (r - mean) / (mean + 1e-6); a group of one: r - 0
-    expected = [(1 - 0.25) / (0.25 + 1e-6)] + [-0.25 / (0.25 + 1e-6)] * 3 \
-        + [0.25 / (0.75 + 1e-6)] * 3 + [-0.75 / (0.75 + 1e-6)] + [0.0, 0.0] + [1.0]
-    torch.testing.assert_close(got, torch.tensor(expected, dtype=D))
-
-
-def test_prompt_mean_weights_are_skyrls():
-    # two prompts: group 0 has lengths 4 and 2 (6 tokens), group 1 lengths 1 and 3 (4 tokens)
-    mask = torch.zeros(4, 4, dtype=D)
-    for row, n in enumerate([4, 2, 1, 3]):
-        mask[row, :n] = 1
-    w = option("loss_agg", "prompt_mean").impl(mask, 4, torch.tensor([0, 0, 1, 1]))
-    # SkyRL prompt_mean: 1 / (num_prompts * tokens_in_prompt)
-    expected = mask * torch.tensor([[1 / 12], [1 / 12], [1 / 8], [1 / 8]], dtype=D)
-    torch.testing.assert_close(w, expected)
-    assert w.sum().item() == pytest.approx(1.0)
-    # a prompt with no trained token is left out of P
-    mask[2:] = 0
-    w = option("loss_agg", "prompt_mean").impl(mask, 4, torch.tensor([0, 0, 1, 1]))
-    assert w.sum().item() == pytest.approx(1.0) and w[2:].abs().sum() == 0
-
-
-def test_remax_subtracts_the_greedy_reward_as_verl():
-    # verl compute_remax_outcome_advantage: reward-to-go of the outcome reward (r on every token) - baseline
-    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=D)
-    greedy = torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=D)        # per row: its prompt's greedy reward
-    got = option("adv", "remax").impl(rewards, torch.tensor([0, 0, 1, 1]), None, greedy, {})
-    assert got.tolist() == [0.0, -1.0, 1.0, 0.0]
-    assert option("adv", "remax").greedy_baseline
