@@ -604,8 +604,8 @@ NOT_IN_REVIEW = {t.name: (o.family, o.name) for o in all_options() for t in o.tr
 
 
 # the asynchronous-RL tricks and their losses are not in the review either (tests/test_async.py,
-# tests/test_clip_dppo_vespo_luspo_topr_kimi15_reinforce.py, tests/test_adv_maxrl_remax.py,
-# tests/test_loss_agg_prompt_mean.py)
+# tests/test_clip_options.py, tests/test_adv_estimators.py,
+# tests/test_loss_agg.py)
 ASYNC_TRICKS = {"stale_rollouts", "mixed_staleness", "spread_staleness", "proximal_loglinear", "proximal_behaviour",
             "decoupled_ppo", "m2po", "dppo", "prime_rl_loss", "vespo", "luspo", "topr", "kimi15", "clamped_reinforce",
             "maxrl", "prompt_mean", "fp32_lm_head", "zero_variance_filter", "remax", "replay_buffer",
