@@ -66,6 +66,8 @@ class Allowed:
     neutral: Any = HASHED                # the value at which the setting does nothing: hashed only away from it
                                          # (a ReadWhen: hashed only where another key makes it read)
     resumable: bool = False              # may differ between a run and its resumption (left out of the hash)
+    unset: Any = None                    # what a config without the key means by it (an option of its group
+                                         # that does not set it: rollout=vllm has no lean_decoder)
 
     def __post_init__(self):
         if self.kind not in KINDS:

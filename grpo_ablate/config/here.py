@@ -13,6 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from grpo_ablate.config.run_settings import setting
 from grpo_ablate.errors import ConfigError
 from grpo_ablate.model_source import (PACKAGE_PREFIX, ModelPathError, gguf_problem, gguf_source, local_path,
                                       looks_local)
@@ -53,14 +54,14 @@ def check_here(cfg: DictConfig) -> None:
         problem = _vllm_problem(cfg)
         _require(problem is None, f"rollout=vllm {problem}")
     ranks = launched_ranks()
-    _require(ranks > 1 or not cfg.model.get("fsdp"),
+    _require(ranks > 1 or not setting(cfg, "model.fsdp"),
              "model.fsdp=true shards the model over several processes, and this run has one: launch it with "
              "torchrun --nproc_per_node N (N >= 2) or a SLURM job step of N tasks, or drop model.fsdp")
     if ranks > 1:
         _require(cfg.rollout.prompts_per_step % ranks == 0,
                  f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} is not allowed with {ranks} processes: "
                  "it must be a multiple of the number of processes (each samples whole groups)")
-        _require((cfg.rollout.get("rng") or "auto") != "stream",
+        _require((setting(cfg, "rollout.rng") or "auto") != "stream",
                  "rollout.rng=stream is one random stream for one process; with several processes use "
                  "per_row (or auto)")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from grpo_ablate.config.run_settings import setting
 from grpo_ablate.config.validate import trick_families
 from grpo_ablate.tricks import UnknownOption, option
 from grpo_ablate.tricks.conditions import FILTERS_OFF, one_optimizer_step, sampler_truncates, truncation_unreplayed
@@ -81,7 +82,7 @@ def _truncation_unreplayed_under_correction(cfg, options: list) -> str | None:
 
 
 def _replay_off_without_truncation(cfg, options: list) -> str | None:
-    if bool(cfg.rollout.get("sampling_replay", True)) or sampler_truncates(cfg):
+    if bool(setting(cfg, "rollout.sampling_replay")) or sampler_truncates(cfg):
         return None
     return "rollout.sampling_replay=false on a sampler that truncates nothing (top_k=0, top_p=1, min_p=0)"
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from grpo_ablate.allowed import FLAG, FRACTION, NON_NEGATIVE, POSITIVE, POSITIVE_INT, Allowed, choice
 from grpo_ablate.evals.protocol import GREEDY
 from grpo_ablate.tricks.conditions import FILTERS_OFF
@@ -99,19 +101,20 @@ BASE_SETTINGS = {
 
 # The settings whose defaults each option of their config group sets (conf/<group>/<option>.yaml).
 RUN_SETTINGS = {
-    **{key: setting.allowed for key, setting in BASE_SETTINGS.items()},
+    **{key: setting.allowed.but(unset=setting.default) for key, setting in BASE_SETTINGS.items()},
     # rollout=hf|vllm (group_size >= 2 under a group statistic, and the HF sampler's dtypes: validate.py)
     "rollout.backend": choice("hf", "vllm"), "rollout.prompts_per_step": POSITIVE_INT,
     "rollout.group_size": POSITIVE_INT, "rollout.max_new_tokens": POSITIVE_INT,
-    "rollout.dtype": Allowed("choice", choices=MODEL_DTYPE.choices, optional=True),   # null: model.dtype (vllm)
-    "rollout.lean_decoder": FLAG,
-    "rollout.rng": Allowed("choice", choices=("auto", "stream", "per_row"), optional=True),   # null: auto
-    "rollout.stream_salt": NON_NEGATIVE_INT.but(neutral=0),   # 0: the sampler's stream is the seed's own (sweep aa)
+    "rollout.dtype": Allowed("choice", choices=MODEL_DTYPE.choices, optional=True,   # null: model.dtype (vllm)
+                             unset="float32"),
+    "rollout.lean_decoder": FLAG.but(unset=False),
+    "rollout.rng": Allowed("choice", choices=("auto", "stream", "per_row"), optional=True, unset="auto"),   # null: auto
+    "rollout.stream_salt": NON_NEGATIVE_INT.but(neutral=0, unset=0),   # 0: the sampler's stream is the seed's own (aa)
     # sampling filters (sampling/filters.py), off at FILTERS_OFF, and the trainer's replay of the kept sets they leave
-    "rollout.top_k": NON_NEGATIVE_INT.but(neutral=FILTERS_OFF["top_k"]),
-    "rollout.top_p": Allowed(low=0, low_open=True, high=1, neutral=FILTERS_OFF["top_p"]),
-    "rollout.min_p": Allowed(low=0, high=1, high_open=True, neutral=FILTERS_OFF["min_p"]),
-    "rollout.sampling_replay": FLAG.but(neutral=True),
+    "rollout.top_k": NON_NEGATIVE_INT.but(neutral=FILTERS_OFF["top_k"], unset=FILTERS_OFF["top_k"]),
+    "rollout.top_p": Allowed(low=0, low_open=True, high=1, neutral=FILTERS_OFF["top_p"], unset=FILTERS_OFF["top_p"]),
+    "rollout.min_p": Allowed(low=0, high=1, high_open=True, neutral=FILTERS_OFF["min_p"], unset=FILTERS_OFF["min_p"]),
+    "rollout.sampling_replay": FLAG.but(neutral=True, unset=True),
     "rollout.gpu_memory_utilization": Allowed(low=0, low_open=True, high=1),
     "rollout.cpu_kv_cache_gib": POSITIVE,
     "rollout.max_model_len": OPTIONAL_POSITIVE_INT,
@@ -131,10 +134,10 @@ RUN_SETTINGS = {
     "model.name": choice("tiny", "hf"),
     "model.stage": Allowed("choice", choices=("base", "aligned"), optional=True),
     "model.path": OPTIONAL_TEXT, "model.gguf_file": OPTIONAL_TEXT, "model.cache_dir": TEXT,
-    "model.device": TEXT, "model.dtype": MODEL_DTYPE, "model.attn_implementation": OPTIONAL_TEXT,
-    "model.gradient_checkpointing": FLAG, "model.fsdp": FLAG,
-    "model.disable_dropout": FLAG, "model.remove_padding": FLAG,
-    "model.lora.r": NON_NEGATIVE_INT, "model.lora.alpha": POSITIVE,
+    "model.device": TEXT, "model.dtype": MODEL_DTYPE.but(unset="float32"), "model.attn_implementation": OPTIONAL_TEXT,
+    "model.gradient_checkpointing": FLAG.but(unset=False), "model.fsdp": FLAG.but(unset=False),
+    "model.disable_dropout": FLAG.but(unset=True), "model.remove_padding": FLAG.but(unset=True),
+    "model.lora.r": NON_NEGATIVE_INT.but(unset=0), "model.lora.alpha": POSITIVE,
     "model.lora.dropout": Allowed(low=0, high=1, high_open=True),
     "model.lora.target_modules": Allowed("any", note="peft's: all-linear or a list of module names"),
     **{f"model.arch.{k}": POSITIVE_INT for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
@@ -146,10 +149,18 @@ RUN_SETTINGS = {
     **{key: allowed.but(resumable=True) for key, allowed in {   # where a run's numbers are also sent
         "logger.name": choice("none", "wandb"), "logger.project": TEXT, "logger.entity": OPTIONAL_TEXT,
         "logger.mode": choice("auto", "online", "offline", "disabled")}.items()},
-    "control.name": choice("none", "base", "sft", "rft"), "control.sample": FLAG,
+    "control.name": choice("none", "base", "sft", "rft"), "control.sample": FLAG.but(unset=True),
     "control.budget": choice("tokens", "wall"),
     "control.wall_s": Allowed(low=0, low_open=True, optional=True),   # needed by budget=wall (validate.py)
 }
+
+
+
+def setting(cfg, key: str):
+    """A run setting's value in a composed config, or, where the config has no such key (an option of
+    its group that does not set it), what its declaration says that means (`Allowed.unset`)."""
+    return OmegaConf.select(cfg, key, default=RUN_SETTINGS[key].unset)
+
 
 @dataclass(frozen=True)
 class Exempt:

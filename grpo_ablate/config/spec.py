@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_ablate.config.identity import config_hash
-from grpo_ablate.config.run_settings import BASE_SETTINGS, RUN_SETTINGS
+from grpo_ablate.config.run_settings import BASE_SETTINGS, RUN_SETTINGS, setting
 from grpo_ablate.config.validate import params, parses_answers
 from grpo_ablate.evals.protocol import EvalProtocol
 from grpo_ablate.sampling.filters import SamplingFilters
@@ -161,31 +161,35 @@ class RunSpec:
 def run_spec(cfg: DictConfig) -> RunSpec:
     """The spec of a validated config (config.validate first: nothing is checked here)."""
     tricks = bound_options(cfg)   # every family, `updates` too, is read through its bound option
-    r, s, m = cfg.rollout, tricks["updates"].values, cfg.model
+    r, s = cfg.rollout, tricks["updates"].values
+
+    def read(key):   # a setting some options of its group leave out, read as its declaration says
+        return setting(cfg, key)
+
     return RunSpec(
         seed=int(cfg.seed), threads=None if cfg.threads is None else int(cfg.threads),
         on_nonfinite=str(cfg.on_nonfinite), reward=settings_of(cfg, RewardScale, "reward"),
         rollout=RolloutSettings(str(r.backend), int(r.prompts_per_step), int(r.group_size), int(r.max_new_tokens),
-                                r.get("dtype", "float32"), bool(r.get("lean_decoder", False)),
-                                str(r.get("rng") or "auto"), _read_only(params(r)),
-                                SamplingFilters(int(r.get("top_k", 0)), float(r.get("top_p", 1.0)),
-                                                float(r.get("min_p", 0.0))),
-                                bool(r.get("sampling_replay", True)), int(r.get("stream_salt", 0))),
+                                read("rollout.dtype"), bool(read("rollout.lean_decoder")),
+                                str(read("rollout.rng") or "auto"), _read_only(params(r)),   # null: auto
+                                SamplingFilters(int(read("rollout.top_k")), float(read("rollout.top_p")),
+                                                float(read("rollout.min_p"))),
+                                bool(read("rollout.sampling_replay")), int(read("rollout.stream_salt"))),
         optim=settings_of(cfg, OptimSettings, "optim"),
         updates=UpdateSettings(int(s["mini_batches"]), int(s["epochs"]), bool(s["shuffle"]),
                                _count(s.get("micro_batch_size")), _count(s.get("max_tokens_per_forward"))),
         schedule=Schedule(int(cfg.steps), int(cfg.eval.every), int(cfg.eval.max_new_tokens), int(cfg.samples_every),
                           int(cfg.samples_per_log), int(cfg.checkpoint_every), cfg.debug.fail_at_step,
-                          cfg.debug.nan_loss_at_step, bool(cfg.eval.get("keep_weights", False)),
+                          cfg.debug.nan_loss_at_step, bool(read("eval.keep_weights")),
                           eval_protocol(cfg).accuracy_label),
-        model=ModelSettings(m.get("dtype", "float32"), m.get("attn_implementation"),
-                            bool(m.get("fsdp")), bool(m.get("gradient_checkpointing")),
-                            bool(m.get("disable_dropout", True)), bool(m.get("remove_padding", True)),
-                            int((m.get("lora") or {}).get("r") or 0) > 0, _frozen_group(m)),
+        model=ModelSettings(read("model.dtype"), read("model.attn_implementation"),
+                            bool(read("model.fsdp")), bool(read("model.gradient_checkpointing")),
+                            bool(read("model.disable_dropout")), bool(read("model.remove_padding")),
+                            int(read("model.lora.r")) > 0, _frozen_group(cfg.model)),
         task=_frozen_group(cfg.task), ref_kl=bool(cfg.metrics.ref_kl),
         diag=settings_of(cfg, DiagSettings, "diag"),
-        control=ControlSettings(str(cfg.control.name), cfg.control.get("budget"), cfg.control.get("wall_s"),
-                                bool(cfg.control.get("sample", True))),
+        control=ControlSettings(str(cfg.control.name), read("control.budget"), read("control.wall_s"),
+                                bool(read("control.sample"))),
         eval=eval_protocol(cfg),
         tricks=tricks,
         record=RunRecord(cfg, config_hash(cfg)))   # the caller's config, written as it was given

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpo_ablate.allowed import Allowed, choice
 from grpo_ablate.config.here import check_here  # noqa: F401  (re-exported: the CLI and the trainer check both)
-from grpo_ablate.config.run_settings import RUN_SETTINGS
+from grpo_ablate.config.run_settings import RUN_SETTINGS, setting
 from grpo_ablate.errors import ConfigError
 from grpo_ablate.evals.protocol import EvalProtocol
 from grpo_ablate.model_source import PACKAGE_PREFIX, ModelPathError, gguf_source, local_path, looks_local
@@ -281,12 +281,12 @@ def _check_model(model: DictConfig) -> None:
 
 def _fsdp_problem(cfg: DictConfig) -> str | None:
     """What model.fsdp=true (a sharded model, train/fsdp.py) cannot be combined with (None: all is well)."""
-    if not cfg.model.get("fsdp"):
+    if not setting(cfg, "model.fsdp"):
         return None
     if cfg.rollout.backend == "vllm":
         return ("does not work with rollout=vllm (its engine is loaded with the whole model in each process); "
                 "use rollout=hf")
-    if cfg.model.get("dtype") == "float16":
+    if setting(cfg, "model.dtype") == "float16":
         return ("does not work with model.dtype=float16 (its loss scaler would see only this process's shard of "
                 "the gradients); use model.dtype=bfloat16")
     if float(cfg.kl.get("beta_prev") or 0) > 0:
