@@ -39,7 +39,7 @@ def throwaway_loss(logp, old_logp, advantages, mask, *, eps: float = 0.1, tau: f
 FAMILY = '''"""A throwaway reward-shaping family (tests/test_throwaway.py)."""
 from grpo_ablate.tricks.registry import NUMBER, Activity, Trick, declare_family, register
 
-declare_family("throwaway_family", "a throwaway reward term", stage="reward", metric="reward/mean")
+declare_family("throwaway_family", "a throwaway reward term", stage="reward", metric="reward/mean", neutral="none")
 
 
 @register("throwaway_family", "none")
@@ -139,9 +139,10 @@ def trained(run, root, tmp_path, small, name) -> tuple[list, dict]:
 
 def test_a_new_family_is_one_file_by_hand_its_call_site_and_make_catalogue(package_copy, tmp_path, small):
     root, run = package_copy
-    before = snapshot(root)
+    before, recorded = snapshot(root), hashes(run)
     (root / "grpo_ablate" / "tricks" / "throwaway_family.py").write_text(FAMILY)           # by hand: 1
     run("-m", "grpo_ablate.config.catalogue", "--write")
+    assert hashes(run) == recorded   # at its neutral option every run hashes (and resumes) as before it
     # without a call site the family composes, validates and trains, as a no-op: nothing reads it
     unread, without = trained(run, root, tmp_path, small, "no_call_site")
     assert unread == ["throwaway_family"]

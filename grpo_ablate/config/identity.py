@@ -1,7 +1,8 @@
 """A run's identity: the hash of what it computes, which names its run dir and decides whether a run
 may resume. Each setting's declaration says what the hash does with it (allowed.py): a `resumable` one
 is left out, and one with a `neutral` value is hashed only away from it, so a setting or knob added at
-its neutral value moves no recorded hash (tests/test_catalogue.py replays every recorded config)."""
+its neutral value moves no recorded hash (tests/test_catalogue.py replays every recorded config). A family
+declared with a `neutral` option is left out whole at that option: adding one moves no hash either."""
 from __future__ import annotations
 
 import functools
@@ -37,6 +38,9 @@ def data_hash(data: dict) -> str:
     for family in families():
         node = data.get(family)
         if "." in family or not isinstance(node, dict):
+            continue
+        if node.get("name") is not None and node.get("name") == family_info(family).neutral:
+            data.pop(family)   # a family added later, at the option that changes nothing: as before it existed
             continue
         try:
             chosen = option(family, node.get("name"))

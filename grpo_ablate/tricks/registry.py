@@ -156,6 +156,9 @@ class Family:
     stage: str = "loss"                   # where in a step it acts (STAGES)
     default: str = "none"                 # the option conf/config.yaml selects
     defaults: dict = field(default_factory=dict)   # setting -> its value in every option that has the setting
+    # the option under which the family does what every run did before it existed (a family added after
+    # runs existed): a run at it hashes as those runs did, so they still resume (config/identity.py)
+    neutral: str | None = None
 
 
 # Where in a step a family acts, in the order a step meets them: the order of the families in
@@ -164,10 +167,13 @@ STAGES = ("reward", "batch", "advantage", "loss", "async", "model", "optimizer")
 
 
 def declare_family(name: str, summary: str, *, stage: str, default: str = "none", metric: str = "loss",
-                   settings: dict | None = None, supplied: dict | None = None, defaults: dict | None = None) -> None:
+                   settings: dict | None = None, supplied: dict | None = None, defaults: dict | None = None,
+                   neutral: str | None = None) -> None:
     """Declare a family once, in its module. stage: one of STAGES; default: the option a run
     takes unless told otherwise; settings: {key: Allowed or (Allowed, flag)}; defaults: {setting: value},
-    written into the config of every option that has the setting (an option's own defaults win)."""
+    written into the config of every option that has the setting (an option's own defaults win);
+    neutral: a family added after runs existed names the option that changes nothing (its `none`), at
+    which a run's identity leaves the family out, so runs recorded before it hash and resume as they did."""
     if name in _DECLARED:
         raise ValueError(f"trick family {name!r} is declared twice")
     if stage not in STAGES:
@@ -178,7 +184,7 @@ def declare_family(name: str, summary: str, *, stage: str, default: str = "none"
     if unknown:
         raise ValueError(f"trick family {name!r}: defaults for {', '.join(unknown)}, which is not a setting")
     _DECLARED[name] = Family(name, summary, metric, norm, dict(supplied or {}), module, stage, default,
-                             dict(defaults or {}))
+                             dict(defaults or {}), neutral)
 
 
 def declared_families() -> list[Family]:
