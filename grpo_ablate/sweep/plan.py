@@ -122,13 +122,7 @@ def plan(req: SweepRequest, configs: dict | None = None) -> dict:
     if req.contexts:   # the matrix repeated in every context
         matrix = with_contexts(matrix, req.contexts)
     check_size(matrix, seeds, req.max_runs)
-    for trick in req.tricks:   # dropping a trick the base already has would change nothing
-        family = families[trick]
-        if base_cfg[family].name == options[trick]:
-            where = 'preset=' + req.base if req.base else 'the defaults'
-            raise SweepError(f"trick {trick} is already on in the base ({where} "
-                             f"sets {family}={options[trick]}), so switching it off would change nothing; "
-                             "remove it from --tricks or pick another --base")
+    _check_not_in_base(req, base_cfg, families, options)
     sweep_id = time.strftime("%Y-%m-%d_%H-%M-%S")
     name = req.name or req.mode
     _check_name(name, sweep_id)
@@ -159,6 +153,17 @@ def plan(req: SweepRequest, configs: dict | None = None) -> dict:
         "checks_training": True,
         "runs": runs,
     }
+
+
+def _check_not_in_base(req: SweepRequest, base_cfg, families: dict, options: dict) -> None:
+    """Dropping a trick the base already has would change nothing: refused."""
+    for trick in req.tricks:
+        family = families[trick]
+        if base_cfg[family].name == options[trick]:
+            where = 'preset=' + req.base if req.base else 'the defaults'
+            raise SweepError(f"trick {trick} is already on in the base ({where} "
+                             f"sets {family}={options[trick]}), so switching it off would change nothing; "
+                             "remove it from --tricks or pick another --base")
 
 
 def decides_on(req: SweepRequest, common: list[str], base_cfg) -> dict:
