@@ -68,6 +68,12 @@ class Allowed:
     resumable: bool = False              # may differ between a run and its resumption (left out of the hash)
     unset: Any = None                    # what a config without the key means by it (an option of its group
                                          # that does not set it: rollout=vllm has no lean_decoder)
+    read_when: ReadWhen | None = None    # a knob read only where another key of its group has one of some values:
+                                         # set away from its default elsewhere, it is refused (a ReadWhen neutral too)
+
+    def reader(self) -> ReadWhen | None:
+        """The rule that says when the knob is read at all (None: always)."""
+        return self.read_when or (self.neutral if isinstance(self.neutral, ReadWhen) else None)
 
     def __post_init__(self):
         if self.kind not in KINDS:

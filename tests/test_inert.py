@@ -32,6 +32,13 @@ from grpo_ablate.config.inert import chosen_tricks, inert_reason, inert_tricks, 
     # the replay renormalises the trainer's log-probs over the kept set: the sampler is the trainer again
     (["rollout_correction=token_truncate", "rollout.top_p=0.8"], "rollout_correction", "token_truncate",
      "the sampler is the trainer itself"),
+    # a bound of 0 that drops: only fresh groups are trained, the stale ones sampled for nothing
+    (["+trick=spread_staleness", "staleness.max_age=0"], "staleness", "spread", "max_age=0 drops every group"),
+    (["+trick=exact_staleness", "staleness.max_age=0"], "staleness", "exact", "max_age=0 drops every group"),
+    (["+trick=paced_staleness", "staleness.max_age=0", "staleness.depth=0", "staleness.strategy=drop"],
+     "staleness", "paced", "max_age=0 drops every group"),
+    (["+trick=tv_rho_filter", "rollout.dtype=bfloat16", "rollout_correction.high=null"], "rollout_correction",
+     "tv_filter", "no sequence's tokens are masked"),
 ])
 def test_a_config_in_which_the_option_cannot_act(overrides, family, option, needle):
     reason = inert_reason(compose(overrides), family, option)

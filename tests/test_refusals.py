@@ -54,6 +54,22 @@ def gguf_file(path, cut=False):
     (["sweep", "add-one-in", "--tricks", "no_std", "--across", "model.cache_dir=/a/x,/a_x"],
      "/a/x and /a_x would both be named cache_dir-_a_x; name them: KEY=name1=v1,name2=v2"),
     (["doctor", "--seeds", "auto"], "there is no contrast for --seeds auto to decide"),
+    # a knob the option's own choice never reads, a bound that blames the key it names, settings that learn nothing
+    (["train", "adv=gae", "+adv.alpha=0.1"], "adv.alpha=0.1 changes nothing with adv.lam_fn=constant: it is read "
+                                             "only with adv.lam_fn=vapo"),
+    (["train", "+trick=vapo_gae", "adv.lam=0.5"], "adv.lam=0.5 changes nothing with adv.lam_fn=vapo"),
+    (["train", "adv=gae", "+adv.lam_fn=vapo", "+adv.q=0.3"], "adv.q=0.3 changes nothing with adv.lam_fn=vapo"),
+    (["train", "staleness=paced", "staleness.max_age=-1"], "staleness.max_age=-1 is not allowed"),
+    (["train", "rollout.top_k=1"], "rollout.top_k=1 is not allowed with adv=grpo: it samples greedily"),
+    (["train", "optim.warmup_steps=100", "steps=5"], "optim.warmup_steps=100 is not allowed with steps=5"),
+    (["train", "+model.lora.r=4"], "model.lora.r=4 needs model.lora.alpha, model.lora.dropout, "
+                                   "model.lora.target_modules too"),
+    (["sweep", "aa", "--determinism", "--seeds", "1", "--placebos", "2"],
+     "--determinism trains the reference's first seed twice and nothing else: --placebos belongs to the A/A"),
+    (["sweep", "aa", "--determinism", "--seeds", "1", "--controls"], "--controls belongs to the A/A sweep itself"),
+    (["sweep", "aa", "--placebos", "1000000", "--dry-run"],
+     "this aa sweep is 1000001 variants x 5 seeds = 5000005 runs, above the limit of 128; raise it with --max-runs "
+     "5000005 or sweep fewer placebos (--placebos)"),
 ])
 def test_a_refusal_is_one_line_and_writes_nothing(tmp_path, args, needle):
     from conftest import cli_here
@@ -182,3 +198,27 @@ assert "matplotlib" not in sys.modules and "torch" not in sys.modules, "report -
 """
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_task_file_that_is_not_utf8_or_is_its_own_eval_is_refused_before_a_run_dir(tmp_path):
+    """Both used to pass the check: one died in training with a UnicodeDecodeError after run/ was made, the
+    other scored the eval on the problems the policy trained on."""
+    from conftest import cli_here
+
+    rows = "".join(json.dumps({"question": f"{i}+1", "answer": str(i + 1)}) + "\n" for i in range(30))
+    (tmp_path / "latin1.jsonl").write_bytes(rows.encode() + '{"question": "café", "answer": "1"}\n'.encode("latin-1"))
+    (tmp_path / "good.jsonl").write_text(rows)
+    before = snapshot(tmp_path)
+    base = ["train", "task=jsonl", "model=hf", f"model.path={tmp_path}"]
+    refused(cli_here(*base, f"task.path={tmp_path / 'latin1.jsonl'}", cwd=tmp_path), "is not UTF-8 text (byte")
+    refused(cli_here(*base, f"task.path={tmp_path / 'good.jsonl'}", f"task.eval_path={tmp_path / 'good.jsonl'}",
+                     cwd=tmp_path), "is the training file (task.path): the eval would score problems the policy")
+    assert snapshot(tmp_path) == before
+
+
+def test_a_manifest_fixing_a_summary_the_report_cannot_read_is_one_line(tmp_path):
+    path = make_sweep(tmp_path / "sweep", LOO, contrasts=LOO_CONTRASTS)
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["decides_on"] = {"metric": "eval/accuracy", "summary": "bogus"}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    refused(cli("report", str(path)), "manifest.json fixes decides_on.summary='bogus', which the report cannot read")

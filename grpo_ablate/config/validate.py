@@ -125,16 +125,36 @@ def check_family_values(cfg: DictConfig, family: str, values: _Values | None = N
     chosen option's own checks across settings (registered with it)."""
     values = values or _Values(cfg)
     chosen, info = option(family, values.get(f"{family}.name")), family_info(family)
-    for key in values.plain[family]:
-        if key == "name":
-            continue
+    declared = {key: chosen.ranges.get(key) or info.settings[key][0] for key in values.plain[family] if key != "name"}
+    # a knob bounded by another of its family's keys (paced: depth <= max_age <= k) is checked after that key,
+    # so that a refusal names the key that is wrong
+    def after(key: str, seen=()) -> int:
+        bounds = [b.split(".", 1)[1] for b in (declared[key].low, declared[key].high)
+                  if isinstance(b, str) and b.startswith(f"{family}.")]
+        return max((1 + after(b, (*seen, key)) for b in bounds if b in declared and b not in seen), default=0)
+    for key in sorted(declared, key=after):
         value = values.get(f"{family}.{key}", throw_on_missing=True)
-        _check(f"{family}.{key}", value, chosen.ranges.get(key) or info.settings[key][0], cfg)
+        _check(f"{family}.{key}", value, declared[key], cfg)
+    _require((unread := _unread_knob(family, chosen, values.plain[family])) is None, unread or "")
     for check in chosen.checks:
         problem = check(cfg)
         if problem is not None and not problem.startswith(family):   # every message names its subject
             problem = f"{family}={chosen.name}: {problem}"
         _require(problem is None, problem or "")
+
+
+def _unread_knob(family: str, chosen, group: dict) -> str | None:
+    """A knob set away from its default under a choice of its own option that never reads it (adv=gae's
+    alpha, read by lam_fn=vapo alone): refused, as a key the option does not have is."""
+    defaults = chosen.config()
+    for key, allowed in chosen.ranges.items():
+        rule = allowed.reader()
+        if rule is None or key not in group or group[key] == defaults.get(key) or rule.reads(group):
+            continue
+        return (f"{family}.{key}={group[key]} changes nothing with {family}.{rule.key}={group.get(rule.key)}: it is "
+                f"read only with {family}.{rule.key}={'|'.join(map(str, rule.values))}; drop it or set "
+                f"{family}.{rule.key}")
+    return None
 
 
 def validate(cfg: DictConfig) -> None:
@@ -159,6 +179,9 @@ def check_trick_settings(cfg: DictConfig, values: _Values | None = None) -> None
         _require(isinstance(group, int) and group >= 2,
                  f"rollout.group_size={group!r} is not allowed with adv={cfg.adv.name}: "
                  "a group statistic needs at least 2 completions per prompt (group_size >= 2)")
+        _require(setting(cfg, "rollout.top_k") != 1,
+                 f"rollout.top_k=1 is not allowed with adv={cfg.adv.name}: it samples greedily, so every completion "
+                 "of a group is the same, every advantage is 0 and the run learns nothing; use top_k=0 (off) or > 1")
     if cfg.rollout.get("dtype") is not None and cfg.rollout.backend != "vllm":   # vLLM samples in float16 too
         _check("rollout.dtype", cfg.rollout.dtype, choice("float32", "bfloat16"))
 
@@ -184,6 +207,9 @@ def check_run_settings(cfg: DictConfig, values: _Values | None = None) -> None:
              f"reward.correct={cfg.reward.correct!r}, reward.wrong={cfg.reward.wrong!r} are not allowed; "
              "they must be numbers with correct > wrong")
     check_eval_protocol(cfg)
+    _require(int(cfg.optim.warmup_steps) <= int(cfg.steps),
+             f"optim.warmup_steps={cfg.optim.warmup_steps} is not allowed with steps={cfg.steps}: the run would end "
+             "before its lr reaches optim.lr; give optim.warmup_steps <= steps")
     if cfg.control.name == "sft" and cfg.control.budget == "wall":
         _require(cfg.control.wall_s is not None, "control.budget=wall needs control.wall_s (seconds of "
                                                  "supervised training in all)")
@@ -272,11 +298,20 @@ def _check_task_builds(task_class, settings: dict) -> None:
         _GENERATED_BUILT.add(key)
 
 
+LORA_KEYS = ("r", "alpha", "dropout", "target_modules")   # what peft's LoraConfig is made from (models.add_lora)
+
+
 def _check_model(model: DictConfig) -> None:
-    """The model's device beyond its declaration (run_settings.py): a pattern."""
+    """The model's device beyond its declaration (run_settings.py): a pattern; LoRA whole or not at all."""
     device = str(model.get("device") or "cpu")
     _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", device) is not None,
              f"model.device={device!r} is not allowed; allowed: auto, cpu, cuda, cuda:N")
+    lora = model.get("lora")
+    if lora is not None and int(lora.get("r") or 0) > 0:
+        missing = [f"model.lora.{key}" for key in LORA_KEYS if key not in lora]
+        if missing:
+            raise ConfigError(f"model.lora.r={lora.r} needs {', '.join(missing)} too (model=hf sets them all: "
+                              f"alpha 32, dropout 0.0, target_modules all-linear); give them with +{missing[0]}=...")
 
 
 def _fsdp_problem(cfg: DictConfig) -> str | None:

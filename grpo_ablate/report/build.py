@@ -239,6 +239,11 @@ def decision_summary(fixed: dict, metric: str, summary: Summary | str | None, so
         summary = fixed.get("summary") if same and fixed.get("summary") else "final"
         if source is not None and source.after_training and len(source.steps) <= 2:
             summary = "final"
+        try:
+            return Summary.parse(summary)
+        except ValueError as err:   # the manifest's, damaged: the user's own is checked by the command line
+            raise ReportError(f"manifest.json fixes decides_on.summary={summary!r}, which the report cannot read "
+                              f"({err}); give --summary to decide on another") from None
     return summary if isinstance(summary, Summary) else Summary.parse(summary)
 
 

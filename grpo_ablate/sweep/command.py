@@ -33,6 +33,12 @@ def run(given: SweepArgs, console) -> int:
     if given.determinism:   # one run of the A/A sweep, twice: the training stack only in those runs
         if str(request.seeds) == "auto":
             raise SweepError(REGISTRY[request.mode].options["determinism"])
+        given_too = [name for name, value in (("--placebos", given.placebos), ("--controls", given.controls))
+                     if value is not None]
+        if given_too:
+            verb = "belongs" if len(given_too) == 1 else "belong"
+            raise SweepError(f"--determinism trains the reference's first seed twice and nothing else: "
+                             f"{' and '.join(given_too)} {verb} to the A/A sweep itself; drop one side")
         from grpo_ablate.sweep import determinism
 
         return determinism.check(request, console, dry_run=given.dry_run)

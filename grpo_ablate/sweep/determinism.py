@@ -52,7 +52,9 @@ def check(req: SweepRequest, console, dry_run: bool = False) -> int:
     if req.sweep_dir is not None and not dry_run:
         check_new_dir(Path(req.sweep_dir))
     manifest = plan(req)
-    run = next(r for r in manifest["runs"] if r["variant"] == "all")
+    # the reference: the first treatment measured against nothing (in the first context, with --across)
+    reference = next(v["name"] for v in manifest["variants"] if v.get("kind") != "control" and not v.get("reference"))
+    run = next(r for r in manifest["runs"] if r["variant"] == reference)
     sweep_dir = planned_sweep_dir(req, manifest)
     say = lambda text: console.print(text, markup=False, highlight=False)
     say(f"determinism: {run['run_dir']} trained twice -> {sweep_dir}/{{{','.join(RUNS)}}}")

@@ -139,12 +139,17 @@ def parse_seeds(text: str | int | list) -> list[int]:
     return seeds
 
 
-def check_size(matrix: Matrix, seeds: list[int], max_runs: int) -> None:
-    runs = len(matrix.variants) * len(seeds)
+def check_size(matrix: Matrix, seeds: list[int], max_runs: int, fewer: str = "tricks") -> None:
+    check_runs(matrix.mode, len(matrix.variants), seeds, max_runs, fewer)
+
+
+def check_runs(mode: str, variants: int, seeds: list[int], max_runs: int, fewer: str = "tricks") -> None:
+    """A sweep of `variants` x seeds runs is refused above the run limit (`fewer`: what to sweep fewer of)."""
+    runs = variants * len(seeds)
     if runs > max_runs:
-        raise SweepError(f"this {matrix.mode} sweep is {len(matrix.variants)} variants x {len(seeds)} "
+        raise SweepError(f"this {mode} sweep is {variants} variants x {len(seeds)} "
                          f"seeds = {runs} runs, above the limit of {max_runs}; raise it with "
-                         f"--max-runs {runs} or sweep fewer tricks")
+                         f"--max-runs {runs} or sweep fewer {fewer}")
 
 
 def expand_jobs(matrix: Matrix, seeds: list[int], common: list[str], labels: dict) -> list[Job]:

@@ -30,6 +30,10 @@ class SweepMode:
     options: dict[str, str] = field(default_factory=dict)
     # the mode's own options as its trick list (conflict: --trick X --reward Y as "X,Y"), refusing bad ones
     tricks_from: Callable | None = None
+    # (tricks, **options) -> how many variants it builds, where that is known before building them: a sweep past
+    # the run limit is refused before a million placebos are made; `fewer`: what the refusal says to cut
+    size: Callable | None = None
+    fewer: str = "tricks"
 
 
 REGISTRY: dict[str, SweepMode] = {}
@@ -142,7 +146,8 @@ def conflict(tricks: list[str], families: dict[str, str], reward_terms: frozense
     return Matrix("conflict", variants, contrasts)
 
 
-@sweep_mode("aa", needs_tricks=False, diagnosis=True, options={
+@sweep_mode("aa", needs_tricks=False, diagnosis=True, fewer="placebos (--placebos)",
+            size=lambda tricks, placebos=DEFAULT_PLACEBOS, **_: placebos + 1, options={
     "placebos": "--placebos belongs to `sweep aa` (the A/A sweep); other modes measure tricks",
     "determinism": "--determinism belongs to `sweep aa` with a fixed --seeds (it re-runs the reference's first "
                    "seed twice)"})

@@ -33,7 +33,7 @@ from grpo_ablate.sweep.contexts import check_contexts, with_contexts
 from grpo_ablate.sweep.controls import control_kinds, planned_controls, with_controls
 from grpo_ablate.sweep.manifest import timestamp
 from grpo_ablate.sweep.matrix import (DEFAULT_MAX_RUNS, NAME_PATTERN, Matrix, SweepError,
-                                      check_size, expand_jobs, parse_seeds)
+                                      check_runs, check_size, expand_jobs, parse_seeds)
 from grpo_ablate.sweep.modes import REGISTRY, build_matrix
 from grpo_ablate.tasks import TASKS, build_task
 from grpo_ablate.tricks import option
@@ -105,8 +105,11 @@ def plan(req: SweepRequest, configs: dict | None = None) -> dict:
     # the named tricks that add a term to the reward (`sweep conflict --reward`): the registry's flag
     reward_terms = frozenset(row["name"] for row in catalogue if option(row["family"], row["option"]).shapes_reward)
     _check_overrides(req.overrides)
-    matrix = req.matrix or build_matrix(req.mode, req.tricks, families, req.axes, reward_terms, **req.mode_options)
     seeds = parse_seeds(req.seeds)
+    mode = REGISTRY.get(req.mode)
+    if req.matrix is None and mode is not None and mode.size is not None:   # refused before it is built
+        check_runs(req.mode, mode.size(req.tricks, **req.mode_options), seeds, req.max_runs, mode.fewer)
+    matrix = req.matrix or build_matrix(req.mode, req.tricks, families, req.axes, reward_terms, **req.mode_options)
     common = ([f"preset={req.base}"] if req.base else []) + list(req.overrides)
     if req.steps is not None:
         common.append(f"steps={req.steps}")
@@ -121,7 +124,7 @@ def plan(req: SweepRequest, configs: dict | None = None) -> dict:
     matrix = plan_controls(req, matrix, common, base_cfg)   # before the contexts: each context gets its own
     if req.contexts:   # the matrix repeated in every context
         matrix = with_contexts(matrix, req.contexts)
-    check_size(matrix, seeds, req.max_runs)
+    check_size(matrix, seeds, req.max_runs, mode.fewer if mode is not None else "tricks")
     _check_not_in_base(req, base_cfg, families, options)
     sweep_id = time.strftime("%Y-%m-%d_%H-%M-%S")
     name = req.name or req.mode

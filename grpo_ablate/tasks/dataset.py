@@ -198,6 +198,28 @@ def _existing(key: str, path) -> Path:
     return resolved
 
 
+def _held_out(path: Path, eval_path) -> Path | None:
+    """task.eval_path, which must be another file than the training one: the eval would score problems the
+    policy trains on."""
+    if eval_path is None:
+        return None
+    resolved = _existing("eval_path", eval_path)
+    if resolved.resolve() == path.resolve():
+        raise ValueError(f"task.eval_path={str(eval_path)!r} is the training file (task.path): the eval would score "
+                         "problems the policy trains on; give a held-out file, or leave it null (a split is held out)")
+    return resolved
+
+
+def _utf8(key: str, path: Path) -> Path:
+    """A JSONL file that decodes as UTF-8, checked before a run dir exists (rows are read later)."""
+    try:
+        path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"task.{key}={str(path)!r} is not UTF-8 text (byte {err.start}: {err.reason}); save it "
+                         "as UTF-8") from None
+    return path
+
+
 def _read_jsonl(path: Path) -> list[tuple[str, object]]:
     rows = []
     with open(path, encoding="utf-8") as f:
@@ -220,8 +242,10 @@ class JsonlTask(DatasetTask):
     name = "jsonl"
 
     def __init__(self, path=None, eval_path=None, **options):
-        self.path = _existing("path", path)
-        self.eval_path = None if eval_path is None else _existing("eval_path", eval_path)
+        self.path = _utf8("path", _existing("path", path))
+        self.eval_path = _held_out(self.path, eval_path)
+        if self.eval_path is not None:
+            _utf8("eval_path", self.eval_path)
         super().__init__(**options)
 
     def _train_rows(self):
@@ -242,7 +266,7 @@ class ParquetTask(DatasetTask):
 
     def __init__(self, path=None, eval_path=None, **options):
         self.path = _existing("path", path)
-        self.eval_path = None if eval_path is None else _existing("eval_path", eval_path)
+        self.eval_path = _held_out(self.path, eval_path)
         super().__init__(**options)
 
     @staticmethod

@@ -130,6 +130,20 @@ def _wait_needs_a_bound(cfg):
     return _check_swappable(cfg)
 
 
+def _stale_groups_dropped(cfg) -> bool:
+    """A bound of 0 that drops (not waits): every group older than the policy is dropped, so only fresh
+    groups are trained; the stale ones were sampled for nothing (exact: with its total age bounded)."""
+    s = cfg.staleness
+    return (s.get("max_age") is not None and int(s.max_age) == 0 and s.get("strategy", "drop") == "drop"
+            and s.get("bound", "total") == "total")
+
+
+STALE_DROPPED = Inert(_stale_groups_dropped, "cannot act: max_age=0 drops every group older than the policy, so only "
+                      "groups sampled by the current policy are trained (the stale ones' sampling is wasted)",
+                      "set staleness.max_age above 0 (or, where the option has it, strategy=wait)",
+                      "staleness.max_age > 0 (or strategy=wait)")
+
+
 def capped_ages(ages: torch.Tensor, max_age: int | None, strategy: str = "drop"):
     """(ages, keep) under verl's staleness control with threshold T = max_age + 1 (a group spans
     age + 1 policy versions from its sampling to its training: verl's global_steps - its step + 1).
@@ -154,7 +168,7 @@ def capped_ages(ages: torch.Tensor, max_age: int | None, strategy: str = "drop")
           knobs={"k": POSITIVE_INT, "max_age": Allowed("integer", low=0, high="staleness.k", optional=True,
                                                     note="groups older than it are dropped; null keeps all"),
                  "strategy": choice("drop", "wait")},
-          activity=STALE_ACTS, checks=_wait_needs_a_bound,
+          activity=STALE_ACTS, inert=STALE_DROPPED, checks=_wait_needs_a_bound,
           tricks=(Trick("spread_staleness",
                         what="group ages uniform in 0..k (rollouts in flight over k updates); older than max_age "
                              "dropped",
@@ -209,7 +223,7 @@ EXACT_ALL_FRESH = Inert(_exact_all_fresh, "cannot act: k=0 and queue=0 sample an
                  "max_age": Allowed("integer", low=0, optional=True,
                                     note="groups older than it are dropped; null keeps all"),
                  "bound": choice("total", "in_flight")},
-          activity=STALE_ACTS, inert=EXACT_ALL_FRESH, checks=_check_swappable,
+          activity=STALE_ACTS, inert=(EXACT_ALL_FRESH, STALE_DROPPED), checks=_check_swappable,
           tricks=(Trick("exact_staleness",
                         what="rollouts in flight over 0..2 weight updates, then queued 0..2 steps; any group more "
                              "than 2 versions behind the trained policy, queue time included, dropped",
@@ -277,7 +291,7 @@ PACED_ALL_FRESH = Inert(_paced_all_fresh, "cannot act: every group is trained on
           knobs={"k": POSITIVE_INT, "depth": Allowed("integer", low=0, high="staleness.max_age"),
                  "max_age": Allowed("integer", low=0, high="staleness.k"), "straggle_frac": FRACTION,
                  "strategy": choice("wait", "drop")},
-          activity=STALE_ACTS, inert=PACED_ALL_FRESH, checks=_check_swappable,
+          activity=STALE_ACTS, inert=(PACED_ALL_FRESH, STALE_DROPPED), checks=_check_swappable,
           tricks=(Trick("paced_staleness",
                         what="sampling one step ahead of training, a quarter of the groups stragglers up to 4 "
                              "steps old; none trained older than 2, none dropped (the trainer waits for them)",

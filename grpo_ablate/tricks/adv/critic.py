@@ -141,7 +141,8 @@ VAPO_GAE = Trick(
           uses_group_statistic=False, uses_values=True,
           # the λ schedule's knobs came after runs existed: hashed only away from the plain GAE they reduce
           # to (lam_fn=constant, timestep=token), alpha and q only where the lam_fn that reads them is chosen
-          knobs={"gamma": FRACTION, "lam": FRACTION, "whiten": FLAG, "lam_fn": choice(*LAM_FNS).but(neutral="constant"),
+          knobs={"gamma": FRACTION, "lam": FRACTION.but(read_when=ReadWhen("lam_fn", ("constant",))), "whiten": FLAG,
+                 "lam_fn": choice(*LAM_FNS).but(neutral="constant"),
                  "alpha": POSITIVE.but(neutral=ReadWhen("lam_fn", ("vapo",))),
                  "q": RETENTION.but(neutral=ReadWhen("lam_fn", ("relative_position",))),
                  "timestep": choice(*TIMESTEPS).but(neutral="token")},

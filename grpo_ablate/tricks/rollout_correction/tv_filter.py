@@ -11,7 +11,7 @@ from __future__ import annotations
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.behaviour import log_ratio as behaviour_log_ratio
-from grpo_ablate.tricks.registry import Activity, Allowed, Trick, option, register
+from grpo_ablate.tricks.registry import Activity, Allowed, Inert, Trick, option, register
 from grpo_ablate.tricks.rollout_correction.weights import SAMPLER_IS_TRAINER, masked_mean, mismatch_metrics
 
 TV_LOG_RATIO_LIMIT = 10.0   # open-instruct compute_rho_correction clamps log pi_old - log mu to [-10, 10]
@@ -28,6 +28,15 @@ def _reads_the_weights_first(cfg) -> str | None:
             "option, or another estimator)")
 
 
+def _filters_nothing(cfg) -> bool:
+    return cfg.rollout_correction.get("high") is None and cfg.rollout_correction.get("low") is None
+
+
+NO_TV_BOUND = Inert(_filters_nothing, "cannot filter: with rollout_correction.high and .low both null no sequence's "
+                    "tokens are masked, and what is left is the clamped rho weight of a token-level correction",
+                    "give rollout_correction.high (or .low)", "rollout_correction.high or .low set")
+
+
 @register("rollout_correction", "tv_filter",
           what="TV-divergence rho filtering (open-instruct rho_mask_tv_divergence, VACO): where a sequence's mean "
                "abs(rho - 1) lies outside [low, high], mask its tokens whose sign(log pi_old - log mu) * A > 0; the "
@@ -42,7 +51,7 @@ def _reads_the_weights_first(cfg) -> str | None:
                  "clamp_high": Allowed(low=1, low_open=True, optional=True),
                  "clamp_low": Allowed(low=0, low_open=True, high=1, high_open=True, optional=True)},
           activity=Activity("rollout_corr/logp_diff_mean"),   # the kept tokens' weights differ from 1
-          inert=SAMPLER_IS_TRAINER, checks=_reads_the_weights_first,
+          inert=(SAMPLER_IS_TRAINER, NO_TV_BOUND), checks=_reads_the_weights_first,
           tricks=Trick("tv_rho_filter",
                        what="mask the tokens that would raise the sampler-trainer TV divergence of a sequence whose "
                             "mean abs(pi_old / mu - 1) exceeds 2; the rest weighted by pi_old / mu clamped at 2",
