@@ -105,12 +105,12 @@ def test_an_eval_row_holds_every_sample_and_its_tallies_and_reads_back():
     assert back.value("pass", 4) == (correct.sum(axis=1) > 0).mean()
     greedy = read_row({"step": 0, "set": "s", "n": 3, "bits": "a"})            # a row from before: one sample
     assert greedy.samples == 1 and greedy.correct[:, 0].tolist() == [1.0, 0.0, 1.0]
-    for bad, why in (({**row, "votes": [[9]] * 7}, "tally"), ({**row, "bits": "zz" * 4}, None)):
-        if why is None:
-            assert read_row(bad) is None                                       # not scores: no row
-        else:
-            with pytest.raises(ValueError, match=why):
-                read_row(bad)
+    assert read_row({"step": 0, "set": "s"}) is None                          # not scores: no row
+    for bad, why in (({**row, "votes": [[9]] * 7}, "tally"), ({**row, "bits": "zz" * 4}, "not 7 hex digits"),
+                     ({**row, "bits": "zzzzzzz"}, "`bits` is not hex"), ({**row, "bits": None, "scores": [1.0]},
+                                                                          "`scores` is not 28 numbers")):
+        with pytest.raises(ValueError, match=why):                            # damaged scores: said, never dropped
+            read_row(bad)
 
 
 def test_the_vote_puts_every_correct_answer_in_one_class():

@@ -197,6 +197,8 @@ DAMAGED_RUN_FILES = {   # what goes wrong in drop-t0-s1 -> the warning's words
         "evals.jsonl is damaged (eval set 'sim' has 16 problems in one eval and 8 at step 30)"),
     "scores not numbers": (lambda d: _last_eval(d, n=1, scores=["abc"]),
                            "evals.jsonl is damaged (step 30: the per-problem scores are not numbers)"),
+    "bits that are not hex": (lambda d: _last_eval(d, n=16, bits="zzzz"),
+                              "evals.jsonl is damaged (step 30: the per-problem scores are damaged: `bits` is not hex)"),
     "a NaN score": (lambda d: _last_eval(d, n=16, scores=[float("nan")] + [1.0] * 15),
                     "evals.jsonl is damaged (step 30: a per-problem score is not a number in [0, 1])"),
     "a score of 2": (lambda d: _last_eval(d, n=16, scores=[2.0] + [0.0] * 15),
@@ -230,6 +232,27 @@ def test_a_damaged_run_file_leaves_that_run_out_with_one_line(tmp_path, damage):
     run = next(r for r in report["runs"] if r["run_dir"] == "drop-t0-s1")
     assert run["state"] == "failed" and any(words in n and "left out" in n for n in run["notes"])
     assert "nan" not in (path / "report.md").read_text().lower()
+
+
+def _cut_mid_line(run_dir):
+    text = (run_dir / "evals.jsonl").read_text()
+    (run_dir / "evals.jsonl").write_text(text[:len(text) - 10])
+
+
+@pytest.mark.parametrize("lose, note", [(_cut_mid_line, "evals.jsonl: torn last line ignored"),
+                                        (lambda d: (d / "evals.jsonl").write_text(""), None),
+                                        (lambda d: (d / "evals.jsonl").unlink(), None)])
+def test_per_problem_scores_lost_from_one_run_are_said_and_no_interval_counts_problems(tmp_path, lose, note):
+    """A run whose evals.jsonl lost its last eval keeps its numbers (metrics.jsonl has them), but the report
+    no longer counts eval problems in any interval, and names the run where it says so."""
+    path, _ = report_sim.write_sweep(tmp_path / "s", np.random.default_rng(0), tricks=2, seeds=3, problems=16)
+    lose(path / "drop-t0-s1")
+    done, report, warnings = _report(path)
+    assert report["inference"]["why_seeds_only"] == ("the per-problem scores of drop-t0-s1 are missing or "
+                                                          "damaged (evals.jsonl: see the runs' notes)")
+    assert "Intervals count seeds only: the per-problem scores of drop-t0-s1" in (path / "report.md").read_text()
+    run = next(r for r in report["runs"] if r["run_dir"] == "drop-t0-s1")
+    assert run["state"] == "completed" and (note is None or note in run["notes"])
 
 
 def _copy_in(path, other, name):
@@ -305,3 +328,22 @@ def test_a_metrics_row_whose_step_is_not_finite_is_skipped(tmp_path):
     (path / "drop-a-s0" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     done, report, warnings = _report(path)
     assert warnings == [] and next(r for r in report["variants"] if r["variant"] == "drop-a")["final"]["n"] == 3
+
+
+def test_runs_scored_on_eval_sets_of_other_sizes_are_named(tmp_path):
+    """One run whose every eval scored 8 problems where the others scored 16: no interval counts problems, and
+    the report says which runs had which size."""
+    path, _ = report_sim.write_sweep(tmp_path / "s", np.random.default_rng(0), tricks=2, seeds=3, problems=16)
+    run_dir = path / "drop-t0-s1"
+    rows = [json.loads(line) for line in (run_dir / "evals.jsonl").read_text().splitlines()]
+    (run_dir / "evals.jsonl").write_text("".join(json.dumps({"step": r["step"], "set": "sim", "n": 8, "bits": "ff"})
+                                                 + "\n" for r in rows))
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for row in metrics:
+        if "eval/accuracy" in row:
+            row["eval/accuracy"] = 1.0
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
+    _, report, _ = _report(path)
+    why = report["inference"]["why_seeds_only"]
+    assert why.startswith("the runs were scored on different eval sets (sim of 16 problems: ") and why.endswith(
+        "; sim of 8 problems: drop-t0-s1)")

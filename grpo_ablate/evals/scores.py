@@ -112,8 +112,10 @@ def read_row(row: dict) -> ProblemScores | None:
     wrong when its scores are not scores (not numbers, outside [0, 1]) or its tallies not tallies."""
     try:
         flat = unpack_scores(row)
-    except (TypeError, ValueError):
+    except TypeError:
         raise ValueError("the per-problem scores are not numbers") from None
+    except ValueError as err:
+        raise ValueError(f"the per-problem scores are damaged: {err}") from None
     if flat is None:
         return None
     samples = int(row.get("samples", 1))

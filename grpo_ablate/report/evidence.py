@@ -111,16 +111,18 @@ def gather(values: dict, runs_of: dict, curves: dict, metric: Metric, summary: S
         return evidence
     if summary.how not in ("final", "last_k"):
         evidence.why_no_scores = f"the {summary.label} of a curve is not a fixed average of its evals"
-    scores, sets, grids = {}, set(), set()
+    scores, sets, grids, lacking = {}, {}, set(), []
     for name, points in curves.items():
         by_seed = {r.key: r for r in runs_of.get(name, [])}
         for seed, c in points.items():
             run = by_seed.get(seed)
             row = _summary_scores(run.evals, c, summary, metric.name) if run is not None else None
             if row is None:
+                lacking.append(run.run_dir.name if run is not None else f"{name} seed {seed}")
                 continue
             fingerprint, s, grid, rows = row
-            sets.add((fingerprint, len(s)))    # one name, other sizes (a file of another version): another set
+            # one name, other sizes (a file of another version): another set
+            sets.setdefault((fingerprint, len(s)), []).append(run.run_dir.name)
             grids.add(grid)
             scores.setdefault(name, {})[seed] = s
             if parse_metric(metric.name)[0] == "avg":
@@ -134,14 +136,24 @@ def gather(values: dict, runs_of: dict, curves: dict, metric: Metric, summary: S
             evidence.granularity = 1.0 / (n * (summary.k if summary.how == "last_k" else 1))
     if evidence.why_no_scores is None:
         if len(sets) > 1:
-            evidence.why_no_scores = "the runs were scored on different eval sets"
+            evidence.why_no_scores = "the runs were scored on different eval sets (" + "; ".join(
+                f"{name} of {size} problems: {_some(runs)}" for (name, size), runs in sets.items()) + ")"
         elif not scores:
             evidence.why_no_scores = "no run logged per-problem scores (evals.jsonl; runs of older versions wrote none)"
+        elif lacking:   # all or none: a contrast half counted by problem would claim a precision it lacks
+            evidence.why_no_scores = (f"the per-problem scores of {_some(lacking)} are missing or damaged "
+                                      "(evals.jsonl: see the runs' notes)")
         else:
             evidence.scores = scores
     if not evidence.scores:
         evidence.draws = {}
     return evidence
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    """A few names and how many more: 'a, b, c and 2 more'."""
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 def _summary_scores(evals: dict, points: Curve, summary: Summary,

@@ -186,7 +186,9 @@ def _read_logs(run: Run, status: dict | None) -> None:
     if (run.run_dir / "samples.jsonl").exists():
         run.samples, _ = read_jsonl(run.run_dir / "samples.jsonl")
     if (run.run_dir / EVALS).exists():   # older runs have none: the report then counts seeds only
-        run.evals, problem = read_evals(read_jsonl(run.run_dir / EVALS)[0])
+        rows, problems = read_jsonl(run.run_dir / EVALS)
+        run.notes += [f"{EVALS}: {p}" for p in problems]   # a torn or unparsable line: that eval's scores are gone
+        run.evals, problem = read_evals(rows)
         if problem:
             run.damage = run.damage or (EVALS, f"is damaged ({problem})")
 

@@ -55,20 +55,28 @@ def pack_scores(scores, samples: int = 1) -> dict:
 
 def unpack_scores(row: dict) -> list[float] | None:
     """The scores of one `evals.jsonl` row, `samples` per problem, problem-major (pack_scores);
-    None when the row is not one."""
+    None when the row holds none (no count, or neither `scores` nor `bits`); ValueError saying what is
+    wrong when it holds them damaged (a count they do not fill, bits that are not hex)."""
     n, samples = row.get("n"), row.get("samples", 1)
     if not isinstance(n, int) or n <= 0 or not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
         return None
     total = n * samples
-    if isinstance(row.get("scores"), list) and len(row["scores"]) == total:
-        return [float(x) for x in row["scores"]]
+    if "scores" in row:
+        if not isinstance(row["scores"], list) or len(row["scores"]) != total:
+            raise ValueError(f"`scores` is not {total} numbers ({n} problems x {samples} samples)")
+        try:
+            return [float(x) for x in row["scores"]]
+        except ValueError:
+            raise TypeError("`scores` holds a value that is not a number") from None   # as float(None) says
     bits = row.get("bits")
-    if not isinstance(bits, str) or len(bits) != (total + 3) // 4:
+    if bits is None:
         return None
+    if not isinstance(bits, str) or len(bits) != (total + 3) // 4:
+        raise ValueError(f"`bits` is not {(total + 3) // 4} hex digits ({n} problems x {samples} samples)")
     try:
         flat = "".join(f"{int(ch, 16):04b}" for ch in bits)
     except ValueError:
-        return None
+        raise ValueError("`bits` is not hex") from None
     return [float(ch == "1") for ch in flat[:total]]
 
 
