@@ -254,3 +254,17 @@ def test_saved_models_in_micro_batches_log_what_one_forward_logs(tiny_models, tm
     for a, b in zip(untimed(whole), untimed(split)):
         assert b == {k: pytest.approx(v, rel=1e-4, abs=1e-6) for k, v in a.items()}
     assert whole[2]["kl/k3"] > 0
+
+
+@pytest.mark.full
+def test_a_resume_with_another_split_says_it_is_not_bit_for_bit(small, tmp_path):
+    """Allowed (a run that ran out of memory resumes split), and said: the numbers from there on differ from the
+    unsplit run's in the last bits, where a resume with the same split continues it exactly."""
+    args = small + ["steps=1", "eval.every=1", "checkpoint_every=1", f"hydra.run.dir={tmp_path / 'run'}"]
+    assert cli("train", *args, cwd=tmp_path).returncode == 0
+    same = cli("train", "--resume", str(tmp_path / "run"), "steps=2", cwd=tmp_path)
+    assert same.returncode == 0 and "warning" not in same.stderr, same.stderr[-2000:]
+    split = cli("train", "--resume", str(tmp_path / "run"), "steps=3", "updates.micro_batch_size=2", cwd=tmp_path)
+    assert split.returncode == 0, split.stderr[-2000:]
+    assert ("warning: resuming with updates.micro_batch_size=2 (was null): the split sums each step's gradient in "
+            "another order") in " ".join(split.stderr.split())

@@ -11,7 +11,9 @@ from omegaconf import DictConfig
 
 from grpo_ablate.config.identity import config_hash
 from grpo_ablate.errors import ConfigError, DamagedFile
-from grpo_ablate.rundir.files import checkpoint_problem, find_checkpoint, read_status
+from grpo_ablate.rundir.files import checkpoint_problem, find_checkpoint, read_status, recorded_config
+
+SPLIT_KEYS = ("micro_batch_size", "max_tokens_per_forward")   # updates.*: how a step is summed, not what
 
 
 def open_run_dir(cfg: DictConfig, run_dir: Path, restart_without_checkpoint: bool = True
@@ -58,6 +60,23 @@ def open_run_dir(cfg: DictConfig, run_dir: Path, restart_without_checkpoint: boo
         raise ConfigError(f"run dir {run_dir} stopped at step {status['step']} ({status['state']}) before its first "
                           f"checkpoint, so it cannot be continued; {again}")
     return status, None
+
+
+def split_changed(cfg: DictConfig, run_dir: Path) -> str | None:
+    """The line a resume with another micro-batch split gets (None: the same split). The split is allowed to
+    change (a run that ran out of memory resumes split) and changes what a step computes only by the order in
+    which its gradient is summed: in float64 the two agree to 1e-10 (tests/test_micro_batches.py), in float32
+    to about 1e-7 per step, and a sampled token can flip on such a difference, so from there on the run is
+    the same experiment, not the continuation bit for bit that a resume with the same split is."""
+    before = recorded_config(run_dir).get("updates") or {}
+    written = lambda value: "null" if value is None else value   # as the config says it
+    changed = [f"updates.{key}={written(cfg.updates.get(key))} (was {written(before.get(key))})" for key in SPLIT_KEYS
+               if isinstance(before, dict) and before.get(key) != cfg.updates.get(key)]
+    if not changed:
+        return None
+    return (f"resuming with {', '.join(changed)}: the split sums each step's gradient in another order, so the "
+            "numbers from here differ from the unsplit run's in the last bits (float32: about 1e-7 a step, and "
+            "a sampled token can flip on it); the same experiment, not a bit-for-bit continuation")
 
 
 def already_finished(status: dict | None, cfg: DictConfig) -> bool:

@@ -179,15 +179,21 @@ def read_overrides(run_dir: Path) -> list[str] | None:
     return overrides
 
 
-def recorded_eval(run_dir: Path) -> str:
-    """The eval protocol a run recorded (config.yaml's `eval.name`): `greedy` for a run from before the
-    eval group, or whose config.yaml cannot be read (its resume then refuses on the config itself)."""
+def recorded_config(run_dir: Path) -> dict:
+    """The run's config.yaml as plain data; {} when it cannot be read (its resume then refuses on the config)."""
     import yaml
 
     try:
         config = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return "greedy"
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def recorded_eval(run_dir: Path) -> str:
+    """The eval protocol a run recorded (config.yaml's `eval.name`): `greedy` for a run from before the
+    eval group, or whose config.yaml cannot be read (its resume then refuses on the config itself)."""
+    config = recorded_config(run_dir)
     group = config.get("eval") if isinstance(config, dict) else None
     name = group.get("name") if isinstance(group, dict) else None
     return name if isinstance(name, str) and name else "greedy"

@@ -33,7 +33,7 @@ from grpo_ablate.sampling.prompts import PromptEncoder
 from grpo_ablate.tasks import build_task
 from grpo_ablate.rundir.lock import DirLock
 from grpo_ablate.train.distributed import DataParallel
-from grpo_ablate.config.resume_rules import already_finished, open_run_dir
+from grpo_ablate.config.resume_rules import already_finished, open_run_dir, split_changed
 from grpo_ablate.config.spec import BoundOption, ModelSettings, RunSpec, run_spec
 from grpo_ablate.train.run import (Optimization, RunResult, attention_implementation, finished_result, prepare_process,
                                    run_steps)
@@ -67,6 +67,8 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
             status, checkpoint = open_run_dir(cfg, run_dir)
             if already_finished(status, cfg):
                 return finished_result(status, run_dir, say)
+            if checkpoint is not None and (changed := split_changed(cfg, run_dir)):
+                warn(f"[yellow]warning[/]: {changed}", markup=True, highlight=False)
             grpo, first_row = build_grpo(spec, device, dp, checkpoint, say)
             try:
                 return run_steps(spec.schedule, spec.record, run_dir, overrides, grpo, checkpoint, console,
