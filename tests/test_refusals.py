@@ -201,18 +201,22 @@ assert "matplotlib" not in sys.modules and "torch" not in sys.modules, "report -
 
 
 def test_a_task_file_that_is_not_utf8_or_is_its_own_eval_is_refused_before_a_run_dir(tmp_path):
-    """Both used to pass the check: one died in training with a UnicodeDecodeError after run/ was made, the
-    other scored the eval on the problems the policy trained on."""
+    """All used to pass the check: one died in training with a UnicodeDecodeError after run/ was made, one
+    scored the eval on the problems the policy trained on, one was refused only once torch and the model
+    were loaded (~10 s under model=smollm2; its rows are now read by the config check)."""
     from conftest import cli_here
 
     rows = "".join(json.dumps({"question": f"{i}+1", "answer": str(i + 1)}) + "\n" for i in range(30))
     (tmp_path / "latin1.jsonl").write_bytes(rows.encode() + '{"question": "café", "answer": "1"}\n'.encode("latin-1"))
     (tmp_path / "good.jsonl").write_text(rows)
+    (tmp_path / "no_answers.jsonl").write_text('{"question": "1+1"}\n')
     before = snapshot(tmp_path)
     base = ["train", "task=jsonl", "model=hf", f"model.path={tmp_path}"]
     refused(cli_here(*base, f"task.path={tmp_path / 'latin1.jsonl'}", cwd=tmp_path), "is not UTF-8 text (byte")
     refused(cli_here(*base, f"task.path={tmp_path / 'good.jsonl'}", f"task.eval_path={tmp_path / 'good.jsonl'}",
                      cwd=tmp_path), "is the training file (task.path): the eval would score problems the policy")
+    refused(cli_here(*base, f"task.path={tmp_path / 'no_answers.jsonl'}", cwd=tmp_path),
+            "task.answer_field='answer' is not a field of task.path=")
     assert snapshot(tmp_path) == before
 
 

@@ -281,21 +281,36 @@ def check_model_and_task(cfg: DictConfig) -> None:
     _check_task_builds(task_class, params(cfg.task))
 
 
-# the generated tasks (those the embedded model knows) that built from these settings in this process: such a
-# task is made from its settings alone (~7 ms, its eval set drawn), and a sweep's plan checks one per variant
-_GENERATED_BUILT: set = set()
+# the tasks that built from these settings in this process, so that a sweep's plan checks each once, not once
+# per variant: a generated task (those the embedded model knows) is made from its settings alone (~7 ms, its
+# eval set drawn); a task of local files reads and checks its rows, keyed by the files as they are now
+_BUILT: set = set()
+
+
+def _files_now(settings: dict) -> tuple:
+    """(path, size, mtime) of each local file a task's settings name: a file that changed is read again."""
+    found = []
+    for key in ("path", "eval_path"):
+        value = settings.get(key)
+        if isinstance(value, str) and os.path.isfile(os.path.expanduser(value)):
+            stat = os.stat(os.path.expanduser(value))
+            found.append((value, stat.st_size, stat.st_mtime_ns))
+    return tuple(found)
 
 
 def _check_task_builds(task_class, settings: dict) -> None:
-    key = (task_class, json.dumps(settings, sort_keys=True, default=repr))
-    if key in _GENERATED_BUILT:
+    reads_files = getattr(task_class, "reads_local_files", False)
+    key = (task_class, json.dumps(settings, sort_keys=True, default=repr), _files_now(settings) if reads_files else ())
+    if key in _BUILT:
         return
     try:
-        task_class(**settings)
+        task = task_class(**settings)
     except (TypeError, ValueError) as err:
         raise ConfigError(str(err).splitlines()[0]) from None
-    if hasattr(task_class, "warmup_batch"):   # a data task reads files, which may change: built each time
-        _GENERATED_BUILT.add(key)
+    if reads_files:   # its rows read and checked now, before a run dir exists (a malformed row: ConfigError)
+        task.load()
+    if hasattr(task_class, "warmup_batch") or reads_files:   # a hub dataset is not read here: nothing to keep
+        _BUILT.add(key)
 
 
 LORA_KEYS = ("r", "alpha", "dropout", "target_modules")   # what peft's LoraConfig is made from (models.add_lora)

@@ -240,6 +240,7 @@ class _Malformed(str):
 class JsonlTask(DatasetTask):
     """task=jsonl: one JSON object per line."""
     name = "jsonl"
+    reads_local_files = True   # cheap to read: the config check reads its rows (malformed ones refused there)
 
     def __init__(self, path=None, eval_path=None, **options):
         self.path = _utf8("path", _existing("path", path))
@@ -263,6 +264,7 @@ class JsonlTask(DatasetTask):
 class ParquetTask(DatasetTask):
     """task=parquet: a parquet file (read with pandas + pyarrow); rows numbered from 1."""
     name = "parquet"
+    reads_local_files = True
 
     def __init__(self, path=None, eval_path=None, **options):
         self.path = _existing("path", path)
