@@ -43,6 +43,7 @@ def setup(root: Path) -> dict:
     (root / "run").mkdir()
     (root / "run" / "overrides.yaml").write_text("- steps=4\n")
     (root / "run" / "status.json").write_text('{"state": "compl')
+    (root / "no-answers.jsonl").write_text('{"question": "1+1"}\n')
     (root / "one-context.yaml").write_text("mode: add-one-in\ntricks: [no_std]\ncontexts:\n"
                                            "  - {name: hard, overrides: [task.level=hard]}\n")
     gguf = _installed_gguf()
@@ -75,6 +76,10 @@ CASES = [
     ("train: a GGUF file cut short", ["train", "model=hf", "model.path={root}/cut.gguf"], "is cut short"),
     ("train: --resume of a damaged run dir", ["train", "--resume", "{root}/run"], "status.json is truncated"),
     ("train: --restart without --resume", ["train", "--restart"], "--restart belongs to --resume"),
+    ("train: a knob its option's choice never reads", ["train", "adv=gae", "+adv.alpha=0.1"], "changes nothing with"),
+    ("train: a setting that learns nothing", ["train", "rollout.top_k=1"], "samples greedily"),
+    ("train: a malformed task file, smollm2", ["train", "task=jsonl", "task.path={root}/no-answers.jsonl",
+                                               "model=smollm2"], "is not a field of task.path"),
     ("sweep: no mode", ["sweep"], "give a sweep mode"),
     ("sweep: --jobs 0", ["sweep", "leave-one-out", "--jobs", "0"], "--jobs 0 is not allowed"),
     ("sweep: a non-number", ["sweep", "leave-one-out", "--max-seeds", "abc"], "--max-seeds 'abc' is not allowed"),
@@ -88,6 +93,9 @@ CASES = [
     ("sweep: --resume of no sweep", ["sweep", "--resume", "{root}/nope"], "is not a sweep dir"),
     ("sweep: --resume of a damaged manifest", ["sweep", "--resume", "{root}/damaged"], "manifest.json is damaged"),
     ("sweep: --dir not empty", ["sweep", "leave-one-out", "--dir", "{root}/sweep"], "already exists"),
+    ("sweep: a million placebos", ["sweep", "aa", "--placebos", "1000000"], "above the limit of 128"),
+    ("sweep: --determinism with --placebos", ["sweep", "aa", "--determinism", "--seeds", "1", "--placebos", "2"],
+     "--placebos belongs to the A/A sweep"),
     ("doctor: --jobs 0", ["doctor", "--jobs", "0"], "--jobs 0 is not allowed"),
     ("doctor: --seeds auto", ["doctor", "--seeds", "auto"], "no contrast for --seeds auto"),
     ("report: no such dir", ["report", "{root}/nope"], "no such directory"),
