@@ -62,6 +62,8 @@ def gguf_file(path, cut=False):
     (["train", "staleness=paced", "staleness.max_age=-1"], "staleness.max_age=-1 is not allowed"),
     (["train", "rollout.top_k=1"], "rollout.top_k=1 is not allowed with adv=grpo: it samples greedily"),
     (["train", "optim.warmup_steps=100", "steps=5"], "optim.warmup_steps=100 is not allowed with steps=5"),
+    (["train", "control=rft", "+trick=critic_gae"], "control=rft trains without the GRPO loss, so "
+                                                     "+trick=critic_gae (adv) would change nothing in it"),
     (["train", "+model.lora.r=4"], "model.lora.r=4 needs model.lora.alpha, model.lora.dropout, "
                                    "model.lora.target_modules too"),
     (["sweep", "aa", "--determinism", "--seeds", "1", "--placebos", "2"],

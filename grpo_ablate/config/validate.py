@@ -210,9 +210,25 @@ def check_run_settings(cfg: DictConfig, values: _Values | None = None) -> None:
     _require(int(cfg.optim.warmup_steps) <= int(cfg.steps),
              f"optim.warmup_steps={cfg.optim.warmup_steps} is not allowed with steps={cfg.steps}: the run would end "
              "before its lr reaches optim.lr; give optim.warmup_steps <= steps")
+    _require((idle := _tricks_a_control_ignores(cfg)) is None, idle or "")
     if cfg.control.name == "sft" and cfg.control.budget == "wall":
         _require(cfg.control.wall_s is not None, "control.budget=wall needs control.wall_s (seconds of "
                                                  "supervised training in all)")
+
+
+CONTROL_READS = ("sampling", "temperature")   # the families a control run reads (train/controls.py samples with them)
+
+
+def _tricks_a_control_ignores(cfg: DictConfig) -> str | None:
+    """A named trick in a control run (no GRPO loss, no advantage, no KL) changes nothing in it."""
+    if cfg.control.name == "none":
+        return None
+    named = {name: info for name, info in (cfg.get("tricks") or {}).items() if info["family"] not in CONTROL_READS}
+    if not named:
+        return None
+    listed = ", ".join(f"+trick={name} ({info['family']})" for name, info in named.items())
+    return (f"control={cfg.control.name} trains without the GRPO loss, so {listed} would change nothing in it (a "
+            f"control reads only the {' and '.join(CONTROL_READS)} families); drop the trick, or control=none")
 
 
 def parses_answers(task: str) -> bool:
