@@ -147,6 +147,21 @@ def test_without_replay_the_ratio_mean_is_the_kept_mass(replay, small, tmp_path)
         # a float32 sampler and trainer: the ratio over the kept set is 1, over the vocabulary the kept mass
         assert row["rollout/ratio_mean_kept"] == pytest.approx(1, abs=1e-4)
         assert row["rollout/ratio_mean_full"] == pytest.approx(row["rollout/kept_mass"], abs=1e-4)
+        assert 1 < row["rollout/kept_tokens_mean"] and row["rollout/one_token_frac"] < 1
+    assert "samples greedily" not in out.stdout
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("squeeze", ["rollout.top_p=0.000001", "rollout.min_p=0.9999999"])
+def test_filters_that_keep_one_token_everywhere_are_said_at_the_first_step(squeeze, small, tmp_path):
+    """Not knowable from the config (it depends on the model's distribution); the first step measures it: one
+    kept token at every position is a greedy sampler, every group flat, nothing learned from the reward."""
+    out = cli("train", *small, "steps=2", squeeze, "hydra.run.dir=run", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    said = " ".join(out.stdout.split())
+    assert said.count("kept a single token at every sampled position of this step: it samples greedily") == 1
+    rows = [r for r in read_rows(tmp_path / "run" / "metrics.jsonl") if r["step"] > 0]
+    assert all(r["rollout/one_token_frac"] == 1.0 and r["adv/mean"] == 0.0 for r in rows)
 
 
 def test_filters_off_hash_as_runs_from_before_they_existed():

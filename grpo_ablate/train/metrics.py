@@ -125,6 +125,16 @@ def sampler_gap_metrics(sampler_logp, logp, mask) -> dict:
 
 
 @torch.no_grad()
+@torch.no_grad()
+def kept_size_metrics(kept_ids: torch.Tensor, mask: torch.Tensor) -> dict:
+    """How many tokens a filtering sampler kept at each trained position (`rollout/kept_tokens_mean`), and
+    the share of positions where it kept one alone (`rollout/one_token_frac`): at 1 the sampler is greedy,
+    every completion of a group the same, and no advantage is nonzero."""
+    sizes = (kept_ids >= 0).sum(dim=-1).to(mask.device, mask.dtype)   # NOT_KEPT pads a shorter set
+    return {"rollout/kept_tokens_mean": masked_mean(sizes, mask).item(),
+            "rollout/one_token_frac": masked_mean((sizes == 1).to(mask.dtype), mask).item()}
+
+
 def kept_set_metrics(kept_log_mass, old_logp, sampler_logp, mask, replayed: bool) -> dict:
     """A filtering sampler's kept sets under pi_old: their mass (`rollout/kept_mass`), and the mean
     importance ratio pi_old / mu of the sampled tokens with pi_old scored over the kept set

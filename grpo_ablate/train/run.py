@@ -149,6 +149,12 @@ def record_step(schedule: Schedule, run_dir: Path, trainer: Trainer, log, step: 
     return metrics
 
 
+# said once, at a run's first step, where the sampler's filters left one token at every position
+GREEDY_SAMPLER = ("[yellow]warning[/]: the sampler's filters (rollout.top_k, top_p, min_p) kept a single token at "
+                  "every sampled position of this step: it samples greedily, every completion of a group is the same "
+                  "and no advantage is nonzero, so the run learns nothing from the reward; loosen the filters")
+
+
 def run_steps(schedule: Schedule, record: RunRecord, run_dir: Path, overrides, trainer: Trainer,
               checkpoint: Path | None, console=None, writes: bool = True, first_row: dict | None = None) -> RunResult:
     """Steps start+1 .. schedule.steps of `trainer` in `run_dir`, with the eval, samples and
@@ -191,6 +197,8 @@ def run_steps(schedule: Schedule, record: RunRecord, run_dir: Path, overrides, t
                 result.state, result.step, result.reason = "diverged", step, outcome.diverged
                 return result
             metrics = record_step(schedule, run_dir, trainer, log, step, outcome, writes)
+            if step == start + 1 and metrics.get("rollout/one_token_frac") == 1.0:
+                say(GREEDY_SAMPLER)
             progress.update(step, metrics, say)
         result.state, result.step, result.eval_label = "completed", steps, schedule.eval_label
         result.final_accuracy = metrics.get("eval/accuracy") if steps > start else None

@@ -449,6 +449,8 @@ class GRPOTrainer:
         if batch.roll.sampler_logprobs is not None and (rollout.backend == "vllm" or rollout.dtype != "float32"):
             out.update(m.sampler_gap_metrics(batch.roll.sampler_logprobs,
                                              update.logp if anchors.old is None else anchors.old, mask))
+        if batch.roll.kept_ids is not None:
+            out.update(m.kept_size_metrics(batch.roll.kept_ids, mask))
         if anchors.kept_log_mass is not None:
             out.update(m.kept_set_metrics(anchors.kept_log_mass, anchors.old, batch.roll.sampler_logprobs,
                                           mask, self.score_kept_sets))
