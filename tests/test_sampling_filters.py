@@ -185,3 +185,11 @@ def test_a_filter_out_of_range_is_one_line(args, needle, tmp_path):
     refused(cli_here("train", *args, cwd=tmp_path), needle)
     assert snapshot(tmp_path) == before
 
+
+
+@pytest.mark.full
+def test_a_top_k_at_least_the_vocabulary_is_said_to_keep_every_token(small, tmp_path):
+    out = cli("train", *small, "steps=1", "rollout.top_k=100000", "hydra.run.dir=run", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "rollout.top_k=100000 is at least the vocabulary (" in " ".join(out.stdout.split())
+    assert read_rows(tmp_path / "run" / "metrics.jsonl")[-1]["rollout/one_token_frac"] == 0.0

@@ -92,6 +92,10 @@ def build_grpo(spec: RunSpec, device: torch.device, dp: DataParallel, checkpoint
                              shard=dp.shard)
     if (sharding := dp.sharding(policies.policy)) is not None:   # model.fsdp=true: how it is split
         say(sharding)
+    vocabulary = getattr(getattr(policies.policy, "config", None), "vocab_size", None)
+    if vocabulary is not None and spec.rollout.filters.top_k >= vocabulary:   # the config cannot know the vocabulary; the model does
+        say(f"[yellow]warning[/]: rollout.top_k={spec.rollout.filters.top_k} is at least the vocabulary ({vocabulary} "
+            "tokens): it keeps every token, so the filter is off; give top_k below it, or 0")
     encode = PromptEncoder(policies.tokenizer, task)      # problem -> prompt ids (chat template if any)
     prompt_counts = encode.drop_long_prompts(task, say)   # task.max_prompt_tokens: drop longer ones
     # A critic (adv=gae): a value head on the policy's last hidden state, trained alongside it.
