@@ -228,3 +228,14 @@ def test_a_manifest_fixing_a_summary_the_report_cannot_read_is_one_line(tmp_path
     manifest["decides_on"] = {"metric": "eval/accuracy", "summary": "bogus"}
     (path / "manifest.json").write_text(json.dumps(manifest))
     refused(cli("report", str(path)), "manifest.json fixes decides_on.summary='bogus', which the report cannot read")
+
+
+def test_a_sweep_files_families_under_another_mode_is_refused_not_ignored(tmp_path):
+    from conftest import cli_here
+
+    (tmp_path / "loo.yaml").write_text("mode: leave-one-out\ntricks: [no_std, length_group]\n"
+                                       "families:\n  clip: [symmetric, higher]\n")
+    before = snapshot(tmp_path)
+    refused(cli_here("sweep", "file", str(tmp_path / "loo.yaml"), "--dry-run", cwd=tmp_path),
+            "`families:` in a sweep file is --family: --family belongs to `sweep factorial`")
+    assert snapshot(tmp_path) == before

@@ -119,6 +119,9 @@ def sweep_request(given: SweepArgs) -> SweepRequest:
     options = {**chosen, **{name: getattr(given, name) for mode_ in REGISTRY.values() for name in mode_.options
                             if name not in chosen}}
     check_mode_options(mode, options)
+    if spec.get("families") and "family" not in own.options:   # the file's form of --family, never ignored
+        owner = next(m for m in REGISTRY.values() if "family" in m.options)
+        raise SweepError(f"`families:` in a sweep file is --family: {owner.options['family']}")
     if own.tricks_from is not None and (not spec or any(_given(name, options.get(name)) for name in own.options)):
         tricks = own.tricks_from(given)   # the mode's own options as its trick list (conflict's --trick, --reward)
     trick_list = [t.strip() for t in tricks.split(",") if t.strip()] if tricks else spec.get("tricks", [])
