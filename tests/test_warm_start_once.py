@@ -1,0 +1,134 @@
+"""Two commands at once on a fresh machine: a cache entry is built by one process, the others wait for
+it and say so in one line, and a builder killed midway blocks nobody (rundir/lock.py's BuildLock,
+models.built_once); and `threads: null` takes the cores nobody else is using (rundir/cores.py)."""
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpo_ablate.rundir.lock import BuildLock
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A builder as the models' built_once is, without torch (a process starts in ~0.1 s): it takes the
+# entry's lock, and, where the entry is missing, builds it once `go` exists (so a test decides when
+# the build ends), appending a line to `builds` for each build.
+BUILDER = """
+import os, sys, time, pathlib
+from grpo_ablate.rundir.lock import BuildLock
+entry, go, builds = (pathlib.Path(a) for a in sys.argv[1:4])
+with BuildLock(entry, say=lambda text: print(text, flush=True), poll=0.05):
+    if not (entry / "config.json").exists():
+        print("building", flush=True)
+        while not go.exists():
+            time.sleep(0.02)
+        with open(builds, "a") as f:
+            f.write(f"{os.getpid()}\\n")
+        tmp = entry.parent / f".{entry.name}-tmp{os.getpid()}"
+        tmp.mkdir()
+        (tmp / "config.json").write_text("{}")
+        os.rename(tmp, entry)
+print("ready", flush=True)
+"""
+
+
+def start_builder(entry: Path, go: Path, builds: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, "-c", BUILDER, str(entry), str(go), str(builds)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def read_until(proc: subprocess.Popen, needle: str) -> list[str]:
+    """The lines `proc` printed, up to the first that holds `needle`."""
+    lines = []
+    for line in proc.stdout:
+        lines.append(line.rstrip("\n"))
+        if needle in line:
+            return lines
+    raise AssertionError(f"process {proc.pid} ended without printing {needle!r}: {lines}")
+
+
+def test_two_processes_build_a_cold_entry_once_and_the_waiter_says_whom_it_waits_for(tmp_path):
+    entry, go, builds = tmp_path / "cache" / "tiny-abc", tmp_path / "go", tmp_path / "builds"
+    entry.parent.mkdir()
+    first = start_builder(entry, go, builds)
+    read_until(first, "building")                # it holds the lock, and waits for `go`
+    second = start_builder(entry, go, builds)
+    said = read_until(second, "waiting for")
+    go.touch()
+    out_first, out_second = first.communicate(timeout=30)[0], second.communicate(timeout=30)[0]
+    assert first.returncode == second.returncode == 0, (out_first, out_second)
+    assert builds.read_text().split() == [str(first.pid)]     # built once, by the first
+    assert said == [f"waiting for process {first.pid} on {os.uname().nodename}, which is building tiny-abc in "
+                    f"{entry.parent} (built once, then shared)"]
+    assert "building" not in out_second and out_second.split() == ["ready"]   # one line while it waited
+    assert sorted(p.name for p in entry.parent.iterdir()) == ["tiny-abc"]      # no lock file, no temporary
+
+
+def test_a_builder_killed_midway_blocks_nobody(tmp_path):
+    entry, go, builds = tmp_path / "tiny-abc", tmp_path / "go", tmp_path / "builds"
+    first = start_builder(entry, go, builds)
+    read_until(first, "building")
+    second = start_builder(entry, go, builds)
+    read_until(second, "waiting for")
+    first.send_signal(signal.SIGKILL)           # its lock file stays, naming it; the OS lock goes with it
+    first.wait()
+    taken = read_until(second, "building")
+    assert taken == [f"{tmp_path / '.tiny-abc.lock'}: its process {first.pid} is gone; taking the cache entry over",
+                     "building"]
+    go.touch()
+    assert second.communicate(timeout=30)[0].split() == ["ready"] and second.returncode == 0
+    assert builds.read_text().split() == [str(second.pid)] and (entry / "config.json").exists()
+
+
+def test_a_lock_still_held_for_a_builder_that_is_gone_is_broken(tmp_path):
+    """A descriptor inherited by a child keeps the OS lock after its builder died: the file names a
+    process of this host that is gone, and the waiter breaks the lock instead of waiting forever."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = tmp_path / ".tiny-abc.lock"
+    lock.write_text(json.dumps({"pid": dead.pid, "host": os.uname().nodename}))
+    inherited = os.open(lock, os.O_RDWR)
+    fcntl.flock(inherited, fcntl.LOCK_EX)
+    said = []
+    try:
+        with BuildLock(tmp_path / "tiny-abc", say=said.append, poll=0.01):
+            assert json.loads(lock.read_text())["pid"] == os.getpid()
+    finally:
+        os.close(inherited)
+    assert said == [f"{lock}: its process {dead.pid} is gone; breaking its lock"]
+    assert not lock.exists()
+
+
+def test_an_entry_built_meanwhile_is_not_built_again(tmp_path, monkeypatch):
+    """models.built_once checks again under the lock: what the process it waited for built is used."""
+    from grpo_ablate import models
+
+    entry = tmp_path / "tiny-abc"
+    built = []
+
+    def build_by_another():
+        built.append("ours")
+
+    monkeypatch.setattr(models, "BuildLock", lambda target, say: _BuiltWhileWaiting(target))
+    assert models.built_once(entry, build_by_another, log=lambda *a: None) == entry
+    assert built == [] and (entry / "config.json").exists()
+
+
+class _BuiltWhileWaiting:
+    """A lock whose wait ends with the entry built by the process it waited for."""
+
+    def __init__(self, target: Path):
+        self.target = target
+
+    def __enter__(self):
+        self.target.mkdir()
+        (self.target / "config.json").write_text("{}")
+
+    def __exit__(self, *exc):
+        return None
