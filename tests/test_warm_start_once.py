@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from grpo_ablate.rundir import cores
 from grpo_ablate.rundir.lock import BuildLock
 
 REPO = Path(__file__).resolve().parents[1]
@@ -20,6 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 # the build ends), appending a line to `builds` for each build.
 BUILDER = """
 import os, sys, time, pathlib
+from grpo_ablate.rundir import cores
 from grpo_ablate.rundir.lock import BuildLock
 entry, go, builds = (pathlib.Path(a) for a in sys.argv[1:4])
 with BuildLock(entry, say=lambda text: print(text, flush=True), poll=0.05):
@@ -132,3 +134,37 @@ class _BuiltWhileWaiting:
 
     def __exit__(self, *exc):
         return None
+
+
+# ------------------------------------------------------------------------------ threads: null
+@pytest.mark.parametrize("mine, machine, others, free", [
+    (2, 2, 0.0, 2),     # an idle machine: every core
+    (2, 2, 0.4, 2),     # a little busy: still nearest to 2
+    (2, 2, 1.6, 1),     # one core's worth busy: the other
+    (2, 2, 9.0, 1),     # busier than it has cores: one thread, never none
+    (16, 16, 5.4, 11),
+    (4, 16, 30.0, 4),   # held to 4 of 16 cores (SLURM, taskset, a cpuset): they are its own
+])
+def test_threads_null_takes_the_cores_nobody_else_is_using(monkeypatch, mine, machine, others, free):
+    monkeypatch.setattr(cores, "cores", lambda: mine)
+    monkeypatch.setattr(cores.os, "cpu_count", lambda: machine)
+    monkeypatch.setattr(cores, "others_running", lambda: others)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert cores.free_cores() == free and cores.cpu_threads(None) == free
+    assert cores.cpu_threads(3) == 3                           # threads= given: as given
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    assert cores.cpu_threads(None) == 5                        # the user's own limit
+
+
+def test_others_running_reads_the_load_and_who_runs_now():
+    assert cores.others_running() >= 0.0
+
+
+def test_a_resumed_run_takes_the_threads_it_recorded(tmp_path):
+    from grpo_ablate.config.resume_rules import threads_to_run
+
+    status = {"state": "interrupted", "step": 2, "threads": 2}
+    assert threads_to_run(None, status, tmp_path / "checkpoint") == 2       # continued: as it started
+    assert threads_to_run(1, status, tmp_path / "checkpoint") == 1          # threads= given: as given
+    assert threads_to_run(None, status, None) is None                       # started over: the cores free now
+    assert threads_to_run(None, {"state": "interrupted", "step": 2}, tmp_path) is None   # from before the record
