@@ -168,3 +168,52 @@ def test_a_resumed_run_takes_the_threads_it_recorded(tmp_path):
     assert threads_to_run(1, status, tmp_path / "checkpoint") == 1          # threads= given: as given
     assert threads_to_run(None, status, None) is None                       # started over: the cores free now
     assert threads_to_run(None, {"state": "interrupted", "step": 2}, tmp_path) is None   # from before the record
+
+
+# ------------------------------------------------------------------------------ the real warm start
+# ensure_warm_started in a process of its own; its warm-up first waits for `go` and counts itself in `builds`
+REAL_BUILDER = """
+import sys, time, pathlib
+from grpo_ablate import models
+from grpo_ablate.config.compose import compose
+from grpo_ablate.tasks import build_task
+go, builds = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+warm_start = models.warm_start
+
+def held(*args, **kwargs):
+    with open(builds, "a") as f:
+        f.write("built\\n")
+    while not go.exists():
+        time.sleep(0.05)
+    return warm_start(*args, **kwargs)
+
+models.warm_start = held
+cfg = compose(sys.argv[3:])
+path = models.ensure_warm_started(cfg.model, build_task(cfg.task), log=lambda text: print(text, flush=True))
+print("path", path, flush=True)
+"""
+
+
+@pytest.mark.full
+def test_two_real_cold_warm_starts_of_one_entry_build_it_once(tmp_path):
+    from conftest import SMALL
+
+    cache, go, builds = tmp_path / "cache", tmp_path / "go", tmp_path / "builds"
+    overrides = [o for o in SMALL if not o.startswith("model.warmup.steps=")] + [
+        "model.warmup.steps=20", f"model.cache_dir={cache}"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    start = lambda: subprocess.Popen([sys.executable, "-c", REAL_BUILDER, str(go), str(builds), *overrides],  # noqa: E731
+                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = start()
+    read_until(first, "warm-starting the embedded tiny model")
+    second = start()
+    waiting = read_until(second, "waiting for")
+    go.touch()
+    out_first, out_second = first.communicate(timeout=120)[0], second.communicate(timeout=120)[0]
+    assert first.returncode == second.returncode == 0, (out_first, out_second)
+    assert builds.read_text().split() == ["built"]                           # one warm-up, not two
+    assert waiting[-1].startswith(f"waiting for process {first.pid} on ") and "(built once, then shared)" in waiting[-1]
+    assert "warm-starting" not in out_second and "warm-up step" not in out_second
+    paths = {line.split(" ", 1)[1] for line in (out_first + out_second).splitlines() if line.startswith("path ")}
+    assert len(paths) == 1 and (Path(paths.pop()) / "warm_start.json").exists()
+    assert [p.name.startswith("tiny-") for p in cache.iterdir()] == [True]   # no lock, no temporary left
