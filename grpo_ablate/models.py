@@ -118,7 +118,8 @@ def ensure_warm_started(model_cfg, task, log=print) -> Path:
     two commands started together on a fresh machine build it once.
     """
     target = warm_start_dir(model_cfg, task)
-    return built_once(target, lambda: _warm_start_entry(model_cfg, task, target, log), log)
+    arch, warmup = dict(model_cfg.arch), dict(model_cfg.warmup)
+    return built_once(target, lambda: _warm_start_entry(arch, warmup, task, target, log), log)
 
 
 def built_once(target: Path, build, log=print) -> Path:
@@ -137,10 +138,8 @@ def built_once(target: Path, build, log=print) -> Path:
     return target
 
 
-def _warm_start_entry(model_cfg, task, target: Path, log) -> Path:
+def _warm_start_entry(arch: dict, warmup: dict, task, target: Path, log) -> Path:
     """Build the embedded model's cache entry `target`: the tiny model, warm-started on `task`."""
-    arch = dict(model_cfg.arch)
-    warmup = dict(model_cfg.warmup)
     key = target.name[len("tiny-"):]
     log(f"warm-starting the embedded tiny model (cached as {target})")
     started = time.perf_counter()
@@ -260,12 +259,12 @@ def weights_digest(model: torch.nn.Module) -> str:
     return digest.hexdigest()[:16]
 
 
-def started_from(model_cfg, model_path, weights: str) -> dict:
-    """status.json's record of a run's start: its weights' digest, and where they were loaded from,
-    named alike on every machine (model.path as given, or the cache entry's content address: the
-    embedded model's warm start, a GGUF file's conversion), so that runs which asked for one start
-    and got two are found (report/load.py)."""
-    asked = str(model_cfg.path) if model_cfg.get("path") and gguf_source(model_cfg) is None else Path(model_path).name
+def started_from(group, model_path, weights: str) -> dict:
+    """status.json's record of a run's start (`group`: its model group): its weights' digest, and where
+    they were loaded from, named alike on every machine (model.path as given, or the cache entry's
+    content address: the embedded model's warm start, a GGUF file's conversion), so that runs which
+    asked for one start and got two are found (rundir/starts.py)."""
+    asked = str(group.path) if group.get("path") and gguf_source(group) is None else Path(model_path).name
     return {"weights": weights, "model": asked}
 
 

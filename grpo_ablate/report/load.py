@@ -4,11 +4,10 @@ Reads only files (the run-dir contract of `grpo_ablate/rundir/files.py`): the sw
 `manifest.json` and, per run dir, `metrics.jsonl`, `samples.jsonl`, `evals.jsonl` (each eval's
 per-problem scores), `status.json` and `config.yaml`. Nothing here raises for a missing or
 damaged run: what is missing or odd is said in the run's (or the sweep's) `notes`, and a run
-left out for a damaged file, for not being this sweep's, or for starting from other weights than
-the sweep's other runs of its model (rundir/starts.py), in `Sweep.warnings` too (one line each,
-for the command to print). A damaged manifest is a ReportError (report/schema.py). Without a
-manifest the run dirs found are grouped by their config, and the contrasts are inferred from the
-tricks each variant has on.
+left out for a damaged file, or for not being this sweep's (nor of its start: rundir/starts.py), in
+`Sweep.warnings` too (one line each, for the command to print). A damaged manifest is a ReportError
+(report/schema.py). Without a manifest the run dirs found are grouped by their config, and the
+contrasts are inferred from the tricks each variant has on.
 """
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ from grpo_ablate.evals.scores import read_evals
 from grpo_ablate.report.schema import (accuracy_problem, foreign_problem, manifest_problem, outside_problem,
                                        status_problem)
 from grpo_ablate.rundir.files import EVALS, read_json, read_jsonl, read_status
-from grpo_ablate.rundir.starts import not_recorded, other_starts, recorded_start
+from grpo_ablate.rundir.starts import other_starts, recorded_start, start_notes
 
 FINISHED = ("completed", "diverged", "failed", "interrupted")   # interrupted: waits for --resume
 # Control runs: `base` is the starting policy never trained, `sft` the same budget spent on supervised
@@ -246,21 +245,13 @@ def _leave_out_damaged(sweep: Sweep) -> None:
 
 
 def _leave_out_other_starts(sweep: Sweep) -> None:
-    """Runs that asked for one model and started from other weights than most of the sweep's runs of it
-    (rundir/starts.py: another machine's warm start) are another experiment: left out, as a foreign run
-    is, and named in one note; runs that do not record their start are not checked, and said so."""
+    """Runs that started from other weights than the sweep's other runs of their model (another machine's
+    warm start: rundir/starts.py) are left out, as a foreign run is; the notes name them."""
     starts = {run.name: run.start for run in sweep.runs if not run.left_out and run.state != "missing"}
-    others = other_starts(starts)
-    for other in others:
+    for other in other_starts(starts):
         run = next(r for r in sweep.runs if r.name == other.run)
         leave_out(sweep, run, f"not this sweep's start: {other.why}", run.run_dir)
-    if others:
-        sweep.notes.append(f"{len(others)} run(s) started from other weights than the sweep's other runs of their "
-                           f"model: {', '.join(f'{o.run} ({o.weights})' for o in others)}; left out, never averaged "
-                           "(share the model cache between machines: docs/slurm.md)")
-    if missing := not_recorded(starts):
-        sweep.notes.append(f"what {len(missing)} run(s) started from is not recorded (run dirs from before the "
-                           f"record: {', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}): not checked")
+    sweep.notes += start_notes(starts)
 
 
 # --------------------------------------------------------------------------- a sweep dir

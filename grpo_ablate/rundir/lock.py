@@ -146,15 +146,22 @@ class BuildLock(DirLock):
 
     def __init__(self, entry: Path, say=None, poll: float = 1.0):
         super().__init__(Path(entry).parent, "cache entry", say)
-        self.entry, self.poll, self.waited = Path(entry), poll, False
+        self.entry, self.poll, self.waited, self.suspect = Path(entry), poll, False, None
         self.path = self.entry.parent / f".{self.entry.name}.lock"
 
     def _held(self) -> None:
         holder = _read_holder(self.path)
-        if holder and holder[1] == self.me["host"] and _gone(holder[0]):   # the lock outlived its builder
-            self.say(f"{self.path}: its process {holder[0]} is gone; breaking its lock")
-            self.path.unlink(missing_ok=True)
+        if holder and holder[1] == self.me["host"] and _gone(holder[0]):
+            # the lock outlived its builder; seen twice, a poll apart, since a new holder writes its pid
+            # into the file only just after it took the lock
+            if self.suspect == holder[0]:
+                self.say(f"{self.path}: its process {holder[0]} is gone; breaking its lock")
+                self.path.unlink(missing_ok=True)
+                return
+            self.suspect = holder[0]
+            time.sleep(self.poll)
             return
+        self.suspect = None
         if not self.waited:
             who = f"process {holder[0]} on {holder[1]}" if holder else "another process"
             self.say(f"waiting for {who}, which is building {self.entry.name} in {self.entry.parent} "

@@ -59,3 +59,17 @@ def not_recorded(starts: dict[str, dict | None]) -> list[str]:
     """The runs that do not record their start, where others of the sweep do (none where none does)."""
     missing = [name for name, start in starts.items() if start is None]
     return missing if len(missing) < len(starts) else []
+
+
+def start_notes(starts: dict[str, dict | None]) -> list[str]:
+    """A report's notes on what the runs of `starts` started from: the runs that started elsewhere, named,
+    and the runs that record nothing where others do (not checked)."""
+    notes = []
+    if others := other_starts(starts):
+        notes.append(f"{len(others)} run(s) started from other weights than the sweep's other runs of their "
+                     f"model: {', '.join(f'{o.run} ({o.weights})' for o in others)}; left out, never averaged "
+                     "(share the model cache between machines: docs/slurm.md)")
+    if missing := not_recorded(starts):
+        notes.append(f"what {len(missing)} run(s) started from is not recorded (run dirs from before the record: "
+                     f"{', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}): not checked")
+    return notes
