@@ -78,7 +78,9 @@ def start(req: SweepRequest, console, dry_run: bool = False) -> int:
                       f"training: once the runs finish, `grpo-ablate eval {sweep_dir} eval={fixed['eval']}{steps}`, "
                       f"then `grpo-ablate report {sweep_dir}`", markup=False, highlight=False)
     with DirLock(sweep_dir, "sweep dir"):
-        return run_jobs(sweep_dir, manifest, manifest["runs"], req.launcher, req.jobs, req.hydra_args, console)
+        code = run_jobs(sweep_dir, manifest, manifest["runs"], req.launcher, req.jobs, req.hydra_args, console)
+        say_other_starts(sweep_dir, manifest, console)   # runs that landed on machines with other warm starts
+        return code
 
 
 def resume(sweep_dir: Path, launcher: str | None, jobs: int | None, hydra_args: list[str], console,
