@@ -24,6 +24,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, PreTrainedTokeniz
 from transformers.utils import logging as hf_logging
 
 from grpo_ablate.model_source import ModelPathError, gguf_source, local_path, warm_start_dir
+from grpo_ablate.rundir.lock import BuildLock
 from grpo_ablate.rundir.paths import cache_message, writable_problem
 
 # Loading and saving tiny checkpoints many times a run: no per-file progress bars.
@@ -113,18 +114,33 @@ def ensure_warm_started(model_cfg, task, log=print) -> Path:
 
     The cache entry is content-addressed, so a changed architecture, task or warm-up config
     never loads a stale model; it is written to a temporary directory and renamed into place,
-    so a killed build leaves no half-written entry and parallel builders never collide.
+    so a killed build leaves no half-written entry, and built by one process at a time (`built_once`):
+    two commands started together on a fresh machine build it once.
     """
-    arch = dict(model_cfg.arch)
-    warmup = dict(model_cfg.warmup)
     target = warm_start_dir(model_cfg, task)
-    key, cache_root = target.name[len("tiny-"):], target.parent
+    arch, warmup = dict(model_cfg.arch), dict(model_cfg.warmup)
+    return built_once(target, lambda: _warm_start_entry(arch, warmup, task, target, log), log)
+
+
+def built_once(target: Path, build, log=print) -> Path:
+    """The cache entry `target`, built by `build()` unless it is there. One process builds an entry at
+    a time (rundir.lock.BuildLock): another that wants it meanwhile says once whom it waits for, waits,
+    and finds it built; a builder killed midway leaves the next one to build it."""
     if (target / "config.json").exists():
         return target
-    problem = writable_problem(cache_root)
-    if problem:   # config.check_here refuses this before a run; here: a model not cached yet in a read-only cache
-        raise ModelPathError(cache_message(cache_root, problem))
-    cache_root.mkdir(parents=True, exist_ok=True)
+    problem = writable_problem(target.parent)
+    if problem:   # config.check_here refuses this before a run; here: an entry not cached yet in a read-only
+        raise ModelPathError(cache_message(target.parent, problem))   # cache (or GRPO_ABLATE_CACHE a file)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with BuildLock(target, say=log):
+        if not (target / "config.json").exists():   # else: built by the process we waited for
+            build()
+    return target
+
+
+def _warm_start_entry(arch: dict, warmup: dict, task, target: Path, log) -> Path:
+    """Build the embedded model's cache entry `target`: the tiny model, warm-started on `task`."""
+    key = target.name[len("tiny-"):]
     log(f"warm-starting the embedded tiny model (cached as {target})")
     started = time.perf_counter()
     tokenizer = build_char_tokenizer(task.chars)
@@ -150,7 +166,8 @@ def save_cache_entry(model, tokenizer, target: Path, about_file: str, about: dic
     except OSError:
         if not (target / "config.json").exists():
             raise
-        # another process finished the same entry first: theirs is identical, keep it
+        # another process finished the same entry first (a file system without locks): theirs is kept,
+        # so every process loads the one entry
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
@@ -183,12 +200,13 @@ def ensure_gguf_converted(file: Path, cache_dir, log=print) -> Path:
                                      "transformers": transformers.__version__}).encode()).hexdigest()[:16]
     cache_root = Path(os.path.expanduser(str(cache_dir)))
     target = cache_root / f"gguf-{file.stem}-{key}"
-    if (target / "config.json").exists():
-        return target
-    problem = writable_problem(cache_root)
-    if problem:   # a read-only cache (or GRPO_ABLATE_CACHE a file): one line, not a traceback after the load
-        raise ModelPathError(cache_message(cache_root, problem))
-    cache_root.mkdir(parents=True, exist_ok=True)
+    return built_once(target, lambda: _convert_gguf(file, key, target, log), log)
+
+
+def _convert_gguf(file: Path, key: str, target: Path, log) -> Path:
+    """Build the cache entry `target`: the GGUF file's model dequantized, with its tokenizer."""
+    import transformers
+
     log(f"converting {file.name} to a transformers model, once (cached as {target})")
     started = time.perf_counter()
     folder, name = str(file.parent), file.name
@@ -226,6 +244,28 @@ def model_dir(model_cfg, task=None, log=print):
     if model_cfg.get("path"):
         return local_path(model_cfg.path)
     return ensure_warm_started(model_cfg, task, log=log)
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """What a model's weights are, in 16 hex digits: sha256 over its state dict, tensor by tensor in
+    name order (name, dtype, shape, bytes). Equal weights give the same digest on every machine, weights
+    one bit apart another (the embedded model's warm start follows the CPU's kernels). Reads every
+    weight once: well under a second for the embedded model, ~1 s a GB."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        tensor = tensor.detach().to("cpu").contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
+    return digest.hexdigest()[:16]
+
+
+def started_from(group, model_path, weights: str) -> dict:
+    """status.json's record of a run's start (`group`: its model group): its weights' digest, and where
+    they were loaded from, named alike on every machine (model.path as given, or the cache entry's
+    content address: the embedded model's warm start, a GGUF file's conversion), so that runs which
+    asked for one start and got two are found (rundir/starts.py)."""
+    asked = str(group.path) if group.get("path") and gguf_source(group) is None else Path(model_path).name
+    return {"weights": weights, "model": asked}
 
 
 def load_tokenizer(path: str | os.PathLike):

@@ -98,7 +98,8 @@ def write_sweep(path, rng, drop_run=None, broken=None, mode="leave-one-out", **o
     manifest = {"version": 1, "sweep_id": "sim", "name": "sim", "mode": mode, "base": "grpo",
                 "tricks": names, "seeds": seeds, "overrides": [], "launcher": "joblib",
                 "wandb_group": "sim", "created_at": "x", "updated_at": "x",
-                "variants": [{"name": v, "tricks_on": names if mode == "aa" else on, "reference": ref, "kind": "treatment",
+                "variants": [{"name": v, "tricks_on": names if mode == "aa" else on, "reference": ref,
+                              "kind": "treatment",
                               # an A/A sweep's placebos: the reference's tricks, each its own sampling stream
                               "overrides": [f"{STREAM_SALT}={i}"] if mode == "aa" and i else []}
                              for i, (v, (on, ref, _)) in enumerate(variants.items())],

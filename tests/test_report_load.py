@@ -197,8 +197,9 @@ DAMAGED_RUN_FILES = {   # what goes wrong in drop-t0-s1 -> the warning's words
         "evals.jsonl is damaged (eval set 'sim' has 16 problems in one eval and 8 at step 30)"),
     "scores not numbers": (lambda d: _last_eval(d, n=1, scores=["abc"]),
                            "evals.jsonl is damaged (step 30: the per-problem scores are not numbers)"),
-    "bits that are not hex": (lambda d: _last_eval(d, n=16, bits="zzzz"),
-                              "evals.jsonl is damaged (step 30: the per-problem scores are damaged: `bits` is not hex)"),
+    "bits that are not hex": (
+        lambda d: _last_eval(d, n=16, bits="zzzz"),
+        "evals.jsonl is damaged (step 30: the per-problem scores are damaged: `bits` is not hex)"),
     "a NaN score": (lambda d: _last_eval(d, n=16, scores=[float("nan")] + [1.0] * 15),
                     "evals.jsonl is damaged (step 30: a per-problem score is not a number in [0, 1])"),
     "a score of 2": (lambda d: _last_eval(d, n=16, scores=[2.0] + [0.0] * 15),

@@ -206,8 +206,8 @@ def test_a_stop_of_a_parallel_sweep_stops_its_workers_and_resume_equals_an_unint
     assert stopped and {read_status(sweep / name)["reason"] for name in stopped} == {signum.name}, manifest["runs"]
     resumed = cli("sweep", "--resume", str(sweep), "--jobs", "1", cwd=tmp_path, timeout=1800)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
-    share = manifest["threads"]   # fixed by the first launch (2 runs at a time), not by the runs left
-    assert share == max(1, len(os.sched_getaffinity(0)) // 2) and f"1 at a time, {share} thread" in resumed.stdout
+    share = manifest["threads"]   # fixed by the first launch (2 runs at a time, the free cores), not by the runs left
+    assert 1 <= share <= max(1, len(os.sched_getaffinity(0)) // 2) and f"1 at a time, {share} thread" in resumed.stdout
     assert metrics_of(sweep) == metrics_of(tmp_path / "whole")
     assert all(read_status(sweep / name)["state"] == "completed" for name in stopped)
 

@@ -83,3 +83,26 @@ def already_finished(status: dict | None, cfg: DictConfig) -> bool:
     """A finished result is never redone: completed at (or past) the asked-for steps, or diverged."""
     return status is not None and (status["state"] == "diverged"
                                    or status["state"] == "completed" and status["step"] >= cfg.steps)
+
+
+def threads_to_run(threads: int | None, status: dict | None, checkpoint: Path | None) -> int | None:
+    """The torch threads of a run: `threads` where it is set; a run continued from its checkpoint with
+    `threads: null` takes the count it recorded (status.json's `threads`, which the cores that were free
+    decided), so it goes on as it would have; else None (the cores free now: rundir/cores.py)."""
+    recorded = (status or {}).get("threads") if checkpoint is not None else None
+    return threads or (recorded if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 0
+                       else None)
+
+
+def check_same_start(status: dict | None, start: dict | None, run_dir: Path) -> None:
+    """A run continues from the start it began with: where its resume loads the start again (a LoRA
+    run's base, the reference policy of a KL term), the weights are the ones status.json recorded
+    (`start`), else ConfigError before anything is written. A run dir from before the record, or a
+    resume that loads its checkpoint alone, is not checked."""
+    recorded = (status or {}).get("start")
+    if not isinstance(recorded, dict) or start is None or recorded.get("weights") == start["weights"]:
+        return
+    raise ConfigError(f"cannot resume {run_dir}: it started from the weights {recorded.get('weights')} of "
+                      f"{recorded.get('model')}, and {start['model']} here holds the weights {start['weights']} "
+                      "(another machine's warm start, or the model changed); resume it where its start is, or "
+                      "share the model cache between machines (docs/slurm.md)")

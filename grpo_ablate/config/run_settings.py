@@ -56,7 +56,7 @@ BASE_SETTINGS = {
     "steps": Setting(30, POSITIVE_INT.but(resumable=True), "optimizer steps (one rollout each); 30 x 8 prompts: the "
                      "embedded default's budget, calibrated so its leave-one-out decides (docs/calibration.md)"),
     "threads": Setting(None, OPTIONAL_POSITIVE_INT.but(resumable=True),
-                       "torch CPU threads; null = torch's default (all cores)"),
+                       "torch CPU threads; null = the cores nobody else is using (docs/performance.md#threads)"),
     "resume": Setting(False, choice(False, True, "restart").but(resumable=True),
                       "set by `grpo-ablate train --resume RUN_DIR` (`--restart`: restart)"),
     "on_nonfinite": Setting("stop", choice("stop", "skip"),

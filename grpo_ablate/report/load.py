@@ -4,10 +4,10 @@ Reads only files (the run-dir contract of `grpo_ablate/rundir/files.py`): the sw
 `manifest.json` and, per run dir, `metrics.jsonl`, `samples.jsonl`, `evals.jsonl` (each eval's
 per-problem scores), `status.json` and `config.yaml`. Nothing here raises for a missing or
 damaged run: what is missing or odd is said in the run's (or the sweep's) `notes`, and a run
-left out for a damaged file, or for not being this sweep's, in `Sweep.warnings` too (one line
-each, for the command to print). A damaged manifest is a ReportError (report/schema.py). Without
-a manifest the run dirs found are grouped by their config, and the contrasts are inferred from
-the tricks each variant has on.
+left out for a damaged file, or for not being this sweep's (nor of its start: rundir/starts.py), in
+`Sweep.warnings` too (one line each, for the command to print). A damaged manifest is a ReportError
+(report/schema.py). Without a manifest the run dirs found are grouped by their config, and the
+contrasts are inferred from the tricks each variant has on.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from grpo_ablate.evals.scores import read_evals
 from grpo_ablate.report.schema import (accuracy_problem, foreign_problem, manifest_problem, outside_problem,
                                        status_problem)
 from grpo_ablate.rundir.files import EVALS, read_json, read_jsonl, read_status
+from grpo_ablate.rundir.starts import other_starts, recorded_start, start_notes
 
 FINISHED = ("completed", "diverged", "failed", "interrupted")   # interrupted: waits for --resume
 # Control runs: `base` is the starting policy never trained, `sft` the same budget spent on supervised
@@ -53,7 +54,9 @@ class Run:
     flags: list = field(default_factory=list)
     evals: dict = field(default_factory=dict)   # step -> its eval's ProblemScores (evals.jsonl: evals/scores.py)
     config_hash: str | None = None              # status.json's: what the run actually trained
+    start: dict | None = None                   # status.json's: what it started from (None: not recorded)
     damage: tuple | None = None                 # (file, what is wrong with it): the run is left out (schema.py)
+    left_out: bool = False                      # out of every statistic (leave_out)
 
     @property
     def name(self) -> str:
@@ -214,7 +217,7 @@ def load_run(run_dir: Path, variant: str, seed: int | None, thresholds: HealthTh
     status = _read_status(run)
     _read_logs(run, status)
     if status is not None:
-        run.config_hash = status.get("config_hash")
+        run.config_hash, run.start = status.get("config_hash"), recorded_start(status)
         run.state = status["state"]
         run.step, run.reason = status["step"], status.get("reason")
         run.wall_time_s = status.get("wall_time_s")
@@ -230,6 +233,7 @@ def leave_out(sweep: Sweep, run: Run, why: str, where: Path | str) -> None:
     """The run takes no part in any statistic (as failed, with nothing of it read), said in its
     notes and in one warning line naming `where` (the file, or the run dir)."""
     run.state, run.flags, run.evals, run.nonfinite, run.samples = "failed", [], {}, {}, []
+    run.left_out = True
     run.metrics = metrics_frame([])
     run.notes.append(f"{why}: left out of every statistic")
     sweep.warnings.append(f"warning: {where}: {why}; the report goes on without this run")
@@ -240,6 +244,16 @@ def _leave_out_damaged(sweep: Sweep) -> None:
         if run.damage:
             file, problem = run.damage
             leave_out(sweep, run, f"{file} {problem}", run.run_dir)
+
+
+def _leave_out_other_starts(sweep: Sweep) -> None:
+    """Runs that started from other weights than the sweep's other runs of their model (another machine's
+    warm start: rundir/starts.py) are left out, as a foreign run is; the notes name them."""
+    starts = {run.name: run.start for run in sweep.runs if not run.left_out and run.state != "missing"}
+    for other in other_starts(starts):
+        run = next(r for r in sweep.runs if r.name == other.run)
+        leave_out(sweep, run, f"not this sweep's start: {other.why}", run.run_dir)
+    sweep.notes += start_notes(starts)
 
 
 # --------------------------------------------------------------------------- a sweep dir
@@ -257,6 +271,7 @@ def load_sweep(sweep_dir: Path, thresholds: HealthThresholds | None = None) -> S
     else:
         sweep = _sweep_from_manifest(sweep_dir, read_manifest(path), thresholds)
     _leave_out_damaged(sweep)
+    _leave_out_other_starts(sweep)
     return sweep
 
 

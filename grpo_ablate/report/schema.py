@@ -23,7 +23,8 @@ ENTRIES = {  # each entry of the manifest's lists
     "contexts": {"name": str, "overrides": [str]},
     "runs": {"variant": str, "seed": int, "run_dir": str, "config_hash": str, "overrides": [str]},
 }
-STATUS = {"step": int, "wall_time_s": float, "config_hash": str, "reason": str}   # state: rundir.STATES
+STATUS = {"step": int, "wall_time_s": float, "config_hash": str, "reason": str,   # state: rundir.STATES
+          "start": dict, "threads": int}   # the last two: none in a run dir from before they were recorded
 UNIT = (0.0, 1.0)   # where an accuracy and a per-problem score lie
 
 

@@ -9,7 +9,10 @@
     evals/<name>.jsonl  a protocol scored after training (`grpo-ablate eval`), rows as evals.jsonl's,
                      beside evals/<name>.json, its protocol and task (atomic, written first)
     weights/step-<N>/   with eval.keep_weights: the policy at each eval step (what `eval --steps all` scores)
-    status.json      running | completed | diverged | failed | interrupted, step, reason, wall time (atomic)
+    status.json      running | completed | diverged | failed | interrupted, step, reason, wall time (atomic);
+                     config_hash; `start` (the digest of the weights the run started from, LoRA's base
+                     included, and the model asked for: rundir/starts.py) and `threads` (torch's), beside
+                     the hash because they may differ by machine (a run dir from before them has neither)
     checkpoint/      latest weights + optimizer + RNG state, replaced atomically
     traceback.txt    the whole story of a crash (status.json has its one-line reason)
 

@@ -1,5 +1,6 @@
 """The run dir's lock: one process writes a run or sweep dir at a time; a lock left by a dead
-process is taken over, one held by a live one is a one-line refusal."""
+process is taken over, one held by a live one is a one-line refusal. A cache entry's lock
+(BuildLock): one process builds it, the others wait for it, saying so."""
 from __future__ import annotations
 
 import fcntl
@@ -35,18 +36,16 @@ class DirLock:
         if key in _HELD:
             _HELD[key][1] += 1
             return self
-        for _ in range(5):
+        moved = 0
+        while moved < 5:
             fd = self._open()
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            if not self._flock(fd):   # held by a live process
                 os.close(fd)
-                raise ConfigError(self._held_message()) from None
-            except OSError as err:   # a file system without locks (some NFS mounts): the work goes on, unguarded
-                self.say(f"{self.path}: this file system cannot lock files ({err.strerror}); nothing stops a "
-                         f"second process from writing this {self.what}")
+                self._held()          # refused here; a BuildLock waits, then tries again
+                continue
             if not self._still_at_path(fd):   # its holder removed it between our open and our lock
                 os.close(fd)
+                moved += 1
                 continue
             left = os.read(fd, 4096).decode(errors="replace").strip()
             self._refuse_other_host(fd, left)
@@ -57,6 +56,20 @@ class DirLock:
             _HELD[key] = [fd, 1]
             return self
         raise ConfigError(f"could not lock {self.what} {self.directory}: {self.path} keeps changing hands")
+
+    def _flock(self, fd: int) -> bool:
+        """Take the OS lock on `fd`: False when a live process holds it."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        except OSError as err:   # a file system without locks (some NFS mounts): the work goes on, unguarded
+            self.say(f"{self.path}: this file system cannot lock files ({err.strerror}); nothing stops a "
+                     f"second process from writing this {self.what}")
+        return True
+
+    def _held(self) -> None:
+        raise ConfigError(self._held_message())
 
     def _open(self) -> int:
         try:
@@ -118,6 +131,59 @@ class DirLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+class BuildLock(DirLock):
+    """One builder per cache entry (the embedded model's warm start, a GGUF file's conversion), across
+    processes: the builder holds the OS lock on `.<entry>.lock` beside the entry while it builds; another
+    process that wants the same entry says once, in one line, which process it waits for, and waits
+    (asleep, trying again every `poll` seconds) until the lock is free, then finds the entry built. A
+    killed builder blocks nobody: the OS drops its lock, and the next process takes the lock over (and
+    builds, the entry being still missing). A lock held while the file names a process of this host
+    that is gone (a child that inherited the descriptor) is broken rather than waited on forever. A
+    file naming another host is taken over too: an entry is renamed into place whole, so two builders
+    cost time, never a half-written entry."""
+
+    def __init__(self, entry: Path, say=None, poll: float = 1.0):
+        super().__init__(Path(entry).parent, "cache entry", say)
+        self.entry, self.poll, self.waited, self.suspect = Path(entry), poll, False, None
+        self.path = self.entry.parent / f".{self.entry.name}.lock"
+
+    def _held(self) -> None:
+        holder = _read_holder(self.path)
+        if holder and holder[1] == self.me["host"] and _gone(holder[0]):
+            # the lock outlived its builder; seen twice, a poll apart, since a new holder writes its pid
+            # into the file only just after it took the lock
+            if self.suspect == holder[0]:
+                self.say(f"{self.path}: its process {holder[0]} is gone; breaking its lock")
+                self.path.unlink(missing_ok=True)
+                return
+            self.suspect = holder[0]
+            time.sleep(self.poll)
+            return
+        self.suspect = None
+        if not self.waited:
+            who = f"process {holder[0]} on {holder[1]}" if holder else "another process"
+            self.say(f"waiting for {who}, which is building {self.entry.name} in {self.entry.parent} "
+                     "(built once, then shared)")
+            self.waited = True
+        time.sleep(self.poll)
+
+    def _refuse_other_host(self, fd: int, left: str) -> None:
+        """Nothing to refuse: the OS lock is ours, and a second builder elsewhere only costs time."""
+
+
+def _gone(pid: int) -> bool:
+    """Whether no process of this host has `pid`."""
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:   # alive, another user's
+        return False
+    return False
 
 
 def _parse_holder(text: str) -> tuple[int, str] | None:

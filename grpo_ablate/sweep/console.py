@@ -8,11 +8,11 @@ on the cores (`cpus`) local runs share.
 from __future__ import annotations
 
 import math
-import os
 import statistics
 from pathlib import Path
 
 from grpo_ablate.design import manifest_variants
+from grpo_ablate.rundir.cores import cores
 from grpo_ablate.rundir.files import read_status
 from grpo_ablate.rundir.stopping import INTERRUPTED
 from grpo_ablate.sweep.plan import SweepRequest
@@ -138,7 +138,4 @@ def duration(seconds: float) -> str:
 
 def cpus() -> int:
     """The cores this process may use (local launchers split them among parallel runs)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+    return cores()

@@ -19,9 +19,11 @@ from pathlib import Path
 from grpo_ablate.design import manifest_variants
 from grpo_ablate.errors import DamagedFile
 from grpo_ablate.model_source import gguf_source
+from grpo_ablate.rundir.cores import cpu_threads, free_cores
 from grpo_ablate.rundir.files import atomic_write_text, read_overrides, read_rows, read_status
 from grpo_ablate.rundir.lock import DirLock
 from grpo_ablate.rundir.paths import confined_dir, hydra_quoted
+from grpo_ablate.rundir.starts import other_starts, recorded_start
 from grpo_ablate.rundir.stopping import RunInterrupted, stop_workers_on_signals
 from grpo_ablate.sweep.console import contexts_text, cpus, print_matrix, print_pair_rules, print_summary
 from grpo_ablate.sweep.manifest import (FINISHED, check_new_dir, create_sweep_dir, planned_sweep_dir, read_manifest,
@@ -76,7 +78,9 @@ def start(req: SweepRequest, console, dry_run: bool = False) -> int:
                       f"training: once the runs finish, `grpo-ablate eval {sweep_dir} eval={fixed['eval']}{steps}`, "
                       f"then `grpo-ablate report {sweep_dir}`", markup=False, highlight=False)
     with DirLock(sweep_dir, "sweep dir"):
-        return run_jobs(sweep_dir, manifest, manifest["runs"], req.launcher, req.jobs, req.hydra_args, console)
+        code = run_jobs(sweep_dir, manifest, manifest["runs"], req.launcher, req.jobs, req.hydra_args, console)
+        say_other_starts(sweep_dir, manifest, console)   # runs that landed on machines with other warm starts
+        return code
 
 
 def resume(sweep_dir: Path, launcher: str | None, jobs: int | None, hydra_args: list[str], console,
@@ -95,6 +99,7 @@ def resume(sweep_dir: Path, launcher: str | None, jobs: int | None, hydra_args: 
         raise SweepError(f"--rerun {', '.join(unknown)}: not a run of {sweep_dir}; its runs: "
                          f"{', '.join(names[:6])}{', ...' if len(names) > 6 else ''}")
     todo, statuses = _runs_to_resume(sweep_dir, manifest, rerun)
+    named = say_other_starts(sweep_dir, manifest, console)
     if not todo:   # nothing to do: nothing is written
         console.print(f"{sweep_dir}: all {len(names)} runs finished; nothing to do", markup=False, highlight=False)
         refresh_statuses(sweep_dir, manifest)   # in memory, for the summary
@@ -104,7 +109,26 @@ def resume(sweep_dir: Path, launcher: str | None, jobs: int | None, hydra_args: 
     done = len(manifest["runs"]) - len(todo)
     console.print(f"resuming {sweep_dir}: {done} of {len(manifest['runs'])} runs finished, "
                   f"{len(todo)} to run", markup=False, highlight=False)
-    return run_jobs(sweep_dir, manifest, todo, launcher, jobs, hydra_args, console, resume=True)
+    code = run_jobs(sweep_dir, manifest, todo, launcher, jobs, hydra_args, console, resume=True)
+    say_other_starts(sweep_dir, manifest, console, named)   # the runs just trained here, too
+    return code
+
+
+def say_other_starts(sweep_dir: Path, manifest: dict, console, named: tuple = ()) -> tuple:
+    """One warning line for each run of the sweep (but those in `named`, said already) that started from
+    other weights than the sweep's other runs of its model (rundir/starts.py: another machine's warm
+    start); the names said."""
+    starts = {}
+    for run in manifest["runs"]:
+        try:
+            starts[run["run_dir"]] = recorded_start(read_status(Path(sweep_dir) / run["run_dir"]))
+        except DamagedFile:   # refused before this where it matters; here: nothing recorded
+            starts[run["run_dir"]] = None
+    others = [other for other in other_starts(starts) if other.run not in named]
+    for other in others:
+        console.print(f"warning: {other.run}: {other.why}; the report leaves it out, never averaged (share the "
+                      "model cache between machines: docs/slurm.md)", markup=False, highlight=False)
+    return tuple(named) + tuple(other.run for other in others)
 
 
 def _runs_to_resume(sweep_dir: Path, manifest: dict, rerun: tuple) -> tuple[list[dict], dict]:
@@ -318,15 +342,16 @@ def _parallel(launcher: str, jobs: int | None, n_runs: int) -> int:
 
 
 def _thread_share(manifest: dict, launcher: str, jobs: int | None, planned: list[dict]) -> int | None:
-    """Each local run's share of the cores (parallel runs never oversubscribe; on a cluster each job
-    has its own), fixed by the sweep's first launch and recorded in the manifest: a run resumed
-    later, when fewer runs are left, trains with the threads it started with, so its metrics are
-    the uninterrupted sweep's bit for bit. A manifest from before the share was recorded: the
-    share its start gave, from all its runs (`planned`)."""
+    """Each local run's share of the cores nobody else is using (rundir/cores.py: parallel runs never
+    oversubscribe the machine, nor a machine already busy; on a cluster each job has its own), fixed by
+    the sweep's first launch and recorded in the manifest: a run resumed later, when fewer runs are
+    left, trains with the threads it started with, so its metrics are the uninterrupted sweep's bit for
+    bit. A manifest from before the share was recorded: the share its start gave, from all its runs
+    (`planned`)."""
     if launcher not in LOCAL_LAUNCHERS:
         return None
     if not isinstance(manifest.get("threads"), int):
-        manifest["threads"] = max(1, cpus() // _parallel(launcher, jobs, len(planned)))
+        manifest["threads"] = max(1, free_cores() // _parallel(launcher, jobs, len(planned)))
     return manifest["threads"]
 
 
@@ -339,8 +364,12 @@ def _with_threads(overrides: list[str], threads: int | None) -> list[str]:
 
 def _warm_start(todo: list[dict], console) -> None:
     """Build each distinct embedded model (and convert each GGUF file) once, here, before parallel runs
-    would race to."""
-    from grpo_ablate.models import ensure_warm_started, model_dir   # torch: only once runs start
+    would race to, on the cores nobody else is using (another command building the same entry is
+    waited for: models.built_once)."""
+    import torch   # the training stack: only once runs start
+
+    from grpo_ablate.models import ensure_warm_started, model_dir
+    torch.set_num_threads(cpu_threads(None))
     seen = set()
     for run in todo:
         cfg = compose_run(list(run["overrides"]), f"run {run['run_dir']}")

@@ -18,14 +18,14 @@ from omegaconf import DictConfig
 from grpo_ablate.config.validate import validate
 from grpo_ablate.errors import ConfigError
 from grpo_ablate.models import (add_lora, disable_dropout, load_model_and_tokenizer, model_device, model_dir,
-                                stop_token_ids, supervised_batch)
+                                started_from, stop_token_ids, supervised_batch, weights_digest)
 from grpo_ablate.sampling.decode import Rollout, sampler_seed, select_rows
 from grpo_ablate.sampling.engines import HFEngine, Rollouts
 from grpo_ablate.sampling.prompts import PromptEncoder
 from grpo_ablate.evals.score import evaluate
 from grpo_ablate.tasks import build_task
 from grpo_ablate.train.distributed import DataParallel
-from grpo_ablate.config.resume_rules import already_finished, open_run_dir
+from grpo_ablate.config.resume_rules import already_finished, check_same_start, open_run_dir, threads_to_run
 from grpo_ablate.config.spec import RunSpec, run_spec
 from grpo_ablate.train.run import (Optimization, RunResult, StepResult, attention_implementation,
                                    finished_result, prepare_process, run_steps)
@@ -43,14 +43,16 @@ def run_control(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (),
     spec = run_spec(cfg)   # below, as in a GRPO run, only the spec travels (config/spec.py)
     if DataParallel().world > 1:
         raise ConfigError("control runs train in one process; launch control=base|sft|rft without torchrun")
-    prepare_process(spec.threads, spec.seed)
     run_dir.mkdir(parents=True, exist_ok=True)
     with DirLock(run_dir, "run dir", say):   # one writer a run dir, as a GRPO run
         status, checkpoint = open_run_dir(cfg, run_dir)   # the same resume rules as a GRPO run
         if already_finished(status, cfg):
             return finished_result(status, run_dir, say)
+        threads = prepare_process(threads_to_run(spec.threads, status, checkpoint), spec.seed)
         control = ControlStep(spec, model_device(cfg.model), checkpoint, say)
-        return run_steps(spec.schedule, spec.record, run_dir, overrides, control, checkpoint, console)
+        check_same_start(status if checkpoint else None, control.start, run_dir)
+        return run_steps(spec.schedule, spec.record, run_dir, overrides, control, checkpoint, console,
+                         started_from=control.start, threads=threads)
 
 
 class ControlStep:
@@ -70,6 +72,9 @@ class ControlStep:
         lora = spec.model.lora
         self.model, self.tokenizer = load_model_and_tokenizer(model_path if lora else checkpoint or model_path,
                                                               attn_implementation=attn)
+        # what it started from, as a GRPO run records it (None: a resume that loads its checkpoint alone)
+        self.start = (started_from(spec.model.group, model_path, weights_digest(self.model))
+                      if lora or checkpoint is None else None)
         if spec.model.disable_dropout:   # as the GRPO runs it is compared with
             disable_dropout(self.model)
         self.model = self.model.to(device)

@@ -25,7 +25,7 @@ from grpo_ablate.config.inert import chosen_tricks, inert_tricks
 from grpo_ablate.config.pair_rules import run_lines
 from grpo_ablate.models import (AdapterDisabled, add_lora, autocast_forward, disable_dropout,
                                 enable_activation_checkpointing, load_model_and_tokenizer, model_dir,
-                                model_device, stop_token_ids)
+                                model_device, started_from, stop_token_ids, weights_digest)
 from grpo_ablate.sampling.decode import sampler_seed
 from grpo_ablate.sampling.engines import HFEngine, Rollouts, build_engine, rng_mode
 from grpo_ablate.sampling.lean import unsupported as lean_unsupported
@@ -33,7 +33,8 @@ from grpo_ablate.sampling.prompts import PromptEncoder
 from grpo_ablate.tasks import build_task
 from grpo_ablate.rundir.lock import DirLock
 from grpo_ablate.train.distributed import DataParallel
-from grpo_ablate.config.resume_rules import already_finished, open_run_dir, split_changed
+from grpo_ablate.config.resume_rules import (already_finished, check_same_start, open_run_dir, split_changed,
+                                             threads_to_run)
 from grpo_ablate.config.spec import BoundOption, ModelSettings, RunSpec, run_spec
 from grpo_ablate.train.run import (Optimization, RunResult, attention_implementation, finished_result, prepare_process,
                                    run_steps)
@@ -59,7 +60,6 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
             warn(f"[yellow]warning[/]: {name} {reason}", markup=True, highlight=False)
         for line in run_lines(cfg):   # settings that change what another trick means (config/pair_rules.py)
             warn(f"[yellow]warning[/]: {line}", markup=True, highlight=False)
-        prepare_process(spec.threads, spec.seed)
         if dp.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
         lock = DirLock(run_dir, "run dir", say).acquire() if dp.is_main else None   # one writer a run dir
@@ -69,10 +69,12 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: list[str] = (), conso
                 return finished_result(status, run_dir, say)
             if checkpoint is not None and (changed := split_changed(cfg, run_dir)):
                 warn(f"[yellow]warning[/]: {changed}", markup=True, highlight=False)
+            threads = prepare_process(threads_to_run(spec.threads, status, checkpoint), spec.seed)
             grpo, first_row = build_grpo(spec, device, dp, checkpoint, say)
+            check_same_start(status if checkpoint else None, grpo.p.start, run_dir)
             try:
                 return run_steps(spec.schedule, spec.record, run_dir, overrides, grpo, checkpoint, console,
-                                 writes=dp.is_main, first_row=first_row)
+                                 writes=dp.is_main, first_row=first_row, started_from=grpo.p.start, threads=threads)
             finally:
                 del grpo.train_model   # (torchrun) DDP lets go of the process group before it is destroyed
         finally:
@@ -93,7 +95,8 @@ def build_grpo(spec: RunSpec, device: torch.device, dp: DataParallel, checkpoint
     if (sharding := dp.sharding(policies.policy)) is not None:   # model.fsdp=true: how it is split
         say(sharding)
     vocabulary = getattr(getattr(policies.policy, "config", None), "vocab_size", None)
-    if vocabulary is not None and spec.rollout.filters.top_k >= vocabulary:   # the config cannot know the vocabulary; the model does
+    # the config cannot know the vocabulary; the model does
+    if vocabulary is not None and spec.rollout.filters.top_k >= vocabulary:
         say(f"[yellow]warning[/]: rollout.top_k={spec.rollout.filters.top_k} is at least the vocabulary ({vocabulary} "
             "tokens): it keeps every token, so the filter is off; give top_k below it, or 0")
     encode = PromptEncoder(policies.tokenizer, task)      # problem -> prompt ids (chat template if any)
@@ -125,7 +128,9 @@ def load_policies(model: ModelSettings, lm_head: BoundOption, ref_kl: bool, mode
                   device: torch.device, checkpoint: Path | None, shard=lambda model: model) -> Policies:
     """The policy (from the checkpoint when resuming), and the frozen models a KL anchors it to
     (pi_ref also for `ref_kl`, metrics.ref_kl). `shard` (model.fsdp=true: DataParallel.shard)
-    shards the policy and a separate reference."""
+    shards the policy and a separate reference. Their `start`: what the run started from (its weights'
+    digest, LoRA's base included: models.started_from) wherever they are loaded (None: a resume that
+    loads the checkpoint alone)."""
     attn = attention_implementation(model.attn_implementation, device)
     dtype = model.dtype                            # compute dtype; weights stay float32
     lora = model.lora                              # model.lora.r > 0: train LoRA adapters only
@@ -139,6 +144,7 @@ def load_policies(model: ModelSettings, lm_head: BoundOption, ref_kl: bool, mode
 
     # With LoRA the base comes from model.path and the adapters from the checkpoint (on resume).
     policy, tokenizer = load(model_path if lora else checkpoint or model_path)
+    start = weights_digest(policy) if lora or checkpoint is None else None   # the start's weights, where loaded
     if model.disable_dropout:                      # the ratio and KL measure the update, not dropout
         disable_dropout(policy)
     if model.gradient_checkpointing:              # recompute activations in backward: less memory
@@ -151,10 +157,13 @@ def load_policies(model: ModelSettings, lm_head: BoundOption, ref_kl: bool, mode
     if (kl_start.beta > 0 or ref_kl) and lora:   # the base is the policy, adapters off
         reference = AdapterDisabled(policy)
     elif kl_start.beta > 0 or ref_kl:
-        reference = shard(load(model_path)[0] if checkpoint else copy.deepcopy(policy))
+        reference = load(model_path)[0] if checkpoint else copy.deepcopy(policy)
+        start = start or weights_digest(reference)   # a resume loads the start again here
+        reference = shard(reference)
         reference.eval().requires_grad_(False)
     # A second anchor, the policy as it was prev_lag steps ago (two-layer KL): a frozen copy,
     # loaded each step from the run's history of weights (train/policy_history.py)
     previous = copy.deepcopy(policy).eval().requires_grad_(False) if kl_start.beta_prev > 0 else None
     lag = kl_start.prev_lag if previous is not None else 0
-    return Policies(shard(policy), tokenizer, reference, previous, lag, value_head=None)
+    start = started_from(model.group, model_path, start) if start else None
+    return Policies(shard(policy), tokenizer, reference, previous, lag, value_head=None, start=start)

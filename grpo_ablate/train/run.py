@@ -24,6 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from grpo_ablate.errors import ConfigError
 from grpo_ablate.config.spec import OptimSettings, RunRecord, Schedule
+from grpo_ablate.rundir.cores import cpu_threads
 from grpo_ablate.rundir.stopping import how_it_ended
 from grpo_ablate.train.run_log import RunLog, save_checkpoint, save_weights
 
@@ -66,12 +67,13 @@ class Trainer(Protocol):
 
 
 # ------------------------------------------------------------------------------ set-up
-def prepare_process(threads: int | None, seed: int) -> None:
-    """Process-wide settings every run makes before it builds anything (the seed first)."""
+def prepare_process(threads: int | None, seed: int) -> int:
+    """Process-wide settings every run makes before it builds anything (the seed first). Returns the
+    torch threads it set: `threads`, else the cores nobody else is using (rundir/cores.py)."""
     torch.set_flush_denormal(True)   # near-converged tiny models produce denormals: ~100x slower on CPUs
-    if threads:
-        torch.set_num_threads(threads)
+    torch.set_num_threads(cpu_threads(threads))
     torch.manual_seed(seed)
+    return torch.get_num_threads()
 
 
 def attention_implementation(attn: str | None, device: torch.device) -> str | None:
@@ -156,9 +158,11 @@ GREEDY_SAMPLER = ("[yellow]warning[/]: the sampler's filters (rollout.top_k, top
 
 
 def run_steps(schedule: Schedule, record: RunRecord, run_dir: Path, overrides, trainer: Trainer,
-              checkpoint: Path | None, console=None, writes: bool = True, first_row: dict | None = None) -> RunResult:
+              checkpoint: Path | None, console=None, writes: bool = True, first_row: dict | None = None,
+              started_from: dict | None = None, threads: int | None = None) -> RunResult:
     """Steps start+1 .. schedule.steps of `trainer` in `run_dir`, with the eval, samples and
-    checkpoint schedule; status.json says how it ended (and config.yaml what it ran: `record`).
+    checkpoint schedule; status.json says how it ended (and config.yaml what it ran: `record`;
+    what it started from: `started_from`, models.started_from's record; its torch `threads`).
     `writes`: this process writes the run dir (under torchrun, rank 0 alone). `first_row` joins
     the metrics of step 0."""
     say = console.print if console is not None else (lambda *a, **k: None)
@@ -173,8 +177,8 @@ def run_steps(schedule: Schedule, record: RunRecord, run_dir: Path, overrides, t
             say(f"note: optim.schedule={state['lr_schedule']} decays the lr to 0 at the run's last step, which was "
                 f"{horizon} and is now {schedule.steps}: from step {start} on the lr follows the new horizon, so "
                 f"this run is not the one a {schedule.steps}-step run from the start would be")
-    log = RunLog(run_dir, record, list(overrides),
-                 resume_step=start if checkpoint is not None else None) if writes else Silent()
+    log = RunLog(run_dir, record, list(overrides), resume_step=start if checkpoint is not None else None,
+                 started_from=started_from, threads=threads) if writes else Silent()
     result, step, progress = RunResult("running", start, run_dir), start, None
     steps = schedule.steps
     try:

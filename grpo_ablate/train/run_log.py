@@ -23,10 +23,11 @@ class RunLog:
     """Appends metrics and samples, keeps status.json current, mirrors metrics to W&B. The one
     writer of the composed config (`record.config`: config.yaml, W&B's config)."""
 
-    def __init__(self, run_dir: Path, record: RunRecord, overrides: list[str], resume_step: int | None):
+    def __init__(self, run_dir: Path, record: RunRecord, overrides: list[str], resume_step: int | None,
+                 started_from: dict | None = None, threads: int | None = None):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.config_hash = record.config_hash
+        self.config_hash, self.threads = record.config_hash, threads
         self.started = time.time()
         try:
             previous = read_status(self.run_dir) or {}
@@ -35,6 +36,8 @@ class RunLog:
                 raise
             previous = {}
         self.wall_before = float(previous.get("wall_time_s", 0.0)) if resume_step is not None else 0.0
+        # what the run started from is its first start's (a run dir from before the record has none)
+        self.started_from = started_from if resume_step is None else previous.get("start")
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.samples_path = self.run_dir / "samples.jsonl"
         self.evals_path = self.run_dir / EVALS
@@ -56,6 +59,7 @@ class RunLog:
         data = {"state": state, "step": step, "reason": reason,
                 "wall_time_s": round(self.wall_before + time.time() - self.started, 2),
                 "config_hash": self.config_hash, "wandb_id": self.wandb.run_id,
+                "start": self.started_from, "threads": self.threads,   # beside the hash: both may differ by machine
                 "pid": os.getpid(), "host": socket.gethostname(),   # who writes this run (resume checks)
                 "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         atomic_write_text(self.run_dir / "status.json", json.dumps(data, indent=2) + "\n")

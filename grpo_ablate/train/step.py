@@ -44,6 +44,7 @@ class Policies:
     previous: torch.nn.Module | None        # pi_prev (kl=two_layer): a frozen copy, loaded from the history
     previous_lag: int                       # pi_prev's age in steps (0: no previous policy)
     value_head: torch.nn.Module | None      # the critic (adv=gae)
+    start: dict | None = None               # what the run started from (models.started_from; None: not loaded)
 
 
 @dataclass
