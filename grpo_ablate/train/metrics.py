@@ -184,3 +184,23 @@ def peak_memory_metrics(device: torch.device) -> dict:
     if device.type != "cuda":
         return {}
     return {"perf/peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2 ** 30}
+
+
+def step_timings(started, sampled, scored, rewarded, updated, mask, sampled_tokens: int) -> dict:
+    """A step's phases in seconds (perf_counter stamps) and its tokens: trained, sampled, per second."""
+    tokens = mask.sum().item()
+    return {"time/sample_s": sampled - started,     # generation and verifier
+            "time/reference_s": scored - sampled,   # pi_ref (and pi_old) forwards
+            "time/reward_s": rewarded - scored,
+            "time/update_s": updated - rewarded,
+            "time/step_s": updated - started,
+            "perf/completion_tokens": tokens,           # trained
+            "perf/sampled_tokens": sampled_tokens,      # generated, every round: + trained = the compute axis
+            "perf/tokens_per_s": tokens / max(updated - started, 1e-9)}
+
+
+def completion_samples(batch, rewards, count: int) -> list[dict]:
+    """The first `count` completions of a step (SampledGroups), with their prompts and rewards, for samples.jsonl."""
+    return [{"prompt": batch.problems[int(batch.group_index[i])].prompt, "completion": batch.texts[i],
+             "reward": rewards[i].item(), "truncated": bool(batch.roll.truncated[i])}
+            for i in range(min(count, len(batch.texts)))]

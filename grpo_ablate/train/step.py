@@ -144,12 +144,14 @@ class GRPOTrainer:
         updated = time.perf_counter()
         metrics = {"step": step, "loss": update.loss,                             # 5. metrics
                    **self.metrics(batch, shaped, adv, anchors, update, T), **mismatch, **diag,
-                   **self.timings(started, sampled, scored, rewarded, updated, shaped.mask, batch.sampled_tokens),
+                   **metrics_mod.step_timings(started, sampled, scored, rewarded, updated, shaped.mask,
+                                               batch.sampled_tokens),
                    "time/elapsed_s": updated - self.started, **metrics_mod.peak_memory_metrics(self.device)}
         if not update.finite and self.spec.on_nonfinite == "stop":
             what = "loss" if not math.isfinite(update.loss) else "grad norm"
             return StepResult(metrics, diverged=f"non-finite {what} at step {step}")
-        return StepResult(metrics, samples=self.samples(batch, adv.rewards))
+        return StepResult(metrics, samples=metrics_mod.completion_samples(batch, adv.rewards,
+                                                                          self.spec.schedule.samples_per_log))
 
     # ------------------------------------------------------------------ phases
     def sample(self, step: int, T: float) -> SampledGroups:
@@ -465,24 +467,6 @@ class GRPOTrainer:
         for plugin in self.plugins:
             plugin.after_metrics(out, rows=adv.rewards.numel())
         return out
-
-    @staticmethod
-    def timings(started, sampled, scored, rewarded, updated, mask, sampled_tokens: int) -> dict:
-        tokens = mask.sum().item()
-        return {"time/sample_s": sampled - started,     # generation and verifier
-                "time/reference_s": scored - sampled,   # pi_ref (and pi_old) forwards
-                "time/reward_s": rewarded - scored,
-                "time/update_s": updated - rewarded,
-                "time/step_s": updated - started,
-                "perf/completion_tokens": tokens,           # trained
-                "perf/sampled_tokens": sampled_tokens,      # generated, every round: + trained = the compute axis
-                "perf/tokens_per_s": tokens / max(updated - started, 1e-9)}
-
-    def samples(self, batch: SampledGroups, rewards) -> list[dict]:
-        """A few completions of this step, for samples.jsonl."""
-        return [{"prompt": batch.problems[int(batch.group_index[i])].prompt, "completion": batch.texts[i],
-                 "reward": rewards[i].item(), "truncated": bool(batch.roll.truncated[i])}
-                for i in range(min(self.spec.schedule.samples_per_log, len(batch.texts)))]
 
     def evaluate(self, step: int) -> dict:
         return evaluate(self.p.policy, self.rollouts, self.eval_problems, self.spec.eval, seed=self.spec.seed,
