@@ -152,3 +152,19 @@ def test_bare_answer_format_and_explicit_operand_range():
 def test_unknown_level_names_the_allowed_ones():
     with pytest.raises(ValueError, match="easy, medium, hard"):
         ArithmeticTask("insane")
+
+
+@pytest.mark.parametrize("name, overrides", [("arithmetic", []), ("quiz", []),
+                                             ("jsonl", ["task.path=tests/data/word_problems.jsonl",
+                                                        "task.eval_size=5"])])
+@pytest.mark.parametrize("completion", ["", "no answer here", "\\boxed{", "#### ", "\x00\ufffd", "1" * 5000])
+def test_every_sample_gets_exactly_one_reward_even_when_its_answer_does_not_parse(name, overrides, completion):
+    """NeMo-RL c112cfe15: a failed parse must still score (0), so that a group keeps its size. Here every
+    task's reward is a float for any text: an unparsed answer is wrong, never an exception or a gap (a run of
+    5000 digits used to raise in int() for arithmetic and quiz)."""
+    from grpo_ablate.config.compose import compose
+    from grpo_ablate.tasks import build_task
+
+    task = build_task(compose([f"task={name}", *overrides]).task)
+    problem = task.eval_set()[0]
+    assert task.reward(completion, problem) == 0.0

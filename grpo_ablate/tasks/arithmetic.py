@@ -75,7 +75,10 @@ def parse_answer(completion: str) -> int | None:
         match = _LAST_INTEGER.search(text)
         if match is None or text[match.end():].strip():
             return None
-    return int(match.group(1))
+    try:
+        return int(match.group(1))
+    except ValueError:   # more digits than int() reads (4300): no answer a problem here has, and never a crash
+        return None
 
 _EVAL_PAIRS: dict[tuple, tuple[tuple[int, int], ...]] = {}   # ArithmeticTask._eval_pairs's, by problem space and size
 

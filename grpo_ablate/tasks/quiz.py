@@ -45,7 +45,10 @@ class QuizProblem:
 def last_integer(text: str) -> int | None:
     """The last integer in `text` (None: there is none)."""
     found = _INTEGER.findall(text)
-    return int(found[-1]) if found else None
+    try:
+        return int(found[-1]) if found else None
+    except ValueError:   # more digits than int() reads (4300): a wrong answer, never a crash in the reward
+        return None
 
 
 class QuizTask:
