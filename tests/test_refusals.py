@@ -60,7 +60,8 @@ def gguf_file(path, cut=False):
     (["train", "+trick=vapo_gae", "adv.lam=0.5"], "adv.lam=0.5 changes nothing with adv.lam_fn=vapo"),
     (["train", "adv=gae", "+adv.lam_fn=vapo", "+adv.q=0.3"], "adv.q=0.3 changes nothing with adv.lam_fn=vapo"),
     (["train", "staleness=paced", "staleness.max_age=-1"], "staleness.max_age=-1 is not allowed"),
-    (["train", "temperature.value=0"], "temperature.value=0 is not allowed; it must be a number > 0"),   # slime 16c15fc20
+    # slime 16c15fc20: a sampler temperature <= 0 refused at parse time
+    (["train", "temperature.value=0"], "temperature.value=0 is not allowed; it must be a number > 0"),
     (["train", "rollout.top_k=1"], "rollout.top_k=1 is not allowed with adv=grpo: it samples greedily"),
     (["train", "optim.warmup_steps=100", "steps=5"], "optim.warmup_steps=100 is not allowed with steps=5"),
     (["train", "control=rft", "+trick=critic_gae"], "control=rft trains without the GRPO loss, so "
