@@ -16,6 +16,7 @@ the report's functions in the fast tier, the full count through the real path in
 
     .venv/bin/python benchmarks/report_blocked_sim.py [--sweeps 1000] [--only NAME] [--path functions]
     .venv/bin/python benchmarks/report_blocked_sim.py --ablation [--sweeps 4000]   # each rule's price
+    .venv/bin/python benchmarks/report_blocked_sim.py --detectable [--sweeps 1000]  # the Power section's |Δ|
 
 `--path functions` decides through the report's functions on the same tables (`table_verdicts`, checked
 to agree with the real path), 50× faster; `--ablation` measures, that way, what each of the model's
@@ -85,6 +86,7 @@ def decide(y: np.ndarray, failed: set, path: str, root: Path, i: int) -> tuple[d
         paired = {t: v["verdict"] for t, v in table_verdicts(y, test="paired", missing=failed).items()}
         model, deltas = next(iter(found.values()))["family"]["model"], {t: v["delta"] for t, v in found.items()}
         verdicts = {t: v["verdict"] for t, v in found.items()}
+        power = found["t0"]["power"]
     else:
         from grpo_ablate.report.build import build_report
 
@@ -94,9 +96,10 @@ def decide(y: np.ndarray, failed: set, path: str, root: Path, i: int) -> tuple[d
         verdicts = {v["trick"]: v["verdict"] for v in report.verdicts}
         paired = {t: v["verdict"] for t, v in report.sensitivity["verdicts"].items()}
         model, deltas = report.verdicts[0]["family"]["model"], {v["trick"]: v["delta"] for v in report.verdicts}
+        power = report.verdicts[0]["power"]
     facts = {"clipped": "came out ≤ 0" in model and "star tested paired" in model,
              "shock": "shared seed shock" in model, "alike": "variances alike" in model,
-             "twin_tested": deltas[f"t{TRICKS - 1}"].p is not None}
+             "twin_tested": deltas[f"t{TRICKS - 1}"].p is not None, "detectable": power.get("detectable_effect")}
     return verdicts, paired, facts
 
 
@@ -172,6 +175,31 @@ def run(name: str, sweeps: int, path: str = "report") -> dict:
     return out
 
 
+def detectable(sweeps: int, path: str = "report") -> dict:
+    """Is the Power section's detectable |Δ| detected 80% of the time by the report's own test? Pairs of
+    sweeps: a null one's report prints t0's detectable |Δ| (open, so at Holm's first level); a fresh sweep
+    with that true effect on t0 is reported, and t0 called *helps* or not."""
+    rng = np.random.default_rng(999)
+    root = Path(tempfile.mkdtemp(prefix="blocked-sim-"))
+    found = tried = 0
+    sizes = []
+    try:
+        for i in range(sweeps):
+            _, _, fact = decide(star_table(rng), set(), path, root, 2 * i)
+            size = fact["detectable"]
+            if size is None:
+                continue
+            verdicts, _, _ = decide(star_table(rng, effects={0: size}), set(), path, root, 2 * i + 1)
+            tried += 1
+            found += verdicts["t0"] == "helps"
+            sizes.append(size)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return {"measure": "the Power section's detectable |delta| (t0, open), then a sweep with that effect",
+            "path": path, "detected": share(found, tried), "median_detectable": round(float(np.median(sizes)), 4),
+            "pairs_without_a_number": sweeps - tried}
+
+
 ABLATION = {
     "the model": {},
     "without the shock check": {"shock_test_level": 0.0},
@@ -208,9 +236,13 @@ def main() -> None:
     parser.add_argument("--only", default=None, help="one scenario's name (or 'power +0.03', 'power +0.05')")
     parser.add_argument("--path", choices=("report", "functions"), default="report")
     parser.add_argument("--ablation", action="store_true")
+    parser.add_argument("--detectable", action="store_true", help="check the Power section's detectable |delta|")
     args = parser.parse_args()
     if args.ablation:
         ablation(args.sweeps)
+        return
+    if args.detectable:
+        print(json.dumps(detectable(args.sweeps, args.path)), flush=True)
         return
     for name in [*SCENARIOS, *POWER]:
         if args.only in (None, name):
