@@ -255,3 +255,119 @@ def _write_sampled_run(run_dir, variant, seed, tricks, scored, protocol):
         "eval": (protocol.settings() | {"name": protocol.name}) if protocol is not None else {"name": "greedy"},
         "run": {"name": f"{variant}-s{seed}", "group": "g", "job_type": variant},
         "sweep": {"name": "sim", "id": "sim", "mode": "leave-one-out", "variant": variant, "tricks": []}}))
+
+
+# --------------------------------------------------------------------------- summary-scale star sweeps
+# The blocked model's scenarios (docs/statistics.md, "The blocked model"): each run's compared number drawn
+# directly, y_vs = base + u_s + σ_v e_vs (+ a shared seed shock on some arms) − δ_v, on the k/500 grid, at
+# the A/A noise floor: the SD of Δ between two identical arms is SD_DELTA (0.022, the root mean square of
+# the ten A/A sweeps' last_3 floors). Row 0 is the hub `all`, row i the leaf `drop-t{i-1}`.
+SD_DELTA = 0.022
+EVAL_SIZE = 500
+
+
+def star_table(rng, seeds=5, tricks=6, effects=None, scale=None, shock=0.0, twin=False, noise="normal",
+               ceiling=False, seed_sd=0.03, eval_size=EVAL_SIZE):
+    """A (tricks + 1) × seeds table of a leave-one-out's numbers. `effects`: trick index -> its true Δ
+    (all − drop-t, on the accuracy scale); `scale`: each row's factor on the run noise σ = SD_DELTA/√2;
+    `shock`: half the arms (a random ⌊V/2⌋, the hub among them or not) share a seed shock of SD shock·σ;
+    `twin`: the last leaf is the hub's exact copy at every seed; `noise`: normal or t3 (Student t, 3 df,
+    scaled to the same SD); `ceiling`: accuracies near 0.97, each run's number Binomial(eval_size, p)/eval_size."""
+    v = tricks + 1
+    sigma = SD_DELTA / math.sqrt(2)
+    e = rng.standard_t(3, (v, seeds)) / math.sqrt(3) if noise == "t3" else rng.standard_normal((v, seeds))
+    factors = np.ones(v) if scale is None else np.asarray(scale, dtype=float)
+    y = (0.97 if ceiling else 0.80) + seed_sd * rng.standard_normal(seeds)[None, :] + sigma * factors[:, None] * e
+    if shock:
+        arms = rng.choice(v, v // 2, replace=False)
+        y[arms] += shock * sigma * rng.standard_normal(seeds)[None, :]
+    for i, delta in (effects or {}).items():
+        y[1 + i] -= delta
+    if twin:
+        y[-1] = y[0]
+    if ceiling:
+        return rng.binomial(eval_size, np.clip(y, 0.0, 1.0)) / eval_size
+    return np.round(y * eval_size) / eval_size
+
+
+def star_names(tricks: int) -> list[str]:
+    return ["all"] + [f"drop-t{i}" for i in range(tricks)]
+
+
+def table_verdicts(y, test="blocked", method="holm", alpha=0.05, eval_size=EVAL_SIZE, missing=()):
+    """The report's verdicts on a star table through its own functions (evidence, settle_family), as
+    `grpo-ablate report` decides them on `write_table_sweep`'s dir (tested to agree): trick -> verdict dict.
+    `missing`: (row, seed) without a number (a run that failed)."""
+    from grpo_ablate.report.evidence import Evidence
+    from grpo_ablate.report.verdicts import settle_family
+    from grpo_ablate.stats.exact import breaking_p
+
+    names = star_names(len(y) - 1)
+    values = {n: {s: float(x) for s, x in enumerate(row) if (i, s) not in missing} for i, (n, row) in
+              enumerate(zip(names, y))}
+    evidence = Evidence(values, 1.0 / eval_size, method=method, alpha=alpha, test=test)
+    evidence.model([("all", n) for n in names[1:]])
+    seeds = y.shape[1]
+    failed = lambda i: sum((i, s) in missing for s in range(seeds))
+    broke = lambda i: {"with": failed(0), "with_done": seeds, "without": failed(i), "without_done": seeds, "how": "",
+                       "p": breaking_p(failed(0), seeds, failed(i), seeds)} if failed(0) + failed(i) else None
+    verdicts = [{"trick": n[len("drop-"):], "with": "all", "without": n, "verdict": None, "broke": broke(i),
+                 "delta": evidence.delta("all", n)} for i, n in enumerate(names) if i]
+    family = settle_family(verdicts, evidence, True, None)
+    return {v["trick"]: {**v, "family": family} for v in verdicts}
+
+
+def write_table_sweep(path, y, broken=(), eval_size=EVAL_SIZE):
+    """A leave-one-out sweep dir whose run (row v, seed s) logs eval/accuracy y[v, s] at its last eval (and
+    at its earlier ones), as the trainer writes it, with no per-problem scores; `broken`: (row, seed) whose
+    run diverged before its last eval. The report compares the final eval on the 1/eval_size grid."""
+    path.mkdir(parents=True)
+    names = star_names(len(y) - 1)
+    tricks = [n[len("drop-"):] for n in names[1:]]
+    runs = []
+    for i, name in enumerate(names):
+        on = tricks if i == 0 else [t for t in tricks if t != name[len("drop-"):]]
+        for s, x in enumerate(y[i]):
+            run = f"{name}-s{s}"
+            diverged = (i, s) in broken
+            runs.append({"variant": name, "seed": s, "run_dir": run, "config_hash": "x",
+                         "status": "diverged" if diverged else "completed", "step": STEPS, "reason": None,
+                         "final_accuracy": None, "overrides": []})
+            write_table_run(path / run, name, s, on, float(x), diverged, eval_size, 12.0 + i)
+    manifest = {"version": 1, "sweep_id": "sim", "name": "sim", "mode": "leave-one-out", "base": "grpo",
+                "tricks": tricks, "seeds": list(range(y.shape[1])), "overrides": [], "launcher": "joblib",
+                "wandb_group": "sim", "created_at": "x", "updated_at": "x",
+                "variants": [{"name": n, "tricks_on": tricks if i == 0 else [t for t in tricks if t != n[5:]],
+                              "reference": None if i == 0 else "all", "kind": "treatment", "overrides": []}
+                             for i, n in enumerate(names)],
+                "contrasts": [{"trick": t, "with": "all", "without": f"drop-{t}"} for t in tricks], "runs": runs}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    return path
+
+
+def write_table_run(run_dir, variant, seed, tricks, final, diverged, eval_size, length=12.0):
+    """One run of `write_table_sweep`; each variant logs its own `length/mean` (`length`), so that no two
+    variants log identical metrics (which the report would call *inert here* before any test)."""
+    run_dir.mkdir()
+    last = STEPS // 2 if diverged else STEPS
+    rows = []
+    for step in range(0, last + 1, EVAL_EVERY if not diverged else 1):
+        row = {"step": step}
+        if step:
+            row.update({"loss": None if diverged and step == last else 0.1, "reward/mean": 0.5, "length/mean": length,
+                        "length/truncated_frac": 0.0, "policy/entropy": 0.5, "kl/k3": 0.01,
+                        "optim/grad_norm": 0.5, "time/step_s": 0.1})
+        if step % EVAL_EVERY == 0 and not (diverged and step == last):
+            earlier = round(final * eval_size - (STEPS - step) // 2) / eval_size     # a curve that rises to it
+            row["eval/accuracy"] = final if step == STEPS else earlier
+        rows.append(row)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run_dir / "status.json").write_text(json.dumps({
+        "state": "diverged" if diverged else "completed", "step": last,
+        "reason": "non-finite loss" if diverged else None, "wall_time_s": 10.0, "config_hash": "x",
+        "wandb_id": None, "updated_at": "x"}))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({
+        "seed": seed, "steps": STEPS, "task": {"name": "arithmetic", "eval_size": eval_size},
+        "rollout": {"max_new_tokens": 32}, "tricks": {t: {"family": "x", "option": t} for t in tricks},
+        "run": {"name": f"{variant}-s{seed}", "group": "g", "job_type": variant},
+        "sweep": {"name": "sim", "id": "sim", "mode": "leave-one-out", "variant": variant, "tricks": []}}))

@@ -7,7 +7,6 @@ import statistics
 import numpy as np
 import pytest
 
-from grpo_ablate.report.power import PRICED_SEEDS
 from scipy import stats
 
 from report_fixtures import LOO, LOO_CONTRASTS, make_sweep
@@ -120,38 +119,82 @@ def test_fixed_sweep_power_and_the_cost_of_deciding_the_rest(tmp_path):
     d = np.array([0.80, 0.84, 0.82]) - np.array([0.85, 0.80, 0.83])
     sd = d.std(ddof=1)
     assert b["power"]["sd"] == pytest.approx(sd) and b["power"]["seeds"] == 3
-    assert b["power"]["detectable_effect"] == pytest.approx(seq.detectable_effect(sd, 3), rel=1e-6)
-    needed = seq.seeds_needed(abs(d.mean()), sd)
-    assert b["power"]["seeds_needed"] == needed
-    assert seq.fixed_power(abs(d.mean()), sd, needed) >= 0.8 > seq.fixed_power(abs(d.mean()), sd, needed - 1)
+    assert b["power"]["se"] == pytest.approx(sd / math.sqrt(3)) and b["power"]["df"] == 2
+    # a and c are decided: Holm leaves b the level 0.05 / (3 - 2), and its own test is the paired t with 2 df
+    assert b["power"]["level"] == 0.05
+    se = sd / math.sqrt(3)
+    assert b["power"]["detectable_effect"] == pytest.approx(planned(se, 2, 0.05, 2), rel=1e-6)
+    assert b["power"]["detectable_effect"] > seq.detectable_effect(sd, 3)   # a variance from 2 df is not the truth
     assert verdict(report, "a")["power"]["look"] == 1                 # a fixed sweep decides at its one look
-    # 362 seeds for the observed |Δ| 0.007: post-hoc, past PRICED_SEEDS, so named, not priced
+    # b's interval spans 0: the report has no reason to decide it, so no price (post-hoc power on its
+    # observed |Δ| 0.007 would say 362 seeds)
     p = report.power
-    assert needed > PRICED_SEEDS and p["extra_seeds"] == {} and p["unpriced"] == ["b"] and p["runs"] == 0
+    assert b["power"]["seeds_needed"] is None and b["power"]["reason"] is None
+    assert p["extra_seeds"] == {} and p["unpriced"] == [] and p["priced"] == [] and p["runs"] == 0
+    detectable = b["power"]["detectable_effect"]
+    assert p["detectable"] == [detectable, detectable]
     text = render_markdown(report)
     first, cost = text.splitlines()[2:4]
     assert first == ("- **Verdicts**: 3 tests, Holm, 5% family-wise (paired t per contrast); compared on each run's "
                      "final `eval/accuracy` (higher is better).")
-    assert cost.startswith("- **2 of 3 contrasts decided**; no seed count for b, whose Δ is about zero")
+    assert cost == (f"- **2 of 3 contrasts decided**; the open ones' test detects |Δ| ≥ {detectable:.3f} with 80% "
+                    "power (see Power).")
     assert ("**The verdicts**: 3 contrasts, 3 tests, Holm, 5%: the chance of any false *helps*, *hurts* or *breaks "
             "training* in this report ≤ 5%; paired t per contrast.") in text.split("## How to read this")[1]
-    assert "No seed count for b (Δ about zero against its spread: more than 64 seeds" in text.split("## Power")[1]
-    # with the smallest effect that matters named, the rest is priced: seeds × variants × the median run
+    assert "1 open contrast without a price: an interval that spans 0 (or none, no spread) is no reason" in \
+        text.split("## Power")[1]
+    # with the smallest effect that matters named, the open one is priced: seeds × variants × the median run
     priced = build_report(path, effect=0.05, test="paired")
-    p, needed_for = priced.power, seq.seeds_needed(0.05, sd)
+    p = priced.power
+    needed_for = next(m for m in range(3, 2000) if planned_power(0.05, se * math.sqrt(3 / m), m - 1, 0.05, 2) >= 0.8)
+    assert verdict(priced, "b")["power"]["seeds_needed"] == needed_for
     walls = [10.0 + s for s in (0, 1, 2)] * 4                         # the fixture's wall_time_s
     assert (p["decided"], p["contrasts"]) == (2, 3)
     assert p["extra_seeds"] == {"all": needed_for - 3, "drop-b": needed_for - 3} and p["runs"] == 2 * (needed_for - 3)
     assert p["seconds"] == pytest.approx(p["runs"] * statistics.median(walls))
     priced_text = render_markdown(priced)
-    assert (f"; deciding the other 1: about {2 * (needed_for - 3)} more runs (up to {needed_for - 3} more "
+    assert (f"; deciding b: about {2 * (needed_for - 3)} more runs (up to {needed_for - 3} more "
             "seeds for 2 variants) ≈ ") in priced_text.splitlines()[3]
-    assert (f"Deciding the other 1 would take about {2 * (needed_for - 3)} more runs (up to {needed_for - 3} more "
+    assert (f"Deciding b would take about {2 * (needed_for - 3)} more runs (up to {needed_for - 3} more "
             "seeds for 2 variants)") in priced_text.split("## Power")[1]
-    table = render_markdown(report).split("## Power")[1]
-    detectable = b["power"]["detectable_effect"]
-    assert f"| b | no evidence | 3 | — | -0.007 | {sd:.3f} | {detectable:.3f} | ~{needed} |" in table
-    assert json.loads(json.dumps(report_json(report)))["verdicts"][1]["power"]["seeds_needed"] == needed
+    table = priced_text.split("## Power")[1]
+    assert f"| b | no evidence | 3 | — | -0.007 | {sd / math.sqrt(3):.3f} | {detectable:.3f} | ~{needed_for} |" in table
+    assert json.loads(json.dumps(report_json(priced)))["verdicts"][1]["power"]["seeds_needed"] == needed_for
+
+
+def planned_power(effect, se, df, level, info):
+    """planning_power by scipy.stats: the noncentral t's power averaged over 48 quantiles of the variance."""
+    x = stats.chi2.ppf((np.arange(48) + 0.5) / 48, info) / info
+    c = stats.t.ppf(1 - level / 2, df)
+    ncp = [effect * math.sqrt(q) / se for q in x]
+    # far from the centre scipy.stats.nct's tails come out NaN: there they are 1 and 0
+    return float(np.mean([np.nan_to_num(stats.nct.sf(c, df, m), nan=1.0) + np.nan_to_num(stats.nct.cdf(-c, df, m))
+                          for m in ncp]))
+
+
+def planned(se, df, level, info):
+    from scipy import optimize
+
+    return optimize.brentq(lambda e: planned_power(e, se, df, level, info) - 0.8, 1e-9, 20 * se, xtol=1e-12)
+
+
+def test_the_power_of_the_reports_own_test_is_scipys_noncentral_t():
+    from scipy import stats
+
+    from grpo_ablate.report.power import detectable_delta, planning_power, t_power
+
+    for se, df, level in ((0.01, 24.0, 0.05 / 6), (0.02, 4.0, 0.05), (0.005, 10.7, 0.01)):
+        c = stats.t.ppf(1 - level / 2, df)
+        for effect in (0.0, 0.5 * se, 3 * se):
+            theirs = stats.nct.sf(c, df, effect / se) + stats.nct.cdf(-c, df, effect / se)
+            assert t_power(effect, se, df, level) == pytest.approx(theirs, abs=1e-9)
+        found = detectable_delta(se, df, level)
+        assert t_power(found, se, df, level) == pytest.approx(0.8, abs=1e-9)
+        assert planning_power(found, se, df, level, 1e6) == pytest.approx(0.8, abs=1e-3)   # a variance known
+        for info in (4.0, 8.0):
+            assert planning_power(2 * se, se, df, level, info) == pytest.approx(
+                planned_power(2 * se, se, df, level, info), abs=1e-7)
+            assert detectable_delta(se, df, level, info=info) > found
 
 
 def test_effect_turns_a_tight_interval_into_no_effect_and_sizes_the_seeds(tmp_path):
@@ -163,6 +206,6 @@ def test_effect_turns_a_tight_interval_into_no_effect_and_sizes_the_seeds(tmp_pa
     assert -0.2 < b["delta"].low and b["delta"].high < 0.2 and b["verdict"] == "no evidence"
     b = verdict(build_report(path, effect=0.25, test="paired"), "b")
     assert b["verdict"] == "no effect" and "no effect ≥ 0.25" in b["why"] and "98.33% CI" in b["why"]
-    assert b["power"]["look"] == 1 and b["power"]["seeds_needed_for"] == 0.25
+    assert b["power"]["look"] == 1 and b["power"]["seeds_needed"] is None      # decided: nothing to price
     # the CI is wider than ±0.05
     assert verdict(build_report(path, effect=0.05, test="paired"), "b")["verdict"] == "no evidence"

@@ -55,20 +55,28 @@ class Evidence:
         if self.test != "blocked":
             return
         for hub, leaves in stars(pairs).items():
-            fit = fit_star(self.values, hub, leaves)
+            fit = fit_star(self.values, hub, leaves, self.granularity)
             if fit is None:
                 continue
             self.fits[hub] = fit
             for a, b in pairs:
-                if (a == hub and b in fit.var) or (b == hub and a in fit.var):
+                if (a == hub and fit.tests(b)) or (b == hub and fit.tests(a)):
                     self.star_of[(a, b)] = hub
+
+    def fit_of(self, a: str, b: str) -> str | None:
+        """The hub of the fitted star that (a, b) is a contrast of, tested by it or left paired by it (a
+        leaf with the same Δ at every seed, a star whose model does not hold); None for any other pair."""
+        for hub, fit in self.fits.items():
+            if hub in (a, b) and ({a, b} - {hub}) & (set(fit.leaves) | set(fit.left_out)):
+                return hub
+        return None
 
     def describe(self, pairs: list[tuple[str, str]]) -> str:
         """How a family's contrasts were tested, in one line: the blocked model(s) and what they
         borrowed, the contrasts left paired (not in a star, or a side missing a block)."""
-        hubs = [self.star_of.get(p) for p in pairs]
-        fits = [self.fits[h] for h in dict.fromkeys(h for h in hubs if h is not None)]
-        paired = sum(h is None for h in hubs)
+        member = [self.fit_of(a, b) for a, b in pairs]
+        fits = [self.fits[h] for h in dict.fromkeys(h for h in member if h is not None)]
+        paired = sum(h is None for h in member)
         if not fits:
             why = "" if self.test == "paired" else " (no star of contrasts with a shared arm complete on two seeds)"
             return f"{PAIRED}{why}"

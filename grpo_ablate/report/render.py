@@ -13,7 +13,7 @@ import pandas as pd
 from grpo_ablate.report.build import Report
 from grpo_ablate.report.curves import Summary, final_value
 from grpo_ablate.report.diagnostics import markdown_sections as diagnostics_sections
-from grpo_ablate.report.formatting import fmt_delta, fmt_estimate, fmt_num, fmt_sig
+from grpo_ablate.report.formatting import fmt_delta, fmt_estimate, fmt_num, fmt_p, fmt_sig
 from grpo_ablate.report.health import BREAKING_FLAGS
 from grpo_ablate.report.load import CONTROL_COLUMNS, CONTROL_LABELS
 from grpo_ablate.report.placebo import section_lines as placebo_lines
@@ -107,9 +107,16 @@ def decided_how(report: Report) -> str | None:
                f"{p.get('stopped') or 'not yet'}; " + sequential_guarantee(report.sweep.sequential))
     elif fam:
         level = f"{100 * fam['alpha']:g}%"
+        # Holm's and BH's guarantees hold for exact p-values; the blocked model's are approximations,
+        # whose rate is what the simulations measured
+        measured = (f"about {level} in simulation (docs/statistics.md, \"The blocked model\": the rate per "
+                    "scenario; the blocked model's p-values are approximate)")
+        modelled = bool(fam.get("modelled"))
         how = f"{p['contrasts']} contrasts, {fam['label']}: " + {
-            "holm": f"the chance of any false *helps*, *hurts* or *breaks training* in this report ≤ {level}",
-            "bh": f"false calls ≤ {level} of those made, on average",
+            "holm": "the chance of any false *helps*, *hurts* or *breaks training* in this report "
+                    + (f"is {measured}" if modelled else f"≤ {level}"),
+            "bh": "false calls " + (f"{measured} of those made" if modelled
+                                    else f"≤ {level} of those made, on average"),
             "none": f"each contrast at {level} on its own; none for the report as a whole"}.get(
                 fam["method"], f"the family's error rate ≤ {level}")
         how += f"; {fam['model']}" if fam.get("model") else ""
@@ -135,9 +142,7 @@ def numbers_paragraph(report: Report) -> str:
             + ("" if report.summary.how == "final" else
                f"**Compared: each run's {report.summary.label}** ({report.summary.describe()}): Δ, verdicts and "
                "the controls' comparisons are on it. ")
-            + "Δ = variant − reference, paired on the seeds both sides completed (a seed missing on one side is "
-            "dropped and named), Welch only when they share none; the 95% CIs are unadjusted, the verdicts use "
-            "p-values adjusted over the report's family (the first line above the verdict table). "
+            + interval_words(report)
             + noise_basis(report)
             + "length, truncated, entropy, KL = last logged `length/mean`, `length/truncated_frac`, "
             "`policy/entropy`, `kl/k3` (else `kl/k1`); wall s = status.json's wall time."
@@ -170,26 +175,58 @@ def noise_basis(report: Report) -> str:
     return ""
 
 
+def level_words(fam: dict) -> str:
+    """The level an open contrast's test must beat, and why: "at 0.01, the level Holm's step-down leaves
+    the next decision (6 tests, Holm, 5%)"."""
+    by = {"holm": "Holm's step-down", "bh": "Benjamini–Hochberg"}.get(fam["method"])
+    return (f"at {fmt_p(fam['open_level'])}, the level {by} leaves the next decision ({fam['label']})" if by else
+            f"at {fmt_p(fam['open_level'])} ({fam['label']})")
+
+
+def interval_words(report: Report) -> str:
+    """What Δ and its interval are: the model that made them (the blocked model's for a star's contrasts,
+    a paired t's for the others)."""
+    fam = family(report)
+    paired = ("a paired t's on the seeds both sides completed (a seed missing on one side is dropped and named; "
+              "Welch only when they share none)")
+    if fam and fam.get("modelled"):
+        how = ("the 95% CIs of the contrasts the blocked model tests (their basis says `blocked`) are that model's "
+               "(its variances from every arm of the star: the line above the verdict table, docs/statistics.md), "
+               f"the others {paired}")
+    else:
+        how = f"the 95% CIs are {paired}"
+    return (f"Δ = variant − reference, its mean over the seeds both sides completed; {how}; all unadjusted, the "
+            "verdicts use p-values adjusted over the report's family (the first line above the verdict table). ")
+
+
 def power_lines(report: Report) -> list[str]:
-    """Per contrast: seeds, the look that decided it, and for an open one what the seeds could
-    detect and what deciding it would take."""
+    """Per contrast: seeds, the look that decided it, and for an open one what the report's own test
+    could detect and, where the report has a reason to decide it, what that would take."""
     p = report.power
-    level = "the sequential boundary of its last look" if p["sequential"] else "the fixed 5% t-test"
-    target = f"an effect of {p['effect']:g} (--effect)" if p.get("effect") is not None else \
-        "an effect the size of the current estimate"
-    lines = [f"Seeds: paired seeds with both sides completed. For an open contrast, *detectable*: the smallest "
-             f"|Δ| these seeds detect with 80% power at {level}, from the observed paired SD; *seeds needed*: about "
-             f"how many seeds a fixed 5% design needs for 80% power against {target}. Both rest on an SD from "
-             "a few seeds and, without --effect, on the observed Δ (post-hoc power): read them as an order of "
-             "magnitude, not a plan.", "",
-             "| contrast | verdict | seeds | decided at look | Δ | paired SD | detectable (80%) | seeds needed |",
+    fam = family(report)
+    if p["sequential"]:
+        level, se_col = "the sequential boundary of its last look", "paired SD"
+    else:
+        test = "the blocked model's t-test (or the paired t's, as its basis says)" if fam and fam.get("modelled") \
+            else "its paired t-test"
+        level = f"{test} {level_words(fam)}" if fam and fam.get("open_level") else test
+        se_col = "SE of Δ (its test)"
+    target = f"the effect named with --effect ({p['effect']:g})" if p.get("effect") is not None else \
+        "the observed |Δ| of a contrast whose unadjusted 95% CI excludes 0 (post-hoc)"
+    lines = [f"Seeds: seeds with both sides completed. For an open contrast, *detectable*: the smallest |Δ| these "
+             f"seeds detect with 80% power by the test this report runs on it: {level}; *seeds needed*: about how "
+             f"many seeds that test needs for 80% power against {target}; a contrast the report has no reason to "
+             "decide (its interval spans 0) gets no price. Both rest on a variance from a few seeds: read them as "
+             "an order of magnitude, not a plan.", "",
+             f"| contrast | verdict | seeds | decided at look | Δ | {se_col} | detectable (80%) | seeds needed |",
              "|---|---|---|---|---|---|---|---|"]
     for v in report.verdicts:
         w = v["power"]
         open_ = w.get("look") is None
         needed = w.get("seeds_needed")
+        spread = w.get("sd") if p["sequential"] else w.get("se")
         cells = [v["trick"], v["verdict"], str(w["seeds"]), str(w.get("look") or "—"),
-                 fmt_num(v["delta"].mean, signed=True), fmt_num(w.get("sd")),
+                 fmt_num(v["delta"].mean, signed=True), fmt_num(spread),
                  fmt_num(w.get("detectable_effect")) if open_ else "—",
                  ("—" if not open_ else f"~{needed}" if needed else "—")]
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")

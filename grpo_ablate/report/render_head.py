@@ -86,7 +86,8 @@ def metric_words(report: Report) -> str:
 
 
 def decided_line(report: Report) -> str | None:
-    """How many contrasts were decided and, in short, what deciding the rest would take."""
+    """How many contrasts were decided, the smallest |Δ| the report's own test detects among the open
+    ones, and, in short, what deciding those it has a reason to decide would take (power.cost_to_decide)."""
     p = report.power
     if not p.get("contrasts"):
         return None
@@ -94,16 +95,19 @@ def decided_line(report: Report) -> str | None:
     if not undecided:
         return f"**All {p['contrasts']} contrasts decided.**"
     line = f"**{p['decided']} of {p['contrasts']} contrasts decided**"
+    if p.get("detectable") and not p["sequential"]:
+        low, high = p["detectable"]
+        size = fmt_num(low) if fmt_num(low) == fmt_num(high) else f"{fmt_num(low)}–{fmt_num(high)}"
+        line += f"; the open ones' test detects |Δ| ≥ {size} with 80% power"
     if p["runs"]:
-        priced = undecided - len(p["unpriced"])
-        which = f"the other {priced}" if priced == undecided else f"{priced} of the other {undecided}"
+        which = f"the other {undecided - len(p['unpriced'])}" if p["sequential"] else ", ".join(p["priced"])
         line += (f"; deciding {which}: about {p['runs']} more runs (up to "
                  f"{max(p['extra_seeds'].values())} more seeds for {len(p['extra_seeds'])} variants)"
                  + (f" ≈ {fmt_duration(p['seconds'])}" if p["seconds"] is not None else "")
                  + (", past this sweep's --max-seeds" if past_max_seeds(p) else ""))
     if p["unpriced"]:
-        line += f"; no seed count for {', '.join(p['unpriced'])}, whose Δ is about zero against its spread"
-    return line + (" (see Power)." if p["runs"] or p["unpriced"] else ".")
+        line += f"; no seed count for {', '.join(p['unpriced'])} (more than {PRICED_SEEDS} seeds, or no spread)"
+    return line + (" (see Power)." if p.get("detectable") or p["runs"] or p["unpriced"] else ".")
 
 
 def past_max_seeds(power: dict) -> bool:
@@ -122,14 +126,20 @@ def cost_lines(report: Report) -> list[str]:
         cost = (f"≈ {fmt_duration(p['seconds'])} at {p['run_seconds']:.3g} s a run "
                 "(median of this sweep's completed runs)"
                 if p["seconds"] is not None else "(no completed run to time)")
-        line += (f"Deciding the other {undecided - len(p['unpriced'])} would take about {p['runs']} more runs "
+        which = (", ".join(p.get("priced") or []) if not p["sequential"]
+                 else f"the other {undecided - len(p['unpriced'])}")
+        line += (f"Deciding {which} would take about {p['runs']} more runs "
                  f"(up to {most} more seeds for {len(p['extra_seeds'])} variants) {cost}")
         line += (" — past this sweep's --max-seeds: `grpo-ablate sweep --resume DIR --max-seeds N` re-plans "
                  "them (about 7% false helps/hurts, not 5%)." if past_max_seeds(p) else ".")
     if p["unpriced"]:
-        line += (f" No seed count for {', '.join(p['unpriced'])} (Δ about zero against its spread: more than "
-                 f"{PRICED_SEEDS} seeds, or no spread over seeds): name the smallest effect that matters with "
-                 "`--effect`.")
+        line += (f" No seed count for {', '.join(p['unpriced'])} (more than {PRICED_SEEDS} seeds, or no spread "
+                 "over seeds).")
+    reasonless = undecided - len(p.get("priced") or []) - len(p["unpriced"])
+    if reasonless and not p["sequential"]:
+        line += (f" {reasonless} open contrast{'s' * (reasonless != 1)} without a price: an interval that spans 0 "
+                 "(or none, no spread) is no reason to decide a contrast; name the smallest effect that matters "
+                 "with `--effect` to price it.")
     return [line.strip(), ""] if line else []
 
 

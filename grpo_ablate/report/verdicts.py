@@ -14,7 +14,8 @@ from grpo_ablate.report.evidence import Evidence
 from grpo_ablate.report.health import BREAKING_FLAGS
 from grpo_ablate.report.load import Run, Sweep, nested_value
 from grpo_ablate.report.metric import Metric
-from grpo_ablate.report.power import contrast_alpha, power_numbers, sequential_decision, sequential_guarantee
+from grpo_ablate.report.power import (contrast_alpha, fixed_power, open_level, power_numbers, sequential_decision,
+                                      sequential_guarantee)
 from grpo_ablate.rundir.files import TIMING_PREFIXES
 from grpo_ablate.stats import group_sequential as seq
 from grpo_ablate.stats.error_control import ERROR_CONTROL, adjust
@@ -109,16 +110,17 @@ def settle_family(verdicts: list[dict], evidence: Evidence, higher_is_better: bo
         else:
             v["delta"].p_adjusted = p
     m = len(tests)
+    modelled = sum(v["delta"].basis.startswith("blocked") for v in verdicts if v["verdict"] is None)
     family = {"tests": m, "contrasts": len(verdicts), "method": evidence.method, "alpha": evidence.alpha,
               "label": family_label(m, evidence.method, evidence.alpha), "test": evidence.test,
-              "model": evidence.describe([(v["with"], v["without"]) for v in verdicts])}
+              "model": evidence.describe([(v["with"], v["without"]) for v in verdicts]), "modelled": modelled}
     for v in verdicts:
         if v["verdict"] is None:
             v["verdict"], v["why"] = settle(v, evidence, higher_is_better, effect, family)
-        look = seq.Look(v["delta"].n, 0, v["delta"].mean, v["delta"].se * math.sqrt(v["delta"].n)) \
-            if v["delta"].se is not None and v["delta"].n >= 2 else None
-        v["power"] = {**power_numbers(look, effect), "look": 1 if v["verdict"] not in UNDECIDED else None,
-                      "sequential": False}
+    rejected = sum(p is not None and p < evidence.alpha for p in adjusted)
+    family["open_level"] = open_level(evidence.method, evidence.alpha, m, rejected)
+    for v in verdicts:
+        v["power"] = fixed_power(v["delta"], family["open_level"], effect, v["verdict"] not in UNDECIDED)
     return family
 
 
