@@ -215,6 +215,9 @@ class GRPOTrainer:
         if batch.roll.kept is not None:
             kept = batch.roll.kept.to(self.device)
             shaped = replace(shaped, keep=shaped.keep & kept, mask=shaped.mask * kept[:, None])
+        if batch.trained is not None:   # groups the sampling option masks out of the loss (variance_mass), before
+            # the advantage as verl's filter does; `keep` stays the shaping's (overlong/masked_frac counts only that)
+            shaped = replace(shaped, mask=shaped.mask * batch.trained.to(self.device)[:, None])
         sampler = batch.roll.sampler_logprobs
         sampler = sampler.to(self.device) if sampler is not None else None
         old, mismatch = anchors.old, {}
@@ -454,6 +457,8 @@ class GRPOTrainer:
         if anchors.kept_log_mass is not None:
             out.update(m.kept_set_metrics(anchors.kept_log_mass, anchors.old, batch.roll.sampler_logprobs,
                                           mask, self.score_kept_sets))
+        if batch.trained is not None:
+            out.update(m.masked_group_metrics(batch.trained, batch.scores, batch.group_index))
         for plugin in self.plugins:
             out.update(plugin.metrics(batch))
         if batch.roll.ages is not None:
