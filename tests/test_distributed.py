@@ -59,3 +59,24 @@ def test_a_slurm_job_step_with_several_tasks_is_one_run(monkeypatch):
     assert (dp.world, dp.rank, dp.local_rank, dp.is_main) == (4, 2, 2, False)
     assert os.environ["MASTER_ADDR"] == "127.0.0.1" and os.environ["MASTER_PORT"] == "24242"
     assert [dp.share(10)] == [slice(6, 8)]          # ranks 0, 1 take 3 rows; 2, 3 take 2
+
+
+@pytest.mark.slow
+def test_two_processes_mask_the_same_groups_and_diagnose_the_same_rows(small, tmp_path):
+    """sampling=variance_mass masks whole groups of the whole batch (each rank samples it all) and the
+    template-collapse diagnostic scores the same sub-batch on every rank: two ranks log what one does."""
+    args = small + ["steps=2", "eval.every=2", "loss_agg=token_mean", "rollout.rng=per_row", "sampling=variance_mass",
+                    "sampling.top_p=0.5", "diag.input_dependence_every=1"]
+    single = train(compose(args), tmp_path / "single", args)
+    assert single.state == "completed"
+    work = tmp_path / "work"
+    work.mkdir()
+    two = torchrun(*args, f"hydra.run.dir={work}/run", cwd=work)
+    assert two.returncode == 0, two.stderr[-3000:]
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)} for r in rows]
+    one = strip(read_rows(tmp_path / "single" / "metrics.jsonl"))
+    split = strip(read_rows(work / "run" / "metrics.jsonl"))
+    assert len(one) == len(split) == 3
+    for a, b in zip(one, split):
+        assert b == {k: pytest.approx(v, rel=1e-3, abs=1e-6) for k, v in a.items()}
+    assert any(r.get("sampling/masked_group_frac", 0) > 0 for r in one) and one[1]["diag/input_dependence"] > 0

@@ -125,7 +125,12 @@ TOGETHER = {"masks": (["token_mask=high_entropy", "token_mask.quantile=0.5", "ro
                        "grad_norm/policy")),
             "m2po, critic": (["rollout.dtype=bfloat16", "rollout_correction=m2po", "rollout_correction.threshold=1e-6",
                               "sampling=zero_variance", "adv=gae", "loss_agg=prompt_mean"],
-                             ("rollout_corr/masked_frac", "value/loss"))}
+                             ("rollout_corr/masked_frac", "value/loss")),
+            # whole groups masked out of the loss by their share of the reward variance, and the template-collapse
+            # diagnostic, whose forward is split too (RAGEN-2)
+            "variance mass, input dependence": (["sampling=variance_mass", "sampling.top_p=0.5",
+                                                 "loss_agg=seq_mean_token_sum", "diag.input_dependence_every=1"],
+                                                ("sampling/masked_group_frac", "diag/input_dependence"))}
 
 
 @pytest.mark.parametrize("case", list(TOGETHER))

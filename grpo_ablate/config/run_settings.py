@@ -47,7 +47,7 @@ class Setting:
 GROUP_DOCS = {
     "reward": "the verifier's score in [0, 1] mapped to [wrong, correct]",
     "eval": "the protocol (samples, temperature, ...) is the eval group's (conf/eval/)",
-    "diag": "gradient-conflict diagnostics (README: Diagnostics); observation only",
+    "diag": "diagnostics that only observe: gradient conflicts, input dependence (README: Diagnostics)",
     "debug": "fault injection, for testing that a sweep survives its runs",
 }
 FINITE = Allowed(note="finite: an infinite reward makes every run diverge")
@@ -93,6 +93,15 @@ BASE_SETTINGS = {
     "diag.last_layers": Setting(1, OPTIONAL_POSITIVE_INT.but(resumable=True), "gradients w.r.t. the parameters "
                                 "of the last N transformer blocks only (the backward stops there); null = every "
                                 "parameter of the policy"),
+    # the template-collapse diagnostic (RAGEN-2; train/input_dependence.py): observation only, so resumable
+    # (never hashed), and off (0) where every run before it was
+    "diag.input_dependence_every": Setting(0, NON_NEGATIVE_INT.but(resumable=True, neutral=0),
+                                           "template collapse: log diag/input_dependence (the batch's completions "
+                                           "scored under their own prompt and another group's) at step 1 and every "
+                                           "N steps; 0 = off"),
+    "diag.input_dependence_rows": Setting(8, Allowed("integer", low=2, optional=True, resumable=True, neutral=8),
+                                          "on this many completions (the groups' in turns: one forward of them); "
+                                          "null = the whole batch"),
     "debug.fail_at_step": Setting(None, OPTIONAL_POSITIVE_INT, "raise an error at this step (the run ends "
                                   "\"failed\"; steps count from 1)"),
     "debug.nan_loss_at_step": Setting(None, OPTIONAL_POSITIVE_INT, "make the loss NaN at this step (the run ends "

@@ -1,8 +1,9 @@
 """The report's diagnostics sections: gradient conflicts, pairwise interactions, conflict checks,
-sampler truncation. build.py calls `analyse`, render.py `markdown_sections`, plots.py `plot`; like
-the rest of the report it reads only what the runs logged and imports no torch. A section appears
-where the runs allow it: `diag.grad_conflict=true`; any pair's four variants {}, {a}, {b}, {a, b}
-(I_ab = m(ab) − m(a) − m(b) + m(base)); a `conflict` sweep; a sampler that filtered (top_k|p, min_p).
+sampler truncation, input dependence. build.py calls `analyse`, render.py `markdown_sections`, plots.py
+`plot`; like the rest of the report it reads only what the runs logged and imports no torch. A section
+appears where the runs allow it: `diag.grad_conflict=true`; any pair's four variants {}, {a}, {b}, {a, b}
+(I_ab = m(ab) − m(a) − m(b) + m(base)); a `conflict` sweep; a sampler that filtered (top_k|p, min_p);
+`diag.input_dependence_every` > 0 (template collapse).
 Design: docs/diagnostics.md (each section's rule), docs/sampling-replay.md (the truncation table).
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 
 from grpo_ablate.report.curves import final_value, kl_column
 from grpo_ablate.report.formatting import fmt_estimate, fmt_num
+from grpo_ablate.report.health import INPUT_DEPENDENCE
 from grpo_ablate.stats.intervals import Estimate, delta_ci, mean_ci, satterthwaite
 from grpo_ablate.stats.student import t_quantile
 
@@ -38,7 +40,72 @@ def analyse(report, conflict_threshold: float = DEFAULT_CONFLICT_THRESHOLD) -> d
     truncation = sampler_truncation(report)
     if truncation:
         out["sampler_truncation"] = truncation
+    dependence = input_dependence(report)
+    if dependence:
+        out["input_dependence"] = dependence
     return out
+
+
+# --------------------------------------------------------------------------- input dependence
+def _first_and_last(metrics, column: str) -> tuple[float, float, int, int] | None:
+    """(first, last logged value, their steps) of a column over a run's training steps."""
+    if column not in metrics or "step" not in metrics:
+        return None
+    logged = metrics.loc[metrics["step"] > 0, ["step", column]].dropna()
+    if not len(logged):
+        return None
+    return (float(logged[column].iloc[0]), float(logged[column].iloc[-1]), int(logged["step"].iloc[0]),
+            int(logged["step"].iloc[-1]))
+
+
+def _at(metrics, column: str, step: int) -> float | None:
+    if column not in metrics:
+        return None
+    values = metrics.loc[metrics["step"] == step, column].dropna()
+    return float(values.iloc[0]) if len(values) else None
+
+
+def input_dependence(report) -> list[dict]:
+    """Per variant whose runs logged diag/input_dependence (RAGEN-2's template collapse): the mean over
+    its runs of the first and the last logged value, the last as a share of the first, and policy/entropy's
+    share at the same steps (collapse: the first falls while the second holds); the runs flagged."""
+    out = []
+    for v in report.sweep.variants:
+        runs = [r for r in report.sweep.runs if r.variant == v.name]
+        ends = [(r, _first_and_last(r.metrics, INPUT_DEPENDENCE)) for r in runs]
+        ends = [(r, e) for r, e in ends if e is not None]
+        if not ends:
+            continue
+        shares, entropy_shares = [], []
+        for r, (first, last, first_step, last_step) in ends:
+            if first > 0:
+                shares.append(last / first)
+            h0, h1 = _at(r.metrics, "policy/entropy", first_step), _at(r.metrics, "policy/entropy", last_step)
+            if h0 and h1 is not None and h0 > 0:
+                entropy_shares.append(h1 / h0)
+        mean = lambda xs: float(np.mean(xs)) if xs else None
+        out.append({"variant": v.name, "runs": len(ends),
+                    "first": mean([e[0] for _, e in ends]), "last": mean([e[1] for _, e in ends]),
+                    "last_over_first": mean(shares), "entropy_last_over_first": mean(entropy_shares),
+                    "flagged": sum(any(f.name == "template_collapse" for f in r.flags) for r, _ in ends)})
+    return out
+
+
+def _dependence_lines(rows: list[dict]) -> list[str]:
+    lines = ["## Input dependence", "",
+             "How much the completions depend on their prompt (`diag.input_dependence_every`; RAGEN-2's template "
+             "collapse): each completion's log-probability under its own prompt minus under another group's "
+             "prompt, per token, averaged over a sub-batch (`diag/input_dependence`, nats per token; 0: the policy "
+             "ignores its input). Entropy can hold while this falls: the last column sets policy/entropy's own "
+             "last-over-first beside it. Means over the variant's runs that logged it; *flagged*: runs with "
+             "the template_collapse warning.", "",
+             "| variant | runs | first | last | last / first | entropy last / first | flagged |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['variant']} | {row['runs']} | {fmt_num(row['first'])} | {fmt_num(row['last'])} | "
+                     f"{fmt_num(row['last_over_first'])} | {fmt_num(row['entropy_last_over_first'])} | "
+                     f"{row['flagged']} |")
+    return lines
 
 
 # --------------------------------------------------------------------------- sampler truncation
@@ -359,6 +426,8 @@ def markdown_sections(report) -> list[str]:
         out += _conflict_lines(diag["gradient_conflicts"]) + [""]
     if "sampler_truncation" in diag:
         out += _truncation_lines(diag["sampler_truncation"]) + [""]
+    if "input_dependence" in diag:
+        out += _dependence_lines(diag["input_dependence"]) + [""]
     return out
 
 

@@ -5,13 +5,16 @@
     length_blowup     completions running into the length cap, for a while
     repetition        distinct-2 inside completions collapsing, or one text for many prompts
     kl_drift          KL above a threshold from some step to the end (a warning only)
+    template_collapse the completions' dependence on their prompt (diag/input_dependence, RAGEN-2's
+                      template collapse) far below its first logged value, for a while (a warning only;
+                      only a run that logged it: diag.input_dependence_every > 0)
 
 Pure functions of what a run logged: metrics as a frame (see `load.metrics_frame`), samples
 as rows of samples.jsonl, status as status.json.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 import pandas as pd
@@ -21,8 +24,14 @@ from grpo_ablate.report.curves import kl_column
 from grpo_ablate.allowed import POSITIVE, Allowed
 
 # Flags that mean training broke. kl_drift is a warning only: a policy may legitimately move
-# far from its start, and a variant without a KL term is free to.
+# far from its start, and a variant without a KL term is free to. template_collapse too: its metric
+# comes from a sub-batch of a few completions at a few steps, an estimate too noisy to call a run broken.
 BREAKING_FLAGS = ("diverged", "entropy_collapse", "length_blowup", "repetition")
+WARNING_FLAGS = ("kl_drift", "template_collapse")
+INPUT_DEPENDENCE = "diag/input_dependence"
+# thresholds of a flag that reads a metric only some runs log: shown (report.md, report.json) only where
+# a run logged it, so the reports of runs without it read as they did before the flag existed
+OPTIONAL_THRESHOLDS = {"input_dependence_frac": INPUT_DEPENDENCE}
 
 
 @dataclass
@@ -36,18 +45,21 @@ class HealthThresholds:
     repetition_same_frac: float = 0.75     # or one completion given for this share of >= 3 different prompts
     kl_drift_threshold: float = 0.1        # KL above this from some step to the end (patience steps at least),
                                            # ending higher
+    input_dependence_frac: float = 0.5     # diag/input_dependence below this fraction of its first logged value
+                                           # for `patience` logged values in a row (template_collapse)
 
 
 # what each threshold may be (a fraction of a first value or of the length cap, a count of steps, a KL)
 FRACTION = Allowed("number", low=0, high=1, low_open=True)   # null (not a number) is refused
 THRESHOLD_RANGES = {"entropy_collapse_frac": FRACTION, "patience": Allowed("integer", low=1),
                     "length_cap_frac": FRACTION, "truncated_frac": FRACTION, "repetition_distinct_frac": FRACTION,
-                    "repetition_same_frac": FRACTION, "kl_drift_threshold": POSITIVE}
+                    "repetition_same_frac": FRACTION, "kl_drift_threshold": POSITIVE,
+                    "input_dependence_frac": FRACTION}
 
 
 @dataclass
 class Flag:
-    name: str      # diverged | entropy_collapse | length_blowup | repetition | kl_drift
+    name: str      # diverged | entropy_collapse | length_blowup | repetition | kl_drift | template_collapse
     step: int      # the step it first fired
     detail: str    # the numbers behind it
 
@@ -77,7 +89,8 @@ def health_flags(metrics: pd.DataFrame, samples: list[dict], max_new_tokens: int
     th = thresholds or HealthThresholds()
     train = metrics[metrics["step"] > 0] if "step" in metrics else metrics.iloc[0:0]
     found = [diverged_flag(train, status), entropy_collapse_flag(train, th),
-             length_blowup_flag(train, max_new_tokens, th), repetition_flag(samples, th), kl_drift_flag(train, th)]
+             length_blowup_flag(train, max_new_tokens, th), repetition_flag(samples, th), kl_drift_flag(train, th),
+             template_collapse_flag(train, th)]
     return sorted((f for f in found if f is not None), key=lambda f: f.step)
 
 
@@ -145,6 +158,40 @@ def kl_drift_flag(train: pd.DataFrame, th: HealthThresholds) -> Flag | None:
         return None
     return Flag("kl_drift", int(kl["step"].iloc[start]),
                 f"{column} above {th.kl_drift_threshold} from here to the end ({first:.3g} -> {last:.3g})")
+
+
+def template_collapse_flag(train: pd.DataFrame, th: HealthThresholds) -> Flag | None:
+    """The completions stop depending on their prompt (RAGEN-2's template collapse): diag/input_dependence
+    (train/input_dependence.py) below `input_dependence_frac` of its first logged value for `patience`
+    logged values in a row. Entropy may hold meanwhile (that is the case entropy_collapse cannot see): the
+    detail says where policy/entropy stood, so the two read together."""
+    if INPUT_DEPENDENCE not in train:
+        return None
+    logged = train[["step", INPUT_DEPENDENCE]].dropna()
+    if not len(logged) or not logged[INPUT_DEPENDENCE].iloc[0] > 0:
+        return None
+    first = float(logged[INPUT_DEPENDENCE].iloc[0])
+    step = first_streak(logged["step"], logged[INPUT_DEPENDENCE] < th.input_dependence_frac * first, th.patience)
+    if step is None:
+        return None
+    value = float(logged.loc[logged["step"] == step, INPUT_DEPENDENCE].iloc[0])
+    detail = (f"{INPUT_DEPENDENCE} {value:.3g} < {th.input_dependence_frac} x its first value {first:.3g} for "
+              f"{th.patience}+ logged steps")
+    if "policy/entropy" in train:
+        entropy = train[["step", "policy/entropy"]].dropna()
+        at = entropy.loc[entropy["step"] == step, "policy/entropy"]
+        if len(entropy) and len(at) and entropy["policy/entropy"].iloc[0] > 0:
+            share = float(at.iloc[0]) / float(entropy["policy/entropy"].iloc[0])
+            detail += f"; policy/entropy at {share:.2f} x its first"
+    return Flag("template_collapse", step, detail)
+
+
+def shown_thresholds(thresholds: HealthThresholds, runs) -> dict:
+    """The thresholds a report shows: every one, but those of a flag whose metric none of `runs` (each
+    with a `metrics` frame) logged (OPTIONAL_THRESHOLDS)."""
+    logged = {column for r in runs for column in getattr(r, "metrics", pd.DataFrame()).columns}
+    return {name: value for name, value in asdict(thresholds).items()
+            if name not in OPTIONAL_THRESHOLDS or OPTIONAL_THRESHOLDS[name] in logged}
 
 
 def first_streak(steps: pd.Series, condition: pd.Series, patience: int) -> int | None:

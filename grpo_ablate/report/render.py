@@ -14,7 +14,7 @@ from grpo_ablate.report.build import Report
 from grpo_ablate.report.curves import Summary, final_value
 from grpo_ablate.report.diagnostics import markdown_sections as diagnostics_sections
 from grpo_ablate.report.formatting import fmt_delta, fmt_estimate, fmt_num, fmt_p, fmt_sig
-from grpo_ablate.report.health import BREAKING_FLAGS
+from grpo_ablate.report.health import BREAKING_FLAGS, INPUT_DEPENDENCE, WARNING_FLAGS, shown_thresholds
 from grpo_ablate.report.load import CONTROL_COLUMNS, CONTROL_LABELS
 from grpo_ablate.report.placebo import section_lines as placebo_lines
 from grpo_ablate.report.power import sequential_guarantee
@@ -275,8 +275,12 @@ def health_lines(report: Report) -> list[str]:
         out += [f"| {r.name} | {f.name} | {f.step} | {f.detail.replace('|', '/')} |" for r, f in flagged]
     else:
         out.append("No flag fired.")
-    out += ["", "Thresholds: " + ", ".join(f"{k}={v}" for k, v in asdict(report.thresholds).items())
-            + f". Breaking flags (for *{BREAKS_TRAINING}*): {', '.join(BREAKING_FLAGS)}; kl_drift is a warning."]
+    shown = shown_thresholds(report.thresholds, report.sweep.runs)
+    logged = any(INPUT_DEPENDENCE in r.metrics for r in report.sweep.runs)   # template_collapse can fire
+    named = [f for f in WARNING_FLAGS if f != "template_collapse" or logged]
+    warnings = f"{' and '.join(named)} {'are warnings' if len(named) > 1 else 'is a warning'}"
+    out += ["", "Thresholds: " + ", ".join(f"{k}={v}" for k, v in shown.items())
+            + f". Breaking flags (for *{BREAKS_TRAINING}*): {', '.join(BREAKING_FLAGS)}; {warnings}."]
     return out
 
 
@@ -488,7 +492,7 @@ def report_json(report: Report, figures: list[tuple[str, str]] | None = None) ->
                   "seeds": s.seeds, "wandb_group": s.wandb_group, "manifest_found": s.manifest_found,
                   "notes": s.notes},
         "metric": report.metric, "higher_is_better": report.higher_is_better,
-        "thresholds": asdict(report.thresholds),
+        "thresholds": shown_thresholds(report.thresholds, report.sweep.runs),
         "variants": report.rows, "verdicts": report.verdicts, "power": report.power,
         **({"controls": report.controls, "against_controls": report.against_controls} if report.controls else {}),
         **({"context_controls": s.context_controls} if s.context_controls else {}),

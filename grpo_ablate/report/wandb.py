@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
 
 from grpo_ablate.errors import ReportError
 from grpo_ablate.report.build import Report
+from grpo_ablate.report.health import shown_thresholds
 from grpo_ablate.report.load import nested_value
 from grpo_ablate.report.render import control_lines, flat_rows, variants_table, verdict_lines
 from grpo_ablate.wandb_auth import wandb_api_key
@@ -40,7 +40,7 @@ def log_to_wandb(report: Report, out_dir: Path, figures: list[Path]) -> str:
     run = wandb.init(project=project, entity=entity, dir=str(out_dir), mode=mode, group=group,
                      job_type="report", name=f"report-{report.sweep.name}",
                      config={"metric": report.metric, "sweep_id": report.sweep.sweep_id,
-                             "thresholds": asdict(report.thresholds)},
+                             "thresholds": shown_thresholds(report.thresholds, report.sweep.runs)},
                      settings=wandb.Settings(x_disable_stats=True, console="off", silent=True))
     verdicts = pd.DataFrame([{"trick": v["trick"], "with": v["with"], "without": v["without"],
                               "verdict": v["verdict"], "delta": v["delta"].mean, "ci_low": v["delta"].low,

@@ -19,7 +19,7 @@ from grpo_ablate.sampling.decode import Rollout, concat_rollouts, select_rows
 from grpo_ablate.sampling.engines import Rollouts
 from grpo_ablate.config.spec import BoundOption
 from grpo_ablate.tricks.adv.group import group_mean_std
-from grpo_ablate.tricks.sampling import round_prompts
+from grpo_ablate.tricks.sampling import keep_all_groups, round_prompts
 
 
 class TaskPrompts:
@@ -47,6 +47,9 @@ class SampledGroups:
     drawn: int = 0           # prompts drawn over the rounds, kept or not (0: rounds x B, every round B)
     replayed: int = 0        # groups replaced from the replay buffer (sampling=replay)
     replaced: int = 0        # flat groups replaced by copies of the batch's varied ones (sampling=replace)
+    # [rows] bool: the rows the loss trains on, when the sampling option masks groups out of it rather
+    # than dropping them (`masks_groups`: variance_mass); None: every row
+    trained: torch.Tensor | None = None
 
 
 def mini_batch_rows(group_index: torch.Tensor, mini_batches: int, shuffle_seed: int | None) -> list:
@@ -92,10 +95,12 @@ def sample_groups(rollouts: Rollouts, prompts, B: int, G: int, sampling: BoundOp
     are all equal then grow by g_step completions up to g_max (dynamic_group; otherwise
     g_max = G and nothing grows). With a prompt pool (prompt_pool family) the prompts come from
     it (`prompts`: a source with draw/observe, train/state/prompt_pool.py) and every round's groups,
-    kept or not, update its pass rates. Raises NonFiniteLogits if
-    the policy has diverged.
+    kept or not, update its pass rates. An option that masks groups (`masks_groups`: variance_mass)
+    keeps every group of its one round, and its filter then says which groups the loss trains on
+    (`SampledGroups.trained`). Raises NonFiniteLogits if the policy has diverged.
     """
     max_rounds, refill = int(sampling.values["max_rounds"]), sampling.values.get("refill")
+    masks = sampling.option.masks_groups
     n = math.ceil(float(sampling.values.get("over_sample") or 1) * B)   # the first round's prompts
     rolls, problems, texts, scores, rounds, sampled_tokens, drawn, credit = [], [], [], [], 0, 0, 0, 0
     for sampling_round in range(max_rounds):
@@ -104,7 +109,8 @@ def sample_groups(rollouts: Rollouts, prompts, B: int, G: int, sampling: BoundOp
         prompts.observe(indices, graded.scores.view(n, G))
         rounds, drawn = rounds + 1, drawn + n
         sampled_tokens += int(graded.roll.lengths.sum())   # dropped groups cost compute too
-        chosen = sampling.bind(needed=B - len(problems))(graded.scores.view(n, G)).nonzero().squeeze(1)
+        judge = keep_all_groups if masks else sampling.bind(needed=B - len(problems))
+        chosen = judge(graded.scores.view(n, G)).nonzero().squeeze(1)
         kept = chosen[:B - len(problems)]                # never more than B groups in total
         rows = (kept[:, None] * G + torch.arange(G)).reshape(-1)
         rolls.append(select_rows(graded.roll, rows.to(graded.roll.sequences.device)))
@@ -121,6 +127,8 @@ def sample_groups(rollouts: Rollouts, prompts, B: int, G: int, sampling: BoundOp
     group_index = torch.arange(len(problems)).repeat_interleave(G)
     batch = SampledGroups(concat_rollouts(rolls, rollouts.pad_id), problems, texts, torch.cat(scores), group_index,
                           rounds, sampled_tokens, drawn=drawn)
+    if masks:   # whole groups, the same rows on every rank (each samples the whole batch)
+        batch.trained = sampling.fn(batch.scores.view(len(problems), G))[group_index]
     return grow_groups(rollouts, sampling, G, step, T, batch)
 
 

@@ -29,6 +29,25 @@ def sampling_metrics(rounds: int, groups: int, rows: int, prompts_per_step: int,
             "sampling/mean_group_size": rows / groups}
 
 
+def masked_group_metrics(trained, scores, group_index) -> dict:
+    """What a sampling option that masks groups out of the loss did (variance_mass): the share of the
+    batch's groups masked, and the share of the batch's reward variance (each group's, ddof 1, of the
+    verifier's scores) that the trained groups hold (1 when the batch has none to lose)."""
+    groups = int(group_index.max()) + 1
+    scores, trained = scores.detach().double().cpu(), trained.cpu()
+    index = group_index.cpu()
+    sizes = torch.bincount(index, minlength=groups).double()
+    mean = torch.zeros(groups, dtype=torch.float64).index_add_(0, index, scores) / sizes
+    squares = torch.zeros(groups, dtype=torch.float64).index_add_(0, index, (scores - mean[index]) ** 2)
+    high = torch.full((groups,), -torch.inf, dtype=torch.float64).scatter_reduce(0, index, scores, "amax")
+    low = torch.full((groups,), torch.inf, dtype=torch.float64).scatter_reduce(0, index, scores, "amin")
+    variance = torch.where(high > low, squares / (sizes - 1).clamp(min=1), 0.0)
+    kept = torch.zeros(groups, dtype=torch.bool).index_fill_(0, index[trained], True)
+    total = float(variance.sum())
+    return {"sampling/masked_group_frac": float((~kept).double().mean()),
+            "sampling/kept_variance_frac": float(variance[kept].sum()) / total if total > 0 else 1.0}
+
+
 def reward_metrics(scores, rewards, group_index, overlong_penalty, keep, length_reward) -> dict:
     """`scores` the verifier's 0/1 (unshaped), `rewards` what the advantage estimator saw."""
     groups = int(group_index.max()) + 1

@@ -20,7 +20,7 @@ import torch
 from grpo_ablate.sampling.decode import NonFiniteLogits, Rollout, derived_seed, select_rows
 from grpo_ablate.sampling.engines import Rollouts
 from grpo_ablate.config.spec import RunSpec
-from grpo_ablate.train import diagnostics
+from grpo_ablate.train import diagnostics, input_dependence
 from grpo_ablate.train.accumulation import LastPass, Update, accumulating, scaled_lr, stitched
 from grpo_ablate.train.batch import SampledGroups, TaskPrompts, micro_batches, mini_batch_rows, sample_groups
 from grpo_ablate.train import metrics as metrics_mod
@@ -113,6 +113,8 @@ class GRPOTrainer:
         self.diag_every = spec.diag.every if spec.diag.grad_conflict else 0
         self.diag_params = (diagnostics.last_layer_params(policies.policy, spec.diag.last_layers)
                             if self.diag_every else None)
+        # the template-collapse diagnostic (diag.input_dependence_every=N): at step 1 and every N steps; off: 0
+        self.input_dependence_every = spec.diag.input_dependence_every
         # model.remove_padding: every forward below runs the sequences packed, without padding
         self.remove_padding = spec.model.remove_padding
         # rollout.sampling_replay: every forward below scores the sampler's kept sets, renormalised
@@ -140,8 +142,11 @@ class GRPOTrainer:
         rewarded = time.perf_counter()
         coef = self.coefficients()
         diag = self.diagnose(batch, shaped, adv, inputs, coef) if self.diag_due(step) else {}
+        # the completions under other prompts, at the weights they were sampled with (before the update)
+        elsewhere = self.score_under_other_prompts(batch) if self.input_dependence_due(step) else None
         update = self.update(batch, part, inputs, coef, step)                     # 4. optimizer step(s)
         updated = time.perf_counter()
+        diag.update(self.input_dependence(batch, elsewhere, anchors, update))
         metrics = {"step": step, "loss": update.loss,                             # 5. metrics
                    **self.metrics(batch, shaped, adv, anchors, update, T), **mismatch, **diag,
                    **metrics_mod.step_timings(started, sampled, scored, rewarded, updated, shaped.mask,
@@ -218,6 +223,9 @@ class GRPOTrainer:
         if batch.roll.kept is not None:
             kept = batch.roll.kept.to(self.device)
             shaped = replace(shaped, keep=shaped.keep & kept, mask=shaped.mask * kept[:, None])
+        if batch.trained is not None:   # groups the sampling option masks out of the loss (variance_mass), before
+            # the advantage as verl's filter does; `keep` stays the shaping's (overlong/masked_frac counts only that)
+            shaped = replace(shaped, mask=shaped.mask * batch.trained.to(self.device)[:, None])
         sampler = batch.roll.sampler_logprobs
         sampler = sampler.to(self.device) if sampler is not None else None
         old, mismatch = anchors.old, {}
@@ -412,6 +420,37 @@ class GRPOTrainer:
         out["time/diag_s"] = time.perf_counter() - started   # part of time/update_s
         return out
 
+    def input_dependence_due(self, step: int) -> bool:
+        return bool(self.input_dependence_every) and (step == 1 or step % self.input_dependence_every == 0)
+
+    @torch.no_grad()
+    def score_under_other_prompts(self, batch: SampledGroups):
+        """(the sub-batch's rows, their log-probs [n, T] under another group's prompt, the seconds it
+        took), by the policy as it sampled them (train/input_dependence.py); None with one group.
+        No gradient, the RNG restored: the step trains exactly as it does with the diagnostic off."""
+        started = time.perf_counter()
+        rows = input_dependence.pick_rows(batch.group_index, self.spec.diag.input_dependence_rows)
+        donors = input_dependence.other_prompt_rows(batch.group_index, rows)
+        if donors is None:
+            return None
+        policy = self.p.policy
+        with torch.random.fork_rng(devices=[policy.device] if policy.device.type == "cuda" else []):
+            logp = self.token_logprobs(policy, input_dependence.with_prompts_of(batch.roll, rows, donors),
+                                       self.temperature())[0]
+        return rows, logp, time.perf_counter() - started
+
+    def input_dependence(self, batch: SampledGroups, elsewhere, anchors: Anchors, update: Update) -> dict:
+        """diag/input_dependence(_seq) from the completions' log-probs under their own prompt, pi_old's
+        (its own forward when there is one, else the update's: then pi_old is the policy, one optimizer
+        step on the whole batch), against `elsewhere`'s; {} when not due."""
+        if elsewhere is None:
+            return {}
+        rows, other, seconds = elsewhere
+        own = (anchors.old if anchors.old is not None else update.logp)[rows.to(self.device)]
+        mask = batch.roll.completion_mask[rows.to(batch.roll.completion_mask.device)].to(own.device)
+        return {**input_dependence.input_dependence_metrics(own, other, mask),
+                "time/input_dependence_s": seconds}   # its forward: part of time/update_s
+
     @torch.no_grad()
     def whole_batch_token_keep(self, batch: SampledGroups, inputs: LossInputs) -> LossInputs:
         """`inputs` with token_mask's kept tokens chosen over the whole batch, as the update's
@@ -457,6 +496,8 @@ class GRPOTrainer:
         if anchors.kept_log_mass is not None:
             out.update(m.kept_set_metrics(anchors.kept_log_mass, anchors.old, batch.roll.sampler_logprobs,
                                           mask, self.score_kept_sets))
+        if batch.trained is not None:
+            out.update(m.masked_group_metrics(batch.trained, batch.scores, batch.group_index))
         for plugin in self.plugins:
             out.update(plugin.metrics(batch))
         if batch.roll.ages is not None:

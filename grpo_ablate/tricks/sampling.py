@@ -18,6 +18,11 @@ computed on ragged groups.
 ceil(over_sample x B) prompts; a flat group is dropped only while enough candidates remain to
 fill the batch, so no second round is ever sampled.
 
+`variance_mass` (RAGEN-2 SNR-aware filtering): every group stays in the batch, and the groups
+holding a share `top_p` of the batch's reward variance (or the `top_k` highest) are the ones the
+loss trains on; the other groups' completions are masked out of it before the advantage
+(`masks_groups`: train/batch.py records the rows, train/step.py masks them).
+
 How many prompts a later round draws is the `refill` setting of the options that refill
 (`dynamic`, `advantage_range`; `round_prompts`): B every round (absent or `batch`: verl's
 filter_groups loop), twice the groups the last round dropped (`double`: verl's v1 sync
@@ -27,10 +32,11 @@ from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
-from grpo_ablate.tricks.registry import (DAPO, NUMBER, POSITIVE_INT, SEED_REVIEW, Activity, Claim, Inert,
-                                         Allowed, Trick, declare_family, register)
+from grpo_ablate.tricks.registry import (DAPO, FLAG, NUMBER, POSITIVE_INT, SEED_REVIEW, Activity, Claim, Inert,
+                                         Allowed, ReadWhen, Trick, choice, declare_family, register)
 
 REFILLS = ("batch", "double", "exact")
+RAGEN2 = "RAGEN-2 (Wang et al. 2026, arXiv 2604.06268)"
 
 
 def round_prompts(refill: str | None, B: int, missing: int, dropped: int, credit: int) -> tuple[int, int]:
@@ -265,3 +271,109 @@ def keep_all_groups_for_replay(scores: torch.Tensor, *, size: int = 64) -> torch
     by groups drawn from a buffer of the `size` best-scored informative ones seen so far
     (train/state/sampling.py: TRL's GRPOWithReplayBufferTrainer, score sum |A| * std, drawn in proportion)."""
     return torch.ones(scores.shape[0], dtype=torch.bool)
+
+
+def group_reward_variance(scores: torch.Tensor) -> torch.Tensor:
+    """[groups] each group's sample variance of its rewards, ddof 1 (the three PRs' `variance_ddof`
+    default, and RAGEN-2's sample variance), in float64; exactly 0 for a group whose rewards are all
+    equal (as `keep_varied_groups` judges it: rounding in the mean never makes a flat group varied)
+    and for a group of one (SkyRL's rule: fewer values than ddof + 1 have no variance)."""
+    scores = scores.double()
+    if scores.shape[1] < 2:
+        return torch.zeros(scores.shape[0], dtype=torch.float64)
+    return torch.where(scores.amax(dim=1) > scores.amin(dim=1), scores.var(dim=1, correction=1), 0.0)
+
+
+def _variance_mass_inert(cfg) -> bool:
+    s, B = cfg.sampling, int(cfg.rollout.prompts_per_step)
+    if int(cfg.rollout.group_size) == 1:
+        return True
+    if s.strategy == "top_p":
+        return bool(s.include_zero) and float(s.top_p) >= 1
+    return bool(s.include_zero) and int(s.top_k) >= B
+
+
+# RAGEN-2's SNR-aware filtering as the three PRs opened together on 2026-09-16 build it: SkyRL #2217
+# (skyrl/train/reward_variance_filter.py and tests/test_reward_variance_filter.py, read at 4f86c72d), TRL
+# #7242 (trl/trainer/grpo_trainer.py `_get_reward_variance_filter_mask`, read in the PR's review threads:
+# stable descending argsort, zero groups dropped unless include_zero, searchsorted over the cumulative
+# mass) and verl #7894 (its description: top_p / top_k, include_zero, ddof, masking before the advantage);
+# RAGEN's own code (ragen/trainer/rollout_filter.py, RAGEN-AI/RAGEN 4ec25747) for where they disagree.
+@register("sampling", "variance_mass",
+          what="RAGEN-2 SNR-aware filtering: the fewest groups holding top_p of the batch's reward variance (ddof 1), "
+               "highest first (or the top_k groups), are trained on; the other groups' completions are masked out of "
+               "the loss before the advantage",
+          knobs={"strategy": choice("top_p", "top_k"),
+                 "top_p": Allowed(low=0, low_open=True, high=1, read_when=ReadWhen("strategy", ("top_p",))),
+                 "top_k": Allowed("integer", low=1, high="rollout.prompts_per_step",
+                                  read_when=ReadWhen("strategy", ("top_k",))),
+                 "include_zero": FLAG},
+          notes={"top_p": "the share of the batch's reward variance the kept groups hold (the PRs' example: 0.9)",
+                 "top_k": "strategy=top_k: this many groups, highest variance first (SkyRL's default: 1)",
+                 "include_zero": "whether groups without reward variance may be kept (the PRs' default: false)"},
+          masks_groups=True, checks=_one_round,
+          activity=Activity("sampling/masked_group_frac"),
+          writes=("sampling/kept_group_frac", "sampling/masked_group_frac", "sampling/kept_variance_frac"),
+          inert=Inert(_variance_mass_inert,
+                      "it keeps every group: groups of one have no reward variance, or top_p=1 (top_k at least "
+                      "the batch's groups) with include_zero=true selects them all",
+                      "sampling.top_p=0.9 sampling.include_zero=false rollout.group_size=8",
+                      "groups of at least 2 completions and a selection that can leave a group out"),
+          tricks=(Trick("snr_aware_filtering",
+                        what="RAGEN-2 SNR-aware filtering: train on the groups holding 90% of the batch's reward "
+                             "variance, highest first; the other groups' completions are masked out of the loss",
+                        source="RAGEN-2 (arXiv 2604.06268); verl #7894, TRL #7242, SkyRL #2217 (open; SkyRL's "
+                               "branch read at 4f86c72d)",
+                        verdict="not_in_review",
+                        cost="none saved: masked completions are generated and forwarded all the same",
+                        claims=(Claim("helps", "", RAGEN2,
+                                      "selecting each iteration's high-signal prompts by reward variance (SNR-aware "
+                                      "filtering) improves task performance across planning, math, web navigation "
+                                      "and code execution, and input dependence with it"),)),))
+def keep_groups_by_variance_mass(scores: torch.Tensor, *, strategy: str = "top_p", top_p: float = 0.9,
+                                 top_k: int = 1, include_zero: bool = False) -> torch.Tensor:
+    """RAGEN-2's SNR-aware filtering (arXiv 2604.06268): keep [groups], the groups the loss trains on.
+
+    v_g = Var(r_g1..r_gG), ddof 1 (`group_reward_variance`), V = sum_g v_g. Candidates: the groups
+    with v_g > 0 (include_zero: every group), ordered by v_g descending, ties in batch order (a
+    stable sort: SkyRL's "first-seen order", TRL's argsort(stable=True)).
+      top_p: the shortest prefix of the candidates whose mass reaches the target,
+             sum_{i<=m} v_(i) >= top_p * V (the first m found by a left searchsorted on the cumulative
+             mass, as TRL does; where rounding leaves the whole prefix short, every candidate).
+      top_k: the first top_k candidates (fewer when fewer are candidates).
+    The other groups' completions are masked out of the loss before the advantage (train/step.py);
+    their rewards are left as they are.
+
+    Decided where the sources disagree:
+    - variance, not standard deviation: the PRs and the issue rank and sum the variance; RAGEN's own
+      code (`reward_variance` in rollout_filter.py) ranks by the std and sums stds (same order, another
+      prefix).
+    - the kept set reaches top_p: the PRs and RAGEN subtract a `selection_eps` (0.01, in squared reward
+      units) from the target, so the kept mass may fall short of top_p by it, and a batch whose
+      top_p * V <= eps is masked whole. Not built: an absolute slack depends on the reward's scale
+      (reward.wrong/correct), and a step here never trains on nothing.
+    - top_p = 1 with include_zero keeps every group (SkyRL's special case; RAGEN returns every index
+      at top_p >= 1); without it, every group with variance (zero_variance's filter, as a mask).
+    - nothing selected (no group has variance and include_zero is false, or V = 0): every group is
+      kept, the sampling family's rule that a step never trains on no group (the PRs mask them all:
+      only the KL term and Adam's momentum would still move the weights). With include_zero and
+      V = 0, top_p keeps every group (SkyRL) and top_k the first top_k in batch order (SkyRL).
+    - the variance of the verifier's scores (this family's input, in [0, 1]), not of the shaped
+      reward: selection and shares are the same under reward.wrong/correct's affine map.
+    """
+    variance = group_reward_variance(scores)
+    keep = torch.zeros(variance.shape[0], dtype=torch.bool)
+    order = torch.argsort(variance, descending=True, stable=True)
+    if not include_zero:
+        order = order[variance[order] > 0]
+    total = variance.sum()
+    if strategy == "top_k":
+        keep[order[:top_k]] = True
+    elif total == 0 or (include_zero and top_p >= 1):
+        keep[:] = True
+    elif len(order):
+        reached = int(torch.searchsorted(variance[order].cumsum(0), top_p * total))
+        keep[order[:reached + 1]] = True
+    if not keep.any():
+        keep[:] = True
+    return keep
