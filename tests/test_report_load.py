@@ -249,8 +249,8 @@ def test_per_problem_scores_lost_from_one_run_are_said_and_no_interval_counts_pr
     path, _ = report_sim.write_sweep(tmp_path / "s", np.random.default_rng(0), tricks=2, seeds=3, problems=16)
     lose(path / "drop-t0-s1")
     done, report, warnings = _report(path)
-    assert report["inference"]["why_seeds_only"] == ("the per-problem scores of drop-t0-s1 are missing or "
-                                                          "damaged (evals.jsonl: see the runs' notes)")
+    assert report["inference"]["why_seeds_only"] == ("the per-problem scores of drop-t0-s1 are missing, damaged "
+                                                          "or not of this metric (evals.jsonl: see the runs' notes)")
     assert "Intervals count seeds only: the per-problem scores of drop-t0-s1" in (path / "report.md").read_text()
     run = next(r for r in report["runs"] if r["run_dir"] == "drop-t0-s1")
     assert run["state"] == "completed" and (note is None or note in run["notes"])

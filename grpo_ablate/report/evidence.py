@@ -149,8 +149,8 @@ def gather(values: dict, runs_of: dict, curves: dict, metric: Metric, summary: S
         elif not scores:
             evidence.why_no_scores = "no run logged per-problem scores (evals.jsonl; runs of older versions wrote none)"
         elif lacking:   # all or none: a contrast half counted by problem would claim a precision it lacks
-            evidence.why_no_scores = (f"the per-problem scores of {_some(lacking)} are missing or damaged "
-                                      "(evals.jsonl: see the runs' notes)")
+            evidence.why_no_scores = (f"the per-problem scores of {_some(lacking)} are missing, damaged or not of "
+                                      "this metric (evals.jsonl: see the runs' notes)")
         else:
             evidence.scores = scores
     if not evidence.scores:
