@@ -158,7 +158,8 @@ def _unread_knob(family: str, chosen, group: dict) -> str | None:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Raise ConfigError on the first bad value. Cheap: no model or data is touched."""
+    """Raise ConfigError on the first bad value. Cheap: no model is loaded and no hub dataset read (a local task
+    file's rows are, once per file as it is now: a malformed row is refused before a run dir exists)."""
     values = _Values(cfg)
     check_run_settings(cfg, values)     # first: the tricks' checks and bounds read the run's settings
     check_trick_settings(cfg, values)
