@@ -87,6 +87,7 @@ def decide(y: np.ndarray, failed: set, path: str, root: Path, i: int) -> tuple[d
         model, deltas = next(iter(found.values()))["family"]["model"], {t: v["delta"] for t, v in found.items()}
         verdicts = {t: v["verdict"] for t, v in found.items()}
         power = found["t0"]["power"]
+        priced = any(v["power"].get("reason") and v["power"].get("look") is None for v in found.values())
     else:
         from grpo_ablate.report.build import build_report
 
@@ -97,9 +98,11 @@ def decide(y: np.ndarray, failed: set, path: str, root: Path, i: int) -> tuple[d
         paired = {t: v["verdict"] for t, v in report.sensitivity["verdicts"].items()}
         model, deltas = report.verdicts[0]["family"]["model"], {v["trick"]: v["delta"] for v in report.verdicts}
         power = report.verdicts[0]["power"]
+        priced = bool(report.power.get("priced") or report.power.get("unpriced"))
     facts = {"clipped": "came out ≤ 0" in model and "star tested paired" in model,
              "shock": "shared seed shock" in model, "alike": "variances alike" in model,
-             "twin_tested": deltas[f"t{TRICKS - 1}"].p is not None, "detectable": power.get("detectable_effect")}
+             "twin_tested": deltas[f"t{TRICKS - 1}"].p is not None, "detectable": power.get("detectable_effect"),
+             "priced": priced}
     return verdicts, paired, facts
 
 
@@ -141,7 +144,7 @@ def run(name: str, sweeps: int, path: str = "report") -> dict:
     twin = SCENARIOS.get(name) == {"twin": True}
     counts = {"blocked": 0, "paired": 0, "oracle": 0}
     found = {"blocked": 0, "paired": 0, "oracle": 0}
-    facts = {"clipped": 0, "clipped_false": 0, "shock": 0, "alike": 0, "twin_tested": 0}
+    facts = {"clipped": 0, "clipped_false": 0, "shock": 0, "alike": 0, "twin_tested": 0, "priced": 0}
     root = Path(tempfile.mkdtemp(prefix="blocked-sim-"))
     try:
         for i in range(sweeps):
@@ -160,11 +163,12 @@ def run(name: str, sweeps: int, path: str = "report") -> dict:
             facts["shock"] += fact["shock"]
             facts["alike"] += fact["alike"]
             facts["twin_tested"] += fact["twin_tested"]
+            facts["priced"] += fact["priced"]
     finally:
         shutil.rmtree(root, ignore_errors=True)
     out = {"scenario": name, "path": path, "false_report": {t: share(counts[t], sweeps) for t in ("blocked", "paired")},
            "hub_clipped": share(facts["clipped"], sweeps), "shock_found": share(facts["shock"], sweeps),
-           "labelled_alike": share(facts["alike"], sweeps)}
+           "labelled_alike": share(facts["alike"], sweeps), "priced_a_contrast": share(facts["priced"], sweeps)}
     if facts["clipped"]:
         out["false_when_hub_clipped"] = share(facts["clipped_false"], facts["clipped"])
     if twin:
