@@ -284,7 +284,7 @@ def test_every_scenario_holds_its_error_rate_on_a_sample():
     quarter of its own (a broken corner: the clipped hub named one in 18%); the slow tier measures each."""
     false = 0
     for name in bench.SCENARIOS:
-        out = bench.run(name, 30, "functions")
+        out = bench.run(name, 30, "functions", power=False)
         false += round(out["false_report"]["blocked"]["rate"] * 30)
         assert out["false_report"]["blocked"]["rate"] < 0.25, (name, out)
         if name == "inert twin of the hub":
