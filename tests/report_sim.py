@@ -56,9 +56,10 @@ def simulate(rng, tricks=6, seeds=5, problems=200, effects=None, seed_sd=0.25, r
     return variants, scores
 
 
-def fast_verdicts(scores, method="holm", alpha=0.05, summary="final", seeds_only=False, test="blocked"):
+def fast_verdicts(scores, method="holm", alpha=0.05, summary="final", seeds_only=False, test="blocked", power=False):
     """The report's verdicts on simulated scores through its own functions (evidence, settle_family),
-    without the run dirs: what `grpo-ablate report` decides on the same numbers (tested to agree)."""
+    without the run dirs: what `grpo-ablate report` decides on the same numbers (tested to agree);
+    `power` True: with the Power section's numbers too (its detectable |Δ| costs most of the time)."""
     from grpo_ablate.report.evidence import Evidence
     from grpo_ablate.report.verdicts import settle_family
 
@@ -73,7 +74,7 @@ def fast_verdicts(scores, method="holm", alpha=0.05, summary="final", seeds_only
     evidence.model([("all", v) for v in scores if v != "all"])
     verdicts = [{"trick": v[len("drop-"):], "with": "all", "without": v, "verdict": None, "broke": None,
                  "delta": evidence.delta("all", v)} for v in scores if v != "all"]
-    settle_family(verdicts, evidence, True, None)
+    settle_family(verdicts, evidence, True, None, power)
     return {v["trick"]: v for v in verdicts}
 
 
@@ -294,10 +295,10 @@ def star_names(tricks: int) -> list[str]:
     return ["all"] + [f"drop-t{i}" for i in range(tricks)]
 
 
-def table_verdicts(y, test="blocked", method="holm", alpha=0.05, eval_size=EVAL_SIZE, missing=()):
+def table_verdicts(y, test="blocked", method="holm", alpha=0.05, eval_size=EVAL_SIZE, missing=(), power=True):
     """The report's verdicts on a star table through its own functions (evidence, settle_family), as
     `grpo-ablate report` decides them on `write_table_sweep`'s dir (tested to agree): trick -> verdict dict.
-    `missing`: (row, seed) without a number (a run that failed)."""
+    `missing`: (row, seed) without a number (a run that failed); `power` False: no detectable |Δ| or price."""
     from grpo_ablate.report.evidence import Evidence
     from grpo_ablate.report.verdicts import settle_family
     from grpo_ablate.stats.exact import breaking_p
@@ -313,7 +314,7 @@ def table_verdicts(y, test="blocked", method="holm", alpha=0.05, eval_size=EVAL_
                        "p": breaking_p(failed(0), seeds, failed(i), seeds)} if failed(0) + failed(i) else None
     verdicts = [{"trick": n[len("drop-"):], "with": "all", "without": n, "verdict": None, "broke": broke(i),
                  "delta": evidence.delta("all", n)} for i, n in enumerate(names) if i]
-    family = settle_family(verdicts, evidence, True, None)
+    family = settle_family(verdicts, evidence, True, None, power)
     return {v["trick"]: {**v, "family": family} for v in verdicts}
 
 

@@ -68,7 +68,7 @@ def per_trick(sweep: Sweep, runs_of: dict, curves: dict, metric: Metric, method:
     blocked = gather(values, runs_of, curves, metric, final, method, alpha, test)
     blocked.model([(c.with_, c.without) for c in sweep.contrasts])
     areas = {name: {seed: Summary("auc").of(c) for seed, c in cs.items()} for name, cs in curves.items()}
-    return contrast_verdicts(sweep, blocked, areas, None, None)
+    return contrast_verdicts(sweep, blocked, areas, None, None, power=False)
 
 
 def final_scores(run, curve: Curve):

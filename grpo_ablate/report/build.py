@@ -185,7 +185,7 @@ def paired_sensitivity(sweep: Sweep, paired: Evidence, areas: dict, effect: floa
     what the blocked model decides rests on its borrowing. None without contrasts."""
     if not sweep.contrasts:
         return None
-    verdicts = contrast_verdicts(sweep, paired, areas, None, effect)
+    verdicts = contrast_verdicts(sweep, paired, areas, None, effect, power=False)
     return {"test": "paired", "label": verdicts[0]["family"]["label"],
             "decided": sum(v["verdict"] not in UNDECIDED for v in verdicts),
             "contrasts": len(verdicts),
@@ -319,7 +319,7 @@ def compare_summaries(sweep: Sweep, per_run, runs_of: dict, curves: dict, areas:
         s = Summary(how, chosen.k if chosen.how == "last_k" else DEFAULT_K)
         other = gather(per_run(s), runs_of, curves, evidence.metric, s, evidence.method, evidence.alpha, evidence.test)
         model_families(sweep, other)
-        verdicts = contrast_verdicts(sweep, other, areas, None, effect)
+        verdicts = contrast_verdicts(sweep, other, areas, None, effect, power=False)
         out.append({"summary": s.label, "chosen": s == chosen or (how == chosen.how == "final"),
                     "decided": sum(v["verdict"] not in UNDECIDED for v in verdicts),
                     "contrasts": [{"trick": v["trick"], "verdict": v["verdict"], "delta": v["delta"],

@@ -152,12 +152,17 @@ def detectable_delta(se: float, df: float, level: float, power: float = seq.POWE
     known to `info` df (planning_power; None: known exactly, t_power); None without a spread."""
     if not (se and se > 0 and df and df > 0):
         return None
-    at = (lambda e: t_power(e, se, df, level)) if info is None else (
-        lambda e: planning_power(e, se, df, level, info))
     hi = se
-    while at(hi) < power:
+    while t_power(hi, se, df, level) < power:
         hi *= 2.0
-    return float(optimize.brentq(lambda e: at(e) - power, 0.0, hi, xtol=1e-9 * se))
+    plain = float(optimize.brentq(lambda e: t_power(e, se, df, level) - power, 0.0, hi, xtol=1e-9 * se))
+    if info is None:
+        return plain
+    at = lambda e: planning_power(e, se, df, level, info) - power
+    lo, hi = (plain, 1.25 * plain) if at(plain) < 0 else (0.0, plain)   # an unknown variance costs power
+    while at(hi) < 0:
+        lo, hi = hi, 1.25 * hi
+    return float(optimize.brentq(at, lo, hi, xtol=1e-9 * se))
 
 
 def seeds_for(effect: float, delta: Estimate, level: float, power: float = seq.POWER,
@@ -205,17 +210,18 @@ def reason_to_decide(delta: Estimate, effect: float | None) -> str | None:
     return None
 
 
-def fixed_power(delta: Estimate, level: float, effect: float | None, decided: bool) -> dict:
+def fixed_power(delta: Estimate, level: float, effect: float | None, decided: bool, solve: bool = True) -> dict:
     """A fixed report's power numbers for one contrast (module docstring): seeds, the SE and df of its
     test, the level an open one must beat, the smallest |Δ| detected with 80% power there, and, where
-    the report has a reason to decide it, the seeds the test needs against that effect."""
+    the report has a reason to decide it, the seeds the test needs against that effect (`solve` False:
+    neither, for verdicts whose power nobody reads: the exploratory summaries, the sensitivity line)."""
     sd = None
     if delta.se is not None and delta.n >= 2 and delta.mean is not None:
         sd = round(delta.se * math.sqrt(delta.n), 12)
     out = {"seeds": delta.n, "sd": sd, "se": delta.se, "df": delta.df, "level": level,
            "detectable_effect": None, "seeds_needed": None, "seeds_needed_for": None, "reason": None,
            "look": 1 if decided else None, "sequential": False}
-    if decided or delta.se is None or delta.df is None:
+    if decided or delta.se is None or delta.df is None or not solve:
         return out
     found = detectable_delta(delta.se, delta.df, level, info=info_df(delta))
     out["detectable_effect"] = None if found is None else round(found, 9)

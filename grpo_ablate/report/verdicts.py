@@ -42,7 +42,7 @@ NO_COMPARISON = "no comparison"
 
 # --------------------------------------------------------------------------- tricks
 def contrast_verdicts(sweep: Sweep, evidence: Evidence, areas: dict, sequential: dict | None = None,
-                      effect: float | None = None) -> list[dict]:
+                      effect: float | None = None, power: bool = True) -> list[dict]:
     """One verdict per contrast: {trick, with, without, verdict, delta, auc_delta, why, power, broke}.
     `evidence`: each variant's numbers by seed, how they are tested and which way is better (report/evidence.py);
     `areas`: variant -> {seed: curve mean}; `sequential`: the manifest's looks when they decide
@@ -73,7 +73,7 @@ def contrast_verdicts(sweep: Sweep, evidence: Evidence, areas: dict, sequential:
                                                                       evidence.metric)
             v.setdefault("power", power_numbers(None, effect))
         return verdicts
-    family = settle_family(verdicts, evidence, higher_is_better, effect)
+    family = settle_family(verdicts, evidence, higher_is_better, effect, power)
     for v in verdicts:
         v["family"] = family
     return verdicts
@@ -92,7 +92,8 @@ def broken_counts(with_runs: list[Run], without_runs: list[Run]) -> dict:
             "p": breaking_p(len(broke_with), len(with_done), len(broke_without), len(without_done))}
 
 
-def settle_family(verdicts: list[dict], evidence: Evidence, higher_is_better: bool, effect: float | None) -> dict:
+def settle_family(verdicts: list[dict], evidence: Evidence, higher_is_better: bool, effect: float | None,
+                  power: bool = True) -> dict:
     """Adjust the family's p-values together (Holm or Benjamini–Hochberg at evidence.alpha) and
     give each contrast still open its verdict; returns the family's description."""
     tests = []     # (verdict, kind, p): kind "break" or "delta"
@@ -120,7 +121,7 @@ def settle_family(verdicts: list[dict], evidence: Evidence, higher_is_better: bo
     rejected = sum(p is not None and p < evidence.alpha for p in adjusted)
     family["open_level"] = open_level(evidence.method, evidence.alpha, m, rejected)
     for v in verdicts:
-        v["power"] = fixed_power(v["delta"], family["open_level"], effect, v["verdict"] not in UNDECIDED)
+        v["power"] = fixed_power(v["delta"], family["open_level"], effect, v["verdict"] not in UNDECIDED, power)
     return family
 
 
