@@ -39,6 +39,11 @@ class LossInputs:
     is_weights: torch.Tensor | None = None  # rollout_correction's weights of the policy loss (None: all 1)
     token_keep: torch.Tensor | None = None  # token_mask's kept tokens, chosen over more rows than these
                                             # (the diagnostics' sub-batch takes the update's, over the batch)
+    # a policy loss that centres on pi_old's top-K (clip=local; None: pi_old is the policy itself, and the
+    # update's forward gives its own): pi_old's centred log-probs psi_old [N, T], its top-K ids and pbar [N, T, K]
+    old_centred: torch.Tensor | None = None
+    topk_ids: torch.Tensor | None = None
+    topk_pbar: torch.Tensor | None = None
 
     def rows(self, index) -> "LossInputs":
         """The same inputs for some rows (a slice or an index tensor)."""
@@ -119,6 +124,8 @@ class LossTerms:
         # a policy loss anchored on the sampler (clip=cispo_rollout, SkyRL cispo_anchor=rollout): its ratio's
         # denominator is mu's log-probs; the other terms keep pi_old (the proximal family's)
         self.ratio_on_sampler = clip.option.ratio_on_sampler
+        # a policy loss that regresses centred log-probs (clip=local): it takes psi_theta and psi_old, not log-probs
+        self.centres = clip.option.centres_on_old_topk
 
     def policy(self, logp, old_logp, advantages, mask, factor=None, sampler_logp=None):
         """(per-token policy loss, per-token clip statistics); old_logp None: rho = 1. `factor`:
@@ -159,16 +166,24 @@ class LossTerms:
                            else inputs.is_weights)
         return _product(factors), stats
 
-    def __call__(self, logp, entropy, values, inputs: LossInputs, coef: Coefficients, spread=None):
+    def __call__(self, logp, entropy, values, inputs: LossInputs, coef: Coefficients, spread=None, centred=None):
         """({term name: per-token loss [N, T]}, {metric name: per-token statistic}). The raw
         critic loss is a statistic too (`value/loss`), before value_coef weighs it. spread: the
-        DataParallel whose ranks share the mini-batch (None: one process has all its rows)."""
+        DataParallel whose ranks share the mini-batch (None: one process has all its rows).
+        centred: this forward's centred log-probs psi_theta, for a policy loss that regresses them
+        (clip=local); its psi_old is pi_old's (inputs.old_centred), else psi_theta's, detached."""
         old_logp = logp.detach() if inputs.old_logp is None else inputs.old_logp
         gap = None
         if self.reuses_train_logp:   # how far pi_old is from the pi_prox used, then pi_prox = pi_theta.detach()
             gap, old_logp = (logp.detach() - old_logp).abs(), logp.detach()
         factor, factor_stats = self.policy_factor(logp, entropy, inputs, spread)
-        policy, stats = self.policy(logp, old_logp, inputs.advantages, inputs.mask, factor, inputs.sampler_logp)
+        if self.centres:   # every other term and factor keeps the log-probs
+            if centred is None:
+                raise ValueError("the policy loss regresses centred log-probs: the forward must give them (topk)")
+            policy, stats = self.policy(centred, centred.detach() if inputs.old_centred is None else inputs.old_centred,
+                                        inputs.advantages, inputs.mask, factor)
+        else:
+            policy, stats = self.policy(logp, old_logp, inputs.advantages, inputs.mask, factor, inputs.sampler_logp)
         stats.update(factor_stats)
         if gap is not None:
             stats["proximal/train_logp_gap"] = gap

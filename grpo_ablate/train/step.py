@@ -56,6 +56,12 @@ class Anchors:
     prev: torch.Tensor | None = None
     energy: torch.Tensor | None = None     # pi_old's logit-gradient energy per token (an estimator that reads it)
     kept_log_mass: torch.Tensor | None = None   # log pi_old(kept set) per token (a filtering sampler)
+    # a loss that centres on pi_old's top-K (clip=local): pi_old's centred log-probs psi_old [N, T], its
+    # top-K ids and renormalised probabilities pbar [N, T, K], and the mass the top-K holds [N, T]
+    centred: torch.Tensor | None = None
+    topk_ids: torch.Tensor | None = None
+    topk_pbar: torch.Tensor | None = None
+    topk_mass: torch.Tensor | None = None
 
 
 class GRPOTrainer:
@@ -93,6 +99,10 @@ class GRPOTrainer:
         self.proximal = tricks["proximal"].fn     # pi_prox from pi_old and the sampler's log-probs
         self.greedy_baseline = spec.needs("greedy_baseline")   # the estimator reads one greedy completion a prompt
         self.token_energy = spec.needs("reads_token_energy")   # the estimator reads pi_old's per-token energy
+        # the policy loss centres on pi_old's top-K (`centres_on_old_topk`): every policy forward also gives
+        # the centred log-probs, pi_old's its top-`topk` support (0: none)
+        clip = tricks["clip"]
+        self.topk = int(clip.values["topk"]) if clip.has("centres_on_old_topk") else 0
         critic = list(policies.value_head.parameters()) if policies.value_head is not None else []
         self.trained = [p for p in policies.policy.parameters() if p.requires_grad] + critic   # LoRA: adapters
         # trained tensors outside the policy, whose gradients DDP does not average (torchrun)
@@ -176,12 +186,13 @@ class GRPOTrainer:
         return batch
 
     def token_logprobs(self, model, roll: Rollout, T, value_head=None, entropy_grad: bool = False,
-                       energy: bool = False, kept_mass: bool = False):
-        """(log-probs, entropy, values[, energy]) of a rollout under `model` (train/forward.py), its
-        rows forwarded in the update's micro-batches (see pieces) and stitched back."""
+                       energy: bool = False, kept_mass: bool = False, topk: int = 0):
+        """(log-probs, entropy, values[, energy][, kept mass][, centred log-probs, top-K ids, pbar, mass])
+        of a rollout under `model` (train/forward.py), its rows forwarded in the update's micro-batches
+        (see pieces) and stitched back."""
         return stitched([token_logprobs(model, select_rows(roll, piece), T, value_head, entropy_grad,
                                         remove_padding=self.remove_padding, energy=energy,
-                                        score_kept_sets=self.score_kept_sets, kept_mass=kept_mass)
+                                        score_kept_sets=self.score_kept_sets, kept_mass=kept_mass, topk=topk)
                          for piece in self.pieces(roll)])
 
     def pieces(self, roll: Rollout) -> list[slice]:
@@ -200,10 +211,12 @@ class GRPOTrainer:
             out.ref = dp.gather_rows(self.token_logprobs(p.reference, part, T)[0])
         if self.needs_old:
             old, _, values, *extra = self.token_logprobs(p.policy, part, T, p.value_head, energy=self.token_energy,
-                                                         kept_mass=self.truncated_sampler)
+                                                         kept_mass=self.truncated_sampler, topk=self.topk)
             out.old, out.old_values = dp.gather_rows(old), dp.gather_rows(values)
             out.energy = dp.gather_rows(extra.pop(0)) if self.token_energy else None
             out.kept_log_mass = dp.gather_rows(extra.pop(0)) if self.truncated_sampler else None
+            if self.topk:
+                out.centred, out.topk_ids, out.topk_pbar, out.topk_mass = map(dp.gather_rows, extra)
         forward = lambda model, roll, temperature: dp.gather_rows(self.token_logprobs(model, roll, temperature)[0])
         for plugin in self.plugins:
             out = replace(out, **plugin.anchors(part, T, forward, self.history))
@@ -247,7 +260,8 @@ class GRPOTrainer:
         returns = (self.advantages.critic_returns(adv.rewards, shaped.mask, anchors.old_values)
                    if self.p.value_head is not None else None)
         inputs = LossInputs(shaped.mask, adv.per_token, old, anchors.ref, anchors.prev,
-                            anchors.old_values, returns, sampler, weights)
+                            anchors.old_values, returns, sampler, weights, old_centred=anchors.centred,
+                            topk_ids=anchors.topk_ids, topk_pbar=anchors.topk_pbar)
         return shaped, adv, inputs, mismatch
 
     def estimator_input(self, batch: SampledGroups, anchors: Anchors, weights, step: int):
@@ -343,11 +357,14 @@ class GRPOTrainer:
         self.optim.optimizer.zero_grad(set_to_none=True)
         loss, outputs = 0.0, []
         for i, piece in enumerate(pieces):
-            logp, entropy, values = token_logprobs(self.train_model, select_rows(roll, piece),
-                                                   self.temperature(), self.p.value_head,
-                                                   entropy_grad=coef.entropy > 0, remove_padding=self.remove_padding,
-                                                   score_kept_sets=self.score_kept_sets)
-            terms, stats = self.loss_terms(logp, entropy, values, mine.rows(piece), coef, dp)
+            rows = mine.rows(piece)
+            support = None if rows.topk_ids is None else (rows.topk_ids, rows.topk_pbar)   # pi_old's top-K
+            logp, entropy, values, *centring = token_logprobs(
+                self.train_model, select_rows(roll, piece), self.temperature(), self.p.value_head,
+                entropy_grad=coef.entropy > 0, remove_padding=self.remove_padding,
+                score_kept_sets=self.score_kept_sets, topk=self.topk, support=support)
+            terms, stats = self.loss_terms(logp, entropy, values, rows, coef, dp,
+                                           centred=centring[0] if centring else None)
             piece_loss = aggregate(total(terms), weights[piece])
             if step == self.spec.schedule.nan_loss_at_step:   # fault injection: a divergence
                 piece_loss = piece_loss * float("nan")

@@ -5,7 +5,8 @@
 - `sequence`: one importance ratio per sequence (GSPO, GMPO, LUSPO);
 - `covariance`: the tokens of high advantage/log-prob covariance masked or penalised (Clip-Cov, KL-Cov);
 - `reinforce`: -w A log pi, with a weight that carries no gradient or a penalty instead of a clip
-  (CISPO and its sampler-anchored form, GPG, VESPO, TOPR, Kimi k1.5, clamped REINFORCE, DRO, rollout IS).
+  (CISPO and its sampler-anchored form, GPG, VESPO, TOPR, Kimi k1.5, clamped REINFORCE, DRO, rollout IS);
+- `local`: no ratio: the sampled logit, centred on pi_old's top-K, regressed onto eta A (LOCAL).
 
 Every option takes (logp, old_logp, advantages, mask) -- [N, T] log-probs of the current and the
 rollout-time policy, [N, 1] or [N, T] advantages, the [N, T] float mask of trained tokens -- and
@@ -25,8 +26,11 @@ sequence once (gspo, gmpo, luspo: under seq_mean_token_mean); a loss_agg that `w
 changes that objective (grpo_ablate/config/pair_rules.py warns).
 `ratio_on_sampler` -- the loss's ratio is against the sampler's log-probs mu, not pi_old (cispo_rollout,
 SkyRL cispo_anchor=rollout): the trainer hands mu's as `old_logp` to this loss only (train/losses.py).
+`centres_on_old_topk` -- the loss regresses centred log-probs psi = log pi(a) - sum_{b in T} pbar(b) log pi(b),
+T pi_old's top-`topk` (local): the trainer hands psi_theta and psi_old as `logp` and `old_logp` to this
+loss only (train/forward.py computes them; every other term keeps the log-probs).
 """
-from grpo_ablate.tricks.registry import choice, declare_family
+from grpo_ablate.tricks.registry import POSITIVE_INT, choice, declare_family
 
 declare_family("clip", "the policy loss: PPO ratio clip ε_low/ε_high (`higher` is DAPO clip-higher), or a "
                "variant (sequence ratio, clipped IS weight, soft gate, geometric mean, covariance masks, plain "
@@ -36,11 +40,14 @@ declare_family("clip", "the policy loss: PPO ratio clip ε_low/ε_high (`higher`
                supplied={"dual_clip_c": "dual_clip.c", "generator": "the trainer (seeded, checkpointed)"},
                # a per-sequence loss (gmpo): token-level rollout IS weights as their per-sequence
                # geometric mean (verl) or each token's own (token); read by the trainer (train/losses.py)
-               settings={"is_weights": (choice("geometric", "token"), "per_sequence_loss")},
+               settings={"is_weights": (choice("geometric", "token"), "per_sequence_loss"),
+                         # the size K of pi_old's top-K support that a centring loss (local) reads: the trainer's
+                         # forwards gather it (train/forward.py), so a setting of the family, not a knob of the loss
+                         "topk": (POSITIVE_INT, "centres_on_old_topk")},
                defaults={"is_weights": "geometric"})
 
 # after the declaration: registering an option reads the family's supplied knobs (dual_clip_c, generator);
 # the order of the kinds is the order of the options in docs/config.md
-from grpo_ablate.tricks.clip import ratio, sequence, covariance, reinforce  # noqa: E402
+from grpo_ablate.tricks.clip import ratio, sequence, covariance, reinforce, local  # noqa: E402
 
-__all__ = ["covariance", "ratio", "reinforce", "sequence"]
+__all__ = ["covariance", "local", "ratio", "reinforce", "sequence"]
