@@ -80,3 +80,27 @@ def test_two_processes_mask_the_same_groups_and_diagnose_the_same_rows(small, tm
     for a, b in zip(one, split):
         assert b == {k: pytest.approx(v, rel=1e-3, abs=1e-6) for k, v in a.items()}
     assert any(r.get("sampling/masked_group_frac", 0) > 0 for r in one) and one[1]["diag/input_dependence"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("updates", [["updates=mini_batches", "updates.mini_batches=2"], ["updates=single"]],
+                         ids=["pi_old-forward", "own-forward"])
+def test_two_processes_centre_on_the_same_top_k_as_one_process(updates, small, tmp_path):
+    """clip=local: pi_old's top-K support and psi_old gathered from both ranks' forwards (mini-batches),
+    or each forward's own (one step), in micro-batches: two ranks log what one process does."""
+    args = small + ["steps=2", "eval.every=2", "loss_agg=token_mean", "rollout.rng=per_row", "clip=local",
+                    "clip.topk=4", *updates]
+    single = train(compose(args), tmp_path / "single", args)
+    assert single.state == "completed"
+    work = tmp_path / "work"
+    work.mkdir()
+    two = torchrun(*args, "updates.micro_batch_size=3", f"hydra.run.dir={work}/run", cwd=work)
+    assert two.returncode == 0, two.stderr[-3000:]
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)} for r in rows]
+    one = strip(read_rows(tmp_path / "single" / "metrics.jsonl"))
+    split = strip(read_rows(work / "run" / "metrics.jsonl"))
+    assert len(one) == len(split) == 3
+    for a, b in zip(one, split):
+        assert b == {k: pytest.approx(v, rel=1e-3, abs=1e-6) for k, v in a.items()}
+    assert one[1]["local/residual_sq"] > 0
+    assert (one[1]["local/feature_delta_abs"] > 0) == (updates[0] == "updates=mini_batches")

@@ -130,7 +130,11 @@ TOGETHER = {"masks": (["token_mask=high_entropy", "token_mask.quantile=0.5", "ro
             # diagnostic, whose forward is split too (RAGEN-2)
             "variance mass, input dependence": (["sampling=variance_mass", "sampling.top_p=0.5",
                                                  "loss_agg=seq_mean_token_sum", "diag.input_dependence_every=1"],
-                                                ("sampling/masked_group_frac", "diag/input_dependence"))}
+                                                ("sampling/masked_group_frac", "diag/input_dependence")),
+            # LOCAL's regression on logits centred on pi_old's top-K: the support and psi_old from pi_old's forward,
+            # sliced with each micro-batch's rows (its one-step form, on the update's own forward: test_local_loss)
+            "local logit regression": (["clip=local", "clip.topk=4", "loss_agg=token_mean"],
+                                       ("local/feature_delta_abs", "local/residual_sq"))}
 
 
 @pytest.mark.parametrize("case", list(TOGETHER))
