@@ -182,6 +182,9 @@ def test_on_the_embedded_model_at_one_step_the_default_local_is_the_policy_gradi
         metrics, grads[name] = one_step(trainer, start)
         if name == "local_k4":
             assert metrics["local/residual_sq"] > 0 and metrics["local/feature_delta_abs"] == 0
+            assert 0 < metrics["clip/topk_mass"] < 1   # 4 of 17 tokens
+        if name == "local":
+            assert metrics["clip/topk_mass"] == pytest.approx(1.0, abs=1e-12)   # K = 64: the whole vocabulary
             assert_split_invariant(trainer, SPLITS)   # the support of each micro-batch's own forward
     for a, b in zip(grads["default"], grads["local"]):
         assert (a - b).norm() <= 1e-10 * b.norm() + 1e-14

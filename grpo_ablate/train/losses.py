@@ -44,6 +44,7 @@ class LossInputs:
     old_centred: torch.Tensor | None = None
     topk_ids: torch.Tensor | None = None
     topk_pbar: torch.Tensor | None = None
+    topk_mass: torch.Tensor | None = None   # [N, T] what pi_old's top-K holds of pi_old
 
     def rows(self, index) -> "LossInputs":
         """The same inputs for some rows (a slice or an index tensor)."""

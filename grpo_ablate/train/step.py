@@ -261,7 +261,7 @@ class GRPOTrainer:
                    if self.p.value_head is not None else None)
         inputs = LossInputs(shaped.mask, adv.per_token, old, anchors.ref, anchors.prev,
                             anchors.old_values, returns, sampler, weights, old_centred=anchors.centred,
-                            topk_ids=anchors.topk_ids, topk_pbar=anchors.topk_pbar)
+                            topk_ids=anchors.topk_ids, topk_pbar=anchors.topk_pbar, topk_mass=anchors.topk_mass)
         return shaped, adv, inputs, mismatch
 
     def estimator_input(self, batch: SampledGroups, anchors: Anchors, weights, step: int):
@@ -365,6 +365,8 @@ class GRPOTrainer:
                 score_kept_sets=self.score_kept_sets, topk=self.topk, support=support)
             terms, stats = self.loss_terms(logp, entropy, values, rows, coef, dp,
                                            centred=centring[0] if centring else None)
+            if centring:   # how much of pi_old its top-K holds (verl's local_topk_mass): whether K is enough
+                stats["clip/topk_mass"] = centring[3] if rows.topk_mass is None else rows.topk_mass
             piece_loss = aggregate(total(terms), weights[piece])
             if step == self.spec.schedule.nan_loss_at_step:   # fault injection: a divergence
                 piece_loss = piece_loss * float("nan")

@@ -90,7 +90,7 @@ def _centres_on_pi_old(cfg) -> str | None:
                       "set clip.topk=4, clip.eta=2 or updates.mini_batches=4",
                       "K below the vocabulary, eta != 1, or several optimizer steps per rollout"),
           activity=Activity("local/residual_sq"),
-          writes=("local/residual_sq", "local/feature_delta_abs", "local/target_abs"),
+          writes=("local/residual_sq", "local/feature_delta_abs", "local/target_abs", "clip/topk_mass"),
           checks=_centres_on_pi_old,
           tricks=(Trick("local_logit_regression",
                         what="LOCAL: regress the sampled token's logit, centred on pi_old's top-64, onto eta * A "
@@ -114,7 +114,8 @@ def local_loss(logp, old_logp, advantages, mask, *, eta: float = 1.0):
     policy_loss.local_eta 1.0 and local_topk 64 (PolicyLossConfig); T and pbar from verl's
     old-log-prob pass (pi_old's recompute), logits after temperature. No ratio, no clip, no extra
     term. Statistics (verl's actor/local_*): `local/residual_sq` delta^2, `local/feature_delta_abs`
-    |psi_theta - psi_old| (0 on a rollout's first optimizer step), `local/target_abs` |eta A|.
+    |psi_theta - psi_old| (0 on a rollout's first optimizer step), `local/target_abs` |eta A|; the
+    trainer adds `clip/topk_mass`, what T holds of pi_old (verl's local_topk_mass; 1: K covers pi_old).
     """
     target = eta * advantages.detach()
     feature_delta = logp - old_logp.detach()
