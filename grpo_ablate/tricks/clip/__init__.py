@@ -34,7 +34,8 @@ from grpo_ablate.tricks.registry import POSITIVE_INT, choice, declare_family
 
 declare_family("clip", "the policy loss: PPO ratio clip ε_low/ε_high (`higher` is DAPO clip-higher), or a "
                "variant (sequence ratio, clipped IS weight, soft gate, geometric mean, covariance masks, plain "
-               "REINFORCE); all but `clip_cov` act only with several optimizer steps per rollout",
+               "REINFORCE, a logit regression); all but `clip_cov`, `luspo` and `local` act only with several "
+               "optimizer steps per rollout",
                stage="loss", default="symmetric",
                metric="clip/high_frac",
                supplied={"dual_clip_c": "dual_clip.c", "generator": "the trainer (seeded, checkpointed)"},
