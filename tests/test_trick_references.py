@@ -243,6 +243,11 @@ def test_off_policy_only_options_have_ppo_gradient_at_rho_one(name):
 
     knobs = {"ratio": 0.5, "cov_low": -1e9, "cov_high": 1e9} if name == "clip_cov" else {}
     same = torch.allclose(gradient(name, **knobs), gradient("symmetric"))
+    if option("clip", name).centres_on_old_topk:
+        # its inputs are centred log-probs psi: -eta A at psi_old here too, but psi's gradient in the logits is
+        # e_a - pbar, not e_a - pi: it acts at rho == 1 unless pi_old's top-K is the whole vocabulary (test_local_loss)
+        assert same and not option("clip", name).off_policy_only
+        return
     assert option("clip", name).off_policy_only == same
     assert same == (name not in ON_POLICY_ONLY)
 
