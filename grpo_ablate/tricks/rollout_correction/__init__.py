@@ -7,7 +7,10 @@ per kind:
 - `rejection`: the rejection masks of AReaL, verl, SkyRL, ROLL and OpenRLHF on a divergence of π_old
   from μ (`rejection`);
 - `tv_filter`: open-instruct's TV-divergence filter, the one option that reads the advantages (the
-  trainer supplies them and computes its weights after the advantage chain).
+  trainer supplies them and computes its weights after the advantage chain);
+- `combined`: the gates of asynchronous GRPO without pi_old (TRL AsyncGRPO), on the combined ratio
+  π_θ / μ: computed in the loss, per forward (`reads_current_policy`), the policy loss's ratio taken
+  against μ (`ratio_on_sampler`).
 """
 from grpo_ablate.tricks.registry import declare_family
 
@@ -20,6 +23,6 @@ declare_family("rollout_correction", "importance weights π_old / π_sampler on 
 
 # after the declaration: registering an option reads its family's declaration; the order of the kinds
 # is the order of the options in docs/config.md
-from grpo_ablate.tricks.rollout_correction import weights, rejection, tv_filter  # noqa: E402
+from grpo_ablate.tricks.rollout_correction import weights, rejection, tv_filter, combined  # noqa: E402
 
-__all__ = ["rejection", "tv_filter", "weights"]
+__all__ = ["combined", "rejection", "tv_filter", "weights"]
