@@ -5,7 +5,7 @@ composition of the existing proximal and rollout_correction options is it, and t
 micro-batches and ranks. Hand vectors in float64, worked from TRL AsyncGRPO's `compute_loss`
 (trl/experimental/async_grpo/async_grpo_trainer.py at f2cd57710: coef_1 = exp(log_probs - old_log_probs),
 -min(coef_1 A, clamp(coef_1, 1 - 0.2, 1 + 0.2) A), vLLM's log-probs as old_log_probs) and the PR's gate."""
-import math
+import json
 
 import pytest
 import torch
@@ -182,9 +182,19 @@ def test_an_approximated_proximal_policy_is_refused_in_one_line(proximal, tmp_pa
             f"proximal={proximal}'s pi_prox would reach only the KL term")
 
 
+def test_grpo_ablate_tricks_lists_both_with_source_claim_and_activity(tmp_path):
+    out = cli_here("tricks", "--format", "json", cwd=tmp_path)
+    assert out.exit_code == 0, out.stderr
+    listed = {t["name"]: t for t in json.loads(out.stdout)}
+    for trick, metric in (("combined_ratio_truncate", "truncated_frac"), ("combined_ratio_mask", "masked_frac")):
+        assert "PR #7120" in listed[trick]["source"] and listed[trick]["claims"][0]["effect"] == "helps"
+        assert listed[trick]["activity"].startswith(f"rollout_corr/{metric}")
+
+
 def test_the_named_tricks_select_the_options():
     for trick, name in (("combined_ratio_truncate", "combined_truncate"), ("combined_ratio_mask", "combined_mask")):
         cfg = compose([f"+trick={trick}"])
-        assert cfg.rollout_correction.name == name and cfg.rollout_correction.high == 3.0
+        # TRL's synchronous defaults, which the PR keeps: clip_max 3, no clip_min
+        chosen = cfg.rollout_correction
+        assert (chosen.name, chosen.high, chosen.low) == (name, 3.0, None)
         assert option("rollout_correction", name).tricks[0].source.startswith("TRL PR #7120")
-    assert math.isclose(compose(["+trick=combined_ratio_mask"]).rollout_correction.get("low") or 0.0, 0.0)

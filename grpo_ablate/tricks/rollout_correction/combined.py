@@ -61,6 +61,9 @@ from grpo_ablate.tricks.registry import POSITIVE, Activity, Allowed, Claim, Iner
 from grpo_ablate.tricks.rollout_correction.weights import LOG_RATIO_LIMIT
 
 TRL_ASYNC = "TRL #6945 / PR #7120 (AsyncGRPO importance-sampling correction)"
+# what the PR's author argues for both modes (its description; no run is reported)
+BOUNDED = Claim("helps", "", TRL_ASYNC, "bounding the combined ratio removes the negative-advantage branch that grows "
+                "linearly in pi / mu under staleness (argued from the loss; no run reported)")
 SOURCE = ("TRL PR #7120 (open, head c48ed94a): AsyncGRPOConfig vllm_importance_sampling_mode={mode} on the "
           "combined ratio pi_theta / mu (issue #6945)")
 BOUNDS = {"high": POSITIVE, "low": Allowed(low=0, low_open=True, high="rollout_correction.high", optional=True)}
@@ -99,10 +102,7 @@ def combined_log_ratio(policy_logp, sampler_logp, mask):
                        what="asynchronous GRPO without pi_old: PPO on the combined ratio pi_theta / mu, each token's "
                             "effective weight capped at 3 by the gate clamp(rho, max=3) / rho",
                        source=SOURCE.format(mode="token_truncate"), verdict="not_in_review",
-                       cost="none (no pi_old forward)",
-                       claims=(Claim("helps", "", TRL_ASYNC,
-                                     "bounding the combined ratio removes the negative-advantage branch that grows "
-                                     "linearly in pi / mu under staleness (argued from the loss; no run reported)"),)))
+                       cost="none (no pi_old forward)", claims=(BOUNDED,)))
 def combined_truncate_gate(old_logp, sampler_logp, mask, *, high: float = 3.0, low: float | None = None):
     """(g [N, T], per-token statistics): g = clamp(rho, low, high) / rho on the trained tokens, 0 elsewhere,
     rho = pi_theta / mu with `old_logp` the loss forward's own detached log-probs (`reads_current_policy`).
@@ -131,7 +131,7 @@ def combined_truncate_gate(old_logp, sampler_logp, mask, *, high: float = 3.0, l
                        what="asynchronous GRPO without pi_old: PPO on the combined ratio pi_theta / mu, tokens whose "
                             "ratio exceeds 3 masked out of the policy loss",
                        source=SOURCE.format(mode="token_mask"), verdict="not_in_review",
-                       cost="none (no pi_old forward)"))
+                       cost="none (no pi_old forward)", claims=(BOUNDED,)))
 def combined_mask_gate(old_logp, sampler_logp, mask, *, high: float = 3.0, low: float | None = None,
                        level: str = "token"):
     """(g [N, T], per-token statistics): g = 1 where rho lies in [low, high], else 0 (and 0 off the
