@@ -16,7 +16,8 @@ from grpo_ablate.tricks.registry import declare_family
 
 declare_family("rollout_correction", "importance weights π_old / π_sampler on the policy loss, with verl's mismatch "
                "metrics `rollout_corr/*`; AReaL's `decoupled` PPO and `m2po` mask; open-instruct's `tv_filter` (reads "
-               "the advantages); acts with stale rollouts (`staleness`), `rollout.dtype=bfloat16` or vLLM",
+               "the advantages); TRL AsyncGRPO's `combined_*` gates on π_θ / μ (no π_old); acts "
+               "with stale rollouts (`staleness`), `rollout.dtype=bfloat16` or vLLM",
                stage="loss", metric="rollout_corr/is_mean",
                supplied={"advantages": "the trainer, after the advantage chain (an option with the "
                                        "`reads_advantages` flag)"})
