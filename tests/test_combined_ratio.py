@@ -138,8 +138,9 @@ def test_an_unknown_sampler_log_prob_is_ratio_one_and_no_sampler_leaves_the_plai
 
 def test_the_gate_is_row_local_so_micro_batches_and_ranks_add_up_to_the_whole_batch():
     """Each token's gate and statistics read only its own row (a token, or its sequence): the rows a rank
-    (DataParallel.share) or a micro-batch holds give the whole batch's. The trainer-level proof, a real
-    float64 step in 1, 2, 3 or 8 micro-batches, is tests/test_micro_batches.py (every option of the family)."""
+    (DataParallel.share) or a micro-batch holds give the whole batch's. The trainer-level proofs: a real
+    float64 step in 1, 2, 3 or 8 micro-batches (tests/test_micro_batches.py, every option of the family) and
+    two torchrun ranks against one process (tests/test_distributed.py, slow)."""
     torch.manual_seed(0)
     theta = torch.randn(7, 5, dtype=D) - 1.0
     mu = theta + 0.8 * torch.randn(7, 5, dtype=D)
