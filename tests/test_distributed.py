@@ -83,6 +83,28 @@ def test_two_processes_mask_the_same_groups_and_diagnose_the_same_rows(small, tm
 
 
 @pytest.mark.slow
+def test_two_processes_gate_the_combined_ratio_as_one_process(small, tmp_path):
+    """rollout_correction=combined_truncate gates each rank's tokens in its own loss forward, on pi_theta / mu
+    (TRL AsyncGRPO without pi_old): two ranks, each with half of every mini-batch, log what one process does."""
+    args = small + ["steps=2", "eval.every=2", "loss_agg=token_mean", "rollout.rng=per_row", "staleness=fixed",
+                    "rollout_correction=combined_truncate", "rollout_correction.high=1.001",
+                    "updates=mini_batches", "updates.mini_batches=2"]
+    single = train(compose(args), tmp_path / "single", args)
+    assert single.state == "completed"
+    work = tmp_path / "work"
+    work.mkdir()
+    two = torchrun(*args, f"hydra.run.dir={work}/run", cwd=work)
+    assert two.returncode == 0, two.stderr[-3000:]
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)} for r in rows]
+    one = strip(read_rows(tmp_path / "single" / "metrics.jsonl"))
+    split = strip(read_rows(work / "run" / "metrics.jsonl"))
+    assert len(one) == len(split) == 3
+    for a, b in zip(one, split):
+        assert b == {k: pytest.approx(v, rel=1e-3, abs=1e-6) for k, v in a.items()}
+    assert one[2]["rollout_corr/truncated_frac"] > 0
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("updates", [["updates=mini_batches", "updates.mini_batches=2"], ["updates=single"]],
                          ids=["pi_old-forward", "own-forward"])
 def test_two_processes_centre_on_the_same_top_k_as_one_process(updates, small, tmp_path):

@@ -79,9 +79,12 @@ def test_a_factory_outside_its_familys_module_is_refused():
 def test_the_options_that_need_pi_olds_forward_are_those_the_trainer_named_before():
     """needs_old_forward, declared on each option, asks for pi_old's forward exactly where the trainer's
     own rule did: a sampler compared with pi_old (rollout_correction, lr_scale, off_policy_mask), a
-    stale sampler, the KL charged to the reward with beta > 0."""
+    stale sampler, the KL charged to the reward with beta > 0. A correction that compares the sampler with
+    the current policy instead (`reads_current_policy`: the combined ratio of a trainer without pi_old,
+    added after that rule) asks for none."""
     def before(o, values):
         return (o.family in ("rollout_correction", "lr_scale", "off_policy_mask") and o.needs_sampler_logprobs
+                and not o.reads_current_policy
                 or o.stale or o.family == "kl" and o.name == "in_reward" and values["beta"] > 0)
 
     for o in all_options():

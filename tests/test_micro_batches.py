@@ -131,6 +131,10 @@ TOGETHER = {"masks": (["token_mask=high_entropy", "token_mask.quantile=0.5", "ro
             "variance mass, input dependence": (["sampling=variance_mass", "sampling.top_p=0.5",
                                                  "loss_agg=seq_mean_token_sum", "diag.input_dependence_every=1"],
                                                 ("sampling/masked_group_frac", "diag/input_dependence")),
+            # the combined-ratio gate (TRL AsyncGRPO), computed in the loss on each forward's pi_theta / mu
+            "combined ratio": (["rollout.dtype=bfloat16", "rollout_correction=combined_truncate",
+                                "rollout_correction.high=1.001", "rollout_correction.low=0.999"],
+                               ("rollout_corr/truncated_frac",)),
             # LOCAL's regression on logits centred on pi_old's top-K: the support and psi_old from pi_old's forward,
             # sliced with each micro-batch's rows (its one-step form, on the update's own forward: test_local_loss)
             "local logit regression": (["clip=local", "clip.topk=4", "loss_agg=token_mean"],

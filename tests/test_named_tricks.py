@@ -72,6 +72,10 @@ ACTS_WITH = {
     "difficulty_aware_penalty": ["overlong.buffer=32"],
     "dynamic_sampling_replace": ["sampling.min_replace_ratio=0.0"],
     "vcpo_ess_lr": ["staleness=fixed"],
+    # the combined-ratio gates act once a stale policy samples and the bound is below its drift (two steps of one
+    # step's lag never reach pi / mu = 3)
+    "combined_ratio_truncate": ["staleness=fixed", "rollout_correction.high=1.001"],
+    "combined_ratio_mask": ["staleness=fixed", "rollout_correction.high=1.001"],
 }
 
 

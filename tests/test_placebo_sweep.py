@@ -79,6 +79,11 @@ def test_an_aa_report_on_null_data_names_no_placebo_and_says_so(tmp_path):
     text = render_markdown(report)
     assert "A/A check passed: no placebo named" in text.splitlines()[2]
     assert "## A/A check" in text and "noise floor" in text
+    # what the report's own test detects (its model, Holm's level), beside the single unadjusted t's number
+    own = section["own_detectable"]
+    assert own and own == sorted(v["power"]["detectable_effect"] for v in report.verdicts)
+    assert own[0] > chosen["detectable"]               # six tests under Holm resolve less than one at 5%
+    assert f"detects |Δ| ≥ {own[0]:.4f}" in text.split("## A/A check")[1]
 
 
 def test_an_aa_report_that_names_a_placebo_says_how_often_that_happens_by_chance(tmp_path):

@@ -131,6 +131,10 @@ def test_fixed_sweep_power_and_the_cost_of_deciding_the_rest(tmp_path):
     p = report.power
     assert b["power"]["seeds_needed"] is None and b["power"]["reason"] is None
     assert p["extra_seeds"] == {} and p["unpriced"] == [] and p["priced"] == [] and p["runs"] == 0
+    # nor in the Run summaries (every summary's Δ: the same rule), where a decided one keeps its price
+    for s in report.summaries:
+        row = {c["trick"]: c for c in s["contrasts"]}
+        assert row["b"]["seeds_needed"] is None, s["summary"]
     detectable = b["power"]["detectable_effect"]
     assert p["detectable"] == [detectable, detectable]
     text = render_markdown(report)
@@ -160,6 +164,8 @@ def test_fixed_sweep_power_and_the_cost_of_deciding_the_rest(tmp_path):
     table = priced_text.split("## Power")[1]
     assert f"| b | no evidence | 3 | — | -0.007 | {sd / math.sqrt(3):.3f} | {detectable:.3f} | ~{needed_for} |" in table
     assert json.loads(json.dumps(report_json(priced)))["verdicts"][1]["power"]["seeds_needed"] == needed_for
+    final = next(s for s in priced.summaries if s["summary"] == "final")     # --effect is a reason everywhere
+    assert {c["trick"]: c for c in final["contrasts"]}["b"]["seeds_needed"] == seq.seeds_needed(0.05, sd)
 
 
 def planned_power(effect, se, df, level, info):

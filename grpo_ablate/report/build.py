@@ -23,7 +23,7 @@ from grpo_ablate.report.load import FINISHED, Run, Sweep, load_sweep, nested_val
 from grpo_ablate.report.metric import Metric
 from grpo_ablate.report.protocols import EvalSource, add_eval_metric, choose_eval
 from grpo_ablate.report.placebo import placebo_section
-from grpo_ablate.report.power import cost_to_decide, sequential_section
+from grpo_ablate.report.power import cost_to_decide, reason_to_decide, sequential_section
 from grpo_ablate.report.scaling import fit_section, predict_section
 from grpo_ablate.report.training import training_section
 from grpo_ablate.report.transfer import transfer_section
@@ -175,8 +175,7 @@ def model_families(sweep: Sweep, evidence: Evidence) -> None:
     """Give the evidence the report's trick contrasts, so that each star among them is tested as a block
     design (stats/blocked.py). The controls family stays paired: its hub, the untrained base, is one
     set of weights at every seed (greedy: the same numbers; sampled: only the eval's draws move it),
-    a variance the hub rule (never below its own variance, raised towards the pooled one) would read as
-    training noise."""
+    a spread the model would read as training noise and pool with its leaves'."""
     evidence.model([(c.with_, c.without) for c in sweep.contrasts])
 
 
@@ -312,8 +311,9 @@ def aggregates(sweep: Sweep, values: dict, metric: Metric) -> dict:
 def compare_summaries(sweep: Sweep, per_run, runs_of: dict, curves: dict, areas: dict, effect: float | None,
                       chosen: Summary, evidence: Evidence) -> list[dict]:
     """Every summary's verdicts on this sweep (fixed design, the report's error control), with the
-    paired SD and the seeds a fixed design needs for 80% power at its own |Δ̂| (the chosen
-    summary's k for last_k). Only the chosen one decides; the others are exploratory."""
+    paired SD and, where the report has a reason to decide the contrast (`reason_to_decide`: --effect, or
+    an unadjusted 95% interval that excludes 0), the seeds one paired t at 5% needs for 80% power against
+    that effect (the chosen summary's k for last_k). Only the chosen one decides; the others are exploratory."""
     out = []
     for how in COMPARED_SUMMARIES:
         s = Summary(how, chosen.k if chosen.how == "last_k" else DEFAULT_K)
@@ -324,8 +324,10 @@ def compare_summaries(sweep: Sweep, per_run, runs_of: dict, curves: dict, areas:
                     "decided": sum(v["verdict"] not in UNDECIDED for v in verdicts),
                     "contrasts": [{"trick": v["trick"], "verdict": v["verdict"], "delta": v["delta"],
                                    "sd": v["power"].get("sd"),
-                                   "seeds_needed": seq.seeds_needed(v["delta"].mean or 0.0,
-                                                                    v["power"].get("sd") or 0.0)}
+                                   "seeds_needed": seq.seeds_needed(
+                                       effect if effect is not None else v["delta"].mean or 0.0,
+                                       v["power"].get("sd") or 0.0)
+                                   if reason_to_decide(v["delta"], effect) else None}
                                   for v in verdicts]})
     return out
 

@@ -56,7 +56,9 @@ def placebo_section(report) -> dict | None:
     return {"placebos": len(verdicts), "seeds": seeds, "named": named, "held": not named,
             "method": family["method"], "alpha": family["alpha"], "label": family["label"],
             "chance": chance_of_naming(family["method"], family["alpha"], len(verdicts)),
-            "floors": floors}
+            "floors": floors,
+            "own_detectable": sorted(v["power"]["detectable_effect"] for v in verdicts
+                                     if v["power"].get("detectable_effect") is not None)}
 
 
 def verdict_line(section: dict) -> str:
@@ -83,13 +85,19 @@ def section_lines(section: dict, metric: str) -> list[str]:
              "several sweeps with fresh seeds (`--seeds 5,6,7,8,9`, ...) that name more than that rate predicts are.",
              "",
              f"| summary of `{metric}` | noise floor: SD of Δ between identical arms | smallest Δ detected, either "
-             f"sign (80% power, {section['seeds']} seeds, one test at 5%) |",
+             f"sign (80% power, {section['seeds']} seeds, one paired t at 5%, unadjusted) |",
              "|---|---|---|"]
     for f in section["floors"]:
         name = f"**{f['summary']}** (decides)" if f["chosen"] else f["summary"]
         sd = "—" if f["sd"] is None else f"{f['sd']:.4f}"
         detect = "—" if f["detectable"] is None else f"{f['detectable']:.4f}"
         lines.append(f"| {name} | {sd} | {detect} |")
+    own = section.get("own_detectable") or []
+    if own:
+        span = f"{own[0]:.4f}" if own[0] == own[-1] else f"{own[0]:.4f}–{own[-1]:.4f}"
+        lines += ["", f"The test this report runs on each placebo (its model, at the level its error control "
+                  f"leaves: the Power section) detects |Δ| ≥ {span} with 80% power: a trick sweep of as many "
+                  "contrasts on these seeds resolves about that, not the single test's number above."]
     lines += ["", "An effect smaller than the detectable |Δ| of the deciding summary is below what this budget "
               "resolves on your setup: a trick verdict of that size needs more seeds (or eval problems)."]
     return lines

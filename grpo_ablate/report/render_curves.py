@@ -40,17 +40,19 @@ def aggregate_lines(report: Report) -> list[str]:
 
 
 def summary_lines(report: Report) -> list[str]:
-    """Per contrast and summary: Δ, the paired SD, the fixed-95% verdict and the seeds a fixed
-    design needs for 80% power at that Δ — which summary would have decided what, at what cost."""
+    """Per contrast and summary: Δ, the paired SD, the verdict and, where the report has a reason to
+    decide it, the seeds one paired t needs for 80% power at that Δ — which summary would have decided what."""
     labels = [s["summary"] for s in report.summaries]
     chosen = next(s["summary"] for s in report.summaries if s["chosen"]) if any(
         s["chosen"] for s in report.summaries) else report.summary.label
     lines = [f"How a run's curve becomes the number compared: *{chosen}* in this report (`--summary`); only it "
              "decides, the other columns are **exploratory** (a summary picked after seeing them would not be covered "
              "by the error control). Each summary's verdicts on the same runs (the same error control), its paired SD "
-             "over seeds, and about how many seeds a "
-             "fixed 5% design needs for 80% power against the Δ it measured (`seeds 80%`). final: the last eval; "
-             "auc: the compute-weighted mean of the curve; best: the best eval; last_k: the mean of the last k evals.",
+             "over seeds, and, where the report has a reason to decide the contrast (`--effect`, or an unadjusted 95% "
+             "interval that excludes 0), about how many seeds one paired t at 5% needs for 80% power against that Δ "
+             "(`seeds 80%`: post-hoc on a measured Δ, an order of magnitude; — where there is no reason). "
+             "final: the last eval; auc: the compute-weighted mean of the curve; best: the best eval; "
+             "last_k: the mean of the last k evals.",
              "", "| contrast | " + " | ".join(f"{label}: Δ / SD / verdict / seeds 80%" for label in labels) + " |",
              "|---|" + "---|" * len(labels)]
     for i, v in enumerate(report.verdicts):

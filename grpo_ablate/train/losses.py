@@ -104,7 +104,7 @@ def _over_ranks(select, spread, *tensors):
 class LossTerms:
     """The loss tricks of a run, bound once; called with a forward's outputs and LossInputs.
     `tricks`: the run's bound options by family (RunSpec.tricks); the loss reads clip, dual_clip,
-    kl.estimator, kl_weight, value_clip, token_mask and off_policy_mask."""
+    kl.estimator, kl_weight, value_clip, token_mask, off_policy_mask, proximal and rollout_correction."""
 
     def __init__(self, tricks: Mapping[str, BoundOption], draws: SeededDraws | None = None):
         generator = draws.generator if draws is not None else None
@@ -122,9 +122,13 @@ class LossTerms:
                                     and clip.values.get("is_weights", "geometric") == "geometric")
         # proximal=train_logp (AReaL reuse_train_logp): the ratio's denominator is this forward's own log-probs
         self.reuses_train_logp = tricks["proximal"].option.reuses_train_logp
-        # a policy loss anchored on the sampler (clip=cispo_rollout, SkyRL cispo_anchor=rollout): its ratio's
-        # denominator is mu's log-probs; the other terms keep pi_old (the proximal family's)
-        self.ratio_on_sampler = clip.option.ratio_on_sampler
+        # a policy loss anchored on the sampler (clip=cispo_rollout, SkyRL cispo_anchor=rollout; the combined-ratio
+        # corrections, TRL AsyncGRPO): its ratio's denominator is mu's log-probs; the other terms keep pi_old
+        correction = tricks["rollout_correction"]
+        self.ratio_on_sampler = clip.option.ratio_on_sampler or correction.option.ratio_on_sampler
+        # a rollout_correction on the current policy's ratio pi_theta / mu (`reads_current_policy`): its gate is
+        # this forward's, so it is computed here, not once per rollout (None: the weights come in LossInputs)
+        self.current_ratio_gate = correction.fn if correction.option.reads_current_policy else None
         # a policy loss that regresses centred log-probs (clip=local): it takes psi_theta and psi_old, not log-probs
         self.centres = clip.option.centres_on_old_topk
 
@@ -150,7 +154,8 @@ class LossTerms:
         """(the per-token factor of the policy loss or None when it is 1, its statistics):
         token_mask's kept tokens (inputs.token_keep, else token_keep over these rows),
         off_policy_mask's kept sequences (the sampler's log-probs against this forward's; pi_old's
-        without them) and rollout_correction's importance weights, multiplied."""
+        without them) and rollout_correction's importance weights (or its gate on this forward's
+        pi_theta / mu, for an option that `reads_current_policy`), multiplied."""
         factors, stats = [], {}
         if self.token_mask is not None:
             keep = inputs.token_keep if inputs.token_keep is not None else self.token_keep(entropy, inputs.mask, spread)
@@ -165,6 +170,10 @@ class LossTerms:
         if inputs.is_weights is not None:
             factors.append(sequence_is_weights(inputs.is_weights, inputs.mask) if self.sequence_is_weights
                            else inputs.is_weights)
+        if self.current_ratio_gate is not None and inputs.sampler_logp is not None:
+            gate, gate_stats = self.current_ratio_gate(logp.detach(), inputs.sampler_logp, inputs.mask)
+            stats.update(gate_stats)
+            factors.append(gate)
         return _product(factors), stats
 
     def __call__(self, logp, entropy, values, inputs: LossInputs, coef: Coefficients, spread=None, centred=None):

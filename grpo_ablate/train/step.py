@@ -87,8 +87,10 @@ class GRPOTrainer:
         self.prompts = TaskPrompts(task, spec.seed)       # the task's order, unless a plugin draws them
         for plugin in self.plugins:
             self.prompts = plugin.prompts(self.prompts)
-        # rollout_correction: importance weights pi_old / pi_sampler of the policy loss (None: all 1)
-        corrects = tricks["rollout_correction"].option.needs_sampler_logprobs
+        # rollout_correction: importance weights pi_old / pi_sampler of the policy loss (None: all 1); an option
+        # whose ratio is the current policy's (`reads_current_policy`) is computed in the loss, per forward
+        correction = tricks["rollout_correction"].option
+        corrects = correction.needs_sampler_logprobs and not correction.reads_current_policy
         self.rollout_correction = tricks["rollout_correction"].fn if corrects else None
         # its weights read the loss's advantages (`reads_advantages`): computed after the advantage chain
         self.correction_reads_advantages = tricks["rollout_correction"].has("reads_advantages")

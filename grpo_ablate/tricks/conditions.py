@@ -53,13 +53,21 @@ def no_kl_term(cfg) -> bool:
     return float(cfg.kl.beta) == 0 and float(cfg.kl.get("beta_prev") or 0) == 0
 
 
+def ratio_on_sampler(cfg) -> bool:
+    """An option of the config takes the policy loss's ratio against the sampler's log-probs mu
+    (registered with ratio_on_sampler=True: clip=cispo_rollout, the combined-ratio corrections)."""
+    return any(option(family, cfg[family].name).ratio_on_sampler for family in families()
+               if family in cfg and "name" in cfg[family])
+
+
 def ratio_is_one(cfg) -> bool:
-    """One optimizer step and the ratio's denominator pi_old itself (proximal=recompute), or the
-    sampler's log-probs when they equal pi_old's: rho == 1. With proximal=train_logp the
-    denominator is the training forward's own log-probs: rho == 1 at every step (ratio_is_reused)."""
+    """One optimizer step and the ratio's denominator pi_old itself (proximal=recompute, and no option
+    moves the policy loss's ratio onto the sampler), or the sampler's log-probs when they equal
+    pi_old's: rho == 1. With proximal=train_logp the denominator is the training forward's own
+    log-probs: rho == 1 at every step (ratio_is_reused)."""
     proximal = cfg.get("proximal")
-    return one_optimizer_step(cfg) and (proximal is None or proximal.name == "recompute"
-                                        or same_sampler_and_trainer(cfg))
+    return one_optimizer_step(cfg) and (same_sampler_and_trainer(cfg) or (
+        (proximal is None or proximal.name == "recompute") and not ratio_on_sampler(cfg)))
 
 
 def ratio_is_reused(cfg) -> bool:
