@@ -146,7 +146,7 @@ class ControlStep:
         replayed: this is imitation, not a ratio); no advantage, no ratio, no KL."""
         self.model.train()
         logp, _ = completion_logprobs(self.model, kept, score_kept_sets=False)
-        mask = kept.completion_mask.to(logp.dtype)
+        mask = kept.sampled_mask.to(logp.dtype)   # a multi-turn episode's tool replies are not imitated
         loss = -(logp * mask).sum() / mask.sum()
         return loss.item(), self.optimizer_step(loss), int(mask.sum())
 
