@@ -285,3 +285,13 @@ def test_the_warm_start_imitates_the_policy_turns_not_the_tool_reply():
     assert labels[0, len(ids("12*3=")):].tolist() == ids("[12*3]") + [-100] * 3 + ids("36") + [EOS]
     slipped = task.demonstration_turns(problem, random.Random(0), slip_prob=1.0)
     assert slipped == [("37", True)]                               # a product answered without the tool, off by one
+
+
+@pytest.mark.parametrize("setting", ["rollout.top_p=0.9", "rollout=vllm"])
+def test_what_episodes_do_not_handle_yet_is_refused_in_one_line(setting):
+    from grpo_ablate.config.compose import compose
+    from grpo_ablate.config.validate import validate
+    from grpo_ablate.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="not supported on a multi-turn task"):
+        validate(compose(["task=calculator", setting]))

@@ -72,6 +72,7 @@ ACTS_WITH = {
     "difficulty_aware_penalty": ["overlong.buffer=32"],
     "dynamic_sampling_replace": ["sampling.min_replace_ratio=0.0"],
     "vcpo_ess_lr": ["staleness=fixed"],
+    "train_env_tokens": ["task=calculator"],   # a multi-turn task: tool replies to train on
 }
 
 
