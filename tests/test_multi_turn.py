@@ -295,3 +295,9 @@ def test_what_episodes_do_not_handle_yet_is_refused_in_one_line(setting):
 
     with pytest.raises(ConfigError, match="not supported on a multi-turn task"):
         validate(compose(["task=calculator", setting]))
+
+
+def test_a_failed_last_turn_stays_counted_when_the_turn_budget_ends_the_episode():
+    task = CalculatorTask(eval_size=4, max_turns=2)
+    roll, texts, _, _ = episodes(task, lambda context: "[1+]", [task.make(1, "+", 1)])
+    assert texts == ["[1+]?;[1+]?;"] and roll.turns.tolist() == [2] and roll.failed_turns.tolist() == [2]

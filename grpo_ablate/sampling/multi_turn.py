@@ -99,9 +99,10 @@ def run_episodes(engine, tokenizer, task, problems: list, prompts: list[list[int
         for row, episode in enumerate(running):
             _take_turn(episode, roll, row, turn, tokenizer, eos, stops, max_new_tokens)
         for episode in running:
-            if not episode.done and turn == int(task.max_turns) - 1:
+            if not episode.done and turn == int(task.max_turns) - 1:   # its last turn was answered: no turn left
                 episode.done = True
-                episode.outcomes[-1] = TURN_BUDGET
+                if episode.outcomes[-1] not in FAILED:   # a failed last turn stays counted as one
+                    episode.outcomes[-1] = TURN_BUDGET
     for episode in episodes:
         episode.reward = _reward(episode)
     return _rollout(episodes, pad_id, temperature > 0), [tokenizer.decode(e.ids, skip_special_tokens=True)

@@ -174,7 +174,7 @@ class CalculatorTask:
         tool, by a guess (its last digit off by one)."""
         call, _, rest = problem.solution.partition(CALL_CLOSE)
         reply, _, answer = rest.partition(RESULT_END)
-        if "*" in problem.prompt and slip_prob > 0 and rng.random() < slip_prob:
+        if "*" in problem.prompt and slip_prob > 0 and rng.random() < slip_prob:   # (no rng needed at 0: gold)
             guess = str(problem.answer)
             return [(guess[:-1] + str((int(guess[-1]) + 1) % 10), True)]
         return [(call + CALL_CLOSE, True), (reply + RESULT_END, False), (answer, True)]

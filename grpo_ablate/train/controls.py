@@ -170,8 +170,9 @@ class ControlStep:
     def supervised_update(self, problems) -> tuple[float, float, int]:
         """One AdamW step on the reference solutions (mean NLL of solution tokens + EOS)."""
         self.model.train()
-        ids, mask, labels = supervised_batch(self.tokenizer, [self.encode(p) for p in problems],
-                                             [p.solution for p in problems], self.device)
+        turns = getattr(self.task, "demonstration_turns", None)   # a multi-turn task: the tool's replies not imitated
+        targets = [p.solution if turns is None else turns(p, None, 0.0) for p in problems]
+        ids, mask, labels = supervised_batch(self.tokenizer, [self.encode(p) for p in problems], targets, self.device)
         loss = self.model(input_ids=ids, attention_mask=mask, labels=labels).loss
         return loss.item(), self.optimizer_step(loss), int((labels != -100).sum())
 
