@@ -301,3 +301,10 @@ def test_a_failed_last_turn_stays_counted_when_the_turn_budget_ends_the_episode(
     task = CalculatorTask(eval_size=4, max_turns=2)
     roll, texts, _, _ = episodes(task, lambda context: "[1+]", [task.make(1, "+", 1)])
     assert texts == ["[1+]?;[1+]?;"] and roll.turns.tolist() == [2] and roll.failed_turns.tolist() == [2]
+
+
+def test_unmasking_is_inert_on_a_single_completion_task_and_acts_on_a_multi_turn_one():
+    from grpo_ablate.config.compose import compose
+
+    inert = option("env_mask", "unmasked").inert[0].when
+    assert inert(compose([])) and not inert(compose(["task=calculator"]))
