@@ -308,3 +308,32 @@ def test_unmasking_is_inert_on_a_single_completion_task_and_acts_on_a_multi_turn
 
     inert = option("env_mask", "unmasked").inert[0].when
     assert inert(compose([])) and not inert(compose(["task=calculator"]))
+
+
+class ChatStyleEnvironment:
+    """Every turn ends with EOS (a chat model's end of turn); the environment says when it is over."""
+    stop, tools = (), []
+
+    def reset(self):
+        self.turns = 0
+
+    def step(self, turn_text, turn):
+        self.turns += 1
+        return Reply("", done=True, outcome="answer") if turn_text == "7" else Reply("?;")
+
+    def reward(self):
+        return 1.0
+
+
+class ChatStyleTask(CalculatorTask):
+    def environment(self, problem):
+        return ChatStyleEnvironment()
+
+
+def test_the_environment_decides_whether_an_eos_turn_ends_the_episode():
+    task = ChatStyleTask(eval_size=4)
+    roll, texts, _, _ = episodes(task, lambda context: "7" if context.endswith("?;") else "3",
+                                 [task.make(3, "+", 4)])
+    n = int(roll.completion_mask.sum())
+    assert roll.completion_ids[0, :n].tolist() == ids("3") + [EOS] + ids("?;") + ids("7") + [EOS]
+    assert roll.sampled[0, :n].tolist() == [1.0, 1.0, 0.0, 0.0, 1.0, 1.0] and roll.turns.tolist() == [2]

@@ -5,7 +5,9 @@ their own token ids (the prompt, then every earlier turn and reply as the ids th
 decoded and re-encoded on the way back, so the trained ids are the sampled ids); the turn stops at
 EOS, at one of the environment's stop texts (a tool call's close) or at the per-turn token budget
 (task.turn_tokens). The environment reads the turn's text and replies; its reply is encoded once and
-appended as ids. An episode ends at EOS, when the environment says so, at a turn cut by the per-turn
+appended as ids. The environment decides whether a turn ended the episode, an EOS turn's too (a chat
+model ends a tool-call turn with its end-of-turn token, as ms-swift's check_finished and TRL's parsed
+tool calls decide); it also ends at a turn cut by the per-turn
 budget (as miles d583c2ae2 ends a length-truncated turn's episode), at the turn budget
 (task.max_turns), when the trajectory reaches rollout.max_new_tokens, or when the tool raises.
 Every one of these is a recorded turn outcome (tasks/environment.py), never an exception.
@@ -119,13 +121,7 @@ def _take_turn(episode: Episode, roll: Rollout, row: int, turn: int, tokenizer, 
     ids = ids[:room]                                     # the trajectory's own budget
     logp = roll.sampler_logprobs[row, :len(ids)].tolist() if roll.sampler_logprobs is not None else None
     episode.add(ids, True, turn, logp)
-    ended = bool(ids) and ids[-1] in eos
-    if ended:
-        reply = _step(episode, ids, turn, tokenizer)
-        episode.outcomes.append(reply.outcome)
-        episode.done = True
-        return
-    if not (ids and ids[-1] in stops):   # cut by the per-turn or the trajectory budget
+    if not (ids and (ids[-1] in eos or ids[-1] in stops)):   # cut by the per-turn or the trajectory budget
         episode.outcomes.append(TRUNCATED)
         episode.done = episode.truncated = True
         return

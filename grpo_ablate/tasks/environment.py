@@ -20,10 +20,11 @@ Here both are one protocol:
 
 A `Reply` is the text appended to the trajectory (encoded once, appended as token ids: the policy's
 own ids are never decoded and re-encoded), whether the episode ends, and the turn's outcome, a word
-recorded per turn (`ok`, `answer`, `parse_error`, `tool_error`, ...). A turn that ended with EOS
-ends the episode whatever the environment says; a turn cut by the per-turn budget, a turn past the
-turn budget and a tool that raises end it too, recorded as `truncated`, `turn_budget` and
-`tool_error` (sampling/multi_turn.py). Nothing a policy writes crashes a run.
+recorded per turn (`ok`, `answer`, `parse_error`, `tool_error`, ...). The environment says when the
+episode ends, after an EOS turn too (a chat model closes a tool-call turn with its end-of-turn token);
+a turn cut by the per-turn budget, the last turn of the turn budget and a tool that raises end it
+whatever it says, recorded as `truncated`, `turn_budget` and `tool_error` (sampling/multi_turn.py).
+Nothing a policy writes crashes a run.
 
 A multi-turn task is otherwise a task (tasks/__init__.py): train_batch, eval_set, and
 `reward(completion, problem)` on the whole transcript (policy turns and replies, as text), which
