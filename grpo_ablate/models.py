@@ -65,14 +65,20 @@ def build_tiny_model(arch: dict, tokenizer, seed: int) -> Qwen2ForCausalLM:
 
 def supervised_batch(tokenizer, prompts: list, targets: list[str], device="cpu"):
     """prompt + target + EOS, right-padded; labels only on the target and EOS. A prompt is its
-    text, or its token ids as already encoded (e.g. through a chat template)."""
+    text, or its token ids as already encoded (e.g. through a chat template). A target is its text,
+    or a multi-turn demonstration's (text, imitated) segments: an environment's reply (imitated
+    False) is context without a label, each segment encoded on its own as the rollout appends it."""
     rows, labels = [], []
     for prompt_text, target in zip(prompts, targets):
         prompt = (tokenizer(prompt_text, add_special_tokens=False).input_ids if isinstance(prompt_text, str)
                   else list(prompt_text))
-        answer = tokenizer(target, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        answer, label = [], []
+        for text, imitated in ([(target, True)] if isinstance(target, str) else target):
+            ids = tokenizer(text, add_special_tokens=False).input_ids
+            answer, label = answer + ids, label + (ids if imitated else [-100] * len(ids))
+        answer, label = answer + [tokenizer.eos_token_id], label + [tokenizer.eos_token_id]
         rows.append(prompt + answer)
-        labels.append([-100] * len(prompt) + answer)
+        labels.append([-100] * len(prompt) + label)
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
     lab = torch.full((len(rows), width), -100, dtype=torch.long)
@@ -97,7 +103,8 @@ def warm_start(model, tokenizer, task, steps: int, batch_size: int, lr: float, s
     model.train()
     for step in range(steps):
         problems = task.warmup_batch(batch_size, rng)
-        targets = [task.demonstration(p, rng, slip_prob) for p in problems]
+        demonstrate = getattr(task, "demonstration_turns", task.demonstration)   # a multi-turn task's segments
+        targets = [demonstrate(p, rng, slip_prob) for p in problems]
         ids, mask, labels = supervised_batch(tokenizer, [p.prompt for p in problems], targets)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad(set_to_none=True)

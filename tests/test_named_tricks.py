@@ -76,6 +76,7 @@ ACTS_WITH = {
     # step's lag never reach pi / mu = 3)
     "combined_ratio_truncate": ["staleness=fixed", "rollout_correction.high=1.001"],
     "combined_ratio_mask": ["staleness=fixed", "rollout_correction.high=1.001"],
+    "train_env_tokens": ["task=calculator"],   # a multi-turn task: tool replies to train on
 }
 
 

@@ -48,7 +48,8 @@ def test_gdpo_gets_the_reward_components():
 
 def roll_of(mask):
     n = mask.shape[0]
-    return SimpleNamespace(completion_mask=mask, lengths=mask.sum(1), truncated=torch.zeros(n, dtype=torch.bool))
+    return SimpleNamespace(completion_mask=mask, lengths=mask.sum(1), truncated=torch.zeros(n, dtype=torch.bool),
+                           sampled=None)   # a single completion: no environment token
 
 
 def test_kl_in_reward_charges_the_chosen_estimator():

@@ -48,6 +48,17 @@ class Rollout:
     # int32 [N, T, K]: the token ids a filtering sampler (rollout.top_k|top_p|min_p) kept at each token,
     # NOT_KEPT-padded to the batch's widest set (None: the sampler did not filter); sampling/filters.py
     kept_ids: torch.Tensor | None = field(default=None, metadata={"per": "token", "fill": NOT_KEPT})
+    # Multi-turn episodes (sampling/multi_turn.py; None for a single completion): the completion holds
+    # the policy's turns and the environment's replies between them, as token ids.
+    # float: 1 on the tokens the policy sampled, 0 on the environment's (and on padding)
+    sampled: torch.Tensor | None = field(default=None, metadata={"per": "token", "fill": 0.0})
+    # long: the turn each completion token belongs to (a reply belongs to the turn it answers)
+    turn_index: torch.Tensor | None = field(default=None, metadata={"per": "token", "fill": 0})
+    # long: the policy turns the episode took
+    turns: torch.Tensor | None = field(default=None, metadata={"per": "row", "fill": 1})
+    # long: its turns that ended without a usable tool reply (a call that did not parse, a tool
+    # that raised, a turn over the per-turn token budget)
+    failed_turns: torch.Tensor | None = field(default=None, metadata={"per": "row", "fill": 0})
 
     def to(self, device) -> "Rollout":
         return _each_tensor(self, lambda t: t.to(device))
@@ -59,6 +70,12 @@ class Rollout:
     @property
     def lengths(self) -> torch.Tensor:
         return self.completion_mask.sum(dim=1)
+
+    @property
+    def sampled_mask(self) -> torch.Tensor:
+        """[N, T] 1 on the completion tokens the policy sampled: the completion mask, less the
+        environment's tokens of a multi-turn episode."""
+        return self.completion_mask if self.sampled is None else self.completion_mask * self.sampled
 
 
 def left_pad(prompts: list[list[int]], pad_id: int):

@@ -21,8 +21,10 @@ import torch
 from grpo_ablate.sampling.decode import (NonFiniteLogits, Rollout, RowNoise, concat_rollouts, decode_completions,
                                          derived_seed, generate)
 from grpo_ablate.sampling.filters import SamplingFilters
+from grpo_ablate.sampling.multi_turn import run_episodes
 from grpo_ablate.sampling.vllm import VLLMEngine, VLLMOptions
 from grpo_ablate.sampling.settings import RolloutSettings
+from grpo_ablate.tasks.environment import is_multi_turn
 
 
 class HFEngine:
@@ -82,6 +84,7 @@ class Rollouts:
         self.filters = filters   # rollout.top_k|top_p|min_p: what sampling (T > 0) truncates to
         self.device, self.eos_id, self.pad_id = device, eos_id, tokenizer.pad_token_id
         self.max_new_tokens, self.seed, self.per_row, self.stream = max_new_tokens, seed, rng == "per_row", stream
+        self.multi_turn = is_multi_turn(task)   # its episodes run through environments (sampling/multi_turn.py)
 
     def __call__(self, problems: list, n: int, temperature: float, key: tuple,
                  max_new_tokens: int | None = None, *, draws: tuple[int, int, int] | None = None,
@@ -101,19 +104,24 @@ class Rollouts:
                 noise = (RowNoise(derived_seed(self.seed, key), share.start * n, len(problems) * n) if self.per_row
                          else None)
             filters = self.filters if filters is None else filters
+            settings = dict(max_new_tokens=max_new_tokens or self.max_new_tokens, temperature=temperature,
+                            eos_id=self.eos_id, pad_id=self.pad_id, generator=self.stream, noise=noise,
+                            filters=filters if temperature > 0 else None)
             try:
-                roll = self.engine.generate([self.encode(p) for p in mine], num_samples=n,
-                                            max_new_tokens=max_new_tokens or self.max_new_tokens,
-                                            temperature=temperature, eos_id=self.eos_id, pad_id=self.pad_id,
-                                            generator=self.stream, noise=noise,
-                                            filters=filters if temperature > 0 else None)
+                if self.multi_turn:   # episodes: the policy's turns and the environment's replies, scored by it
+                    roll, texts, scores = run_episodes(self.engine, self.tokenizer, self.task, mine,
+                                                       [self.encode(p) for p in mine], num_samples=n, **settings)
+                    roll = roll.to(self.device)
+                else:
+                    roll = self.engine.generate([self.encode(p) for p in mine], num_samples=n, **settings)
             except NonFiniteLogits as err:
                 if self.dp.world == 1:
                     raise
                 error = str(err)   # told to every rank below, so all stop at the same step
             else:
-                texts = decode_completions(self.tokenizer, roll)
-                scores = torch.tensor([float(self.task.reward(t, mine[i // n])) for i, t in enumerate(texts)])
+                if not self.multi_turn:
+                    texts = decode_completions(self.tokenizer, roll)
+                    scores = torch.tensor([float(self.task.reward(t, mine[i // n])) for i, t in enumerate(texts)])
                 piece = Scored(roll, texts, scores)
         if self.dp.world == 1:
             return piece

@@ -8,6 +8,8 @@ The embedded tiny model's warm start also needs (the arithmetic task has them):
     task.warmup_batch(n, rng) -> list[Problem]          # for the supervised warm start
     task.chars -> str                                   # characters the embedded tokenizer needs
 For the prompt_pool family: task.prompt_pool(size, seed) -> list[Problem], a finite pool.
+A multi-turn task adds `environment(problem)`, `max_turns` and `turn_tokens` (tasks/environment.py:
+an environment per episode answers the policy's turns and owns the reward; `calculator` is one).
 Optional: `answer(completion) -> hashable | None`, the final answer parsed (maj@k votes on it;
 every task here has it); and, as the data tasks have them, `format_reward` (a bonus, with `formatted(completion)`),
 `chat_template`, `system_prompt`, `max_prompt_tokens` (see grpo_ablate/sampling/prompts.py).
@@ -18,11 +20,12 @@ prefix of a fixed ordering of the partition, so eval_size changes the eval alone
 from __future__ import annotations
 
 from grpo_ablate.tasks.arithmetic import ArithmeticTask, Problem
+from grpo_ablate.tasks.calculator import CalculatorTask
 from grpo_ablate.tasks.dataset import HFDatasetTask, JsonlTask, MathProblem, ParquetTask
 from grpo_ablate.tasks.quiz import QuizProblem, QuizTask
 
 TASKS = {"arithmetic": ArithmeticTask, "jsonl": JsonlTask, "parquet": ParquetTask, "hf": HFDatasetTask,
-         "quiz": QuizTask}
+         "quiz": QuizTask, "calculator": CalculatorTask}
 
 
 def build_task(group):
@@ -36,5 +39,5 @@ def build_task(group):
     return task.load() if hasattr(task, "load") else task
 
 
-__all__ = ["TASKS", "ArithmeticTask", "HFDatasetTask", "JsonlTask", "MathProblem", "ParquetTask", "Problem",
-           "QuizProblem", "QuizTask", "build_task"]
+__all__ = ["TASKS", "ArithmeticTask", "CalculatorTask", "HFDatasetTask", "JsonlTask", "MathProblem", "ParquetTask",
+           "Problem", "QuizProblem", "QuizTask", "build_task"]

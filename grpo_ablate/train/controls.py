@@ -146,7 +146,7 @@ class ControlStep:
         replayed: this is imitation, not a ratio); no advantage, no ratio, no KL."""
         self.model.train()
         logp, _ = completion_logprobs(self.model, kept, score_kept_sets=False)
-        mask = kept.completion_mask.to(logp.dtype)
+        mask = kept.sampled_mask.to(logp.dtype)   # a multi-turn episode's tool replies are not imitated
         loss = -(logp * mask).sum() / mask.sum()
         return loss.item(), self.optimizer_step(loss), int(mask.sum())
 
@@ -170,8 +170,9 @@ class ControlStep:
     def supervised_update(self, problems) -> tuple[float, float, int]:
         """One AdamW step on the reference solutions (mean NLL of solution tokens + EOS)."""
         self.model.train()
-        ids, mask, labels = supervised_batch(self.tokenizer, [self.encode(p) for p in problems],
-                                             [p.solution for p in problems], self.device)
+        turns = getattr(self.task, "demonstration_turns", None)   # a multi-turn task: the tool's replies not imitated
+        targets = [p.solution if turns is None else turns(p, None, 0.0) for p in problems]
+        ids, mask, labels = supervised_batch(self.tokenizer, [self.encode(p) for p in problems], targets, self.device)
         loss = self.model(input_ids=ids, attention_mask=mask, labels=labels).loss
         return loss.item(), self.optimizer_step(loss), int((labels != -100).sum())
 

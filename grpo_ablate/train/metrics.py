@@ -67,6 +67,21 @@ def completion_metrics(lengths, truncated) -> dict:
             "length/truncated_frac": truncated.float().mean().item()}
 
 
+def turn_metrics(roll, mask) -> dict:
+    """A multi-turn batch's episodes (sampling/multi_turn.py): policy turns per episode, the share of
+    turns without a usable reply (a call that did not parse, a tool that raised, a turn cut by its
+    budget), the policy's tokens per turn, the environment's tokens per episode, and the share of the
+    trained tokens `mask` that the environment wrote (env_mask: 0 when they are masked)."""
+    sampled = roll.sampled.to(mask.device) * roll.completion_mask.to(mask.device)
+    env = roll.completion_mask.to(mask.device) - sampled
+    turns = roll.turns.float()
+    return {"turns/mean": turns.mean().item(),
+            "turns/failed_frac": (roll.failed_turns.float().sum() / turns.sum().clamp(min=1)).item(),
+            "turns/tokens_per_turn": (sampled.sum() / turns.sum().clamp(min=1)).item(),
+            "turns/env_tokens_mean": env.sum(dim=1).mean().item(),
+            "env_mask/env_token_frac": ((mask * env).sum() / mask.sum().clamp(min=1)).item()}
+
+
 def advantage_metrics(advantages, mask, clipped_frac) -> dict:
     """Over completions, or over trained tokens for a per-token estimator (gae)."""
     values = advantages[mask.bool()] if advantages.dim() == 2 else advantages

@@ -1,5 +1,8 @@
 """From the verifier's scores to advantages: reward shaping, then the advantage chain.
 
+The trained tokens come first: `env_mask` makes them from the completion mask and the tokens the
+policy sampled (a multi-turn episode holds the environment's replies too), and every length below
+is counted over them, so the length and overlong families read what the loss trains on.
 Shaping, in order (each family a trick, looked up in the registry):
     task      the verifier's score mapped to [reward.wrong, reward.correct]
     format    task.format_reward for an answer in \\boxed{} / after #### (real tasks)
@@ -41,6 +44,7 @@ class RewardShaping:
         self.format_reward = float(getattr(task, "format_reward", 0.0))   # bonus for \boxed{} / ####
         self.formatted = getattr(task, "formatted", None)
         self.overlong, self.length = tricks["overlong"].fn, tricks["length"].fn
+        self.env_mask = tricks["env_mask"].fn   # which completion tokens are trained (multi-turn)
         self.max_new = max_new_tokens
         self.reward_beta = reward_beta
         self.kl_estimator = tricks["kl.estimator"].fn   # kl=in_reward's KL_t
@@ -52,10 +56,12 @@ class RewardShaping:
             formatted["format_reward"] = self.format_reward * torch.tensor(
                 [float(self.formatted(t)) for t in texts], device=rewards.device)
             rewards = rewards + formatted["format_reward"]
-        rewards, keep, overlong_penalty = self.overlong(rewards, roll.lengths, roll.truncated, group_index, scores > 0,
+        trained = self.env_mask(roll.completion_mask, roll.sampled)   # [N, T] single-turn: the completion mask
+        lengths = trained.sum(dim=1)
+        rewards, keep, overlong_penalty = self.overlong(rewards, lengths, roll.truncated, group_index, scores > 0,
                                                         self.max_new)
-        mask = roll.completion_mask * keep[:, None]   # [N, T] 1 up to and incl. EOS, if trained
-        rewards, length_reward = self.length(rewards, roll.lengths, group_index, scores > 0, self.max_new)
+        mask = trained * keep[:, None]   # [N, T] 1 up to and incl. EOS, if trained
+        rewards, length_reward = self.length(rewards, lengths, group_index, scores > 0, self.max_new)
         components = {"task_reward": task, "overlong_reward": overlong_penalty, "length_reward": length_reward,
                       **formatted}
         if self.reward_beta > 0:

@@ -497,6 +497,7 @@ class GRPOTrainer:
                                     rollout.prompts_per_step, rollout.group_size, batch.drawn),
                "temperature/value": T,
                **m.completion_metrics(batch.roll.lengths, batch.roll.truncated),
+               **(m.turn_metrics(batch.roll, mask) if batch.roll.turns is not None else {}),   # multi-turn episodes
                **m.advantage_metrics(adv.values, mask, adv.clipped_frac),
                "policy/entropy": masked_mean(update.entropy, mask).item(), **update.step_means,
                "ppo/optimizer_steps": update.steps,
