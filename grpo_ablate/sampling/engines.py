@@ -77,9 +77,11 @@ class Scored:
 
 class Rollouts:
     def __init__(self, engine, tokenizer, encode, task, dp, device, *, eos_id, max_new_tokens: int,
-                 seed: int, rng: str, stream: torch.Generator, filters: SamplingFilters = SamplingFilters()):
+                 seed: int, rng: str, stream: torch.Generator, filters: SamplingFilters = SamplingFilters(),
+                 head: int = 0):
         self.engine, self.tokenizer, self.encode, self.task, self.dp = engine, tokenizer, encode, task, dp
         self.filters = filters   # rollout.top_k|top_p|min_p: what sampling (T > 0) truncates to
+        self.head = head         # the sampler's top-k head each sampled token carries (0: none; score_centering)
         self.device, self.eos_id, self.pad_id = device, eos_id, tokenizer.pad_token_id
         self.max_new_tokens, self.seed, self.per_row, self.stream = max_new_tokens, seed, rng == "per_row", stream
 
@@ -106,7 +108,7 @@ class Rollouts:
                                             max_new_tokens=max_new_tokens or self.max_new_tokens,
                                             temperature=temperature, eos_id=self.eos_id, pad_id=self.pad_id,
                                             generator=self.stream, noise=noise,
-                                            filters=filters if temperature > 0 else None)
+                                            filters=filters if temperature > 0 else None, head=self.head)
             except NonFiniteLogits as err:
                 if self.dp.world == 1:
                     raise
