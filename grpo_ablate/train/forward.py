@@ -98,7 +98,8 @@ def pack(rollout: Rollout) -> Packing | None:
 
 def completion_logprobs(model, rollout: Rollout, temperature: float = 1.0,
                         entropy_grad: bool = False, return_hidden: bool = False, remove_padding: bool = True,
-                        return_energy: bool = False, score_kept_sets: bool = True, return_kept_mass: bool = False):
+                        return_energy: bool = False, score_kept_sets: bool = True, return_kept_mass: bool = False,
+                        return_head: bool = False):
     """Per-token log pi(o_t | q, o_<t) of the completion tokens and the per-token entropy.
 
     Log-probs come from logits / T as in TRL and verl, so the loss scores the distribution
@@ -114,6 +115,8 @@ def completion_logprobs(model, rollout: Rollout, temperature: float = 1.0,
     `score_kept_sets` (rollout.sampling_replay) the distribution scored, its log-probs, entropy and
     energy, is the sampler's: logits / T truncated to that set and renormalised over it. `return_kept_mass` (last):
     log of the kept set's mass under the full distribution (0 where nothing was filtered).
+    `return_head` (last, score_centering): the log-probs [N, T, k] of the sampler's head ids
+    (rollout.head_ids) under the distribution scored, with gradient.
     """
     packing = pack(rollout) if remove_padding and packs(model) else None
     if packing is None:
@@ -153,19 +156,25 @@ def completion_logprobs(model, rollout: Rollout, temperature: float = 1.0,
             out += (1.0 - 2.0 * token_logp.exp() + sum_pi_squared,)
     if return_kept_mass:
         out += (torch.zeros_like(token_logp) if kept is None else log_mass.detach(),)
+    if return_head:
+        if rollout.head_ids is None:
+            raise RuntimeError("the loss reads the sampler's top-k head, but the rollout carries none")
+        out += (log_probs.gather(-1, rollout.head_ids.to(log_probs.device)),)
     return out
 
 
 def token_logprobs(model, rollout: Rollout, temperature, value_head=None, entropy_grad: bool = False,
                    remove_padding: bool = True, energy: bool = False, score_kept_sets: bool = True,
-                   kept_mass: bool = False):
+                   kept_mass: bool = False, head: bool = False):
     """(log-probs [N, T], entropy [N, T], values [N, T] or None): a model's forward over the
     batch, and the critic's value of each completion token when there is a critic (a head on
     the policy's last layer); with `energy`, then each token's logit-gradient energy [N, T]; with
-    `kept_mass`, then the log of each token's kept-set mass [N, T] (see completion_logprobs)."""
+    `kept_mass`, then the log of each token's kept-set mass [N, T]; with `head`, then the log-probs
+    [N, T, k] of the sampler's head ids (see completion_logprobs)."""
     logp, entropy, *rest = completion_logprobs(model, rollout, temperature, entropy_grad=entropy_grad,
                                                return_hidden=value_head is not None,
                                                remove_padding=remove_padding, return_energy=energy,
-                                               score_kept_sets=score_kept_sets, return_kept_mass=kept_mass)
+                                               score_kept_sets=score_kept_sets, return_kept_mass=kept_mass,
+                                               return_head=head)
     values = value_head(rest.pop(0)).squeeze(-1) if value_head is not None else None
     return (logp, entropy, values, *rest)

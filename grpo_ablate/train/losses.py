@@ -5,7 +5,8 @@
     kl        beta * KL(pi || pi_ref) per token (`kl.estimator`), weighted by `kl_weight`
 
 The policy term's tokens are weighed by token_mask x off_policy_mask x rollout_correction (each 1
-when off); the aggregation weights stay the full mask's. The update minimizes
+when off), and score_centering adds A * c to it (c from the sampler's top-k head, times the token
+masks: rollout_correction's weight is inside c); the aggregation weights stay the full mask's. The update minimizes
 sum_jt w_jt * (sum of the terms), w the `loss_agg` weights; the gradient-conflict diagnostics
 differentiate each term alone. Both call `LossTerms`, so a term added here is in both.
 Design: docs/design.md, "How a step works" (4, update).
@@ -22,6 +23,7 @@ from grpo_ablate.sampling.decode import derived_seed
 from grpo_ablate.config.spec import BoundOption
 from grpo_ablate.tricks.behaviour import known_or
 from grpo_ablate.tricks.clip.sequence import sequence_is_weights
+from grpo_ablate.tricks.score_centering import weight_rule
 
 
 @dataclass
@@ -37,6 +39,7 @@ class LossInputs:
     returns: torch.Tensor | None = None     # the critic's targets
     sampler_logp: torch.Tensor | None = None  # the sampler's own log-probs (rollout=hf records them; vLLM)
     is_weights: torch.Tensor | None = None  # rollout_correction's weights of the policy loss (None: all 1)
+    sampler_head: torch.Tensor | None = None  # [N, T, k] the sampler's log-probs of its top-k ids (score_centering)
     token_keep: torch.Tensor | None = None  # token_mask's kept tokens, chosen over more rows than these
                                             # (the diagnostics' sub-batch takes the update's, over the batch)
 
@@ -119,6 +122,13 @@ class LossTerms:
         # a policy loss anchored on the sampler (clip=cispo_rollout, SkyRL cispo_anchor=rollout): its ratio's
         # denominator is mu's log-probs; the other terms keep pi_old (the proximal family's)
         self.ratio_on_sampler = clip.option.ratio_on_sampler
+        # score_centering: the centering term from the sampler's head, its ids weighed by rollout_correction's
+        # per-token rule (None: the option reads no head, no term)
+        centering, correction = tricks["score_centering"], tricks["rollout_correction"]
+        self.reads_sampler_head = centering.has("reads_sampler_head")
+        self.score_centering = (centering.bind(weight=weight_rule(correction.fn if correction.option.weighs_each_token
+                                                                  else None))
+                                if self.reads_sampler_head else None)
 
     def policy(self, logp, old_logp, advantages, mask, factor=None, sampler_logp=None):
         """(per-token policy loss, per-token clip statistics); old_logp None: rho = 1. `factor`:
@@ -143,6 +153,20 @@ class LossTerms:
         token_mask's kept tokens (inputs.token_keep, else token_keep over these rows),
         off_policy_mask's kept sequences (the sampler's log-probs against this forward's; pi_old's
         without them) and rollout_correction's importance weights, multiplied."""
+        masks, stats = self.token_masks(logp, entropy, inputs, spread)
+        return self.weighed(masks, inputs), stats
+
+    def weighed(self, masks, inputs: LossInputs):
+        """The token masks (or None) times rollout_correction's weights: the policy loss's factor."""
+        if inputs.is_weights is None:
+            return masks
+        weights = (sequence_is_weights(inputs.is_weights, inputs.mask) if self.sequence_is_weights
+                   else inputs.is_weights)
+        return _product([f for f in (masks, weights) if f is not None])
+
+    def token_masks(self, logp, entropy, inputs: LossInputs, spread=None):
+        """(token_mask's and off_policy_mask's kept tokens multiplied, or None when both keep every
+        token; their statistics): the policy factor without rollout_correction's weights."""
         factors, stats = [], {}
         if self.token_mask is not None:
             keep = inputs.token_keep if inputs.token_keep is not None else self.token_keep(entropy, inputs.mask, spread)
@@ -154,15 +178,21 @@ class LossTerms:
                                         inputs.advantages, inputs.mask)
             stats["off_policy_mask/dropped_frac"] = inputs.mask - keep
             factors.append(keep)
-        if inputs.is_weights is not None:
-            factors.append(sequence_is_weights(inputs.is_weights, inputs.mask) if self.sequence_is_weights
-                           else inputs.is_weights)
         return _product(factors), stats
 
-    def __call__(self, logp, entropy, values, inputs: LossInputs, coef: Coefficients, spread=None):
+    def centering(self, head_logp, masks, inputs: LossInputs):
+        """(score_centering's per-token loss A * c [N, T] times the token masks `masks`, its statistics)."""
+        if head_logp is None or inputs.sampler_head is None:
+            raise RuntimeError("score_centering reads the sampler's top-k head, but the batch carries none")
+        centering, stats = self.score_centering(head_logp, inputs.sampler_head.to(head_logp.device), inputs.mask)
+        term = inputs.advantages * centering
+        return (term if masks is None else term * masks), stats
+
+    def __call__(self, logp, entropy, values, inputs: LossInputs, coef: Coefficients, spread=None, head_logp=None):
         """({term name: per-token loss [N, T]}, {metric name: per-token statistic}). The raw
         critic loss is a statistic too (`value/loss`), before value_coef weighs it. spread: the
-        DataParallel whose ranks share the mini-batch (None: one process has all its rows)."""
+        DataParallel whose ranks share the mini-batch (None: one process has all its rows).
+        head_logp: this forward's log-probs of the sampler's head ids [N, T, k] (score_centering)."""
         old_logp = logp.detach() if inputs.old_logp is None else inputs.old_logp
         gap = None
         if self.reuses_train_logp:   # how far pi_old is from the pi_prox used, then pi_prox = pi_theta.detach()
@@ -170,6 +200,11 @@ class LossTerms:
         factor, factor_stats = self.policy_factor(logp, entropy, inputs, spread)
         policy, stats = self.policy(logp, old_logp, inputs.advantages, inputs.mask, factor, inputs.sampler_logp)
         stats.update(factor_stats)
+        if self.score_centering is not None:   # part of the policy term: the diagnostics' policy gradient has it
+            # the token masks again, without the weights (only with score_centering on)
+            centering, centered = self.centering(head_logp, self.token_masks(logp, entropy, inputs, spread)[0], inputs)
+            policy = policy + centering
+            stats.update(centered)
         if gap is not None:
             stats["proximal/train_logp_gap"] = gap
         terms = {"policy": policy}
