@@ -246,3 +246,17 @@ def test_two_ranks_center_as_one_process(small, tmp_path):
     for a, b in zip(one, split):
         assert b == {k: pytest.approx(v, rel=1e-4, abs=1e-6) for k, v in a.items()}
     assert one[-1]["score_centering/residual_l1"] > 0
+
+
+def test_only_the_trained_completions_carry_the_head(small, tmp_path, monkeypatch):
+    """The sampler records its head for the completions the loss trains on; an eval's (8 samples a
+    problem at T = 1 under the sampled protocol) are not trained on and carry none."""
+    from grpo_ablate.sampling import engines
+
+    heads = []
+    real = engines.HFEngine.generate
+    monkeypatch.setattr(engines.HFEngine, "generate",
+                        lambda self, prompts, **kw: heads.append(kw["head"]) or real(self, prompts, **kw))
+    args = small + ["steps=1", "eval=sampled", "eval.every=1", "rollout.dtype=bfloat16", "+trick=score_centering"]
+    assert train(compose(args), tmp_path / "run", args).state == "completed"
+    assert 32 in heads and 0 in heads   # the step's sampling; the evals at steps 0 and 1

@@ -87,12 +87,14 @@ class Rollouts:
 
     def __call__(self, problems: list, n: int, temperature: float, key: tuple,
                  max_new_tokens: int | None = None, *, draws: tuple[int, int, int] | None = None,
-                 filters: SamplingFilters | None = None) -> Scored:
+                 filters: SamplingFilters | None = None, trained: bool = True) -> Scored:
         """n completions of each problem, rows problem-major (group g = rows g*n .. g*n+n-1).
         `key` names the call (e.g. ("train", step, round)) for rollout.rng=per_row. `draws`: (seed,
         first row, rows in all) of a call's own per-row draws, apart from the run's stream whatever
         rollout.rng is (an eval's: evals/score.py; the rows of this call start at `first row` of the
-        whole); `filters`: the call's sampler filters (None: rollout.top_k|top_p|min_p).
+        whole); `filters`: the call's sampler filters (None: rollout.top_k|top_p|min_p); `trained`:
+        the completions are trained on, so they carry the sampler's head when an option reads it (an
+        eval's are not: no head).
         Raises NonFiniteLogits (on every rank) if the policy has diverged."""
         share = self.dp.share(len(problems))      # all of them in one process
         mine, piece, error = problems[share], None, None
@@ -108,7 +110,8 @@ class Rollouts:
                                             max_new_tokens=max_new_tokens or self.max_new_tokens,
                                             temperature=temperature, eos_id=self.eos_id, pad_id=self.pad_id,
                                             generator=self.stream, noise=noise,
-                                            filters=filters if temperature > 0 else None, head=self.head)
+                                            filters=filters if temperature > 0 else None,
+                                            head=self.head if trained else 0)
             except NonFiniteLogits as err:
                 if self.dp.world == 1:
                     raise
