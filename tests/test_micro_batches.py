@@ -34,11 +34,13 @@ SPLITS = {"2": {"micro_batch_size": 8}, "3": {"micro_batch_size": 6}, "8": {"mic
           "budget": {"max_tokens_per_forward": 50}}
 # the families whose options weigh or mask the loss's tokens or normalise it
 NORMALISING = ("loss_agg", "token_mask", "off_policy_mask", "rollout_correction", "overlong", "clip", "kl_weight",
-               "sampling", "proximal", "value_clip", "lr_scale")
+               "sampling", "proximal", "value_clip", "lr_scale", "score_centering")
 # what an option needs besides BASE to act (a sampler that differs from the trainer, a critic, ...)
 NEEDS = {"rollout_correction": ["rollout.dtype=bfloat16"], "off_policy_mask": ["rollout.dtype=bfloat16"],
          "proximal": ["rollout.dtype=bfloat16", "rollout_correction=token_truncate"],
          "lr_scale": ["rollout.dtype=bfloat16"], "value_clip": ["adv=gae"],
+         "score_centering": ["rollout.dtype=bfloat16"],
+         ("score_centering", "top_k"): ["score_centering.k=4"],   # a head with a tail
          ("sampling", "replay"): ["sampling.max_rounds=1"]}
 
 
@@ -138,7 +140,13 @@ TOGETHER = {"masks": (["token_mask=high_entropy", "token_mask.quantile=0.5", "ro
             # LOCAL's regression on logits centred on pi_old's top-K: the support and psi_old from pi_old's forward,
             # sliced with each micro-batch's rows (its one-step form, on the update's own forward: test_local_loss)
             "local logit regression": (["clip=local", "clip.topk=4", "loss_agg=token_mean"],
-                                       ("local/feature_delta_abs", "local/residual_sq"))}
+                                       ("local/feature_delta_abs", "local/residual_sq")),
+            # score centering from a bf16 sampler's top-4 head (a tail), its ids weighed by TIS's rule, under a
+            # token mask, and the diagnostics' policy term with it
+            "score centering": (["rollout.dtype=bfloat16", "score_centering=top_k", "score_centering.k=4",
+                                 "rollout_correction=token_truncate", "token_mask=high_entropy",
+                                 "token_mask.quantile=0.5", "diag.grad_conflict=true", "diag.every=1"],
+                                ("score_centering/residual_l1", "token_mask/dropped_frac", "grad_norm/policy"))}
 
 
 @pytest.mark.parametrize("case", list(TOGETHER))

@@ -287,7 +287,7 @@ def test_the_warm_start_imitates_the_policy_turns_not_the_tool_reply():
     assert slipped == [("37", True)]                               # a product answered without the tool, off by one
 
 
-@pytest.mark.parametrize("setting", ["rollout.top_p=0.9", "rollout=vllm"])
+@pytest.mark.parametrize("setting", ["rollout.top_p=0.9", "rollout=vllm", "score_centering=top_k"])
 def test_what_episodes_do_not_handle_yet_is_refused_in_one_line(setting):
     from grpo_ablate.config.compose import compose
     from grpo_ablate.config.validate import validate

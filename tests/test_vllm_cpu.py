@@ -312,3 +312,35 @@ def test_a_sampled_eval_through_vllm_agrees_with_the_hf_engine_in_distribution(e
         d = hf.per_problem(kind, k) - vllm.per_problem(kind, k)
         z = d.mean() / (d.std(ddof=1) / math.sqrt(len(d)))
         assert abs(z) < 4, (kind, hf.value(kind, k), vllm.value(kind, k), z)
+
+
+def test_the_head_score_centering_reads_is_the_engines_top_k(embedded):
+    """generate(head=k): SamplingParams(logprobs=k), each token's k most probable ids with their
+    log-probs over the whole vocabulary (a float32 engine: the trainer's log-softmax at those ids)."""
+    from grpo_ablate.sampling.decode import positions
+
+    model, tokenizer, engine = embedded
+    prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in ("47+59=", "3+8=")]
+    roll = engine.generate(prompts, num_samples=3, max_new_tokens=8, temperature=1.0, eos_id=tokenizer.eos_token_id,
+                           pad_id=0, generator=torch.Generator().manual_seed(5), head=4)
+    real = roll.completion_mask.bool()
+    assert roll.head_ids.shape == (*roll.completion_mask.shape, 4)
+    with torch.no_grad():
+        logits = model(input_ids=roll.sequences, attention_mask=roll.attention_mask,
+                       position_ids=positions(roll.attention_mask)).logits[:, roll.prompt_len - 1:-1].float()
+    logp = torch.log_softmax(logits, -1)
+    assert torch.equal(roll.head_ids[real], logp.topk(4, dim=-1).indices[real])
+    assert (logp.gather(-1, roll.head_ids) - roll.head_logprobs)[real].abs().max().item() < FLOAT32_TOLERANCE
+    assert torch.isinf(roll.head_logprobs[~real]).all()
+    assert engine.generate(prompts, num_samples=1, max_new_tokens=4, temperature=1.0, eos_id=tokenizer.eos_token_id,
+                           pad_id=0, generator=torch.Generator().manual_seed(5)).head_ids is None
+
+
+def test_score_centering_with_a_bf16_engine(tmp_path):
+    """A run with a bf16 engine and score centering over the top-4 head: the residual is above 0 (the
+    engine is not the trainer) and the head holds less than the whole mass (a tail, modelled)."""
+    rows, _ = vllm_run(tmp_path, "steps=2", "eval.every=2", "rollout.dtype=bfloat16", "+trick=score_centering",
+                       "score_centering.k=4", "rollout_correction=token_truncate")
+    steps = [r for r in rows if "score_centering/residual_l1" in r]
+    assert len(steps) == 2 and all(r["score_centering/residual_l1"] > 0 for r in steps)
+    assert all(r["score_centering/sampler_head_mass"] < 1 for r in steps)

@@ -157,6 +157,13 @@ class RunSpec:
         about an option is declared on it and asked this way, so a new option edits no trainer file."""
         return any(bound.has(flag) for bound in self.tricks.values())
 
+    def sampler_head(self) -> int:
+        """The size of the sampler's top-k head that a bound option reads on every sampled token (its
+        `reads_sampler_head` flag, a function of its config values: score_centering's k); 0: none reads it,
+        and the sampler records none."""
+        return max((int(bound.option.reads_sampler_head(bound.values)) for bound in self.tricks.values()
+                    if bound.has("reads_sampler_head")), default=0)
+
 
 def run_spec(cfg: DictConfig) -> RunSpec:
     """The spec of a validated config (config.validate first: nothing is checked here)."""

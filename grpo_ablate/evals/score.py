@@ -43,7 +43,8 @@ def evaluate(policy, rollouts: Rollouts, problems, protocol: EvalProtocol, *, se
         filters = SamplingFilters(protocol.top_k, protocol.top_p, protocol.min_p)
         per_call = max(1, ROWS_PER_CALL // n)
         parts = [rollouts(problems[start:start + per_call], n, protocol.temperature, ("eval", step),
-                          max_new_tokens=max_new_tokens, draws=(draws, start * n, total), filters=filters)
+                          max_new_tokens=max_new_tokens, draws=(draws, start * n, total), filters=filters,
+                          trained=False)
                  for start in range(0, len(problems), per_call)]
     correct = torch.cat([p.scores for p in parts]).reshape(len(problems), n).double().numpy()
     votes = None

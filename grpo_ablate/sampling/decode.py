@@ -59,6 +59,11 @@ class Rollout:
     # long: its turns that ended without a usable tool reply (a call that did not parse, a tool
     # that raised, a turn over the per-turn token budget)
     failed_turns: torch.Tensor | None = field(default=None, metadata={"per": "row", "fill": 0})
+    # long [N, T, k]: the sampler's k most probable ids at each token, and float [N, T, k] their log-probs
+    # under the distribution it drew from (full-vocabulary mass, -inf after EOS); None unless an option
+    # reads the head (score_centering: `generate(head=k)`, vLLM's logprobs=k)
+    head_ids: torch.Tensor | None = field(default=None, metadata={"per": "token", "fill": 0})
+    head_logprobs: torch.Tensor | None = field(default=None, metadata={"per": "token", "fill": float("-inf")})
 
     def to(self, device) -> "Rollout":
         return _each_tensor(self, lambda t: t.to(device))
@@ -162,7 +167,7 @@ def generate(model, prompts: list[list[int]], *, num_samples: int, max_new_token
              temperature: float, eos_id: int | list[int], pad_id: int,
              generator: torch.Generator | None = None, lean: bool = True,
              noise: RowNoise | None = None, dtype: str = "float32",
-             filters: SamplingFilters | None = None) -> Rollout:
+             filters: SamplingFilters | None = None, head: int = 0) -> Rollout:
     """Sample `num_samples` completions per prompt (rows ordered prompt-major: group g is rows
     g*G .. g*G+G-1). temperature == 0 means greedy decoding (evaluation). With `lean`, models
     of a supported architecture decode through LeanDecoder (same math, less overhead) on a CPU
@@ -177,13 +182,15 @@ def generate(model, prompts: list[list[int]], *, num_samples: int, max_new_token
     real sampler-trainer mismatch, as with vLLM; "float32" samples in the model's own dtype.
     `filters` (rollout.top_k|top_p|min_p): each token is drawn from the tempered distribution
     truncated to its kept set and renormalised; the rollout carries the sets (`kept_ids`) and the
-    sampler log-probs are the renormalised distribution's."""
+    sampler log-probs are the renormalised distribution's. `head` > 0 (score_centering): when it
+    samples, the rollout carries the sampler's `head` most probable ids at each token and their
+    log-probs (`head_ids`, `head_logprobs`: vLLM's logprobs=k), at the cost of a top-k a token."""
     if model.training:
         model.eval()
         try:
             return generate(model, prompts, num_samples=num_samples, max_new_tokens=max_new_tokens,
                             temperature=temperature, eos_id=eos_id, pad_id=pad_id, generator=generator,
-                            lean=lean, noise=noise, dtype=dtype, filters=filters)
+                            lean=lean, noise=noise, dtype=dtype, filters=filters, head=head)
         finally:
             model.train()
     ids, mask = left_pad(prompts, pad_id)
@@ -203,7 +210,8 @@ def generate(model, prompts: list[list[int]], *, num_samples: int, max_new_token
     with autocast:
         return _decode(step, ids, mask, max_new_tokens=max_new_tokens, temperature=temperature, eos_id=eos_id,
                        pad_id=pad_id, generator=generator, noise=noise, uniforms=uniforms,
-                       filters=filters if filters is not None and filters.truncates and temperature > 0 else None)
+                       filters=filters if filters is not None and filters.truncates and temperature > 0 else None,
+                       head=head if temperature > 0 else 0)
 
 
 def _truncated(probs, filters: SamplingFilters) -> tuple[torch.Tensor, torch.Tensor]:
@@ -225,7 +233,7 @@ def _draw(probs, active, n: int, generator, noise: RowNoise | None, uniforms) ->
 
 
 def _decode(step, ids, mask, *, max_new_tokens, temperature, eos_id, pad_id, generator, noise, uniforms,
-            filters: SamplingFilters | None = None) -> Rollout:
+            filters: SamplingFilters | None = None, head: int = 0) -> Rollout:
     """The decoding loop of `generate`: one token for every unfinished row per step."""
     n, prompt_len = ids.shape
     device = ids.device
@@ -238,6 +246,7 @@ def _decode(step, ids, mask, *, max_new_tokens, temperature, eos_id, pad_id, gen
     step_input, pos = ids, positions(mask)
     steps_taken = 0
     kept_sets = []   # (rows, token index, their kept ids) of every filtered step
+    head_ids = head_logp = None   # the sampler's top-`head` ids and log-probs at every token (head > 0)
     for t in range(max_new_tokens):
         width = prompt_len + t  # tokens visible to this forward, including the new ones
         logits = step(step_input, pos, full_mask[active, :width], width - step_input.shape[1]).float()
@@ -248,6 +257,12 @@ def _decode(step, ids, mask, *, max_new_tokens, temperature, eos_id, pad_id, gen
             if filters is not None:
                 probs, kept = _truncated(probs, filters)
                 kept_sets.append((active, t, kept))
+            if head:
+                top = probs.topk(min(head, probs.shape[-1]), dim=-1)
+                if head_ids is None:
+                    head_ids = torch.zeros((n, max_new_tokens, top.indices.shape[-1]), dtype=torch.long, device=device)
+                    head_logp = torch.full(head_ids.shape, float("-inf"), device=device)
+                head_ids[active, t], head_logp[active, t] = top.indices, top.values.log()
             token = _draw(probs, active, n, generator, noise, uniforms)
             # the sampler's log-prob of its token under the distribution it sampled from: the log
             # of the softmax it drew from is log_softmax(logits / T) there up to float32 rounding
@@ -283,7 +298,15 @@ def _decode(step, ids, mask, *, max_new_tokens, temperature, eos_id, pad_id, gen
         truncated=~finished,
         sampler_logprobs=None if sampler_logp is None else sampler_logp[:, :steps_taken] * completion_mask,
         kept_ids=_stacked_kept_sets(kept_sets, n, steps_taken, completion_mask) if filters is not None else None,
+        **({} if head_ids is None else _head_of(head_ids[:, :steps_taken], head_logp[:, :steps_taken],
+                                                completion_mask)),
     )
+
+
+def _head_of(ids: torch.Tensor, logprobs: torch.Tensor, completion_mask: torch.Tensor) -> dict:
+    """The head fields of a Rollout, blanked after each row's EOS (ids 0, log-probs -inf)."""
+    after = completion_mask[..., None] == 0
+    return {"head_ids": ids.masked_fill(after, 0), "head_logprobs": logprobs.masked_fill(after, float("-inf"))}
 
 
 def _stacked_kept_sets(kept_sets: list, n: int, steps: int, completion_mask: torch.Tensor) -> torch.Tensor:

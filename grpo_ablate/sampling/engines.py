@@ -79,21 +79,25 @@ class Scored:
 
 class Rollouts:
     def __init__(self, engine, tokenizer, encode, task, dp, device, *, eos_id, max_new_tokens: int,
-                 seed: int, rng: str, stream: torch.Generator, filters: SamplingFilters = SamplingFilters()):
+                 seed: int, rng: str, stream: torch.Generator, filters: SamplingFilters = SamplingFilters(),
+                 head: int = 0):
         self.engine, self.tokenizer, self.encode, self.task, self.dp = engine, tokenizer, encode, task, dp
         self.filters = filters   # rollout.top_k|top_p|min_p: what sampling (T > 0) truncates to
+        self.head = head         # the sampler's top-k head each sampled token carries (0: none; score_centering)
         self.device, self.eos_id, self.pad_id = device, eos_id, tokenizer.pad_token_id
         self.max_new_tokens, self.seed, self.per_row, self.stream = max_new_tokens, seed, rng == "per_row", stream
         self.multi_turn = is_multi_turn(task)   # its episodes run through environments (sampling/multi_turn.py)
 
     def __call__(self, problems: list, n: int, temperature: float, key: tuple,
                  max_new_tokens: int | None = None, *, draws: tuple[int, int, int] | None = None,
-                 filters: SamplingFilters | None = None) -> Scored:
+                 filters: SamplingFilters | None = None, trained: bool = True) -> Scored:
         """n completions of each problem, rows problem-major (group g = rows g*n .. g*n+n-1).
         `key` names the call (e.g. ("train", step, round)) for rollout.rng=per_row. `draws`: (seed,
         first row, rows in all) of a call's own per-row draws, apart from the run's stream whatever
         rollout.rng is (an eval's: evals/score.py; the rows of this call start at `first row` of the
-        whole); `filters`: the call's sampler filters (None: rollout.top_k|top_p|min_p).
+        whole); `filters`: the call's sampler filters (None: rollout.top_k|top_p|min_p); `trained`:
+        the completions are trained on, so they carry the sampler's head when an option reads it (an
+        eval's are not: no head).
         Raises NonFiniteLogits (on every rank) if the policy has diverged."""
         share = self.dp.share(len(problems))      # all of them in one process
         mine, piece, error = problems[share], None, None
@@ -113,7 +117,8 @@ class Rollouts:
                                                        [self.encode(p) for p in mine], num_samples=n, **settings)
                     roll = roll.to(self.device)
                 else:
-                    roll = self.engine.generate([self.encode(p) for p in mine], num_samples=n, **settings)
+                    roll = self.engine.generate([self.encode(p) for p in mine], num_samples=n, **settings,
+                                                head=self.head if trained else 0)
             except NonFiniteLogits as err:
                 if self.dp.world == 1:
                     raise

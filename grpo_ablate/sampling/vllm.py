@@ -148,7 +148,7 @@ class VLLMEngine:
 
     def generate(self, prompts: list[list[int]], *, num_samples: int, max_new_tokens: int, temperature: float,
                  eos_id, pad_id: int, generator: torch.Generator | None = None, noise=None,
-                 filters=None) -> Rollout:
+                 filters=None, head: int = 0) -> Rollout:
         from vllm import SamplingParams
 
         if noise is not None:   # rollout.rng=per_row: a seed per prompt, keyed by its place in the batch
@@ -165,19 +165,24 @@ class VLLMEngine:
                           # the kept set: the tokens whose processed log-prob is finite; one more than
                           # top_k shows a set that vLLM widened past top_k (logits tied at the k-th)
                           "logprobs": min(top_k + 1, self.vocab)}
+        # score_centering's head: the k most probable processed log-probs of each token (only when asked)
+        head = min(head, self.vocab) if temperature > 0 else 0
+        logprobs = max(truncation.get("logprobs", 0), head)
         params = [SamplingParams(n=num_samples, temperature=temperature, max_tokens=max_new_tokens,
-                                 stop_token_ids=stop, seed=seed, detokenize=False, **{"logprobs": 0, **truncation})
+                                 stop_token_ids=stop, seed=seed, detokenize=False,
+                                 **{**truncation, "logprobs": logprobs})
                   for seed in seeds]
         requests = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         rows = [(prompt, out) for prompt, request in zip(prompts, requests)
                 for out in sorted(request.outputs, key=lambda o: o.index)]
-        return _as_rollout(rows, pad_id, top_k=top_k).to(self.device)
+        return _as_rollout(rows, pad_id, top_k=top_k, head=head).to(self.device)
 
 
-def _as_rollout(rows, pad_id: int, top_k: int | None = None) -> Rollout:
+def _as_rollout(rows, pad_id: int, top_k: int | None = None, head: int = 0) -> Rollout:
     """vLLM outputs as the trainer's Rollout: prompts left-padded, completions right-padded, the
     stop token included (trained, as in rollout.generate), vLLM's log-prob of each token kept.
-    `top_k` (the filtered rollouts' bound): each token's kept set read from its log-probs (kept_ids)."""
+    `top_k` (the filtered rollouts' bound): each token's kept set read from its log-probs (kept_ids).
+    `head` > 0: each token's `head` most probable ids and log-probs (head_ids, head_logprobs)."""
     width = max(len(prompt) for prompt, _ in rows)
     length = max(1, max(len(out.token_ids) for _, out in rows))
     n = len(rows)
@@ -196,7 +201,22 @@ def _as_rollout(rows, pad_id: int, top_k: int | None = None) -> Rollout:
         completion_mask[i, :len(ids)] = 1
         truncated[i] = out.finish_reason == "length"
     kept = None if top_k is None else _kept_ids([_kept_sets(out, top_k) for _, out in rows], length)
-    return Rollout(sequences, attention, width, completion_mask, truncated, sampler_logprobs, kept_ids=kept)
+    heads = {} if not head else _heads([out for _, out in rows], length, head)
+    return Rollout(sequences, attention, width, completion_mask, truncated, sampler_logprobs, kept_ids=kept, **heads)
+
+
+def _heads(outs, length: int, head: int) -> dict:
+    """head_ids, head_logprobs [N, length, head]: the `head` largest of each token's returned log-probs
+    (vLLM returns the top `logprobs` and the sampled token besides; a token past the row's end, or a head
+    wider than what came back, is id 0 at -inf)."""
+    ids = torch.zeros((len(outs), length, head), dtype=torch.long)
+    logprobs = torch.full((len(outs), length, head), float("-inf"))
+    for i, out in enumerate(outs):
+        for t, entries in enumerate(out.logprobs or []):
+            top = sorted(entries.items(), key=lambda item: -item[1].logprob)[:head]
+            ids[i, t, :len(top)] = torch.tensor([token for token, _ in top])
+            logprobs[i, t, :len(top)] = torch.tensor([entry.logprob for _, entry in top])
+    return {"head_ids": ids, "head_logprobs": logprobs}
 
 
 def _kept_sets(out, top_k: int) -> list[list[int]]:

@@ -100,7 +100,7 @@ def pack(rollout: Rollout) -> Packing | None:
 def completion_logprobs(model, rollout: Rollout, temperature: float = 1.0,
                         entropy_grad: bool = False, return_hidden: bool = False, remove_padding: bool = True,
                         return_energy: bool = False, score_kept_sets: bool = True, return_kept_mass: bool = False,
-                        topk: int = 0, support: tuple | None = None):
+                        topk: int = 0, support: tuple | None = None, return_head: bool = False):
     """Per-token log pi(o_t | q, o_<t) of the completion tokens and the per-token entropy.
 
     Log-probs come from logits / T as in TRL and verl, so the loss scores the distribution
@@ -116,11 +116,13 @@ def completion_logprobs(model, rollout: Rollout, temperature: float = 1.0,
     `score_kept_sets` (rollout.sampling_replay) the distribution scored, its log-probs, entropy and
     energy, is the sampler's: logits / T truncated to that set and renormalised over it. `return_kept_mass` (last):
     log of the kept set's mass under the full distribution (0 where nothing was filtered).
-    With `topk` > 0 (a loss that centres on pi_old's top-K: clip=local), last come the centred
+    With `topk` > 0 (a loss that centres on pi_old's top-K: clip=local), next come the centred
     log-probs psi = log pi(o_t) - sum_{b in T} pbar(b) log pi(b) [N, T] (with the gradient), then
     the support's ids and pbar [N, T, K] and its mass under this distribution [N, T]: `support` (ids,
     pbar) is pi_old's, read from its forward (the mass then None); without it the support is this
     forward's own top-K, detached (this forward is pi_old's, or pi_old is this policy).
+    `return_head` (last, score_centering): the log-probs [N, T, k] of the sampler's head ids
+    (rollout.head_ids) under the distribution scored, with gradient.
     """
     packing = pack(rollout) if remove_padding and packs(model) else None
     if packing is None:
@@ -163,21 +165,26 @@ def completion_logprobs(model, rollout: Rollout, temperature: float = 1.0,
     if topk > 0:
         ids, pbar, mass = old_topk_support(log_probs, topk) if support is None else (*support, None)
         out += (centred_logprob(log_probs, rollout.completion_ids, ids, pbar), ids, pbar, mass)
+    if return_head:
+        if rollout.head_ids is None:
+            raise RuntimeError("the loss reads the sampler's top-k head, but the rollout carries none")
+        out += (log_probs.gather(-1, rollout.head_ids.to(log_probs.device)),)
     return out
 
 
 def token_logprobs(model, rollout: Rollout, temperature, value_head=None, entropy_grad: bool = False,
                    remove_padding: bool = True, energy: bool = False, score_kept_sets: bool = True,
-                   kept_mass: bool = False, topk: int = 0, support: tuple | None = None):
+                   kept_mass: bool = False, topk: int = 0, support: tuple | None = None, head: bool = False):
     """(log-probs [N, T], entropy [N, T], values [N, T] or None): a model's forward over the
     batch, and the critic's value of each completion token when there is a critic (a head on
     the policy's last layer); with `energy`, then each token's logit-gradient energy [N, T]; with
     `kept_mass`, then the log of each token's kept-set mass [N, T]; with `topk`, then the centred
-    log-probs, the top-K support's ids, pbar and mass (see completion_logprobs)."""
+    log-probs, the top-K support's ids, pbar and mass; with `head`, then the log-probs [N, T, k] of
+    the sampler's head ids (see completion_logprobs)."""
     logp, entropy, *rest = completion_logprobs(model, rollout, temperature, entropy_grad=entropy_grad,
                                                return_hidden=value_head is not None,
                                                remove_padding=remove_padding, return_energy=energy,
                                                score_kept_sets=score_kept_sets, return_kept_mass=kept_mass,
-                                               topk=topk, support=support)
+                                               topk=topk, support=support, return_head=head)
     values = value_head(rest.pop(0)).squeeze(-1) if value_head is not None else None
     return (logp, entropy, values, *rest)

@@ -120,7 +120,8 @@ def build_grpo(spec: RunSpec, device: torch.device, dp: DataParallel, checkpoint
     rollouts = Rollouts(engine, policies.tokenizer, encode, task, dp, device,
                         eos_id=stop_token_ids(policies.policy, policies.tokenizer),
                         max_new_tokens=spec.rollout.max_new_tokens, seed=stream_seed,
-                        rng=rng_mode(spec.rollout.rng, dp), stream=optim.rng, filters=spec.rollout.filters)
+                        rng=rng_mode(spec.rollout.rng, dp), stream=optim.rng, filters=spec.rollout.filters,
+                        head=spec.sampler_head())
     return GRPOTrainer(spec, task, encode, policies, plugins, optim, rollouts, dp, device), prompt_counts
 
 

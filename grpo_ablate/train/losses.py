@@ -5,7 +5,8 @@
     kl        beta * KL(pi || pi_ref) per token (`kl.estimator`), weighted by `kl_weight`
 
 The policy term's tokens are weighed by token_mask x off_policy_mask x rollout_correction (each 1
-when off); the aggregation weights stay the full mask's. The update minimizes
+when off), and score_centering adds A * c to it (c from the sampler's top-k head, times the token
+masks: rollout_correction's weight is inside c); the aggregation weights stay the full mask's. The update minimizes
 sum_jt w_jt * (sum of the terms), w the `loss_agg` weights; the gradient-conflict diagnostics
 differentiate each term alone. Both call `LossTerms`, so a term added here is in both.
 Design: docs/design.md, "How a step works" (4, update).
@@ -22,6 +23,7 @@ from grpo_ablate.sampling.decode import derived_seed
 from grpo_ablate.config.spec import BoundOption
 from grpo_ablate.tricks.behaviour import known_or
 from grpo_ablate.tricks.clip.sequence import sequence_is_weights
+from grpo_ablate.tricks.score_centering import weight_rule
 
 
 @dataclass
@@ -37,6 +39,7 @@ class LossInputs:
     returns: torch.Tensor | None = None     # the critic's targets
     sampler_logp: torch.Tensor | None = None  # the sampler's own log-probs (rollout=hf records them; vLLM)
     is_weights: torch.Tensor | None = None  # rollout_correction's weights of the policy loss (None: all 1)
+    sampler_head: torch.Tensor | None = None  # [N, T, k] the sampler's log-probs of its top-k ids (score_centering)
     token_keep: torch.Tensor | None = None  # token_mask's kept tokens, chosen over more rows than these
                                             # (the diagnostics' sub-batch takes the update's, over the batch)
     # a policy loss that centres on pi_old's top-K (clip=local; None: pi_old is the policy itself, and the
@@ -131,6 +134,13 @@ class LossTerms:
         self.current_ratio_gate = correction.fn if correction.option.reads_current_policy else None
         # a policy loss that regresses centred log-probs (clip=local): it takes psi_theta and psi_old, not log-probs
         self.centres = clip.option.centres_on_old_topk
+        # score_centering: the centering term from the sampler's head, its ids weighed by rollout_correction's
+        # per-token rule (None: the option reads no head, no term)
+        centering = tricks["score_centering"]
+        self.reads_sampler_head = centering.has("reads_sampler_head")
+        self.score_centering = (centering.bind(weight=weight_rule(correction.fn if correction.option.weighs_each_token
+                                                                  else None))
+                                if self.reads_sampler_head else None)
 
     def policy(self, logp, old_logp, advantages, mask, factor=None, sampler_logp=None):
         """(per-token policy loss, per-token clip statistics); old_logp None: rho = 1. `factor`:
@@ -156,6 +166,25 @@ class LossTerms:
         off_policy_mask's kept sequences (the sampler's log-probs against this forward's; pi_old's
         without them) and rollout_correction's importance weights (or its gate on this forward's
         pi_theta / mu, for an option that `reads_current_policy`), multiplied."""
+        masks, stats = self.token_masks(logp, entropy, inputs, spread)
+        gate = None
+        if self.current_ratio_gate is not None and inputs.sampler_logp is not None:
+            gate, gate_stats = self.current_ratio_gate(logp.detach(), inputs.sampler_logp, inputs.mask)
+            stats.update(gate_stats)
+        return self.weighed(masks, inputs, gate), stats
+
+    def weighed(self, masks, inputs: LossInputs, gate=None):
+        """The token masks (or None) times rollout_correction's weights (or its current-ratio gate `gate`):
+        the policy loss's factor."""
+        weights = None
+        if inputs.is_weights is not None:
+            weights = (sequence_is_weights(inputs.is_weights, inputs.mask) if self.sequence_is_weights
+                       else inputs.is_weights)
+        return _product([f for f in (masks, weights, gate) if f is not None])
+
+    def token_masks(self, logp, entropy, inputs: LossInputs, spread=None):
+        """(token_mask's and off_policy_mask's kept tokens multiplied, or None when both keep every
+        token; their statistics): the policy factor without rollout_correction's weights."""
         factors, stats = [], {}
         if self.token_mask is not None:
             keep = inputs.token_keep if inputs.token_keep is not None else self.token_keep(entropy, inputs.mask, spread)
@@ -167,21 +196,24 @@ class LossTerms:
                                         inputs.advantages, inputs.mask)
             stats["off_policy_mask/dropped_frac"] = inputs.mask - keep
             factors.append(keep)
-        if inputs.is_weights is not None:
-            factors.append(sequence_is_weights(inputs.is_weights, inputs.mask) if self.sequence_is_weights
-                           else inputs.is_weights)
-        if self.current_ratio_gate is not None and inputs.sampler_logp is not None:
-            gate, gate_stats = self.current_ratio_gate(logp.detach(), inputs.sampler_logp, inputs.mask)
-            stats.update(gate_stats)
-            factors.append(gate)
         return _product(factors), stats
 
-    def __call__(self, logp, entropy, values, inputs: LossInputs, coef: Coefficients, spread=None, centred=None):
+    def centering(self, head_logp, masks, inputs: LossInputs):
+        """(score_centering's per-token loss A * c [N, T] times the token masks `masks`, its statistics)."""
+        if head_logp is None or inputs.sampler_head is None:
+            raise RuntimeError("score_centering reads the sampler's top-k head, but the batch carries none")
+        centering, stats = self.score_centering(head_logp, inputs.sampler_head.to(head_logp.device), inputs.mask)
+        term = inputs.advantages * centering
+        return (term if masks is None else term * masks), stats
+
+    def __call__(self, logp, entropy, values, inputs: LossInputs, coef: Coefficients, spread=None, centred=None,
+                 head_logp=None):
         """({term name: per-token loss [N, T]}, {metric name: per-token statistic}). The raw
         critic loss is a statistic too (`value/loss`), before value_coef weighs it. spread: the
         DataParallel whose ranks share the mini-batch (None: one process has all its rows).
         centred: this forward's centred log-probs psi_theta, for a policy loss that regresses them
-        (clip=local); its psi_old is pi_old's (inputs.old_centred), else psi_theta's, detached."""
+        (clip=local); its psi_old is pi_old's (inputs.old_centred), else psi_theta's, detached.
+        head_logp: this forward's log-probs of the sampler's head ids [N, T, k] (score_centering)."""
         old_logp = logp.detach() if inputs.old_logp is None else inputs.old_logp
         gap = None
         if self.reuses_train_logp:   # how far pi_old is from the pi_prox used, then pi_prox = pi_theta.detach()
@@ -195,6 +227,11 @@ class LossTerms:
         else:
             policy, stats = self.policy(logp, old_logp, inputs.advantages, inputs.mask, factor, inputs.sampler_logp)
         stats.update(factor_stats)
+        if self.score_centering is not None:   # part of the policy term: the diagnostics' policy gradient has it
+            # the token masks again, without the weights (only with score_centering on)
+            centering, centered = self.centering(head_logp, self.token_masks(logp, entropy, inputs, spread)[0], inputs)
+            policy = policy + centering
+            stats.update(centered)
         if gap is not None:
             stats["proximal/train_logp_gap"] = gap
         terms = {"policy": policy}

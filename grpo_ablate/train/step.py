@@ -188,13 +188,14 @@ class GRPOTrainer:
         return batch
 
     def token_logprobs(self, model, roll: Rollout, T, value_head=None, entropy_grad: bool = False,
-                       energy: bool = False, kept_mass: bool = False, topk: int = 0):
-        """(log-probs, entropy, values[, energy][, kept mass][, centred log-probs, top-K ids, pbar, mass])
-        of a rollout under `model` (train/forward.py), its rows forwarded in the update's micro-batches
-        (see pieces) and stitched back."""
+                       energy: bool = False, kept_mass: bool = False, topk: int = 0, head: bool = False):
+        """(log-probs, entropy, values[, energy][, kept mass][, centred log-probs, top-K ids, pbar, mass][, head
+        log-probs]) of a rollout under `model` (train/forward.py), its rows forwarded in the update's
+        micro-batches (see pieces) and stitched back."""
         return stitched([token_logprobs(model, select_rows(roll, piece), T, value_head, entropy_grad,
                                         remove_padding=self.remove_padding, energy=energy,
-                                        score_kept_sets=self.score_kept_sets, kept_mass=kept_mass, topk=topk)
+                                        score_kept_sets=self.score_kept_sets, kept_mass=kept_mass, topk=topk,
+                                        head=head)
                          for piece in self.pieces(roll)])
 
     def pieces(self, roll: Rollout) -> list[slice]:
@@ -261,9 +262,11 @@ class GRPOTrainer:
             plugin.after_advantages(adv.rewards)
         returns = (self.advantages.critic_returns(adv.rewards, shaped.mask, anchors.old_values)
                    if self.p.value_head is not None else None)
+        head = batch.roll.head_logprobs   # the sampler's top-k head (score_centering reads it)
         inputs = LossInputs(shaped.mask, adv.per_token, old, anchors.ref, anchors.prev,
                             anchors.old_values, returns, sampler, weights, old_centred=anchors.centred,
-                            topk_ids=anchors.topk_ids, topk_pbar=anchors.topk_pbar, topk_mass=anchors.topk_mass)
+                            topk_ids=anchors.topk_ids, topk_pbar=anchors.topk_pbar, topk_mass=anchors.topk_mass,
+                            sampler_head=head.to(self.device) if head is not None else None)
         return shaped, adv, inputs, mismatch
 
     def estimator_input(self, batch: SampledGroups, anchors: Anchors, weights, step: int):
@@ -358,15 +361,18 @@ class GRPOTrainer:
             mine = replace(mine, token_keep=self.loss_terms.token_keep(entropy, mine.mask, dp))
         self.optim.optimizer.zero_grad(set_to_none=True)
         loss, outputs = 0.0, []
+        head = self.loss_terms.reads_sampler_head   # the log-probs of the sampler's head ids too (score_centering)
         for i, piece in enumerate(pieces):
             rows = mine.rows(piece)
             support = None if rows.topk_ids is None else (rows.topk_ids, rows.topk_pbar)   # pi_old's top-K
-            logp, entropy, values, *centring = token_logprobs(
+            logp, entropy, values, *rest = token_logprobs(
                 self.train_model, select_rows(roll, piece), self.temperature(), self.p.value_head,
                 entropy_grad=coef.entropy > 0, remove_padding=self.remove_padding,
-                score_kept_sets=self.score_kept_sets, topk=self.topk, support=support)
+                score_kept_sets=self.score_kept_sets, topk=self.topk, support=support, head=head)
+            centring = rest[:4] if self.topk > 0 else []      # clip=local's psi, ids, pbar, mass
             terms, stats = self.loss_terms(logp, entropy, values, rows, coef, dp,
-                                           centred=centring[0] if centring else None)
+                                           centred=centring[0] if centring else None,
+                                           head_logp=rest[-1] if head else None)
             if centring:   # how much of pi_old its top-K holds (verl's local_topk_mass): whether K is enough
                 stats["clip/topk_mass"] = centring[3] if rows.topk_mass is None else rows.topk_mass
             piece_loss = aggregate(total(terms), weights[piece])
@@ -424,14 +430,15 @@ class GRPOTrainer:
         rows = diagnostics.pick_rows(group_index, informative, self.spec.diag.rows)
         policy = self.p.policy
         with torch.random.fork_rng(devices=[policy.device] if policy.device.type == "cuda" else []):
-            logp, entropy, values = self.token_logprobs(policy, select_rows(batch.roll, rows),
-                                                        self.temperature(), self.p.value_head,
-                                                        entropy_grad=coef.entropy > 0)
+            head = self.loss_terms.reads_sampler_head
+            logp, entropy, values, *head_logp = self.token_logprobs(policy, select_rows(batch.roll, rows),
+                                                                    self.temperature(), self.p.value_head,
+                                                                    entropy_grad=coef.entropy > 0, head=head)
         weights = self.weights_of(shaped.mask, self.spec.rollout.max_new_tokens, batch.group_index)   # the batch's
         w = weights[rows] * (weights.sum() / weights[rows].sum().clamp(min=1e-12))   # the full loss's total
         sub = self.whole_batch_token_keep(batch, inputs).rows(rows)
         with self.draws.unchanged() if self.draws is not None else contextlib.nullcontext():
-            terms, _ = self.loss_terms(logp, entropy, values, sub, coef)
+            terms, _ = self.loss_terms(logp, entropy, values, sub, coef, head_logp=head_logp[0] if head else None)
             terms = {name: aggregate(term, w) for name, term in terms.items()}
             factor = self.loss_terms.policy_factor(logp, entropy, sub)[0]   # the same token factor as the policy term's
             for name, component in component_adv.items():

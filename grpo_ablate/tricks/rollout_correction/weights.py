@@ -180,8 +180,11 @@ for _name, _level, _rule, _high, _low in (("token_truncate", "token", "truncate"
                                           ("sequence_truncate", "sequence", "truncate", 2.0, None),
                                           ("sequence_mask", "sequence", "mask", 3.0, None),
                                           ("decoupled", "token", "mask", 5.0, None)):
+    # weighs_each_token: each token's weight is a function of its own ratio alone (score_centering
+    # applies the same rule to the sampler's head ids)
     register("rollout_correction", _name, needs_sampler_logprobs=True, needs_old_forward=True,
-             weighs_by_ratio=True, knobs=KNOBS,   # the weights are pi_old / mu, truncated or masked
+             weighs_by_ratio=True, weighs_each_token=_level == "token",
+             knobs=KNOBS,   # the weights are pi_old / mu, truncated or masked
              activity=Activity("rollout_corr/logp_diff_mean"),   # the weights differ from 1
              inert=SAMPLER_IS_TRAINER, tricks=NAMED[_name], what=WHAT[_name],
              notes=NOTES.get(_name, {}))(_option(_level, _rule, _high, _low))
