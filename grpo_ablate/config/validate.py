@@ -305,9 +305,9 @@ def check_model_and_task(cfg: DictConfig) -> None:
                                f"(task={cfg.task.name}) yet: its episodes sample turn by turn without kept sets")
         _require(cfg.rollout.backend == "hf", f"rollout.backend={cfg.rollout.backend} is not supported on a multi-turn "
                                               f"task (task={cfg.task.name}) yet; use rollout=hf")
-        _require(cfg.score_centering.name == "none", f"score_centering={cfg.score_centering.name} is not supported on a "
-                                                     f"multi-turn task (task={cfg.task.name}) yet: its episodes record "
-                                                     "no sampler head")
+        centering = cfg.score_centering.name
+        _require(centering == "none", f"score_centering={centering} is not supported on a multi-turn task "
+                                      f"(task={cfg.task.name}) yet: its episodes record no sampler head")
 
 
 # the tasks that built from these settings in this process, so that a sweep's plan checks each once, not once
