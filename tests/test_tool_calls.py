@@ -213,6 +213,11 @@ def test_a_template_that_cannot_render_a_reply_is_one_line(template, needle):
     assert ReplyEncoder(tokenizer)("x;", None, EOS) == ids("x;")   # a reply without a role needs no template
 
 
+def test_a_model_without_a_chat_template_is_refused_before_a_step(task):
+    with pytest.raises(ConfigError, match="task=tool_jsonl needs a tokenizer with a chat template"):
+        PromptEncoder(chatml_tokenizer(None), task)
+
+
 def test_a_template_that_renders_tools_gets_them_and_one_that_does_not_gets_them_in_the_system_turn(task):
     problem = problem_47x59(task)
     assert tools_instruction([TOOL_SPEC]) in PromptEncoder(TOKENIZER, task).text(problem.prompt, problem.tools)

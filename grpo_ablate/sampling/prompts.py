@@ -17,6 +17,8 @@ Prompts are left-padded for generation by the sampler (rollout.left_pad).
 """
 from __future__ import annotations
 
+from grpo_ablate.errors import ConfigError
+
 
 class PromptEncoder:
     def __init__(self, tokenizer, task):
@@ -26,6 +28,9 @@ class PromptEncoder:
         wanted = getattr(task, "chat_template", "none")
         self.chat = wanted == "auto" and bool(getattr(tokenizer, "chat_template", None))
         self.tools_instruction = getattr(task, "tools_instruction", None)
+        if getattr(task, "needs_chat_template", False) and not self.chat:   # before a step, not at the first reply
+            raise ConfigError(f"task={getattr(task, 'name', type(task).__name__)} needs a tokenizer with a chat "
+                              "template (its tool replies are chat messages), and this model's has none")
 
     def text(self, prompt: str, tools: list[dict] | None = None) -> str:
         """The prompt as the model sees it (before tokenization)."""

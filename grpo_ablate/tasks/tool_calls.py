@@ -152,6 +152,7 @@ class ToolCallEnvironment:
 class ToolJsonlTask(JsonlTask):
     """task=tool_jsonl: task=jsonl's rows with a field of tool specs, as multi-turn tool-calling episodes."""
     name = "tool_jsonl"
+    needs_chat_template = True   # the tool's replies are chat messages (sampling/prompts.py refuses a model without)
 
     def __init__(self, tools_field: str = "tools", max_turns: int = 3, turn_tokens: int = 64, **options):
         if not isinstance(tools_field, str) or not tools_field:
