@@ -264,8 +264,8 @@ def test_a_turn_without_a_call_is_the_answer_scored_by_math_verify(task):
 
 # ---------------------------------------------------------------------- the data file's tool specs
 @pytest.mark.parametrize("tools, needle", [
-    ("not a list", "'tools' must be a non-empty list of tool specs"),
-    ([], "'tools' must be a non-empty list of tool specs"),
+    ("not a list", "'tools': not a non-empty list of tool specs"),
+    ([], "'tools': not a non-empty list of tool specs"),
     ([{"name": "calculator"}], "tool 1 is not"),
     ([{"type": "function", "function": {"parameters": {}}}], "tool 1 has no function.name"),
     ([{"type": "function", "function": {"name": "weather", "parameters": {}}}], "not a tool this task runs"),

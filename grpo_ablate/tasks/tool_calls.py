@@ -17,8 +17,9 @@ An episode, in messages (each rendered by the template; sampling/chat_replies.py
     tool         {"result": 2773}
     assistant    47 * 59 = 2773
 
-A call is written as Hermes' and Qwen2.5's templates ask (a JSON object between <tool_call> tags);
-a turn with a call gets the tool's reply as a `tool` message and the episode goes on; a turn without
+A call is written as Hermes' and Qwen2.5's templates ask (a JSON object between <tool_call> tags;
+one call a turn: the first runs, as the calculator task's one call a turn, where Hermes allows
+several); a turn with a call gets the tool's reply as a `tool` message and the episode goes on; a turn without
 one is the answer and ends it, scored by math-verify against the row's answer (as task=jsonl scores).
 A call that does not parse, names a tool the row does not give, or passes bad arguments gets
 {"error": ...} (`parse_error`); a result the tool refuses, {"error": ...} (`tool_error`).
@@ -66,7 +67,7 @@ def tools_instruction(tools: list[dict]) -> str:
 def tool_spec_error(tools) -> str | None:
     """What is wrong with a row's tool specs, or None."""
     if not isinstance(tools, list) or not tools:
-        return "a non-empty list of tool specs"
+        return "not a non-empty list of tool specs"
     for number, spec in enumerate(tools, start=1):
         function = spec.get("function") if isinstance(spec, dict) else None
         if not isinstance(spec, dict) or spec.get("type") != "function" or not isinstance(function, dict):
@@ -172,8 +173,7 @@ class ToolJsonlTask(JsonlTask):
             return problem, error
         wrong = tool_spec_error(row.get(self.tools_field))
         if wrong:
-            return None, f"'{self.tools_field}' must be {wrong}" if wrong.startswith("a non-empty") else \
-                f"'{self.tools_field}': {wrong}"
+            return None, f"'{self.tools_field}': {wrong}"
         fields = {k: getattr(problem, k) for k in MathProblem.__dataclass_fields__}
         return ToolProblem(**fields, tools_json=json.dumps(row[self.tools_field], sort_keys=True)), None
 
