@@ -4,8 +4,10 @@ A reply without a role (the calculator's "2773;") is its text, encoded once. A r
 (`tool`) is a message of a conversation, and a chat model must see it as its chat template writes
 it. It is rendered **once, as a suffix**, by the template itself: a probe conversation that ends
 with an assistant turn, rendered, then the same with the reply message after it and the next
-assistant header (add_generation_prompt); the second must extend the first (a prefix diff, as TRL's
-and verl's tool-message suffixes are taken), and what it adds is the message. Before it goes the part
+assistant header (add_generation_prompt); the second must extend the first, and what it adds is
+the message (a prefix diff over a fixed probe conversation, as verl's multi-turn rollout takes a
+tool message's ids: volcengine/verl a7661d0, verl/workers/rollout/schemas.py, BASE_CHAT_HISTORY;
+here on the text, encoded once). Before it goes the part
 of the template's close of an assistant turn that the policy did not write: SmolLM2's template closes
 a turn with "<|im_end|>\\n", the policy's turn ended with its EOS "<|im_end|>", so the "\\n" is the
 environment's. A turn that ended on a stop text rather than the template's close gets the whole
