@@ -213,9 +213,12 @@ def test_a_template_that_cannot_render_a_reply_is_one_line(template, needle):
     assert ReplyEncoder(tokenizer)("x;", None, EOS) == ids("x;")   # a reply without a role needs no template
 
 
-def test_a_model_without_a_chat_template_is_refused_before_a_step(task):
+def test_a_template_that_cannot_render_the_tools_reply_is_refused_before_a_step(task):
     with pytest.raises(ConfigError, match="task=tool_jsonl needs a tokenizer with a chat template"):
         PromptEncoder(chatml_tokenizer(None), task)
+    with pytest.raises(ConfigError, match="task=tool_jsonl: the chat template cannot render a reply message"):
+        PromptEncoder(chatml_tokenizer("{% if messages[-1]['role'] == 'tool' %}{{ raise_exception('no') }}{% endif %}"
+                                       + CHATML), task)
 
 
 def test_a_template_that_renders_tools_gets_them_and_one_that_does_not_gets_them_in_the_system_turn(task):

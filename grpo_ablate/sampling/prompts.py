@@ -18,6 +18,7 @@ Prompts are left-padded for generation by the sampler (rollout.left_pad).
 from __future__ import annotations
 
 from grpo_ablate.errors import ConfigError
+from grpo_ablate.sampling.chat_replies import ChatTemplateUnsupported, ReplyEncoder
 
 
 class PromptEncoder:
@@ -28,9 +29,15 @@ class PromptEncoder:
         wanted = getattr(task, "chat_template", "none")
         self.chat = wanted == "auto" and bool(getattr(tokenizer, "chat_template", None))
         self.tools_instruction = getattr(task, "tools_instruction", None)
-        if getattr(task, "needs_chat_template", False) and not self.chat:   # before a step, not at the first reply
-            raise ConfigError(f"task={getattr(task, 'name', type(task).__name__)} needs a tokenizer with a chat "
-                              "template (its tool replies are chat messages), and this model's has none")
+        if getattr(task, "needs_chat_template", False):   # checked before a step, not at the first tool reply
+            name = getattr(task, "name", type(task).__name__)
+            if not self.chat:
+                raise ConfigError(f"task={name} needs a tokenizer with a chat template (its tool replies are chat "
+                                  "messages), and this model's has none")
+            try:
+                ReplyEncoder(tokenizer).chat_text("", "tool", tokenizer.eos_token_id)
+            except ChatTemplateUnsupported as err:
+                raise ConfigError(f"task={name}: {err}") from None
 
     def text(self, prompt: str, tools: list[dict] | None = None) -> str:
         """The prompt as the model sees it (before tokenization)."""
