@@ -344,3 +344,70 @@ def test_score_centering_with_a_bf16_engine(tmp_path):
     steps = [r for r in rows if "score_centering/residual_l1" in r]
     assert len(steps) == 2 and all(r["score_centering/residual_l1"] > 0 for r in steps)
     assert all(r["score_centering/sampler_head_mass"] < 1 for r in steps)
+# ------------------------------------------------------------------- multi-turn episodes on vLLM
+class ToolMessageEveryTurn:
+    """Replies to every turn with a tool message; a turn also stops at "." or "," (one token each
+    in SmolLM2's vocabulary), so the untrained model's episodes have several turns."""
+    stop, tools = (".", ","), []
+
+    def reset(self):
+        pass
+
+    def step(self, turn_text, turn):
+        from grpo_ablate.tasks.environment import Reply
+        return Reply('{"result": 42}', role="tool")
+
+    def reward(self):
+        return 0.0
+
+
+class ToolMessageTask:
+    max_turns, turn_tokens = 3, 12
+
+    def environment(self, problem):
+        return ToolMessageEveryTurn()
+
+
+class TurnRecorder:
+    """The engine, recording the ids each turn's call sampled."""
+
+    def __init__(self, engine):
+        self.engine, self.turns = engine, []
+
+    def generate(self, prompts, **kwargs):
+        roll = self.engine.generate(prompts, **kwargs)
+        self.turns.append([roll.completion_ids[i, :int(n)].tolist() for i, n in enumerate(roll.lengths)])
+        return roll
+
+
+def test_multi_turn_episodes_on_vllm_train_exactly_the_sampled_ids(smollm2):
+    """Per-turn stop ids, the tool's message through SmolLM2's template between turns, and the
+    trained ids equal to what vLLM sampled, token for token (its log-probs the trainer's)."""
+    from grpo_ablate.sampling.chat_replies import ReplyEncoder
+    from grpo_ablate.sampling.multi_turn import run_episodes
+    from grpo_ablate.train.forward import completion_logprobs
+
+    model, tokenizer, engine = smollm2
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
+               for q in ("Tell me about the sea.", "Describe a city, briefly.")]
+    prompts = [p if isinstance(p, list) else p["input_ids"] for p in prompts]
+    recorder = TurnRecorder(engine)
+    roll, texts, _ = run_episodes(recorder, tokenizer, ToolMessageTask(), [None, None], prompts, num_samples=2,
+                                  max_new_tokens=96, temperature=1.0, eos_id=tokenizer.eos_token_id,
+                                  pad_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(0))
+    env = (roll.completion_mask == 1) & (roll.sampled == 0)
+    assert int(env.sum()) > 0 and int(roll.turns.max()) > 1, texts
+    running = list(range(4))
+    for turn, sampled in enumerate(recorder.turns):
+        for row, turn_ids in zip(running, sampled):
+            at = (roll.turn_index[row] == turn) & (roll.sampled[row] == 1)
+            assert roll.completion_ids[row][at].tolist() == turn_ids[:int(at.sum())]
+            replied = (roll.turn_index[row] == turn) & env[row]
+            if replied.any():
+                expected = ReplyEncoder(tokenizer)('{"result": 42}', "tool", turn_ids[int(at.sum()) - 1])
+                assert roll.completion_ids[row][replied].tolist() == expected[:int(replied.sum())]
+        running = [r for r in running if int(roll.turns[r]) > turn + 1]
+    with torch.no_grad():
+        logp, _ = completion_logprobs(model, roll)
+    policy = roll.sampled_mask.bool()
+    assert (logp[policy] - roll.sampler_logprobs[policy]).abs().max().item() < FLOAT32_TOLERANCE

@@ -303,8 +303,6 @@ def check_model_and_task(cfg: DictConfig) -> None:
                     if setting(cfg, f"rollout.{key}") not in (None, off)]
         _require(not filtered, f"{filtered[0] if filtered else ''} is not supported on a multi-turn task "
                                f"(task={cfg.task.name}) yet: its episodes sample turn by turn without kept sets")
-        _require(cfg.rollout.backend == "hf", f"rollout.backend={cfg.rollout.backend} is not supported on a multi-turn "
-                                              f"task (task={cfg.task.name}) yet; use rollout=hf")
         centering = cfg.score_centering.name
         _require(centering == "none", f"score_centering={centering} is not supported on a multi-turn task "
                                       f"(task={cfg.task.name}) yet: its episodes record no sampler head")

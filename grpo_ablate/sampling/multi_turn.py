@@ -5,11 +5,12 @@ their own token ids (the prompt, then every earlier turn and reply as the ids th
 decoded and re-encoded on the way back, so the trained ids are the sampled ids); the turn stops at
 EOS, at one of the environment's stop texts (a tool call's close) or at the per-turn token budget
 (task.turn_tokens). The environment reads the turn's text and replies; its reply is encoded once and
-appended as ids. The environment decides whether a turn ended the episode, an EOS turn's too (a chat
-model ends a tool-call turn with its end-of-turn token, as ms-swift's check_finished and TRL's parsed
-tool calls decide); it also ends at a turn cut by the per-turn
-budget (as miles d583c2ae2 ends a length-truncated turn's episode), at the turn budget
-(task.max_turns), when the trajectory reaches rollout.max_new_tokens, or when the tool raises.
+appended as ids (a chat message: as the tokenizer's chat template renders it, sampling/chat_replies.py).
+The environment decides whether a turn ended the episode, an EOS turn's too (a chat model ends a
+tool-call turn with its end-of-turn token, as ms-swift's check_finished and TRL's parsed tool calls
+decide); it also ends at a turn cut by the per-turn budget (as miles d583c2ae2 ends a
+length-truncated turn's episode), at the turn budget (task.max_turns), when the trajectory reaches
+rollout.max_new_tokens, or when the tool raises.
 Every one of these is a recorded turn outcome (tasks/environment.py), never an exception.
 
 The result is a Rollout whose completion is the whole trajectory (policy and environment tokens,
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from grpo_ablate.sampling.chat_replies import ReplyEncoder
 from grpo_ablate.sampling.decode import Rollout, RowNoise, derived_seed, left_pad
 from grpo_ablate.tasks.environment import FAILED, TOOL_ERROR, TRUNCATED, TURN_BUDGET, Reply
 
@@ -84,6 +86,7 @@ def run_episodes(engine, tokenizer, task, problems: list, prompts: list[list[int
             env.reset()
             episodes.append(Episode(list(prompts[i]), env))
     stops = stop_ids(tokenizer, [e.env for e in episodes])
+    replies = ReplyEncoder(tokenizer)
     for turn in range(int(task.max_turns)):
         for episode in episodes:
             if not episode.done and len(episode.ids) >= max_new_tokens:   # no room left for another turn
@@ -99,7 +102,7 @@ def run_episodes(engine, tokenizer, task, problems: list, prompts: list[list[int
                                temperature=temperature, eos_id=eos + stops, pad_id=pad_id, generator=generator,
                                noise=turn_noise)
         for row, episode in enumerate(running):
-            _take_turn(episode, roll, row, turn, tokenizer, eos, stops, max_new_tokens)
+            _take_turn(episode, roll, row, turn, tokenizer, replies, eos, stops, max_new_tokens)
         for episode in running:
             if not episode.done and turn == int(task.max_turns) - 1:   # its last turn was answered: no turn left
                 episode.done = True
@@ -112,8 +115,8 @@ def run_episodes(engine, tokenizer, task, problems: list, prompts: list[list[int
         torch.tensor([e.reward for e in episodes])
 
 
-def _take_turn(episode: Episode, roll: Rollout, row: int, turn: int, tokenizer, eos: list[int],
-               stops: list[int], max_new_tokens: int) -> None:
+def _take_turn(episode: Episode, roll: Rollout, row: int, turn: int, tokenizer, replies: ReplyEncoder,
+               eos: list[int], stops: list[int], max_new_tokens: int) -> None:
     """Append row `row` of this turn's rollout to its episode, then the environment's reply."""
     n = int(roll.completion_mask[row].sum())
     ids = roll.completion_ids[row, :n].tolist()
@@ -128,7 +131,7 @@ def _take_turn(episode: Episode, roll: Rollout, row: int, turn: int, tokenizer, 
     reply = _step(episode, ids, turn, tokenizer)
     episode.outcomes.append(reply.outcome)
     if reply.text and not reply.done:
-        reply_ids = tokenizer(reply.text, add_special_tokens=False).input_ids
+        reply_ids = replies(reply.text, reply.role, ids[-1])   # encoded once (a chat message: by the template)
         if len(episode.ids) + len(reply_ids) >= max_new_tokens:   # no room for the reply and a turn after it
             episode.add(reply_ids[:max_new_tokens - len(episode.ids)], False, turn)
             episode.done = episode.truncated = True

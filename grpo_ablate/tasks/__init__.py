@@ -9,7 +9,8 @@ The embedded tiny model's warm start also needs (the arithmetic task has them):
     task.chars -> str                                   # characters the embedded tokenizer needs
 For the prompt_pool family: task.prompt_pool(size, seed) -> list[Problem], a finite pool.
 A multi-turn task adds `environment(problem)`, `max_turns` and `turn_tokens` (tasks/environment.py:
-an environment per episode answers the policy's turns and owns the reward; `calculator` is one).
+an environment per episode answers the policy's turns and owns the reward; `calculator` is one,
+`tool_jsonl` the data task whose rows carry tool specs, through a chat template: tasks/tool_calls.py).
 Optional: `answer(completion) -> hashable | None`, the final answer parsed (maj@k votes on it;
 every task here has it); and, as the data tasks have them, `format_reward` (a bonus, with `formatted(completion)`),
 `chat_template`, `system_prompt`, `max_prompt_tokens` (see grpo_ablate/sampling/prompts.py).
@@ -23,9 +24,10 @@ from grpo_ablate.tasks.arithmetic import ArithmeticTask, Problem
 from grpo_ablate.tasks.calculator import CalculatorTask
 from grpo_ablate.tasks.dataset import HFDatasetTask, JsonlTask, MathProblem, ParquetTask
 from grpo_ablate.tasks.quiz import QuizProblem, QuizTask
+from grpo_ablate.tasks.tool_calls import ToolJsonlTask
 
 TASKS = {"arithmetic": ArithmeticTask, "jsonl": JsonlTask, "parquet": ParquetTask, "hf": HFDatasetTask,
-         "quiz": QuizTask, "calculator": CalculatorTask}
+         "quiz": QuizTask, "calculator": CalculatorTask, "tool_jsonl": ToolJsonlTask}
 
 
 def build_task(group):
@@ -40,4 +42,4 @@ def build_task(group):
 
 
 __all__ = ["TASKS", "ArithmeticTask", "CalculatorTask", "HFDatasetTask", "JsonlTask", "MathProblem", "ParquetTask",
-           "Problem", "QuizProblem", "QuizTask", "build_task"]
+           "Problem", "QuizProblem", "QuizTask", "ToolJsonlTask", "build_task"]

@@ -46,6 +46,12 @@ TOOL_SPEC = {"type": "function", "function": {
         "required": ["a", "op", "b"]}}}
 
 
+def calculate(a: int, op: str, b: int) -> int | None:
+    """The calculator tool: `a op b`, or None when it refuses (a result over MAX_RESULT_DIGITS digits)."""
+    result = OPERATIONS[op](a, b)
+    return result if len(str(result)) <= MAX_RESULT_DIGITS else None
+
+
 def final_answer(transcript: str) -> int | None:
     """The integer the policy's last turn commits to: the text after the last tool result, when it
     is a number alone (a trailing tool call, or anything else, commits to nothing)."""
@@ -72,8 +78,8 @@ class CalculatorEnvironment:
             call = _CALL.match(text)
             if call is None:
                 return Reply(UNKNOWN + RESULT_END, outcome=PARSE_ERROR)
-            result = OPERATIONS[call.group(2)](int(call.group(1)), int(call.group(3)))
-            if len(str(result)) > MAX_RESULT_DIGITS:
+            result = calculate(int(call.group(1)), call.group(2), int(call.group(3)))
+            if result is None:
                 return Reply(UNKNOWN + RESULT_END, outcome=TOOL_ERROR)
             return Reply(f"{result}{RESULT_END}", outcome=OK)
         self.answer = int(text) if _ANSWER.match(text) else None

@@ -20,7 +20,10 @@ Here both are one protocol:
 
 A `Reply` is the text appended to the trajectory (encoded once, appended as token ids: the policy's
 own ids are never decoded and re-encoded), whether the episode ends, and the turn's outcome, a word
-recorded per turn (`ok`, `answer`, `parse_error`, `tool_error`, ...). The environment says when the
+recorded per turn (`ok`, `answer`, `parse_error`, `tool_error`, ...). A reply with a `role` (`tool`)
+is a chat message: the tokenizer's chat template renders it (the close of the policy's turn, the
+message, the next assistant header) and those ids are appended (sampling/chat_replies.py); without
+one its text is appended as it is (the calculator's "2773;"). The environment says when the
 episode ends, after an EOS turn too (a chat model closes a tool-call turn with its end-of-turn token);
 a turn cut by the per-turn budget, the last turn of the turn budget and a tool that raises end it
 whatever it says, recorded as `truncated`, `turn_budget` and `tool_error` (sampling/multi_turn.py).
@@ -47,6 +50,7 @@ class Reply:
     text: str                # appended after the policy's turn ("" for nothing)
     done: bool = False       # the episode ends after this turn
     outcome: str = OK        # recorded for the turn
+    role: str | None = None  # a chat message of this role, rendered by the chat template; None: the text as it is
 
 
 class Environment(Protocol):
