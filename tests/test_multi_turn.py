@@ -246,7 +246,8 @@ def test_the_trained_ids_are_the_sampled_ids_token_for_token_on_the_hf_engine():
 # -------------------------------------------------------------------------- a real step, split
 def test_env_tokens_change_nothing_between_micro_batches(cache_dir):
     """One step on the calculator task (episodes with tool replies), unsplit and in uneven micro-batches:
-    the same metrics and gradients, under both env_mask options."""
+    the same metrics and gradients, under both env_mask options, and with the truncated episodes
+    (their replies too) masked out by overlong=filter."""
     from conftest import SMALL
     from grpo_ablate.config.compose import compose
     from grpo_ablate.config.spec import run_spec
@@ -260,9 +261,10 @@ def test_env_tokens_change_nothing_between_micro_batches(cache_dir):
     small = [o for o in SMALL if not o.startswith("task.")] + ["task=calculator", "task.eval_size=8",
                                                                "rollout.max_new_tokens=24",
                                                                "model.attn_implementation=sdpa"]
-    for env_mask in ("masked", "unmasked"):
+    # overlong=filter: a 6-token turn budget cuts the calls of two 2-digit operands ("[47*59]" is 7 tokens)
+    for env_mask, extra in (("masked", []), ("unmasked", []), ("masked", ["overlong=filter", "task.turn_tokens=6"])):
         cfg = compose(small + [f"model.cache_dir={cache_dir}", "updates=single", "kl.beta=0.05",
-                               f"env_mask={env_mask}"])
+                               f"env_mask={env_mask}", *extra])
         validate(cfg)
         trainer, _ = build_grpo(run_spec(cfg), torch.device("cpu"), DataParallel(), None, lambda *a, **k: None)
         for model in (trainer.p.policy, trainer.p.reference):
@@ -270,6 +272,8 @@ def test_env_tokens_change_nothing_between_micro_batches(cache_dir):
         whole = assert_split_invariant(trainer, {"3": SPLITS["3"], "budget": SPLITS["budget"]})
         assert whole["turns/env_tokens_mean"] > 0
         assert (whole["env_mask/env_token_frac"] > 0) == (env_mask == "unmasked")
+        # filter: some episodes cut and masked out, some trained
+        assert (0 < whole["overlong/masked_frac"] < 1) if extra else whole["overlong/masked_frac"] == 0
 
 
 def test_the_warm_start_imitates_the_policy_turns_not_the_tool_reply():

@@ -1,9 +1,9 @@
 """The report's diagnostics sections: gradient conflicts, pairwise interactions, conflict checks,
-sampler truncation, input dependence. build.py calls `analyse`, render.py `markdown_sections`, plots.py
+sampler truncation, input dependence, turns. build.py calls `analyse`, render.py `markdown_sections`, plots.py
 `plot`; like the rest of the report it reads only what the runs logged and imports no torch. A section
 appears where the runs allow it: `diag.grad_conflict=true`; any pair's four variants {}, {a}, {b}, {a, b}
 (I_ab = m(ab) − m(a) − m(b) + m(base)); a `conflict` sweep; a sampler that filtered (top_k|p, min_p);
-`diag.input_dependence_every` > 0 (template collapse).
+`diag.input_dependence_every` > 0 (template collapse); a multi-turn task (turns/*).
 Design: docs/diagnostics.md (each section's rule), docs/sampling-replay.md (the truncation table).
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 
 from grpo_ablate.report.curves import final_value, kl_column
 from grpo_ablate.report.formatting import fmt_estimate, fmt_num
-from grpo_ablate.report.health import INPUT_DEPENDENCE
+from grpo_ablate.report.health import FAILED_TURNS, INPUT_DEPENDENCE
 from grpo_ablate.stats.intervals import Estimate, delta_ci, mean_ci, satterthwaite
 from grpo_ablate.stats.student import t_quantile
 
@@ -43,7 +43,47 @@ def analyse(report, conflict_threshold: float = DEFAULT_CONFLICT_THRESHOLD) -> d
     dependence = input_dependence(report)
     if dependence:
         out["input_dependence"] = dependence
+    episodes = turns(report)
+    if episodes:
+        out["turns"] = episodes
     return out
+
+
+# --------------------------------------------------------------------------- turns
+# the per-turn metrics of a multi-turn run (train/metrics.py), as the section shows them
+TURN_METRICS = ("turns/mean", FAILED_TURNS, "turns/tokens_per_turn")
+
+
+def turns(report) -> list[dict]:
+    """Per variant whose runs logged turns/mean (a multi-turn task): each turn metric's first and last
+    training-step value, means over the variant's runs; the runs with the tool_failures warning."""
+    out = []
+    for v in report.sweep.variants:
+        runs = [r for r in report.sweep.runs if r.variant == v.name and TURN_METRICS[0] in r.metrics]
+        if not runs:
+            continue
+        row = {"variant": v.name, "runs": len(runs),
+               "flagged": sum(any(f.name == "tool_failures" for f in r.flags) for r in runs)}
+        for column in TURN_METRICS:
+            ends = [e for e in (_first_and_last(r.metrics, column) for r in runs) if e is not None]
+            row[column] = {"first": float(np.mean([e[0] for e in ends])) if ends else None,
+                           "last": float(np.mean([e[1] for e in ends])) if ends else None}
+        out.append(row)
+    return out
+
+
+def _turn_lines(rows: list[dict]) -> list[str]:
+    lines = ["## Turns", "",
+             "Multi-turn episodes (docs/multi-turn.md), first -> last training step, means over the variant's "
+             "runs: policy turns per episode, the share of turns without a usable reply (a call that did not "
+             "parse, a tool that refused or raised, a turn cut by its budget) and the policy's tokens per turn; "
+             "*flagged*: runs with the tool_failures warning.", "",
+             "| variant | runs | turns / episode | failed turns | tokens / turn | flagged |",
+             "|---|---|---|---|---|---|"]
+    for row in rows:
+        cells = [f"{fmt_num(row[c]['first'])} -> {fmt_num(row[c]['last'])}" for c in TURN_METRICS]
+        lines.append(f"| {row['variant']} | {row['runs']} | {' | '.join(cells)} | {row['flagged']} |")
+    return lines
 
 
 # --------------------------------------------------------------------------- input dependence
@@ -428,6 +468,8 @@ def markdown_sections(report) -> list[str]:
         out += _truncation_lines(diag["sampler_truncation"]) + [""]
     if "input_dependence" in diag:
         out += _dependence_lines(diag["input_dependence"]) + [""]
+    if "turns" in diag:
+        out += _turn_lines(diag["turns"]) + [""]
     return out
 
 

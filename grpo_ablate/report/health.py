@@ -8,6 +8,9 @@
     template_collapse the completions' dependence on their prompt (diag/input_dependence, RAGEN-2's
                       template collapse) far below its first logged value, for a while (a warning only;
                       only a run that logged it: diag.input_dependence_every > 0)
+    tool_failures     most of a multi-turn run's turns get no usable reply (turns/failed_frac: a tool call
+                      that does not parse, a tool that refuses or raises, a turn cut by its budget), for a
+                      while (a warning only; only a run that logged it: a multi-turn task)
 
 Pure functions of what a run logged: metrics as a frame (see `load.metrics_frame`), samples
 as rows of samples.jsonl, status as status.json.
@@ -27,11 +30,15 @@ from grpo_ablate.allowed import POSITIVE, Allowed
 # far from its start, and a variant without a KL term is free to. template_collapse too: its metric
 # comes from a sub-batch of a few completions at a few steps, an estimate too noisy to call a run broken.
 BREAKING_FLAGS = ("diverged", "entropy_collapse", "length_blowup", "repetition")
-WARNING_FLAGS = ("kl_drift", "template_collapse")
+# tool_failures too: a policy may fail its tool calls for a while and learn to stop (the calculator's warm
+# start does fail some), and a task may be hard; it says where to look, not that training broke.
+WARNING_FLAGS = ("kl_drift", "template_collapse", "tool_failures")
 INPUT_DEPENDENCE = "diag/input_dependence"
-# thresholds of a flag that reads a metric only some runs log: shown (report.md, report.json) only where
-# a run logged it, so the reports of runs without it read as they did before the flag existed
-OPTIONAL_THRESHOLDS = {"input_dependence_frac": INPUT_DEPENDENCE}
+FAILED_TURNS = "turns/failed_frac"   # failed turns / turns of the step's episodes (train/metrics.py)
+# the flags that read a metric only some runs log, and their thresholds: shown (report.md, report.json) only
+# where a run logged it, so the reports of runs without it read as they did before the flag existed
+OPTIONAL_FLAGS = {"template_collapse": INPUT_DEPENDENCE, "tool_failures": FAILED_TURNS}
+OPTIONAL_THRESHOLDS = {"input_dependence_frac": INPUT_DEPENDENCE, "failed_turns_frac": FAILED_TURNS}
 
 
 @dataclass
@@ -47,6 +54,7 @@ class HealthThresholds:
                                            # ending higher
     input_dependence_frac: float = 0.5     # diag/input_dependence below this fraction of its first logged value
                                            # for `patience` logged values in a row (template_collapse)
+    failed_turns_frac: float = 0.5         # turns/failed_frac above this for `patience` steps (tool_failures)
 
 
 # what each threshold may be (a fraction of a first value or of the length cap, a count of steps, a KL)
@@ -54,12 +62,13 @@ FRACTION = Allowed("number", low=0, high=1, low_open=True)   # null (not a numbe
 THRESHOLD_RANGES = {"entropy_collapse_frac": FRACTION, "patience": Allowed("integer", low=1),
                     "length_cap_frac": FRACTION, "truncated_frac": FRACTION, "repetition_distinct_frac": FRACTION,
                     "repetition_same_frac": FRACTION, "kl_drift_threshold": POSITIVE,
-                    "input_dependence_frac": FRACTION}
+                    "input_dependence_frac": FRACTION, "failed_turns_frac": FRACTION}
 
 
 @dataclass
 class Flag:
     name: str      # diverged | entropy_collapse | length_blowup | repetition | kl_drift | template_collapse
+                   # | tool_failures
     step: int      # the step it first fired
     detail: str    # the numbers behind it
 
@@ -90,7 +99,7 @@ def health_flags(metrics: pd.DataFrame, samples: list[dict], max_new_tokens: int
     train = metrics[metrics["step"] > 0] if "step" in metrics else metrics.iloc[0:0]
     found = [diverged_flag(train, status), entropy_collapse_flag(train, th),
              length_blowup_flag(train, max_new_tokens, th), repetition_flag(samples, th), kl_drift_flag(train, th),
-             template_collapse_flag(train, th)]
+             template_collapse_flag(train, th), tool_failures_flag(train, th)]
     return sorted((f for f in found if f is not None), key=lambda f: f.step)
 
 
@@ -184,6 +193,24 @@ def template_collapse_flag(train: pd.DataFrame, th: HealthThresholds) -> Flag | 
             share = float(at.iloc[0]) / float(entropy["policy/entropy"].iloc[0])
             detail += f"; policy/entropy at {share:.2f} x its first"
     return Flag("template_collapse", step, detail)
+
+
+def tool_failures_flag(train: pd.DataFrame, th: HealthThresholds) -> Flag | None:
+    """Most turns of a multi-turn run fail (turns/failed_frac > failed_turns_frac) for `patience` steps.
+    The detail sets turns/mean beside it: one failed turn per episode ends it early (a cut turn), many
+    are calls retried until the turn budget runs out."""
+    if FAILED_TURNS not in train:
+        return None
+    logged = train[["step", FAILED_TURNS]].dropna()
+    step = first_streak(logged["step"], logged[FAILED_TURNS] > th.failed_turns_frac, th.patience)
+    if step is None:
+        return None
+    value = float(logged.loc[logged["step"] == step, FAILED_TURNS].iloc[0])
+    detail = f"{FAILED_TURNS} {value:.2f} > {th.failed_turns_frac} for {th.patience}+ steps"
+    turns = train.loc[train["step"] == step, "turns/mean"].dropna() if "turns/mean" in train else ()
+    if len(turns):
+        detail += f"; turns/mean {float(turns.iloc[0]):.2f}"
+    return Flag("tool_failures", step, detail)
 
 
 def shown_thresholds(thresholds: HealthThresholds, runs) -> dict:

@@ -14,7 +14,7 @@ from grpo_ablate.report.build import Report
 from grpo_ablate.report.curves import Summary, final_value
 from grpo_ablate.report.diagnostics import markdown_sections as diagnostics_sections
 from grpo_ablate.report.formatting import fmt_delta, fmt_estimate, fmt_num, fmt_p, fmt_sig
-from grpo_ablate.report.health import BREAKING_FLAGS, INPUT_DEPENDENCE, WARNING_FLAGS, shown_thresholds
+from grpo_ablate.report.health import BREAKING_FLAGS, OPTIONAL_FLAGS, WARNING_FLAGS, shown_thresholds
 from grpo_ablate.report.load import CONTROL_COLUMNS, CONTROL_LABELS
 from grpo_ablate.report.placebo import section_lines as placebo_lines
 from grpo_ablate.report.power import sequential_guarantee
@@ -276,8 +276,9 @@ def health_lines(report: Report) -> list[str]:
     else:
         out.append("No flag fired.")
     shown = shown_thresholds(report.thresholds, report.sweep.runs)
-    logged = any(INPUT_DEPENDENCE in r.metrics for r in report.sweep.runs)   # template_collapse can fire
-    named = [f for f in WARNING_FLAGS if f != "template_collapse" or logged]
+    logged = {column for r in report.sweep.runs for column in r.metrics.columns}
+    named = [f for f in WARNING_FLAGS if f not in OPTIONAL_FLAGS or OPTIONAL_FLAGS[f] in logged]   # can fire here
+    named = [", ".join(named[:-1]), named[-1]] if len(named) > 2 else named
     warnings = f"{' and '.join(named)} {'are warnings' if len(named) > 1 else 'is a warning'}"
     out += ["", "Thresholds: " + ", ".join(f"{k}={v}" for k, v in shown.items())
             + f". Breaking flags (for *{BREAKS_TRAINING}*): {', '.join(BREAKING_FLAGS)}; {warnings}."]

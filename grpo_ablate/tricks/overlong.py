@@ -13,6 +13,15 @@ reward manager): with L = max_new_tokens, buffer L_c and factor f,
           = f ((L - L_c) - |o|) / L_c   if L - L_c < |o| <= L
           = -f                      beyond,
 added to the task reward. PipelineRL's difficulty-aware penalty is its knob `gamma`.
+`stop_properly` (NeMo-RL's stop-properly penalty; OpenRLHF `--stop_properly_penalty_coef`): a
+truncated completion's reward is scaled, R' = c R (c = 0: it scores zero), its tokens trained.
+
+On a multi-turn task `truncated` is the episode's flag (sampling/multi_turn.py): a turn cut by the
+per-turn budget or the trajectory cut by rollout.max_new_tokens, which ends the episode there (miles
+d583c2ae2, #2587: nothing past a length-truncated turn is kept). So `none` keeps the episode's reward,
+`stop_properly` scores it zero and `filter` masks the whole episode (its replies too) out of the loss.
+`lengths` are the trained tokens (train/rewards.py: the policy's under env_mask=masked), while
+rollout.max_new_tokens also counts the replies: `soft_punish` ramps over the policy's tokens only.
 """
 from __future__ import annotations
 
@@ -50,6 +59,30 @@ def no_overlong(rewards, lengths, truncated, group_index, correct, max_len):
                                   "masking truncated completions (overlong filtering) steadies training"),)),))
 def overlong_filter(rewards, lengths, truncated, group_index, correct, max_len):
     return rewards, ~truncated, torch.zeros_like(rewards)
+
+
+@register("overlong", "stop_properly",
+          what="the stop-properly penalty: a truncated completion's reward scaled by `coef` (0: it scores zero), "
+               "its tokens still trained",
+          notes={"coef": "NeMo-RL's ProRL example and OpenRLHF's examples set 0.0: a truncated completion scores 0"},
+          shapes_reward=True,
+          knobs={"coef": FRACTION},
+          activity=Activity("overlong/penalty_mean"),
+          inert=Inert(lambda cfg: float(cfg.overlong.coef) == 1, "cannot act with overlong.coef=1 (every reward "
+                      "is kept)", "set overlong.coef < 1 (0.0)", "overlong.coef < 1"),
+          tricks=(Trick("stop_properly_penalty",
+                        what="a truncated completion (a multi-turn episode cut by a token budget) scores zero",
+                        source="NeMo-RL 177abd560 nemo_rl/algorithms/reward_functions.py "
+                               "(stop_properly_penalty_coef); OpenRLHF --stop_properly_penalty_coef",
+                        verdict="not_in_review"),))
+def overlong_stop_properly(rewards, lengths, truncated, group_index, correct, max_len, *, coef: float = 0.0):
+    """R'_i = coef * R_i if o_i is truncated, R_i otherwise (NeMo-RL apply_reward_shaping, read at
+    NVIDIA-NeMo/RL 177abd560: `torch.where(truncated, rewards * coef, rewards)`, coef in [0, 1]).
+    It scales the reward rather than setting it to reward.wrong, as NeMo-RL does: on the 0/1 scale
+    coef=0 is "wrong"; on a -1/1 scale a truncated failure rises to 0. The penalty is R' - R.
+    Difference: OpenRLHF also takes coef < 0 as the reward itself; here coef is in [0, 1] (NeMo-RL's)."""
+    shaped = torch.where(truncated, rewards * coef, rewards)
+    return shaped, torch.ones_like(truncated, dtype=torch.bool), shaped - rewards
 
 
 def solve_rates(correct: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
