@@ -2,6 +2,7 @@
 import dataclasses
 import functools
 import json
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -282,7 +283,10 @@ def test_static_sampling_is_one_round(small, tmp_path):
 
 def test_learnable_temperature_moves_during_training_and_resumes(small, tmp_path):
     args = small + ["steps=4", "kl=none", "temperature=learnable", "temperature.lr=0.05"]
-    full = read_rows(run(args, tmp_path / "full").run_dir / "metrics.jsonl")
+    with warnings.catch_warnings(record=True) as caught:   # the trained temperature is read as a number
+        warnings.simplefilter("always")
+        full = read_rows(run(args, tmp_path / "full").run_dir / "metrics.jsonl")
+    assert not [w for w in caught if "requires_grad" in str(w.message)], [str(w.message) for w in caught]
     temps = [r["temperature/value"] for r in full[1:]]
     assert temps[0] == 1.0 and len(set(temps)) > 1
     run(small + ["steps=2", "kl=none", "temperature=learnable", "temperature.lr=0.05"], tmp_path / "part")

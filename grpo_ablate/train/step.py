@@ -141,7 +141,7 @@ class GRPOTrainer:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)   # perf/peak_memory_gib: this step's
         self.model.train()
-        T = float(self.temperature())                               # this step's sampling temperature
+        T = float(torch.as_tensor(self.temperature()).detach())     # this step's sampling temperature (a number)
         try:
             batch = self.sample(step, T)                                           # 1. sample and score
         except NonFiniteLogits as err:
