@@ -17,6 +17,18 @@ def torchrun(*args, cwd):
                           capture_output=True, text=True, timeout=300)
 
 
+def one_and_two_ranks(args, tmp_path, *two_only):
+    """The same run in one process and over two torchrun ranks (`two_only`: overrides for the ranks alone):
+    both runs' metrics.jsonl rows without their timings."""
+    assert train(compose(args), tmp_path / "single", args).state == "completed"
+    work = tmp_path / "work"
+    work.mkdir()
+    two = torchrun(*args, *two_only, f"hydra.run.dir={work}/run", cwd=work)
+    assert two.returncode == 0, two.stderr[-3000:]
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)} for r in rows]
+    return strip(read_rows(tmp_path / "single" / "metrics.jsonl")), strip(read_rows(work / "run" / "metrics.jsonl"))
+
+
 @pytest.mark.slow
 def test_two_processes_match_one_process_on_the_same_global_batch(small, tmp_path):
     # token_mean normalises by the whole batch's token count, lite by the whole batch's reward
@@ -67,15 +79,7 @@ def test_two_processes_mask_the_same_groups_and_diagnose_the_same_rows(small, tm
     template-collapse diagnostic scores the same sub-batch on every rank: two ranks log what one does."""
     args = small + ["steps=2", "eval.every=2", "loss_agg=token_mean", "rollout.rng=per_row", "sampling=variance_mass",
                     "sampling.top_p=0.5", "diag.input_dependence_every=1"]
-    single = train(compose(args), tmp_path / "single", args)
-    assert single.state == "completed"
-    work = tmp_path / "work"
-    work.mkdir()
-    two = torchrun(*args, f"hydra.run.dir={work}/run", cwd=work)
-    assert two.returncode == 0, two.stderr[-3000:]
-    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)} for r in rows]
-    one = strip(read_rows(tmp_path / "single" / "metrics.jsonl"))
-    split = strip(read_rows(work / "run" / "metrics.jsonl"))
+    one, split = one_and_two_ranks(args, tmp_path)
     assert len(one) == len(split) == 3
     for a, b in zip(one, split):
         assert b == {k: pytest.approx(v, rel=1e-3, abs=1e-6) for k, v in a.items()}
@@ -89,15 +93,7 @@ def test_two_processes_gate_the_combined_ratio_as_one_process(small, tmp_path):
     args = small + ["steps=2", "eval.every=2", "loss_agg=token_mean", "rollout.rng=per_row", "staleness=fixed",
                     "rollout_correction=combined_truncate", "rollout_correction.high=1.001",
                     "updates=mini_batches", "updates.mini_batches=2"]
-    single = train(compose(args), tmp_path / "single", args)
-    assert single.state == "completed"
-    work = tmp_path / "work"
-    work.mkdir()
-    two = torchrun(*args, f"hydra.run.dir={work}/run", cwd=work)
-    assert two.returncode == 0, two.stderr[-3000:]
-    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)} for r in rows]
-    one = strip(read_rows(tmp_path / "single" / "metrics.jsonl"))
-    split = strip(read_rows(work / "run" / "metrics.jsonl"))
+    one, split = one_and_two_ranks(args, tmp_path)
     assert len(one) == len(split) == 3
     for a, b in zip(one, split):
         assert b == {k: pytest.approx(v, rel=1e-3, abs=1e-6) for k, v in a.items()}
@@ -112,15 +108,7 @@ def test_two_processes_centre_on_the_same_top_k_as_one_process(updates, small, t
     or each forward's own (one step), in micro-batches: two ranks log what one process does."""
     args = small + ["steps=2", "eval.every=2", "loss_agg=token_mean", "rollout.rng=per_row", "clip=local",
                     "clip.topk=4", *updates]
-    single = train(compose(args), tmp_path / "single", args)
-    assert single.state == "completed"
-    work = tmp_path / "work"
-    work.mkdir()
-    two = torchrun(*args, "updates.micro_batch_size=3", f"hydra.run.dir={work}/run", cwd=work)
-    assert two.returncode == 0, two.stderr[-3000:]
-    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)} for r in rows]
-    one = strip(read_rows(tmp_path / "single" / "metrics.jsonl"))
-    split = strip(read_rows(work / "run" / "metrics.jsonl"))
+    one, split = one_and_two_ranks(args, tmp_path, "updates.micro_batch_size=3")
     assert len(one) == len(split) == 3
     for a, b in zip(one, split):
         assert b == {k: pytest.approx(v, rel=1e-3, abs=1e-6) for k, v in a.items()}

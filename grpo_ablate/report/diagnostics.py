@@ -51,6 +51,14 @@ def analyse(report, conflict_threshold: float = DEFAULT_CONFLICT_THRESHOLD) -> d
 
 # --------------------------------------------------------------------------- turns
 # the per-turn metrics of a multi-turn run (train/metrics.py), as the section shows them
+def variants_logging(report, column: str):
+    """(variant, its runs that logged `column`) for every variant with one: a diagnostic's rows."""
+    for v in report.sweep.variants:
+        runs = [r for r in report.sweep.runs if r.variant == v.name and column in r.metrics]
+        if runs:
+            yield v, runs
+
+
 TURN_METRICS = ("turns/mean", FAILED_TURNS, "turns/tokens_per_turn")
 
 
@@ -58,10 +66,7 @@ def turns(report) -> list[dict]:
     """Per variant whose runs logged turns/mean (a multi-turn task): each turn metric's first and last
     training-step value, means over the variant's runs; the runs with the tool_failures warning."""
     out = []
-    for v in report.sweep.variants:
-        runs = [r for r in report.sweep.runs if r.variant == v.name and TURN_METRICS[0] in r.metrics]
-        if not runs:
-            continue
+    for v, runs in variants_logging(report, TURN_METRICS[0]):
         row = {"variant": v.name, "runs": len(runs),
                "flagged": sum(any(f.name == "tool_failures" for f in r.flags) for r in runs)}
         for column in TURN_METRICS:
@@ -155,10 +160,7 @@ TRUNCATION_METRICS = ("rollout/kept_mass", "rollout/ratio_mean_full", "rollout/r
 def sampler_truncation(report) -> list[dict]:
     """Per variant whose runs logged kept sets: each truncation metric's mean over every logged step."""
     out = []
-    for v in report.sweep.variants:
-        runs = [r for r in report.sweep.runs if r.variant == v.name and TRUNCATION_METRICS[0] in r.metrics]
-        if not runs:
-            continue
+    for v, runs in variants_logging(report, TRUNCATION_METRICS[0]):
         means = {}
         for column in TRUNCATION_METRICS:
             values = np.concatenate([r.metrics[column].dropna().to_numpy(float) for r in runs
