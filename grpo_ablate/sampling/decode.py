@@ -59,6 +59,8 @@ class Rollout:
     # long: its turns that ended without a usable tool reply (a call that did not parse, a tool
     # that raised, a turn over the per-turn token budget)
     failed_turns: torch.Tensor | None = field(default=None, metadata={"per": "row", "fill": 0})
+    # float: the sum of the episode's turn-level rewards (Reply.reward; 0 when its turns carry none)
+    turn_reward: torch.Tensor | None = field(default=None, metadata={"per": "row", "fill": 0.0})
     # long [N, T, k]: the sampler's k most probable ids at each token, and float [N, T, k] their log-probs
     # under the distribution it drew from (full-vocabulary mass, -inf after EOS); None unless an option
     # reads the head (score_centering: `generate(head=k)`, vLLM's logprobs=k)

@@ -15,8 +15,9 @@ Every one of these is a recorded turn outcome (tasks/environment.py), never an e
 
 The result is a Rollout whose completion is the whole trajectory (policy and environment tokens,
 completion_mask 1 on all of them), with `sampled` (1 on the policy's tokens), `turn_index`,
-`turns` and `failed_turns`; the sampler's log-probs are 0 on the environment's tokens. The
-`env_mask` family decides which of the completion's tokens are trained (train/rewards.py).
+`turns`, `failed_turns` and `turn_reward` (the sum of the turns' own rewards); the sampler's
+log-probs are 0 on the environment's tokens. The `env_mask` family decides which of the
+completion's tokens are trained (train/rewards.py).
 
 rollout.rng=per_row (and an eval's own draws): each turn's draws are keyed by the call's seed and
 the turn, a row's by its place among the rows still running; deterministic, but not yet the same
@@ -50,6 +51,7 @@ class Episode:
     done: bool = False
     truncated: bool = False
     reward: float = 0.0
+    turn_reward: float = 0.0                            # the sum of its replies' own rewards (Reply.reward)
 
     def add(self, ids: list[int], sampled: bool, turn: int, logp: list[float] | None = None) -> None:
         self.ids += ids
@@ -130,6 +132,8 @@ def _take_turn(episode: Episode, roll: Rollout, row: int, turn: int, tokenizer, 
         return
     reply = _step(episode, ids, turn, tokenizer)
     episode.outcomes.append(reply.outcome)
+    if reply.reward is not None:
+        episode.turn_reward += float(reply.reward)
     if reply.text and not reply.done:
         reply_ids = replies(reply.text, reply.role, ids[-1])   # encoded once (a chat message: by the template)
         if len(episode.ids) + len(reply_ids) >= max_new_tokens:   # no room for the reply and a turn after it
@@ -178,4 +182,5 @@ def _rollout(episodes: list[Episode], pad_id: int, sampled_logprobs: bool) -> Ro
         sampler_logprobs=logp if sampled_logprobs else None,
         sampled=sampled, turn_index=turn_index,
         turns=torch.tensor([len(e.outcomes) for e in episodes], dtype=torch.long),
-        failed_turns=torch.tensor([sum(o in FAILED for o in e.outcomes) for e in episodes], dtype=torch.long))
+        failed_turns=torch.tensor([sum(o in FAILED for o in e.outcomes) for e in episodes], dtype=torch.long),
+        turn_reward=torch.tensor([e.turn_reward for e in episodes], dtype=torch.float32))

@@ -9,7 +9,9 @@ The transcript after the prompt is "[47*59]2773;2773"; the reward, at the end, i
 policy's last turn is the problem's answer. A call that does not parse (e.g. "[47*5"), a result
 the tool refuses or a turn with no call and no number gets the reply "?;" (a recorded
 `parse_error` / `tool_error` turn) and the policy may try again within the turn budget
-(`max_turns`); the per-turn token budget (`turn_tokens`) cuts a turn that never closes.
+(`max_turns`); the per-turn token budget (`turn_tokens`) cuts a turn that never closes. A call
+turn has its own reward (`Reply.reward`: 1 when the tool computed, 0 when it did not), which the
+`turn_credit` family can credit to it (tricks/turn_credit.py); the answer turn has none.
 
 The tiny model cannot multiply two-digit numbers in its head: it must call the tool, copy the
 operands into the call and copy the result into its answer. The warm start's demonstrations (the
@@ -77,11 +79,11 @@ class CalculatorEnvironment:
         if text.endswith(CALL_CLOSE):
             call = _CALL.match(text)
             if call is None:
-                return Reply(UNKNOWN + RESULT_END, outcome=PARSE_ERROR)
+                return Reply(UNKNOWN + RESULT_END, outcome=PARSE_ERROR, reward=0.0)
             result = calculate(int(call.group(1)), call.group(2), int(call.group(3)))
             if result is None:
-                return Reply(UNKNOWN + RESULT_END, outcome=TOOL_ERROR)
-            return Reply(f"{result}{RESULT_END}", outcome=OK)
+                return Reply(UNKNOWN + RESULT_END, outcome=TOOL_ERROR, reward=0.0)
+            return Reply(f"{result}{RESULT_END}", outcome=OK, reward=1.0)   # the call executed: its turn reward
         self.answer = int(text) if _ANSWER.match(text) else None
         return Reply("", done=True, outcome=ANSWER if self.answer is not None else PARSE_ERROR)
 

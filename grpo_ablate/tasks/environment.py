@@ -20,7 +20,10 @@ Here both are one protocol:
 
 A `Reply` is the text appended to the trajectory (encoded once, appended as token ids: the policy's
 own ids are never decoded and re-encoded), whether the episode ends, and the turn's outcome, a word
-recorded per turn (`ok`, `answer`, `parse_error`, `tool_error`, ...). A reply with a `role` (`tool`)
+recorded per turn (`ok`, `answer`, `parse_error`, `tool_error`, ...), and optionally the turn's own
+reward (a verifiable turn-level reward, e.g. 1 for a tool call that executed; summed over the
+episode into its `turn_reward`, which the `turn_credit` family credits to the turns before the
+first reply: tricks/turn_credit.py). A reply with a `role` (`tool`)
 is a chat message: the tokenizer's chat template renders it (the close of the policy's turn, the
 message, the next assistant header) and those ids are appended (sampling/chat_replies.py); without
 one its text is appended as it is (the calculator's "2773;"). The environment says when the
@@ -51,6 +54,8 @@ class Reply:
     done: bool = False       # the episode ends after this turn
     outcome: str = OK        # recorded for the turn
     role: str | None = None  # a chat message of this role, rendered by the chat template; None: the text as it is
+    reward: float | None = None   # the turn's own reward (a tool call that executed: MT-GRPO's turn-level
+                                  # reward), summed per episode into `turn_reward`; None: the turn has none
 
 
 class Environment(Protocol):

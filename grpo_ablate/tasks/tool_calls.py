@@ -140,11 +140,11 @@ class ToolCallEnvironment:
             return self._error(str(err), PARSE_ERROR)
         if result is None:
             return self._error("the result is too large", TOOL_ERROR)
-        return Reply(json.dumps({"result": result}), outcome=OK, role="tool")
+        return Reply(json.dumps({"result": result}), outcome=OK, role="tool", reward=1.0)   # the call executed
 
     @staticmethod
     def _error(why: str, outcome: str) -> Reply:
-        return Reply(json.dumps({"error": why.replace('"', "'")}), outcome=outcome, role="tool")
+        return Reply(json.dumps({"error": why.replace('"', "'")}), outcome=outcome, role="tool", reward=0.0)
 
     def reward(self) -> float:
         return 1.0 if self.answer is not None and self.verifier.correct(self.answer, self.problem.answer) else 0.0

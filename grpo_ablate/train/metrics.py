@@ -79,17 +79,28 @@ def turn_metrics(roll, mask) -> dict:
             "turns/failed_frac": (roll.failed_turns.float().sum() / turns.sum().clamp(min=1)).item(),
             "turns/tokens_per_turn": (sampled.sum() / turns.sum().clamp(min=1)).item(),
             "turns/env_tokens_mean": env.sum(dim=1).mean().item(),
+            "turns/turn_reward": roll.turn_reward.float().mean().item(),
             "env_mask/env_token_frac": ((mask * env).sum() / mask.sum().clamp(min=1)).item()}
 
 
-def advantage_metrics(advantages, mask, clipped_frac) -> dict:
-    """Over completions, or over trained tokens for a per-token estimator (gae)."""
+def advantage_metrics(advantages, mask, clipped_frac, outcome=None) -> dict:
+    """Over completions, or over trained tokens for a per-token estimator (gae). `outcome`: the outcome
+    reward's advantages before turn_credit (a multi-turn batch): turn_credit/shift, the mean |A_t - A^O_t|
+    over trained tokens, is what the turn rewards moved."""
     values = advantages[mask.bool()] if advantages.dim() == 2 else advantages
-    return {"adv/mean": values.mean().item(),
-            "adv/std": values.std().item() if values.numel() > 1 else 0.0,
-            "adv/min": values.min().item() if values.numel() else 0.0,
-            "adv/max": values.max().item() if values.numel() else 0.0,
-            "adv/clipped_frac": clipped_frac.item()}
+    out = {"adv/mean": values.mean().item(),
+           "adv/std": values.std().item() if values.numel() > 1 else 0.0,
+           "adv/min": values.min().item() if values.numel() else 0.0,
+           "adv/max": values.max().item() if values.numel() else 0.0,
+           "adv/clipped_frac": clipped_frac.item()}
+    if outcome is not None:
+        shift = (_per_token(advantages) - _per_token(outcome)).abs().expand_as(mask)
+        out["turn_credit/shift"] = masked_mean(shift, mask).item()
+    return out
+
+
+def _per_token(advantages):
+    return advantages if advantages.dim() == 2 else advantages[:, None]
 
 
 def token_means(token_stats: dict, mask) -> dict:

@@ -76,6 +76,7 @@ class Advantages:
     values: torch.Tensor           # [N] per completion, or [N, T] per token (an estimator with a critic)
     clipped_frac: torch.Tensor     # the fraction adv_clip clipped
     rewards: torch.Tensor          # [N] the rewards after reward_norm, which the estimator saw
+    outcome: torch.Tensor | None = None   # the outcome reward's advantages before turn_credit (None: no turn rewards)
 
     @property
     def per_token(self) -> torch.Tensor:
@@ -83,21 +84,61 @@ class Advantages:
         return self.values if self.values.dim() == 2 else self.values[:, None]
 
 
+@dataclass
+class TurnRewards:
+    """A multi-turn batch's turn-level rewards, as the turn_credit family reads them."""
+    rewards: torch.Tensor          # [N] the episode's summed turn rewards (Reply.reward)
+    before_reply: torch.Tensor     # [N, T] 1 on the completion positions before its first environment token
+    replied: torch.Tensor          # [N] bool: the episode has an environment token
+
+    @classmethod
+    def of(cls, roll, device) -> "TurnRewards | None":
+        """None for single completions (no turn reward)."""
+        if roll.turn_reward is None:
+            return None
+        env = (roll.completion_mask * (1 - roll.sampled)).to(device) > 0
+        replied, width = env.any(dim=1), env.shape[1]
+        first = torch.where(replied, env.to(torch.int64).argmax(dim=1),
+                            torch.full_like(replied, width, dtype=torch.int64))
+        before = (torch.arange(width, device=device)[None, :] < first[:, None]).to(roll.completion_mask.dtype)
+        return cls(roll.turn_reward.to(device), before, replied)
+
+
 class AdvantageChain:
     """reward_norm -> adv -> adv_clip, bound once; the same chain for the total reward and for
-    each reward component alone (the diagnostics)."""
+    each reward component alone (the diagnostics); then turn_credit, where a multi-turn batch's
+    turns carry rewards of their own (each reward it reads goes through the whole chain)."""
 
     def __init__(self, tricks: Mapping[str, BoundOption]):
         adv = tricks["adv"]
         self.reward_norm, self.estimator, self.adv_clip = tricks["reward_norm"].fn, adv.fn, tricks["adv_clip"].fn
         self.critic_knobs = dict(adv.knobs)   # adv=gae's: gamma, lam and its lambda schedule's knobs
+        self.turn_credit = tricks["turn_credit"].fn
 
-    def __call__(self, rewards, group_index, mask, values=None, components=None) -> Advantages:
+    def __call__(self, rewards, group_index, mask, values=None, components=None, turns: TurnRewards | None = None
+                 ) -> Advantages:
         """`components`: the reward's parts by name (ShapedRewards.components), for an estimator
         that normalizes each (gdpo); None or {}: the reward is one part. They are the raw parts:
-        reward_norm maps the total, and a per-group normalization ignores its scale anyway."""
+        reward_norm maps the total, and a per-group normalization ignores its scale anyway.
+        `turns`: the episodes' turn rewards (None: single completions, or no turn credit to give)."""
+        components = components or {}
+        outcome = self.chain(rewards, group_index, mask, values, components)
+        if turns is None:
+            return outcome
+
+        def advantage_of(a: float, b: float) -> torch.Tensor:
+            """The chain's advantages of a R^O + b R^T, its parts scaled alike."""
+            parts = ({**{k: a * v for k, v in components.items()}, "turn_reward": b * turns.rewards}
+                     if components else {})
+            return self.chain(a * rewards + b * turns.rewards, group_index, mask, values, parts).values
+
+        credited = self.turn_credit(outcome.values, turns.rewards, turns.before_reply, turns.replied,
+                                    advantage_of=advantage_of)
+        return Advantages(credited, outcome.clipped_frac, outcome.rewards, outcome=outcome.values)
+
+    def chain(self, rewards, group_index, mask, values, components) -> Advantages:
         rewards = self.reward_norm(rewards)
-        advantages, clipped_frac = self.adv_clip(self.estimator(rewards, group_index, mask, values, components or {}))
+        advantages, clipped_frac = self.adv_clip(self.estimator(rewards, group_index, mask, values, components))
         return Advantages(advantages, clipped_frac, rewards)
 
     def critic_returns(self, rewards, mask, old_values):

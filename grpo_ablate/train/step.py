@@ -28,7 +28,7 @@ from grpo_ablate.train.distributed import DataParallel
 from grpo_ablate.train.forward import token_logprobs
 from grpo_ablate.train.losses import Coefficients, LossInputs, LossTerms, loss_draws, total
 from grpo_ablate.train.policy_history import policy_history, upgraded_checkpoint
-from grpo_ablate.train.rewards import AdvantageChain, Advantages, RewardShaping, ShapedRewards
+from grpo_ablate.train.rewards import AdvantageChain, Advantages, RewardShaping, ShapedRewards, TurnRewards
 from grpo_ablate.evals.score import evaluate
 from grpo_ablate.train.run import Optimization, StepResult
 from grpo_ablate.train.state import Plugin, extra_param_groups
@@ -253,8 +253,9 @@ class GRPOTrainer:
         if corrects and not self.correction_reads_advantages:
             weights, corrected = self.rollout_correction(old, sampler, shaped.mask)
             mismatch = {**mismatch, **corrected}
-        adv = self.advantages(shaped.rewards, group_index, shaped.mask, self.estimator_input(batch, anchors, weights,
-                                                                                            step), shaped.components)
+        values = self.estimator_input(batch, anchors, weights, step)
+        adv = self.advantages(shaped.rewards, group_index, shaped.mask, values, shaped.components,
+                              TurnRewards.of(batch.roll, self.device))
         if corrects and self.correction_reads_advantages:   # its mask reads the advantages the loss will
             weights, corrected = self.rollout_correction(old, sampler, shaped.mask, advantages=adv.per_token)
             mismatch = {**mismatch, **corrected}
@@ -505,7 +506,7 @@ class GRPOTrainer:
                "temperature/value": T,
                **m.completion_metrics(batch.roll.lengths, batch.roll.truncated),
                **(m.turn_metrics(batch.roll, mask) if batch.roll.turns is not None else {}),   # multi-turn episodes
-               **m.advantage_metrics(adv.values, mask, adv.clipped_frac),
+               **m.advantage_metrics(adv.values, mask, adv.clipped_frac, adv.outcome),
                "policy/entropy": masked_mean(update.entropy, mask).item(), **update.step_means,
                "ppo/optimizer_steps": update.steps,
                "optim/grad_norm": update.grad_norm,
