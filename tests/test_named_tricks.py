@@ -78,6 +78,7 @@ ACTS_WITH = {
     "combined_ratio_mask": ["staleness=fixed", "rollout_correction.high=1.001"],
     "train_env_tokens": ["task=calculator"],   # a multi-turn task: tool replies to train on
     "turn_level_credit": ["task=calculator"],   # a multi-turn task: tool calls rewarded per turn
+    "merged_turn_reward": ["task=calculator"],
 }
 
 

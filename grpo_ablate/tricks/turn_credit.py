@@ -73,7 +73,11 @@ def outcome_only(outcome_advantage, turn_reward, before_reply, replied, *, advan
 
 @register("turn_credit", "merged",
           what="A(R^O + R^T): the turn rewards added to the trajectory's reward (the paper's GRPO-MR)",
-          activity=Activity("turn_credit/shift"), inert=SINGLE_TURN, checks=(_per_completion_estimator,))
+          activity=Activity("turn_credit/shift"), inert=SINGLE_TURN, checks=(_per_completion_estimator,),
+          tricks=(Trick("merged_turn_reward",
+                        what="the turn rewards (a tool call that executed) added to the trajectory's reward: "
+                             "MT-GRPO's GRPO-MR baseline",
+                        source=PAPER, verdict="not_in_review"),))
 def merged_reward(outcome_advantage, turn_reward, before_reply, replied, *, advantage_of=None):
     return advantage_of(1.0, 1.0)
 
