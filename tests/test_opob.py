@@ -130,6 +130,24 @@ def test_score_norms_are_each_rows_own_gradient_and_log_ratio():
         assert got[i, 1].item() == pytest.approx(sum(known), abs=1e-12)
 
 
+def test_score_norms_of_an_episode_sum_over_its_trained_tokens_only():
+    """A multi-turn episode's environment tokens (sampled 0) are in no score under env_mask=masked, as in
+    the loss; under unmasked they are, as in that run's loss."""
+    from grpo_ablate.tricks import option
+
+    model = TinyLM().double()
+    ids = torch.tensor([[5, 1, 2, 3], [5, 4, 6, 0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    sampled = torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 0.0]])          # row 0's second token: the tool's
+    roll = Rollout(ids, torch.ones_like(ids), 1, mask, torch.zeros(2, dtype=torch.bool), sampled=sampled)
+    single = Rollout(ids, torch.ones_like(ids), 1, mask * sampled, torch.zeros(2, dtype=torch.bool))
+    masked = score_norms(model, roll, 1.0, remove_padding=False, trained=option("env_mask", "masked").impl)
+    torch.testing.assert_close(masked, score_norms(model, single, 1.0, remove_padding=False), rtol=0, atol=0)
+    unmasked = score_norms(model, roll, 1.0, remove_padding=False, trained=option("env_mask", "unmasked").impl)
+    torch.testing.assert_close(unmasked, score_norms(model, roll, 1.0, remove_padding=False), rtol=0, atol=0)
+    assert masked[0, 0] != unmasked[0, 0] and masked[1, 0] == unmasked[1, 0]
+
+
 def test_score_norms_leave_the_optimizers_gradients_alone():
     model = TinyLM().double()
     ids = torch.tensor([[5, 1, 2]])

@@ -476,7 +476,9 @@ class GRPOTrainer:
             return {}
         rows, other, seconds = elsewhere
         own = (anchors.old if anchors.old is not None else update.logp)[rows.to(self.device)]
-        mask = batch.roll.completion_mask[rows.to(batch.roll.completion_mask.device)].to(own.device)
+        roll = batch.roll   # over the tokens the run trains on (a multi-turn episode's: env_mask's)
+        mask = self.shaping.env_mask(roll.completion_mask, roll.sampled)[rows.to(roll.completion_mask.device)]
+        mask = mask.to(own.device)
         return {**input_dependence.input_dependence_metrics(own, other, mask),
                 "time/input_dependence_s": seconds}   # its forward: part of time/update_s
 

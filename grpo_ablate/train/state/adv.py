@@ -64,15 +64,19 @@ def ema_baseline(spec: RunSpec, task, policies) -> EmaBaseline | None:
     return EmaBaseline(float(adv.values["decay"]))
 
 
-def score_norms(model, roll, temperature: float, remove_padding: bool = True) -> torch.Tensor:
+def score_norms(model, roll, temperature: float, remove_padding: bool = True,
+                trained=None) -> torch.Tensor:
     """[N, 2] float64: each row's ||grad_theta sum_t log pi(o_t)||^2 over the model's trained
-    parameters, and its log rho = sum_t log pi(o_t)/mu(o_t) (0 where mu is not known)."""
+    parameters, and its log rho = sum_t log pi(o_t)/mu(o_t) (0 where mu is not known), the sums over
+    the trained tokens: `trained` (the env_mask option: (completion_mask, sampled) -> mask) leaves a
+    multi-turn episode's environment tokens out as the loss does; None: every completion token."""
     params = [p for p in model.parameters() if p.requires_grad]
     out = torch.zeros(roll.completion_mask.shape[0], 2, dtype=torch.float64)
     with torch.enable_grad():
         for i in range(out.shape[0]):
             row = select_rows(roll, torch.tensor([i]))
-            mask = row.completion_mask.to(torch.float64)
+            mask = (row.completion_mask if trained is None else trained(row.completion_mask, row.sampled))
+            mask = mask.to(torch.float64)
             logp = token_logprobs(model, row, temperature, remove_padding=remove_padding)[0]
             grads = torch.autograd.grad((logp * mask.to(logp.dtype)).sum(), params, allow_unused=True)
             out[i, 0] = sum(float(g.double().pow(2).sum()) for g in grads if g is not None)
@@ -85,12 +89,13 @@ def score_norms(model, roll, temperature: float, remove_padding: bool = True) ->
 class ScoreNorms(Plugin):
     key = ""     # no state across steps
 
-    def __init__(self, policy, remove_padding: bool):
-        self.policy, self.remove_padding, self.values = policy, remove_padding, None
+    def __init__(self, policy, remove_padding: bool, trained):
+        self.policy, self.remove_padding, self.trained, self.values = policy, remove_padding, trained, None
 
     def anchors(self, part, temperature: float, forward, history) -> dict:
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        self.values = gather_rows(score_norms(self.policy, part, temperature, self.remove_padding), world)
+        self.values = gather_rows(score_norms(self.policy, part, temperature, self.remove_padding, self.trained),
+                                  world)
         return {}
 
     def estimator_input(self):
@@ -114,7 +119,7 @@ def score_norm_plugin(spec: RunSpec, task, policies) -> ScoreNorms | None:
     """The plugin when the adv option reads per-trajectory score-gradient norms, else None."""
     if not spec.tricks["adv"].option.reads_score_norms:
         return None
-    return ScoreNorms(policies.policy, spec.model.remove_padding)
+    return ScoreNorms(policies.policy, spec.model.remove_padding, spec.tricks["env_mask"].fn)
 
 
 class EpisodeGap(Plugin):
