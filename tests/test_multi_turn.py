@@ -291,15 +291,48 @@ def test_the_warm_start_imitates_the_policy_turns_not_the_tool_reply():
     assert slipped == [("37", True)]                               # a product answered without the tool, off by one
 
 
-@pytest.mark.parametrize("setting", ["rollout.top_p=0.9", "score_centering=top_k"])
-def test_what_episodes_do_not_handle_yet_is_refused_in_one_line(setting):
+def test_score_centering_on_the_environments_tokens_is_refused_in_one_line():
     from grpo_ablate.config.compose import compose
     from grpo_ablate.config.validate import validate
     from grpo_ablate.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="not supported on a multi-turn task"):
-        validate(compose(["task=calculator", setting]))
-    validate(compose(["task=calculator", "rollout=vllm"]))   # its episodes run on vLLM (tests/test_vllm_cpu.py)
+    with pytest.raises(ConfigError, match="score_centering=top_k cannot take env_mask=unmasked on a multi-turn"):
+        validate(compose(["task=calculator", "score_centering=top_k", "env_mask=unmasked"]))
+    for accepted in (["score_centering=top_k"], ["rollout.top_p=0.9", "rollout.top_k=8"], ["rollout=vllm"]):
+        validate(compose(["task=calculator", *accepted]))   # its episodes run on vLLM too (tests/test_vllm_cpu.py)
+
+
+def test_each_turn_keeps_its_kept_sets_and_head_at_its_own_tokens():
+    """A filtering sampler's kept sets and the sampler's top-k head, recorded turn by turn, sit at each turn's
+    tokens (none at the environment's): replaying the kept sets scores exactly the sampler's renormalised
+    log-probs, and the head's log-probs are the trainer's at the head ids."""
+    from grpo_ablate.sampling.filters import NOT_KEPT, SamplingFilters
+
+    torch.manual_seed(0)
+    model = build_tiny_model({"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                              "num_attention_heads": 2, "num_key_value_heads": 1,
+                              "max_position_embeddings": 128}, TOKENIZER, seed=0)
+    task = EveryDigitTask(eval_size=4, max_turns=4, turn_tokens=6)
+    problems = task.train_batch(3, 0, 0)
+    for filters, head in ((SamplingFilters(top_k=6, top_p=0.9), 0), (None, 4)):
+        roll, _, _ = run_episodes(HFEngine(model, lean=True), TOKENIZER, task, problems,
+                                  [ids(p.prompt) for p in problems], num_samples=2, max_new_tokens=30,
+                                  temperature=1.0, eos_id=EOS, pad_id=PAD,
+                                  generator=torch.Generator().manual_seed(0), filters=filters, head=head)
+        policy, env = roll.sampled_mask.bool(), (roll.completion_mask == 1) & (roll.sampled == 0)
+        assert env.any() and int(roll.turns.max()) > 1
+        if filters is not None:
+            kept = roll.kept_ids
+            assert (kept[env] == NOT_KEPT).all() and (kept[policy] != NOT_KEPT).any(dim=-1).all()
+            assert ((kept[policy] == roll.completion_ids[policy][:, None]).any(dim=-1)).all()
+            assert roll.head_ids is None
+            logp, _ = completion_logprobs(model, roll, score_kept_sets=True)
+            torch.testing.assert_close(logp[policy], roll.sampler_logprobs[policy], rtol=0, atol=1e-5)
+        else:
+            assert roll.kept_ids is None and roll.head_ids.shape[-1] == 4
+            assert torch.isinf(roll.head_logprobs[env]).all()
+            *_, head_logp = completion_logprobs(model, roll, return_head=True)
+            torch.testing.assert_close(head_logp[policy], roll.head_logprobs[policy], rtol=0, atol=1e-5)
 
 
 def test_a_failed_last_turn_stays_counted_when_the_turn_budget_ends_the_episode():

@@ -411,3 +411,27 @@ def test_multi_turn_episodes_on_vllm_train_exactly_the_sampled_ids(smollm2):
         logp, _ = completion_logprobs(model, roll)
     policy = roll.sampled_mask.bool()
     assert (logp[policy] - roll.sampler_logprobs[policy]).abs().max().item() < FLOAT32_TOLERANCE
+
+
+def test_multi_turn_episodes_on_vllm_keep_each_turns_kept_sets_and_head(smollm2):
+    """A filtering sampler's kept sets and the top-k head, recorded by vLLM turn by turn, sit at each
+    turn's tokens and nowhere else: replaying the kept sets scores vLLM's renormalised log-probs."""
+    from grpo_ablate.sampling.filters import NOT_KEPT, SamplingFilters
+    from grpo_ablate.sampling.multi_turn import run_episodes
+
+    model, tokenizer, engine = smollm2
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
+               for q in ("Tell me about the sea.", "Describe a city, briefly.")]
+    prompts = [p if isinstance(p, list) else p["input_ids"] for p in prompts]
+    roll, texts, _ = run_episodes(engine, tokenizer, ToolMessageTask(), [None, None], prompts, num_samples=2,
+                                  max_new_tokens=96, temperature=1.0, eos_id=tokenizer.eos_token_id,
+                                  pad_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(0),
+                                  filters=SamplingFilters(top_k=20, top_p=0.9), head=3)
+    policy, env = roll.sampled_mask.bool(), (roll.completion_mask == 1) & (roll.sampled == 0)
+    assert int(env.sum()) > 0 and int(roll.turns.max()) > 1, texts
+    assert (roll.kept_ids[env] == NOT_KEPT).all() and torch.isinf(roll.head_logprobs[env]).all()
+    assert ((roll.kept_ids[policy] == roll.completion_ids[policy][:, None]).any(dim=-1)).all()
+    replayed, _ = replayed_and_full_logprobs(model, roll, 1.0)
+    assert (replayed - roll.sampler_logprobs)[policy].abs().max().item() < FLOAT32_TOLERANCE
+    # the head's log-probs are those of the distribution vLLM drew from (filtered): its top id is always kept
+    assert roll.head_ids.shape[-1] == 3 and torch.isfinite(roll.head_logprobs[policy][:, 0]).all()

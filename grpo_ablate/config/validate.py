@@ -297,15 +297,12 @@ def check_model_and_task(cfg: DictConfig) -> None:
     _require(not unknown, f"task.{unknown[0] if unknown else ''} is not a setting of task={cfg.task.name}; "
                           f"allowed: {', '.join(settings)}")
     _check_task_builds(task_class, params(cfg.task))
-    if is_multi_turn(task_class):   # sampling/multi_turn.py: what its episodes do not handle yet
-        filtered = [f"rollout.{key}={setting(cfg, f'rollout.{key}')}" for key, off in (("top_k", 0), ("top_p", 1.0),
-                                                                                        ("min_p", 0.0))
-                    if setting(cfg, f"rollout.{key}") not in (None, off)]
-        _require(not filtered, f"{filtered[0] if filtered else ''} is not supported on a multi-turn task "
-                               f"(task={cfg.task.name}) yet: its episodes sample turn by turn without kept sets")
-        centering = cfg.score_centering.name
-        _require(centering == "none", f"score_centering={centering} is not supported on a multi-turn task "
-                                      f"(task={cfg.task.name}) yet: its episodes record no sampler head")
+    if is_multi_turn(task_class):   # sampling/multi_turn.py: what its episodes do not handle
+        centering, env_mask = cfg.score_centering.name, cfg.env_mask.name
+        _require(centering == "none" or env_mask == "masked",
+                 f"score_centering={centering} cannot take env_mask={env_mask} on a multi-turn task "
+                 f"(task={cfg.task.name}): the environment's tokens were not drawn by the sampler, so they have no "
+                 "sampler head to centre on; use env_mask=masked")
 
 
 # the tasks that built from these settings in this process, so that a sweep's plan checks each once, not once

@@ -114,7 +114,8 @@ class Rollouts:
             try:
                 if self.multi_turn:   # episodes: the policy's turns and the environment's replies, scored by it
                     roll, texts, scores = run_episodes(self.engine, self.tokenizer, self.task, mine,
-                                                       [self.encode(p) for p in mine], num_samples=n, **settings)
+                                                       [self.encode(p) for p in mine], num_samples=n, **settings,
+                                                       head=self.head if trained else 0)
                     roll = roll.to(self.device)
                 else:
                     roll = self.engine.generate([self.encode(p) for p in mine], num_samples=n, **settings,

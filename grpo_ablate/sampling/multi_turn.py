@@ -21,18 +21,26 @@ completion's tokens are trained (train/rewards.py).
 
 rollout.rng=per_row (and an eval's own draws): each turn's draws are keyed by the call's seed and
 the turn, a row's by its place among the rows still running; deterministic, but not yet the same
-on any number of processes (a row's place depends on the other rows of its process). Not yet:
-filtering samplers (rollout.top_k|top_p|min_p: their kept sets per turn).
+on any number of processes (a row's place depends on the other rows of its process).
+A filtering sampler (rollout.top_k|top_p|min_p) and score_centering's head record per-token fields
+at each turn (the kept sets, the head ids and log-probs); the episode carries them at that turn's
+tokens, with the field's fill at the environment's, which the replay reads as "not filtered".
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
 from grpo_ablate.sampling.chat_replies import ReplyEncoder
 from grpo_ablate.sampling.decode import Rollout, RowNoise, derived_seed, left_pad
 from grpo_ablate.tasks.environment import FAILED, TOOL_ERROR, TRUNCATED, TURN_BUDGET, Reply
+
+
+# per-token Rollout fields a turn's sampler may record beside its ids, each [rows, T, K] (K may differ from
+# turn to turn): a filtering sampler's kept sets (the sampling replay) and the sampler's top-k head
+# (score_centering); an environment token has none (the field's fill)
+PER_TOKEN_SAMPLER_FIELDS = ("kept_ids", "head_ids", "head_logprobs")
 
 
 class MultiTurnUnsupported(ValueError):
@@ -52,6 +60,8 @@ class Episode:
     truncated: bool = False
     reward: float = 0.0
     turn_reward: float = 0.0                            # the sum of its replies' own rewards (Reply.reward)
+    # what the sampler recorded per token beside the ids (PER_TOKEN_SAMPLER_FIELDS): name -> [(start, [n, K])]
+    recorded: dict = field(default_factory=dict)
 
     def add(self, ids: list[int], sampled: bool, turn: int, logp: list[float] | None = None) -> None:
         self.ids += ids
@@ -75,11 +85,11 @@ def stop_ids(tokenizer, envs) -> list[int]:
 
 def run_episodes(engine, tokenizer, task, problems: list, prompts: list[list[int]], *, num_samples: int,
                  max_new_tokens: int, temperature: float, eos_id, pad_id: int, generator=None, noise=None,
-                 filters=None) -> tuple[Rollout, list[str], torch.Tensor]:
+                 filters=None, head: int = 0) -> tuple[Rollout, list[str], torch.Tensor]:
     """`num_samples` episodes of each problem (rows problem-major, as `generate`): the Rollout, the
-    transcripts (policy turns and replies, as text) and the environments' rewards [rows]."""
-    if filters is not None and filters.truncates:
-        raise MultiTurnUnsupported("rollout.top_k/top_p/min_p are not supported on a multi-turn task yet")
+    transcripts (policy turns and replies, as text) and the environments' rewards [rows].
+    `filters` and `head`, as `generate` takes them: each turn records its tokens' kept sets and the
+    sampler's head, which the episode carries at those tokens (none at the environment's)."""
     eos = list(eos_id) if isinstance(eos_id, (list, tuple)) else [eos_id]
     episodes = []
     for i, problem in enumerate(problems):
@@ -102,7 +112,7 @@ def run_episodes(engine, tokenizer, task, problems: list, prompts: list[list[int
         turn_noise = None if noise is None else RowNoise(derived_seed(noise.seed, ("turn", turn)), 0, len(running))
         roll = engine.generate([e.prompt + e.ids for e in running], num_samples=1, max_new_tokens=budget,
                                temperature=temperature, eos_id=eos + stops, pad_id=pad_id, generator=generator,
-                               noise=turn_noise)
+                               noise=turn_noise, filters=filters, **({"head": head} if head else {}))
         for row, episode in enumerate(running):
             _take_turn(episode, roll, row, turn, tokenizer, replies, eos, stops, max_new_tokens)
         for episode in running:
@@ -125,6 +135,10 @@ def _take_turn(episode: Episode, roll: Rollout, row: int, turn: int, tokenizer, 
     room = max_new_tokens - len(episode.ids)
     ids = ids[:room]                                     # the trajectory's own budget
     logp = roll.sampler_logprobs[row, :len(ids)].tolist() if roll.sampler_logprobs is not None else None
+    for name in PER_TOKEN_SAMPLER_FIELDS:   # the turn's kept sets, the sampler's head: at the turn's tokens
+        recorded = getattr(roll, name)
+        if recorded is not None:
+            episode.recorded.setdefault(name, []).append((len(episode.ids), recorded[row, :len(ids)]))
     episode.add(ids, True, turn, logp)
     if not (ids and (ids[-1] in eos or ids[-1] in stops)):   # cut by the per-turn or the trajectory budget
         episode.outcomes.append(TRUNCATED)
@@ -175,6 +189,8 @@ def _rollout(episodes: list[Episode], pad_id: int, sampled_logprobs: bool) -> Ro
         sampled[i, :k], logp[i, :k] = torch.tensor(e.sampled), torch.tensor(e.logp)
         turn_index[i, :k] = torch.tensor(e.turn, dtype=torch.long)
     return Rollout(
+        **{name: _per_token_field(episodes, name, width) for name in PER_TOKEN_SAMPLER_FIELDS
+           if any(name in e.recorded for e in episodes)},
         sequences=torch.cat([ids, completion], dim=1),
         attention_mask=torch.cat([mask, completion_mask.long()], dim=1),
         prompt_len=ids.shape[1], completion_mask=completion_mask,
@@ -184,3 +200,15 @@ def _rollout(episodes: list[Episode], pad_id: int, sampled_logprobs: bool) -> Ro
         turns=torch.tensor([len(e.outcomes) for e in episodes], dtype=torch.long),
         failed_turns=torch.tensor([sum(o in FAILED for o in e.outcomes) for e in episodes], dtype=torch.long),
         turn_reward=torch.tensor([e.turn_reward for e in episodes], dtype=torch.float32))
+
+
+def _per_token_field(episodes: list[Episode], name: str, width: int) -> torch.Tensor:
+    """[N, width, K] of a recorded per-token field, K its widest turn's, the field's fill elsewhere
+    (the environment's tokens, padding, a narrower turn's tail)."""
+    segments = [(i, start, part) for i, e in enumerate(episodes) for start, part in e.recorded.get(name, [])]
+    like = segments[0][2]
+    fill = next(f.metadata["fill"] for f in fields(Rollout) if f.name == name)
+    out = torch.full((len(episodes), width, max(p.shape[-1] for _, _, p in segments)), fill, dtype=like.dtype)
+    for i, start, part in segments:
+        out[i, start:start + part.shape[0], :part.shape[-1]] = part.to("cpu")
+    return out
