@@ -375,3 +375,33 @@ def test_the_environment_decides_whether_an_eos_turn_ends_the_episode():
     n = int(roll.completion_mask.sum())
     assert roll.completion_ids[0, :n].tolist() == ids("3") + [EOS] + ids("?;") + ids("7") + [EOS]
     assert roll.sampled[0, :n].tolist() == [1.0, 1.0, 0.0, 0.0, 1.0, 1.0] and roll.turns.tolist() == [2]
+
+
+def test_per_row_draws_give_each_episode_whatever_the_rows_split():
+    """rollout.rng=per_row: an episode's turns are drawn from its row's own uniforms (its global index),
+    so the six episodes sampled in one call are those sampled in two calls of three (two ranks)."""
+    from grpo_ablate.sampling.decode import RowNoise
+
+    torch.manual_seed(0)
+    model = build_tiny_model({"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                              "num_attention_heads": 2, "num_key_value_heads": 1,
+                              "max_position_embeddings": 128}, TOKENIZER, seed=0)
+    task = EveryDigitTask(eval_size=4, max_turns=4, turn_tokens=6)
+    problems = task.train_batch(3, 0, 0)
+
+    def sample(part, first):
+        roll, texts, _ = run_episodes(HFEngine(model, lean=True), TOKENIZER, task, problems[part],
+                                      [ids(p.prompt) for p in problems[part]], num_samples=2, max_new_tokens=10,
+                                      temperature=1.0, eos_id=EOS, pad_id=PAD, noise=RowNoise(7, first, 6))
+        return roll, texts
+
+    whole, texts = sample(slice(0, 3), 0)
+    (head, head_texts), (tail, tail_texts) = sample(slice(0, 1), 0), sample(slice(1, 3), 2)
+    assert head_texts + tail_texts == texts and len(set(texts)) > 1
+    # the trajectory budget ends episodes at different turns: later turns sample a non-contiguous set of rows
+    assert int(whole.turns.max()) > 1 and (whole.turns != whole.turns[0]).any()
+    for part, rows in ((head, range(0, 2)), (tail, range(2, 6))):
+        for k, row in enumerate(rows):
+            n = int(whole.completion_mask[row].sum())
+            assert part.completion_ids[k, :n].tolist() == whole.completion_ids[row, :n].tolist()
+            assert part.sampled[k, :n].tolist() == whole.sampled[row, :n].tolist()

@@ -147,10 +147,17 @@ class RowNoise:
     seeded by `seed` (one per sampling call), which draws one uniform for every row of the whole
     batch (`total` rows) at every token; this process's rows, starting at global row `first`,
     take theirs. A row's tokens then depend only on its index, never on how the rows are split
-    across processes (torchrun) or which other rows are still decoding."""
+    across processes (torchrun) or which other rows are still decoding. `rows`: the global indices of
+    the call's rows when they are not first, first + 1, ... (a multi-turn turn samples only the rows
+    whose episode is still running)."""
     seed: int
     first: int
     total: int
+    rows: tuple[int, ...] | None = None
+
+    def indices(self, n: int) -> list[int]:
+        """The global index of each of the call's `n` rows."""
+        return list(self.rows) if self.rows is not None else list(range(self.first, self.first + n))
 
 
 def derived_seed(seed: int, key: tuple) -> int:
@@ -229,7 +236,7 @@ def _draw(probs, active, n: int, generator, noise: RowNoise | None, uniforms) ->
     if noise is None:
         return torch.multinomial(probs, 1, generator=generator).squeeze(1)
     cdf = probs.cumsum(dim=-1)
-    u = torch.rand(noise.total, generator=uniforms)[noise.first:noise.first + n].to(probs.device)[active]
+    u = torch.rand(noise.total, generator=uniforms)[noise.indices(n)].to(probs.device)[active]
     token = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
     return token.clamp(max=cdf.shape[-1] - 1)
 

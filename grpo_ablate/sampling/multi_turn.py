@@ -20,8 +20,8 @@ log-probs are 0 on the environment's tokens. The `env_mask` family decides which
 completion's tokens are trained (train/rewards.py).
 
 rollout.rng=per_row (and an eval's own draws): each turn's draws are keyed by the call's seed and
-the turn, a row's by its place among the rows still running; deterministic, but not yet the same
-on any number of processes (a row's place depends on the other rows of its process).
+the turn, a row's by its global index among the call's rows (RowNoise.rows), so a row samples the
+same episode on any number of processes.
 A filtering sampler (rollout.top_k|top_p|min_p) and score_centering's head record per-token fields
 at each turn (the kept sets, the head ids and log-probs); the episode carries them at that turn's
 tokens, with the field's fill at the environment's, which the replay reads as "not filtered".
@@ -108,8 +108,11 @@ def run_episodes(engine, tokenizer, task, problems: list, prompts: list[list[int
         if not running:
             break
         budget = min(int(task.turn_tokens), max_new_tokens - min(len(e.ids) for e in running))
-        # per-row draws: keyed by the call's seed and the turn, each row by its place among the running ones
-        turn_noise = None if noise is None else RowNoise(derived_seed(noise.seed, ("turn", turn)), 0, len(running))
+        # per-row draws: keyed by the call's seed and the turn, each row by its global index (as a single
+        # completion's are), so a row samples the same episode however the rows are split over processes
+        turn_noise = None if noise is None else RowNoise(
+            derived_seed(noise.seed, ("turn", turn)), noise.first, noise.total,
+            rows=tuple(noise.first + k for k, e in enumerate(episodes) if not e.done))
         roll = engine.generate([e.prompt + e.ids for e in running], num_samples=1, max_new_tokens=budget,
                                temperature=temperature, eos_id=eos + stops, pad_id=pad_id, generator=generator,
                                noise=turn_noise, filters=filters, **({"head": head} if head else {}))

@@ -152,8 +152,8 @@ class VLLMEngine:
         from vllm import SamplingParams
 
         if noise is not None:   # rollout.rng=per_row: a seed per prompt, keyed by its place in the batch
-            first = noise.first // num_samples
-            seeds = [derived_seed(noise.seed, first + i) for i in range(len(prompts))]
+            rows = noise.indices(len(prompts) * num_samples)[::num_samples]   # each prompt's first row
+            seeds = [derived_seed(noise.seed, row // num_samples) for row in rows]
         else:                   # from the run's stream (checkpointed): resumable
             base = int(torch.randint(2 ** 31, (1,), generator=generator))
             seeds = [base + i for i in range(len(prompts))]
