@@ -267,7 +267,9 @@ def test_a_turn_without_a_call_is_the_answer_scored_by_math_verify(task):
 
 # ---------------------------------------------------------------------- the data file's tool specs
 @pytest.mark.parametrize("tools, needle", [
-    ("not a list", "'tools': not a non-empty list of tool specs"),
+    ("not a list", "'tools': text that is not JSON"),
+    ({"name": "calculator"}, "'tools': not a non-empty list of tool specs"),
+    (json.dumps({"name": "calculator"}), "'tools': not a non-empty list of tool specs"),
     ([], "'tools': not a non-empty list of tool specs"),
     ([{"name": "calculator"}], "tool 1 is not"),
     ([{"type": "function", "function": {"parameters": {}}}], "tool 1 has no function.name"),
@@ -300,6 +302,43 @@ def test_a_malformed_tool_spec_stops_train_with_one_error_line_before_a_run_dir(
     assert result.exit_code == 2 and len(lines) == 1, result.stderr
     assert lines[0].startswith("error: ") and "line 3: 'tools': tool 1 has no function.name" in lines[0]
     assert not any(tmp_path.glob("runs"))
+
+
+def test_parquet_and_hf_rows_carry_the_same_tools_as_the_jsonl_file(tmp_path):
+    """task=tool_parquet and tool_hf read the JSONL file's problems and tools: nested (parquet's list of structs,
+    arrow's unified fields) or as JSON text (as xLAM-style datasets store them)."""
+    import pandas as pd
+
+    rows = [json.loads(line) for line in open(DATA)]
+    pd.DataFrame(rows).to_parquet(tmp_path / "nested.parquet")
+    pd.DataFrame([{**r, "tools": json.dumps(r["tools"])} for r in rows]).to_parquet(tmp_path / "text.parquet")
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "train.jsonl").write_text(open(DATA).read())
+    reference = build_task(compose(["task=tool_jsonl", f"task.path={DATA}", "task.eval_size=4"]).task)
+    tasks = [build_task(compose(["task=tool_parquet", f"task.path={tmp_path / name}", "task.eval_size=4"]).task)
+             for name in ("nested.parquet", "text.parquet")]
+    tasks.append(build_task(compose(["task=tool_hf", f"task.dataset={tmp_path / 'hf'}", "task.eval_size=4"]).task))
+    for task in tasks:
+        assert [(p.prompt, p.answer, p.tools_json) for p in task.train] == \
+            [(p.prompt, p.answer, p.tools_json) for p in reference.train]
+        assert task.max_turns == reference.max_turns and callable(task.environment)
+
+
+@pytest.mark.parametrize("tools, needle", [("[{not json", "'tools': text that is not JSON"),
+                                           (json.dumps([{"type": "function", "function": {"parameters": {}}}]),
+                                            "tool 1 has no function.name")])
+def test_a_malformed_tool_spec_in_a_parquet_file_is_an_error_naming_its_row(tmp_path, tools, needle):
+    import pandas as pd
+
+    rows = [{**json.loads(line), "tools": None} for line in open(DATA)][:6]
+    for r, line in zip(rows, open(DATA)):
+        r["tools"] = json.dumps(json.loads(line)["tools"])
+    rows[3]["tools"] = tools
+    pd.DataFrame(rows).to_parquet(tmp_path / "tools.parquet")
+    with pytest.raises(ConfigError) as err:
+        build_task(compose(["task=tool_parquet", f"task.path={tmp_path / 'tools.parquet'}", "task.eval_size=1"]).task)
+    message = str(err.value)
+    assert "1 malformed row: row 4: '" in message and needle in message and "\n" not in message, message
 
 
 def test_task_settings_are_checked(tmp_path):

@@ -24,10 +24,11 @@ from grpo_ablate.tasks.arithmetic import ArithmeticTask, Problem
 from grpo_ablate.tasks.calculator import CalculatorTask
 from grpo_ablate.tasks.dataset import HFDatasetTask, JsonlTask, MathProblem, ParquetTask
 from grpo_ablate.tasks.quiz import QuizProblem, QuizTask
-from grpo_ablate.tasks.tool_calls import ToolJsonlTask
+from grpo_ablate.tasks.tool_calls import ToolHFTask, ToolJsonlTask, ToolParquetTask
 
 TASKS = {"arithmetic": ArithmeticTask, "jsonl": JsonlTask, "parquet": ParquetTask, "hf": HFDatasetTask,
-         "quiz": QuizTask, "calculator": CalculatorTask, "tool_jsonl": ToolJsonlTask}
+         "quiz": QuizTask, "calculator": CalculatorTask, "tool_jsonl": ToolJsonlTask, "tool_parquet": ToolParquetTask,
+         "tool_hf": ToolHFTask}
 
 
 def build_task(group):

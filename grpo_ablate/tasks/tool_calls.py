@@ -1,5 +1,6 @@
-"""Tool-calling problems from data (task=tool_jsonl): a JSONL file whose rows carry the tools the
-model may call, run as multi-turn episodes through the model's chat template.
+"""Tool-calling problems from data (task=tool_jsonl, tool_parquet, tool_hf): a JSONL file, a parquet
+file or a Hugging Face dataset whose rows carry the tools the model may call, run as multi-turn
+episodes through the model's chat template.
 
     {"question": "What is 47 * 59?", "answer": "2773", "tools": [<a tool spec>, ...]}
 
@@ -35,7 +36,7 @@ import re
 from dataclasses import dataclass
 
 from grpo_ablate.tasks.calculator import OPERATIONS, calculate
-from grpo_ablate.tasks.dataset import JsonlTask, MathProblem
+from grpo_ablate.tasks.dataset import HFDatasetTask, JsonlTask, MathProblem, ParquetTask
 from grpo_ablate.tasks.environment import ANSWER, OK, PARSE_ERROR, TOOL_ERROR, Reply
 
 CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -150,9 +151,11 @@ class ToolCallEnvironment:
         return 1.0 if self.answer is not None and self.verifier.correct(self.answer, self.problem.answer) else 0.0
 
 
-class ToolJsonlTask(JsonlTask):
-    """task=tool_jsonl: task=jsonl's rows with a field of tool specs, as multi-turn tool-calling episodes."""
-    name = "tool_jsonl"
+class ToolRows:
+    """The tool-calling part of a data task: its rows' tool specs, the episodes' budgets, the
+    environment and how a transcript is scored; the row reader is the data task's (JSONL, parquet,
+    a Hugging Face dataset). A row's tools may be a list of specs or that list as JSON text (as
+    datasets such as xLAM store them); nested arrays a parquet file gives back are read as lists."""
     needs_chat_template = True   # the tool's replies are chat messages (sampling/prompts.py refuses a model without)
 
     def __init__(self, tools_field: str = "tools", max_turns: int = 3, turn_tokens: int = 64, **options):
@@ -162,7 +165,7 @@ class ToolJsonlTask(JsonlTask):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"task.{key}={value!r} is not allowed; it must be an integer >= 1")
         if options.get("chat_template", "auto") != "auto":
-            raise ValueError("task.chat_template must be auto with task=tool_jsonl: the tool's replies are chat "
+            raise ValueError(f"task.chat_template must be auto with task={self.name}: the tool's replies are chat "
                              "messages the template renders")
         self.tools_field, self.max_turns, self.turn_tokens = tools_field, max_turns, turn_tokens
         super().__init__(**options)
@@ -171,11 +174,18 @@ class ToolJsonlTask(JsonlTask):
         problem, error = super()._problem(where, row)
         if error:
             return problem, error
-        wrong = tool_spec_error(row.get(self.tools_field))
+        tools = row.get(self.tools_field)
+        if isinstance(tools, str):   # the specs as JSON text
+            try:
+                tools = json.loads(tools)
+            except json.JSONDecodeError:
+                return None, f"'{self.tools_field}': text that is not JSON"
+        tools = _plain_tree(tools)
+        wrong = tool_spec_error(tools)
         if wrong:
             return None, f"'{self.tools_field}': {wrong}"
         fields = {k: getattr(problem, k) for k in MathProblem.__dataclass_fields__}
-        return ToolProblem(**fields, tools_json=json.dumps(row[self.tools_field], sort_keys=True)), None
+        return ToolProblem(**fields, tools_json=json.dumps(tools, sort_keys=True)), None
 
     def environment(self, problem: ToolProblem) -> ToolCallEnvironment:
         return ToolCallEnvironment(problem, self.verifier)
@@ -195,3 +205,30 @@ class ToolJsonlTask(JsonlTask):
     def formatted(self, completion: str) -> bool:
         last = final_turn(completion)
         return last is not None and super().formatted(last)
+
+
+class ToolJsonlTask(ToolRows, JsonlTask):
+    """task=tool_jsonl: task=jsonl's rows with a field of tool specs, as multi-turn tool-calling episodes."""
+    name = "tool_jsonl"
+
+
+class ToolParquetTask(ToolRows, ParquetTask):
+    """task=tool_parquet: task=parquet's rows with a field of tool specs."""
+    name = "tool_parquet"
+
+
+class ToolHFTask(ToolRows, HFDatasetTask):
+    """task=tool_hf: task=hf's rows (a hub dataset, or a local directory of data files) with a field of tool specs."""
+    name = "tool_hf"
+
+
+def _plain_tree(value):
+    """A parquet/arrow value as JSON-ready Python: arrays as lists, numpy scalars as numbers, recursively;
+    a missing nested value (None, NaN-free) stays None."""
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        value = value.tolist()
+    if isinstance(value, dict):
+        return {k: _plain_tree(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_plain_tree(v) for v in value]
+    return value
