@@ -60,33 +60,40 @@ def variants_logging(report, column: str):
 
 
 TURN_METRICS = ("turns/mean", FAILED_TURNS, "turns/tokens_per_turn")
+TURN_REWARD = "turns/turn_reward"   # the episode's summed turn rewards: runs from before it have none
 
 
 def turns(report) -> list[dict]:
     """Per variant whose runs logged turns/mean (a multi-turn task): each turn metric's first and last
-    training-step value, means over the variant's runs; the runs with the tool_failures warning."""
+    training-step value, means over the variant's runs (the turn reward too where a run logged it); the
+    runs with the tool_failures warning."""
     out = []
     for v, runs in variants_logging(report, TURN_METRICS[0]):
         row = {"variant": v.name, "runs": len(runs),
                "flagged": sum(any(f.name == "tool_failures" for f in r.flags) for r in runs)}
-        for column in TURN_METRICS:
+        for column in (*TURN_METRICS, TURN_REWARD):
             ends = [e for e in (_first_and_last(r.metrics, column) for r in runs) if e is not None]
-            row[column] = {"first": float(np.mean([e[0] for e in ends])) if ends else None,
-                           "last": float(np.mean([e[1] for e in ends])) if ends else None}
+            if ends or column != TURN_REWARD:
+                row[column] = {"first": float(np.mean([e[0] for e in ends])) if ends else None,
+                               "last": float(np.mean([e[1] for e in ends])) if ends else None}
         out.append(row)
     return out
 
 
 def _turn_lines(rows: list[dict]) -> list[str]:
+    rewarded = any(TURN_REWARD in row for row in rows)
+    columns = (*TURN_METRICS, TURN_REWARD) if rewarded else TURN_METRICS
     lines = ["## Turns", "",
              "Multi-turn episodes (docs/multi-turn.md), first -> last training step, means over the variant's "
              "runs: policy turns per episode, the share of turns without a usable reply (a call that did not "
-             "parse, a tool that refused or raised, a turn cut by its budget) and the policy's tokens per turn; "
-             "*flagged*: runs with the tool_failures warning.", "",
-             "| variant | runs | turns / episode | failed turns | tokens / turn | flagged |",
-             "|---|---|---|---|---|---|"]
+             "parse, a tool that refused or raised, a turn cut by its budget) and the policy's tokens per turn"
+             + ("; the turn reward, the episode's sum of its turns' own rewards (a tool call that executed)"
+                if rewarded else "") + "; *flagged*: runs with the tool_failures warning.", "",
+             "| variant | runs | turns / episode | failed turns | tokens / turn | "
+             + ("turn reward | " if rewarded else "") + "flagged |",
+             "|---|---|---|---|---|" + ("---|" if rewarded else "") + "---|"]
     for row in rows:
-        cells = [f"{fmt_num(row[c]['first'])} -> {fmt_num(row[c]['last'])}" for c in TURN_METRICS]
+        cells = [f"{fmt_num(row[c]['first'])} -> {fmt_num(row[c]['last'])}" if c in row else "—" for c in columns]
         lines.append(f"| {row['variant']} | {row['runs']} | {' | '.join(cells)} | {row['flagged']} |")
     return lines
 
