@@ -246,8 +246,9 @@ def test_the_trained_ids_are_the_sampled_ids_token_for_token_on_the_hf_engine():
 # -------------------------------------------------------------------------- a real step, split
 def test_env_tokens_change_nothing_between_micro_batches(cache_dir):
     """One step on the calculator task (episodes with tool replies), unsplit and in uneven micro-batches:
-    the same metrics and gradients, under both env_mask options, and with the truncated episodes
-    (their replies too) masked out by overlong=filter."""
+    the same metrics and gradients, under both env_mask options, with the truncated episodes
+    (their replies too) masked out by overlong=filter, and with each policy turn weighed alike
+    (loss_agg=turn_mean: its normaliser counts the turns of the whole step)."""
     from conftest import SMALL
     from grpo_ablate.config.compose import compose
     from grpo_ablate.config.spec import run_spec
@@ -262,7 +263,8 @@ def test_env_tokens_change_nothing_between_micro_batches(cache_dir):
                                                                "rollout.max_new_tokens=24",
                                                                "model.attn_implementation=sdpa"]
     # overlong=filter: a 6-token turn budget cuts the calls of two 2-digit operands ("[47*59]" is 7 tokens)
-    for env_mask, extra in (("masked", []), ("unmasked", []), ("masked", ["overlong=filter", "task.turn_tokens=6"])):
+    for env_mask, extra in (("masked", []), ("unmasked", []), ("masked", ["overlong=filter", "task.turn_tokens=6"]),
+                            ("masked", ["loss_agg=turn_mean", "updates.mini_batches=2"])):
         cfg = compose(small + [f"model.cache_dir={cache_dir}", "updates=single", "kl.beta=0.05",
                                f"env_mask={env_mask}", *extra])
         validate(cfg)
@@ -273,7 +275,9 @@ def test_env_tokens_change_nothing_between_micro_batches(cache_dir):
         assert whole["turns/env_tokens_mean"] > 0
         assert (whole["env_mask/env_token_frac"] > 0) == (env_mask == "unmasked")
         # filter: some episodes cut and masked out, some trained
-        assert (0 < whole["overlong/masked_frac"] < 1) if extra else whole["overlong/masked_frac"] == 0
+        filtered = "overlong=filter" in extra
+        assert (0 < whole["overlong/masked_frac"] < 1) if filtered else whole["overlong/masked_frac"] == 0
+        assert whole["turns/mean"] > 1            # episodes of two turns: turn_mean weighs them apart
 
 
 def test_the_warm_start_imitates_the_policy_turns_not_the_tool_reply():

@@ -79,6 +79,7 @@ ACTS_WITH = {
     "train_env_tokens": ["task=calculator"],   # a multi-turn task: tool replies to train on
     "turn_level_credit": ["task=calculator"],   # a multi-turn task: tool calls rewarded per turn
     "merged_turn_reward": ["task=calculator"],
+    "turn_mean": ["task=calculator"],          # a multi-turn task: episodes of several turns
 }
 
 

@@ -94,7 +94,7 @@ class GRPOTrainer:
         self.rollout_correction = tricks["rollout_correction"].fn if corrects else None
         # its weights read the loss's advantages (`reads_advantages`): computed after the advantage chain
         self.correction_reads_advantages = tricks["rollout_correction"].has("reads_advantages")
-        self.weights_of = tricks["loss_agg"].option.impl   # (mask, max_len, group_index) -> w
+        self.weights_of = tricks["loss_agg"].option.impl   # (mask, max_len, group_index, turn_index) -> w
         # lr_scale: each optimizer step's learning-rate factor from its rows (None: the schedule's rate)
         scales_lr = tricks["lr_scale"].option.needs_sampler_logprobs
         self.lr_scale = tricks["lr_scale"].fn if scales_lr else None
@@ -314,6 +314,7 @@ class GRPOTrainer:
         loss_agg weights (verl's agg_loss per mini-batch; global over ranks, so the ranks' losses
         add up), then grad-norm clip and AdamW. The LR schedule steps once per rollout."""
         updates, dp, max_new = self.spec.updates, self.dp, self.spec.rollout.max_new_tokens
+        turns = batch.roll.turn_index   # [N, T] each token's turn (None: one a row), for loss_agg=turn_mean
         means, last, ok = metrics_mod.StepMeans(), LastPass(inputs.mask), True
         for epoch in range(updates.epochs):
             shuffle = derived_seed(self.spec.seed, ("mini_batches", step, epoch)) if updates.shuffle else None
@@ -322,7 +323,8 @@ class GRPOTrainer:
                 mine = slice(None) if rows is None else rows[dp.share(len(rows))]
                 roll = part if rows is None else select_rows(batch.roll, mine)
                 weights = self.weights_of(mb.mask, max_new, batch.group_index if rows is None else
-                                          batch.group_index[rows.cpu()])
+                                          batch.group_index[rows.cpu()],
+                                          turns if rows is None or turns is None else turns[rows.to(turns.device)])
                 scale, scaled = self.lr_scale(mb.old_logp, mb.sampler_logp, mb.mask) if self.lr_scale else (1.0, {})
                 with scaled_lr(self.optim.optimizer, scale):
                     loss, (logp, entropy, values, stats) = self.accumulate(
@@ -435,7 +437,8 @@ class GRPOTrainer:
             logp, entropy, values, *head_logp = self.token_logprobs(policy, select_rows(batch.roll, rows),
                                                                     self.temperature(), self.p.value_head,
                                                                     entropy_grad=coef.entropy > 0, head=head)
-        weights = self.weights_of(shaped.mask, self.spec.rollout.max_new_tokens, batch.group_index)   # the batch's
+        weights = self.weights_of(shaped.mask, self.spec.rollout.max_new_tokens, batch.group_index,   # the batch's
+                                  batch.roll.turn_index)
         w = weights[rows] * (weights.sum() / weights[rows].sum().clamp(min=1e-12))   # the full loss's total
         sub = self.whole_batch_token_keep(batch, inputs).rows(rows)
         with self.draws.unchanged() if self.draws is not None else contextlib.nullcontext():

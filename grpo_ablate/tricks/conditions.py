@@ -15,6 +15,11 @@ def one_optimizer_step(cfg) -> bool:
     return int(cfg.updates.mini_batches) * int(cfg.updates.epochs) == 1
 
 
+def single_turn(cfg) -> bool:
+    """A task group without `max_turns` is a single completion: one policy turn a row, no environment token."""
+    return cfg.task.get("max_turns") is None
+
+
 # each sampling filter's value that keeps every token (conf/rollout/*.yaml's defaults)
 FILTERS_OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0}
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
+from grpo_ablate.tricks.conditions import single_turn
 from grpo_ablate.tricks.registry import (NON_NEGATIVE, Activity, Claim, Inert, Trick, declare_family, option,
                                          register)
 
@@ -43,12 +44,7 @@ declare_family("turn_credit", "multi-turn: where the environment's turn-level re
 PAPER = "Zeng et al. 2025, arXiv 2505.11821; SiliangZeng/Multi-Turn-RL-Agent 7860de6 mt_grpo_env_trainer.py"
 
 
-def _single_turn(cfg) -> bool:
-    """A task group without `max_turns` is a single completion: it has no turn reward."""
-    return cfg.task.get("max_turns") is None
-
-
-SINGLE_TURN = Inert(_single_turn, "cannot act on a single-completion task: it has no turn-level reward",
+SINGLE_TURN = Inert(single_turn, "cannot act on a single-completion task: it has no turn-level reward",
                     "train a multi-turn task whose environment rewards turns (task=calculator)",
                     "a multi-turn task (task.max_turns)")
 
