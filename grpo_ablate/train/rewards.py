@@ -91,16 +91,26 @@ class AdvantageChain:
         adv = tricks["adv"]
         self.reward_norm, self.estimator, self.adv_clip = tricks["reward_norm"].fn, adv.fn, tricks["adv_clip"].fn
         self.critic_knobs = dict(adv.knobs)   # adv=gae's: gamma, lam and its lambda schedule's knobs
+        self.reads_turns = adv.has("reads_turn_index")   # the estimator takes each token's turn (adv=gae)
 
-    def __call__(self, rewards, group_index, mask, values=None, components=None) -> Advantages:
+    def __call__(self, rewards, group_index, mask, values=None, components=None, turn_index=None) -> Advantages:
         """`components`: the reward's parts by name (ShapedRewards.components), for an estimator
         that normalizes each (gdpo); None or {}: the reward is one part. They are the raw parts:
-        reward_norm maps the total, and a per-group normalization ignores its scale anyway."""
+        reward_norm maps the total, and a per-group normalization ignores its scale anyway.
+        `turn_index` [N, T]: the rollout's turn of each token (None: a single-turn task), for an
+        estimator that reads it."""
         rewards = self.reward_norm(rewards)
-        advantages, clipped_frac = self.adv_clip(self.estimator(rewards, group_index, mask, values, components or {}))
+        turns = {"turn_index": _on(turn_index, mask)} if self.reads_turns else {}
+        advantages, clipped_frac = self.adv_clip(self.estimator(rewards, group_index, mask, values, components or {},
+                                                                **turns))
         return Advantages(advantages, clipped_frac, rewards)
 
-    def critic_returns(self, rewards, mask, old_values):
+    def critic_returns(self, rewards, mask, old_values, turn_index=None):
         """The critic's targets: lambda-returns of the (reward_norm'ed) reward under V_old, with the
-        estimator's own lambda (per sample too) and timestep."""
-        return critic_returns(rewards, mask, old_values, **self.critic_knobs)
+        estimator's own lambda (per sample too) and timestep (turns: `turn_index`)."""
+        return critic_returns(rewards, mask, old_values, _on(turn_index, mask), **self.critic_knobs)
+
+
+def _on(turn_index, mask):
+    """The turn index on the mask's device (the rollout's tensors stay where they were sampled)."""
+    return None if turn_index is None else turn_index.to(mask.device)

@@ -254,13 +254,14 @@ class GRPOTrainer:
             weights, corrected = self.rollout_correction(old, sampler, shaped.mask)
             mismatch = {**mismatch, **corrected}
         adv = self.advantages(shaped.rewards, group_index, shaped.mask, self.estimator_input(batch, anchors, weights,
-                                                                                            step), shaped.components)
+                                                                                            step), shaped.components,
+                              batch.roll.turn_index)
         if corrects and self.correction_reads_advantages:   # its mask reads the advantages the loss will
             weights, corrected = self.rollout_correction(old, sampler, shaped.mask, advantages=adv.per_token)
             mismatch = {**mismatch, **corrected}
         for plugin in self.plugins:
             plugin.after_advantages(adv.rewards)
-        returns = (self.advantages.critic_returns(adv.rewards, shaped.mask, anchors.old_values)
+        returns = (self.advantages.critic_returns(adv.rewards, shaped.mask, anchors.old_values, batch.roll.turn_index)
                    if self.p.value_head is not None else None)
         head = batch.roll.head_logprobs   # the sampler's top-k head (score_centering reads it)
         inputs = LossInputs(shaped.mask, adv.per_token, old, anchors.ref, anchors.prev,
@@ -515,7 +516,7 @@ class GRPOTrainer:
             out["adv/token_energy"] = masked_mean(anchors.energy, mask).item()
         if update.values is not None:
             out.update(m.critic_metrics(update.values, self.advantages.critic_returns(
-                adv.rewards, mask, anchors.old_values), mask))
+                adv.rewards, mask, anchors.old_values, batch.roll.turn_index), mask))
         # the sampler's log-probs vs ours, where they can differ: vLLM, or rollout.dtype below the trainer's
         if batch.roll.sampler_logprobs is not None and (rollout.backend == "vllm" or rollout.dtype != "float32"):
             out.update(m.sampler_gap_metrics(batch.roll.sampler_logprobs,

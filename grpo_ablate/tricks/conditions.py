@@ -11,6 +11,11 @@ import math
 from grpo_ablate.tricks.registry import Inert, families, option
 
 
+def single_turn_task(cfg) -> bool:
+    """A task group without `max_turns` is a single completion: one turn, no environment token."""
+    return cfg.task.get("max_turns") is None
+
+
 def one_optimizer_step(cfg) -> bool:
     return int(cfg.updates.mini_batches) * int(cfg.updates.epochs) == 1
 

@@ -23,16 +23,12 @@ from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
+from grpo_ablate.tricks.conditions import single_turn_task
 from grpo_ablate.tricks.registry import Activity, Claim, Inert, Trick, declare_family, register
 
 declare_family("env_mask", "multi-turn: the environment's tokens (tool replies) masked out of every term "
                "(`masked`), or trained on as if sampled (`unmasked`: ms-swift's and slime's bug, to measure it)",
                stage="reward", default="masked", neutral="masked", metric="env_mask/env_token_frac")
-
-
-def _single_turn(cfg) -> bool:
-    """A task group without `max_turns` is a single completion: there is no environment token."""
-    return cfg.task.get("max_turns") is None
 
 
 @register("env_mask", "masked",
@@ -44,7 +40,7 @@ def sampled_tokens_only(completion_mask: torch.Tensor, sampled: torch.Tensor | N
 @register("env_mask", "unmasked",
           what="train the environment's reply tokens as if the policy had sampled them (the bug, to measure it)",
           activity=Activity("env_mask/env_token_frac"),
-          inert=Inert(_single_turn, "cannot act on a single-completion task: it has no environment token",
+          inert=Inert(single_turn_task, "cannot act on a single-completion task: it has no environment token",
                       "train a multi-turn task (task=calculator)", "a multi-turn task (task.max_turns)"),
           tricks=(Trick("train_env_tokens",
                         what="train on the tool's reply tokens too (the environment-token masking bug)",
