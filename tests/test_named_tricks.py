@@ -77,6 +77,7 @@ ACTS_WITH = {
     "combined_ratio_truncate": ["staleness=fixed", "rollout_correction.high=1.001"],
     "combined_ratio_mask": ["staleness=fixed", "rollout_correction.high=1.001"],
     "train_env_tokens": ["task=calculator"],   # a multi-turn task: tool replies to train on
+    "turn_gae": ["task=calculator"],           # a multi-turn task: episodes of several turns
 }
 
 

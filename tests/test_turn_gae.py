@@ -52,9 +52,13 @@ def test_token_level_gae_skips_the_tools_reply_by_hand():
                          [0.3580704, 0.37232, 0, 1.156, 0.8, 0, 0]], dtype=D)
     torch.testing.assert_close(adv, want)
     torch.testing.assert_close(ret, (want + VALUES) * MASK)
-    # the recursion that ran through the reply (its V counted as 0, gamma lambda decaying over it) differs
-    assert not torch.allclose(adv[0], through_every_position(token_rewards(REWARDS, MASK), VALUES, MASK,
-                                                             GAMMA, LAM)[0][0])
+    # the recursion that ran through the reply (its V counted as 0, gamma lambda decaying over it) differs;
+    # at gamma = lambda = 1 both telescope to A_t = R - V_t (adv=gae's defaults: the skip changes nothing there)
+    reward = token_rewards(REWARDS, MASK)
+    assert not torch.allclose(adv[0], through_every_position(reward, VALUES, MASK, GAMMA, LAM)[0][0])
+    torch.testing.assert_close(gae(reward, VALUES, MASK, 1.0, 1.0), through_every_position(reward, VALUES, MASK, 1.0,
+                                                                                             1.0))
+    torch.testing.assert_close(gae(reward, VALUES, MASK, 1.0, 1.0)[0], (REWARDS[:, None] - VALUES) * MASK)
 
 
 def test_turn_level_gae_by_hand():
