@@ -255,7 +255,7 @@ class GRPOTrainer:
             mismatch = {**mismatch, **corrected}
         adv = self.advantages(shaped.rewards, group_index, shaped.mask, self.estimator_input(batch, anchors, weights,
                                                                                             step), shaped.components,
-                              batch.roll.turn_index)
+                              turn_index=batch.roll.turn_index)
         if corrects and self.correction_reads_advantages:   # its mask reads the advantages the loss will
             weights, corrected = self.rollout_correction(old, sampler, shaped.mask, advantages=adv.per_token)
             mismatch = {**mismatch, **corrected}
