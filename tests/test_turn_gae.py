@@ -118,6 +118,19 @@ def test_a_lambda_per_sample_counts_the_turns():
                                                   [-0.05, -0.05, 0, 1.4, 1.4, 0, 0]], dtype=D))
 
 
+def test_each_rows_result_is_its_own_whatever_the_batch_it_was_gathered_into():
+    """Ranks sample shares of the batch, gathered right-padded (turn index 0, mask 0 on the padding): a row's
+    advantages and targets before whitening are the same in its share at its own width as in the whole batch."""
+    reward = token_rewards(REWARDS, MASK)
+    for timestep in ("token", "turn"):
+        whole = flexible_gae(reward, VALUES, MASK, gamma=GAMMA, lam=LAM, timestep=timestep, turn_index=TURNS)
+        for rows, width in ((slice(0, 1), 6), (slice(1, 3), 5)):
+            part = flexible_gae(reward[rows, :width], VALUES[rows, :width], MASK[rows, :width], gamma=GAMMA, lam=LAM,
+                                timestep=timestep, turn_index=TURNS[rows, :width])
+            for got, want in zip(part, whole):
+                assert torch.equal(got, want[rows, :width]) and not want[rows, width:].any()
+
+
 # ------------------------------------------------------------------------------------ single turn: as before
 def through_every_position(token_reward, values, mask, gamma, lam):
     """Token-level GAE as it was before environment tokens were skipped: V and delta of a masked position
