@@ -80,6 +80,7 @@ ACTS_WITH = {
     "turn_level_credit": ["task=calculator"],   # a multi-turn task: tool calls rewarded per turn
     "merged_turn_reward": ["task=calculator"],
     "turn_mean": ["task=calculator"],          # a multi-turn task: episodes of several turns
+    "turn_gae": ["task=calculator"],           # a multi-turn task: episodes of several turns
 }
 
 

@@ -113,16 +113,19 @@ class AdvantageChain:
         adv = tricks["adv"]
         self.reward_norm, self.estimator, self.adv_clip = tricks["reward_norm"].fn, adv.fn, tricks["adv_clip"].fn
         self.critic_knobs = dict(adv.knobs)   # adv=gae's: gamma, lam and its lambda schedule's knobs
+        self.reads_turns = adv.has("reads_turn_index")   # the estimator takes each token's turn (adv=gae)
         self.turn_credit = tricks["turn_credit"].fn
 
-    def __call__(self, rewards, group_index, mask, values=None, components=None, turns: TurnRewards | None = None
-                 ) -> Advantages:
+    def __call__(self, rewards, group_index, mask, values=None, components=None, turns: TurnRewards | None = None,
+                 turn_index=None) -> Advantages:
         """`components`: the reward's parts by name (ShapedRewards.components), for an estimator
         that normalizes each (gdpo); None or {}: the reward is one part. They are the raw parts:
         reward_norm maps the total, and a per-group normalization ignores its scale anyway.
-        `turns`: the episodes' turn rewards (None: single completions, or no turn credit to give)."""
+        `turns`: the episodes' turn rewards (None: single completions, or no turn credit to give);
+        `turn_index` [N, T]: the rollout's turn of each token (None: a single-turn task), for an
+        estimator that reads it."""
         components = components or {}
-        outcome = self.chain(rewards, group_index, mask, values, components)
+        outcome = self.chain(rewards, group_index, mask, values, components, turn_index)
         if turns is None:
             return outcome
 
@@ -130,18 +133,25 @@ class AdvantageChain:
             """The chain's advantages of a R^O + b R^T, its parts scaled alike."""
             parts = ({**{k: a * v for k, v in components.items()}, "turn_reward": b * turns.rewards}
                      if components else {})
-            return self.chain(a * rewards + b * turns.rewards, group_index, mask, values, parts).values
+            return self.chain(a * rewards + b * turns.rewards, group_index, mask, values, parts, turn_index).values
 
         credited = self.turn_credit(outcome.values, turns.rewards, turns.before_reply, turns.replied,
                                     advantage_of=advantage_of)
         return Advantages(credited, outcome.clipped_frac, outcome.rewards, outcome=outcome.values)
 
-    def chain(self, rewards, group_index, mask, values, components) -> Advantages:
+    def chain(self, rewards, group_index, mask, values, components, turn_index=None) -> Advantages:
         rewards = self.reward_norm(rewards)
-        advantages, clipped_frac = self.adv_clip(self.estimator(rewards, group_index, mask, values, components))
+        turns = {"turn_index": _on(turn_index, mask)} if self.reads_turns else {}
+        advantages, clipped_frac = self.adv_clip(self.estimator(rewards, group_index, mask, values, components,
+                                                                **turns))
         return Advantages(advantages, clipped_frac, rewards)
 
-    def critic_returns(self, rewards, mask, old_values):
+    def critic_returns(self, rewards, mask, old_values, turn_index=None):
         """The critic's targets: lambda-returns of the (reward_norm'ed) reward under V_old, with the
-        estimator's own lambda (per sample too) and timestep."""
-        return critic_returns(rewards, mask, old_values, **self.critic_knobs)
+        estimator's own lambda (per sample too) and timestep (turns: `turn_index`)."""
+        return critic_returns(rewards, mask, old_values, _on(turn_index, mask), **self.critic_knobs)
+
+
+def _on(turn_index, mask):
+    """The turn index on the mask's device (the rollout's tensors stay where they were sampled)."""
+    return None if turn_index is None else turn_index.to(mask.device)

@@ -255,13 +255,13 @@ class GRPOTrainer:
             mismatch = {**mismatch, **corrected}
         values = self.estimator_input(batch, anchors, weights, step)
         adv = self.advantages(shaped.rewards, group_index, shaped.mask, values, shaped.components,
-                              TurnRewards.of(batch.roll, self.device))
+                              TurnRewards.of(batch.roll, self.device), turn_index=batch.roll.turn_index)
         if corrects and self.correction_reads_advantages:   # its mask reads the advantages the loss will
             weights, corrected = self.rollout_correction(old, sampler, shaped.mask, advantages=adv.per_token)
             mismatch = {**mismatch, **corrected}
         for plugin in self.plugins:
             plugin.after_advantages(adv.rewards)
-        returns = (self.advantages.critic_returns(adv.rewards, shaped.mask, anchors.old_values)
+        returns = (self.advantages.critic_returns(adv.rewards, shaped.mask, anchors.old_values, batch.roll.turn_index)
                    if self.p.value_head is not None else None)
         head = batch.roll.head_logprobs   # the sampler's top-k head (score_centering reads it)
         inputs = LossInputs(shaped.mask, adv.per_token, old, anchors.ref, anchors.prev,
@@ -521,7 +521,7 @@ class GRPOTrainer:
             out["adv/token_energy"] = masked_mean(anchors.energy, mask).item()
         if update.values is not None:
             out.update(m.critic_metrics(update.values, self.advantages.critic_returns(
-                adv.rewards, mask, anchors.old_values), mask))
+                adv.rewards, mask, anchors.old_values, batch.roll.turn_index), mask))
         # the sampler's log-probs vs ours, where they can differ: vLLM, or rollout.dtype below the trainer's
         if batch.roll.sampler_logprobs is not None and (rollout.backend == "vllm" or rollout.dtype != "float32"):
             out.update(m.sampler_gap_metrics(batch.roll.sampler_logprobs,

@@ -14,6 +14,8 @@ per completion, which the trainer broadcasts over the completion's tokens, or [N
 Flags:
   uses_group_statistic  needs G >= 2 completions per prompt to mean anything
   uses_values           needs a critic: per-token values in, per-token advantages out
+  reads_turn_index      takes the keyword `turn_index` [N, T] (the turn of each completion token on a multi-turn
+                        task, None on a single-turn one), supplied by the trainer (train/rewards.py AdvantageChain)
   undoes_affine_maps    A of a*r + b (a > 0) is A of r, up to eps: a reward normalization before it changes nothing
   scores_within_episodes  baselines over episodes of a group (train/state/adv.py reports adv/episode_gap)
 """
@@ -23,7 +25,9 @@ declare_family("adv", "advantage estimator; `gae` adds a critic (value head) and
                "normalizes each reward part (task, format, length, overlong, KL) in its group",
                stage="advantage", default="grpo", metric="adv/std",
                settings={"value_coef": (NON_NEGATIVE, "uses_values")},   # the critic's loss weight (adv=gae)
-               defaults={"value_coef": 0.5})
+               defaults={"value_coef": 0.5},
+               supplied={"turn_index": "the trainer: the rollout's turn of each token (an option with the "
+                                       "`reads_turn_index` flag)"})
 
 # after the declaration: registering an option reads its family's declaration; the order of the kinds
 # is the order of the options in docs/config.md
