@@ -117,15 +117,21 @@ def test_two_processes_centre_on_the_same_top_k_as_one_process(updates, small, t
 
 
 @pytest.mark.slow
-def test_two_processes_run_the_same_episodes_and_turn_credit_as_one_process(small, tmp_path):
+@pytest.mark.parametrize("credit", [["turn_credit=mt_grpo", "loss_agg=token_mean"],
+                                    ["adv=gae", "adv.timestep=turn", "loss_agg=turn_mean"],
+                                    ["adv=gae", "loss_agg=token_mean"], ["loss_agg=turn_mean"],
+                                    ["adv=gae", "adv.timestep=turn", "loss_agg=token_mean"]],
+                         ids=["mt_grpo", "turn_gae", "gae", "turn_mean", "turn_gae_token_mean"])
+def test_two_processes_run_the_same_episodes_and_turn_credit_as_one_process(credit, small, tmp_path):
     """A multi-turn task with per-row draws: each episode's turns are drawn from its row's own uniforms, so two
-    ranks sample, score and credit (turn_credit=mt_grpo: its turn rewards normalised in their groups) what one
-    process does."""
+    ranks sample, score and credit what one process does: turn_credit=mt_grpo (its turn rewards normalised in
+    their groups), or the critic's turn-level GAE with each turn weighing the same in the loss."""
     args = [a for a in small if not a.startswith("task.")] + [
         "task=calculator", "task.eval_size=8", "rollout.max_new_tokens=24", "steps=2", "eval.every=2",
-        "loss_agg=token_mean", "rollout.rng=per_row", "turn_credit=mt_grpo"]
+        "rollout.rng=per_row", *credit]
     one, split = one_and_two_ranks(args, tmp_path)
     assert len(one) == len(split) == 3
     for a, b in zip(one, split):
         assert b == {k: pytest.approx(v, rel=1e-3, abs=1e-6) for k, v in a.items()}
-    assert one[1]["turns/env_tokens_mean"] > 0 and one[1]["turn_credit/shift"] > 0
+    assert one[1]["turns/env_tokens_mean"] > 0 and one[1]["turns/mean"] > 1
+    assert (one[1]["turn_credit/shift"] > 0) == ("turn_credit=mt_grpo" in credit)

@@ -89,6 +89,9 @@ def build_grpo(spec: RunSpec, device: torch.device, dp: DataParallel, checkpoint
     come from it; the rest of its state is loaded by the run skeleton."""
     task = build_task(spec.task)
     model_path = dp.main_first(lambda: model_dir(spec.model.group, task, log=say))   # GGUF: converted once, cached
+    # a warm start trained just now (not found in the cache) drew from the global RNG; a cached one did not. The
+    # RNG is seeded again, so what draws from it next (LoRA adapters, a critic's value head) starts alike either way
+    torch.manual_seed(spec.seed)
     tricks = spec.tricks
     policies = load_policies(spec.model, tricks["lm_head"], spec.ref_kl, model_path, tricks["kl"], device, checkpoint,
                              shard=dp.shard)
