@@ -213,12 +213,16 @@ class EveryDigitTask(CalculatorTask):
         return EveryDigitEnvironment()
 
 
-def test_the_trained_ids_are_the_sampled_ids_token_for_token_on_the_hf_engine():
-    torch.manual_seed(0)
+def untrained_episodes():
+    """An untrained tiny model and a task whose every digit ends a turn: episodes of several turns."""
     model = build_tiny_model({"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
                               "num_attention_heads": 2, "num_key_value_heads": 1,
                               "max_position_embeddings": 128}, TOKENIZER, seed=0)
-    task = EveryDigitTask(eval_size=4, max_turns=4, turn_tokens=6)
+    return model, EveryDigitTask(eval_size=4, max_turns=4, turn_tokens=6)
+
+
+def test_the_trained_ids_are_the_sampled_ids_token_for_token_on_the_hf_engine():
+    model, task = untrained_episodes()
     problems = task.train_batch(3, 0, 0)
     engine = SampledIdsRecorder(model)
     roll, texts, _ = run_episodes(engine, TOKENIZER, task, problems, [ids(p.prompt) for p in problems],
@@ -312,11 +316,7 @@ def test_each_turn_keeps_its_kept_sets_and_head_at_its_own_tokens():
     log-probs, and the head's log-probs are the trainer's at the head ids."""
     from grpo_ablate.sampling.filters import NOT_KEPT, SamplingFilters
 
-    torch.manual_seed(0)
-    model = build_tiny_model({"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                              "num_attention_heads": 2, "num_key_value_heads": 1,
-                              "max_position_embeddings": 128}, TOKENIZER, seed=0)
-    task = EveryDigitTask(eval_size=4, max_turns=4, turn_tokens=6)
+    model, task = untrained_episodes()
     problems = task.train_batch(3, 0, 0)
     for filters, head in ((SamplingFilters(top_k=6, top_p=0.9), 0), (None, 4)):
         roll, _, _ = run_episodes(HFEngine(model, lean=True), TOKENIZER, task, problems,
@@ -386,11 +386,7 @@ def test_per_row_draws_give_each_episode_whatever_the_rows_split():
     so the six episodes sampled in one call are those sampled in two calls of three (two ranks)."""
     from grpo_ablate.sampling.decode import RowNoise
 
-    torch.manual_seed(0)
-    model = build_tiny_model({"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                              "num_attention_heads": 2, "num_key_value_heads": 1,
-                              "max_position_embeddings": 128}, TOKENIZER, seed=0)
-    task = EveryDigitTask(eval_size=4, max_turns=4, turn_tokens=6)
+    model, task = untrained_episodes()
     problems = task.train_batch(3, 0, 0)
 
     def sample(part, first):

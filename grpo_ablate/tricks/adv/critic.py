@@ -45,18 +45,24 @@ def gae(token_reward: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, ga
     first token (every single-turn task) that is the plain recurrence over consecutive tokens.
     """
     values = values * mask
-    trained = mask > 0
-    advantages = torch.zeros_like(values)
-    running = torch.zeros(values.shape[0], dtype=values.dtype, device=values.device)
-    next_value = torch.zeros_like(running)
-    for t in reversed(range(values.shape[1])):
-        delta = token_reward[:, t] + gamma * next_value - values[:, t]
-        step = delta + gamma * lam * running
-        running = torch.where(trained[:, t], step, running)
-        next_value = torch.where(trained[:, t], values[:, t], next_value)
-        advantages[:, t] = running
-    advantages = advantages * mask
+    advantages = backward_recursion(token_reward, values, mask > 0, gamma, lam) * mask
     return advantages, (advantages + values) * mask
+
+
+def backward_recursion(reward: torch.Tensor, value: torch.Tensor, present: torch.Tensor, gamma: float, lam):
+    """GAE's recursion over the steps of each row [N, S], last to first: delta_s = r_s + gamma V_next - V_s,
+    A_s = delta_s + gamma lam A_next, `next` the next step that is `present` (after the last: V = A = 0); a
+    step not present takes no step, the running A and V carried across it (and returned there)."""
+    out = torch.zeros_like(value)
+    running = torch.zeros(value.shape[0], dtype=value.dtype, device=value.device)
+    next_value = torch.zeros_like(running)
+    for s in reversed(range(value.shape[1])):
+        delta = reward[:, s] + gamma * next_value - value[:, s]
+        step = delta + gamma * lam * running
+        running = torch.where(present[:, s], step, running)
+        next_value = torch.where(present[:, s], value[:, s], next_value)
+        out[:, s] = running
+    return out
 
 
 def turn_members(mask: torch.Tensor, turn_index: torch.Tensor | None) -> torch.Tensor:
@@ -126,15 +132,7 @@ def turn_gae(token_reward: torch.Tensor, values: torch.Tensor, mask: torch.Tenso
     turn_reward = (token_reward[:, None, :] * mask[:, None, :] * members).sum(dim=2)
     first = members.to(torch.int64).argmax(dim=2)                       # the turn's first trained token
     turn_value = values.gather(1, first) * has_turn.to(values.dtype)
-    turn_adv = torch.zeros_like(turn_value)
-    running = torch.zeros(values.shape[0], dtype=values.dtype, device=values.device)
-    next_value = torch.zeros_like(running)
-    for u in reversed(range(members.shape[1])):
-        delta = turn_reward[:, u] + gamma * next_value - turn_value[:, u]
-        step = delta + gamma * lam * running
-        running = torch.where(has_turn[:, u], step, running)
-        next_value = torch.where(has_turn[:, u], turn_value[:, u], next_value)
-        turn_adv[:, u] = torch.where(has_turn[:, u], step, torch.zeros_like(step))
+    turn_adv = backward_recursion(turn_reward, turn_value, has_turn, gamma, lam)   # read at turns present only
     token_turn = members.to(torch.int64).argmax(dim=1)                  # each trained token's turn (0 elsewhere)
     advantages = turn_adv.gather(1, token_turn) * mask
     return advantages, (turn_adv + turn_value).gather(1, token_turn) * mask
