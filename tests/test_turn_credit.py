@@ -78,6 +78,17 @@ def test_mt_grpo_is_the_sources_additive_estimate_by_hand(coef):
     assert credit("mt_grpo", coef=coef)[0, 0] > credit("mt_grpo", coef=coef)[0, 5] > 0
 
 
+@pytest.mark.parametrize("gamma", [1.0, 0.5])
+def test_mt_grpo_cumulative_is_the_sources_cumulative_estimate_by_hand(gamma):
+    a_outcome, a_cumulative = normalized(OUTCOME), normalized(TURN + gamma * OUTCOME)
+    expected = torch.zeros_like(COMPLETION)
+    for i, split in ((0, 3), (1, 3), (3, 2)):   # before the reply: the return's advantage; after: the outcome's
+        before = (torch.arange(7) < split).to(D)
+        expected[i] = a_cumulative[i] * before + a_outcome[i] * (1 - before)
+    expected[2] = a_cumulative[2]             # no reply: the return's advantage on every token
+    torch.testing.assert_close(credit("mt_grpo_cumulative", gamma=gamma), expected * COMPLETION, rtol=0, atol=1e-12)
+
+
 def test_outcome_ignores_the_turn_rewards_and_merged_adds_them():
     torch.testing.assert_close(credit("outcome"), normalized(OUTCOME)[:, None] * COMPLETION, rtol=0, atol=1e-12)
     torch.testing.assert_close(credit("merged"), normalized(OUTCOME + TURN)[:, None] * COMPLETION, rtol=0, atol=1e-12)
@@ -140,7 +151,7 @@ def test_turn_credit_is_inert_on_a_single_completion_task():
 
 @pytest.mark.full
 def test_turn_credit_changes_nothing_between_micro_batches(cache_dir):
-    """One step on the calculator task under turn_credit=mt_grpo and merged, unsplit and in uneven
+    """One step on the calculator task under each turn_credit option that acts, unsplit and in uneven
     micro-batches: the same metrics and gradients (the advantages are computed once on the whole batch),
     and the turn rewards moved the advantages."""
     from conftest import SMALL
@@ -154,7 +165,7 @@ def test_turn_credit_changes_nothing_between_micro_batches(cache_dir):
     small = [o for o in SMALL if not o.startswith("task.")] + ["task=calculator", "task.eval_size=8",
                                                                "rollout.max_new_tokens=24",
                                                                "model.attn_implementation=sdpa"]
-    for name in ("mt_grpo", "merged"):
+    for name in ("mt_grpo", "mt_grpo_cumulative", "merged"):
         cfg = compose(small + [f"model.cache_dir={cache_dir}", "updates=single", f"turn_credit={name}"])
         validate(cfg)
         trainer, _ = build_grpo(run_spec(cfg), torch.device("cpu"), DataParallel(), None, lambda *a, **k: None)

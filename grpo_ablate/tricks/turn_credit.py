@@ -13,6 +13,9 @@ adv_clip) applied to a reward:
     mt_grpo   A_t = A(R^O) + c A(R^T) [t < b]    an episode with an environment reply: the tokens
                                                   before its first reply (b) also get the turn term
               A_t = A(R^O + R^T)                 an episode without one (answered without the tool)
+    mt_grpo_cumulative                            the source's "cae" estimate:
+              A_t = A(R^T + g R^O) [t < b] + A(R^O) [t >= b]   with a reply
+              A_t = A(R^T + g R^O)               without one
 
 b is the episode's first environment token (the source splits at the first tool result: its
 `_find_result_positions` and the mask's segment boundaries), so the turn term lands on the turn
@@ -23,15 +26,15 @@ environment token), replied [N] bool, advantage_of) and returns the advantages [
 parts scaled alike, for an estimator that normalizes each).
 
 Decided here: R^T sums every turn's reward (the source's turn reward functions score the whole
-transcript); the source's "cae" estimate (A((R^T + gamma R^O)) before the result) is not built. A
-single-completion task has no turn reward and no reply: every option returns A(R^O).
+transcript). A single-completion task has no turn reward: the trainer does not call the family
+(train/rewards.py: no TurnRewards), so every option is A(R^O) there.
 """
 from __future__ import annotations
 
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.conditions import single_turn
-from grpo_ablate.tricks.registry import (NON_NEGATIVE, Activity, Claim, Inert, Trick, declare_family, option,
+from grpo_ablate.tricks.registry import (FRACTION, NON_NEGATIVE, Activity, Claim, Inert, Trick, declare_family, option,
                                          register)
 
 declare_family("turn_credit", "multi-turn: where the environment's turn-level rewards (a tool call that executed) "
@@ -97,6 +100,21 @@ def turn_level_advantage(outcome_advantage, turn_reward, before_reply, replied, 
     turn, merged = _per_token(advantage_of(0.0, 1.0)), _per_token(advantage_of(1.0, 1.0))
     with_reply = _per_token(outcome_advantage) + coef * turn * before_reply.to(turn.dtype)
     return torch.where(replied[:, None], with_reply, merged)
+
+
+@register("turn_credit", "mt_grpo_cumulative",
+          what="MT-GRPO's cumulative estimate: A(R^T + gamma R^O) on the tokens before the first environment reply, "
+               "A(R^O) after it; A(R^T + gamma R^O) for an episode with no reply",
+          knobs={"gamma": FRACTION},
+          activity=Activity("turn_credit/shift"), inert=SINGLE_TURN, checks=(_per_completion_estimator,))
+def cumulative_turn_advantage(outcome_advantage, turn_reward, before_reply, replied, *, advantage_of=None,
+                              gamma: float = 1.0):
+    """[N, T]: the source's "cae" estimate, discount_factor = gamma: the turns before the reply see the turn
+    reward and the discounted outcome as one return, the turns after it the outcome alone."""
+    cumulative = _per_token(advantage_of(gamma, 1.0))
+    before = before_reply.to(cumulative.dtype)
+    with_reply = cumulative * before + _per_token(outcome_advantage) * (1 - before)
+    return torch.where(replied[:, None], with_reply, cumulative)
 
 
 def _per_token(advantages: torch.Tensor) -> torch.Tensor:
