@@ -5,7 +5,7 @@ the outcome reward at the episode's end; the episode's turn reward R^T is their 
 (sampling/multi_turn.py), its outcome reward R^O the shaped reward. Zeng et al. 2025 ("Reinforcing
 Multi-Turn Reasoning in LLM Agents via Turn-Level Credit Assignment", arXiv 2505.11821; code
 SiliangZeng/Multi-Turn-RL-Agent at 7860de6, `MTGRPOEnvTrainer._assign_advantages`, advantage_est
-"aae") compare three ways of using them, each A(.) the run's advantage chain (reward_norm -> adv ->
+"aae" and "cae") give four ways of using them, each A(.) the run's advantage chain (reward_norm -> adv ->
 adv_clip) applied to a reward:
 
     outcome   A_t = A(R^O)                       R^T unused (the paper's GRPO-OR)
@@ -39,7 +39,7 @@ from grpo_ablate.tricks.registry import (FRACTION, NON_NEGATIVE, Activity, Claim
 
 declare_family("turn_credit", "multi-turn: where the environment's turn-level rewards (a tool call that executed) "
                "are credited: unused (`outcome`), added to the trajectory's reward (`merged`), or as a turn-level "
-               "advantage on the turns before the first reply (`mt_grpo`)",
+               "advantage on the turns before the first reply (`mt_grpo`, `mt_grpo_cumulative`)",
                stage="advantage", default="outcome", neutral="outcome", metric="turn_credit/shift",
                supplied={"advantage_of": "the trainer: the advantage chain applied to a R^O + b R^T "
                                          "(train/rewards.py)"})
