@@ -14,7 +14,6 @@ from grpo_ablate.errors import ConfigError
 from grpo_ablate.models import build_char_tokenizer, build_tiny_model
 from grpo_ablate.sampling.chat_replies import ChatTemplateUnsupported, ReplyEncoder
 from grpo_ablate.sampling.decode import Rollout, left_pad
-from grpo_ablate.sampling.engines import HFEngine
 from grpo_ablate.sampling.multi_turn import run_episodes
 from grpo_ablate.sampling.prompts import PromptEncoder
 from grpo_ablate.tasks import build_task
@@ -23,6 +22,7 @@ from grpo_ablate.tasks.environment import Reply
 from grpo_ablate.tasks.tool_calls import ToolCallEnvironment, ToolJsonlTask, tools_instruction
 from grpo_ablate.train.forward import completion_logprobs
 from tests.conftest import cli_here
+from test_multi_turn import SampledIdsRecorder
 
 DATA = "tests/data/calculator_tools.jsonl"
 # ChatML, as SmolLM2's and Qwen's templates write turns (our own template: tools are not rendered)
@@ -150,17 +150,6 @@ class ToolEveryTurn:
 class ToolEveryTurnTask(ToolJsonlTask):
     def environment(self, problem):
         return ToolEveryTurn()
-
-
-class SampledIdsRecorder(HFEngine):
-    def __init__(self, policy):
-        super().__init__(policy, lean=True)
-        self.turns = []
-
-    def generate(self, prompts, **kwargs):
-        roll = super().generate(prompts, **kwargs)
-        self.turns.append([roll.completion_ids[i, :int(n)].tolist() for i, n in enumerate(roll.lengths)])
-        return roll
 
 
 def test_the_trained_ids_are_the_sampled_ids_token_for_token_through_the_template(task):

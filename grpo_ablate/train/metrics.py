@@ -93,14 +93,11 @@ def advantage_metrics(advantages, mask, clipped_frac, outcome=None) -> dict:
            "adv/min": values.min().item() if values.numel() else 0.0,
            "adv/max": values.max().item() if values.numel() else 0.0,
            "adv/clipped_frac": clipped_frac.item()}
-    if outcome is not None:
-        shift = (_per_token(advantages) - _per_token(outcome)).abs().expand_as(mask)
+    if outcome is not None:   # [N] or [N, T] each: as columns over the tokens
+        rows = len(mask)
+        shift = (advantages.reshape(rows, -1) - outcome.reshape(rows, -1)).abs().expand_as(mask)
         out["turn_credit/shift"] = masked_mean(shift, mask).item()
     return out
-
-
-def _per_token(advantages):
-    return advantages if advantages.dim() == 2 else advantages[:, None]
 
 
 def token_means(token_stats: dict, mask) -> dict:
