@@ -15,7 +15,6 @@ from __future__ import annotations
 from grpo_ablate.tricks.torch_on_first_use import torch  # imported when a trick runs
 
 from grpo_ablate.tricks.conditions import single_turn
-from grpo_ablate.tricks.loss_agg import turn_lengths
 from grpo_ablate.tricks.registry import FLAG, FRACTION, POSITIVE, Allowed, ReadWhen, Trick, choice, register
 
 LAM_FNS = ("constant", "vapo", "relative_position")
@@ -88,7 +87,7 @@ def timestep_lengths(mask: torch.Tensor, timestep: str = "token",
         return tokens
     if turn_index is None:
         return (tokens > 0).to(mask.dtype)
-    return (turn_lengths(mask, turn_index) > 0).sum(dim=1).to(mask.dtype)
+    return turn_members(mask, turn_index).any(dim=2).sum(dim=1).to(mask.dtype)
 
 
 def sample_lambda(mask: torch.Tensor, *, lam_fn: str = "constant", lam: float = 1.0, alpha: float = 0.05,
